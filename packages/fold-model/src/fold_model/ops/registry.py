@@ -1,0 +1,208 @@
+"""The op registry: one dispatch point for the primitives that kernels accelerate.
+
+fold-model calls every attention, LayerNorm, softmax-with-bias and fused transition through
+:func:`dispatch`. Each op has a plain PyTorch implementation (backend ``"torch"``, always present,
+registered by :mod:`fold_model.ops.reference`). Other packages add backends without fold-model
+knowing them: a package exposes an entry point in the group ``fold_model.ops`` whose target is a
+function ``register(registry_module)``; fold-kernels registers its Triton ops this way.
+
+Selection, per op:
+
+* ``backend="auto"`` (default): the highest-priority backend whose ``supports(*args, **kwargs)``
+  accepts the call (e.g. Triton only for CUDA/ROCm tensors); otherwise the torch reference, quietly.
+* an explicit backend (argument, :func:`use_backend` context, or the ``FOLD_OPS_BACKEND``
+  environment variable, e.g. ``FOLD_OPS_BACKEND=triton`` or ``attention=triton,layer_norm=torch``):
+  if it is not registered or does not support the call, :class:`BackendUnavailable` is raised.
+
+Op signatures (all backends implement exactly these):
+
+``attention(q, k, v, bias=None, mask=None, scale=None, gate=None) -> o``
+    ``o = softmax(scale * q @ k^T + bias + mask_bias) @ v`` (then ``o * sigmoid(gate)`` if given).
+    q, k, v, gate: ``[*, R, H, N_q|N_k, D]``; bias: ``[*, H, N_q, N_k]`` shared by the R rows (or
+    None); mask: ``[*, R, N_k]``, bool or float, true/1 = attend (or None); scale defaults to
+    ``D**-0.5``. A query whose keys are all masked gets the mean of v (uniform weights), as a
+    masked softmax with a large negative bias gives.
+``layer_norm(x, weight, bias, eps=1e-5) -> y``        over the last dim, like F.layer_norm.
+``layer_norm_linear(x, ln_weight, ln_bias, weight, bias=None, eps=1e-5) -> y``
+    ``F.linear(F.layer_norm(x), weight, bias)``.
+``softmax_mask_bias(logits, mask=None, bias=None) -> p``
+    softmax over the last dim of ``logits + bias + (mask - 1) * inf``; mask/bias broadcast.
+``swiglu(x, weight, bias=None) -> y``
+    ``a, b = F.linear(x, weight, bias).chunk(2, -1); y = silu(a) * b`` (AF3 transition).
+``bias_sigmoid_gate(x, gate, bias=None) -> y``       ``x * sigmoid(gate + bias)``.
+``bias_dropout_residual(x, residual, bias=None, dropout_mask=None) -> y``
+    ``residual + (x + bias) * dropout_mask``; the mask is pre-scaled by 1/(1-p) and broadcasts
+    (AF2's shared row/column dropout).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+__all__ = [
+    "OPS",
+    "BackendUnavailable",
+    "register",
+    "backends",
+    "resolve",
+    "dispatch",
+    "use_backend",
+]
+
+OPS = (
+    "attention",
+    "layer_norm",
+    "layer_norm_linear",
+    "softmax_mask_bias",
+    "swiglu",
+    "bias_sigmoid_gate",
+    "bias_dropout_residual",
+)
+ENV_VAR = "FOLD_OPS_BACKEND"
+ENTRY_POINT_GROUP = "fold_model.ops"
+
+
+class BackendUnavailable(RuntimeError):
+    """An explicitly requested backend is not registered or cannot run this call."""
+
+
+@dataclass
+class _Impl:
+    fn: Callable
+    supports: Callable[..., bool] | None
+    priority: int
+
+
+@dataclass
+class _State:
+    impls: dict[str, dict[str, _Impl]] = field(default_factory=lambda: {op: {} for op in OPS})
+    plugins_loaded: bool = False
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+_STATE = _State()
+_OVERRIDE = threading.local()
+
+
+def register(
+    op: str,
+    backend: str,
+    fn: Callable,
+    *,
+    supports: Callable[..., bool] | None = None,
+    priority: int = 0,
+) -> None:
+    """Register ``fn`` as ``backend``'s implementation of ``op``.
+
+    ``supports(*args, **kwargs) -> bool`` says whether the backend can run a given call (device,
+    dtype, shapes); ``priority`` orders backends for ``"auto"`` (the torch reference has 0).
+    """
+    if op not in OPS:
+        raise ValueError(f"unknown op {op!r}; ops are {OPS}")
+    _STATE.impls[op][backend] = _Impl(fn, supports, priority)
+
+
+def _load_plugins() -> None:
+    if _STATE.plugins_loaded:
+        return
+    with _STATE.lock:
+        if _STATE.plugins_loaded:
+            return
+        _STATE.plugins_loaded = True
+        from importlib.metadata import entry_points
+
+        import fold_model.ops.reference  # noqa: F401  (registers the torch backend)
+
+        import sys
+
+        for ep in entry_points(group=ENTRY_POINT_GROUP):
+            try:
+                ep.load()(sys.modules[__name__])
+            except Exception as exc:  # a broken plugin must not break the reference path
+                import warnings
+
+                warnings.warn(f"fold_model.ops: plugin {ep.name!r} failed to register: {exc}",
+                              RuntimeWarning, stacklevel=2)
+
+
+def backends(op: str) -> list[str]:
+    """Registered backends of ``op``, highest priority first."""
+    _load_plugins()
+    impls = _STATE.impls[op]
+    return sorted(impls, key=lambda b: -impls[b].priority)
+
+
+def _requested(op: str) -> str:
+    override = getattr(_OVERRIDE, "stack", None)
+    if override:
+        for mapping in reversed(override):
+            if op in mapping:
+                return mapping[op]
+            if "*" in mapping:
+                return mapping["*"]
+    env = os.environ.get(ENV_VAR, "").strip()
+    if env:
+        parts = [p.strip() for p in env.split(",") if p.strip()]
+        for p in parts:
+            if "=" in p:
+                name, value = p.split("=", 1)
+                if name.strip() == op:
+                    return value.strip()
+            else:
+                default = p
+                break
+        else:
+            default = None
+        if default is not None:
+            return default
+    return "auto"
+
+
+def resolve(op: str, *args, backend: str | None = None, **kwargs) -> Callable:
+    """The implementation that :func:`dispatch` would run for this call."""
+    _load_plugins()
+    if op not in OPS:
+        raise ValueError(f"unknown op {op!r}; ops are {OPS}")
+    impls = _STATE.impls[op]
+    name = backend or _requested(op)
+    if name == "auto":
+        for b in backends(op):
+            impl = impls[b]
+            if impl.supports is None or impl.supports(*args, **kwargs):
+                return impl.fn
+        raise BackendUnavailable(f"op {op!r}: no backend supports this call")  # torch always does
+    if name not in impls:
+        raise BackendUnavailable(
+            f"op {op!r}: backend {name!r} was requested but is not registered "
+            f"(registered: {backends(op)}); install the package that provides it"
+        )
+    impl = impls[name]
+    if impl.supports is not None and not impl.supports(*args, **kwargs):
+        raise BackendUnavailable(
+            f"op {op!r}: backend {name!r} was requested but cannot run this call "
+            f"(device/dtype/shape not supported)"
+        )
+    return impl.fn
+
+
+def dispatch(op: str, *args, backend: str | None = None, **kwargs):
+    """Run ``op`` with the selected backend."""
+    return resolve(op, *args, backend=backend, **kwargs)(*args, **kwargs)
+
+
+@contextlib.contextmanager
+def use_backend(backend: str | dict[str, str]) -> Iterator[None]:
+    """Select backends inside a ``with`` block: ``use_backend("triton")`` or a per-op dict."""
+    mapping = {"*": backend} if isinstance(backend, str) else dict(backend)
+    stack = getattr(_OVERRIDE, "stack", None)
+    if stack is None:
+        stack = _OVERRIDE.stack = []
+    stack.append(mapping)
+    try:
+        yield
+    finally:
+        stack.pop()
