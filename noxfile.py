@@ -1,0 +1,112 @@
+"""Sessions that build, test, lint, benchmark and demo fold.
+
+    nox -s tests        every package's tests + tests/integration on CPU (what CI runs)
+    nox -s data model kernels parallel chunk train   one package alone, installed alone
+    nox -s kernels      the Triton kernels under TRITON_INTERPRET=1 (CPU)
+    nox -s gpu          GPU-marked tests in the *current* environment (no install step)
+    nox -s lint         ruff
+    nox -s demo         the main job: short training run + prediction on the bundled data
+    nox -s bench        the GPU benchmarks in the current environment
+
+CPU installs pin torch==2.13.0 (a CPU wheel; an unpinned torch would pull a multi-GB CUDA build).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import nox
+
+ROOT = Path(__file__).parent
+PACKAGES = ["fold-data", "fold-kernels", "fold-model", "fold-chunk", "fold-parallel", "fold-train"]
+# Which siblings each package needs installed next to it (dependencies point one way).
+SIBLINGS = {
+    "fold-data": [],
+    "fold-kernels": [],
+    "fold-chunk": [],
+    "fold-model": ["fold-data"],
+    "fold-parallel": ["fold-data", "fold-model"],
+    "fold-train": ["fold-data", "fold-kernels", "fold-model", "fold-chunk", "fold-parallel"],
+}
+TORCH_CPU = "torch==2.13.0"
+TEST_DEPS = ["pytest>=8", "pytest-xdist>=3"]
+# No GPU in CI: Triton kernels run in its interpreter on CPU tensors.
+CPU_ENV = {"TRITON_INTERPRET": "1", "OMP_NUM_THREADS": "1", "PYTHONHASHSEED": "0"}
+
+nox.options.sessions = ["tests"]
+nox.options.reuse_existing_virtualenvs = True
+
+
+def _install(session: nox.Session, *packages: str) -> None:
+    session.install(TORCH_CPU, *TEST_DEPS)
+    session.install(*[str(ROOT / "packages" / p) for p in packages])
+
+
+def _pytest(session: nox.Session, *paths: str, marker: str = "not gpu") -> None:
+    args = list(session.posargs) or ["-q", "-n", os.environ.get("FOLD_TEST_WORKERS", "2")]
+    session.run("pytest", "-m", marker, *args, *paths, env=CPU_ENV)
+
+
+@nox.session
+def tests(session: nox.Session) -> None:
+    """Everything on CPU: each package's tests and the cross-package integration tests."""
+    _install(session, *PACKAGES)
+    paths = [f"packages/{p}/tests" for p in PACKAGES] + ["tests/integration"]
+    _pytest(session, *paths)
+
+
+def _package_session(package: str):
+    def run(session: nox.Session) -> None:
+        _install(session, *SIBLINGS[package], package)
+        _pytest(session, f"packages/{package}/tests")
+
+    run.__doc__ = f"{package} alone: installed with only the siblings it declares, then its tests."
+    return run
+
+
+for _pkg in PACKAGES:
+    nox.session(name=_pkg.removeprefix("fold-"))(_package_session(_pkg))
+
+
+@nox.session
+def kernels(session: nox.Session) -> None:
+    """The Triton kernels under TRITON_INTERPRET=1 on CPU (small sizes)."""
+    _install(session, "fold-kernels")
+    _pytest(session, "packages/fold-kernels/tests")
+
+
+@nox.session(python=False)
+def gpu(session: nox.Session) -> None:
+    """GPU-marked tests in the current environment, with no install step.
+
+    For machines that have PyTorch and Triton but no package registry: the packages run from
+    source through PYTHONPATH.
+    """
+    src = os.pathsep.join(str(ROOT / "packages" / p / "src") for p in PACKAGES)
+    env = {"PYTHONPATH": src + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    paths = [f"packages/{p}/tests" for p in PACKAGES] + ["tests/integration"]
+    session.run("python", "-m", "pytest", "-m", "gpu", "-q", *session.posargs, *paths, env=env)
+
+
+@nox.session
+def lint(session: nox.Session) -> None:
+    """ruff over the whole repository."""
+    session.install("ruff>=0.6")
+    session.run("ruff", "check", ".")
+
+
+@nox.session
+def demo(session: nox.Session) -> None:
+    """The main job on the bundled real data (CPU when no GPU is present)."""
+    _install(session, *PACKAGES)
+    session.run("bash", str(ROOT / "scripts" / "demo.sh"), *session.posargs, external=True)
+
+
+@nox.session(python=False)
+def bench(session: nox.Session) -> None:
+    """GPU benchmarks in the current environment (results land in benchmarks/results/)."""
+    src = os.pathsep.join(str(ROOT / "packages" / p / "src") for p in PACKAGES)
+    env = {"PYTHONPATH": src + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    for script in session.posargs or sorted(p.name for p in (ROOT / "benchmarks").glob("*.py")):
+        session.run("python", str(ROOT / "benchmarks" / script), env=env)
