@@ -1,0 +1,476 @@
+"""Ahead-of-time feature cache (MegaFold section IV-A).
+
+The deterministic features of a chain (mmCIF parsing, MSA and template featurization) are computed
+once and stored; training then reads them back instead of re-parsing the inputs every step.
+
+* One ``.npz`` file per entry, named by its key: ``<cache>/<key>.npz``. The key is a sha256 over
+  the pipeline version, the build parameters (JSON, sorted keys) and the name, size and bytes of
+  every input file, so a changed input or a version bump gives a new key: a stale entry is never
+  found, let alone used.
+* Read with ``np.load(allow_pickle=False)``: only plain numeric, ``S`` (bytes) and ``U`` arrays are
+  stored, so a cache shared between users cannot run code when read. Object arrays are refused.
+* Every file carries a ``__meta__`` array (UTF-8 JSON as uint8) with the version, the key, the
+  entry name, the input file names and a sha256 of the array payload (names, dtypes, shapes,
+  bytes). :meth:`FeatureCache.load` checks all of it: a truncated, bit-flipped or misplaced file is
+  reported with a warning, deleted and rebuilt.
+* Writes are atomic (temporary file in the same directory, fsync, ``os.replace``), so readers and
+  concurrent writers of the same entry only ever see a complete file.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import tempfile
+import time
+import traceback
+import warnings
+from collections.abc import Callable, Iterable, Mapping
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import dataclass, field
+from multiprocessing import get_context
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+import fold_data
+from fold_data.errors import InputError
+
+__all__ = [
+    "FEATURE_PIPELINE_VERSION",
+    "CacheReport",
+    "CacheResult",
+    "CacheWarning",
+    "ChainResult",
+    "FeatureCache",
+    "build_cache",
+    "pipeline_version",
+]
+
+# Bump whenever make_features' output changes for the same inputs (new feature, dtype, bug fix).
+FEATURE_PIPELINE_VERSION = "af2-raw-1"
+
+META_NAME = "__meta__"
+INDEX_NAME = "index.json"
+# dtype kinds np.load reads without pickle: bool, ints, floats, complex, bytes, str.
+_SAFE_KINDS = frozenset("biufcSU")
+_HASH_BLOCK = 1 << 20
+
+log = logging.getLogger(__name__)
+
+
+def pipeline_version() -> str:
+    """The version every cache entry is keyed and checked against."""
+    return f"fold-data-{fold_data.__version__}+{FEATURE_PIPELINE_VERSION}"
+
+
+class CacheWarning(UserWarning):
+    """A cache entry was corrupt or did not match its key; it was deleted and will be rebuilt."""
+
+
+def _payload_digest(arrays: Mapping[str, np.ndarray]) -> str:
+    """sha256 over (name, dtype, shape, bytes) of every array, in name order."""
+    h = hashlib.sha256()
+    for name in sorted(arrays):
+        a = np.ascontiguousarray(arrays[name])
+        h.update(json.dumps([name, a.dtype.str, list(a.shape)]).encode())
+        h.update(memoryview(a.reshape(-1)).cast("B") if a.size else b"")
+    return h.hexdigest()
+
+
+def _check_storable(name: str, array: Any) -> np.ndarray:
+    if not isinstance(array, np.ndarray | np.generic):
+        raise TypeError(f"feature {name!r}: expected a numpy array, got {type(array).__name__}")
+    array = np.asarray(array)
+    if array.dtype.kind not in _SAFE_KINDS or array.dtype.fields is not None:
+        raise TypeError(
+            f"feature {name!r}: dtype {array.dtype} cannot be read without pickle; store bytes "
+            "as fixed-width 'S' arrays (np.asarray(list_of_bytes, dtype=bytes)), not objects"
+        )
+    return array
+
+
+def _write_npz(fileobj, arrays: Mapping[str, np.ndarray], compress: bool) -> None:
+    """Serialize ``arrays`` into the open file (a seam so tests can simulate a crash mid-write)."""
+    (np.savez_compressed if compress else np.savez)(fileobj, **arrays)
+
+
+def _fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return  # not supported on this platform/filesystem; the rename itself is still atomic
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
+    """Write ``data`` to ``path`` so that readers see either the old or the complete new file."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    _fsync_dir(path.parent)
+
+
+@dataclass
+class CacheResult:
+    """What :meth:`FeatureCache.fetch` did for one entry."""
+
+    features: dict[str, np.ndarray]
+    key: str
+    path: Path
+    status: str  # "reused", "built" or "rebuilt-corrupt"
+
+
+class FeatureCache:
+    """A directory of content-addressed feature files, one per entry.
+
+    ``version`` defaults to :func:`pipeline_version`; entries written under another version are
+    never returned. ``compress=True`` writes ``np.savez_compressed`` files (smaller, slower to
+    read).
+    """
+
+    def __init__(
+        self, root: str | os.PathLike, *, version: str | None = None, compress: bool = False
+    ):
+        self.root = Path(root)
+        self.version = pipeline_version() if version is None else version
+        self.compress = compress
+        self.root.mkdir(parents=True, exist_ok=True)
+
+    # -- keys -------------------------------------------------------------------------------
+    def key(self, input_paths: Iterable[str | os.PathLike], params: Mapping[str, Any]) -> str:
+        """sha256 hex over the version, ``params`` (sorted JSON) and each input file's name+bytes.
+
+        File contents are hashed, not mtimes or absolute paths, so a cache is valid wherever the
+        same data lives. Input order matters (it is the featurizer's argument order).
+        """
+        h = hashlib.sha256()
+        h.update(json.dumps({"version": self.version, "params": params}, sort_keys=True).encode())
+        for p in input_paths:
+            p = Path(p)
+            try:
+                size = p.stat().st_size
+                h.update(json.dumps([p.name, size]).encode())
+                with open(p, "rb") as f:
+                    while block := f.read(_HASH_BLOCK):
+                        h.update(block)
+            except OSError as e:
+                raise InputError(p, None, f"cannot read input file to key the cache: {e}") from e
+        return h.hexdigest()
+
+    def path(self, key: str) -> Path:
+        return self.root / f"{key}.npz"
+
+    # -- read -------------------------------------------------------------------------------
+    def read_meta(self, key: str) -> dict[str, Any]:
+        """The metadata of an entry, unverified (for ``fold-data inspect``)."""
+        return read_entry(self.path(key))[1]
+
+    def load(self, key: str) -> dict[str, np.ndarray] | None:
+        """The entry's arrays, or None if missing. A corrupt or mismatched entry is deleted
+        (with a :class:`CacheWarning`) and None returned, so the caller rebuilds it."""
+        features, _ = self._load(key)
+        return features
+
+    def _load(self, key: str) -> tuple[dict[str, np.ndarray] | None, str]:
+        path = self.path(key)
+        try:
+            arrays, meta = read_entry(path)
+            problem = verify_entry(arrays, meta, key=key, version=self.version)
+        except FileNotFoundError:
+            return None, "missing"
+        except Exception as e:  # any failure to parse the file means it cannot be used
+            problem = f"unreadable ({type(e).__name__}: {e})"
+        if problem is None:
+            return arrays, "ok"
+        warnings.warn(f"{path}: corrupt cache entry, deleting and rebuilding: {problem}",
+                      CacheWarning, stacklevel=3)
+        path.unlink(missing_ok=True)
+        return None, "corrupt"
+
+    # -- write ------------------------------------------------------------------------------
+    def store(self, key: str, features: Mapping[str, np.ndarray], meta: Mapping[str, Any]) -> Path:
+        """Write an entry atomically; ``meta`` (JSON-serializable) is stored with the checksum."""
+        arrays = {name: _check_storable(name, a) for name, a in features.items()}
+        if META_NAME in arrays:
+            raise ValueError(f"feature name {META_NAME!r} is reserved for the cache metadata")
+        full_meta = {
+            **meta,
+            "version": self.version,
+            "key": key,
+            "payload_sha256": _payload_digest(arrays),
+            "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        }
+        meta_bytes = np.frombuffer(json.dumps(full_meta, sort_keys=True).encode(), dtype=np.uint8)
+        path = self.path(key)
+        fd, tmp = tempfile.mkstemp(dir=self.root, prefix=f".{key}.", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "wb") as f:
+                _write_npz(f, {**arrays, META_NAME: meta_bytes}, self.compress)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)  # atomic: concurrent writers of one key each rename a whole file
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+        _fsync_dir(self.root)
+        return path
+
+    # -- both -------------------------------------------------------------------------------
+    def fetch(
+        self,
+        name: str,
+        input_paths: Iterable[str | os.PathLike],
+        params: Mapping[str, Any],
+        build_fn: Callable[[], Mapping[str, np.ndarray]],
+        *,
+        rebuild: bool = False,
+    ) -> CacheResult:
+        """Load the entry for these inputs, or build it with ``build_fn()`` and store it."""
+        input_paths = [Path(p) for p in input_paths]
+        key = self.key(input_paths, params)
+        state = "missing"
+        if not rebuild:
+            features, state = self._load(key)
+            if features is not None:
+                return CacheResult(features, key, self.path(key), "reused")
+        features = dict(build_fn())
+        meta = {"name": name, "inputs": [p.name for p in input_paths], "params": dict(params)}
+        path = self.store(key, features, meta)
+        status = "rebuilt-corrupt" if state == "corrupt" else "built"
+        return CacheResult(features, key, path, status)
+
+    def get_or_build(
+        self,
+        name: str,
+        input_paths: Iterable[str | os.PathLike],
+        params: Mapping[str, Any],
+        build_fn: Callable[[], Mapping[str, np.ndarray]],
+    ) -> dict[str, np.ndarray]:
+        """The features for these inputs, from the cache if a valid entry exists."""
+        return self.fetch(name, input_paths, params, build_fn).features
+
+    # -- index ------------------------------------------------------------------------------
+    def read_index(self) -> dict[str, str]:
+        """``{entry name: key}`` written by :func:`build_cache` (empty if there is none)."""
+        path = self.root / INDEX_NAME
+        try:
+            index = json.loads(path.read_text())
+        except FileNotFoundError:
+            return {}
+        except (OSError, ValueError) as e:
+            raise InputError(path, None, f"expected the cache index as JSON: {e}") from e
+        if index.get("version") != self.version:
+            return {}
+        return dict(index.get("entries", {}))
+
+    def write_index(self, entries: Mapping[str, str]) -> None:
+        """Merge ``{name: key}`` into the index and write it atomically."""
+        merged = {**self.read_index(), **entries}
+        doc = {"version": self.version, "entries": dict(sorted(merged.items()))}
+        atomic_write_bytes(self.root / INDEX_NAME, json.dumps(doc, indent=1).encode())
+
+
+def read_entry(path: str | os.PathLike) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+    """Read every array of a cache file (never unpickling) and its metadata, unverified."""
+    with np.load(path, allow_pickle=False) as npz:
+        arrays = {name: npz[name] for name in npz.files}
+    if META_NAME not in arrays:
+        raise ValueError(f"no {META_NAME} array")
+    meta = json.loads(arrays.pop(META_NAME).tobytes().decode("utf-8"))
+    if not isinstance(meta, dict):
+        raise ValueError(f"{META_NAME} is not a JSON object")
+    return arrays, meta
+
+
+def verify_entry(
+    arrays: Mapping[str, np.ndarray],
+    meta: Mapping[str, Any],
+    *,
+    key: str | None,
+    version: str | None,
+) -> str | None:
+    """None if the entry is intact (and matches ``key``/``version`` if given), else the problem."""
+    if version is not None and meta.get("version") != version:
+        return f"pipeline version {meta.get('version')!r}, expected {version!r}"
+    if key is not None and meta.get("key") != key:
+        return f"metadata key {meta.get('key')!r} does not match the file name"
+    if _payload_digest(arrays) != meta.get("payload_sha256"):
+        return "payload checksum mismatch"
+    return None
+
+
+# ------------------------------------------------------------------------------------------------
+# Building a cache for a data directory
+# ------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class ChainResult:
+    """The outcome for one chain of :func:`build_cache`."""
+
+    name: str
+    status: str  # "built", "reused", "rebuilt-corrupt" or "failed"
+    seconds: float
+    key: str | None = None
+    path: str | None = None
+    error: str | None = None  # the InputError message (or exception and traceback) if failed
+    shapes: dict[str, list[int]] = field(default_factory=dict)
+
+
+@dataclass
+class CacheReport:
+    """What :func:`build_cache` did, chain by chain."""
+
+    cache_dir: str
+    version: str
+    results: list[ChainResult]
+    seconds: float
+
+    def count(self, status: str) -> int:
+        return sum(r.status == status for r in self.results)
+
+    @property
+    def failed(self) -> list[ChainResult]:
+        return [r for r in self.results if r.status == "failed"]
+
+    @property
+    def ok(self) -> bool:
+        return not self.failed
+
+    def summary(self) -> str:
+        counts = ", ".join(
+            f"{self.count(s)} {s}" for s in ("built", "reused", "rebuilt-corrupt", "failed")
+        )
+        head = f"{len(self.results)} chains in {self.seconds:.1f} s: {counts} -> {self.cache_dir}"
+        lines = [head]
+        lines += [f"  FAILED {r.name}: {r.error}" for r in self.failed]
+        return "\n".join(lines)
+
+
+def _default_featurizer() -> Callable[..., Mapping[str, np.ndarray]]:
+    from fold_data.af2 import make_features
+
+    return make_features
+
+
+def _build_one(
+    entry: Any,
+    cache_dir: str,
+    version: str,
+    compress: bool,
+    rebuild: bool,
+    featurize: Callable[..., Mapping[str, np.ndarray]] | None,
+    key_params: dict[str, Any],
+    kwargs: dict[str, Any],
+) -> ChainResult:
+    """Fetch or build one chain (runs in a worker process; never raises for bad input)."""
+    t0 = time.perf_counter()
+    try:
+        fn = featurize or _default_featurizer()
+        cache = FeatureCache(cache_dir, version=version, compress=compress)
+        result = cache.fetch(
+            entry.name,
+            entry.input_paths,
+            {"chain_id": entry.chain_id, **key_params},
+            lambda: fn(entry.mmcif_path, entry.chain_id, entry.msa_paths, entry.template_hits,
+                       **kwargs),
+            rebuild=rebuild,
+        )
+    except InputError as e:
+        return ChainResult(entry.name, "failed", time.perf_counter() - t0, error=str(e))
+    except Exception as e:  # a featurizer bug must not cost the rest of the build
+        error = f"{type(e).__name__}: {e}\n{traceback.format_exc()}"
+        return ChainResult(entry.name, "failed", time.perf_counter() - t0, error=error)
+    shapes = {k: list(v.shape) for k, v in result.features.items()}
+    return ChainResult(entry.name, result.status, time.perf_counter() - t0, result.key,
+                       str(result.path), shapes=shapes)
+
+
+def _jsonable(value: Any) -> Any:
+    return os.fspath(value) if isinstance(value, os.PathLike) else value
+
+
+def build_cache(
+    root: str | os.PathLike,
+    cache_dir: str | os.PathLike,
+    *,
+    workers: int | None = None,
+    chains: Iterable[str] | None = None,
+    progress: bool = True,
+    compress: bool = False,
+    rebuild: bool = False,
+    version: str | None = None,
+    featurize: Callable[..., Mapping[str, np.ndarray]] | None = None,
+    **make_features_kwargs: Any,
+) -> CacheReport:
+    """Featurize every chain of data directory ``root`` into ``cache_dir`` (reusing valid entries).
+
+    ``workers`` processes (spawned; default: the CPU count, 0 or 1 runs in this process) call
+    ``featurize(mmcif_path, chain_id, msa_paths, template_hits, **make_features_kwargs)``
+    (default :func:`fold_data.af2.make_features`, with ``template_mmcif_dir=<root>/mmcifs``).
+    A chain that fails is listed in the report with its error; the others still build. The
+    ``{name: key}`` index of the cache is updated for the chains that succeeded.
+
+    The key covers the chain's own files and ``make_features_kwargs`` except
+    ``template_mmcif_dir``: template mmCIFs are archive files addressed by the PDB IDs in the
+    (hashed) hit file and are taken as immutable; use ``rebuild=True`` after replacing them.
+    """
+    from fold_data.dataset import discover_chains
+
+    t0 = time.perf_counter()
+    version = pipeline_version() if version is None else version
+    cache = FeatureCache(cache_dir, version=version, compress=compress)  # creates the directory
+    entries = discover_chains(root, chains)
+    kwargs = dict(make_features_kwargs)
+    if featurize is None:
+        kwargs.setdefault("template_mmcif_dir", Path(root) / "mmcifs")
+    key_params = {k: _jsonable(v) for k, v in kwargs.items() if k != "template_mmcif_dir"}
+    json.dumps(key_params)  # fail here, not in a worker, on parameters that cannot key the cache
+    args = (str(cache.root), version, compress, rebuild, featurize, key_params, kwargs)
+
+    workers = (os.cpu_count() or 1) if workers is None else workers
+    workers = max(1, min(workers, len(entries)))
+    from tqdm import tqdm
+
+    bar = tqdm(total=len(entries), desc="fold-data cache", unit="chain", disable=not progress)
+    results: dict[str, ChainResult] = {}
+    try:
+        if workers == 1:
+            for entry in entries:
+                results[entry.name] = _build_one(entry, *args)
+                bar.update()
+        else:
+            with ProcessPoolExecutor(workers, mp_context=get_context("spawn")) as pool:
+                futures = {pool.submit(_build_one, e, *args): e for e in entries}
+                for fut in as_completed(futures):
+                    entry = futures[fut]
+                    try:
+                        results[entry.name] = fut.result()
+                    except Exception as e:  # the worker process itself died
+                        results[entry.name] = ChainResult(
+                            entry.name, "failed", 0.0, error=f"worker died: {type(e).__name__}: {e}"
+                        )
+                    bar.set_postfix_str(entry.name)
+                    bar.update()
+    finally:
+        bar.close()
+    ordered = [results[e.name] for e in entries]
+    cache.write_index({r.name: r.key for r in ordered if r.key is not None})
+    return CacheReport(str(cache.root), version, ordered, time.perf_counter() - t0)
