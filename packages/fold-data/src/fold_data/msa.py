@@ -26,11 +26,10 @@ from pathlib import Path
 import numpy as np
 
 from fold_data.errors import InputError
+from fold_data.residue_constants import HHBLITS_AA_TO_ID, MAP_HHBLITS_AATYPE_TO_OUR_AATYPE
 
 __all__ = [
     "GAP_CODE",
-    "HHBLITS_AA_TO_ID",
-    "MAP_HHBLITS_AATYPE_TO_OUR_AATYPE",
     "MSA_RESTYPE_TO_CODE",
     "Msa",
     "StockholmAlignment",
@@ -46,23 +45,9 @@ __all__ = [
 
 # --- alphabet ---------------------------------------------------------------------------------
 
-# The HHblits alphabet order is ACDEFGHIKLMNPQRSTVWYX-; ambiguity codes fold onto it (B->D, Z->E,
-# U->C, J/O->X). Re-derived here rather than imported: ``fold_data.residue_constants`` is written
-# separately and does not provide these tables.
-_HHBLITS_ALPHABET = "ACDEFGHIKLMNPQRSTVWYX-"
-HHBLITS_AA_TO_ID: dict[str, int] = {aa: i for i, aa in enumerate(_HHBLITS_ALPHABET)}
-HHBLITS_AA_TO_ID.update({"B": HHBLITS_AA_TO_ID["D"], "Z": HHBLITS_AA_TO_ID["E"],
-                         "U": HHBLITS_AA_TO_ID["C"], "J": HHBLITS_AA_TO_ID["X"],
-                         "O": HHBLITS_AA_TO_ID["X"]})
-
-_RESTYPES = "ARNDCQEGHILKMFPSTWYV"  # AF2 residue_constants.restypes order
 GAP_CODE = 21
-# HHblits index -> our index (0-19 restypes, 20 X, 21 gap).
-MAP_HHBLITS_AATYPE_TO_OUR_AATYPE: tuple[int, ...] = tuple(
-    _RESTYPES.index(aa) if aa in _RESTYPES else (20 if aa == "X" else GAP_CODE)
-    for aa in _HHBLITS_ALPHABET
-)
-# One-letter code (upper case or '-') -> MSA code 0-21, as AF2's two tables composed.
+# One-letter code (upper case or '-') -> MSA code 0-21: AF2's two tables composed (letter ->
+# HHblits id -> our code).
 MSA_RESTYPE_TO_CODE: dict[str, int] = {
     aa: MAP_HHBLITS_AATYPE_TO_OUR_AATYPE[i] for aa, i in HHBLITS_AA_TO_ID.items()
 }
