@@ -1,0 +1,530 @@
+"""EvoAttention: attention with a pair bias shared by R rows, FlashAttention-2 style.
+
+``o = softmax(scale * q k^T + bias + mask_bias) v`` (then ``o * sigmoid(gate)``), with
+q, k, v, gate ``[*, R, H, N, D]``, bias ``[*, H, N, N]`` shared by the R rows (MSA row attention,
+triangle attention), key mask ``[*, R, N]`` (true = attend). The ``R x H x N x N`` logits are never
+stored: the forward keeps a running max and sum per query (online softmax) and stores the
+log-sum-exp in fp32; the backward recomputes the logits tile by tile.
+
+Kernels (MegaFold III, FlashAttention-2), each program one tile:
+
+* ``_fwd``    grid (R, N/BLOCK_M, B*H); R varies fastest so the programs that read the same bias
+  tile run together and the bias comes from L2 rather than HBM.
+* ``_bwd_pre`` delta = rowsum(dO * O) and, with a gate, dO through the gate and d(gate).
+* ``_bwd_dkdv`` grid (R, N/BLOCK_N, B*H): dK, dV of one key block, looping over query blocks.
+* ``_bwd_dq``   grid (R, N/BLOCK_M, B*H): dQ of one query block, looping over key blocks.
+* ``_bwd_dbias`` grid (N/BLOCK_N * splits, N/BLOCK_M, H * B_bias): one bias tile; the program
+  loops over the R rows (and batch entries that share the bias), adding the dS tiles in
+  registers, and stores the tile once. No atomics, so the result is deterministic; with
+  ``splits > 1`` each split writes its partial sum to its own fp32 slab and the slabs are summed
+  afterwards (still deterministic). MegaFold instead issues one ``atomic_add`` per row and element.
+
+Masked keys have their logit *replaced* by a large negative constant (not added): a query whose
+keys are all masked therefore gets uniform weights (the mean of v) in any precision, and no
+gradient flows to q, k or bias through a masked logit. Keys past N get ``-inf`` (weight 0).
+Head dims under 16 are padded to 16 inside the kernel with masked loads (``tl.dot`` needs K >= 16).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from fold_kernels import tuning
+
+__all__ = ["evo_attention", "SUPPORTED_DTYPES", "MAX_HEAD_DIM"]
+
+SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+MAX_HEAD_DIM = 128
+LOG2E = 1.4426950408889634
+MASKED = -1.0e30  # the replaced logit of a masked key (log2 domain); uniform if all are masked
+
+
+@triton.jit
+def _mm(a, b, PRECISION: tl.constexpr):
+    """``tl.dot`` with fp32 accumulation; ``PRECISION="interp"`` upcasts the operands first,
+    because Triton's CPU interpreter computes bf16/fp16 dots wrongly (the rounding of the
+    operands to the input dtype is kept: they are cast before this call)."""
+    if PRECISION == "interp":
+        return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
+    else:
+        return tl.dot(a, b, input_precision=PRECISION)
+
+
+
+@triton.jit
+def _logits(q, k, Bias, Mask, b, r, h, offs_m, offs_n, m_valid, n_valid,
+            sbb, sbh, sbi, sbj, smb, smr, smj, qk_scale,
+            HAS_BIAS: tl.constexpr, HAS_MASK: tl.constexpr, PRECISION: tl.constexpr):
+    """Logits of one tile in the log2 domain, [BLOCK_M, BLOCK_N], and the key-keep flags."""
+    s = _mm(q, tl.trans(k), PRECISION) * qk_scale
+    if HAS_BIAS:
+        bptr = Bias + b * sbb + h * sbh + offs_m[:, None] * sbi + offs_n[None, :] * sbj
+        bias = tl.load(bptr, mask=m_valid[:, None] & n_valid[None, :], other=0.0)
+        s += bias.to(tl.float32) * 1.4426950408889634
+    if HAS_MASK:
+        keep = tl.load(Mask + b * smb + r * smr + offs_n * smj, mask=n_valid, other=0) != 0
+        s = tl.where(keep[None, :], s, -1.0e30)
+    else:
+        keep = n_valid
+    s = tl.where(n_valid[None, :], s, float("-inf"))
+    return s, keep
+
+
+@triton.jit
+def _fwd(Q, K, V, G, Bias, Mask, O, OPre, LSE,
+         sbb, sbh, sbi, sbj, smb, smr, smj,
+         R, H, N, D, qk_scale,
+         HAS_BIAS: tl.constexpr, HAS_MASK: tl.constexpr, HAS_GATE: tl.constexpr,
+         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+         PRECISION: tl.constexpr):
+    r = tl.program_id(0)
+    mb = tl.program_id(1)
+    bh = tl.program_id(2)
+    b = bh // H
+    h = bh % H
+    slab = ((b * R + r) * H + h).to(tl.int64)  # which [N, D] matrix of [B, R, H, N, D]
+    base = slab * N * D
+    offs_m = mb * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    m_valid = offs_m < N
+    d_valid = offs_d < D
+    md = m_valid[:, None] & d_valid[None, :]
+    q = tl.load(Q + base + offs_m[:, None] * D + offs_d[None, :], mask=md, other=0.0)
+
+    m_i = tl.full([BLOCK_M], -1.0e38, tl.float32)  # finite: a block of only -inf stays NaN-free
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    for start_n in range(0, N, BLOCK_N):
+        offs_n = start_n + tl.arange(0, BLOCK_N)
+        n_valid = offs_n < N
+        nd = n_valid[:, None] & d_valid[None, :]
+        k = tl.load(K + base + offs_n[:, None] * D + offs_d[None, :], mask=nd, other=0.0)
+        v = tl.load(V + base + offs_n[:, None] * D + offs_d[None, :], mask=nd, other=0.0)
+        s, keep = _logits(q, k, Bias, Mask, b, r, h, offs_m, offs_n, m_valid, n_valid,
+                          sbb, sbh, sbi, sbj, smb, smr, smj, qk_scale,
+                          HAS_BIAS, HAS_MASK, PRECISION)
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(s - m_new[:, None])  # [BLOCK_M, BLOCK_N]
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None] + _mm(p.to(v.dtype), v, PRECISION)
+        m_i = m_new
+
+    # max and log-sum kept apart: m + log2(l) would lose log2(l) next to a masked row's -1e30
+    tl.store(LSE + slab * 2 * N + offs_m, m_i, mask=m_valid)
+    tl.store(LSE + slab * 2 * N + N + offs_m, tl.log2(l_i), mask=m_valid)
+    o = acc / l_i[:, None]
+    optrs = offs_m[:, None] * D + offs_d[None, :]
+    if HAS_GATE:
+        tl.store(OPre + base + optrs, o.to(OPre.dtype.element_ty), mask=md)
+        g = tl.load(G + base + optrs, mask=md, other=0.0).to(tl.float32)
+        o = o * tl.sigmoid(g)
+    tl.store(O + base + optrs, o.to(O.dtype.element_ty), mask=md)
+
+
+@triton.jit
+def _bwd_pre(DY, OPre, G, DO, DG, Delta, rows, D,
+             HAS_GATE: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr):
+    """delta = rowsum(dO * O); with a gate, dO = dY * sigmoid(g), dg = dY * O * sig'(g)."""
+    offs_r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    offs_d = tl.arange(0, BLOCK_D)
+    rd = (offs_r < rows)[:, None] & (offs_d < D)[None, :]
+    ptrs = offs_r.to(tl.int64)[:, None] * D + offs_d[None, :]
+    dy = tl.load(DY + ptrs, mask=rd, other=0.0).to(tl.float32)
+    o = tl.load(OPre + ptrs, mask=rd, other=0.0).to(tl.float32)
+    if HAS_GATE:
+        sig = tl.sigmoid(tl.load(G + ptrs, mask=rd, other=0.0).to(tl.float32))
+        tl.store(DG + ptrs, (dy * o * sig * (1.0 - sig)).to(DG.dtype.element_ty), mask=rd)
+        do = dy * sig
+        tl.store(DO + ptrs, do.to(DO.dtype.element_ty), mask=rd)
+    else:
+        do = dy
+    # delta uses the rounded dO that the other kernels read, like O itself is rounded
+    tl.store(Delta + offs_r, tl.sum(do * o, 1), mask=offs_r < rows)
+
+
+@triton.jit
+def _bwd_dkdv(Q, K, V, Bias, Mask, DO, LSE, Delta, DK, DV,
+              sbb, sbh, sbi, sbj, smb, smr, smj,
+              R, H, N, D, qk_scale, scale,
+              HAS_BIAS: tl.constexpr, HAS_MASK: tl.constexpr,
+              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+              PRECISION: tl.constexpr):
+    r = tl.program_id(0)
+    nb = tl.program_id(1)
+    bh = tl.program_id(2)
+    b = bh // H
+    h = bh % H
+    slab = ((b * R + r) * H + h).to(tl.int64)
+    base = slab * N * D
+    offs_n = nb * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    n_valid = offs_n < N
+    d_valid = offs_d < D
+    nd = n_valid[:, None] & d_valid[None, :]
+    k = tl.load(K + base + offs_n[:, None] * D + offs_d[None, :], mask=nd, other=0.0)
+    v = tl.load(V + base + offs_n[:, None] * D + offs_d[None, :], mask=nd, other=0.0)
+    dk = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
+    dv = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
+    for start_m in range(0, N, BLOCK_M):
+        offs_m = start_m + tl.arange(0, BLOCK_M)
+        m_valid = offs_m < N
+        md = m_valid[:, None] & d_valid[None, :]
+        q = tl.load(Q + base + offs_m[:, None] * D + offs_d[None, :], mask=md, other=0.0)
+        do = tl.load(DO + base + offs_m[:, None] * D + offs_d[None, :], mask=md, other=0.0)
+        row_max = tl.load(LSE + slab * 2 * N + offs_m, mask=m_valid, other=0.0)
+        log_sum = tl.load(LSE + slab * 2 * N + N + offs_m, mask=m_valid, other=0.0)
+        delta = tl.load(Delta + slab * N + offs_m, mask=m_valid, other=0.0)
+        s, keep = _logits(q, k, Bias, Mask, b, r, h, offs_m, offs_n, m_valid, n_valid,
+                          sbb, sbh, sbi, sbj, smb, smr, smj, qk_scale,
+                          HAS_BIAS, HAS_MASK, PRECISION)
+        p = tl.exp2((s - row_max[:, None]) - log_sum[:, None])
+        p = tl.where(m_valid[:, None], p, 0.0)  # [BLOCK_M, BLOCK_N]
+        dv += _mm(tl.trans(p.to(do.dtype)), do, PRECISION)
+        dp = _mm(do, tl.trans(v), PRECISION)
+        ds = tl.where(keep[None, :], p * (dp - delta[:, None]), 0.0)  # dL/dlogit
+        dk += _mm(tl.trans(ds.to(q.dtype)), q, PRECISION)
+    optrs = base + offs_n[:, None] * D + offs_d[None, :]
+    tl.store(DK + optrs, (dk * scale).to(DK.dtype.element_ty), mask=nd)
+    tl.store(DV + optrs, dv.to(DV.dtype.element_ty), mask=nd)
+
+
+@triton.jit
+def _bwd_dq(Q, K, V, Bias, Mask, DO, LSE, Delta, DQ,
+            sbb, sbh, sbi, sbj, smb, smr, smj,
+            R, H, N, D, qk_scale, scale,
+            HAS_BIAS: tl.constexpr, HAS_MASK: tl.constexpr,
+            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+            PRECISION: tl.constexpr):
+    r = tl.program_id(0)
+    mb = tl.program_id(1)
+    bh = tl.program_id(2)
+    b = bh // H
+    h = bh % H
+    slab = ((b * R + r) * H + h).to(tl.int64)
+    base = slab * N * D
+    offs_m = mb * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    m_valid = offs_m < N
+    d_valid = offs_d < D
+    md = m_valid[:, None] & d_valid[None, :]
+    q = tl.load(Q + base + offs_m[:, None] * D + offs_d[None, :], mask=md, other=0.0)
+    do = tl.load(DO + base + offs_m[:, None] * D + offs_d[None, :], mask=md, other=0.0)
+    row_max = tl.load(LSE + slab * 2 * N + offs_m, mask=m_valid, other=0.0)
+    log_sum = tl.load(LSE + slab * 2 * N + N + offs_m, mask=m_valid, other=0.0)
+    delta = tl.load(Delta + slab * N + offs_m, mask=m_valid, other=0.0)
+    dq = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    for start_n in range(0, N, BLOCK_N):
+        offs_n = start_n + tl.arange(0, BLOCK_N)
+        n_valid = offs_n < N
+        nd = n_valid[:, None] & d_valid[None, :]
+        k = tl.load(K + base + offs_n[:, None] * D + offs_d[None, :], mask=nd, other=0.0)
+        v = tl.load(V + base + offs_n[:, None] * D + offs_d[None, :], mask=nd, other=0.0)
+        s, keep = _logits(q, k, Bias, Mask, b, r, h, offs_m, offs_n, m_valid, n_valid,
+                          sbb, sbh, sbi, sbj, smb, smr, smj, qk_scale,
+                          HAS_BIAS, HAS_MASK, PRECISION)
+        p = tl.exp2((s - row_max[:, None]) - log_sum[:, None])
+        dp = _mm(do, tl.trans(v), PRECISION)
+        ds = tl.where(keep[None, :], p * (dp - delta[:, None]), 0.0)
+        dq += _mm(ds.to(k.dtype), k, PRECISION)
+    tl.store(DQ + base + offs_m[:, None] * D + offs_d[None, :],
+             (dq * scale).to(DQ.dtype.element_ty), mask=md)
+
+
+@triton.jit
+def _bwd_dbias(Q, K, V, Bias, Mask, DO, LSE, Delta, DBias,
+               sbb, sbh, sbi, sbj, smb, smr, smj,
+               R, H, N, D, qk_scale, rows_per_bias, rows_per_split, n_blocks_n,
+               HAS_MASK: tl.constexpr,
+               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+               PRECISION: tl.constexpr):
+    """dbias[bb, h, i, j] = sum over the rows (r, and b when the bias is broadcast) of dS."""
+    split = tl.program_id(0) // n_blocks_n
+    nb = tl.program_id(0) % n_blocks_n
+    mb = tl.program_id(1)
+    bbh = tl.program_id(2)
+    bb = bbh // H
+    h = bbh % H
+    offs_m = mb * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = nb * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    m_valid = offs_m < N
+    n_valid = offs_n < N
+    d_valid = offs_d < D
+    md = m_valid[:, None] & d_valid[None, :]
+    nd = n_valid[:, None] & d_valid[None, :]
+    # the bias tile is the same for every row: load it once, outside the loop over rows
+    bptr = Bias + bb * sbb + h * sbh + offs_m[:, None] * sbi + offs_n[None, :] * sbj
+    bias = tl.load(bptr, mask=m_valid[:, None] & n_valid[None, :], other=0.0)
+    bias = bias.to(tl.float32) * 1.4426950408889634
+    acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    t0 = split * rows_per_split
+    t1 = tl.minimum(t0 + rows_per_split, rows_per_bias)
+    for t in range(t0, t1):
+        b = bb * (rows_per_bias // R) + t // R  # the bias batch entry bb serves these b
+        r = t % R
+        slab = ((b * R + r) * H + h).to(tl.int64)
+        base = slab * N * D
+        q = tl.load(Q + base + offs_m[:, None] * D + offs_d[None, :], mask=md, other=0.0)
+        do = tl.load(DO + base + offs_m[:, None] * D + offs_d[None, :], mask=md, other=0.0)
+        k = tl.load(K + base + offs_n[:, None] * D + offs_d[None, :], mask=nd, other=0.0)
+        v = tl.load(V + base + offs_n[:, None] * D + offs_d[None, :], mask=nd, other=0.0)
+        row_max = tl.load(LSE + slab * 2 * N + offs_m, mask=m_valid, other=0.0)
+        log_sum = tl.load(LSE + slab * 2 * N + N + offs_m, mask=m_valid, other=0.0)
+        delta = tl.load(Delta + slab * N + offs_m, mask=m_valid, other=0.0)
+        s = _mm(q, tl.trans(k), PRECISION) * qk_scale + bias
+        if HAS_MASK:
+            keep = tl.load(Mask + b * smb + r * smr + offs_n * smj, mask=n_valid, other=0) != 0
+            s = tl.where(keep[None, :], s, -1.0e30)
+        else:
+            keep = n_valid
+        p = tl.exp2((s - row_max[:, None]) - log_sum[:, None])
+        dp = _mm(do, tl.trans(v), PRECISION)
+        acc += tl.where(keep[None, :], p * (dp - delta[:, None]), 0.0)
+    out = (split * (tl.num_programs(2)) + bbh).to(tl.int64) * N * N
+    tl.store(DBias + out + offs_m[:, None] * N + offs_n[None, :], acc,
+             mask=m_valid[:, None] & n_valid[None, :])
+
+
+# ----------------------------------------------------------------------------- host side
+
+
+def _precision(dtype: torch.dtype) -> str:
+    # fp32 inputs get exact fp32 products (1e-5 agreement); half types use the tensor cores
+    if tuning.interpreting():
+        return "interp"
+    return "ieee" if dtype == torch.float32 else "tf32"
+
+
+def _block_d(d: int) -> int:
+    return max(16, triton.next_power_of_2(d))
+
+
+def _check(q, k, v, bias, mask, gate) -> None:
+    if q.dim() < 4:
+        raise ValueError(f"evo_attention: q must be [*, R, H, N, D], got shape {tuple(q.shape)}")
+    if k.shape != q.shape or v.shape != q.shape:
+        raise ValueError(f"evo_attention: q, k, v must have one shape (self-attention), got "
+                         f"{tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
+    if gate is not None and gate.shape != q.shape:
+        raise ValueError(f"evo_attention: gate must have q's shape {tuple(q.shape)}, "
+                         f"got {tuple(gate.shape)}")
+    if q.dtype not in SUPPORTED_DTYPES or k.dtype != q.dtype or v.dtype != q.dtype:
+        raise ValueError(f"evo_attention: q, k, v must share a dtype among {SUPPORTED_DTYPES}")
+    if q.shape[-1] > MAX_HEAD_DIM:
+        raise ValueError(f"evo_attention: head dim {q.shape[-1]} > {MAX_HEAD_DIM}")
+    *_, h, n, _ = q.shape
+    if bias is not None and tuple(bias.shape[-3:]) != (h, n, n):
+        raise ValueError(f"evo_attention: bias must be [*, H={h}, N={n}, N={n}], "
+                         f"got {tuple(bias.shape)}")
+    if mask is not None and mask.shape[-1] != n:
+        raise ValueError(f"evo_attention: mask must be [*, R, N={n}], got {tuple(mask.shape)}")
+    if not (q.is_cuda or tuning.interpreting()):
+        raise RuntimeError("fold_kernels.evo_attention needs CUDA/ROCm tensors (or "
+                           "TRITON_INTERPRET=1 with CPU tensors); fold_kernels.reference."
+                           "evo_attention is the CPU path")
+
+
+def _bias_view(bias: torch.Tensor, batch: tuple[int, ...]) -> tuple[torch.Tensor, int]:
+    """The bias as [B_bias, H, N, N] (B_bias 1 if shared by every batch entry, else B)."""
+    h, n = bias.shape[-3], bias.shape[-1]
+    lead = tuple(bias.shape[:-3])
+    nb = math.prod(batch)
+    if math.prod(lead) == 1:
+        return bias.reshape(1, h, n, n), 1
+    if torch.broadcast_shapes(lead, batch) != batch:
+        raise ValueError(f"evo_attention: bias batch dims {lead} do not broadcast to {batch}")
+    return bias.expand(*batch, h, n, n).reshape(nb, h, n, n), nb
+
+
+def _mask_view(mask: torch.Tensor, batch: tuple[int, ...], r: int, n: int) -> torch.Tensor:
+    """The key mask as uint8 [B, R, N] (broadcast dims keep stride 0)."""
+    m = mask if mask.dtype == torch.bool else mask != 0
+    m = m.expand(*batch, r, n).reshape(-1, r, n)
+    return m.to(torch.uint8)
+
+
+class _Launch:
+    """Flattened tensors and the scalars shared by the forward and backward launches."""
+
+    def __init__(self, q, bias, mask, scale):
+        *batch, self.R, self.H, self.N, self.D = q.shape
+        self.batch = tuple(batch)
+        self.B = math.prod(self.batch)
+        self.scale = float(scale)
+        self.qk_scale = self.scale * LOG2E
+        self.block_d = _block_d(self.D)
+        self.precision = _precision(q.dtype)
+        self.bias_shape = None if bias is None else bias.shape
+        if bias is not None:
+            self.bias, self.Bb = _bias_view(bias, self.batch)
+            self.bias_strides = list(self.bias.stride())
+            if self.Bb == 1:
+                self.bias_strides[0] = 0
+        else:
+            self.bias, self.Bb, self.bias_strides = None, 1, [0, 0, 0, 0]
+        if mask is not None:
+            self.mask = _mask_view(mask, self.batch, self.R, self.N)
+            self.mask_strides = list(self.mask.stride())
+        else:
+            self.mask, self.mask_strides = None, [0, 0, 0]
+        self.dtype = q.dtype
+
+    def strides(self):
+        return (*self.bias_strides, *self.mask_strides)
+
+    def key(self, kernel: str) -> tuple:
+        return (kernel, self.R, self.N, self.D, self.dtype, self.bias is not None,
+                self.mask is not None)
+
+
+def _cfg(kernel: str, lp: _Launch, launch) -> tuning.Config:
+    cands = tuning.attention_configs(kernel, tuning.arch(), lp.D)
+    return tuning.pick(f"evo_{kernel}", lp.key(kernel), cands, launch)
+
+
+def _forward(q, k, v, gate, lp: _Launch):
+    o = torch.empty_like(q)
+    o_pre = torch.empty_like(q) if gate is not None else o
+    lse = torch.empty((lp.B, lp.R, lp.H, 2, lp.N), device=q.device, dtype=torch.float32)
+    dummy = q
+
+    def launch(cfg: tuning.Config):
+        grid = (lp.R, triton.cdiv(lp.N, cfg.block_m), lp.B * lp.H)
+        _fwd[grid](q, k, v, gate if gate is not None else dummy,
+                   lp.bias if lp.bias is not None else dummy,
+                   lp.mask if lp.mask is not None else dummy,
+                   o, o_pre, lse, *lp.strides(), lp.R, lp.H, lp.N, lp.D, lp.qk_scale,
+                   HAS_BIAS=lp.bias is not None, HAS_MASK=lp.mask is not None,
+                   HAS_GATE=gate is not None, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
+                   BLOCK_D=lp.block_d, PRECISION=lp.precision,
+                   num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+
+    launch(_cfg("fwd", lp, launch))
+    return o, o_pre, lse
+
+
+def _backward(dy, q, k, v, gate, o_pre, lse, lp: _Launch, need_dbias: bool):
+    dy = dy.contiguous()
+    rows = lp.B * lp.R * lp.H * lp.N
+    delta = torch.empty((lp.B, lp.R, lp.H, lp.N), device=q.device, dtype=torch.float32)
+    if gate is not None:
+        do = torch.empty_like(q)
+        dgate = torch.empty_like(gate)
+    else:
+        do, dgate = dy, None
+    block_r = 16 if tuning.interpreting() else 64
+    _bwd_pre[(triton.cdiv(rows, block_r),)](
+        dy, o_pre, gate if gate is not None else dy, do, dgate if gate is not None else dy,
+        delta, rows, lp.D, HAS_GATE=gate is not None, BLOCK_R=block_r, BLOCK_D=lp.block_d)
+
+    dummy = q
+    bias = lp.bias if lp.bias is not None else dummy
+    mask = lp.mask if lp.mask is not None else dummy
+    flags = dict(HAS_BIAS=lp.bias is not None, HAS_MASK=lp.mask is not None,
+                 BLOCK_D=lp.block_d, PRECISION=lp.precision)
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+    def launch_dkdv(cfg: tuning.Config):
+        grid = (lp.R, triton.cdiv(lp.N, cfg.block_n), lp.B * lp.H)
+        _bwd_dkdv[grid](q, k, v, bias, mask, do, lse, delta, dk, dv, *lp.strides(),
+                        lp.R, lp.H, lp.N, lp.D, lp.qk_scale, lp.scale,
+                        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, **flags,
+                        num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+
+    def launch_dq(cfg: tuning.Config):
+        grid = (lp.R, triton.cdiv(lp.N, cfg.block_m), lp.B * lp.H)
+        _bwd_dq[grid](q, k, v, bias, mask, do, lse, delta, dq, *lp.strides(),
+                      lp.R, lp.H, lp.N, lp.D, lp.qk_scale, lp.scale,
+                      BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, **flags,
+                      num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+
+    launch_dkdv(_cfg("dkdv", lp, launch_dkdv))
+    launch_dq(_cfg("dq", lp, launch_dq))
+
+    dbias = None
+    if need_dbias and lp.bias is not None:
+        rows_per_bias = lp.R * (lp.B // lp.Bb)
+        state = {}
+
+        def launch_dbias(cfg: tuning.Config):
+            n_m, n_n = triton.cdiv(lp.N, cfg.block_m), triton.cdiv(lp.N, cfg.block_n)
+            splits = _dbias_splits(n_m * n_n * lp.H * lp.Bb, rows_per_bias, q.device)
+            per_split = triton.cdiv(rows_per_bias, splits)
+            out = torch.empty((splits, lp.Bb, lp.H, lp.N, lp.N), device=q.device,
+                              dtype=torch.float32)
+            _bwd_dbias[(n_n * splits, n_m, lp.H * lp.Bb)](
+                q, k, v, bias, mask, do, lse, delta, out, *lp.strides(),
+                lp.R, lp.H, lp.N, lp.D, lp.qk_scale, rows_per_bias, per_split, n_n,
+                HAS_MASK=lp.mask is not None, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
+                BLOCK_D=lp.block_d, PRECISION=lp.precision,
+                num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+            state["out"] = out
+
+        launch_dbias(_cfg("dbias", lp, launch_dbias))
+        out = state["out"]
+        dbias = out[0] if out.shape[0] == 1 else out.sum(0)  # fixed order: deterministic
+    return dq, dk, dv, dbias, dgate
+
+
+def _dbias_splits(tiles: int, rows: int, device: torch.device) -> int:
+    """How many slabs the R-reduction is split into so that the grid fills the GPU."""
+    if tuning.interpreting() or device.type != "cuda":
+        return 2 if rows > 2 else 1  # exercise the two-stage path in CPU tests too
+    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    want = max(1, (2 * sms) // max(tiles, 1))
+    return int(min(want, max(rows // 32, 1), 16))
+
+
+class _EvoAttention(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, bias, mask, gate, scale):
+        lp = _Launch(q, bias, mask, scale)
+        shape = q.shape
+        flat = (lp.B, lp.R, lp.H, lp.N, lp.D)
+        q_, k_, v_ = (t.reshape(flat).contiguous() for t in (q, k, v))
+        g_ = gate.reshape(flat).contiguous() if gate is not None else None
+        o, o_pre, lse = _forward(q_, k_, v_, g_, lp)
+        ctx.save_for_backward(q_, k_, v_, g_, o_pre, lse)
+        ctx.lp = lp
+        ctx.shape = shape
+        return o.reshape(shape)
+
+    @staticmethod
+    def backward(ctx, dy):
+        q, k, v, g, o_pre, lse = ctx.saved_tensors
+        lp: _Launch = ctx.lp
+        need_dbias = ctx.needs_input_grad[3]
+        dq, dk, dv, dbias, dgate = _backward(dy.reshape(q.shape), q, k, v, g, o_pre, lse, lp,
+                                             need_dbias)
+        shape = ctx.shape
+        if dbias is not None:
+            dbias = dbias.reshape(*((lp.Bb,) if lp.Bb == 1 else lp.batch), lp.H, lp.N, lp.N)
+            dbias = dbias.sum_to_size(lp.bias_shape).to(lp.bias.dtype)
+        return (dq.reshape(shape), dk.reshape(shape), dv.reshape(shape), dbias, None,
+                None if dgate is None else dgate.reshape(shape), None)
+
+
+def evo_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                  bias: torch.Tensor | None = None, mask: torch.Tensor | None = None,
+                  scale: float | None = None, gate: torch.Tensor | None = None) -> torch.Tensor:
+    """Attention with a pair bias shared over R rows, optionally gated (AF2 gated attention).
+
+    Args:
+        q, k, v: ``[*, R, H, N, D]``, fp16/bf16/fp32, D <= 128 (8, 16, 32, 64 are tuned).
+        bias: ``[*, H, N, N]`` (leading dims broadcast to q's), or None (MSA column attention).
+        mask: ``[*, R, N]`` bool or float, true/1 = attend; None attends to every key.
+        scale: multiplies ``q k^T``; defaults to ``D ** -0.5``.
+        gate: ``[*, R, H, N, D]`` or None; the output becomes ``o * sigmoid(gate)``.
+
+    Returns:
+        ``[*, R, H, N, D]`` in q's dtype. Differentiable in q, k, v, bias and gate.
+    """
+    _check(q, k, v, bias, mask, gate)
+    if scale is None:
+        scale = q.shape[-1] ** -0.5
+    return _EvoAttention.apply(q, k, v, bias, mask, gate, scale)

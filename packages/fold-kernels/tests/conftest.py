@@ -1,0 +1,11 @@
+"""Kernels tests: on a machine without a GPU, Triton runs every kernel in its CPU interpreter.
+
+TRITON_INTERPRET must be set before triton is first imported, hence here at import time.
+"""
+
+import os
+
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
