@@ -424,7 +424,8 @@ def build_cache(
 
     ``workers`` processes (spawned; default: the CPU count, 0 or 1 runs in this process) call
     ``featurize(mmcif_path, chain_id, msa_paths, template_hits, **make_features_kwargs)``
-    (default :func:`fold_data.af2.make_features`, with ``template_mmcif_dir=<root>/mmcifs``).
+    (default :func:`fold_data.af2.make_features`; ``template_mmcif_dir`` defaults to
+    ``<root>/mmcifs``).
     A chain that fails is listed in the report with its error; the others still build. The
     ``{name: key}`` index of the cache is updated for the chains that succeeded.
 
@@ -439,8 +440,7 @@ def build_cache(
     cache = FeatureCache(cache_dir, version=version, compress=compress)  # creates the directory
     entries = discover_chains(root, chains)
     kwargs = dict(make_features_kwargs)
-    if featurize is None:
-        kwargs.setdefault("template_mmcif_dir", Path(root) / "mmcifs")
+    kwargs.setdefault("template_mmcif_dir", Path(root) / "mmcifs")
     key_params = {k: _jsonable(v) for k, v in kwargs.items() if k != "template_mmcif_dir"}
     json.dumps(key_params)  # fail here, not in a worker, on parameters that cannot key the cache
     args = (str(cache.root), version, compress, rebuild, featurize, key_params, kwargs)
