@@ -41,7 +41,7 @@ class SchemaError(ValueError):
 
 @dataclass(frozen=True)
 class FeatureSpec:
-    """One named array: its dtype, its shape (symbolic dims as str, fixed sizes as int), its meaning."""
+    """One named array: dtype, shape (symbolic dims as str, fixed sizes as int), meaning."""
 
     name: str
     dtype: str
@@ -62,14 +62,24 @@ _GROUND_TRUTH = (
     ("atom14_gt_positions", _F32, ("N_res", 14, 3), "atom14 coordinates (supplement 1.2.1)"),
     ("atom14_gt_exists", _F32, ("N_res", 14), "1 where the atom14 atom is resolved"),
     ("atom14_atom_exists", _F32, ("N_res", 14), "1 where the residue type has this atom14 slot"),
-    ("atom14_alt_gt_positions", _F32, ("N_res", 14, 3), "atom14 with ambiguous atoms renamed (1.9.3)"),
+    (
+        "atom14_alt_gt_positions",
+        _F32,
+        ("N_res", 14, 3),
+        "atom14 with ambiguous atoms renamed (1.9.3)",
+    ),
     ("atom14_alt_gt_exists", _F32, ("N_res", 14), "mask of the renamed atom14"),
     ("atom14_atom_is_ambiguous", _F32, ("N_res", 14), "1 for atoms swapped by renaming"),
     ("residx_atom14_to_atom37", _I32, ("N_res", 14), "atom37 index of each atom14 slot"),
     ("residx_atom37_to_atom14", _I32, ("N_res", 37), "atom14 index of each atom37 slot"),
     ("atom37_atom_exists", _F32, ("N_res", 37), "1 where the residue type has this atom37 slot"),
     ("rigidgroups_gt_frames", _F32, ("N_res", 8, 4, 4), "8 rigid-group frames as 4x4 (1.8)"),
-    ("rigidgroups_gt_exists", _F32, ("N_res", 8), "1 where the frame's defining atoms are resolved"),
+    (
+        "rigidgroups_gt_exists",
+        _F32,
+        ("N_res", 8),
+        "1 where the frame's defining atoms are resolved",
+    ),
     ("rigidgroups_group_exists", _F32, ("N_res", 8), "1 where the residue type has the group"),
     ("rigidgroups_group_is_ambiguous", _F32, ("N_res", 8), "1 for groups with pi-symmetric chis"),
     ("rigidgroups_alt_gt_frames", _F32, ("N_res", 8, 4, 4), "frames after ambiguous renaming"),
@@ -83,8 +93,18 @@ _GROUND_TRUTH = (
 )
 
 _TEMPLATE_RAW = (
-    ("template_aatype", _I32, ("N_templ", "N_res"), "template residue per query residue, 0-20, 21 gap"),
-    ("template_all_atom_positions", _F32, ("N_templ", "N_res", 37, 3), "template atom37, query-aligned"),
+    (
+        "template_aatype",
+        _I32,
+        ("N_templ", "N_res"),
+        "template residue per query residue, 0-20, 21 gap",
+    ),
+    (
+        "template_all_atom_positions",
+        _F32,
+        ("N_templ", "N_res", 37, 3),
+        "template atom37, query-aligned",
+    ),
     ("template_all_atom_mask", _F32, ("N_templ", "N_res", 37), "template atom37 mask"),
     ("template_sum_probs", _F32, ("N_templ",), "hit score used to rank templates"),
     ("template_domain_names", "bytes", ("N_templ",), "'pdbid_chain' of each hit, ASCII"),
@@ -106,9 +126,19 @@ SAMPLE_FEATURES: dict[str, FeatureSpec] = _specs(
     ("aatype", _I32, ("R", "N_res"), "residue type 0-20; padding 20 with seq_mask 0"),
     ("residue_index", _I32, ("R", "N_res"), "position in the uncropped chain"),
     ("seq_mask", _F32, ("R", "N_res"), "1 for real residues, 0 for padding"),
-    ("target_feat", _F32, ("R", "N_res", 22), "one-hot aatype with a between-segment bit (Table 1)"),
-    ("msa_feat", _F32, ("R", "N_clust", "N_res", 49), "cluster centres: 23 one-hot, has_deletion,"
-     " deletion_value, 23 cluster profile, deletion mean (Table 1)"),
+    (
+        "target_feat",
+        _F32,
+        ("R", "N_res", 22),
+        "one-hot aatype with a between-segment bit (Table 1)",
+    ),
+    (
+        "msa_feat",
+        _F32,
+        ("R", "N_clust", "N_res", 49),
+        "cluster centres: 23 one-hot, has_deletion,"
+        " deletion_value, 23 cluster profile, deletion mean (Table 1)",
+    ),
     ("msa_mask", _F32, ("R", "N_clust", "N_res"), "1 for real cluster rows and residues"),
     ("true_msa", _I32, ("R", "N_clust", "N_res"), "cluster centres before BERT masking"),
     ("bert_mask", _F32, ("R", "N_clust", "N_res"), "1 where the masked-MSA loss applies"),
@@ -122,11 +152,24 @@ SAMPLE_FEATURES: dict[str, FeatureSpec] = _specs(
     ("template_all_atom_mask", _F32, ("R", "N_templ", "N_res", 37), "template atom37 mask"),
     ("template_pseudo_beta", _F32, ("R", "N_templ", "N_res", 3), "template CB (CA for Gly)"),
     ("template_pseudo_beta_mask", _F32, ("R", "N_templ", "N_res"), "mask of template_pseudo_beta"),
-    ("template_torsion_angles_sin_cos", _F32, ("R", "N_templ", "N_res", 7, 2), "omega, phi, psi,"
-     " chi1-4 (1.4)"),
-    ("template_alt_torsion_angles_sin_cos", _F32, ("R", "N_templ", "N_res", 7, 2), "with pi-periodic"
-     " chis shifted by pi"),
-    ("template_torsion_angles_mask", _F32, ("R", "N_templ", "N_res", 7), "torsion exists and resolved"),
+    (
+        "template_torsion_angles_sin_cos",
+        _F32,
+        ("R", "N_templ", "N_res", 7, 2),
+        "omega, phi, psi, chi1-4 (1.4)",
+    ),
+    (
+        "template_alt_torsion_angles_sin_cos",
+        _F32,
+        ("R", "N_templ", "N_res", 7, 2),
+        "with pi-periodic chis shifted by pi",
+    ),
+    (
+        "template_torsion_angles_mask",
+        _F32,
+        ("R", "N_templ", "N_res", 7),
+        "torsion exists and resolved",
+    ),
     ("use_clamped_fape", _F32, ("R",), "1 for the 90% of samples that use clamped FAPE (1.11.5)"),
     *[(n, d, ("R", *s), doc) for n, d, s, doc in _GROUND_TRUTH],
 )
