@@ -116,3 +116,14 @@ def test_rigid_from_3_points_gradient_finite_for_degenerate_points() -> None:
     rigid = rigid_from_3_points(x[:, 0], x[:, 1], x[:, 2])
     (rigid.rots.sum() + rigid.trans.sum()).backward()
     assert torch.isfinite(x.grad).all()
+
+
+def test_stop_rot_gradient_detaches_only_the_rotation() -> None:
+    gen = torch.Generator().manual_seed(5)
+    quat = torch.randn(4, 4, generator=gen, dtype=torch.float64, requires_grad=True)
+    trans = torch.randn(4, 3, generator=gen, dtype=torch.float64, requires_grad=True)
+    frozen = Rigid.from_quat_and_trans(quat, trans).stop_rot_gradient()
+    x = torch.randn(4, 3, generator=gen, dtype=torch.float64)
+    frozen.apply(x).sum().backward()
+    assert quat.grad is None
+    assert trans.grad is not None and torch.all(trans.grad == 1.0)

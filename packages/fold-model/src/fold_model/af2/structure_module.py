@@ -248,7 +248,7 @@ class StructureModule(nn.Module):
     * ``final_atom14_positions`` ``[*, N, 14, 3]``, ``final_atom_positions`` ``[*, N, 37, 3]``,
       ``final_atom_mask`` ``[*, N, 37]``, ``final_affine_tensor`` ``[*, N, 4, 4]``.
 
-    All computation is float32 with autocast disabled, whatever the input dtype.
+    All computation is float32 (float64 for float64 inputs, for tests) with autocast disabled.
     """
 
     def __init__(self, config: StructureModuleConfig, c_s: int, c_z: int) -> None:
@@ -277,20 +277,38 @@ class StructureModule(nn.Module):
         z: torch.Tensor,
         aatype: torch.Tensor,
         mask: torch.Tensor | None = None,
+        initial_frames: torch.Tensor | None = None,
     ) -> dict[str, torch.Tensor]:
-        """s ``[*, N, c_s]``, z ``[*, N, N, c_z]``, aatype ``[*, N]`` long, mask ``[*, N]``."""
+        """s ``[*, N, c_s]``, z ``[*, N, N, c_z]``, aatype ``[*, N]`` long, mask ``[*, N]``.
+
+        ``initial_frames`` ``[*, N, 4, 4]`` (Angstrom) replaces the identity start frames of
+        Alg. 20 line 4 ("black hole" initialisation) when given.
+        """
         with torch.autocast(device_type=s.device.type, enabled=False):
-            return self._forward(s.float(), z.float(), aatype.long(), mask)
+            dtype = s.dtype if s.dtype == torch.float64 else torch.float32
+            if initial_frames is not None:
+                initial_frames = initial_frames.to(dtype)
+            return self._forward(s.to(dtype), z.to(dtype), aatype.long(), mask, initial_frames)
 
     def _forward(
-        self, s: torch.Tensor, z: torch.Tensor, aatype: torch.Tensor, mask: torch.Tensor | None
+        self,
+        s: torch.Tensor,
+        z: torch.Tensor,
+        aatype: torch.Tensor,
+        mask: torch.Tensor | None,
+        initial_frames: torch.Tensor | None,
     ) -> dict[str, torch.Tensor]:
         cfg = self.config
         mask = torch.ones_like(s[..., 0]) if mask is None else mask.to(s.dtype)
         s_initial = self.layer_norm_s(s)
         z = self.layer_norm_z(z)
         s = self.linear_in(s_initial)
-        rigid = Rigid.identity(tuple(s.shape[:-1]), dtype=s.dtype, device=s.device)
+        if initial_frames is None:
+            rigid = Rigid.identity(tuple(s.shape[:-1]), dtype=s.dtype, device=s.device)
+        else:
+            rigid = Rigid.from_tensor_4x4(initial_frames).scale_translation(
+                1.0 / cfg.trans_scale_factor
+            )
 
         per_layer: dict[str, list[torch.Tensor]] = {
             k: [] for k in
