@@ -113,11 +113,10 @@ def _load_plugins() -> None:
         if _STATE.plugins_loaded:
             return
         _STATE.plugins_loaded = True
+        import sys
         from importlib.metadata import entry_points
 
         import fold_model.ops.reference  # noqa: F401  (registers the torch backend)
-
-        import sys
 
         for ep in entry_points(group=ENTRY_POINT_GROUP):
             try:
@@ -162,12 +161,29 @@ def _requested(op: str) -> str:
     return "auto"
 
 
+def _fx_tracing() -> bool:
+    from torch.fx import _symbolic_trace
+
+    # is_fx_symbolic_tracing (no log warning) where it exists; the flag itself otherwise.
+    check = getattr(_symbolic_trace, "is_fx_symbolic_tracing", None)
+    if check is not None:
+        return bool(check())
+    return bool(getattr(_symbolic_trace, "_is_fx_tracing_flag", False))
+
+
 def resolve(op: str, *args, backend: str | None = None, **kwargs) -> Callable:
-    """The implementation that :func:`dispatch` would run for this call."""
+    """The implementation that :func:`dispatch` would run for this call.
+
+    While torch.fx traces a module the torch reference is returned whatever was requested, so
+    traced graphs contain plain torch ops (AutoChunk rewrites those) and ``supports`` is never
+    asked about Proxy arguments.
+    """
     _load_plugins()
     if op not in OPS:
         raise ValueError(f"unknown op {op!r}; ops are {OPS}")
     impls = _STATE.impls[op]
+    if _fx_tracing():
+        return impls["torch"].fn
     name = backend or _requested(op)
     if name == "auto":
         for b in backends(op):

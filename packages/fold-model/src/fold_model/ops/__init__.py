@@ -1,0 +1,124 @@
+"""fold-model's op registry and typed wrappers around :func:`dispatch`.
+
+Model code calls these wrappers (``ops.attention(...)``, ``ops.layer_norm(...)``); each one
+dispatches to the selected backend (the torch reference in :mod:`fold_model.ops.reference` is
+always registered). See :mod:`fold_model.ops.registry` for selection rules and op signatures.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from fold_model.ops.registry import (
+    OPS,
+    BackendUnavailable,
+    backends,
+    dispatch,
+    register,
+    resolve,
+    use_backend,
+)
+
+__all__ = [
+    "OPS",
+    "BackendUnavailable",
+    "backends",
+    "dispatch",
+    "register",
+    "resolve",
+    "use_backend",
+    "attention",
+    "layer_norm",
+    "layer_norm_linear",
+    "softmax_mask_bias",
+    "swiglu",
+    "bias_sigmoid_gate",
+    "bias_dropout_residual",
+]
+
+
+def attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    mask: torch.Tensor | None = None,
+    scale: float | None = None,
+    gate: torch.Tensor | None = None,
+    *,
+    backend: str | None = None,
+) -> torch.Tensor:
+    """``softmax(scale q k^T + bias + mask) v [* sigmoid(gate)]``; q/k/v/gate ``[*, R, H, N, D]``,
+    bias ``[*, H, N_q, N_k]``, mask ``[*, R, N_k]``."""
+    return dispatch("attention", q, k, v, bias, mask, scale, gate, backend=backend)
+
+
+def layer_norm(
+    x: torch.Tensor,
+    weight: torch.Tensor | None,
+    bias: torch.Tensor | None,
+    eps: float = 1e-5,
+    *,
+    backend: str | None = None,
+) -> torch.Tensor:
+    """LayerNorm over the last dim."""
+    return dispatch("layer_norm", x, weight, bias, eps, backend=backend)
+
+
+def layer_norm_linear(
+    x: torch.Tensor,
+    ln_weight: torch.Tensor | None,
+    ln_bias: torch.Tensor | None,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    eps: float = 1e-5,
+    *,
+    backend: str | None = None,
+) -> torch.Tensor:
+    """``linear(layer_norm(x))``."""
+    return dispatch("layer_norm_linear", x, ln_weight, ln_bias, weight, bias, eps, backend=backend)
+
+
+def softmax_mask_bias(
+    logits: torch.Tensor,
+    mask: torch.Tensor | None = None,
+    bias: torch.Tensor | None = None,
+    *,
+    backend: str | None = None,
+) -> torch.Tensor:
+    """Softmax over the last dim of ``logits + bias`` excluding masked entries."""
+    return dispatch("softmax_mask_bias", logits, mask, bias, backend=backend)
+
+
+def swiglu(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    *,
+    backend: str | None = None,
+) -> torch.Tensor:
+    """``silu(a) * b`` with ``a, b = linear(x).chunk(2, -1)``."""
+    return dispatch("swiglu", x, weight, bias, backend=backend)
+
+
+def bias_sigmoid_gate(
+    x: torch.Tensor,
+    gate: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    *,
+    backend: str | None = None,
+) -> torch.Tensor:
+    """``x * sigmoid(gate + bias)``."""
+    return dispatch("bias_sigmoid_gate", x, gate, bias, backend=backend)
+
+
+def bias_dropout_residual(
+    x: torch.Tensor,
+    residual: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    dropout_mask: torch.Tensor | None = None,
+    *,
+    backend: str | None = None,
+) -> torch.Tensor:
+    """``residual + (x + bias) * dropout_mask``."""
+    return dispatch("bias_dropout_residual", x, residual, bias, dropout_mask, backend=backend)

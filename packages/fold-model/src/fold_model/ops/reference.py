@@ -1,0 +1,140 @@
+"""Plain PyTorch implementations of every registry op (backend ``"torch"``).
+
+These are the references that every optimized backend is tested against, and the path that
+runs when nothing faster is installed or when torch.fx traces a block. Signatures are fixed by
+:mod:`fold_model.ops.registry`. Precision: softmax and LayerNorm statistics are computed in fp32
+for half-precision inputs (bf16 logits lose the small differences that decide attention weights);
+results come back in the input dtype.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from fold_model.ops.registry import register
+
+__all__ = [
+    "attention",
+    "layer_norm",
+    "layer_norm_linear",
+    "softmax_mask_bias",
+    "swiglu",
+    "bias_sigmoid_gate",
+    "bias_dropout_residual",
+    "MASKED_LOGIT",
+]
+
+# Logit given to masked keys. Every masked key gets exactly this value (not logit + bias), so a
+# query with all keys masked sees equal logits and averages v, and unmasked logits keep full
+# precision. 1e9 is far below any real fp32 logit and representable in bf16/fp16 after upcast.
+MASKED_LOGIT = -1e9
+
+
+def _keep(mask: torch.Tensor) -> torch.Tensor:
+    """Boolean 'attend' mask from a bool or 0/1 float mask (no dtype branch: fx-traceable)."""
+    return mask != 0
+
+
+def attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    mask: torch.Tensor | None = None,
+    scale: float | None = None,
+    gate: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Gated multi-head attention with a bias shared over rows and a key mask.
+
+    q, k, v, gate: ``[*, R, H, N_q|N_k, D]``; bias: ``[*, H, N_q, N_k]`` (broadcast over R);
+    mask: ``[*, R, N_k]`` (true/nonzero = attend). Returns ``[*, R, H, N_q, D]`` in v's dtype.
+    """
+    if scale is None:
+        scale = q.shape[-1] ** -0.5
+    logits = torch.matmul(q * scale, k.transpose(-1, -2)).float()  # [*, R, H, N_q, N_k]
+    if bias is not None:
+        logits = logits + bias.unsqueeze(-4).float()  # [*, 1, H, N_q, N_k]
+    if mask is not None:
+        keep = _keep(mask)[..., None, None, :]  # [*, R, 1, 1, N_k]
+        logits = torch.where(keep, logits, torch.full_like(logits, MASKED_LOGIT))
+    weights = torch.softmax(logits, dim=-1).to(v.dtype)
+    o = torch.matmul(weights, v)  # [*, R, H, N_q, D]
+    if gate is not None:
+        o = o * torch.sigmoid(gate)
+    return o
+
+
+def layer_norm(
+    x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None, eps: float = 1e-5
+) -> torch.Tensor:
+    """LayerNorm over the last dim; statistics in fp32 for half inputs, output in x's dtype."""
+    dtype = x.dtype
+    xf = x.float()
+    w = weight.float() if weight is not None else None
+    b = bias.float() if bias is not None else None
+    # Inputs are already fp32, so autocast (which lists layer_norm as fp32) changes nothing.
+    y = F.layer_norm(xf, (x.shape[-1],), w, b, eps)
+    return y.to(dtype)
+
+
+def layer_norm_linear(
+    x: torch.Tensor,
+    ln_weight: torch.Tensor | None,
+    ln_bias: torch.Tensor | None,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    eps: float = 1e-5,
+) -> torch.Tensor:
+    """``F.linear(layer_norm(x), weight, bias)`` (the linear follows autocast if active)."""
+    return F.linear(layer_norm(x, ln_weight, ln_bias, eps), weight, bias)
+
+
+def softmax_mask_bias(
+    logits: torch.Tensor, mask: torch.Tensor | None = None, bias: torch.Tensor | None = None
+) -> torch.Tensor:
+    """Softmax over the last dim of ``logits + bias`` with masked entries excluded.
+
+    Computed in fp32, returned in the logits' dtype. A fully masked row is uniform.
+    """
+    x = logits.float()
+    if bias is not None:
+        x = x + bias.float()
+    if mask is not None:
+        keep = _keep(mask)
+        x = torch.where(keep, x, torch.full_like(x, MASKED_LOGIT))
+    return torch.softmax(x, dim=-1).to(logits.dtype)
+
+
+def swiglu(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``silu(a) * b`` with ``a, b = F.linear(x, weight, bias).chunk(2, -1)``."""
+    a, b = F.linear(x, weight, bias).chunk(2, dim=-1)
+    return F.silu(a) * b
+
+
+def bias_sigmoid_gate(
+    x: torch.Tensor, gate: torch.Tensor, bias: torch.Tensor | None = None
+) -> torch.Tensor:
+    """``x * sigmoid(gate + bias)``."""
+    if bias is not None:
+        gate = gate + bias
+    return x * torch.sigmoid(gate)
+
+
+def bias_dropout_residual(
+    x: torch.Tensor,
+    residual: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    dropout_mask: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """``residual + (x + bias) * dropout_mask``; the mask is pre-scaled and broadcasts."""
+    if bias is not None:
+        x = x + bias
+    if dropout_mask is not None:
+        x = x * dropout_mask
+    return residual + x
+
+
+for _name in __all__:
+    if _name != "MASKED_LOGIT":
+        register(_name, "torch", globals()[_name], priority=0)

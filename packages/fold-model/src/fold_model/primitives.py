@@ -1,0 +1,223 @@
+"""Building blocks shared by the AF2 modules: Linear with AF2 inits, LayerNorm, gated attention,
+global attention (Alg. 19), AF2's shared dropout and a row-chunking helper.
+
+Every LayerNorm, attention and gate goes through :mod:`fold_model.ops`, so a kernel backend
+replaces them without touching the modules.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Literal
+
+import torch
+from torch import nn
+
+from fold_model import ops
+
+__all__ = [
+    "Linear",
+    "LayerNorm",
+    "Attention",
+    "GlobalAttention",
+    "shared_dropout_mask",
+    "chunked_rows",
+    "InitName",
+]
+
+InitName = Literal["default", "relu", "glorot", "gating", "final"]
+
+# std of a unit normal truncated to [-2, 2]; dividing by it makes the truncated draw have the
+# intended variance (AF2 supplement 1.11.4: "truncated normal ... fan-in").
+_TRUNC_STD = 0.87962566103423978
+
+
+def _trunc_normal_fan_in(weight: torch.Tensor, scale: float) -> None:
+    fan_in = weight.shape[1]
+    std = math.sqrt(scale / max(1, fan_in)) / _TRUNC_STD
+    with torch.no_grad():
+        nn.init.trunc_normal_(weight, mean=0.0, std=1.0, a=-2.0, b=2.0)
+        weight.mul_(std)
+
+
+class Linear(nn.Linear):
+    """``nn.Linear`` with the AF2 initialisers (supplement 1.11.4).
+
+    ``'default'``: LeCun (truncated) normal; ``'relu'``: He normal; ``'glorot'``: Glorot uniform;
+    ``'gating'``: weights 0, bias 1 (gates start open); ``'final'``: weights 0 (residual branches
+    start as the identity). Biases are 0 except for ``'gating'``.
+    """
+
+    def __init__(
+        self, in_dim: int, out_dim: int, bias: bool = True, init: InitName = "default"
+    ) -> None:
+        super().__init__(in_dim, out_dim, bias=bias)
+        self.init = init
+        self.reset_af2_parameters()
+
+    def reset_af2_parameters(self) -> None:
+        with torch.no_grad():
+            if self.init == "default":
+                _trunc_normal_fan_in(self.weight, 1.0)
+            elif self.init == "relu":
+                _trunc_normal_fan_in(self.weight, 2.0)
+            elif self.init == "glorot":
+                nn.init.xavier_uniform_(self.weight)
+            elif self.init in ("gating", "final"):
+                self.weight.zero_()
+            else:
+                raise ValueError(f"unknown init {self.init!r}")
+            if self.bias is not None:
+                self.bias.fill_(1.0 if self.init == "gating" else 0.0)
+
+
+class LayerNorm(nn.Module):
+    """LayerNorm over the last dim through ``ops.layer_norm`` (fp32 statistics for bf16)."""
+
+    def __init__(self, dim: int, eps: float = 1e-5) -> None:
+        super().__init__()
+        self.dim = dim
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.bias = nn.Parameter(torch.zeros(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return ops.layer_norm(x, self.weight, self.bias, self.eps)
+
+
+def chunked_rows(
+    fn: Callable[..., torch.Tensor],
+    chunk_size: int | None,
+    chunked: tuple[tuple[torch.Tensor | None, int], ...],
+    shared: tuple = (),
+    out_dim: int = -3,
+) -> torch.Tensor:
+    """``fn(*chunked_tensors, *shared)`` evaluated in slices of ``chunk_size`` rows.
+
+    ``chunked`` holds ``(tensor, row_dim)`` pairs: each tensor is sliced along its own row dim
+    (None passes through); ``shared`` arguments are passed whole; the results are concatenated
+    along ``out_dim``. ``chunk_size=None`` calls ``fn`` once (the traceable path: no loop over a
+    tensor size). Only valid when rows are independent (inference-time memory saving).
+    """
+    tensors = tuple(t for t, _ in chunked)
+    if chunk_size is None:
+        return fn(*tensors, *shared)
+    n = next(t.shape[d] for t, d in chunked if t is not None)
+    outs = []
+    for start in range(0, n, chunk_size):
+        size = min(chunk_size, n - start)
+        sliced = tuple(None if t is None else t.narrow(d, start, size) for t, d in chunked)
+        outs.append(fn(*sliced, *shared))
+    return torch.cat(outs, dim=out_dim)
+
+
+class Attention(nn.Module):
+    """Gated multi-head attention (AF2 Alg. 7/8/13/14 core) calling ``ops.attention``.
+
+    Inputs ``q_x: [*, R, N_q, C_q]``, ``kv_x: [*, R, N_k, C_kv]``; ``bias: [*, H, N_q, N_k]``
+    shared by the R rows; ``mask: [*, R, N_k]``. Output ``[*, R, N_q, C_q]``. With
+    ``chunk_size`` the R rows are processed in slices (inference memory saving).
+    """
+
+    def __init__(
+        self, c_q: int, c_kv: int, c_hidden: int, no_heads: int, gating: bool = True
+    ) -> None:
+        super().__init__()
+        self.c_hidden = c_hidden
+        self.no_heads = no_heads
+        hd = c_hidden * no_heads
+        self.linear_q = Linear(c_q, hd, bias=False, init="glorot")
+        self.linear_k = Linear(c_kv, hd, bias=False, init="glorot")
+        self.linear_v = Linear(c_kv, hd, bias=False, init="glorot")
+        self.linear_g = Linear(c_q, hd, init="gating") if gating else None
+        self.linear_o = Linear(hd, c_q, init="final")
+
+    def _heads(self, x: torch.Tensor) -> torch.Tensor:
+        # [*, R, N, H * D] -> [*, R, N, H, D] -> [*, R, H, N, D]
+        x = x.unflatten(-1, (self.no_heads, self.c_hidden))
+        return x.transpose(-2, -3)
+
+    def _attend(
+        self,
+        q_x: torch.Tensor,
+        kv_x: torch.Tensor,
+        mask: torch.Tensor | None,
+        bias: torch.Tensor | None,
+    ) -> torch.Tensor:
+        q = self._heads(self.linear_q(q_x))  # [*, R, H, N_q, D]
+        k = self._heads(self.linear_k(kv_x))  # [*, R, H, N_k, D]
+        v = self._heads(self.linear_v(kv_x))  # [*, R, H, N_k, D]
+        g = self._heads(self.linear_g(q_x)) if self.linear_g is not None else None
+        o = ops.attention(q, k, v, bias, mask, self.c_hidden**-0.5, g)  # [*, R, H, N_q, D]
+        o = o.transpose(-2, -3).flatten(-2)  # [*, R, N_q, H * D]
+        return self.linear_o(o)
+
+    def forward(
+        self,
+        q_x: torch.Tensor,
+        kv_x: torch.Tensor,
+        mask: torch.Tensor | None = None,
+        bias: torch.Tensor | None = None,
+        chunk_size: int | None = None,
+    ) -> torch.Tensor:
+        return chunked_rows(
+            self._attend, chunk_size, ((q_x, -3), (kv_x, -3), (mask, -2)), (bias,), out_dim=-3
+        )
+
+
+class GlobalAttention(nn.Module):
+    """Global gated attention (AF2 Alg. 19): one averaged query per row and a single shared
+    key/value head.
+
+    ``x: [*, R, N, C]`` with ``mask: [*, R, N]``; attention runs over N inside each row.
+    Output ``[*, R, N, C]``.
+    """
+
+    def __init__(self, c_in: int, c_hidden: int, no_heads: int, eps: float = 1e-10) -> None:
+        super().__init__()
+        self.c_hidden = c_hidden
+        self.no_heads = no_heads
+        self.eps = eps
+        hd = c_hidden * no_heads
+        self.linear_q = Linear(c_in, hd, bias=False, init="glorot")
+        self.linear_k = Linear(c_in, c_hidden, bias=False, init="glorot")
+        self.linear_v = Linear(c_in, c_hidden, bias=False, init="glorot")
+        self.linear_g = Linear(c_in, hd, init="gating")
+        self.linear_o = Linear(hd, c_in, init="final")
+
+    def _attend(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        mask = mask.to(x.dtype)
+        # Masked mean over the row's N entries (Alg. 19 line 2): [*, R, C]
+        q_avg = (x * mask[..., None]).sum(-2) / (mask.sum(-1)[..., None] + self.eps)
+        q = self.linear_q(q_avg).unflatten(-1, (self.no_heads, 1, self.c_hidden))  # [*,R,H,1,D]
+        k = self.linear_k(x).unsqueeze(-3)  # [*, R, 1, N, D], shared by the H heads
+        v = self.linear_v(x).unsqueeze(-3)  # [*, R, 1, N, D]
+        k = k.expand(*k.shape[:-3], self.no_heads, *k.shape[-2:])  # [*, R, H, N, D]
+        v = v.expand(*v.shape[:-3], self.no_heads, *v.shape[-2:])
+        o = ops.attention(q, k, v, None, mask, self.c_hidden**-0.5, None)  # [*, R, H, 1, D]
+        o = o.squeeze(-2).flatten(-2).unsqueeze(-2)  # [*, R, 1, H * D], broadcast over N
+        g = self.linear_g(x)  # [*, R, N, H * D]
+        o = ops.bias_sigmoid_gate(o.expand_as(g), g)  # [*, R, N, H * D]
+        return self.linear_o(o)
+
+    def forward(
+        self, x: torch.Tensor, mask: torch.Tensor, chunk_size: int | None = None
+    ) -> torch.Tensor:
+        return chunked_rows(self._attend, chunk_size, ((x, -3), (mask, -2)), out_dim=-3)
+
+
+def shared_dropout_mask(
+    x: torch.Tensor, rate: float, shared_dim: int, training: bool
+) -> torch.Tensor | None:
+    """AF2's shared dropout (supplement 1.11.6): one Bernoulli mask broadcast along ``shared_dim``.
+
+    ``DropoutRowwise`` shares the mask over rows (``shared_dim=-3`` of ``[*, N_rows, N_cols, C]``),
+    ``DropoutColumnwise`` over columns (``shared_dim=-2``). Returns the mask pre-scaled by
+    ``1 / (1 - rate)`` for ``ops.bias_dropout_residual``, or None when not training.
+    """
+    if not training or rate == 0.0:
+        return None
+    keep = 1.0 - rate
+    probs = torch.full_like(x.narrow(shared_dim, 0, 1), keep)  # size 1 along shared_dim
+    return torch.bernoulli(probs) / keep
