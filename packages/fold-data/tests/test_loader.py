@@ -133,3 +133,32 @@ def test_bad_arguments():
         NonBlockingLoader(3, square_sample, names=["a"])
     with pytest.raises(ValueError, match="prefetch"):
         NonBlockingLoader(3, square_sample, prefetch=0)
+
+
+def big_sample(i: int) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(i)
+    return {
+        "x": rng.normal(size=(33, 129, 7)).astype(np.float32),  # out of band (> 64 KiB)
+        "f": np.asfortranarray(rng.normal(size=(65, 131))),  # Fortran order, out of band
+        "small": rng.integers(0, 9, 5).astype(np.int32),  # in band
+        "s": np.array([b"abc", b""], dtype="S3"),
+    }
+
+
+@pytest.mark.skipif(not os.path.isdir("/dev/shm"), reason="no /dev/shm")
+def test_shared_memory_transport_round_trip_and_cleanup():
+    with NonBlockingLoader(5, big_sample, workers=2, prefetch=4, shared_memory=True) as ld:
+        prefix = ld._shm_prefix
+        got = list(ld)
+        it = iter(ld)  # an abandoned epoch: prepared samples must not leak
+        next(it)
+        time.sleep(0.3)
+        del it
+    assert len(got) == 5
+    for s in got:
+        i = next(i for i in range(5) if np.array_equal(s["small"], big_sample(i)["small"]))
+        for k, v in big_sample(i).items():
+            assert s[k].dtype == v.dtype and s[k].flags.f_contiguous == v.flags.f_contiguous
+            np.testing.assert_array_equal(s[k], v)
+    got[0]["x"][0, 0, 0] = 1.0  # writable (private copy-on-write mapping)
+    assert not list(Path("/dev/shm").glob(Path(prefix).name + "-*"))

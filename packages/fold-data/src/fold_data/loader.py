@@ -18,11 +18,17 @@ order (what DataLoader does), for evaluation or debugging.
   ``(seed, epoch)``; ``pass_seed=True`` gives ``prepare_fn`` a per-sample seed derived from
   ``(seed, epoch, index)``, so results do not depend on which worker ran the sample.
 * No torch: samples are any picklable object (dicts of numpy arrays), pickled with protocol 5.
+  Large array buffers (>= ``shm_min_bytes``) travel out of band through files in ``/dev/shm``
+  (Linux shared memory): the worker writes them once, the consumer maps them copy-on-write and
+  unpickles the arrays on top of the mapping without copying, instead of pushing every byte
+  through a pipe. Where ``/dev/shm`` is missing, or a write fails (full), the buffers go in band.
 """
 
 from __future__ import annotations
 
+import glob
 import heapq
+import mmap
 import multiprocessing as mp
 import os
 import pickle
@@ -30,6 +36,7 @@ import queue
 import signal
 import time
 import traceback
+import uuid
 import weakref
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -40,6 +47,8 @@ import numpy as np
 __all__ = ["LoaderError", "LoaderStats", "NonBlockingLoader"]
 
 _IDLE = -1
+_SHM_DIR = "/dev/shm"
+_ALIGN = 64  # byte alignment of each out-of-band buffer in a shared-memory file
 
 
 class LoaderError(RuntimeError):
@@ -74,6 +83,68 @@ def _sample_seed(seed: int, epoch: int, index: int) -> int:
     return int(np.random.SeedSequence([seed, epoch, index]).generate_state(1)[0])
 
 
+# A pickled sample: (pickle bytes, shared-memory file or None, [(offset, nbytes)] of its buffers).
+Encoded = tuple[bytes, str | None, list[tuple[int, int]]]
+
+
+def _encode(sample: Any, shm_path: str | None, min_bytes: int) -> Encoded:
+    """Pickle ``sample``; buffers of >= ``min_bytes`` go to the file ``shm_path`` if given."""
+    if shm_path is None:
+        return pickle.dumps(sample, protocol=5), None, []
+    large: list[pickle.PickleBuffer] = []
+
+    def out_of_band(buf: pickle.PickleBuffer) -> bool:
+        if buf.raw().nbytes < min_bytes:
+            return True  # small: in band
+        large.append(buf)
+        return False
+
+    data = pickle.dumps(sample, protocol=5, buffer_callback=out_of_band)
+    if not large:
+        return data, None, []
+    layout, offset = [], 0
+    for buf in large:
+        layout.append((offset, buf.raw().nbytes))
+        offset += -(-buf.raw().nbytes // _ALIGN) * _ALIGN
+    try:
+        fd = os.open(shm_path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
+        with os.fdopen(fd, "wb") as f:  # plain writes: a full tmpfs is an OSError, not SIGBUS
+            for buf, (off, _) in zip(large, layout):
+                f.seek(off)
+                f.write(buf.raw())
+            f.truncate(offset)
+    except OSError:
+        if os.path.exists(shm_path):
+            os.unlink(shm_path)
+        return pickle.dumps(sample, protocol=5), None, []
+    return data, shm_path, layout
+
+
+def _decode(encoded: Encoded) -> Any:
+    """Unpickle; out-of-band buffers are views of a private (copy-on-write) mapping."""
+    data, shm_path, layout = encoded
+    if shm_path is None:
+        return pickle.loads(data)
+    fd = os.open(shm_path, os.O_RDONLY)
+    try:
+        size = os.fstat(fd).st_size
+        mapping = mmap.mmap(fd, size, access=mmap.ACCESS_COPY) if size else None
+    finally:
+        os.close(fd)
+        os.unlink(shm_path)  # the mapping outlives the name; freed with the last array
+    view = memoryview(mapping) if mapping is not None else memoryview(b"")
+    return pickle.loads(data, buffers=[view[off:off + n] for off, n in layout])
+
+
+def _discard(encoded: Any) -> None:
+    """Free the shared memory of a result that will never be decoded."""
+    if isinstance(encoded, tuple) and len(encoded) == 3 and encoded[1] is not None:
+        try:
+            os.unlink(encoded[1])
+        except OSError:
+            pass
+
+
 def _worker_loop(
     worker_id: int,
     prepare_fn: Callable[..., Any],
@@ -82,11 +153,14 @@ def _worker_loop(
     task_q: Any,
     result_q: Any,
     current: Any,
+    shm_prefix: str | None,
+    shm_min_bytes: int,
 ) -> None:
     """Worker process: take (epoch, pos, index, item, seed) tasks until the None sentinel."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the consumer's to handle
     if worker_init_fn is not None:
         worker_init_fn(worker_id)
+    count = 0
     while True:
         raw = task_q.get()
         if raw is None:
@@ -95,9 +169,11 @@ def _worker_loop(
         epoch, pos, index, item, seed = pickle.loads(raw)
         # Published so that the consumer can name the sample if this process dies.
         current[2 * worker_id], current[2 * worker_id + 1] = epoch, pos
+        count += 1
+        shm_path = None if shm_prefix is None else f"{shm_prefix}-{worker_id}-{count}"
         try:
             sample = prepare_fn(item, seed) if pass_seed else prepare_fn(item)
-            msg = (epoch, pos, True, pickle.dumps(sample, protocol=5))
+            msg = (epoch, pos, True, _encode(sample, shm_path, shm_min_bytes))
         except Exception as e:
             detail = (f"worker {worker_id} pid {os.getpid()}: {type(e).__name__}: {e}",
                       traceback.format_exc())
@@ -106,8 +182,10 @@ def _worker_loop(
         current[2 * worker_id] = current[2 * worker_id + 1] = _IDLE
 
 
-def _shutdown(procs: list, task_q: Any, result_q: Any, join_s: float = 2.0) -> None:
-    """Stop the workers: sentinel, bounded join, then terminate/kill what is left."""
+def _shutdown(
+    procs: list, task_q: Any, result_q: Any, shm_prefix: str | None, join_s: float = 2.0
+) -> None:
+    """Stop the workers (sentinel, bounded join, then terminate/kill); free shared memory."""
     for p in procs:
         if p.is_alive():
             try:
@@ -127,6 +205,12 @@ def _shutdown(procs: list, task_q: Any, result_q: Any, join_s: float = 2.0) -> N
     for q in (task_q, result_q):
         q.cancel_join_thread()
         q.close()
+    if shm_prefix is not None:  # results never consumed, or a worker killed mid-write
+        for path in glob.glob(glob.escape(shm_prefix) + "-*"):
+            try:
+                os.unlink(path)
+            except OSError:
+                pass
 
 
 class NonBlockingLoader:
@@ -137,6 +221,8 @@ class NonBlockingLoader:
     ``pass_seed=True`` it is called as ``prepare_fn(item, seed)``. ``names[i]`` names item ``i``
     in errors. ``timeout`` (seconds, None = no limit) bounds the wait for any one sample.
     ``mp_context`` is "spawn" (default, safe next to threads and CUDA), "forkserver" or "fork".
+    ``shared_memory`` (default: where ``/dev/shm`` exists) moves array buffers of at least
+    ``shm_min_bytes`` through shared memory instead of the result pipe.
     """
 
     def __init__(
@@ -155,6 +241,8 @@ class NonBlockingLoader:
         timeout: float | None = None,
         poll_interval: float = 0.2,
         worker_init_fn: Callable[[int], None] | None = None,
+        shared_memory: bool | None = None,
+        shm_min_bytes: int = 1 << 16,
     ):
         self._items: Sequence[Any] = range(items) if isinstance(items, int) else list(items)
         if names is not None and len(names) != len(self._items):
@@ -172,6 +260,13 @@ class NonBlockingLoader:
         self.timeout = timeout
         self.poll_interval = poll_interval
         self.worker_init_fn = worker_init_fn
+        if shared_memory is None:
+            shared_memory = os.path.isdir(_SHM_DIR) and os.access(_SHM_DIR, os.W_OK)
+        self._shm_prefix = (
+            os.path.join(_SHM_DIR, f"fold-data-{os.getpid()}-{uuid.uuid4().hex[:12]}")
+            if shared_memory else None
+        )
+        self.shm_min_bytes = max(1, shm_min_bytes)
         self.stats = LoaderStats()
         self._ctx = mp.get_context(mp_context)
         self._epoch = 0
@@ -209,14 +304,15 @@ class NonBlockingLoader:
             p = self._ctx.Process(
                 target=_worker_loop,
                 args=(wid, self.prepare_fn, self.pass_seed, self.worker_init_fn,
-                      self._task_q, self._result_q, self._current),
+                      self._task_q, self._result_q, self._current, self._shm_prefix,
+                      self.shm_min_bytes),
                 name=f"fold-data-loader-{wid}",
                 daemon=True,
             )
             p.start()
             self._procs.append(p)
         self._finalizer = weakref.finalize(
-            self, _shutdown, self._procs, self._task_q, self._result_q
+            self, _shutdown, self._procs, self._task_q, self._result_q, self._shm_prefix
         )
 
     # -- iteration --------------------------------------------------------------------------
@@ -256,47 +352,52 @@ class NonBlockingLoader:
         yielded = 0
         first_missing = 0  # smallest position not yet yielded
         yielded_later: set[int] = set()  # yielded positions above first_missing
-        while yielded < n:
-            if self._active_epoch != epoch:
-                raise RuntimeError("another iteration over this loader started; this one is stale")
-            # Bounded prefetch: dispatched-but-not-yielded <= prefetch.
-            while dispatched < n and dispatched - yielded < self.prefetch:
-                index = int(order[dispatched])
-                seed = _sample_seed(self.seed, epoch, index) if self.pass_seed else None
-                task = (epoch, dispatched, index, self._items[index], seed)
-                self._task_q.put(pickle.dumps(task, protocol=5))
-                dispatched += 1
-            self._collect(epoch, order, ready, block=False)
-            while not self._can_yield(ready, yielded):
-                t0 = time.perf_counter()
-                self._collect(epoch, order, ready, block=True)
-                self.stats.wait_s += time.perf_counter() - t0
-            pos, ok, payload = heapq.heappop(ready)
-            index = int(order[pos])
-            if not ok:  # raised in its turn, so strict order yields every sample before it
-                summary, tb = payload
-                raise LoaderError(
-                    f"sample {self._name(index)!r} (index {index}) failed in a worker: {summary}",
-                    name=self._name(index), index=index, worker_traceback=tb,
-                )
-            if pos == first_missing:
-                first_missing += 1
-                while first_missing in yielded_later:
-                    yielded_later.remove(first_missing)
+        try:
+            while yielded < n:
+                if self._active_epoch != epoch:
+                    raise RuntimeError("a newer iteration over this loader started; this is stale")
+                # Bounded prefetch: dispatched-but-not-yielded <= prefetch.
+                while dispatched < n and dispatched - yielded < self.prefetch:
+                    index = int(order[dispatched])
+                    seed = _sample_seed(self.seed, epoch, index) if self.pass_seed else None
+                    task = (epoch, dispatched, index, self._items[index], seed)
+                    self._task_q.put(pickle.dumps(task, protocol=5))
+                    dispatched += 1
+                self._collect(epoch, order, ready, block=False)
+                while not self._can_yield(ready, yielded):
+                    t0 = time.perf_counter()
+                    self._collect(epoch, order, ready, block=True)
+                    self.stats.wait_s += time.perf_counter() - t0
+                pos, ok, payload = heapq.heappop(ready)
+                index = int(order[pos])
+                if not ok:  # raised in its turn, so strict order yields every sample before it
+                    summary, tb = payload
+                    raise self._error(index, f"failed in a worker: {summary}", tb)
+                if pos == first_missing:
                     first_missing += 1
-            else:  # a smaller position is still being prepared: yielded out of order
-                yielded_later.add(pos)
-                self.stats.out_of_order += 1
-            yielded += 1
-            self.stats.samples += 1
-            try:
-                sample = pickle.loads(payload)
-            except Exception as e:
-                raise LoaderError(
-                    f"sample {self._name(index)!r} (index {index}) could not be unpickled in the "
-                    f"consumer: {type(e).__name__}: {e}", name=self._name(index), index=index,
-                ) from e
-            yield sample
+                    while first_missing in yielded_later:
+                        yielded_later.remove(first_missing)
+                        first_missing += 1
+                else:  # a smaller position is still being prepared: yielded out of order
+                    yielded_later.add(pos)
+                    self.stats.out_of_order += 1
+                yielded += 1
+                self.stats.samples += 1
+                try:
+                    sample = _decode(payload)
+                except Exception as e:
+                    what = f"could not be unpickled in the consumer: {type(e).__name__}: {e}"
+                    raise self._error(index, what) from e
+                yield sample
+        finally:  # an abandoned or failed epoch: free what was prepared but not yielded
+            for _, ok, payload in ready:
+                if ok:
+                    _discard(payload)
+
+    def _error(self, index: int, what: str, tb: str | None = None) -> LoaderError:
+        name = self._name(index)
+        return LoaderError(f"sample {name!r} (index {index}) {what}", name=name, index=index,
+                           worker_traceback=tb)
 
     def _can_yield(self, ready: list[tuple[int, bool, Any]], yielded: int) -> bool:
         if not ready:
@@ -322,6 +423,8 @@ class NonBlockingLoader:
                 continue
             msg_epoch, pos, ok, payload = msg
             if msg_epoch != epoch:
+                if ok:
+                    _discard(payload)
                 continue  # a leftover of an abandoned epoch
             heapq.heappush(ready, (pos, ok, payload))
             block = False  # got one; now only drain what is already there
