@@ -1,0 +1,178 @@
+"""The AlphaFold2 model (supplement Alg. 2): embedders, template embedding, extra MSA stack,
+Evoformer, structure module and heads, with recycling (1.10).
+
+``AlphaFold2(config).forward(batch)`` takes a batch of fold-data ``SAMPLE_FEATURES`` (tensors
+``[B, R, ...]``) and runs ``N_cycle`` passes (R unless ``num_recycles`` says otherwise): passes
+``0 .. N_cycle - 2`` without gradients, each feeding the next the first MSA row, the pair and the
+pseudo-beta positions of its structure (Alg. 32); the last pass with gradients.
+"""
+
+from __future__ import annotations
+
+import torch
+from fold_data import residue_constants as rc
+from fold_model.af2.config import AlphaFold2Config
+from fold_model.af2.embedders import (
+    ExtraMsaEmbedder,
+    InputEmbedder,
+    RecyclingEmbedder,
+    build_extra_msa_feat,
+)
+from fold_model.af2.evoformer import EvoformerStack, ExtraMsaStack
+from fold_model.af2.heads import AuxiliaryHeads
+from fold_model.af2.structure_module import StructureModule
+from fold_model.af2.template import TemplateEmbedder
+from fold_model.seams import IDENTITY_COMM, AxialComm
+from torch import nn
+
+__all__ = ["AlphaFold2", "pseudo_beta"]
+
+_GLY = rc.restype_order["G"]
+_CA = rc.atom_order["CA"]
+_CB = rc.atom_order["CB"]
+
+
+def pseudo_beta(aatype: torch.Tensor, atom37: torch.Tensor) -> torch.Tensor:
+    """CB position (CA for glycine): ``[*, N_res]``, ``[*, N_res, 37, 3]`` -> ``[*, N_res, 3]``."""
+    is_gly = (aatype == _GLY)[..., None]
+    return torch.where(is_gly, atom37[..., _CA, :], atom37[..., _CB, :])
+
+
+class AlphaFold2(nn.Module):
+    """AlphaFold2 (Jumper et al. 2021, supplement Alg. 2).
+
+    ``forward(batch, num_recycles=None) -> dict`` with ``msa [B, N_clust, N_res, C_m]``,
+    ``pair [B, N_res, N_res, C_z]``, ``single [B, N_res, C_s]``, ``sm`` (structure-module
+    outputs), ``final_atom_positions [B, N_res, 37, 3]``, ``final_atom_mask [B, N_res, 37]``
+    and the auxiliary head outputs, all of the last recycling pass.
+    """
+
+    def __init__(self, config: AlphaFold2Config, comm: AxialComm = IDENTITY_COMM) -> None:
+        super().__init__()
+        self.config = config
+        evo, emb, rec = config.evoformer, config.embedder, config.recycling
+        ckpt, order = config.checkpoint_blocks, config.block_order
+        self.input_embedder = InputEmbedder(
+            emb.tf_dim, emb.msa_dim, evo.c_m, evo.c_z, emb.relpos_k
+        )
+        self.recycling_embedder = RecyclingEmbedder(
+            evo.c_m, evo.c_z, rec.min_bin, rec.max_bin, rec.no_bins, rec.inf
+        )
+        self.template_embedder = (
+            TemplateEmbedder(config.template, evo.c_m, evo.c_z, ckpt, comm)
+            if config.template.enabled else None
+        )
+        if config.extra_msa.enabled:
+            self.extra_msa_embedder = ExtraMsaEmbedder(emb.extra_msa_dim, config.extra_msa.c_e)
+            self.extra_msa_stack = ExtraMsaStack(config.extra_msa, evo.c_z, order, ckpt, comm)
+        self.evoformer = EvoformerStack(evo, order, ckpt, comm)
+        self.structure_module = StructureModule(config.structure_module, evo.c_s, evo.c_z)
+        self.aux_heads = AuxiliaryHeads(config.heads, c_m=evo.c_m, c_z=evo.c_z, c_s=evo.c_s)
+        self.set_chunk_size(config.chunk_size)
+
+    def set_chunk_size(self, chunk_size: int | None) -> None:
+        """Chunk attention rows, outer-product-mean rows and triangle-multiplication rows
+        (inference memory saving; ``None`` turns chunking off)."""
+        self.chunk_size = chunk_size
+        self.evoformer.set_chunk_size(chunk_size)
+        if self.config.extra_msa.enabled:
+            self.extra_msa_stack.set_chunk_size(chunk_size)
+        if self.template_embedder is not None:
+            self.template_embedder.set_chunk_size(chunk_size)
+
+    def set_comm(self, comm: AxialComm) -> None:
+        """Install an axial communicator (DAP) in every stack."""
+        self.evoformer.set_comm(comm)
+        if self.config.extra_msa.enabled:
+            self.extra_msa_stack.set_comm(comm)
+        if self.template_embedder is not None:
+            self.template_embedder.pair_stack.set_comm(comm)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.input_embedder.linear_tf_m.weight.dtype
+
+    def iteration(
+        self,
+        feats: dict[str, torch.Tensor],
+        prev: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None,
+    ) -> tuple[dict, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+        """One pass of Alg. 2 on one recycling slice (``[B, ...]`` features).
+
+        ``prev = (m_1 [B, N_res, C_m], z [B, N_res, N_res, C_z], x [B, N_res, 3])`` or None for
+        the first pass (zeros). Returns the outputs and the (detached) values to recycle.
+        """
+        dtype = self.dtype
+        evo = self.config.evoformer
+        seq_mask = feats["seq_mask"].to(dtype)  # [B, N_res]
+        pair_mask = seq_mask[..., :, None] * seq_mask[..., None, :]  # [B, N_res, N_res]
+        msa_mask = feats["msa_mask"].to(dtype)  # [B, N_clust, N_res]
+        n_clust = msa_mask.shape[-2]
+
+        m, z = self.input_embedder(
+            feats["target_feat"].to(dtype), feats["residue_index"], feats["msa_feat"].to(dtype)
+        )
+        if prev is None:
+            n_res = seq_mask.shape[-1]
+            prev = (
+                m.new_zeros(*m.shape[:-3], n_res, evo.c_m),
+                z.new_zeros(z.shape),
+                m.new_zeros(*m.shape[:-3], n_res, 3, dtype=torch.float32),
+            )
+        dm, dz = self.recycling_embedder(prev[0].to(dtype), prev[1].to(dtype), prev[2])
+        m = torch.cat([m[..., :1, :, :] + dm.unsqueeze(-3), m[..., 1:, :, :]], dim=-3)
+        z = z + dz
+
+        if self.template_embedder is not None and feats["template_mask"].shape[-1] > 0:
+            templ = self.template_embedder(
+                {k: v for k, v in feats.items() if k.startswith("template_")}, z, pair_mask
+            )
+            z = z + templ["template_pair_embedding"]
+            if "template_single_embedding" in templ:
+                # Alg. 2 line 7: template torsion rows join the MSA (N_clust + N_templ rows).
+                m = torch.cat([m, templ["template_single_embedding"]], dim=-3)
+                msa_mask = torch.cat([msa_mask, templ["template_single_mask"].to(dtype)], dim=-2)
+
+        if self.config.extra_msa.enabled:
+            extra_feat = build_extra_msa_feat(
+                feats["extra_msa"], feats["extra_has_deletion"].to(dtype),
+                feats["extra_deletion_value"].to(dtype),
+            )
+            a = self.extra_msa_embedder(extra_feat)  # [B, N_extra, N_res, C_e]
+            z = self.extra_msa_stack(a, z, feats["extra_msa_mask"].to(dtype), pair_mask)
+
+        m, z, s = self.evoformer(m, z, msa_mask, pair_mask)
+        aatype = feats["aatype"].long()
+        sm = self.structure_module(s, z, aatype, seq_mask)
+        outputs = {
+            "msa": m[..., :n_clust, :, :],
+            "pair": z,
+            "single": s,
+            "sm": sm,
+            "final_atom_positions": sm["final_atom_positions"],
+            "final_atom_mask": sm["final_atom_mask"],
+        }
+        outputs.update(self.aux_heads(outputs))
+        x = pseudo_beta(aatype, sm["final_atom_positions"]).float()
+        return outputs, (m[..., 0, :, :].detach(), z.detach(), x.detach())
+
+    def forward(
+        self, batch: dict[str, torch.Tensor], num_recycles: int | None = None
+    ) -> dict:
+        n_avail = batch["aatype"].shape[1]  # [B, R, N_res]
+        n_cycle = n_avail if num_recycles is None else num_recycles
+        if not 1 <= n_cycle <= n_avail:
+            raise ValueError(
+                f"num_recycles={n_cycle} passes requested but the batch has R={n_avail} "
+                f"recycling copies of its features (need 1 <= passes <= R)"
+            )
+        grad = torch.is_grad_enabled()
+        prev = None
+        outputs: dict = {}
+        for cycle in range(n_cycle):
+            feats = {k: v[:, cycle] for k, v in batch.items()
+                     if isinstance(v, torch.Tensor) and v.dim() >= 2}
+            final = cycle == n_cycle - 1
+            with torch.set_grad_enabled(grad and final):
+                outputs, prev = self.iteration(feats, prev)
+        return outputs
