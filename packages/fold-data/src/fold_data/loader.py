@@ -153,6 +153,7 @@ def _worker_loop(
     task_q: Any,
     result_q: Any,
     current: Any,
+    started: Any,
     shm_prefix: str | None,
     shm_min_bytes: int,
 ) -> None:
@@ -168,6 +169,7 @@ def _worker_loop(
             return
         epoch, pos, index, item, seed = pickle.loads(raw)
         # Published so that the consumer can name the sample if this process dies.
+        started[worker_id] = time.monotonic()  # system-wide clock: comparable across processes
         current[2 * worker_id], current[2 * worker_id + 1] = epoch, pos
         count += 1
         shm_path = None if shm_prefix is None else f"{shm_prefix}-{worker_id}-{count}"
@@ -219,7 +221,8 @@ class NonBlockingLoader:
     ``items`` is a dataset length (items are then the indices ``0..n-1``) or a sequence of
     picklable items. ``prepare_fn`` must be picklable (a module-level function); with
     ``pass_seed=True`` it is called as ``prepare_fn(item, seed)``. ``names[i]`` names item ``i``
-    in errors. ``timeout`` (seconds, None = no limit) bounds the wait for any one sample.
+    in errors. ``timeout`` (seconds, None = no limit) bounds the time a worker may spend on one
+    sample (a hung sample raises :class:`LoaderError` naming it).
     ``mp_context`` is "spawn" (default, safe next to threads and CUDA), "forkserver" or "fork".
     ``shared_memory`` (default: where ``/dev/shm`` exists) moves array buffers of at least
     ``shm_min_bytes`` through shared memory instead of the result pipe.
@@ -300,11 +303,13 @@ class NonBlockingLoader:
         self._result_q = self._ctx.Queue()
         # Per worker: (epoch, position) of the sample in progress, or _IDLE.
         self._current = self._ctx.RawArray("q", [_IDLE] * (2 * self.workers))
+        self._started = self._ctx.RawArray("d", self.workers)  # when the current sample began
         for wid in range(self.workers):
             p = self._ctx.Process(
                 target=_worker_loop,
                 args=(wid, self.prepare_fn, self.pass_seed, self.worker_init_fn,
-                      self._task_q, self._result_q, self._current, self._shm_prefix,
+                      self._task_q, self._result_q, self._current, self._started,
+                      self._shm_prefix,
                       self.shm_min_bytes),
                 name=f"fold-data-loader-{wid}",
                 daemon=True,
@@ -407,7 +412,6 @@ class NonBlockingLoader:
 
     def _collect(self, epoch: int, order: np.ndarray, ready: list, *, block: bool) -> None:
         """Move every finished sample into the heap; with ``block``, wait for at least one."""
-        start = time.monotonic()
         while True:
             try:
                 if block:
@@ -418,8 +422,8 @@ class NonBlockingLoader:
                 if not block:
                     return
                 self._check_workers(epoch, order)
-                if self.timeout is not None and time.monotonic() - start >= self.timeout:
-                    self._raise_timeout(epoch, order)
+                if self.timeout is not None:
+                    self._check_timeout(epoch, order)
                 continue
             msg_epoch, pos, ok, payload = msg
             if msg_epoch != epoch:
@@ -455,11 +459,12 @@ class NonBlockingLoader:
                 )
             raise LoaderError(f"worker {wid} (pid {p.pid}) died with {how}")
 
-    def _raise_timeout(self, epoch: int, order: np.ndarray) -> None:
-        busy = self._in_progress(epoch, order)
-        names = ", ".join(f"{self._name(i)!r} (worker {w})" for w, i in busy.items()) or "none"
-        first = next(iter(busy.values()), None)
-        raise LoaderError(
-            f"no sample ready after {self.timeout} s; in progress: {names}",
-            name=None if first is None else self._name(first), index=first,
-        )
+    def _check_timeout(self, epoch: int, order: np.ndarray) -> None:
+        now = time.monotonic()
+        for wid, index in self._in_progress(epoch, order).items():
+            elapsed = now - self._started[wid]
+            if elapsed > self.timeout:
+                raise self._error(
+                    index, f"still not ready after {elapsed:.1f} s in worker {wid} "
+                    f"(timeout {self.timeout} s)"
+                )
