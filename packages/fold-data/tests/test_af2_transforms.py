@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import importlib.util
 from dataclasses import replace
 
 import numpy as np
 import pytest
+from fold_data.af2.ground_truth import atom37_to_torsion_angles, make_pseudo_beta
 from fold_data.af2.presets import PRESETS, DataPreset, get_preset
 from fold_data.af2.schema import RAW_FEATURES, SAMPLE_FEATURES, SchemaError, validate
 from fold_data.af2.transforms import (
@@ -20,11 +20,6 @@ from fold_data.af2.transforms import (
     msa_block_deletion,
     msa_profile,
     summarize_clusters,
-)
-
-HAVE_GROUND_TRUTH = importlib.util.find_spec("fold_data.af2.ground_truth") is not None
-needs_ground_truth = pytest.mark.skipif(
-    not HAVE_GROUND_TRUTH, reason="fold_data.af2.ground_truth (template torsions) not available"
 )
 
 
@@ -92,7 +87,7 @@ SMALL = DataPreset("small", n_res=24, n_clust=8, n_extra=12, n_templ=2, max_recy
 @pytest.mark.parametrize("training", [True, False])
 def test_sample_schema_holds(preset_name: str, n_res: int, training: bool) -> None:
     preset = PRESETS[preset_name]
-    raw = synthetic_raw(n_res, n_msa=41, n_templ=3 if HAVE_GROUND_TRUTH else 0, seed=n_res)
+    raw = synthetic_raw(n_res, n_msa=41, n_templ=3, seed=n_res)
     sample = make_sample(raw, preset_name, seed=3, training=training)
     expected_res = n_res if (not training and n_res > preset.n_res) else preset.n_res
     sizes = validate(sample, SAMPLE_FEATURES, allow_extra=False)
@@ -120,7 +115,7 @@ def test_sample_schema_holds_finetune() -> None:
 
 
 def test_same_seed_same_sample_different_seed_differs() -> None:
-    raw = synthetic_raw(70, n_msa=60, n_templ=2 if HAVE_GROUND_TRUTH else 0, seed=5)
+    raw = synthetic_raw(70, n_msa=60, n_templ=2, seed=5)
     a = make_sample(raw, "tiny", seed=11)
     b = make_sample(raw, "tiny", seed=11)
     c = make_sample(raw, "tiny", seed=12)
@@ -396,7 +391,6 @@ def test_target_feat() -> None:
 # --------------------------------------------------------------------------------------------
 
 
-@needs_ground_truth
 def test_template_selection_and_features() -> None:
     raw = synthetic_raw(40, n_msa=5, n_templ=5, seed=2)
     s = make_sample(raw, SMALL, seed=0, training=False, crop_start=3)
@@ -405,6 +399,23 @@ def test_template_selection_and_features() -> None:
     np.testing.assert_array_equal(
         s["template_all_atom_positions"][1], raw["template_all_atom_positions"][:2, 3:27]
     )
+    # Torsions and pseudo-beta of the window equal those of the whole chain, cropped: the first
+    # cropped residue keeps its omega/phi (computed from its real predecessor).
+    for t in range(2):
+        aatype = np.minimum(raw["template_aatype"][t], 20)
+        pos, mask = raw["template_all_atom_positions"][t], raw["template_all_atom_mask"][t]
+        sin_cos, alt, tmask = atom37_to_torsion_angles(aatype, pos, mask)
+        pb, pb_mask = make_pseudo_beta(aatype, pos, mask)
+        np.testing.assert_allclose(
+            s["template_torsion_angles_sin_cos"][0, t], sin_cos[3:27], atol=1e-6
+        )
+        np.testing.assert_allclose(
+            s["template_alt_torsion_angles_sin_cos"][1, t], alt[3:27], atol=1e-6
+        )
+        np.testing.assert_array_equal(s["template_torsion_angles_mask"][0, t], tmask[3:27])
+        np.testing.assert_array_equal(s["template_pseudo_beta"][1, t], pb[3:27])
+        np.testing.assert_array_equal(s["template_pseudo_beta_mask"][0, t], pb_mask[3:27])
+    assert s["template_torsion_angles_mask"][0, :, 0, :2].any()  # omega/phi of the first residue
     gaps = s["template_aatype"][0] == GAP
     assert not s["template_pseudo_beta_mask"][0][gaps].any()
     assert not s["template_torsion_angles_mask"][0][gaps].any()
