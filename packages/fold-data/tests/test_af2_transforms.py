@@ -393,6 +393,10 @@ def test_target_feat() -> None:
 
 def test_template_selection_and_features() -> None:
     raw = synthetic_raw(40, n_msa=5, n_templ=5, seed=2)
+    # Residues 2-3 (the one before the crop and the first cropped one) fully resolved alanines.
+    raw["template_aatype"][:, 2:4] = 0
+    raw["template_all_atom_mask"][:, 2:4] = 1.0
+    raw["template_all_atom_positions"][:, 2:4] = np.random.default_rng(0).normal(size=(5, 2, 37, 3))
     s = make_sample(raw, SMALL, seed=0, training=False, crop_start=3)
     np.testing.assert_array_equal(s["template_mask"][0], [1, 1])  # inference: the top 2 hits
     np.testing.assert_array_equal(s["template_aatype"][0], raw["template_aatype"][:2, 3:27])
