@@ -1,3 +1,35 @@
-"""fold-kernels: Portable Triton kernels for AlphaFold-style models: EvoAttention, LayerNorm, fused transitions, fused Adam."""
+"""fold-kernels: portable Triton kernels for AlphaFold-style models.
+
+EvoAttention (forward + backward with the pair-bias gradient), LayerNorm, fused LayerNorm+Linear,
+SwiGLU, the AF2 gating fusions, fused softmax with mask and bias, and fused Adam+EMA over flat
+buffers. Each op has a plain PyTorch twin in :mod:`fold_kernels.reference`.
+
+Triton decides when a kernel is defined (at import) whether it runs compiled or in its CPU
+interpreter: set ``TRITON_INTERPRET=1`` before importing this package to run on CPU tensors.
+"""
+
+from __future__ import annotations
+
+from fold_kernels.elementwise import bias_dropout_residual, bias_sigmoid_gate
+from fold_kernels.evo_attention import evo_attention
+from fold_kernels.fused_linear import layer_norm_linear, swiglu
+from fold_kernels.layer_norm import layer_norm
+from fold_kernels.optim import clip_coefficient, fused_adam_ema_, global_grad_norm, swa_decay
+from fold_kernels.softmax import softmax_mask_bias
 
 __version__ = "0.1.0"
+
+__all__ = [
+    "__version__",
+    "evo_attention",
+    "layer_norm",
+    "layer_norm_linear",
+    "swiglu",
+    "bias_sigmoid_gate",
+    "bias_dropout_residual",
+    "softmax_mask_bias",
+    "fused_adam_ema_",
+    "global_grad_norm",
+    "clip_coefficient",
+    "swa_decay",
+]

@@ -20,7 +20,9 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["Config", "arch", "interpreting", "pick", "attention_configs", "cache_path"]
+__all__ = [
+    "Config", "arch", "interpreting", "pick", "attention_configs", "gemm_configs", "cache_path",
+]
 
 
 @dataclass(frozen=True)
@@ -31,6 +33,7 @@ class Config:
     block_n: int = 64
     num_warps: int = 4
     num_stages: int = 2
+    block_k: int = 32
 
 
 def interpreting() -> bool:
@@ -72,6 +75,19 @@ def attention_configs(kernel: str, name: str, head_dim: int) -> list[Config]:
                 continue
             for s in stages:
                 out.append(Config(bm, bn, w, s))
+    return out
+
+
+def gemm_configs(name: str) -> list[Config]:
+    """Candidates for the fused LayerNorm+Linear and SwiGLU matrix kernels."""
+    if name == "interpreter":
+        return [Config(16, 16, 1, 1, 16)]
+    stages = [2] if _is_amd(name) else [3, 4]
+    out = []
+    for bm, bn, bk, w in [(128, 128, 32, 8), (128, 64, 32, 4), (64, 128, 32, 4),
+                          (128, 128, 64, 8), (64, 64, 64, 4)]:
+        for s in stages:
+            out.append(Config(bm, bn, w, s, bk))
     return out
 
 

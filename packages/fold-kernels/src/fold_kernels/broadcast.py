@@ -1,0 +1,71 @@
+"""Broadcast operands as strided views over a ``[d0, d1, d2, C]`` row layout.
+
+The elementwise and softmax kernels walk a contiguous tensor of shape ``[*, C]`` as rows of C.
+An operand that broadcasts to it (a ``[C]`` bias, AF2's dropout mask ``[*, 1, N, C]`` shared by
+the rows of a dimension, a ``[*, 1, 1, N]`` attention mask) is read in place through four strides
+(0 along broadcast dims) instead of being expanded into a full copy. The row index is split
+into (i0, i1, i2) once per row, not per element.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+__all__ = ["RowLayout", "row_layout", "row_offsets"]
+
+
+class RowLayout:
+    """Sizes ``(d0, d1, d2)`` of the row dims and each operand's ``(s0, s1, s2, sc)`` strides."""
+
+    def __init__(self, dims: tuple[int, int, int], operands: list[torch.Tensor],
+                 strides: list[tuple[int, int, int, int]]):
+        self.dims = dims
+        self.operands = operands
+        self.strides = strides
+
+
+def _mergeable(strides: list[list[int]], sizes: list[int], i: int) -> bool:
+    return all(s[i] == s[i + 1] * sizes[i + 1] for s in strides)
+
+
+def row_layout(shape: torch.Size, *operands: torch.Tensor | None) -> RowLayout:
+    """Views of ``operands`` (each broadcastable to ``shape = [*, C]``) as 3 row dims + C.
+
+    None operands stay None (their strides are zeros).
+    """
+    sizes = list(shape[:-1])
+    views = [None if t is None else t.expand(shape) for t in operands]
+    strides = [[0] * len(shape) if v is None else list(v.stride()) for v in views]
+    # drop row dims of size 1, then merge neighbours that every operand walks linearly
+    keep = [i for i, n in enumerate(sizes) if n != 1]
+    sizes = [sizes[i] for i in keep]
+    row_strides = [[s[i] for i in keep] for s in strides]
+    i = 0
+    while i < len(sizes) - 1:
+        if _mergeable(row_strides, sizes, i):
+            sizes[i] *= sizes[i + 1]
+            del sizes[i + 1]
+            for s in row_strides:
+                s[i] = s[i + 1]
+                del s[i + 1]
+        else:
+            i += 1
+    if len(sizes) > 3:  # rare layouts: copy the operands that block merging, then retry
+        dense = [None if v is None else v.contiguous() for v in views]
+        return row_layout(shape, *dense)
+    pad = 3 - len(sizes)
+    dims = tuple([1] * pad + sizes)
+    out_strides = [tuple([0] * pad + rs + [s[-1]]) for rs, s in zip(row_strides, strides)]
+    return RowLayout(dims, views, out_strides)  # type: ignore[arg-type]
+
+
+@triton.jit
+def row_offsets(rows, d1, d2, s0, s1, s2):
+    """Element offset of the start of each row index in ``rows`` for one operand."""
+    i2 = rows % d2
+    i1 = (rows // d2) % d1
+    i0 = rows // (d1 * d2)
+    return i0.to(tl.int64) * s0 + i1.to(tl.int64) * s1 + i2.to(tl.int64) * s2
+

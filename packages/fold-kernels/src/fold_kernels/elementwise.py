@@ -1,0 +1,214 @@
+"""AF2's elementwise fusions (FastFold 5.2): bias + sigmoid + gate, bias + dropout + residual.
+
+Eager PyTorch runs ``gate + bias``, ``sigmoid``, ``x * .`` as three kernels with two
+intermediates in memory; here each op is one pass reading its inputs once and writing ``y``
+once (backward: one pass for all input gradients). Broadcast operands (a ``[C]`` bias, a dropout
+mask shared along the rows of one dimension) are read through strides, never expanded in memory.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from fold_kernels import tuning
+from fold_kernels.broadcast import row_layout, row_offsets
+
+__all__ = ["bias_sigmoid_gate", "bias_dropout_residual"]
+
+
+@triton.jit
+def _tile(d0, d1, d2, C, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
+    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    cols = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
+    valid = (rows < d0 * d1 * d2)[:, None] & (cols < C)[None, :]
+    return rows, cols, valid
+
+
+@triton.jit
+def _ptrs(P, rows, cols, d1, d2, s0, s1, s2, sc):
+    return P + row_offsets(rows, d1, d2, s0, s1, s2)[:, None] + cols.to(tl.int64)[None, :] * sc
+
+
+@triton.jit
+def _gate_fwd(X, G, Bias, Y, d0, d1, d2, C,
+              xs0, xs1, xs2, xsc, gs0, gs1, gs2, gsc, bs0, bs1, bs2, bsc,
+              HAS_BIAS: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
+    rows, cols, valid = _tile(d0, d1, d2, C, BLOCK_R, BLOCK_C)
+    x = tl.load(_ptrs(X, rows, cols, d1, d2, xs0, xs1, xs2, xsc), mask=valid, other=0.0)
+    z = tl.load(_ptrs(G, rows, cols, d1, d2, gs0, gs1, gs2, gsc), mask=valid, other=0.0)
+    z = z.to(tl.float32)
+    if HAS_BIAS:
+        bias = tl.load(_ptrs(Bias, rows, cols, d1, d2, bs0, bs1, bs2, bsc), mask=valid, other=0.0)
+        z += bias.to(tl.float32)
+    y = x.to(tl.float32) * tl.sigmoid(z)
+    out = rows.to(tl.int64)[:, None] * C + cols[None, :]
+    tl.store(Y + out, y.to(Y.dtype.element_ty), mask=valid)
+
+
+@triton.jit
+def _gate_bwd(X, G, Bias, DY, DX, DZ, d0, d1, d2, C,
+              xs0, xs1, xs2, xsc, gs0, gs1, gs2, gsc, bs0, bs1, bs2, bsc,
+              HAS_BIAS: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
+    rows, cols, valid = _tile(d0, d1, d2, C, BLOCK_R, BLOCK_C)
+    x = tl.load(_ptrs(X, rows, cols, d1, d2, xs0, xs1, xs2, xsc), mask=valid, other=0.0)
+    z = tl.load(_ptrs(G, rows, cols, d1, d2, gs0, gs1, gs2, gsc), mask=valid, other=0.0)
+    z = z.to(tl.float32)
+    if HAS_BIAS:
+        bias = tl.load(_ptrs(Bias, rows, cols, d1, d2, bs0, bs1, bs2, bsc), mask=valid, other=0.0)
+        z += bias.to(tl.float32)
+    out = rows.to(tl.int64)[:, None] * C + cols[None, :]
+    dy = tl.load(DY + out, mask=valid, other=0.0).to(tl.float32)
+    sig = tl.sigmoid(z)
+    tl.store(DX + out, (dy * sig).to(DX.dtype.element_ty), mask=valid)
+    dz = dy * x.to(tl.float32) * sig * (1.0 - sig)
+    tl.store(DZ + out, dz.to(DZ.dtype.element_ty), mask=valid)
+
+
+@triton.jit
+def _bdr_fwd(X, Res, Bias, Mask, Y, d0, d1, d2, C,
+             xs0, xs1, xs2, xsc, rs0, rs1, rs2, rsc, bs0, bs1, bs2, bsc,
+             ms0, ms1, ms2, msc,
+             HAS_BIAS: tl.constexpr, HAS_MASK: tl.constexpr,
+             BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
+    rows, cols, valid = _tile(d0, d1, d2, C, BLOCK_R, BLOCK_C)
+    y = tl.load(_ptrs(X, rows, cols, d1, d2, xs0, xs1, xs2, xsc), mask=valid, other=0.0)
+    y = y.to(tl.float32)
+    if HAS_BIAS:
+        bias = tl.load(_ptrs(Bias, rows, cols, d1, d2, bs0, bs1, bs2, bsc), mask=valid, other=0.0)
+        y += bias.to(tl.float32)
+    if HAS_MASK:
+        keep = tl.load(_ptrs(Mask, rows, cols, d1, d2, ms0, ms1, ms2, msc), mask=valid, other=0.0)
+        y *= keep.to(tl.float32)
+    res = tl.load(_ptrs(Res, rows, cols, d1, d2, rs0, rs1, rs2, rsc), mask=valid, other=0.0)
+    y += res.to(tl.float32)
+    out = rows.to(tl.int64)[:, None] * C + cols[None, :]
+    tl.store(Y + out, y.to(Y.dtype.element_ty), mask=valid)
+
+
+@triton.jit
+def _bdr_bwd(DY, Mask, DX, d0, d1, d2, C, ms0, ms1, ms2, msc,
+             BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
+    rows, cols, valid = _tile(d0, d1, d2, C, BLOCK_R, BLOCK_C)
+    out = rows.to(tl.int64)[:, None] * C + cols[None, :]
+    dy = tl.load(DY + out, mask=valid, other=0.0).to(tl.float32)
+    keep = tl.load(_ptrs(Mask, rows, cols, d1, d2, ms0, ms1, ms2, msc), mask=valid, other=0.0)
+    tl.store(DX + out, (dy * keep.to(tl.float32)).to(DX.dtype.element_ty), mask=valid)
+
+
+def _blocks(c: int) -> tuple[int, int, int]:
+    if tuning.interpreting():
+        return 4, 32, 1
+    block_c = min(triton.next_power_of_2(c), 256)
+    return max(1, 4096 // block_c), block_c, 8
+
+
+def _grid(dims, c, block_r, block_c):
+    return (triton.cdiv(dims[0] * dims[1] * dims[2], block_r), triton.cdiv(c, block_c))
+
+
+def _require_device(name: str, x: torch.Tensor) -> None:
+    if not (x.is_cuda or tuning.interpreting()):
+        raise RuntimeError(f"fold_kernels.{name} needs CUDA/ROCm tensors (or "
+                           f"TRITON_INTERPRET=1); fold_kernels.reference.{name} is the CPU path")
+
+
+def _reduce(grad: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """Sum a full-shape gradient down to a broadcast operand's shape and dtype."""
+    if grad.shape != like.shape:
+        grad = grad.float().sum_to_size(like.shape)
+    return grad.to(like.dtype)
+
+
+class _BiasSigmoidGate(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, gate, bias):
+        shape = torch.broadcast_shapes(x.shape, gate.shape, *(() if bias is None else
+                                                              (bias.shape,)))
+        lay = row_layout(shape, x, gate, bias)
+        y = torch.empty(shape, device=x.device, dtype=x.dtype)
+        c = shape[-1]
+        block_r, block_c, warps = _blocks(c)
+        xv, gv, bv = lay.operands
+        _gate_fwd[_grid(lay.dims, c, block_r, block_c)](
+            xv, gv, bv if bv is not None else xv, y, *lay.dims, c,
+            *lay.strides[0], *lay.strides[1], *lay.strides[2], HAS_BIAS=bias is not None,
+            BLOCK_R=block_r, BLOCK_C=block_c, num_warps=warps)
+        ctx.save_for_backward(x, gate, bias)
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, gate, bias = ctx.saved_tensors
+        shape = dy.shape
+        lay = row_layout(shape, x, gate, bias)
+        dy = dy.contiguous()
+        dx = torch.empty(shape, device=dy.device, dtype=x.dtype)
+        dz = torch.empty(shape, device=dy.device, dtype=torch.float32)
+        c = shape[-1]
+        block_r, block_c, warps = _blocks(c)
+        xv, gv, bv = lay.operands
+        _gate_bwd[_grid(lay.dims, c, block_r, block_c)](
+            xv, gv, bv if bv is not None else xv, dy, dx, dz, *lay.dims, c,
+            *lay.strides[0], *lay.strides[1], *lay.strides[2], HAS_BIAS=bias is not None,
+            BLOCK_R=block_r, BLOCK_C=block_c, num_warps=warps)
+        dbias = None if bias is None else _reduce(dz, bias)
+        return _reduce(dx, x), _reduce(dz, gate), dbias
+
+
+def bias_sigmoid_gate(x: torch.Tensor, gate: torch.Tensor,
+                      bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``x * sigmoid(gate + bias)``; operands broadcast (e.g. bias ``[C]``), y in x's dtype."""
+    _require_device("bias_sigmoid_gate", x)
+    return _BiasSigmoidGate.apply(x, gate, bias)
+
+
+class _BiasDropoutResidual(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, residual, bias, dropout_mask):
+        if dropout_mask is not None and dropout_mask.dtype == torch.bool:
+            dropout_mask = dropout_mask.to(x.dtype)  # in its own (broadcast) shape: small
+        extra = [t.shape for t in (bias, dropout_mask) if t is not None]
+        shape = torch.broadcast_shapes(x.shape, residual.shape, *extra)
+        lay = row_layout(shape, x, residual, bias, dropout_mask)
+        y = torch.empty(shape, device=x.device, dtype=residual.dtype)
+        c = shape[-1]
+        block_r, block_c, warps = _blocks(c)
+        xv, rv, bv, mv = lay.operands
+        _bdr_fwd[_grid(lay.dims, c, block_r, block_c)](
+            xv, rv, bv if bv is not None else xv, mv if mv is not None else xv, y, *lay.dims, c,
+            *lay.strides[0], *lay.strides[1], *lay.strides[2], *lay.strides[3],
+            HAS_BIAS=bias is not None, HAS_MASK=dropout_mask is not None,
+            BLOCK_R=block_r, BLOCK_C=block_c, num_warps=warps)
+        ctx.save_for_backward(x, residual, bias, dropout_mask)
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, residual, bias, dropout_mask = ctx.saved_tensors
+        shape = dy.shape
+        dy = dy.contiguous()
+        if dropout_mask is None:
+            dx = dy
+        else:
+            lay = row_layout(shape, dropout_mask)
+            dx = torch.empty(shape, device=dy.device, dtype=dy.dtype)
+            c = shape[-1]
+            block_r, block_c, warps = _blocks(c)
+            _bdr_bwd[_grid(lay.dims, c, block_r, block_c)](
+                dy, lay.operands[0], dx, *lay.dims, c, *lay.strides[0],
+                BLOCK_R=block_r, BLOCK_C=block_c, num_warps=warps)
+        dbias = None if bias is None else _reduce(dx, bias)
+        return _reduce(dx, x), _reduce(dy, residual), dbias, None
+
+
+def bias_dropout_residual(x: torch.Tensor, residual: torch.Tensor,
+                          bias: torch.Tensor | None = None,
+                          dropout_mask: torch.Tensor | None = None) -> torch.Tensor:
+    """``residual + (x + bias) * dropout_mask`` (mask pre-scaled by 1/(1-p), broadcast).
+
+    The mask gets no gradient; y is in residual's dtype.
+    """
+    _require_device("bias_dropout_residual", x)
+    return _BiasDropoutResidual.apply(x, residual, bias, dropout_mask)

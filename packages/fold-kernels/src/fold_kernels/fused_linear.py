@@ -1,0 +1,249 @@
+"""Fused LayerNorm + Linear and SwiGLU (MegaFold DeepFusion, for the AF3 transition).
+
+``layer_norm_linear``: the GEMM's prologue normalizes each ``[BLOCK_M, BLOCK_K]`` tile of x as
+it is loaded, so the normalized activations are never written to memory in the forward. The row
+statistics come from one pass over the row with a shift (the row's first value) so that
+``sum(d^2)/K - mean(d)^2`` does not cancel badly. Backward recomputes the normalized x with the
+LayerNorm kernel, lets cuBLAS do the two matrix products and runs the LayerNorm backward kernel.
+
+``swiglu``: one GEMM program computes the tile of both halves ``a = x W_a^T`` and
+``b = x W_b^T`` and writes only ``silu(a) * b``: the ``[M, 2 H]`` projection never reaches memory
+in the forward. Backward recomputes the projection (cuBLAS), a Triton kernel forms
+``d[a, b]`` from it, and cuBLAS does ``dx`` and ``dW``.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from fold_kernels import tuning
+from fold_kernels.layer_norm import check_layer_norm, ln_backward, ln_forward
+
+__all__ = ["layer_norm_linear", "swiglu"]
+
+
+@triton.jit
+def _mm(a, b, PRECISION: tl.constexpr):
+    if PRECISION == "interp":  # the CPU interpreter's bf16/fp16 dot is wrong: upcast there
+        return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
+    else:
+        return tl.dot(a, b, input_precision=PRECISION)
+
+
+@triton.jit
+def _ln_linear_fwd(X, LW, LB, W, Bias, Y, Mean, Rstd, M, K, NOUT, eps,
+                   HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                   BLOCK_K: tl.constexpr, PRECISION: tl.constexpr):
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    m_valid = offs_m < M
+    n_valid = offs_n < NOUT
+    xrow = offs_m.to(tl.int64)[:, None] * K
+    # shifted single-pass statistics of each row
+    shift = tl.load(X + offs_m.to(tl.int64) * K, mask=m_valid, other=0.0).to(tl.float32)
+    s1 = tl.zeros([BLOCK_M], tl.float32)
+    s2 = tl.zeros([BLOCK_M], tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        offs_k = k0 + tl.arange(0, BLOCK_K)
+        mk = m_valid[:, None] & (offs_k < K)[None, :]
+        x = tl.load(X + xrow + offs_k[None, :], mask=mk, other=0.0).to(tl.float32)
+        d = tl.where(mk, x - shift[:, None], 0.0)
+        s1 += tl.sum(d, 1)
+        s2 += tl.sum(d * d, 1)
+    mean_d = s1 / K
+    var = tl.maximum(s2 / K - mean_d * mean_d, 0.0)
+    mean = shift + mean_d
+    rstd = 1.0 / tl.sqrt(var + eps)
+
+    acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        offs_k = k0 + tl.arange(0, BLOCK_K)
+        k_valid = offs_k < K
+        mk = m_valid[:, None] & k_valid[None, :]
+        x = tl.load(X + xrow + offs_k[None, :], mask=mk, other=0.0).to(tl.float32)
+        lw = tl.load(LW + offs_k, mask=k_valid, other=0.0).to(tl.float32)
+        lb = tl.load(LB + offs_k, mask=k_valid, other=0.0).to(tl.float32)
+        xn = (x - mean[:, None]) * rstd[:, None] * lw[None, :] + lb[None, :]
+        xn = tl.where(mk, xn, 0.0).to(W.dtype.element_ty)  # [BLOCK_M, BLOCK_K]
+        w = tl.load(W + offs_n[:, None] * K + offs_k[None, :],
+                    mask=n_valid[:, None] & k_valid[None, :], other=0.0)  # [BLOCK_N, BLOCK_K]
+        acc += _mm(xn, tl.trans(w), PRECISION)
+    if HAS_BIAS:
+        acc += tl.load(Bias + offs_n, mask=n_valid, other=0.0).to(tl.float32)[None, :]
+    tl.store(Y + offs_m.to(tl.int64)[:, None] * NOUT + offs_n[None, :],
+             acc.to(Y.dtype.element_ty), mask=m_valid[:, None] & n_valid[None, :])
+    if pid_n == 0:
+        tl.store(Mean + offs_m, mean, mask=m_valid)
+        tl.store(Rstd + offs_m, rstd, mask=m_valid)
+
+
+@triton.jit
+def _swiglu_fwd(X, W, Bias, Y, M, K, NH,
+                HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                BLOCK_K: tl.constexpr, PRECISION: tl.constexpr):
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    m_valid = offs_m < M
+    n_valid = offs_n < NH
+    acc_a = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    acc_b = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        offs_k = k0 + tl.arange(0, BLOCK_K)
+        k_valid = offs_k < K
+        x = tl.load(X + offs_m.to(tl.int64)[:, None] * K + offs_k[None, :],
+                    mask=m_valid[:, None] & k_valid[None, :], other=0.0)
+        nk = n_valid[:, None] & k_valid[None, :]
+        wa = tl.load(W + offs_n[:, None] * K + offs_k[None, :], mask=nk, other=0.0)
+        wb = tl.load(W + (offs_n + NH)[:, None] * K + offs_k[None, :], mask=nk, other=0.0)
+        acc_a += _mm(x, tl.trans(wa), PRECISION)
+        acc_b += _mm(x, tl.trans(wb), PRECISION)
+    if HAS_BIAS:
+        acc_a += tl.load(Bias + offs_n, mask=n_valid, other=0.0).to(tl.float32)[None, :]
+        acc_b += tl.load(Bias + NH + offs_n, mask=n_valid, other=0.0).to(tl.float32)[None, :]
+    y = acc_a * tl.sigmoid(acc_a) * acc_b
+    tl.store(Y + offs_m.to(tl.int64)[:, None] * NH + offs_n[None, :], y.to(Y.dtype.element_ty),
+             mask=m_valid[:, None] & n_valid[None, :])
+
+
+@triton.jit
+def _swiglu_grad(Hab, DY, DH, M, NH, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
+    """From the projection [a, b] and dY: da = dY b silu'(a), db = dY silu(a)."""
+    offs_r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    offs_c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
+    rc = (offs_r < M)[:, None] & (offs_c < NH)[None, :]
+    row = offs_r.to(tl.int64)[:, None]
+    a = tl.load(Hab + row * 2 * NH + offs_c[None, :], mask=rc, other=0.0).to(tl.float32)
+    b = tl.load(Hab + row * 2 * NH + NH + offs_c[None, :], mask=rc, other=0.0).to(tl.float32)
+    dy = tl.load(DY + row * NH + offs_c[None, :], mask=rc, other=0.0).to(tl.float32)
+    sig = tl.sigmoid(a)
+    da = dy * b * sig * (1.0 + a * (1.0 - sig))
+    db = dy * a * sig
+    tl.store(DH + row * 2 * NH + offs_c[None, :], da.to(DH.dtype.element_ty), mask=rc)
+    tl.store(DH + row * 2 * NH + NH + offs_c[None, :], db.to(DH.dtype.element_ty), mask=rc)
+
+
+def _precision(dtype: torch.dtype) -> str:
+    if tuning.interpreting():
+        return "interp"
+    return "ieee" if dtype == torch.float32 else "tf32"
+
+
+def _gemm_cfg(kernel: str, key: tuple, launch) -> tuning.Config:
+    return tuning.pick(kernel, key, tuning.gemm_configs(tuning.arch()), launch)
+
+
+class _LayerNormLinear(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, ln_weight, ln_bias, weight, bias, eps):
+        k = x.shape[-1]
+        nout = weight.shape[0]
+        x2 = x.reshape(-1, k).contiguous()  # [M, K]
+        m = x2.shape[0]
+        w = weight.contiguous()
+        y = torch.empty((m, nout), device=x.device, dtype=x.dtype)
+        mean = torch.empty(m, device=x.device, dtype=torch.float32)
+        rstd = torch.empty_like(mean)
+
+        def launch(cfg: tuning.Config):
+            grid = (triton.cdiv(m, cfg.block_m), triton.cdiv(nout, cfg.block_n))
+            _ln_linear_fwd[grid](x2, ln_weight, ln_bias, w, bias if bias is not None else w,
+                                 y, mean, rstd, m, k, nout, eps, HAS_BIAS=bias is not None,
+                                 BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
+                                 PRECISION=_precision(x.dtype), num_warps=cfg.num_warps,
+                                 num_stages=cfg.num_stages)
+
+        launch(_gemm_cfg("ln_linear", (m // 4096, k, nout, x.dtype, bias is not None), launch))
+        ctx.save_for_backward(x2, ln_weight, ln_bias, w)
+        ctx.eps = eps
+        ctx.has_bias = bias is not None
+        return y.reshape(*x.shape[:-1], nout)
+
+    @staticmethod
+    def backward(ctx, dy):
+        x2, ln_weight, ln_bias, w = ctx.saved_tensors
+        dy2 = dy.reshape(-1, w.shape[0])  # [M, N_out]
+        xn, mean, rstd = ln_forward(x2, ln_weight, ln_bias, ctx.eps)  # recompute, not stored
+        dw = dy2.t().mm(xn)
+        dbias = dy2.sum(0) if ctx.has_bias else None
+        dxn = dy2.mm(w)
+        dx, dlw, dlb = ln_backward(dxn, x2, ln_weight, mean, rstd)
+        return (dx.reshape(*dy.shape[:-1], x2.shape[1]), dlw.to(ln_weight.dtype),
+                dlb.to(ln_bias.dtype), dw, dbias, None)
+
+
+def layer_norm_linear(x: torch.Tensor, ln_weight: torch.Tensor, ln_bias: torch.Tensor,
+                      weight: torch.Tensor, bias: torch.Tensor | None = None,
+                      eps: float = 1e-5) -> torch.Tensor:
+    """``F.linear(F.layer_norm(x), weight, bias)`` in one kernel.
+
+    x ``[*, K]``; ln_weight, ln_bias ``[K]``; weight ``[N_out, K]`` in x's dtype; bias
+    ``[N_out]``. Returns ``[*, N_out]`` in x's dtype.
+    """
+    check_layer_norm(x, ln_weight, ln_bias)
+    if weight.dim() != 2 or weight.shape[1] != x.shape[-1] or weight.dtype != x.dtype:
+        raise ValueError(f"layer_norm_linear: weight must be [N_out, K={x.shape[-1]}] in "
+                         f"{x.dtype}, got {tuple(weight.shape)} {weight.dtype}")
+    if bias is not None and bias.shape != (weight.shape[0],):
+        raise ValueError(f"layer_norm_linear: bias must be [{weight.shape[0]}], "
+                         f"got {tuple(bias.shape)}")
+    return _LayerNormLinear.apply(x, ln_weight, ln_bias, weight, bias, eps)
+
+
+class _SwiGLU(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, weight, bias):
+        k = x.shape[-1]
+        nh = weight.shape[0] // 2
+        x2 = x.reshape(-1, k).contiguous()  # [M, K]
+        m = x2.shape[0]
+        w = weight.contiguous()
+        y = torch.empty((m, nh), device=x.device, dtype=x.dtype)
+
+        def launch(cfg: tuning.Config):
+            grid = (triton.cdiv(m, cfg.block_m), triton.cdiv(nh, cfg.block_n))
+            _swiglu_fwd[grid](x2, w, bias if bias is not None else w, y, m, k, nh,
+                              HAS_BIAS=bias is not None, BLOCK_M=cfg.block_m,
+                              BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
+                              PRECISION=_precision(x.dtype), num_warps=cfg.num_warps,
+                              num_stages=cfg.num_stages)
+
+        launch(_gemm_cfg("swiglu", (m // 4096, k, nh, x.dtype, bias is not None), launch))
+        ctx.save_for_backward(x2, w, bias)
+        return y.reshape(*x.shape[:-1], nh)
+
+    @staticmethod
+    def backward(ctx, dy):
+        x2, w, bias = ctx.saved_tensors
+        m, nh = x2.shape[0], w.shape[0] // 2
+        hab = torch.nn.functional.linear(x2, w, bias)  # [M, 2 NH] recomputed
+        dh = torch.empty_like(hab)
+        block_r, block_c = (4, 16) if tuning.interpreting() else (32, 64)
+        _swiglu_grad[(triton.cdiv(m, block_r), triton.cdiv(nh, block_c))](
+            hab, dy.reshape(m, nh).contiguous(), dh, m, nh, BLOCK_R=block_r, BLOCK_C=block_c)
+        dx = dh.mm(w)
+        dw = dh.t().mm(x2)
+        dbias = dh.sum(0) if bias is not None else None
+        return dx.reshape(*dy.shape[:-1], x2.shape[1]), dw, dbias
+
+
+def swiglu(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``a, b = F.linear(x, weight, bias).chunk(2, -1); silu(a) * b`` in one kernel.
+
+    x ``[*, K]``; weight ``[2 H, K]`` in x's dtype; bias ``[2 H]``. Returns ``[*, H]``.
+    """
+    if weight.dim() != 2 or weight.shape[1] != x.shape[-1] or weight.shape[0] % 2:
+        raise ValueError(f"swiglu: weight must be [2 H, K={x.shape[-1]}], got "
+                         f"{tuple(weight.shape)}")
+    if weight.dtype != x.dtype:
+        raise ValueError(f"swiglu: weight dtype {weight.dtype} != x dtype {x.dtype}")
+    if bias is not None and bias.shape != (weight.shape[0],):
+        raise ValueError(f"swiglu: bias must be [{weight.shape[0]}], got {tuple(bias.shape)}")
+    if not (x.is_cuda or tuning.interpreting()):
+        raise RuntimeError("fold_kernels.swiglu needs CUDA/ROCm tensors (or TRITON_INTERPRET=1)")
+    return _SwiGLU.apply(x, weight, bias)

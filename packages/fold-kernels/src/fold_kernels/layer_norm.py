@@ -1,0 +1,158 @@
+"""LayerNorm for AlphaFold's small hidden sizes (64 to 384) over many rows (ScaleFold 3.3.1).
+
+A row of 64-384 values is too short to keep a whole program busy, so each program normalizes
+``BLOCK_R`` rows at once, held in registers: the statistics take one pass over memory (mean,
+then the centered variance from the same registers), and x is read once and y written once.
+
+Backward: ``dx = rstd * (w dy - xhat * mean(xhat w dy) - mean(w dy))``. The weight and bias
+gradients are sums over all rows; instead of one atomic add per row, a fixed grid of programs
+each walks a strided set of row blocks and keeps its partial sums in registers, writes them to
+its own row of a ``[programs, C]`` fp32 buffer, and a second stage sums that buffer in a fixed
+order: deterministic, no atomics.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from fold_kernels import tuning
+
+__all__ = ["layer_norm", "ln_forward", "ln_backward", "MAX_HIDDEN"]
+
+MAX_HIDDEN = 8192
+
+
+@triton.jit
+def _ln_fwd(X, W, B, Y, Mean, Rstd, rows, C, eps,
+            BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
+    offs_r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    offs_c = tl.arange(0, BLOCK_C)
+    r_valid = offs_r < rows
+    c_valid = offs_c < C
+    rc = r_valid[:, None] & c_valid[None, :]
+    ptrs = offs_r.to(tl.int64)[:, None] * C + offs_c[None, :]
+    x = tl.load(X + ptrs, mask=rc, other=0.0).to(tl.float32)  # [BLOCK_R, BLOCK_C]
+    mean = tl.sum(x, 1) / C
+    xc = tl.where(rc, x - mean[:, None], 0.0)
+    rstd = 1.0 / tl.sqrt(tl.sum(xc * xc, 1) / C + eps)
+    w = tl.load(W + offs_c, mask=c_valid, other=0.0).to(tl.float32)
+    b = tl.load(B + offs_c, mask=c_valid, other=0.0).to(tl.float32)
+    y = xc * rstd[:, None] * w[None, :] + b[None, :]
+    tl.store(Y + ptrs, y.to(Y.dtype.element_ty), mask=rc)
+    tl.store(Mean + offs_r, mean, mask=r_valid)
+    tl.store(Rstd + offs_r, rstd, mask=r_valid)
+
+
+@triton.jit
+def _ln_bwd(X, W, DY, Mean, Rstd, DX, DWp, DBp, rows, C,
+            BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
+    pid = tl.program_id(0)
+    n_prog = tl.num_programs(0)
+    offs_c = tl.arange(0, BLOCK_C)
+    c_valid = offs_c < C
+    w = tl.load(W + offs_c, mask=c_valid, other=0.0).to(tl.float32)
+    dw = tl.zeros([BLOCK_C], tl.float32)
+    db = tl.zeros([BLOCK_C], tl.float32)
+    n_blocks = tl.cdiv(rows, BLOCK_R)
+    for blk in range(pid, n_blocks, n_prog):
+        offs_r = blk * BLOCK_R + tl.arange(0, BLOCK_R)
+        r_valid = offs_r < rows
+        rc = r_valid[:, None] & c_valid[None, :]
+        ptrs = offs_r.to(tl.int64)[:, None] * C + offs_c[None, :]
+        x = tl.load(X + ptrs, mask=rc, other=0.0).to(tl.float32)
+        dy = tl.load(DY + ptrs, mask=rc, other=0.0).to(tl.float32)
+        mean = tl.load(Mean + offs_r, mask=r_valid, other=0.0)
+        rstd = tl.load(Rstd + offs_r, mask=r_valid, other=0.0)
+        xhat = tl.where(rc, (x - mean[:, None]) * rstd[:, None], 0.0)
+        wdy = dy * w[None, :]
+        c1 = tl.sum(xhat * wdy, 1) / C
+        c2 = tl.sum(wdy, 1) / C
+        dx = (wdy - xhat * c1[:, None] - c2[:, None]) * rstd[:, None]
+        tl.store(DX + ptrs, dx.to(DX.dtype.element_ty), mask=rc)
+        dw += tl.sum(dy * xhat, 0)
+        db += tl.sum(dy, 0)
+    tl.store(DWp + pid * C + offs_c, dw, mask=c_valid)
+    tl.store(DBp + pid * C + offs_c, db, mask=c_valid)
+
+
+def _block_r(c: int) -> int:
+    if tuning.interpreting():
+        return 4
+    # about 4K elements a program: 64 rows of 64, 16 rows of 256, 8 rows of 384 (512 padded)
+    return max(1, min(64, 4096 // triton.next_power_of_2(c)))
+
+
+def _num_warps(block_r: int, block_c: int) -> int:
+    return 1 if tuning.interpreting() else (8 if block_r * block_c >= 8192 else 4)
+
+
+def ln_forward(x2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float):
+    """``x2 [rows, C]`` contiguous -> ``y [rows, C]``, ``mean``, ``rstd`` ``[rows]`` fp32."""
+    rows, c = x2.shape
+    y = torch.empty_like(x2)
+    mean = torch.empty(rows, device=x2.device, dtype=torch.float32)
+    rstd = torch.empty_like(mean)
+    block_c = triton.next_power_of_2(c)
+    block_r = _block_r(c)
+    _ln_fwd[(triton.cdiv(rows, block_r),)](
+        x2, weight, bias, y, mean, rstd, rows, c, eps, BLOCK_R=block_r, BLOCK_C=block_c,
+        num_warps=_num_warps(block_r, block_c))
+    return y, mean, rstd
+
+
+def ln_backward(dy2, x2, weight, mean, rstd):
+    """Gradients ``(dx [rows, C], dweight [C], dbias [C])`` of LayerNorm; two-stage dw/db."""
+    rows, c = x2.shape
+    dx = torch.empty_like(x2)
+    block_c = triton.next_power_of_2(c)
+    block_r = _block_r(c)
+    n_blocks = triton.cdiv(rows, block_r)
+    if tuning.interpreting() or not x2.is_cuda:
+        n_prog = min(n_blocks, 3)
+    else:
+        sms = torch.cuda.get_device_properties(x2.device).multi_processor_count
+        n_prog = min(n_blocks, 4 * sms)
+    dwp = torch.empty((n_prog, c), device=x2.device, dtype=torch.float32)
+    dbp = torch.empty_like(dwp)
+    _ln_bwd[(n_prog,)](x2, weight, dy2.contiguous(), mean, rstd, dx, dwp, dbp, rows, c,
+                       BLOCK_R=block_r, BLOCK_C=block_c, num_warps=_num_warps(block_r, block_c))
+    return dx, dwp.sum(0), dbp.sum(0)
+
+
+class _LayerNorm(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, weight, bias, eps):
+        c = x.shape[-1]
+        x2 = x.reshape(-1, c).contiguous()  # [rows, C]
+        y, mean, rstd = ln_forward(x2, weight.contiguous(), bias.contiguous(), eps)
+        ctx.save_for_backward(x2, weight, mean, rstd)
+        ctx.bias_dtype = bias.dtype
+        return y.reshape(x.shape)
+
+    @staticmethod
+    def backward(ctx, dy):
+        x2, weight, mean, rstd = ctx.saved_tensors
+        dx, dw, db = ln_backward(dy.reshape(x2.shape), x2, weight.contiguous(), mean, rstd)
+        return dx.reshape(dy.shape), dw.to(weight.dtype), db.to(ctx.bias_dtype), None
+
+
+def check_layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> None:
+    c = x.shape[-1]
+    if weight is None or bias is None or weight.shape != (c,) or bias.shape != (c,):
+        raise ValueError(f"layer_norm: weight and bias must be [C={c}], got "
+                         f"{None if weight is None else tuple(weight.shape)} and "
+                         f"{None if bias is None else tuple(bias.shape)}")
+    if c > MAX_HIDDEN:
+        raise ValueError(f"layer_norm: hidden size {c} > {MAX_HIDDEN}")
+    if not (x.is_cuda or tuning.interpreting()):
+        raise RuntimeError("fold_kernels.layer_norm needs CUDA/ROCm tensors (or "
+                           "TRITON_INTERPRET=1); fold_kernels.reference.layer_norm is the CPU path")
+
+
+def layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,
+               eps: float = 1e-5) -> torch.Tensor:
+    """LayerNorm over the last dim of ``x [*, C]``, like ``F.layer_norm``; y in x's dtype."""
+    check_layer_norm(x, weight, bias)
+    return _LayerNorm.apply(x, weight, bias, eps)

@@ -1,0 +1,154 @@
+"""Registers the Triton ops into fold-model's op registry (entry point ``fold_model.ops``).
+
+fold-model calls :func:`register` with its module ``fold_model.ops.registry``; fold-kernels never
+imports fold-model. Each op is registered as backend ``"triton"`` with priority 10 and a
+``supports`` predicate that accepts a call only when the Triton kernel can run it: CUDA/ROCm
+tensors of a supported dtype and shape, not while torch.fx traces (AutoChunk) or torch.compile
+captures the model (there the PyTorch path is traced and fused by the compiler), and not for
+fp32 inputs under autocast (the PyTorch path then computes in bf16/fp16, as the caller asked).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from types import ModuleType
+
+import torch
+
+import fold_kernels as kernels
+
+__all__ = ["register", "SUPPORTS"]
+
+PRIORITY = 10
+_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+def _tracing() -> bool:
+    try:
+        from torch.fx._symbolic_trace import is_fx_tracing
+
+        if is_fx_tracing():
+            return True
+    except ImportError:
+        pass
+    compiler = getattr(torch, "compiler", None)
+    return bool(compiler is not None and compiler.is_compiling())
+
+
+def _on_gpu(*tensors) -> bool:
+    """Every given tensor (None skipped) is a real CUDA/ROCm tensor."""
+    for t in tensors:
+        if t is None:
+            continue
+        if not isinstance(t, torch.Tensor) or not t.is_cuda:
+            return False
+    return True
+
+
+def _autocast_fp32(x: torch.Tensor) -> bool:
+    return x.dtype == torch.float32 and torch.is_autocast_enabled("cuda")
+
+
+def _common(x, *others) -> bool:
+    return (not _tracing() and _on_gpu(x, *others) and x.dtype in _DTYPES
+            and not _autocast_fp32(x))
+
+
+def supports_attention(q, k, v, bias=None, mask=None, scale=None, gate=None) -> bool:
+    if not _common(q, k, v, bias, mask, gate) or q.dim() < 4:
+        return False
+    if k.shape != q.shape or v.shape != q.shape or k.dtype != q.dtype or v.dtype != q.dtype:
+        return False
+    if gate is not None and gate.shape != q.shape:
+        return False
+    *_, h, n, d = q.shape
+    if d > 128:
+        return False
+    if bias is not None and (bias.dim() < 3 or tuple(bias.shape[-3:]) != (h, n, n)
+                             or bias.dtype not in _DTYPES):
+        return False
+    if bias is not None and bias.dim() > 3:
+        try:
+            if torch.broadcast_shapes(bias.shape[:-3], q.shape[:-4]) != q.shape[:-4]:
+                return False
+        except RuntimeError:
+            return False
+    if mask is not None:
+        try:
+            torch.broadcast_shapes(mask.shape, q.shape[:-3] + (n,))
+        except RuntimeError:
+            return False
+        if mask.shape[-1] != n:
+            return False
+    return True
+
+
+def supports_layer_norm(x, weight, bias, eps=1e-5) -> bool:
+    if not _common(x, weight, bias) or weight is None or bias is None:
+        return False
+    c = x.shape[-1]
+    return weight.shape == (c,) and bias.shape == (c,) and c <= 8192
+
+
+def supports_layer_norm_linear(x, ln_weight, ln_bias, weight, bias=None, eps=1e-5) -> bool:
+    if not supports_layer_norm(x, ln_weight, ln_bias) or not _on_gpu(weight, bias):
+        return False
+    if weight.dim() != 2 or weight.shape[1] != x.shape[-1] or weight.dtype != x.dtype:
+        return False
+    return bias is None or bias.shape == (weight.shape[0],)
+
+
+def supports_swiglu(x, weight, bias=None) -> bool:
+    if not _common(x, weight, bias):
+        return False
+    if weight.dim() != 2 or weight.shape[1] != x.shape[-1] or weight.shape[0] % 2:
+        return False
+    if weight.dtype != x.dtype or (bias is not None and bias.dtype != x.dtype):
+        return False
+    return bias is None or bias.shape == (weight.shape[0],)
+
+
+def _broadcasts(*tensors) -> bool:
+    try:
+        torch.broadcast_shapes(*(t.shape for t in tensors if t is not None))
+    except RuntimeError:
+        return False
+    return True
+
+
+def supports_bias_sigmoid_gate(x, gate, bias=None) -> bool:
+    return _common(x, gate, bias) and _broadcasts(x, gate, bias)
+
+
+def supports_bias_dropout_residual(x, residual, bias=None, dropout_mask=None) -> bool:
+    return _common(x, residual, bias, dropout_mask) and _broadcasts(x, residual, bias,
+                                                                     dropout_mask)
+
+
+def supports_softmax_mask_bias(logits, mask=None, bias=None) -> bool:
+    return (_common(logits, mask, bias) and _broadcasts(logits, mask, bias)
+            and logits.shape[-1] <= 16384)
+
+
+# op name -> (implementation, supports)
+SUPPORTS: dict[str, tuple[Callable, Callable[..., bool]]] = {
+    "attention": (kernels.evo_attention, supports_attention),
+    "layer_norm": (kernels.layer_norm, supports_layer_norm),
+    "layer_norm_linear": (kernels.layer_norm_linear,
+                          supports_layer_norm_linear),
+    "softmax_mask_bias": (kernels.softmax_mask_bias,
+                          supports_softmax_mask_bias),
+    "swiglu": (kernels.swiglu, supports_swiglu),
+    "bias_sigmoid_gate": (kernels.bias_sigmoid_gate,
+                          supports_bias_sigmoid_gate),
+    "bias_dropout_residual": (kernels.bias_dropout_residual,
+                              supports_bias_dropout_residual),
+}
+
+
+def register(registry: ModuleType) -> None:
+    """Register every Triton op with ``registry.register(op, "triton", fn, supports=...)``."""
+    known = getattr(registry, "OPS", tuple(SUPPORTS))
+    for op, (fn, supports) in SUPPORTS.items():
+        if op in known:
+            registry.register(op, "triton", fn, supports=supports, priority=PRIORITY)

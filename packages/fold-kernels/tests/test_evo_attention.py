@@ -1,0 +1,117 @@
+"""EvoAttention vs a float64 PyTorch reference: outputs and the gradients of q, k, v, bias, gate.
+
+On CPU every kernel runs in Triton's interpreter (TRITON_INTERPRET=1, set by conftest.py).
+Tolerances are relative Frobenius norms set by the dtype: fp32 products are exact ("ieee"), so
+1e-5; bf16 (8-bit mantissa, eps 3.9e-3) rounds q, k, v, then p and dS again before two more
+products: 2.5e-2; fp16 (eps 4.9e-4): 4e-3.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from fold_kernels import reference as ref
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+TOL = {torch.float32: 1e-5, torch.bfloat16: 2.5e-2, torch.float16: 4e-3}
+
+
+def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
+    a, b = a.double(), b.double()
+    assert torch.isfinite(a).all(), "NaN/inf in the kernel's result"
+    return ((a - b).norm() / b.norm().clamp_min(1e-30)).item()
+
+
+def _inputs(shape, h, n, dtype, *, bias_shape=None, with_gate=True, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    q, k, v, gate = (torch.randn(shape, generator=g).to(dtype) for _ in range(4))
+    bias = torch.randn(bias_shape if bias_shape is not None else (*shape[:-4], h, n, n),
+                       generator=g).to(dtype)
+    mask = torch.rand(shape[:-3] + (n,), generator=g) > 0.25  # holes
+    mask[..., 1, :] = False  # a fully masked row: its queries average v
+    return q, k, v, bias, mask, (gate if with_gate else None)
+
+
+def _check(q, k, v, bias, mask, gate, dtype, scale=None):
+    from fold_kernels import evo_attention
+
+    ins = [t.detach().to(DEVICE).clone().requires_grad_() if t is not None else None
+           for t in (q, k, v, bias, gate)]
+    qd, kd, vd, bd, gd = ins
+    md = mask.to(DEVICE) if mask is not None else None
+    o = evo_attention(qd, kd, vd, bd, md, scale=scale, gate=gd)
+    assert o.dtype == dtype and o.shape == q.shape
+    do = torch.randn(o.shape, generator=torch.Generator().manual_seed(7)).to(dtype).to(DEVICE)
+    o.backward(do)
+
+    ref_ins = [t.detach().double().requires_grad_() if t is not None else None
+               for t in (q, k, v, bias, gate)]
+    o_ref = ref.evo_attention(ref_ins[0], ref_ins[1], ref_ins[2], ref_ins[3], mask, scale=scale,
+                              gate=ref_ins[4])
+    o_ref.backward(do.double().cpu())
+    tol = TOL[dtype]
+    assert rel_err(o.cpu(), o_ref) < tol
+    for name, a, b in zip("q k v bias gate".split(), ins, ref_ins):
+        if a is not None:
+            assert a.grad is not None and a.grad.shape == a.shape, name
+            assert rel_err(a.grad.cpu(), b.grad) < tol, name
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("d", [8, 16, 32, 64])
+def test_matches_reference_dtypes_and_head_dims(dtype, d):
+    r, h, n = 3, 2, 37  # N is a multiple of no block size
+    _check(*_inputs((1, r, h, n, d), h, n, dtype, seed=d), dtype)
+
+
+def test_no_bias_no_mask_no_gate_msa_column():
+    q, k, v, _, _, _ = _inputs((3, 2, 21, 16), 2, 21, torch.float32, with_gate=False)
+    _check(q, k, v, None, None, None, torch.float32)
+
+
+def test_batch_dims_and_bias_shared_over_batch_custom_scale():
+    # bias [H, N, N] shared by both batch entries: its gradient sums over batch and rows
+    q, k, v, _, mask, gate = _inputs((2, 3, 2, 19, 16), 2, 19, torch.float32)
+    bias = torch.randn(2, 19, 19)
+    _check(q, k, v, bias, mask, gate, torch.float32, scale=0.37)
+
+
+def test_per_batch_bias_and_float_mask():
+    q, k, v, bias, mask, _ = _inputs((2, 2, 2, 18, 8), 2, 18, torch.float32, with_gate=False)
+    _check(q, k, v, bias, mask.float(), None, torch.float32)
+
+
+def test_fully_masked_query_gets_mean_of_v():
+    from fold_kernels import evo_attention
+
+    q, k, v, bias, mask, _ = _inputs((1, 3, 2, 20, 16), 2, 20, torch.float32, with_gate=False)
+    bias = bias * 50  # large logits: an additive mask bias in fp32 would not be uniform
+    o = evo_attention(q.to(DEVICE), k.to(DEVICE), v.to(DEVICE), bias.to(DEVICE), mask.to(DEVICE))
+    torch.testing.assert_close(o[0, 1].cpu(), v[0, 1].mean(-2, keepdim=True).expand(2, 20, 16),
+                               rtol=1e-5, atol=1e-5)
+
+
+def test_backward_is_deterministic():
+    from fold_kernels import evo_attention
+
+    q, k, v, bias, mask, gate = _inputs((1, 5, 2, 23, 16), 2, 23, torch.bfloat16)
+    grads = []
+    for _ in range(2):
+        ins = [t.detach().to(DEVICE).clone().requires_grad_() for t in (q, k, v, bias)]
+        o = evo_attention(*ins, mask.to(DEVICE))
+        o.float().square().sum().backward()
+        grads.append([t.grad.clone() for t in ins])
+    for a, b in zip(*grads):
+        assert torch.equal(a, b)
+
+
+def test_bad_shapes_are_rejected():
+    from fold_kernels import evo_attention
+
+    q = torch.randn(1, 2, 2, 10, 8, device=DEVICE)
+    with pytest.raises(ValueError, match="bias must be"):
+        evo_attention(q, q, q, bias=torch.randn(2, 10, 9, device=DEVICE))
+    with pytest.raises(ValueError, match="one shape"):
+        evo_attention(q, q[..., :9, :], q)
+    with pytest.raises(ValueError, match="dtype"):
+        evo_attention(q.double(), q.double(), q.double())
