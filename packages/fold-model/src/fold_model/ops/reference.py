@@ -31,6 +31,11 @@ __all__ = [
 MASKED_LOGIT = -1e9
 
 
+def _upcast(x: torch.Tensor) -> torch.Tensor:
+    """Half types to fp32; fp32 and fp64 unchanged (float64 reference tests stay float64)."""
+    return x.to(torch.promote_types(x.dtype, torch.float32))
+
+
 def _keep(mask: torch.Tensor) -> torch.Tensor:
     """Boolean 'attend' mask from a bool or 0/1 float mask (no dtype branch: fx-traceable)."""
     return mask != 0
@@ -52,9 +57,9 @@ def attention(
     """
     if scale is None:
         scale = q.shape[-1] ** -0.5
-    logits = torch.matmul(q * scale, k.transpose(-1, -2)).float()  # [*, R, H, N_q, N_k]
+    logits = _upcast(torch.matmul(q * scale, k.transpose(-1, -2)))  # [*, R, H, N_q, N_k]
     if bias is not None:
-        logits = logits + bias.unsqueeze(-4).float()  # [*, 1, H, N_q, N_k]
+        logits = logits + _upcast(bias.unsqueeze(-4))  # [*, 1, H, N_q, N_k]
     if mask is not None:
         keep = _keep(mask)[..., None, None, :]  # [*, R, 1, 1, N_k]
         logits = torch.where(keep, logits, torch.full_like(logits, MASKED_LOGIT))
@@ -70,9 +75,9 @@ def layer_norm(
 ) -> torch.Tensor:
     """LayerNorm over the last dim; statistics in fp32 for half inputs, output in x's dtype."""
     dtype = x.dtype
-    xf = x.float()
-    w = weight.float() if weight is not None else None
-    b = bias.float() if bias is not None else None
+    xf = _upcast(x)
+    w = weight.to(xf.dtype) if weight is not None else None
+    b = bias.to(xf.dtype) if bias is not None else None
     # Inputs are already fp32, so autocast (which lists layer_norm as fp32) changes nothing.
     y = F.layer_norm(xf, (x.shape[-1],), w, b, eps)
     return y.to(dtype)
@@ -97,9 +102,9 @@ def softmax_mask_bias(
 
     Computed in fp32, returned in the logits' dtype. A fully masked row is uniform.
     """
-    x = logits.float()
+    x = _upcast(logits)
     if bias is not None:
-        x = x + bias.float()
+        x = x + _upcast(bias)
     if mask is not None:
         keep = _keep(mask)
         x = torch.where(keep, x, torch.full_like(x, MASKED_LOGIT))

@@ -1,0 +1,161 @@
+"""The torch reference ops against float64 formulas, and the registry's selection rules."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.fx
+import torch.nn.functional as F
+from _trunk_helpers import holes, rel_err
+
+from fold_model import ops
+from fold_model.ops import reference, registry
+
+
+def _naive_attention(q, k, v, bias, mask, scale, gate):
+    """Element-wise float64 attention: explicit exp/sum over keys, masked keys skipped."""
+    q, k, v = q.double(), k.double(), v.double()
+    logits = torch.einsum("...hqd,...hkd->...hqk", q, k) * scale
+    if bias is not None:
+        logits = logits + bias.double().unsqueeze(-4)
+    w = torch.exp(logits - logits.amax(-1, keepdim=True))
+    if mask is not None:
+        keep = mask.double()[..., None, None, :]
+        all_masked = keep.sum(-1, keepdim=True) == 0
+        w = torch.where(all_masked, torch.ones_like(w), w * keep)
+    w = w / w.sum(-1, keepdim=True)
+    o = torch.einsum("...hqk,...hkd->...hqd", w, v)
+    return o * torch.sigmoid(gate.double()) if gate is not None else o
+
+
+def _inputs(seed=0, b=2, r=3, h=2, nq=5, nk=7, d=6):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(b, r, h, nq, d, generator=g)
+    k = torch.randn(b, r, h, nk, d, generator=g)
+    v = torch.randn(b, r, h, nk, d, generator=g)
+    gate = torch.randn(b, r, h, nq, d, generator=g)
+    bias = torch.randn(b, h, nq, nk, generator=g)
+    mask = holes((b, r, nk), seed=seed)
+    return q, k, v, bias, mask, gate
+
+
+def test_attention_matches_float64_formula_with_holes():
+    q, k, v, bias, mask, gate = _inputs()
+    mask[0, 1] = 0.0  # a row with every key masked: uniform weights -> mean of v
+    out = ops.attention(q, k, v, bias, mask, 0.37, gate)
+    ref = _naive_attention(q, k, v, bias, mask, 0.37, gate)
+    assert out.dtype == torch.float32
+    assert rel_err(out, ref) < 1e-5
+    mean_v = v[0, 1].double().mean(-2, keepdim=True) * torch.sigmoid(gate[0, 1].double())
+    assert torch.allclose(out[0, 1].double(), mean_v.expand_as(out[0, 1]), atol=1e-5)
+
+
+def test_attention_bool_mask_default_scale_and_gradients():
+    q, k, v, bias, mask, _ = _inputs(seed=1)
+    leaves = [t.double().requires_grad_() for t in (q, k, v, bias)]
+    out = ops.attention(*leaves, mask.bool())
+    ref = _naive_attention(*[t.detach() for t in leaves], mask, q.shape[-1] ** -0.5, None)
+    assert rel_err(out, ref) < 1e-12
+    (out * torch.linspace(-1, 1, out.numel()).double().view_as(out)).sum().backward()
+    g_ref = [t.detach().clone().requires_grad_() for t in leaves]
+    ref = _naive_attention(*g_ref, mask, q.shape[-1] ** -0.5, None)
+    (ref * torch.linspace(-1, 1, ref.numel()).double().view_as(ref)).sum().backward()
+    for a, b in zip(leaves, g_ref):
+        assert rel_err(a.grad, b.grad) < 1e-10
+
+
+def test_attention_bf16_autocast_softmax_in_fp32():
+    q, k, v, bias, mask, gate = _inputs(seed=2)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = ops.attention(q.bfloat16(), k.bfloat16(), v.bfloat16(), bias.bfloat16(), mask,
+                            None, gate.bfloat16())
+    ref = _naive_attention(q, k, v, bias, mask, q.shape[-1] ** -0.5, gate)
+    assert out.dtype == torch.bfloat16
+    assert rel_err(out, ref) < 2e-2
+
+
+def test_layer_norm_fp32_and_bf16():
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(3, 5, 17, generator=g) * 4 + 3
+    w, b = torch.randn(17, generator=g), torch.randn(17, generator=g)
+    ref = F.layer_norm(x.double(), (17,), w.double(), b.double(), 1e-5)
+    assert rel_err(ops.layer_norm(x, w, b), ref) < 1e-6
+    y = ops.layer_norm(x.bfloat16(), w, b)
+    assert y.dtype == torch.bfloat16
+    assert rel_err(y, ref) < 1e-2
+
+
+def test_layer_norm_linear_softmax_swiglu_gate_residual():
+    g = torch.Generator().manual_seed(4)
+    x = torch.randn(4, 7, 9, generator=g)
+    lw, lb = torch.randn(9, generator=g), torch.randn(9, generator=g)
+    w, b = torch.randn(11, 9, generator=g), torch.randn(11, generator=g)
+    ref = F.linear(F.layer_norm(x.double(), (9,), lw.double(), lb.double()), w.double(), b.double())
+    assert rel_err(ops.layer_norm_linear(x, lw, lb, w, b), ref) < 1e-6
+
+    logits, bias = torch.randn(4, 7, 9, generator=g), torch.randn(7, 9, generator=g)
+    mask = holes((4, 1, 9), seed=4)
+    e = torch.exp((logits + bias).double()) * mask.double()
+    assert rel_err(ops.softmax_mask_bias(logits, mask, bias), e / e.sum(-1, keepdim=True)) < 1e-6
+
+    w2 = torch.randn(22, 9, generator=g)
+    h = F.linear(x.double(), w2.double())
+    ref = h[..., :11] * torch.sigmoid(h[..., :11]) * h[..., 11:]
+    assert rel_err(ops.swiglu(x, w2), ref) < 1e-6
+
+    gate = torch.randn(4, 7, 9, generator=g)
+    ref = x.double() * torch.sigmoid(gate.double() + lb.double())
+    assert rel_err(ops.bias_sigmoid_gate(x, gate, lb), ref) < 1e-6
+
+    res, dm = torch.randn(4, 7, 9, generator=g), (torch.rand(1, 7, 9, generator=g) > 0.5) * 2.0
+    ref = res.double() + (x.double() + lb.double()) * dm.double()
+    assert rel_err(ops.bias_dropout_residual(x, res, lb, dm), ref) < 1e-7
+
+
+def test_nan_is_not_hidden():
+    q, k, v, bias, mask, gate = _inputs(seed=5)
+    v[0, 0, 0, 0, 0] = float("nan")
+    out = ops.attention(q, k, v, bias, mask, None, gate)
+    assert not torch.isfinite(out).all()
+
+
+@pytest.fixture
+def fake_backend():
+    calls = []
+
+    def fake_attention(*args, **kwargs):
+        calls.append(1)
+        return reference.attention(*args, **kwargs)
+
+    ops.register("attention", "fake", fake_attention, supports=lambda *a, **k: True, priority=10_000)
+    yield calls
+    del registry._STATE.impls["attention"]["fake"]
+
+
+def test_registry_selection(fake_backend, monkeypatch):
+    q, k, v, bias, mask, gate = _inputs(seed=6)
+    assert ops.backends("attention")[0] == "fake"
+    ops.attention(q, k, v, bias, mask)
+    assert len(fake_backend) == 1  # auto picks the higher-priority backend
+    with ops.use_backend("torch"):
+        ops.attention(q, k, v, bias, mask)
+    assert len(fake_backend) == 1
+    monkeypatch.setenv("FOLD_OPS_BACKEND", "attention=torch")
+    ops.attention(q, k, v, bias, mask)
+    assert len(fake_backend) == 1
+    with pytest.raises(ops.BackendUnavailable, match="not registered"):
+        ops.attention(q, k, v, backend="no-such-backend")
+
+
+def test_fx_tracing_resolves_to_the_reference(fake_backend):
+    class Attn(torch.nn.Module):
+        def forward(self, q, k, v, mask):
+            return ops.attention(q, k, v, None, mask, 0.5, None)
+
+    with ops.use_backend("fake"):
+        gm = torch.fx.symbolic_trace(Attn())
+    assert len(fake_backend) == 0
+    q, k, v, _, mask, _ = _inputs(seed=7)
+    targets = {str(n.target) for n in gm.graph.nodes}
+    assert not any("fake" in t or "dispatch" in t for t in targets)
+    assert rel_err(gm(q, k, v, mask), _naive_attention(q, k, v, None, mask, 0.5, None)) < 1e-5

@@ -1,0 +1,121 @@
+"""Linear inits, LayerNorm, gated attention, global attention (Alg. 19), shared dropout, chunking."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from _trunk_helpers import holes, randomize_, rel_err
+
+from fold_model.primitives import (
+    Attention,
+    GlobalAttention,
+    LayerNorm,
+    Linear,
+    chunked_rows,
+    shared_dropout_mask,
+)
+
+
+def test_linear_inits():
+    torch.manual_seed(0)
+    fan_in = 400
+    for init, var in (("default", 1.0 / fan_in), ("relu", 2.0 / fan_in)):
+        lin = Linear(fan_in, 500, init=init)
+        assert abs(lin.weight.var().item() / var - 1) < 0.05, init
+        assert lin.weight.abs().max() <= 2.0 * (var**0.5) / 0.8796 + 1e-6  # truncated at 2 std
+        assert torch.all(lin.bias == 0)
+    glorot = Linear(fan_in, 500, init="glorot")
+    assert glorot.weight.abs().max() <= (6 / (fan_in + 500)) ** 0.5
+    gating = Linear(7, 5, init="gating")
+    assert torch.all(gating.weight == 0) and torch.all(gating.bias == 1)
+    final = Linear(7, 5, init="final")
+    assert torch.all(final.weight == 0) and torch.all(final.bias == 0)
+    with pytest.raises(ValueError, match="unknown init"):
+        Linear(3, 3, init="nope")  # type: ignore[arg-type]
+
+
+def test_layer_norm_module():
+    ln = randomize_(LayerNorm(13))
+    x = torch.randn(3, 13) * 5
+    ref = torch.nn.functional.layer_norm(x.double(), (13,), ln.weight.double(), ln.bias.double())
+    assert rel_err(ln(x), ref) < 1e-6
+
+
+def _attention_ref(mod: Attention, q_x, kv_x, mask, bias):
+    """Alg. 7-style gated attention written out per head in float64."""
+    H, D = mod.no_heads, mod.c_hidden
+    q = (q_x @ mod.linear_q.weight.T).unflatten(-1, (H, D))  # [*, R, Nq, H, D]
+    k = (kv_x @ mod.linear_k.weight.T).unflatten(-1, (H, D))
+    v = (kv_x @ mod.linear_v.weight.T).unflatten(-1, (H, D))
+    g = torch.sigmoid(mod.linear_g(q_x)).unflatten(-1, (H, D))
+    logits = torch.einsum("...qhd,...khd->...hqk", q, k) / D**0.5
+    if bias is not None:
+        logits = logits + bias.unsqueeze(-4)
+    logits = logits + (mask[..., None, None, :] - 1) * 1e9
+    o = torch.einsum("...hqk,...khd->...qhd", torch.softmax(logits, -1), v) * g
+    return mod.linear_o(o.flatten(-2))
+
+
+@pytest.mark.parametrize("chunk_size", [None, 2, 5])
+def test_attention_module_against_float64(chunk_size):
+    torch.manual_seed(1)
+    mod = randomize_(Attention(11, 9, 4, 3))
+    q_x, kv_x = torch.randn(2, 5, 6, 11), torch.randn(2, 5, 7, 9)
+    mask, bias = holes((2, 5, 7), seed=1), torch.randn(2, 3, 6, 7)
+    leaves = [t.clone().requires_grad_() for t in (q_x, kv_x, bias)]
+    out = mod(leaves[0], leaves[1], mask, leaves[2], chunk_size=chunk_size)
+    mod64 = randomize_(Attention(11, 9, 4, 3)).double()
+    mod64.load_state_dict({k: v.double() for k, v in mod.state_dict().items()})
+    leaves64 = [t.double().requires_grad_() for t in (q_x, kv_x, bias)]
+    ref = _attention_ref(mod64, leaves64[0], leaves64[1], mask.double(), leaves64[2])
+    assert out.shape == (2, 5, 6, 11)
+    assert rel_err(out, ref) < 1e-5
+    w = torch.randn(out.shape, dtype=torch.float64)
+    (out * w.float()).sum().backward()
+    (ref * w).sum().backward()
+    for a, b in zip(leaves, leaves64):
+        assert rel_err(a.grad, b.grad) < 1e-5
+    for (n, p), p64 in zip(mod.named_parameters(), mod64.parameters()):
+        assert rel_err(p.grad, p64.grad) < 1e-5, n
+
+
+def test_global_attention_alg19():
+    torch.manual_seed(2)
+    mod = randomize_(GlobalAttention(10, 4, 3)).double()
+    x = torch.randn(2, 5, 7, 10, dtype=torch.float64)  # [*, R = N_res, N = N_seq, C]
+    mask = holes((2, 5, 7), seed=2).double()
+    out = mod(x, mask)
+    # Alg. 19 written out: one mean query per row, a single key/value head.
+    q = mod.linear_q((x * mask[..., None]).sum(-2) / (mask.sum(-1, keepdim=True) + 1e-10))
+    q = q.unflatten(-1, (3, 4)) / 2.0  # [*, R, H, D] * 1/sqrt(4)
+    k, v = mod.linear_k(x), mod.linear_v(x)  # [*, R, N, D]
+    logits = torch.einsum("...hd,...nd->...hn", q, k) + (mask[..., None, :] - 1) * 1e9
+    o = torch.einsum("...hn,...nd->...hd", torch.softmax(logits, -1), v).flatten(-2)
+    g = torch.sigmoid(mod.linear_g(x))  # [*, R, N, H * D]
+    ref = mod.linear_o(g * o[..., None, :])
+    assert rel_err(out, ref) < 1e-12
+    assert rel_err(mod(x, mask, chunk_size=2), ref) < 1e-12
+
+
+def test_shared_dropout_mask():
+    x = torch.randn(4, 6, 5, 3)
+    assert shared_dropout_mask(x, 0.25, -3, training=False) is None
+    torch.manual_seed(3)
+    a = shared_dropout_mask(x, 0.25, -3, training=True)
+    torch.manual_seed(3)
+    b = shared_dropout_mask(x, 0.25, -3, training=True)
+    assert a.shape == (4, 1, 5, 3) and torch.equal(a, b)
+    assert set(a.unique().tolist()) <= {0.0, torch.tensor(1 / 0.75).item()}
+    col = shared_dropout_mask(x, 0.25, -2, training=True)
+    assert col.shape == (4, 6, 1, 3)
+
+
+def test_chunked_rows_matches_whole():
+    x, y = torch.randn(3, 7, 4), torch.randn(3, 4, 7)
+
+    def fn(a, b, scale):
+        return torch.tanh(a * scale + b.transpose(-1, -2))  # rows of a pair with columns of b
+
+    whole = chunked_rows(fn, None, ((x, -2), (y, -1)), (2.0,), out_dim=-2)
+    for c in (1, 3, 7, 10):
+        assert torch.equal(chunked_rows(fn, c, ((x, -2), (y, -1)), (2.0,), out_dim=-2), whole)
