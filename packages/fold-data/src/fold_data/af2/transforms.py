@@ -399,6 +399,43 @@ def _check_raw(raw: dict[str, np.ndarray]) -> dict[str, int]:
     return sizes
 
 
+def _crop_window(
+    n_full: int,
+    crop_size: int,
+    rng: np.random.Generator,
+    *,
+    training: bool,
+    crop_start: int | None,
+) -> tuple[int, int]:
+    """``(start, size)`` of the contiguous residue window a sample keeps (AF2 monomer crop)."""
+    max_start = max(n_full - crop_size, 0)
+    if crop_start is not None:
+        if not 0 <= crop_start <= max_start:
+            raise ValueError(
+                f"crop_start {crop_start} out of range [0, {max_start}] for a chain of "
+                f"{n_full} residues and crop size {crop_size}"
+            )
+        return crop_start, min(n_full, crop_size)
+    if training:  # uniformly random start
+        return int(rng.integers(0, max_start + 1)), min(n_full, crop_size)
+    return 0, n_full  # inference: the whole chain
+
+
+def _select_templates(
+    n_hits: int, preset: DataPreset, rng: np.random.Generator, *, training: bool
+) -> np.ndarray:
+    """Indices of the raw templates a sample uses, in rank order.
+
+    Training draws how many (uniformly in ``[0, min(hits, N_templ)]``) and which hits; inference
+    takes the top ``min(hits, N_templ)``.
+    """
+    n_avail = min(n_hits, preset.n_templ)
+    if training and preset.subsample_templates:
+        n_use = int(rng.integers(0, n_avail + 1))
+        return np.sort(rng.permutation(n_hits)[:n_use])
+    return np.arange(n_avail)
+
+
 def make_sample(
     raw: dict[str, np.ndarray],
     preset: DataPreset | str,
@@ -426,18 +463,7 @@ def make_sample(
     rng = np.random.default_rng(sample_ss)
 
     # 1. Contiguous crop (supplement 1.2.5 / 1.11).
-    max_start = max(n_full - preset.n_res, 0)
-    if crop_start is not None:
-        if not 0 <= crop_start <= max_start:
-            raise ValueError(
-                f"crop_start {crop_start} out of range [0, {max_start}] for a chain of "
-                f"{n_full} residues and crop size {preset.n_res}"
-            )
-        start, size = crop_start, min(n_full, preset.n_res)
-    elif training:
-        start, size = int(rng.integers(0, max_start + 1)), min(n_full, preset.n_res)
-    else:
-        start, size = 0, n_full
+    start, size = _crop_window(n_full, preset.n_res, rng, training=training, crop_start=crop_start)
     n_res = max(preset.n_res, size)  # padded residue count
     feats = crop_features(raw, start, size)
 
@@ -454,12 +480,7 @@ def make_sample(
     profile = msa_profile(msa)
 
     # 3. Templates.
-    n_avail = min(n_hits, preset.n_templ)
-    if training and preset.subsample_templates:
-        n_use = int(rng.integers(0, n_avail + 1))
-        selected = np.sort(rng.permutation(n_hits)[:n_use])
-    else:
-        selected = np.arange(n_avail)
+    selected = _select_templates(n_hits, preset, rng, training=training)
     templ = make_template_sample(raw, selected, start, size)
 
     use_clamped_fape = float(rng.random() < preset.clamped_fape_prob) if training else 1.0
