@@ -110,3 +110,15 @@ def test_samples_batch_by_stacking() -> None:
     batch = {k: np.stack([s[k] for s in samples]) for k in SAMPLE_FEATURES}
     sizes = validate(batch, SAMPLE_FEATURES, batched=True, allow_extra=False)
     assert sizes["N_res"] == 64 and batch["msa_feat"].shape[:2] == (3, preset.n_cycle)
+
+
+def test_af2_pipeline_does_not_import_torch() -> None:
+    """fold-data builds features without torch (DESIGN.md: dependencies point one way)."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, fold_data.af2, fold_data.af2.transforms, fold_data.af2.features; "
+        "sys.exit(1 if 'torch' in sys.modules else 0)"
+    )
+    assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0
