@@ -13,6 +13,13 @@ Re-implements the AF2 supplement sections 1.2.5-1.2.7 and 1.11 in numpy with an 
    ``msa_feat``;
 5. padding to the preset's fixed sizes with zero masks, the leading ``R`` dim, schema dtypes.
 
+Conventions. ``R`` is the total number of forward passes, ``N_cycle = max_recycling_iters + 1``
+(AF2: 3 recycling iterations + the final pass = 4); the trainer may use fewer (AF2 samples the
+number per step). The profile that BERT masking draws from is the column frequency (0-21) of the
+sample's MSA after crop and block deletion. Cluster profiles summarize every non-centre row, not
+only the ``N_extra`` shown to the extra-MSA stack (AF2 crops the extra MSA after summarizing).
+Padding: masks 0, ``msa_feat`` 0, ``aatype`` 20, MSA codes 21 (gap), 4x4 frames the identity.
+
 Random streams: ``np.random.SeedSequence(seed)`` spawns stream 0 for the per-sample draws (crop,
 block deletion, templates, clamped FAPE) and stream ``1 + r`` for pass ``r``; a sample is a pure
 function of ``(raw, preset, seed, training, crop_start)``.
