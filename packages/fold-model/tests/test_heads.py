@@ -99,4 +99,4 @@ def test_pae_and_ptm_hand_computed() -> None:
     logits2[:, 3, -1] = 0.0
     weights = torch.tensor([1.0, 1.0, 1.0, 0.0], dtype=torch.float64)
     assert math.isclose(float(compute_tm(logits2, weights)), expected, rel_tol=1e-7)
-    assert float(compute_tm(logits2)) < expected - 0.05
+    assert float(compute_tm(logits2)) < 0.8 * expected
