@@ -2,9 +2,11 @@
 
 For each hit, best first, until ``max_hits`` are accepted:
 
-1. find and parse the template mmCIF (each file at most once per call); a missing or unreadable
-   file is skipped with an :class:`~fold_data.errors.InputWarning` naming the hit and the path
-   (once per file: later hits on the same file are skipped silently);
+1. find and parse the template mmCIF (each file at most once per call); an unreadable file is
+   skipped with an :class:`~fold_data.errors.InputWarning` naming the hit and the path; missing
+   files are collected and reported in one warning per call naming the directory, the number of
+   hits skipped and the first missing entries (a local PDB mirror usually lacks many entries,
+   and one warning per file would drown everything else);
 2. skip templates released after ``max_template_date`` (silently, as this is the intended
    filter; a file without a release date is skipped with a warning);
 3. skip the query itself (the hit's residues are a subsequence of the query covering more than
@@ -190,6 +192,7 @@ def make_template_features(
     if all(h.sum_probs is not None for h in hits):
         hits = sorted(hits, key=lambda h: -float(h.sum_probs))  # stable: ties keep file order
     parsed: dict[str, MmcifStructure | None] = {}
+    missing: list[TemplateHit] = []
 
     def skip(hit: TemplateHit, why: str) -> None:
         warnings.warn(f"template hit {hit.index} {hit.name}: {why}; skipped", InputWarning, 2)
@@ -213,7 +216,7 @@ def make_template_features(
             path = _find_mmcif(mmcif_dir, pdb_id)
             if path is None:
                 parsed[pdb_id] = None
-                skip(hit, f"template mmCIF {mmcif_dir / (pdb_id + '.cif')} not found")
+                missing.append(hit)
                 continue
             try:
                 parsed[pdb_id] = parse_mmcif(path)
@@ -264,6 +267,15 @@ def make_template_features(
         sum_probs.append(0.0 if hit.sum_probs is None else float(hit.sum_probs))
         names.append(f"{pdb_id}_{hit.chain_id}".encode("ascii"))
 
+    if missing:
+        shown = ", ".join(f"hit {h.index} {h.name} -> {h.pdb_id.lower()}.cif" for h in missing[:5])
+        more = f" and {len(missing) - 5} more" if len(missing) > 5 else ""
+        warnings.warn(
+            f"{len(missing)} template hits skipped: no mmCIF for them in {mmcif_dir} "
+            f"({shown}{more})",
+            InputWarning,
+            2,
+        )
     if not aatypes:
         return empty_template_features(num_res)
     return {
