@@ -271,7 +271,7 @@ def make_template_features(
         shown = ", ".join(f"hit {h.index} {h.name} -> {h.pdb_id.lower()}.cif" for h in missing[:5])
         more = f" and {len(missing) - 5} more" if len(missing) > 5 else ""
         warnings.warn(
-            f"{len(missing)} template hits skipped: no mmCIF for them in {mmcif_dir} "
+            f"{len(missing)} template hits skipped: mmCIF not found in {mmcif_dir} "
             f"({shown}{more})",
             InputWarning,
             2,
