@@ -12,7 +12,7 @@ import fold_data.cache as cache_mod
 import numpy as np
 import pytest
 from fold_data.cache import CacheWarning, FeatureCache, build_cache, pipeline_version
-from fold_data.errors import InputError
+from fold_data.errors import InputError, InputWarning
 
 DEMO = Path(__file__).resolve().parents[3] / "data" / "demo"
 
@@ -33,6 +33,7 @@ def random_features(seed: int = 0) -> dict[str, np.ndarray]:
         "mask": rng.random(n_res) > 0.5,
         "f64": rng.normal(size=3),
         "names": np.array(["ab", "c"]),  # unicode
+        "fortran": np.asfortranarray(rng.normal(size=(3, 5)).astype(np.float32)),
     }
 
 
@@ -50,6 +51,7 @@ def write_inputs(tmp_path: Path, seed: int = 0) -> list[Path]:
 def assert_same(a: dict, b: dict) -> None:
     assert sorted(a) == sorted(b)
     for k in a:
+        assert a[k].flags.writeable, k
         assert a[k].dtype == np.asarray(b[k]).dtype, k
         assert a[k].shape == np.asarray(b[k]).shape, k
         np.testing.assert_array_equal(a[k], b[k], err_msg=k)
@@ -70,6 +72,16 @@ def test_round_trip_is_exact_and_needs_no_pickle(tmp_path):
     compressed = FeatureCache(tmp_path / "z", version="v1", compress=True)
     compressed.store(key, feats, {})
     assert_same(compressed.load(key), feats)
+
+
+def test_object_array_on_disk_is_never_unpickled(tmp_path):
+    cache = FeatureCache(tmp_path, version="v1")
+    key = "f" * 64
+    with open(cache.path(key), "wb") as f:  # what a hostile or buggy writer could leave
+        np.savez(f, x=np.array([{"a": 1}], dtype=object), __meta__=np.zeros(3, np.uint8))
+    with pytest.warns(CacheWarning, match="pickle"):
+        assert cache.load(key) is None
+    assert not cache.path(key).exists()
 
 
 def test_object_arrays_are_refused(tmp_path):
@@ -231,3 +243,13 @@ def test_build_cache_reports_each_chain(tmp_path):
     other = build_cache(DEMO, out, workers=1, chains=["4zey_A"], featurize=fake_featurize,
                         progress=False, max_template_date="2018-01-01")
     assert other.results[0].status == "built" and other.results[0].key != index["4zey_A"]
+    # Another featurizer never reuses these entries, even in the same directory.
+    third = build_cache(DEMO, out, workers=1, chains=["4zey_A"], featurize=other_featurize,
+                        progress=False, max_template_date="2018-01-01")
+    assert third.results[0].status == "built" and third.results[0].key != other.results[0].key
+    assert third.results[0].warnings == ["InputWarning: a skipped template hit"]
+
+
+def other_featurize(mmcif_path, chain_id, msa_paths=(), template_hits=None, **kwargs):
+    warnings.warn("a skipped template hit", InputWarning, stacklevel=2)
+    return {"x": np.arange(3)}

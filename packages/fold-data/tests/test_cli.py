@@ -92,3 +92,16 @@ def test_console_script_help():
     assert res.returncode == 0
     for command in ("cache", "inspect", "demo"):
         assert command in res.stdout
+
+
+def test_demo_end_to_end_on_bundled_data(tmp_path, capsys):
+    """The main job: real make_features into the cache, make_sample through the loader."""
+    args = ("demo", DEMO, "--cache", tmp_path, "--workers", 1, "--no-progress",
+            "--chains", "1psm_A,2q2k_A", "--samples", 3, "--loader-workers", 1)
+    code, text, err = run(capsys, *args)
+    assert code == 0, text + err
+    assert "2 built" in text and "1psm_A: {'aatype': [38]" in text
+    assert "msa_feat (3, 16, 64, 49)" in text  # tiny preset: R=3, N_clust=16, N_res=64
+    assert "loader: 3 samples" in text
+    code, text, _ = run(capsys, *args)
+    assert code == 0 and "2 reused" in text

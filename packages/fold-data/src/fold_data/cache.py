@@ -20,13 +20,18 @@ once and stored; training then reads them back instead of re-parsing the inputs 
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import logging
+import math
 import os
+import re
+import struct
 import tempfile
 import time
 import traceback
 import warnings
+import zipfile
 from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field
@@ -250,7 +255,7 @@ class FeatureCache:
             features, state = self._load(key)
             if features is not None:
                 return CacheResult(features, key, self.path(key), "reused")
-        features = dict(build_fn())
+        features = {n: _check_storable(n, a) for n, a in build_fn().items()}
         meta = {"name": name, "inputs": [p.name for p in input_paths], "params": dict(params)}
         path = self.store(key, features, meta)
         status = "rebuilt-corrupt" if state == "corrupt" else "built"
@@ -288,15 +293,84 @@ class FeatureCache:
 
 
 def read_entry(path: str | os.PathLike) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
-    """Read every array of a cache file (never unpickling) and its metadata, unverified."""
-    with np.load(path, allow_pickle=False) as npz:
-        arrays = {name: npz[name] for name in npz.files}
+    """Read every array of a cache file (never unpickling) and its metadata, unverified.
+
+    The file is read with one system call; arrays of uncompressed members are views of that
+    buffer (no per-array copies, no per-member file seeks), which is what makes a cached load
+    cheap. Compressed members go through :func:`numpy.lib.format.read_array`.
+    """
+    arrays = {}
+    with open(path, "rb") as f:
+        buf = bytearray(os.fstat(f.fileno()).st_size)
+        if f.readinto(buf) != len(buf):
+            raise ValueError("file changed size while being read")
+        with zipfile.ZipFile(f) as zf:  # reads only the central directory
+            for info in zf.infolist():
+                if not info.filename.endswith(".npy"):
+                    raise ValueError(f"unexpected member {info.filename!r}")
+                arrays[info.filename[:-4]] = _read_member(zf, info, buf)
     if META_NAME not in arrays:
         raise ValueError(f"no {META_NAME} array")
     meta = json.loads(arrays.pop(META_NAME).tobytes().decode("utf-8"))
     if not isinstance(meta, dict):
         raise ValueError(f"{META_NAME} is not a JSON object")
     return arrays, meta
+
+
+# The header np.save writes for a plain dtype; anything else takes numpy's own (slower) parser.
+_NPY_HEADER = re.compile(
+    rb"\{'descr': '([<>|=][a-zA-Z]\d*)', 'fortran_order': (True|False), "
+    rb"'shape': \(([\d, ]*)\), \} *\n"
+)
+
+
+def _npy_header(npy: memoryview, member: str) -> tuple[tuple[int, ...], bool, np.dtype, int]:
+    """(shape, fortran_order, dtype, data offset) of one ``.npy`` image."""
+    if bytes(npy[:6]) != b"\x93NUMPY":
+        raise ValueError(f"member {member!r}: not a .npy array")
+    major = npy[6]
+    if major == 1:
+        (hlen,), start = struct.unpack_from("<H", npy, 8), 10
+    elif major in (2, 3):
+        (hlen,), start = struct.unpack_from("<I", npy, 8), 12
+    else:
+        raise ValueError(f"member {member!r}: unsupported .npy version {major}")
+    text = bytes(npy[start:start + hlen])
+    m = _NPY_HEADER.fullmatch(text)
+    if m is not None:
+        shape = tuple(int(d) for d in m[3].split(b",") if d.strip())
+        return shape, m[2] == b"True", np.dtype(m[1].decode()), start + hlen
+    header = io.BytesIO(npy[:start + hlen])
+    np.lib.format.read_magic(header)
+    fmt = np.lib.format
+    reader = fmt.read_array_header_1_0 if major == 1 else fmt.read_array_header_2_0
+    shape, fortran, dtype = reader(header)
+    return shape, fortran, dtype, start + hlen
+
+
+def _read_member(zf: zipfile.ZipFile, info: zipfile.ZipInfo, buf: bytearray) -> np.ndarray:
+    """One ``.npy`` member: a view of ``buf`` if stored uncompressed, else decompressed."""
+    if info.compress_type != zipfile.ZIP_STORED:
+        with zf.open(info) as member:
+            return np.lib.format.read_array(member, allow_pickle=False)
+    # Local file header: 30 fixed bytes, then the name and an extra field of their own lengths.
+    start = info.header_offset
+    if buf[start:start + 4] != b"PK\x03\x04":
+        raise ValueError(f"member {info.filename!r}: bad local header")
+    name_len, extra_len = struct.unpack_from("<HH", buf, start + 26)
+    data_start = start + 30 + name_len + extra_len
+    data_end = data_start + info.file_size
+    if data_end > len(buf):
+        raise ValueError(f"member {info.filename!r} is truncated")
+    npy = memoryview(buf)[data_start:data_end]
+    shape, fortran, dtype, offset = _npy_header(npy, info.filename)
+    if dtype.hasobject or dtype.kind not in _SAFE_KINDS:
+        raise ValueError(f"member {info.filename!r}: dtype {dtype} needs pickle; refused")
+    count = math.prod(shape)
+    if offset + count * dtype.itemsize != len(npy):
+        raise ValueError(f"member {info.filename!r}: size does not match shape {shape}")
+    flat = np.frombuffer(npy, dtype=dtype, count=count, offset=offset)
+    return flat.reshape(shape[::-1]).T if fortran else flat.reshape(shape)
 
 
 def verify_entry(
@@ -332,6 +406,7 @@ class ChainResult:
     path: str | None = None
     error: str | None = None  # the InputError message (or exception and traceback) if failed
     shapes: dict[str, list[int]] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)  # input warnings raised while featurizing
 
 
 @dataclass
@@ -382,25 +457,38 @@ def _build_one(
 ) -> ChainResult:
     """Fetch or build one chain (runs in a worker process; never raises for bad input)."""
     t0 = time.perf_counter()
-    try:
-        fn = featurize or _default_featurizer()
-        cache = FeatureCache(cache_dir, version=version, compress=compress)
-        result = cache.fetch(
-            entry.name,
-            entry.input_paths,
-            {"chain_id": entry.chain_id, **key_params},
-            lambda: fn(entry.mmcif_path, entry.chain_id, entry.msa_paths, entry.template_hits,
-                       **kwargs),
-            rebuild=rebuild,
-        )
-    except InputError as e:
-        return ChainResult(entry.name, "failed", time.perf_counter() - t0, error=str(e))
-    except Exception as e:  # a featurizer bug must not cost the rest of the build
-        error = f"{type(e).__name__}: {e}\n{traceback.format_exc()}"
-        return ChainResult(entry.name, "failed", time.perf_counter() - t0, error=error)
+    with warnings.catch_warnings(record=True) as caught:
+        # Input warnings (skipped template hits, ...) are reported per chain, not printed by
+        # every worker; cache warnings (a corrupt entry) still reach the user.
+        warnings.simplefilter("always")
+        try:
+            fn = featurize or _default_featurizer()
+            cache = FeatureCache(cache_dir, version=version, compress=compress)
+            result = cache.fetch(
+                entry.name,
+                entry.input_paths,
+                {"chain_id": entry.chain_id, **key_params},
+                lambda: fn(entry.mmcif_path, entry.chain_id, entry.msa_paths,
+                           entry.template_hits, **kwargs),
+                rebuild=rebuild,
+            )
+            error = None
+        except InputError as e:
+            error = str(e)
+        except Exception as e:  # a featurizer bug must not cost the rest of the build
+            error = f"{type(e).__name__}: {e}\n{traceback.format_exc()}"
+    seconds = time.perf_counter() - t0
+    notes = []
+    for w in caught:
+        if issubclass(w.category, CacheWarning):
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+        else:
+            notes.append(f"{w.category.__name__}: {w.message}")
+    if error is not None:
+        return ChainResult(entry.name, "failed", seconds, error=error, warnings=notes)
     shapes = {k: list(v.shape) for k, v in result.features.items()}
-    return ChainResult(entry.name, result.status, time.perf_counter() - t0, result.key,
-                       str(result.path), shapes=shapes)
+    return ChainResult(entry.name, result.status, seconds, result.key, str(result.path),
+                       shapes=shapes, warnings=notes)
 
 
 def _jsonable(value: Any) -> Any:
@@ -442,6 +530,9 @@ def build_cache(
     kwargs = dict(make_features_kwargs)
     kwargs.setdefault("template_mmcif_dir", Path(root) / "mmcifs")
     key_params = {k: _jsonable(v) for k, v in kwargs.items() if k != "template_mmcif_dir"}
+    # Entries of different featurizers must never be confused, even in one directory.
+    fn = featurize or _default_featurizer()
+    key_params["featurizer"] = f"{fn.__module__}:{fn.__qualname__}"
     json.dumps(key_params)  # fail here, not in a worker, on parameters that cannot key the cache
     args = (str(cache.root), version, compress, rebuild, featurize, key_params, kwargs)
 

@@ -68,6 +68,8 @@ def _add_build_options(p: argparse.ArgumentParser) -> None:
                    help="rebuild every entry even if a valid one exists")
     p.add_argument("--no-progress", dest="progress", action="store_false",
                    help="no progress bar")
+    p.add_argument("-v", "--verbose", action="store_true",
+                   help="list the input warnings of each chain (e.g. skipped template hits)")
     p.add_argument("--featurizer", type=_featurizer, default=None, metavar="MODULE:FUNCTION",
                    help="featurize with MODULE:FUNCTION(mmcif_path, chain_id, msa_paths, "
                         "template_hits, **kw) (default: fold_data.af2:make_features)")
@@ -80,11 +82,15 @@ def _build_kwargs(args: argparse.Namespace) -> dict:
     return kwargs
 
 
-def _print_report(report: CacheReport) -> None:
+def _print_report(report: CacheReport, verbose: bool = False) -> None:
     print(report.summary())
     for r in report.results:
         if r.status != "failed":
-            print(f"  {r.name:10s} {r.status:16s} {r.seconds:7.2f} s  {Path(r.path).name}")
+            notes = f"  ({len(r.warnings)} input warnings)" if r.warnings else ""
+            print(f"  {r.name:10s} {r.status:16s} {r.seconds:7.2f} s  {Path(r.path).name}{notes}")
+        if verbose:
+            for note in r.warnings:
+                print(f"    {note}")
 
 
 def cmd_cache(args: argparse.Namespace) -> int:
@@ -93,7 +99,7 @@ def cmd_cache(args: argparse.Namespace) -> int:
         progress=args.progress, compress=args.compress, rebuild=args.rebuild,
         featurize=args.featurizer, **_build_kwargs(args),
     )
-    _print_report(report)
+    _print_report(report, args.verbose)
     return 0 if report.ok else 1
 
 
@@ -159,7 +165,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         progress=args.progress, compress=args.compress, rebuild=args.rebuild,
         featurize=args.featurizer, **_build_kwargs(args),
     )
-    _print_report(report)
+    _print_report(report, args.verbose)
     good = [r for r in report.results if r.status != "failed"]
     if not good:
         print("no chain could be featurized", file=sys.stderr)
@@ -178,10 +184,11 @@ def cmd_demo(args: argparse.Namespace) -> int:
         with NonBlockingLoader(items, demo_sample, workers=args.loader_workers, pass_seed=True,
                                names=names, shuffle=True, seed=args.seed,
                                prefetch=2 * args.loader_workers) as loader:
-            first = None
+            first, first_s = None, 0.0
             for i, (sample, prep_s) in enumerate(loader):
-                if first is None:
-                    first = sample
+                if first is None:  # includes starting the worker processes
+                    first, first_s = sample, time.perf_counter() - t0
+                    waited_before = loader.stats.wait_s
                 print(f"  sample {i}: msa_feat {sample['msa_feat'].shape}, prepared in "
                       f"{prep_s * 1e3:.0f} ms")
             stats = loader.stats
@@ -189,8 +196,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
         print(f"loader failed: {e}", file=sys.stderr)
         return 1
     total = time.perf_counter() - t0
-    print(f"loader: {stats.samples} samples in {total:.2f} s (consumer waited "
-          f"{stats.wait_s:.2f} s, {stats.out_of_order} yielded ahead of a slower one)")
+    print(f"loader: {stats.samples} samples in {total:.2f} s; first after {first_s:.2f} s "
+          f"(worker start-up), then the consumer waited {stats.wait_s - waited_before:.2f} s; "
+          f"{stats.out_of_order} yielded ahead of a slower one")
     print("sample features:")
     for name in sorted(first):
         print(f"  {name:36s} {first[name].dtype.str:6s} {tuple(first[name].shape)}")
