@@ -9,3 +9,8 @@ import torch
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
+
+
+def pytest_configure(config):
+    # also registered by the repository's conftest.py, which pytest skips when run from here
+    config.addinivalue_line("markers", "gpu: needs a CUDA or ROCm GPU (nox 'gpu' session)")

@@ -1,0 +1,93 @@
+"""bias+sigmoid+gate, bias+dropout+residual and the fused masked softmax vs float64 references.
+
+Broadcast operands as AF2 uses them: a ``[C]`` bias, a dropout mask shared along one row dim,
+a pair bias ``[H, N, N]`` and a key mask ``[S, 1, 1, N]`` against ``[S, H, N, N]`` logits.
+Tolerances: fp32 1e-6 (elementwise, no reductions but the softmax's); bf16 8e-3 (one rounding
+of the output, eps 3.9e-3, plus the inputs' own rounding carried through); fp16 1e-3.
+"""
+
+from __future__ import annotations
+
+import fold_kernels as fk
+import pytest
+import torch
+from fold_kernels import reference as ref
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+TOL = {torch.float32: 1e-6, torch.bfloat16: 8e-3, torch.float16: 1e-3}
+DTYPES = [torch.float32, torch.bfloat16, torch.float16]
+
+
+def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
+    a, b = a.double().cpu(), b.double()
+    assert torch.isfinite(a).all(), "NaN/inf in the kernel's result"
+    return ((a - b).norm() / b.norm().clamp_min(1e-30)).item()
+
+
+def _rand(*shape, seed):
+    return torch.randn(shape, generator=torch.Generator().manual_seed(seed))
+
+
+def _run(fn, ref_fn, tensors, dtype, grads, extra=()):
+    ins = [t.to(dtype).to(DEVICE).clone().requires_grad_(g) if t is not None else None
+           for t, g in zip(tensors, grads)]
+    y = fn(*ins, *[e.to(DEVICE) if e is not None else None for e in extra])
+    dy = _rand(*y.shape, seed=99).to(dtype)
+    y.backward(dy.to(DEVICE))
+    ref_ins = [t.to(dtype).double().clone().requires_grad_(g) if t is not None else None
+               for t, g in zip(tensors, grads)]
+    y_ref = ref_fn(*ref_ins, *[e.double() if e is not None and e.is_floating_point() else e
+                               for e in extra])
+    y_ref.backward(dy.double())
+    tol = TOL[dtype]
+    assert y.shape == y_ref.shape and rel_err(y, y_ref) < tol
+    for i, (a, b, g) in enumerate(zip(ins, ref_ins, grads)):
+        if a is not None and g:
+            assert a.grad.shape == a.shape and rel_err(a.grad, b.grad) < tol, f"grad {i}"
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_bias_sigmoid_gate(dtype):
+    x, g, b = _rand(3, 5, 33, seed=1), _rand(3, 5, 33, seed=2), _rand(33, seed=3)
+    _run(fk.bias_sigmoid_gate, ref.bias_sigmoid_gate, [x, g, b], dtype, [True] * 3)
+    _run(fk.bias_sigmoid_gate, ref.bias_sigmoid_gate, [x, g, None], dtype, [True, True, False])
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_bias_dropout_residual_shared_row_mask(dtype):
+    s, n, c = 3, 7, 20
+    x, res, b = _rand(2, s, n, c, seed=4), _rand(2, s, n, c, seed=5), _rand(c, seed=6)
+    # AF2 row-wise dropout: one mask per (batch, residue, channel), shared by the S rows
+    keep = torch.rand(2, 1, n, c, generator=torch.Generator().manual_seed(7)) > 0.25
+    mask = keep.float() / 0.75
+    _run(fk.bias_dropout_residual, ref.bias_dropout_residual, [x, res, b], dtype, [True] * 3,
+         extra=(mask.to(dtype),))
+    _run(fk.bias_dropout_residual, ref.bias_dropout_residual, [x, res, None], dtype,
+         [True, True, False], extra=(None,))
+
+
+def test_bias_dropout_residual_bool_mask_column_shared():
+    x, res = _rand(4, 6, 8, seed=8), _rand(4, 6, 8, seed=9)
+    keep = torch.rand(4, 1, 8, generator=torch.Generator().manual_seed(10)) > 0.5
+    y = fk.bias_dropout_residual(x.to(DEVICE), res.to(DEVICE), None, keep.to(DEVICE))
+    assert rel_err(y, res.double() + x.double() * keep.double()) < 1e-6
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_softmax_mask_bias_pair_bias_and_key_mask(dtype):
+    s, h, n = 3, 2, 21
+    logits, bias = _rand(s, h, n, n, seed=11), _rand(h, n, n, seed=12)
+    mask = torch.rand(s, 1, 1, n, generator=torch.Generator().manual_seed(13)) > 0.3
+    mask[1] = False  # fully masked rows: uniform, no gradient
+    _run(lambda z, b, m: fk.softmax_mask_bias(z, m, b),
+         lambda z, b, m: ref.softmax_mask_bias(z, m, b), [logits, bias], dtype, [True, True],
+         extra=(mask,))
+
+
+def test_softmax_fully_masked_row_is_uniform_and_no_mask_path():
+    z = _rand(2, 3, 17, seed=14).to(DEVICE) * 30
+    mask = torch.ones(2, 3, 17, dtype=torch.bool, device=DEVICE)
+    mask[0, 1] = False
+    p = fk.softmax_mask_bias(z, mask)
+    torch.testing.assert_close(p[0, 1].cpu(), torch.full((17,), 1 / 17))
+    assert rel_err(fk.softmax_mask_bias(z), torch.softmax(z.double().cpu(), -1)) < 1e-6

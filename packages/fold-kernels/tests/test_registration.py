@@ -1,0 +1,73 @@
+"""Registration into fold-model's op registry, and the `supports` predicates."""
+
+from __future__ import annotations
+
+import types
+
+import pytest
+import torch
+from fold_kernels import registration
+
+OPS = ("attention", "layer_norm", "layer_norm_linear", "softmax_mask_bias", "swiglu",
+       "bias_sigmoid_gate", "bias_dropout_residual")
+
+
+def _fake_registry():
+    calls = []
+    mod = types.SimpleNamespace(OPS=OPS)
+    mod.register = lambda op, backend, fn, *, supports=None, priority=0: calls.append(
+        (op, backend, fn, supports, priority))
+    return mod, calls
+
+
+def test_registers_every_op_as_triton_priority_10():
+    mod, calls = _fake_registry()
+    registration.register(mod)
+    assert sorted(c[0] for c in calls) == sorted(OPS)
+    assert all(c[1] == "triton" and c[4] == 10 and callable(c[2]) and callable(c[3])
+               for c in calls)
+
+
+def test_cpu_tensors_are_not_supported():
+    q = torch.randn(1, 2, 2, 8, 16)
+    assert not registration.supports_attention(q, q, q)
+    x = torch.randn(4, 8)
+    assert not registration.supports_layer_norm(x, torch.ones(8), torch.zeros(8))
+    assert not registration.supports_softmax_mask_bias(x)
+
+
+def test_not_supported_while_fx_traces():
+    seen = []
+
+    class M(torch.nn.Module):
+        def forward(self, x):
+            seen.append(registration._tracing())
+            return x + 1
+
+    torch.fx.symbolic_trace(M())
+    assert seen == [True]
+    assert not registration._tracing()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_gpu_shapes_and_dtypes():
+    dev = "cuda"
+    q = torch.randn(1, 2, 2, 8, 16, device=dev, dtype=torch.bfloat16)
+    bias = torch.randn(1, 2, 8, 8, device=dev)
+    mask = torch.ones(1, 2, 8, device=dev, dtype=torch.bool)
+    assert registration.supports_attention(q, q, q, bias, mask, gate=q)
+    assert not registration.supports_attention(q, q, q, torch.randn(2, 8, 7, device=dev))
+    assert not registration.supports_attention(q.double(), q.double(), q.double())
+    x = torch.randn(4, 8, device=dev)
+    assert registration.supports_layer_norm(x, torch.ones(8, device=dev),
+                                            torch.zeros(8, device=dev))
+    assert not registration.supports_layer_norm(x, None, None)
+
+
+def test_fold_model_registry_sees_triton_and_falls_back_on_cpu():
+    registry = pytest.importorskip("fold_model.ops.registry")
+    assert "triton" in registry.backends("attention")
+    q = torch.randn(1, 2, 2, 8, 16)
+    fn = registry.resolve("attention", q, q, q)
+    assert fn is not registration.SUPPORTS["attention"][0]  # CPU -> the torch reference
