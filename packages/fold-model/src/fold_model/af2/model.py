@@ -152,7 +152,7 @@ class AlphaFold2(nn.Module):
             "final_atom_positions": sm["final_atom_positions"],
             "final_atom_mask": sm["final_atom_mask"],
         }
-        outputs.update(self.aux_heads(outputs))
+        outputs.update(self.aux_heads(outputs, seq_mask))
         x = pseudo_beta(aatype, sm["final_atom_positions"]).float()
         return outputs, (m[..., 0, :, :].detach(), z.detach(), x.detach())
 
