@@ -488,8 +488,8 @@ def between_residue_bond_loss(
     gt_length = (1 - next_is_pro) * c["c_n_length"][0] + next_is_pro * c["c_n_length"][1]
     gt_stddev = (1 - next_is_pro) * c["c_n_stddev"][0] + next_is_pro * c["c_n_stddev"][1]
     c_n_error = torch.sqrt(eps + (c_n_length - gt_length) ** 2)
-    c_n_loss_per = F.relu(c_n_error - tolerance_factor_soft * gt_stddev)
     c_n_mask = this_c_mask * next_n_mask * no_gap
+    c_n_loss_per = c_n_mask * F.relu(c_n_error - tolerance_factor_soft * gt_stddev)
     c_n_loss = torch.sum(c_n_mask * c_n_loss_per, -1) / (eps + torch.sum(c_n_mask, -1))
     c_n_violation = c_n_mask * (c_n_error > tolerance_factor_hard * gt_stddev)
 
@@ -500,7 +500,7 @@ def between_residue_bond_loss(
 
     def angle_term(cos: torch.Tensor, ref: tuple[float, float], mask: torch.Tensor):
         error = torch.sqrt(eps + (cos - ref[0]) ** 2)
-        per = F.relu(error - tolerance_factor_soft * ref[1])
+        per = mask * F.relu(error - tolerance_factor_soft * ref[1])
         mean = torch.sum(mask * per, -1) / (eps + torch.sum(mask, -1))
         return per, mean, mask * (error > tolerance_factor_hard * ref[1])
 
