@@ -268,7 +268,7 @@ def test_plddt_resolved_and_tm_losses(real_batch) -> None:
     l_rand.sum().backward()
     assert torch.isfinite(logits.grad).all()
     # resolution outside [0.1, 3] A: no pLDDT / resolved / TM loss
-    assert float(lddt_loss(logits, *args, torch.tensor([4.0], dtype=torch.float64))) == 0.0
+    assert float(lddt_loss(logits.detach(), *args, torch.tensor([4.0], dtype=torch.float64))) == 0
 
     good = 20.0 * (2 * b["all_atom_mask"] - 1)  # confident and right
     bad = -good
