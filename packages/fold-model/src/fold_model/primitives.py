@@ -193,8 +193,9 @@ class GlobalAttention(nn.Module):
         q = self.linear_q(q_avg).unflatten(-1, (self.no_heads, 1, self.c_hidden))  # [*,R,H,1,D]
         k = self.linear_k(x).unsqueeze(-3)  # [*, R, 1, N, D], shared by the H heads
         v = self.linear_v(x).unsqueeze(-3)  # [*, R, 1, N, D]
-        k = k.expand(*k.shape[:-3], self.no_heads, *k.shape[-2:])  # [*, R, H, N, D]
-        v = v.expand(*v.shape[:-3], self.no_heads, *v.shape[-2:])
+        heads_shape = q.shape[:-2] + k.shape[-2:]  # (*, R, H, N, D); no unpacking: fx-safe
+        k = k.expand(heads_shape)  # [*, R, H, N, D], a view
+        v = v.expand(heads_shape)
         o = ops.attention(q, k, v, None, mask, self.c_hidden**-0.5, None)  # [*, R, H, 1, D]
         o = o.squeeze(-2).flatten(-2).unsqueeze(-2)  # [*, R, 1, H * D], broadcast over N
         g = self.linear_g(x)  # [*, R, N, H * D]
