@@ -6,6 +6,7 @@ launch configurations (block sizes, ``num_warps``, ``num_stages``). :func:`arch`
 :func:`pick` times each candidate once per (kernel, architecture, shape key) and remembers the
 fastest, in memory and in a JSON file (``$FOLD_KERNELS_CACHE`` or
 ``~/.cache/fold_kernels/tuning.json``) written atomically, so later processes skip the search.
+``FOLD_KERNELS_AUTOTUNE=0`` skips the search and takes the first (default) candidate.
 """
 
 from __future__ import annotations
@@ -134,8 +135,8 @@ def pick(kernel: str, key: tuple, candidates: Sequence[Config],
 
     The launch must be idempotent (it is run repeatedly on the same buffers).
     """
-    if len(candidates) == 1:
-        return candidates[0]
+    if len(candidates) == 1 or os.environ.get("FOLD_KERNELS_AUTOTUNE", "1") == "0":
+        return candidates[0]  # FOLD_KERNELS_AUTOTUNE=0: the first (default) configuration
     full_key = f"{kernel}|{arch()}|{'|'.join(map(str, key))}"
     with _LOCK:
         _load_disk()
