@@ -81,7 +81,7 @@ def _payload_digest(arrays: Mapping[str, np.ndarray]) -> str:
     h = hashlib.sha256()
     for name in sorted(arrays):
         a = np.ascontiguousarray(arrays[name])
-        h.update(json.dumps([name, a.dtype.str, list(a.shape)]).encode())
+        h.update(f"{len(name)}:{name}\0{a.dtype.str}\0{a.shape}\0".encode())
         h.update(memoryview(a.reshape(-1)).cast("B") if a.size else b"")
     return h.hexdigest()
 
