@@ -1,0 +1,315 @@
+"""Tensor fusion (HelixFold 3.2) and the AF2 optimizer: Adam + warm-up/decay schedule, global-norm
+clipping and an EMA of the weights, over a few flat buffers.
+
+:class:`FlatParams` packs a module's parameters into one contiguous fp32 buffer per
+``(device, dtype)`` group and makes every parameter (and its ``.grad``) a view into it. Autograd
+then accumulates every gradient straight into one flat gradient buffer, so the gradient
+all-reduce, the global norm, the clipping and the whole Adam + EMA update are a handful of
+operations on a few long vectors instead of thousands of small per-tensor ones.
+
+:class:`FlatAdam` holds the Adam moments and the EMA as flat buffers of the same layout. On CUDA
+it calls ``fold_kernels.optim.fused_adam_ema_`` (one launch per group: Adam, clipping factor and
+EMA together) and ``global_grad_norm``; elsewhere (CPU) the same arithmetic runs as a few PyTorch
+ops on the flat buffers. Both match ``torch.optim.Adam`` + ``clip_grad_norm_`` + a manual EMA.
+
+The schedule is AF2's (supplement 1.11.3): Adam (beta1 0.9, beta2 0.999, eps 1e-6), learning
+rate 1e-3 linearly warmed up over the first 1000 steps, then multiplied by 0.95 every 50 000
+steps; gradients clipped to global norm 0.1; an exponential moving average of the weights with
+decay 0.999 (used for evaluation and prediction).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+__all__ = ["AdamConfig", "FlatAdam", "FlatGroup", "FlatParams", "learning_rate"]
+
+
+@dataclass
+class FlatGroup:
+    """Parameters of one ``(device, dtype)``: ``param`` and ``grad`` are flat ``[n]`` buffers and
+    parameter ``names[i]`` is ``param[offsets[i] : offsets[i] + numels[i]]`` in its own shape."""
+
+    names: list[str]
+    shapes: list[torch.Size]
+    offsets: list[int]
+    param: torch.Tensor  # [n]
+    grad: torch.Tensor  # [n]
+
+    @property
+    def numel(self) -> int:
+        return self.param.numel()
+
+
+class FlatParams:
+    """Make ``module``'s trainable parameters and their gradients views of flat buffers.
+
+    Parameters are grouped by ``(device, dtype)``; each group gets one contiguous parameter buffer
+    and one gradient buffer. Gradients accumulate in place into the gradient buffer (each
+    ``p.grad`` is a view of it), so :meth:`zero_grad` zeroes buffers rather than freeing grads.
+    Moving the module to another device or dtype afterwards breaks the views (checked by
+    :meth:`check`); build FlatParams after ``module.to(...)``.
+    """
+
+    def __init__(self, module: nn.Module) -> None:
+        self.module = module
+        buckets: dict[tuple[torch.device, torch.dtype], list[tuple[str, nn.Parameter]]] = {}
+        for name, p in module.named_parameters():
+            if p.requires_grad:
+                buckets.setdefault((p.device, p.dtype), []).append((name, p))
+        if not buckets:
+            raise ValueError(f"{type(module).__name__} has no trainable parameters")
+        self.groups: list[FlatGroup] = []
+        self._params: list[list[nn.Parameter]] = []
+        for (device, dtype), items in buckets.items():
+            total = sum(p.numel() for _, p in items)
+            flat = torch.empty(total, device=device, dtype=dtype)
+            grad = torch.zeros(total, device=device, dtype=dtype)
+            offsets, off = [], 0
+            with torch.no_grad():
+                for _, p in items:
+                    n = p.numel()
+                    flat[off:off + n].copy_(p.reshape(-1))
+                    # The parameter now lives in the flat buffer; p.grad is a view of the flat
+                    # gradient, into which autograd accumulates in place.
+                    p.data = flat[off:off + n].view_as(p)
+                    p.grad = grad[off:off + n].view_as(p)
+                    offsets.append(off)
+                    off += n
+            self.groups.append(FlatGroup([n for n, _ in items], [p.shape for _, p in items],
+                                         offsets, flat, grad))
+            self._params.append([p for _, p in items])
+
+    @property
+    def numel(self) -> int:
+        return sum(g.numel for g in self.groups)
+
+    def zero_grad(self) -> None:
+        for g in self.groups:
+            g.grad.zero_()
+
+    def check(self) -> None:
+        """Raise if a parameter or its gradient no longer aliases the flat buffers (the module was
+        moved, a parameter replaced, or a grad set to None / reassigned)."""
+        for g, params in zip(self.groups, self._params):
+            for name, off, p in zip(g.names, g.offsets, params):
+                if p.data_ptr() != g.param[off:].data_ptr():
+                    raise RuntimeError(f"parameter {name!r} no longer lives in the flat buffer "
+                                       "(moved or replaced after FlatParams was built)")
+                if p.grad is None or p.grad.data_ptr() != g.grad[off:].data_ptr():
+                    raise RuntimeError(f"gradient of {name!r} no longer lives in the flat "
+                                       "gradient buffer (set to None or reassigned)")
+
+    def views(self, buffers: list[torch.Tensor]) -> dict[str, torch.Tensor]:
+        """``{name: view}`` of per-group flat ``buffers`` laid out like the parameters."""
+        out = {}
+        for g, buf in zip(self.groups, buffers):
+            for name, shape, off in zip(g.names, g.shapes, g.offsets):
+                out[name] = buf[off:off + math.prod(shape)].view(shape)
+        return out
+
+    def layout(self) -> list[list[tuple[str, list[int]]]]:
+        """Names and shapes per group: what a checkpoint of flat buffers must match."""
+        return [[(n, list(s)) for n, s in zip(g.names, g.shapes)] for g in self.groups]
+
+
+@dataclass
+class AdamConfig:
+    """AF2's optimizer (supplement 1.11.3)."""
+
+    lr: float = 1e-3
+    beta1: float = 0.9
+    beta2: float = 0.999
+    eps: float = 1e-6
+    weight_decay: float = 0.0  # decoupled (AdamW); AF2 uses none
+    warmup_steps: int = 1000
+    decay_factor: float = 0.95
+    decay_every: int = 50_000
+    clip_norm: float | None = 0.1  # global gradient norm; None turns clipping off
+    ema_decay: float | None = 0.999  # None turns the weight average off
+
+    def __post_init__(self) -> None:
+        if self.lr <= 0 or self.eps <= 0:
+            raise ValueError(f"lr and eps must be > 0, got {self.lr}, {self.eps}")
+        if not (0 <= self.beta1 < 1 and 0 <= self.beta2 < 1):
+            raise ValueError(f"betas must be in [0, 1), got {self.beta1}, {self.beta2}")
+        if self.warmup_steps < 0 or self.decay_every < 1:
+            raise ValueError("warmup_steps must be >= 0 and decay_every >= 1")
+        if self.clip_norm is not None and self.clip_norm <= 0:
+            raise ValueError(f"clip_norm must be > 0 or None, got {self.clip_norm}")
+        if self.ema_decay is not None and not 0 <= self.ema_decay < 1:
+            raise ValueError(f"ema_decay must be in [0, 1) or None, got {self.ema_decay}")
+
+
+def learning_rate(step: int, cfg: AdamConfig) -> float:
+    """The learning rate of update ``step`` (counted from 1): linear warm-up to ``cfg.lr`` over
+    ``warmup_steps``, then ``decay_factor ** (step // decay_every)``."""
+    warm = min(1.0, step / cfg.warmup_steps) if cfg.warmup_steps > 0 else 1.0
+    return cfg.lr * warm * cfg.decay_factor ** (step // cfg.decay_every)
+
+
+def _fused_kernels():
+    """``fold_kernels.optim`` when it can be imported (Triton present), else None."""
+    try:
+        from fold_kernels import optim
+    except Exception:  # no triton / no fold-kernels: the PyTorch path is always there
+        return None
+    return optim
+
+
+class FlatAdam:
+    """Adam + global-norm clipping + EMA over the buffers of a :class:`FlatParams`.
+
+    ``use_kernels``: None picks ``fold_kernels`` for CUDA buffers when importable; True requires
+    it (error otherwise); False always uses the PyTorch path.
+
+    Usage per training step::
+
+        norm = opt.grad_norm()            # 0-dim fp32 tensor
+        if torch.isfinite(norm): opt.step(norm)
+        flat.zero_grad()
+    """
+
+    def __init__(self, flat: FlatParams, cfg: AdamConfig | None = None, *,
+                 use_kernels: bool | None = None) -> None:
+        self.flat = flat
+        self.cfg = cfg or AdamConfig()
+        self.step_count = 0
+        self.exp_avg = [torch.zeros_like(g.param, dtype=torch.float32) for g in flat.groups]
+        self.exp_avg_sq = [torch.zeros_like(g.param, dtype=torch.float32) for g in flat.groups]
+        self.ema = ([g.param.detach().clone().float() for g in flat.groups]
+                    if self.cfg.ema_decay is not None else None)
+        on_cuda = all(g.param.is_cuda for g in flat.groups)
+        want = use_kernels or (use_kernels is None and on_cuda)
+        kernels = _fused_kernels() if want else None
+        if use_kernels and kernels is None:
+            raise RuntimeError("use_kernels=True but fold_kernels.optim cannot be imported")
+        interpreting = kernels is not None and kernels.tuning.interpreting()
+        if use_kernels and not (on_cuda or interpreting):
+            raise RuntimeError("use_kernels=True needs CUDA buffers (or TRITON_INTERPRET=1)")
+        fp32 = all(g.param.dtype == torch.float32 for g in flat.groups)
+        self._kernels = kernels if (use_kernels or (use_kernels is None and on_cuda and fp32)) \
+            else None
+
+    @property
+    def uses_kernels(self) -> bool:
+        return self._kernels is not None
+
+    @torch.no_grad()
+    def grad_norm(self) -> torch.Tensor:
+        """Global L2 norm of every gradient, a 0-dim fp32 tensor on the first group's device
+        (no host synchronization)."""
+        if self._kernels is not None:
+            return self._kernels.global_grad_norm([g.grad for g in self.flat.groups])
+        dev = self.flat.groups[0].grad.device
+        sq = [g.grad.float().square().sum().to(dev) for g in self.flat.groups]
+        return torch.stack(sq).sum().sqrt()
+
+    def clip_coefficient(self, norm: torch.Tensor) -> torch.Tensor | None:
+        """``min(1, clip_norm / (norm + 1e-6))`` as a 1-element tensor (as
+        ``torch.nn.utils.clip_grad_norm_``), or None when clipping is off."""
+        if self.cfg.clip_norm is None:
+            return None
+        return (self.cfg.clip_norm / (norm.float() + 1e-6)).clamp(max=1.0).reshape(1)
+
+    @torch.no_grad()
+    def step(self, norm: torch.Tensor | None = None) -> dict[str, float | torch.Tensor]:
+        """One update: clip by the global norm (``norm`` from :meth:`grad_norm`, computed here if
+        None), Adam, then the EMA. Returns ``{"lr", "grad_norm", "clip_coef"}`` (tensors stay on
+        the device)."""
+        cfg = self.cfg
+        if norm is None:
+            norm = self.grad_norm()
+        coef = self.clip_coefficient(norm)
+        self.step_count += 1
+        lr = learning_rate(self.step_count, cfg)
+        for i, g in enumerate(self.flat.groups):
+            scale = None if coef is None else coef.to(g.grad.device)
+            ema = None if self.ema is None else self.ema[i]
+            if self._kernels is not None:
+                self._kernels.fused_adam_ema_(
+                    g.param, g.grad, self.exp_avg[i], self.exp_avg_sq[i], ema,
+                    step=self.step_count, lr=lr, beta1=cfg.beta1, beta2=cfg.beta2, eps=cfg.eps,
+                    weight_decay=cfg.weight_decay, ema_decay=cfg.ema_decay, grad_scale=scale,
+                )
+            else:
+                self._torch_update(i, g, scale, ema, lr)
+        return {"lr": lr, "grad_norm": norm, "clip_coef": coef if coef is not None else 1.0}
+
+    def _torch_update(self, i: int, g: FlatGroup, scale: torch.Tensor | None,
+                      ema: torch.Tensor | None, lr: float) -> None:
+        """The PyTorch path: the same arithmetic as the fused kernel, on whole flat buffers."""
+        cfg = self.cfg
+        grad = g.grad.float()
+        if scale is not None:
+            grad = grad * scale
+        m, v = self.exp_avg[i], self.exp_avg_sq[i]
+        m.lerp_(grad, 1.0 - cfg.beta1)  # m = b1 m + (1 - b1) g
+        v.mul_(cfg.beta2).addcmul_(grad, grad, value=1.0 - cfg.beta2)
+        bc1 = 1.0 - cfg.beta1 ** self.step_count
+        bc2 = 1.0 - cfg.beta2 ** self.step_count
+        p = g.param
+        if cfg.weight_decay:
+            p.mul_(1.0 - lr * cfg.weight_decay)
+        denom = (v / bc2).sqrt_().add_(cfg.eps)
+        p.addcdiv_(m, denom, value=-lr / bc1)
+        if ema is not None:
+            ema.lerp_(p.float(), 1.0 - cfg.ema_decay)  # e = d e + (1 - d) p
+
+    # -- EMA ----------------------------------------------------------------------------------
+    def ema_state_dict(self) -> dict[str, torch.Tensor]:
+        """The averaged weights as ``{parameter name: tensor}`` (views of the EMA buffers)."""
+        if self.ema is None:
+            raise RuntimeError("the EMA is off (ema_decay=None)")
+        return self.flat.views(self.ema)
+
+    @contextlib.contextmanager
+    def swap_ema(self) -> Iterator[None]:
+        """Run the module with the averaged weights inside the block (evaluation, prediction)."""
+        if self.ema is None:
+            yield
+            return
+        with torch.no_grad():
+            saved = [g.param.clone() for g in self.flat.groups]
+            for g, e in zip(self.flat.groups, self.ema):
+                g.param.copy_(e)
+        try:
+            yield
+        finally:
+            with torch.no_grad():
+                for g, s in zip(self.flat.groups, saved):
+                    g.param.copy_(s)
+
+    # -- checkpoints --------------------------------------------------------------------------
+    def state_dict(self) -> dict:
+        """Moments, EMA and step as plain tensors/ints (safe for ``weights_only`` loading)."""
+        return {
+            "step": self.step_count,
+            "layout": self.flat.layout(),
+            "exp_avg": [t.detach().cpu().clone() for t in self.exp_avg],
+            "exp_avg_sq": [t.detach().cpu().clone() for t in self.exp_avg_sq],
+            "ema": None if self.ema is None else [t.detach().cpu().clone() for t in self.ema],
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        layout = [[(n, list(s)) for n, s in group] for group in state["layout"]]
+        if layout != self.flat.layout():
+            raise ValueError("optimizer state was saved for different parameters (names or "
+                             "shapes differ from this model's)")
+        with torch.no_grad():
+            for dst, src in zip(self.exp_avg, state["exp_avg"]):
+                dst.copy_(src)
+            for dst, src in zip(self.exp_avg_sq, state["exp_avg_sq"]):
+                dst.copy_(src)
+            if self.ema is not None:
+                if state.get("ema") is None:
+                    raise ValueError("checkpoint has no EMA weights but the EMA is on")
+                for dst, src in zip(self.ema, state["ema"]):
+                    dst.copy_(src)
+        self.step_count = int(state["step"])

@@ -1,0 +1,191 @@
+"""FlatParams / FlatAdam against torch.optim.Adam + clip_grad_norm_ + a manual EMA."""
+
+from __future__ import annotations
+
+import copy
+import os
+
+import pytest
+import torch
+from fold_train.optim import AdamConfig, FlatAdam, FlatParams, learning_rate
+from torch import nn
+
+
+class _Net(nn.Module):
+    """Odd sizes, a LayerNorm and a bias-free layer: several parameter shapes."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(7, 13)
+        self.norm = nn.LayerNorm(13)
+        self.b = nn.Linear(13, 5, bias=False)
+        self.scale = nn.Parameter(torch.randn(3, 5))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.b(torch.tanh(self.norm(self.a(x))))  # [B, 5]
+        return (h[:, None, :] * self.scale).sum(-1)  # [B, 3]
+
+
+def _loss(net: nn.Module, x: torch.Tensor, y: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    return (((net(x) - y) ** 2).sum(-1) * mask).sum() / mask.sum()
+
+
+def _data(seed: int, dtype=torch.float32):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(11, 7, generator=g)
+    y = torch.randn(11, 3, generator=g)
+    mask = (torch.rand(11, generator=g) > 0.3).float()
+    assert 0 < mask.sum() < 11  # a mask with holes
+    return x.to(dtype), y.to(dtype), mask.to(dtype)
+
+
+def _reference_run(net, cfg: AdamConfig, steps: int):
+    """torch.optim.Adam with the AF2 schedule, clip_grad_norm_, EMA by hand, all in float64."""
+    opt = torch.optim.Adam(net.parameters(), lr=cfg.lr, betas=(cfg.beta1, cfg.beta2),
+                           eps=cfg.eps)
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda s: learning_rate(s + 1, cfg) / cfg.lr)  # LambdaLR counts from 0
+    ema = {n: p.detach().clone() for n, p in net.named_parameters()}
+    norms = []
+    for s in range(steps):
+        opt.zero_grad()
+        _loss(net, *_data(s, torch.float64)).backward()
+        norms.append(float(torch.nn.utils.clip_grad_norm_(net.parameters(), cfg.clip_norm)))
+        opt.step()
+        sched.step()
+        with torch.no_grad():
+            for n, p in net.named_parameters():
+                ema[n].mul_(cfg.ema_decay).add_(p, alpha=1 - cfg.ema_decay)
+    return norms, ema
+
+
+def _flat_run(net, cfg: AdamConfig, steps: int, **kw):
+    flat = FlatParams(net)
+    opt = FlatAdam(flat, cfg, **kw)
+    norms = []
+    for s in range(steps):
+        flat.zero_grad()
+        _loss(net, *_data(s)).backward()
+        flat.check()
+        norm = opt.grad_norm()
+        norms.append(float(norm))
+        opt.step(norm)
+    return norms, opt
+
+
+@pytest.mark.parametrize("clip_norm", [0.1, 100.0])  # clipping active / inactive
+def test_flat_adam_matches_torch_adam_clip_and_ema(clip_norm):
+    torch.manual_seed(0)
+    net = _Net()
+    ref_net = copy.deepcopy(net).double()
+    # warm-up of 3 steps and a decay every 4 steps: both parts of the schedule are exercised
+    cfg = AdamConfig(lr=3e-2, warmup_steps=3, decay_every=4, decay_factor=0.5,
+                     clip_norm=clip_norm, ema_decay=0.9)
+    ref_norms, ref_ema = _reference_run(ref_net, cfg, steps=9)
+    norms, opt = _flat_run(net, cfg, steps=9)
+    assert opt.step_count == 9 and not opt.uses_kernels
+    torch.testing.assert_close(torch.tensor(norms, dtype=torch.float64),
+                               torch.tensor(ref_norms, dtype=torch.float64),
+                               rtol=1e-5, atol=1e-6)
+    for (name, p), (_, q) in zip(net.named_parameters(), ref_net.named_parameters()):
+        torch.testing.assert_close(p.double(), q, rtol=1e-5, atol=1e-6, msg=name)
+    ema = opt.ema_state_dict()
+    for name, e in ref_ema.items():
+        torch.testing.assert_close(ema[name].double(), e, rtol=1e-5, atol=1e-6, msg=name)
+    if clip_norm == 0.1:
+        assert max(ref_norms) > 0.1  # the clipping really happened
+
+
+def test_parameters_and_grads_are_views_of_one_buffer():
+    net = _Net()
+    before = {n: p.detach().clone() for n, p in net.named_parameters()}
+    flat = FlatParams(net)
+    assert len(flat.groups) == 1
+    g = flat.groups[0]
+    assert flat.numel == sum(p.numel() for p in net.parameters())
+    for (name, p), off in zip(net.named_parameters(), g.offsets):
+        torch.testing.assert_close(p.detach(), before[name], rtol=0, atol=0)
+        assert p.data_ptr() == g.param[off:].data_ptr()
+    _loss(net, *_data(0)).backward()
+    manual = torch.cat([p.grad.reshape(-1) for p in net.parameters()])
+    torch.testing.assert_close(g.grad, manual, rtol=0, atol=0)
+    assert torch.isfinite(g.grad).all() and g.grad.abs().sum() > 0
+    flat.zero_grad()
+    assert all(float(p.grad.abs().sum()) == 0 for p in net.parameters())
+    flat.check()
+    net.a.weight.grad = None
+    with pytest.raises(RuntimeError, match="a.weight"):
+        flat.check()
+
+
+def test_schedule_is_af2():
+    cfg = AdamConfig()
+    assert learning_rate(1, cfg) == pytest.approx(1e-6)
+    assert learning_rate(500, cfg) == pytest.approx(5e-4)
+    assert learning_rate(1000, cfg) == pytest.approx(1e-3)
+    assert learning_rate(49_999, cfg) == pytest.approx(1e-3)
+    assert learning_rate(50_000, cfg) == pytest.approx(0.95e-3)
+    assert learning_rate(100_000, cfg) == pytest.approx(0.95**2 * 1e-3)
+
+
+def test_state_dict_round_trip_continues_identically():
+    torch.manual_seed(1)
+    net_a = _Net()
+    net_b = copy.deepcopy(net_a)
+    cfg = AdamConfig(lr=1e-2, warmup_steps=2)
+    _, opt_a = _flat_run(net_a, cfg, steps=3)
+    # b: three steps, then its state goes through a state dict into a fresh optimizer
+    _, opt_b = _flat_run(net_b, cfg, steps=3)
+    state = opt_b.state_dict()
+    flat_c = FlatParams(net_b)
+    opt_c = FlatAdam(flat_c, cfg)
+    opt_c.load_state_dict(state)
+    for opt, net, flat in ((opt_a, net_a, opt_a.flat), (opt_c, net_b, flat_c)):
+        for s in range(3, 5):
+            flat.zero_grad()
+            _loss(net, *_data(s)).backward()
+            opt.step()
+    for p, q in zip(net_a.parameters(), net_b.parameters()):
+        torch.testing.assert_close(p, q, rtol=0, atol=0)
+    other = FlatAdam(FlatParams(nn.Linear(2, 2)), cfg)
+    with pytest.raises(ValueError, match="different parameters"):
+        other.load_state_dict(state)
+
+
+def test_swap_ema_restores_weights():
+    net = _Net()
+    cfg = AdamConfig(lr=1e-2, warmup_steps=0, ema_decay=0.5)
+    _, opt = _flat_run(net, cfg, steps=2)
+    live = [p.detach().clone() for p in net.parameters()]
+    with opt.swap_ema():
+        for p, e in zip(net.parameters(), opt.ema_state_dict().values()):
+            torch.testing.assert_close(p.detach(), e)
+        assert any(not torch.equal(p, q) for p, q in zip(net.parameters(), live))
+    for p, q in zip(net.parameters(), live):
+        assert torch.equal(p.detach(), q)
+
+
+def test_bad_config_is_refused():
+    with pytest.raises(ValueError, match="clip_norm"):
+        AdamConfig(clip_norm=0.0)
+    with pytest.raises(ValueError, match="ema_decay"):
+        AdamConfig(ema_decay=1.5)
+
+
+@pytest.mark.skipif(not (torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1"),
+                    reason="fold_kernels' fused Adam needs CUDA or TRITON_INTERPRET=1")
+def test_fused_kernel_path_matches_torch_path():
+    pytest.importorskip("fold_kernels")
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    torch.manual_seed(2)
+    net_k = _Net().to(device)
+    net_t = copy.deepcopy(net_k)
+    cfg = AdamConfig(lr=2e-2, warmup_steps=2, ema_decay=0.9)
+    norms_k, opt_k = _flat_run(net_k, cfg, steps=4, use_kernels=True)
+    norms_t, opt_t = _flat_run(net_t, cfg, steps=4, use_kernels=False)
+    assert opt_k.uses_kernels and not opt_t.uses_kernels
+    torch.testing.assert_close(torch.tensor(norms_k), torch.tensor(norms_t), rtol=1e-5, atol=1e-6)
+    for p, q in zip(net_k.parameters(), net_t.parameters()):
+        torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
+    for a, b in zip(opt_k.ema, opt_t.ema):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
