@@ -316,7 +316,7 @@ def test_violation_loss_near_zero_on_real_structure_and_positive_when_broken(rea
     stretched[0, 12:] += bond / bond.norm()
     v2 = find_structural_violations(vb, stretched)
     assert float(v2["between_residues"]["c_n_loss_mean"]) > 0.0
-    assert float(violation_loss(v2, vb["atom14_atom_exists"])) > float(loss) + 0.01
+    assert float(violation_loss(v2, vb["atom14_atom_exists"])) > float(loss.detach()) + 0.01
     assert float(v2["between_residues"]["per_residue_violation_mask"][0, 11:13].min()) == 1.0
 
     # a clash: put residue 20 on top of residue 5
