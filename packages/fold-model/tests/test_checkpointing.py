@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import torch
 from _trunk_helpers import grads, holes, randomize_, rel_err
-
 from fold_model.af2 import config
 from fold_model.af2.evoformer import EvoformerStack, ExtraMsaStack
 from fold_model.af2.template import TemplatePairStack

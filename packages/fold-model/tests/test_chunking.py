@@ -5,7 +5,6 @@ from __future__ import annotations
 import pytest
 import torch
 from _trunk_helpers import holes, make_batch, randomize_, rel_err
-
 from fold_model.af2 import AlphaFold2, config
 from fold_model.af2.evoformer import (
     OuterProductMean,

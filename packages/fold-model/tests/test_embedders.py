@@ -1,11 +1,10 @@
-"""Input embedder (Alg. 3-4), recycling embedder (Alg. 32), extra MSA and template angle features."""
+"""Input (Alg. 3-4) and recycling (Alg. 32) embedders; extra MSA and template angle features."""
 
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 from _trunk_helpers import randomize_, rel_err
-
 from fold_model.af2.embedders import (
     InputEmbedder,
     RecyclingEmbedder,
@@ -57,7 +56,8 @@ def test_recycling_embedder_alg32():
         distogram_one_hot(x, 3.25, 20.75, 15)
     )
     assert rel_err(dz, ref) < 1e-6
-    assert rel_err(dm, F.layer_norm(m1, (16,), emb.layer_norm_m.weight, emb.layer_norm_m.bias)) < 1e-6
+    ln_m = F.layer_norm(m1, (16,), emb.layer_norm_m.weight, emb.layer_norm_m.bias)
+    assert rel_err(dm, ln_m) < 1e-6
 
 
 def test_extra_msa_and_template_angle_features():

@@ -6,7 +6,6 @@ from __future__ import annotations
 import pytest
 import torch
 from _trunk_helpers import holes, randomize_, rel_err
-
 from fold_model.af2 import config
 from fold_model.af2.evoformer import (
     EvoformerBlock,

@@ -5,7 +5,6 @@ from __future__ import annotations
 import pytest
 import torch
 from _trunk_helpers import holes, randomize_, rel_err
-
 from fold_model.af2 import config
 from fold_model.af2.evoformer import (
     ExtraMsaBlock,
@@ -20,7 +19,8 @@ def _inputs(seed=0, n_extra=9, n=7, c_e=8):
     a = torch.randn(2, n_extra, n, c_e, generator=g)
     z = torch.randn(2, n, n, 12, generator=g)
     seq = holes((2, n), seed=seed)
-    return a, z, holes((2, n_extra, n), seed=seed + 1) * seq[:, None], seq[:, :, None] * seq[:, None]
+    extra_mask = holes((2, n_extra, n), seed=seed + 1) * seq[:, None]
+    return a, z, extra_mask, seq[:, :, None] * seq[:, None]
 
 
 def test_extra_block_uses_global_column_attention():

@@ -5,7 +5,6 @@ from __future__ import annotations
 import pytest
 import torch
 from _trunk_helpers import MODEL_INPUTS, make_batch, randomize_
-
 from fold_data.af2.schema import SAMPLE_FEATURES, validate
 from fold_model.af2 import AlphaFold2, config
 from fold_model.af2.model import pseudo_beta

@@ -7,7 +7,6 @@ import torch
 import torch.fx
 import torch.nn.functional as F
 from _trunk_helpers import holes, rel_err
-
 from fold_model import ops
 from fold_model.ops import reference, registry
 
@@ -127,7 +126,9 @@ def fake_backend():
         calls.append(1)
         return reference.attention(*args, **kwargs)
 
-    ops.register("attention", "fake", fake_attention, supports=lambda *a, **k: True, priority=10_000)
+    ops.register(
+        "attention", "fake", fake_attention, supports=lambda *a, **k: True, priority=10_000
+    )
     yield calls
     del registry._STATE.impls["attention"]["fake"]
 

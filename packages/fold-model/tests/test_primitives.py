@@ -1,11 +1,10 @@
-"""Linear inits, LayerNorm, gated attention, global attention (Alg. 19), shared dropout, chunking."""
+"""Linear inits, LayerNorm, gated and global attention (Alg. 19), shared dropout, chunking."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 from _trunk_helpers import holes, randomize_, rel_err
-
 from fold_model.primitives import (
     Attention,
     GlobalAttention,

@@ -7,7 +7,6 @@ import pytest
 import torch
 import torch.fx
 from _trunk_helpers import holes, randomize_, rel_err
-
 from fold_model.af2 import config
 from fold_model.af2.evoformer import make_block
 from fold_model.af2.template import TemplatePairBlock

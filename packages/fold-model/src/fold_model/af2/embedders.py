@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from fold_model.primitives import LayerNorm, Linear
 from torch import nn
+
+from fold_model.primitives import LayerNorm, Linear
 
 __all__ = [
     "InputEmbedder",

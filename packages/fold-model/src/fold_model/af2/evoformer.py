@@ -21,6 +21,9 @@ from __future__ import annotations
 from typing import Literal
 
 import torch
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
 from fold_model import ops
 from fold_model.primitives import (
     Attention,
@@ -31,8 +34,6 @@ from fold_model.primitives import (
     shared_dropout_mask,
 )
 from fold_model.seams import IDENTITY_COMM, AxialComm
-from torch import nn
-from torch.utils.checkpoint import checkpoint
 
 __all__ = [
     "MSARowAttentionWithPairBias",

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import torch
 from fold_data import residue_constants as rc
+from torch import nn
+
 from fold_model.af2.config import AlphaFold2Config
 from fold_model.af2.embedders import (
     ExtraMsaEmbedder,
@@ -23,7 +25,6 @@ from fold_model.af2.heads import AuxiliaryHeads
 from fold_model.af2.structure_module import StructureModule
 from fold_model.af2.template import TemplateEmbedder
 from fold_model.seams import IDENTITY_COMM, AxialComm
-from torch import nn
 
 __all__ = ["AlphaFold2", "pseudo_beta"]
 

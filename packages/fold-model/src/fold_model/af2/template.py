@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
 from fold_model import ops
 from fold_model.af2.embedders import (
     TemplateAngleEmbedder,
@@ -21,8 +24,6 @@ from fold_model.af2.evoformer import (
 from fold_model.af2.rigid import rigid_from_3_points
 from fold_model.primitives import Attention, LayerNorm, Linear, chunked_rows, shared_dropout_mask
 from fold_model.seams import IDENTITY_COMM, AxialComm
-from torch import nn
-from torch.utils.checkpoint import checkpoint
 
 __all__ = [
     "build_template_pair_feat",
