@@ -253,3 +253,46 @@ def test_build_cache_reports_each_chain(tmp_path):
 def other_featurize(mmcif_path, chain_id, msa_paths=(), template_hits=None, **kwargs):
     warnings.warn("a skipped template hit", InputWarning, stacklevel=2)
     return {"x": np.arange(3)}
+
+
+def store_many(root: str, key: str, times: int) -> int:
+    cache = FeatureCache(root, version="v1")
+    for _ in range(times):
+        cache.store(key, random_features(3), {"name": "same"})
+    return times
+
+
+def test_concurrent_writers_of_one_entry_never_expose_a_partial_file(tmp_path):
+    from concurrent.futures import ProcessPoolExecutor
+    from multiprocessing import get_context
+
+    cache = FeatureCache(tmp_path, version="v1")
+    key = "c" * 64
+    expected = random_features(3)
+    seen = 0
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", CacheWarning)  # a torn read would warn: fail instead
+        with ProcessPoolExecutor(2, mp_context=get_context("spawn")) as pool:
+            futures = [pool.submit(store_many, str(tmp_path), key, 30) for _ in range(2)]
+            while not all(f.done() for f in futures):
+                got = cache.load(key)
+                if got is not None:
+                    assert_same(got, expected)
+                    seen += 1
+            assert [f.result() for f in futures] == [30, 30]
+    assert_same(cache.load(key), expected)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [f"{key}.npz"]  # no temp files left
+
+
+def test_read_only_cache_ignores_a_corrupt_entry(tmp_path):
+    cache = FeatureCache(tmp_path / "ro", version="v1")
+    cache.store("k", random_features(), {})
+    cache.path("k").write_bytes(b"junk")
+    os.chmod(tmp_path / "ro", 0o555)
+    try:
+        if os.access(cache.path("k").parent, os.W_OK):
+            pytest.skip("running as a user who can write anyway (root)")
+        with pytest.warns(CacheWarning, match="could not delete"):
+            assert cache.load("k") is None
+    finally:
+        os.chmod(tmp_path / "ro", 0o755)

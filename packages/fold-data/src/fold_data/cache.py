@@ -204,9 +204,13 @@ class FeatureCache:
             problem = f"unreadable ({type(e).__name__}: {e})"
         if problem is None:
             return arrays, "ok"
-        warnings.warn(f"{path}: corrupt cache entry, deleting and rebuilding: {problem}",
-                      CacheWarning, stacklevel=3)
-        path.unlink(missing_ok=True)
+        try:
+            path.unlink(missing_ok=True)
+            action = "deleted; it will be rebuilt"
+        except OSError as e:  # e.g. a read-only shared cache: still never used
+            action = f"could not delete it ({e}); ignoring it"
+        warnings.warn(f"{path}: corrupt cache entry, {action}: {problem}", CacheWarning,
+                      stacklevel=3)
         return None, "corrupt"
 
     # -- write ------------------------------------------------------------------------------
