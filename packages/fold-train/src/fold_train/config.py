@@ -1,0 +1,264 @@
+"""Training configuration: :class:`TrainConfig`, one preset per fold-model preset, and
+``key=value`` overrides with type checking.
+
+Overrides name a field of the training config (``steps=20``, ``precision=bf16``), of the
+optimizer (``optim.lr=5e-4``), of the model config (``model.evoformer.no_blocks=2``, passed to
+``fold_model.af2.config``) or of the data preset (``data.n_res=48``, ``fold_data.af2.DataPreset``).
+Each value is parsed to the type the field declares; an unknown key or a value of the wrong type
+is a :class:`ConfigError` that says what was expected.
+
+Presets (AF2 supplement 1.11, Table 4):
+
+* ``af2_initial``: Adam lr 1e-3 with 1000 warm-up steps, clipping 0.1, EMA 0.999, global batch
+  128 (one sample per GPU on 128 GPUs), bf16, about 10 M samples (78 125 steps).
+* ``af2_finetune``: lr 5e-4, no warm-up, crop 384, about 1.5 M samples (11 719 steps).
+* ``tiny``: the CPU preset of the tests and the demo: few steps, fp32, a short warm-up and a fast
+  EMA (0.9) so that a run of a few dozen steps has a meaningful average.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from fold_train.optim import AdamConfig
+
+__all__ = ["ConfigError", "PRESETS", "TrainConfig", "apply_overrides", "parse_overrides",
+           "preset"]
+
+Precision = Literal["fp32", "bf16"]
+
+
+class ConfigError(ValueError):
+    """A bad configuration key or value (the message names the key and the expected type)."""
+
+
+@dataclass
+class TrainConfig:
+    """Everything a training run needs besides the data directory.
+
+    ``model_overrides`` / ``data_overrides`` hold the ``model.*`` / ``data.*`` overrides as
+    ``{"evoformer.no_blocks": 2}``; :meth:`model_config` and :meth:`data_preset` apply them.
+    """
+
+    preset: str = "tiny"  # fold-model and fold-data preset name
+    steps: int = 20  # optimizer updates
+    batch_size: int = 1  # samples per step per data-parallel rank
+    seed: int = 0
+    precision: Precision = "fp32"  # "bf16": autocast with fp32 master weights
+    max_recycling_iters: int | None = None  # N_cycle drawn from 1..this+1; None: data preset's
+    checkpoint_every: int = 10
+    keep_checkpoints: int = 2
+    log_every: int = 1
+    eval_every: int = 0  # 0: evaluate at the end only
+    max_nonfinite_steps: int = 10  # skipped steps (NaN/inf loss or gradient) before giving up
+    loader_workers: int = 1  # NonBlockingLoader processes; 0: prepare in this process
+    prefetch: int = 4
+    activation_checkpointing: bool | None = None  # None: the model preset's choice
+    use_kernels: bool | None = None  # fused optimizer: None = on CUDA when importable
+    # ScaleFold system switches (section 3.3)
+    gc_off: bool = True  # garbage collection off during steps, collected between them
+    overlap_clip: bool = True  # global-norm partials computed while the all-reduce runs
+    compile_structure_module: bool = False  # torch.compile of the memory-bound module
+    optim: AdamConfig = field(default_factory=AdamConfig)
+    model_overrides: dict[str, Any] = field(default_factory=dict)
+    data_overrides: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for name in ("steps", "batch_size", "checkpoint_every", "keep_checkpoints", "log_every"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
+        for name in ("eval_every", "max_nonfinite_steps", "loader_workers"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if self.precision not in ("fp32", "bf16"):
+            raise ConfigError(f"precision must be 'fp32' or 'bf16', got {self.precision!r}")
+        if self.max_recycling_iters is not None and self.max_recycling_iters < 0:
+            raise ConfigError("max_recycling_iters must be >= 0")
+
+    # -- the other packages' configs ----------------------------------------------------------
+    def model_config(self):
+        """The fold-model ``AlphaFold2Config`` of the preset with the ``model.*`` overrides."""
+        from fold_model.af2 import config
+
+        overrides = {k.replace(".", "__"): v for k, v in self.model_overrides.items()}
+        if self.activation_checkpointing is not None:
+            overrides["checkpoint_blocks"] = self.activation_checkpointing
+        return config(self.preset, **overrides)
+
+    def data_preset(self):
+        """The fold-data ``DataPreset`` of the preset with the ``data.*`` overrides; its
+        ``max_recycling_iters`` is this config's when set."""
+        from fold_data.af2 import get_preset
+
+        base = get_preset(self.preset)
+        changes = dict(self.data_overrides)
+        if self.max_recycling_iters is not None:
+            changes["max_recycling_iters"] = self.max_recycling_iters
+        return dataclasses.replace(base, **changes) if changes else base
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON-able dict (the run directory's ``config.json``)."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> TrainConfig:
+        d = dict(d)
+        optim = AdamConfig(**d.pop("optim", {}))
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise ConfigError(f"unknown TrainConfig fields {unknown}")
+        return cls(optim=optim, **d)
+
+
+def _af2_initial() -> TrainConfig:
+    # Table 4: 10 M samples at batch 128; bf16 (as HelixFold / ScaleFold train).
+    return TrainConfig(preset="af2_initial", steps=78_125, batch_size=1, precision="bf16",
+                       checkpoint_every=1000, keep_checkpoints=3, log_every=10,
+                       eval_every=1000, loader_workers=4, prefetch=8, optim=AdamConfig())
+
+
+def _af2_finetune() -> TrainConfig:
+    # Table 4 fine-tuning: lr halved to 5e-4, no warm-up; 1.5 M samples at batch 128.
+    return TrainConfig(preset="af2_finetune", steps=11_719, batch_size=1, precision="bf16",
+                       checkpoint_every=1000, keep_checkpoints=3, log_every=10,
+                       eval_every=1000, loader_workers=4, prefetch=8,
+                       optim=AdamConfig(lr=5e-4, warmup_steps=0))
+
+
+def _tiny() -> TrainConfig:
+    return TrainConfig(preset="tiny", steps=20, precision="fp32", checkpoint_every=10,
+                       optim=AdamConfig(lr=1e-3, warmup_steps=5, ema_decay=0.9))
+
+
+PRESETS = {"af2_initial": _af2_initial, "af2_finetune": _af2_finetune, "tiny": _tiny}
+
+
+def preset(name: str) -> TrainConfig:
+    """A fresh :class:`TrainConfig` of preset ``name``."""
+    if name not in PRESETS:
+        raise ConfigError(f"unknown preset {name!r}; presets are {sorted(PRESETS)}")
+    return PRESETS[name]()
+
+
+# -- overrides --------------------------------------------------------------------------------
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off"}
+
+
+def _parse_value(key: str, text: str, typ: Any) -> Any:
+    """``text`` parsed as ``typ`` (int, float, bool, str, Literal, X | None)."""
+    origin = typing.get_origin(typ)
+    if origin in (typing.Union, types.UnionType):
+        args = typing.get_args(typ)
+        if type(None) in args and text.lower() in ("none", "null"):
+            return None
+        for arg in args:
+            if arg is type(None):
+                continue
+            try:
+                return _parse_value(key, text, arg)
+            except ConfigError:
+                continue
+        raise ConfigError(f"{key}={text!r}: expected {typ}")
+    if origin is Literal:
+        choices = typing.get_args(typ)
+        for c in choices:
+            if text == str(c):
+                return c
+        raise ConfigError(f"{key}={text!r}: expected one of {list(choices)}")
+    if typ is bool:
+        if text.lower() in _TRUE:
+            return True
+        if text.lower() in _FALSE:
+            return False
+        raise ConfigError(f"{key}={text!r}: expected a boolean (true/false)")
+    if typ is int:
+        try:
+            return int(text.replace("_", ""))
+        except ValueError:
+            raise ConfigError(f"{key}={text!r}: expected an integer") from None
+    if typ is float:
+        try:
+            return float(text)
+        except ValueError:
+            raise ConfigError(f"{key}={text!r}: expected a number") from None
+    if typ is str:
+        return text
+    raise ConfigError(f"{key}: fields of type {typ} cannot be set from the command line")
+
+
+def _field_type(obj: Any, name: str, key: str) -> Any:
+    """The declared type of dataclass field ``name`` of ``obj``."""
+    if not dataclasses.is_dataclass(obj):
+        raise ConfigError(f"{key}: {type(obj).__name__} has no fields")
+    hints = typing.get_type_hints(type(obj))
+    names = [f.name for f in dataclasses.fields(obj)]
+    if name not in names:
+        raise ConfigError(f"{key}: unknown field {name!r} of {type(obj).__name__}; fields are "
+                          f"{names}")
+    return hints[name]
+
+
+def _resolve(root: Any, path: list[str], key: str) -> tuple[Any, str, Any]:
+    """Walk ``path`` through nested dataclasses: (owner object, leaf name, leaf type)."""
+    obj = root
+    for part in path[:-1]:
+        typ = _field_type(obj, part, key)
+        obj = getattr(obj, part)
+        if not dataclasses.is_dataclass(obj):
+            raise ConfigError(f"{key}: {part!r} is a {typ}, not a group of fields")
+    return obj, path[-1], _field_type(obj, path[-1], key)
+
+
+def parse_overrides(items: list[str]) -> list[tuple[str, str]]:
+    """``["steps=5", ...]`` -> ``[("steps", "5"), ...]`` (error for an item without ``=``)."""
+    out = []
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"override {item!r}: expected key=value, e.g. optim.lr=5e-4")
+        out.append((key.strip(), value.strip()))
+    return out
+
+
+def apply_overrides(cfg: TrainConfig, items: list[str]) -> TrainConfig:
+    """A copy of ``cfg`` with ``key=value`` overrides applied and type-checked."""
+    cfg = dataclasses.replace(cfg, optim=dataclasses.replace(cfg.optim),
+                              model_overrides=dict(cfg.model_overrides),
+                              data_overrides=dict(cfg.data_overrides))
+    for key, text in parse_overrides(items):
+        path = key.split(".")
+        if path[0] == "preset":
+            raise ConfigError("preset: choose it with --preset, not as an override")
+        if path[0] == "model":
+            if len(path) < 2:
+                raise ConfigError(f"{key}: expected model.<field>[.<field>]")
+            model = cfg.model_config()  # fields and types of the model preset
+            _, _, typ = _resolve(model, path[1:], key)
+            cfg.model_overrides[".".join(path[1:])] = _parse_value(key, text, typ)
+        elif path[0] == "data":
+            if len(path) != 2:
+                raise ConfigError(f"{key}: expected data.<field>")
+            _, _, typ = _resolve(cfg.data_preset(), path[1:], key)
+            cfg.data_overrides[path[1]] = _parse_value(key, text, typ)
+        else:
+            owner, leaf, typ = _resolve(cfg, path, key)
+            if leaf in ("model_overrides", "data_overrides", "optim"):
+                raise ConfigError(f"{key}: use model.<field>, data.<field> or optim.<field>")
+            setattr(owner, leaf, _parse_value(key, text, typ))
+    try:  # re-run the validations of every dataclass touched
+        cfg.optim.__post_init__()
+        cfg.__post_init__()
+        cfg.model_config()
+        cfg.data_preset()
+    except ConfigError:
+        raise
+    except (ValueError, TypeError) as e:
+        raise ConfigError(f"invalid configuration after overrides {items}: {e}") from e
+    return cfg
