@@ -64,6 +64,13 @@ def test_recycling_passes_and_gradient_only_through_last():
         model(batch, num_recycles=4)
 
 
+def test_sample_num_recycles_covers_1_to_4():
+    model = AlphaFold2(config("tiny", max_recycling_iters=3))
+    g = torch.Generator().manual_seed(0)
+    draws = {model.sample_num_recycles(g) for _ in range(200)}
+    assert draws == {1, 2, 3, 4}
+
+
 def test_manual_recycling_equals_forward():
     model = _tiny_model().eval()
     batch = make_batch(r=2, seed=3)

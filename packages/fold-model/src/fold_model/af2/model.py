@@ -89,6 +89,12 @@ class AlphaFold2(nn.Module):
         if self.template_embedder is not None:
             self.template_embedder.pair_stack.set_comm(comm)
 
+    def sample_num_recycles(self, generator: torch.Generator | None = None) -> int:
+        """N_cycle for a training step: uniform in ``1 .. max_recycling_iters + 1`` (1.10; the
+        same draw must be used on every data-parallel rank)."""
+        high = self.config.max_recycling_iters + 1
+        return int(torch.randint(1, high + 1, (), generator=generator))
+
     @property
     def dtype(self) -> torch.dtype:
         return self.input_embedder.linear_tf_m.weight.dtype
