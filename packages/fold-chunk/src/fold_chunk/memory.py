@@ -1,0 +1,163 @@
+"""Estimated peak activation memory of a graph with chunk regions (live-tensor accounting).
+
+Per node the fake run (:mod:`fold_chunk.trace`) gives the storages it allocates and holds, the
+storages its output references (views) and its transient bytes. A storage is live from the step
+that allocates it to the last step that reads a tensor referencing it. Outside regions a step
+is a node; peak at node ``i`` = bytes live at ``i`` + its transient bytes.
+
+A chunk region runs as: hoisted (whole) nodes and preallocated whole output buffers first, then
+a loop whose body holds one chunk of every chunked node. For accounting the region is one step
+that reads all its inputs and allocates its buffers and hoisted nodes at its start; its peak is
+the bytes live across the region plus ``chunk / extent`` times the peak of the body (the body's
+live bytes simulated node by node on whole-size numbers, then scaled: every chunked tensor has
+the chunk dim, so its size is proportional to the chunk size).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from fold_chunk.dims import _Full
+from fold_chunk.region import ChunkRegion, GraphIndex
+from fold_chunk.trace import TensorMeta
+
+__all__ = ["MemoryEstimate", "estimate_plan", "body_peak", "tensor_bytes"]
+
+
+def tensor_bytes(meta: object) -> int:
+    if isinstance(meta, TensorMeta):
+        return math.prod(meta.shape) * meta.dtype.itemsize
+    if isinstance(meta, (tuple, list)):
+        return sum(tensor_bytes(m) for m in meta)
+    return 0
+
+
+@dataclass
+class MemoryEstimate:
+    """``node_peak[i]``: estimated bytes live while node ``i`` runs (for a node in a region, the
+    region's peak); ``live_in[i]``: bytes live entering node ``i``."""
+
+    node_peak: np.ndarray
+    live_in: np.ndarray
+    region_of: list[int]  # region number of each node, -1 outside regions
+
+    @property
+    def peak(self) -> int:
+        return int(self.node_peak.max(initial=0))
+
+    @property
+    def peak_index(self) -> int:
+        return int(self.node_peak.argmax())
+
+
+def body_peak(g: GraphIndex, region_start: int, end: int, assign: dict) -> tuple[int, int]:
+    """Peak of one chunk loop body at whole size (scale it by chunk/extent), and the largest
+    transient of the hoisted nodes. Chunked region outputs stay live to the body's end (they
+    are copied into their buffers there)."""
+    n_steps = end - region_start + 1
+    diff = np.zeros(n_steps + 1, dtype=np.int64)
+    temps = np.zeros(n_steps, dtype=np.int64)
+    hoisted_temp = 0
+    for i in range(region_start, end + 1):
+        x = g.nodes[i]
+        d = assign.get(x)
+        info = g.info.get(x)
+        if info is None or d is None:
+            continue
+        if isinstance(d, _Full):
+            hoisted_temp = max(hoisted_temp, info.temp)
+            continue
+        temps[i - region_start] = info.temp
+        for sid, nbytes in info.own.items():
+            last = i
+            for j in g.sid_refs.get(sid, ()):
+                if j <= end:
+                    last = max(last, min(g.last_use[j], end))
+            diff[i - region_start] += nbytes
+            diff[last - region_start + 1] -= nbytes
+    live = np.cumsum(diff[:-1])
+    return int((live + temps).max(initial=0)), hoisted_temp
+
+
+def region_fixed_bytes(g: GraphIndex, start: int, end: int, assign: dict) -> int:
+    """Whole-size bytes a region holds during its loop: hoisted nodes and output buffers."""
+    total = 0
+    for i in range(start, end + 1):
+        x = g.nodes[i]
+        d = assign.get(x)
+        info = g.info.get(x)
+        if info is None or d is None:
+            continue
+        if isinstance(d, _Full):
+            total += sum(info.own.values())
+        elif g.last_use[i] > end:
+            total += tensor_bytes(info.meta)
+    return total
+
+
+def estimate_plan(g: GraphIndex, regions: list[ChunkRegion]) -> MemoryEstimate:
+    """Estimated per-node peak of the graph with ``regions`` chunked (see module doc)."""
+    n = len(g.nodes)
+    region_of = [-1] * n
+    for r_id, r in enumerate(regions):
+        for i in range(r.start, r.end + 1):
+            region_of[i] = r_id
+
+    def use_pos(j: int) -> int:
+        r_id = region_of[j] if j < n else -1
+        return regions[r_id].end if r_id >= 0 else j
+
+    last_use_pos = []
+    for i, x in enumerate(g.nodes):
+        uses = [n if u.op == "output" else use_pos(g.index[u]) for u in x.users]
+        last_use_pos.append(max(uses, default=use_pos(i)))
+
+    diff = np.zeros(n + 2, dtype=np.int64)
+    alloc_at = np.zeros(n + 1, dtype=np.int64)
+
+    def add(alloc: int, free: int, nbytes: int) -> None:
+        diff[alloc] += nbytes
+        diff[free + 1] -= nbytes
+        alloc_at[alloc] += nbytes
+
+    for i, x in enumerate(g.nodes):
+        info = g.info.get(x)
+        if info is None:
+            continue
+        r_id = region_of[i]
+        if r_id >= 0:
+            r = regions[r_id]
+            d = r.assign.get(x)
+            if d is None:
+                continue
+            if not isinstance(d, _Full):
+                if g.last_use[i] > r.end:  # a whole output buffer, allocated before the loop
+                    free = max([last_use_pos[i]] + [
+                        last_use_pos[j] for sid in info.refs for j in g.sid_refs.get(sid, ())
+                        if j > r.end])
+                    add(r.start, free, tensor_bytes(info.meta))
+                continue
+            alloc = r.start
+        else:
+            alloc = i
+        for sid, nbytes in info.own.items():
+            free = max([last_use_pos[i]] + [last_use_pos[j] for j in g.sid_refs.get(sid, ())
+                                            if region_of[j] < 0 or isinstance(
+                                                regions[region_of[j]].assign.get(g.nodes[j]),
+                                                _Full)])
+            add(alloc, free, nbytes)
+    live = np.cumsum(diff[: n + 1])[:n]
+    temps = np.array([g.info[x].temp if x in g.info else 0 for x in g.nodes], dtype=np.int64)
+    node_peak = live + temps
+    for r in regions:
+        body, hoisted_temp = body_peak(g, r.start, r.end, r.assign)
+        across = int(live[r.start: r.end + 1].max())
+        peak = across + max(math.ceil(body * r.chunk_size / r.extent), hoisted_temp)
+        node_peak[r.start: r.end + 1] = peak
+    live_in = live - alloc_at[:n]
+    return MemoryEstimate(node_peak, live_in, region_of)
+
+

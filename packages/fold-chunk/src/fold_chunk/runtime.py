@@ -1,0 +1,68 @@
+"""The chunk loop that generated code calls: slice inputs, run the body, fill the outputs."""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+from collections.abc import Iterator
+
+import torch
+import torch.fx as fx
+import torch.nn as nn
+
+__all__ = ["ChunkLoop", "first_and_last_chunk_only"]
+
+_FIRST_AND_LAST = contextvars.ContextVar("fold_chunk_first_and_last", default=False)
+
+
+@contextlib.contextmanager
+def first_and_last_chunk_only() -> Iterator[None]:
+    """Run only the first and the last chunk of every loop (memory estimation on FakeTensors:
+    every chunk needs the same memory, so two iterations show the loop's peak)."""
+    token = _FIRST_AND_LAST.set(True)
+    try:
+        yield
+    finally:
+        _FIRST_AND_LAST.reset(token)
+
+
+class ChunkLoop(nn.Module):
+    """``forward(*inputs) -> tuple of outputs``: for each chunk ``[start, start + n)`` of
+    ``extent``, input ``k`` is ``inputs[k].narrow(in_dims[k], start, n)`` (whole when its dim is
+    None), ``body(n, *sliced)`` returns the chunk of every output, which is copied into a whole
+    output buffer allocated on the first chunk (shape of the chunk with ``out_dims[j]`` set to
+    ``extent``)."""
+
+    def __init__(self, body: fx.GraphModule, in_dims: list[int | None], out_dims: list[int],
+                 extent: int, chunk_size: int) -> None:
+        super().__init__()
+        self.body = body
+        self.in_dims = list(in_dims)
+        self.out_dims = list(out_dims)
+        self.extent = extent
+        self.chunk_size = chunk_size
+
+    def extra_repr(self) -> str:
+        return (f"extent={self.extent}, chunk_size={self.chunk_size}, in_dims={self.in_dims}, "
+                f"out_dims={self.out_dims}")
+
+    def forward(self, *inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        starts = list(range(0, self.extent, self.chunk_size))
+        if _FIRST_AND_LAST.get() and len(starts) > 2:
+            starts = [starts[0], starts[-1]]
+        outs: list[torch.Tensor] = []
+        for start in starts:
+            n = min(self.chunk_size, self.extent - start)
+            sliced = [x if d is None else x.narrow(d, start, n)
+                      for x, d in zip(inputs, self.in_dims)]
+            chunk = self.body(n, *sliced)
+            del sliced
+            if not outs:
+                for c, d in zip(chunk, self.out_dims):
+                    shape = list(c.shape)
+                    shape[d] = self.extent  # [..., extent (was n), ...]
+                    outs.append(c.new_empty(shape))
+            for o, c, d in zip(outs, chunk, self.out_dims):
+                o.narrow(d, start, n).copy_(c)
+            del chunk
+        return tuple(outs)

@@ -1,0 +1,223 @@
+"""FastFold's Algorithm 1: find chunk regions until the estimated peak fits the budget.
+
+::
+
+    C <- {}
+    while the estimated peak exceeds the budget:
+        peak_node  <- argmax EstimateMemory(G, C)
+        max_range  <- FindMaxChunk(G, C, peak_node)       # the busy stretch around the peak
+        candidates <- FindPossibleChunk(G, C, max_range)  # two-stage search (region.py)
+        best       <- FindBestChunk(G, C, budget, candidates)
+        C <- C + {best}
+
+*FindMaxChunk* extends from the peak node in both directions, not crossing an existing region,
+an in-place op or the graph inputs, up to the nearest point where the live memory falls to its
+lowest level nearby (a "valley": between two sub-blocks of an Evoformer only the residual
+streams are live), at most ``max_span`` nodes each way.
+
+*FindPossibleChunk* enumerates the region ends ``e`` in that range and the dims of ``e``; one
+backward flow per (``e``, dim) (stage 1: the end node and its dim fix everything) yields the legal
+starts ``s`` (stage 2: every node in ``[s, e]`` obeys rules 2 and 3). Only regions in which the
+peak node itself is chunked are kept.
+
+*FindBestChunk* takes, for each candidate, the largest chunk size whose region peak fits the
+budget (balanced: ``ceil(L / ceil(L / c_max))``) and picks the fitting candidate with the least
+speed cost: ``n_chunks * (ops in the loop body + 1 per sliced input + 1 per output)``, view ops
+counting a tenth, a strided (not outermost) chunk dim on an input costing one more op. When no
+candidate fits, it picks the one with the lowest peak at ``min_chunk``; when the peak node then
+stays the peak inside its region, the budget cannot be met and the search stops.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch.fx as fx
+import torch.nn as nn
+
+from fold_chunk.dims import FULL, _Full, op_name
+from fold_chunk.memory import (
+    MemoryEstimate,
+    body_peak,
+    estimate_plan,
+    region_fixed_bytes,
+)
+from fold_chunk.region import ChunkRegion, GraphIndex, flow_from_end
+from fold_chunk.trace import TensorMeta, is_inplace
+
+__all__ = ["SearchResult", "autochunk_search", "VIEW_OPS"]
+
+VIEW_OPS = {"permute", "transpose", "swapaxes", "swapdims", "t", "movedim", "moveaxis",
+            "view", "reshape", "flatten", "unflatten", "unsqueeze", "squeeze", "expand",
+            "expand_as", "view_as", "reshape_as", "getitem", "to", "contiguous", "type_as",
+            "broadcast_to", "detach"}
+
+
+@dataclass
+class SearchResult:
+    regions: list[ChunkRegion]
+    estimate_before: MemoryEstimate
+    estimate_after: MemoryEstimate
+    met: bool
+
+
+@dataclass
+class _Candidate:
+    region: ChunkRegion
+    peak: int
+    cost: float
+
+
+def _is_barrier(x: fx.Node) -> bool:
+    return x.op in ("placeholder", "output") or is_inplace(x)
+
+
+def find_max_chunk(g: GraphIndex, est: MemoryEstimate, p: int, max_span: int) -> tuple[int, int]:
+    """The busy stretch ``[lo, hi]`` around peak node ``p`` (see module doc)."""
+    n = len(g.nodes)
+
+    def blocked(i: int) -> bool:
+        return i < 0 or i >= n or est.region_of[i] >= 0 or _is_barrier(g.nodes[i])
+
+    left = p
+    while p - left < max_span and not blocked(left - 1):
+        left -= 1
+    right = p
+    while right - p < max_span and not blocked(right + 1):
+        right += 1
+    # valleys: live memory entering i (for starts) and leaving j (for ends)
+    window = est.live_in[left: p + 1]
+    floor = window.min()
+    lo = max(i for i in range(left, p + 1) if est.live_in[i] <= floor * 1.02 + 1)
+    after = [est.live_in[j + 1] if j + 1 < n else 0 for j in range(p, right + 1)]
+    floor_r = min(after)
+    hi = min(j for j, v in zip(range(p, right + 1), after) if v <= floor_r * 1.02 + 1)
+    # a valley right at p leaves no room; fall back to the whole stretch on that side
+    if lo == p:
+        lo = left
+    if hi == p:
+        hi = right
+    return lo, hi
+
+
+def _hoist_views(g: GraphIndex, start: int, end: int, assign: dict) -> None:
+    """Move layout-only ops of region inputs out of the loop (FastFold: transposes leave the
+    chunk): a view of a hoisted or outside tensor is free to compute whole."""
+    for i in range(start, end + 1):
+        x = g.nodes[i]
+        d = assign.get(x)
+        if d is None or isinstance(d, _Full) or g.info[x].own:
+            continue
+        if op_name(x, g.gm) not in VIEW_OPS:
+            continue
+        if all(g.index[a] < start or isinstance(assign.get(a), _Full) for a in x.all_input_nodes):
+            assign[x] = FULL
+
+
+def _cost(g: GraphIndex, start: int, end: int, assign: dict, n_chunks: int) -> float:
+    ops = 0.0
+    sliced: set[tuple[fx.Node, int]] = set()
+    for i in range(start, end + 1):
+        x = g.nodes[i]
+        d = assign.get(x)
+        if d is None or isinstance(d, _Full):
+            continue
+        ops += 0.1 if op_name(x, g.gm) in VIEW_OPS else 1.0
+        if g.last_use[i] > end:
+            ops += 1.0
+    for i in range(start, end + 1):
+        x = g.nodes[i]
+        if isinstance(assign.get(x), _Full) or x not in assign:
+            continue
+        for a in x.all_input_nodes:
+            if g.index[a] < start or isinstance(assign.get(a), _Full):
+                meta = g.info[a].meta
+                if isinstance(meta, TensorMeta):
+                    sliced.add((a, _outermost(meta)))
+    ops += sum(1.0 + (0.0 if k == 0 else 1.0) for _, k in sliced)
+    return n_chunks * ops
+
+
+def _outermost(meta: TensorMeta) -> int:
+    for k, s in enumerate(meta.shape):
+        if s > 1:
+            return k
+    return 0
+
+
+def find_best_chunk(g: GraphIndex, est: MemoryEstimate, p: int, lo: int, hi: int,
+                    budget: int, min_chunk: int, root: nn.Module) -> _Candidate | None:
+    """Enumerate the legal regions around ``p`` and pick the best (see module doc)."""
+    best_fit: _Candidate | None = None
+    best_any: _Candidate | None = None
+    current = est.peak
+    p_node = g.nodes[p]
+    for e in range(p, hi + 1):
+        meta = g.meta(e)
+        if not isinstance(meta, TensorMeta) or g.last_use[e] <= e:
+            continue
+        for dim, extent in enumerate(meta.shape):
+            if extent < 2 or extent <= min_chunk:
+                continue
+            flow = flow_from_end(g, e, dim, lo, root)
+            pd = flow.assign.get(p_node)
+            if flow.min_start > p or pd is None or isinstance(pd, _Full):
+                continue
+            for s in range(p, flow.min_start - 1, -1):
+                if isinstance(flow.assign.get(g.nodes[s]), _Full):
+                    continue
+                assign = {g.nodes[i]: flow.assign[g.nodes[i]] for i in range(s, e + 1)}
+                _hoist_views(g, s, e, assign)
+                if isinstance(assign[p_node], _Full):
+                    continue
+                fixed = int(est.live_in[s]) + region_fixed_bytes(g, s, e, assign)
+                body, hoisted_temp = body_peak(g, s, e, assign)
+                if body == 0:
+                    continue
+
+                def peak_at(c: int, fixed=fixed, body=body, hoisted_temp=hoisted_temp,
+                            extent=extent) -> int:
+                    return fixed + max(math.ceil(body * c / extent), hoisted_temp)
+
+                room = budget - fixed
+                c_max = int(room * extent // body) if room > 0 else 0
+                c_max = min(c_max, extent - 1)
+                if c_max >= max(min_chunk, 1):
+                    n_chunks = -(-extent // c_max)
+                    c = -(-extent // n_chunks)
+                    fits = peak_at(c) <= budget
+                else:
+                    c, fits = max(min_chunk, 1), False
+                peak = peak_at(c)
+                if peak >= current:
+                    continue
+                outputs = [(x, d) for x, d in flow.out_dims.items() if g.index[x] >= s]
+                region = ChunkRegion(s, e, assign, extent, c, outputs, p_node.name)
+                cand = _Candidate(region, peak, _cost(g, s, e, assign, region.n_chunks))
+                if fits and (best_fit is None or (cand.cost, cand.peak) <
+                             (best_fit.cost, best_fit.peak)):
+                    best_fit = cand
+                if best_any is None or (cand.peak, cand.cost) < (best_any.peak, best_any.cost):
+                    best_any = cand
+    return best_fit or best_any
+
+
+def autochunk_search(g: GraphIndex, budget: int, *, min_chunk: int = 1,
+                     max_span: int = 160) -> SearchResult:
+    """Algorithm 1 over the traced graph ``g`` (see module doc)."""
+    regions: list[ChunkRegion] = []
+    before = estimate_plan(g, regions)
+    est = before
+    while est.peak > budget:
+        p = est.peak_index
+        if est.region_of[p] >= 0 or _is_barrier(g.nodes[p]):
+            break
+        lo, hi = find_max_chunk(g, est, p, max_span)
+        best = find_best_chunk(g, est, p, lo, hi, budget, min_chunk, g.gm)
+        if best is None:
+            break
+        regions.append(best.region)
+        regions.sort(key=lambda r: r.start)
+        est = estimate_plan(g, regions)
+    return SearchResult(regions, before, est, est.peak <= budget)
