@@ -224,13 +224,13 @@ def test_build_cache_reports_each_chain(tmp_path):
     kw = dict(featurize=fake_featurize, progress=False, max_template_date="2021-10-10")
     report = build_cache(DEMO, out, workers=2, **kw)
     by_name = {r.name: r for r in report.results}
-    assert set(by_name) == {"1psm_A", "2q2k_A", "2q2k_B", "3u8v_A", "4zey_A"}
+    assert set(by_name) == {"1psm_A", "2q2k_A", "2q2k_B", "3u8v_A", "3zee_A", "4zey_A"}
     assert by_name["2q2k_B"].status == "failed" and "protein chain" in by_name["2q2k_B"].error
-    assert report.count("built") == 4 and not report.ok
+    assert report.count("built") == 5 and not report.ok
     assert "1 failed" in report.summary() and "2q2k_B" in report.summary()
 
     index = json.loads((out / "index.json").read_text())["entries"]
-    assert set(index) == {"1psm_A", "2q2k_A", "3u8v_A", "4zey_A"}
+    assert set(index) == {"1psm_A", "2q2k_A", "3u8v_A", "3zee_A", "4zey_A"}
     cache = FeatureCache(out)
     feats = cache.load(index["4zey_A"])
     assert feats["chain"] == b"A" and feats["n_msa"] == 3 and feats["date"] == b"2021-10-10"

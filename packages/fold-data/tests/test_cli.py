@@ -68,7 +68,7 @@ def test_failed_chain_sets_exit_status(tmp_path, capsys):
     code, text, _ = run(capsys, "cache", DEMO, "--out", tmp_path, "--workers", 2, "--no-progress",
                         "--featurizer", FEATURIZER, "--max-template-date", "2021-10-10")
     assert code == 1
-    assert "3 built" in text and "2 failed" in text
+    assert "4 built" in text and "2 failed" in text
     assert "FAILED 2q2k_A" in text and "protein-only" in text
 
 

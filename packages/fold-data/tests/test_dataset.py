@@ -28,7 +28,7 @@ def test_demo_chains():
     if not DEMO.is_dir():
         pytest.skip("data/demo is absent")
     entries = discover_chains(DEMO)
-    assert [e.name for e in entries] == ["1psm_A", "2q2k_A", "2q2k_B", "3u8v_A", "4zey_A"]
+    assert [e.name for e in entries] == ["1psm_A", "2q2k_A", "2q2k_B", "3u8v_A", "3zee_A", "4zey_A"]
     e = {x.name: x for x in entries}
     assert e["4zey_A"].mmcif_path == DEMO / "mmcifs" / "4zey.cif" and e["4zey_A"].chain_id == "A"
     assert [p.name for p in e["4zey_A"].msa_paths] == [
@@ -38,7 +38,7 @@ def test_demo_chains():
     assert e["4zey_A"].input_paths[0] == e["4zey_A"].mmcif_path
     assert len(e["4zey_A"].input_paths) == 5
     # Listed explicitly, a chain with an mmCIF but no alignments is a single-sequence chain.
-    (single,) = discover_chains(DEMO, ["3zee_A"])
+    (single,) = discover_chains(DEMO, ["4i6p_A"])
     assert single.msa_paths == () and single.template_hits is None
 
 
