@@ -1,0 +1,41 @@
+"""AlphaFold3 data pipeline: CCD and RDKit molecules, tokens, atoms, reference conformers, MSA
+and template features, cropping, the ahead-of-time cache.
+
+``make_features(path_or_entry)`` builds the deterministic raw features (schema
+``RAW_FEATURES``: what the cache stores, :func:`fetch_af3_features`); ``make_sample(raw,
+preset, seed=...)`` the per-step sample (schema ``SAMPLE_FEATURES``) that fold-model's AF3
+consumes. Inputs: the AlphaFold3 input JSON, mmCIF complexes, FASTA.
+"""
+
+from .cache import af3_cache, af3_pipeline_version, fetch_af3_features
+from .ccd import Ccd, ChemComp, default_ccd
+from .features import load_entry, make_features
+from .inputs import Bond, Chain, Entry, parse_af3_json, parse_complex_mmcif, parse_fasta_entry
+from .presets import PRESETS, AF3DataPreset, get_preset
+from .schema import RAW_FEATURES, SAMPLE_FEATURES, SchemaError, validate
+from .transforms import make_sample
+
+__all__ = [
+    "PRESETS",
+    "RAW_FEATURES",
+    "SAMPLE_FEATURES",
+    "AF3DataPreset",
+    "Bond",
+    "Ccd",
+    "Chain",
+    "ChemComp",
+    "Entry",
+    "SchemaError",
+    "af3_cache",
+    "af3_pipeline_version",
+    "default_ccd",
+    "fetch_af3_features",
+    "get_preset",
+    "load_entry",
+    "make_features",
+    "make_sample",
+    "parse_af3_json",
+    "parse_complex_mmcif",
+    "parse_fasta_entry",
+    "validate",
+]

@@ -1,0 +1,80 @@
+"""Deterministic AF3 features of one entry (the ``RAW_FEATURES`` schema).
+
+:func:`make_features` takes an :class:`~fold_data.af3.inputs.Entry` (or a path: ``.json`` AF3
+input, ``.cif``/``.mmcif`` complex, ``.fasta``/``.fa`` proteins) and returns tokens, atoms,
+reference conformers, bonds, MSA and template features. It is a pure function of the inputs, the
+CCD and ``seed``, so its result is what :mod:`fold_data.af3.cache` stores; per-step randomness
+(cropping, MSA sampling, conformer rotation) lives in :mod:`.transforms`.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+
+import numpy as np
+
+from fold_data.errors import InputError
+
+from .ccd import Ccd, default_ccd
+from .inputs import Entry, parse_af3_json, parse_complex_mmcif, parse_fasta_entry
+from .msa import make_msa_features
+from .schema import RAW_FEATURES, validate
+from .templates import make_af3_template_features
+from .tokenizer import tokenize
+
+__all__ = ["load_entry", "make_features"]
+
+PathLike = str | os.PathLike
+
+
+def load_entry(source: Entry | PathLike, *, ccd: Ccd | None = None) -> Entry:
+    """An :class:`Entry` from an entry or a file, chosen by the file's suffix."""
+    if isinstance(source, Entry):
+        return source
+    path = Path(source)
+    suffix = "".join(path.suffixes[-2:]).lower() if path.suffix == ".gz" else path.suffix.lower()
+    if suffix == ".json":
+        return parse_af3_json(path, ccd=ccd)
+    if suffix in (".cif", ".mmcif", ".cif.gz"):
+        return parse_complex_mmcif(path, ccd=ccd)
+    if suffix in (".fasta", ".fa", ".faa"):
+        return parse_fasta_entry(path)
+    raise InputError(path, None, f"unknown input format {suffix!r}; expected .json (AlphaFold3 "
+                     "input), .cif (mmCIF) or .fasta")
+
+
+def make_features(
+    source: Entry | PathLike,
+    *,
+    ccd: Ccd | None = None,
+    msa_paths: Mapping[str, list[PathLike]] | None = None,
+    template_hits: Mapping[str, object] | None = None,
+    template_mmcif_dir: PathLike | None = None,
+    max_template_date: str | None = None,
+    max_templates: int = 4,
+    max_msa_rows: int | None = 16384,
+    seed: int = 0,
+    max_conformer_attempts: int = 200,
+) -> dict[str, np.ndarray]:
+    """Raw AF3 features (:data:`~fold_data.af3.schema.RAW_FEATURES`) of an entry.
+
+    ``msa_paths`` / ``template_hits``: per author chain ID (the JSON ``id``, mmCIF
+    ``auth_asym_id``) alignment files and a
+    template-hits file (whose mmCIFs are read from ``template_mmcif_dir``). ``seed`` seeds the
+    ETKDGv3 reference conformers. Raises :class:`InputError` naming the file, entity and field.
+    """
+    ccd = ccd or default_ccd()
+    entry = load_entry(source, ccd=ccd)
+    feats = tokenize(entry, ccd, seed=seed, max_attempts=max_conformer_attempts)
+    feats.update(make_msa_features(entry, feats, dict(msa_paths or {}), max_rows=max_msa_rows))
+    feats.update(make_af3_template_features(
+        entry, feats, template_hits, template_mmcif_dir=template_mmcif_dir,
+        max_template_date=max_template_date, max_templates=max_templates))
+    feats["resolution"] = np.asarray(entry.resolution, dtype=np.float32)
+    feats["chain_ids"] = np.asarray([c.chain_id.encode("ascii") for c in entry.chains],
+                                    dtype=np.bytes_)
+    validate(feats, RAW_FEATURES, where=f"{entry.source or entry.name} AF3 features",
+             allow_extra=False)
+    return feats

@@ -1,0 +1,137 @@
+"""AF3 MSA features per token (AF3 supplement 2.3 and Table 5), from per-chain MSAs.
+
+Each polymer chain has its own alignment (files ``.a3m`` / ``.sto`` read by
+:func:`fold_data.af2.features.load_msa` for proteins, A3M text from the AF3 JSON's
+``unpairedMsa``, or only the query). The entry's MSA stacks them side by side: row 0 is every
+chain's query; row ``r > 0`` holds row ``r`` of each chain's own alignment, gaps where a chain has
+fewer rows (AF3's unpaired MSA layout; rows are not paired by species here). Ligand tokens have
+their ``restype`` in row 0 and gaps below; the tokens of an atomized (modified) residue repeat
+that residue's column.
+
+``profile`` [N_token, 32] and ``deletion_mean`` [N_token] are over each chain's own rows (gap rows
+added only to line chains up do not count), so they do not depend on the other chains.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+from fold_data.af2.features import load_msa
+from fold_data.errors import InputError
+from fold_data.msa import Msa, check_query, parse_a3m
+from fold_data.msa import make_msa_features as protein_msa_features
+
+from .inputs import Chain, Entry
+from .tokenizer import GAP, NUM_RESTYPES, restype_of
+
+__all__ = ["make_msa_features", "chain_msa"]
+
+_PROTEIN_GAP = 21  # fold_data.msa's gap code
+
+
+def _a3m_text(text: str) -> Msa:
+    """Parse A3M text with :func:`fold_data.msa.parse_a3m` (which reads files)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "unpairedMsa.a3m"
+        path.write_text(text)
+        msa = parse_a3m(path)
+    return Msa(msa.sequences, msa.deletion_matrix, msa.descriptions, "unpairedMsa")
+
+
+def chain_msa(
+    chain: Chain, msa_paths: list[str | os.PathLike] | tuple = (), *, max_rows: int | None = None,
+    source: str | None = None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """One polymer chain's MSA in the 32-class alphabet: ``msa`` [N_rows, N_res] int32 and
+    ``deletions`` [N_rows, N_res] float32 (counts). Row 0 is the chain's own residues."""
+    n_res = len(chain.residues)
+    query = np.asarray([restype_of(c, chain.mol_type) for c in chain.residues], np.int32)
+    record = f"{chain.mol_type} {chain.chain_id}"
+    if chain.mol_type == "protein":
+        if chain.unpaired_msa and not msa_paths:
+            msa = _a3m_text(chain.unpaired_msa)
+            check_query(msa, chain.sequence, path=source)
+            feats = protein_msa_features(msa)
+        else:
+            feats = load_msa(chain.sequence, list(msa_paths))
+        codes = feats["msa"].copy()
+        codes[codes == _PROTEIN_GAP] = GAP
+        deletions = feats["deletion_matrix"].astype(np.float32)
+    elif chain.mol_type in ("rna", "dna") and (chain.unpaired_msa or msa_paths):
+        if msa_paths:
+            rows = [parse_a3m(p) for p in msa_paths]
+            msa = Msa([s for m in rows for s in m.sequences],
+                      [d for m in rows for d in m.deletion_matrix],
+                      [d for m in rows for d in m.descriptions], "; ".join(map(str, msa_paths)))
+        else:
+            msa = _a3m_text(chain.unpaired_msa or "")
+        if len(msa) == 0 or msa.num_res != n_res:
+            raise InputError(source, record, f"field 'unpairedMsa': the alignment has "
+                             f"{msa.num_res} columns; expected {n_res} (the chain's length)")
+        table = {c: restype_of(code, chain.mol_type) for c, code in
+                 zip("ACGUT", ["A", "C", "G", "U", "DT"] if chain.mol_type == "rna"
+                     else ["DA", "DC", "DG", "DU", "DT"])}
+        table["-"] = GAP
+        unknown = restype_of("N" if chain.mol_type == "rna" else "DN", chain.mol_type)
+        codes = np.asarray([[table.get(ch, unknown) for ch in row] for row in msa.sequences],
+                           dtype=np.int32)
+        deletions = np.asarray(msa.deletion_matrix, dtype=np.float32)
+    else:
+        codes, deletions = query[None], np.zeros((1, n_res), np.float32)
+    codes[0] = query  # modified residues keep their parent's type, as in the tokens
+    if max_rows is not None:
+        codes, deletions = codes[:max_rows], deletions[:max_rows]
+    return codes.astype(np.int32), deletions
+
+
+def make_msa_features(
+    entry: Entry,
+    tokens: dict[str, np.ndarray],
+    msa_paths: dict[str, list] | None = None,
+    *,
+    max_rows: int | None = 16384,
+) -> dict[str, np.ndarray]:
+    """``msa`` [N_msa, N_token] int32 (0-31), ``deletion_matrix`` [N_msa, N_token] float32,
+    ``profile`` [N_token, 32] float32, ``deletion_mean`` [N_token] float32.
+
+    ``msa_paths``: per author chain ID (the JSON's ``id``; mmCIF ``auth_asym_id``, which
+    names polymer chains uniquely) the alignment files; ``max_rows`` (AF3:
+    16384) limits each chain's rows.
+    """
+    msa_paths = msa_paths or {}
+    asym, res_index = tokens["asym_id"], tokens["residue_index"]
+    n_token = len(asym)
+    per_chain: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+    cache: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
+    for a, chain in enumerate(entry.chains):
+        if not chain.is_polymer:
+            continue
+        paths = msa_paths.get(chain.author_id) or ()
+        key = (tuple(chain.residues), chain.unpaired_msa, tuple(map(str, paths)))
+        if key not in cache:  # homomer copies share one alignment
+            cache[key] = chain_msa(chain, paths, max_rows=max_rows, source=entry.source or None)
+        per_chain[a] = cache[key]
+    depth = max([m.shape[0] for m, _ in per_chain.values()], default=1)
+    msa = np.full((depth, n_token), GAP, dtype=np.int32)
+    deletion = np.zeros((depth, n_token), dtype=np.float32)
+    profile = np.zeros((n_token, NUM_RESTYPES), dtype=np.float32)
+    deletion_mean = np.zeros(n_token, dtype=np.float32)
+    msa[0] = tokens["restype"]
+    for a, (codes, dels) in per_chain.items():
+        cols = np.flatnonzero(asym == a)
+        res = res_index[cols]
+        rows = codes.shape[0]
+        msa[1:rows, cols] = codes[1:, res]
+        deletion[:rows, cols] = dels[:, res]
+        counts = np.zeros((codes.shape[1], NUM_RESTYPES), dtype=np.float32)
+        np.add.at(counts, (np.broadcast_to(np.arange(codes.shape[1]), codes.shape), codes), 1.0)
+        profile[cols] = counts[res] / rows
+        deletion_mean[cols] = dels.mean(axis=0)[res]
+    ligand = tokens["is_ligand"].astype(bool)
+    profile[ligand, tokens["restype"][ligand]] = 1.0  # a ligand column is its query row alone
+    return {"msa": msa, "deletion_matrix": deletion, "profile": profile,
+            "deletion_mean": deletion_mean}
