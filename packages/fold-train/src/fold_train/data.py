@@ -1,0 +1,205 @@
+"""Training data: chains of the fold-data cache -> per-step samples -> batches of torch tensors.
+
+The run reads an infinite, seeded *sample stream*: stream index ``s`` is sample
+``s % n_chains`` of epoch ``s // n_chains`` in that epoch's permutation (seeded by
+``(seed, epoch)``), made by ``fold_data.af2.make_sample`` with a seed derived from ``(seed, s)``.
+So which sample a stream index is never depends on which worker made it or when. With data
+parallelism rank ``r`` of ``W`` takes the stream indices ``s = r (mod W)``.
+
+Samples are prepared in worker processes by fold-data's :class:`NonBlockingLoader` (ScaleFold's
+non-blocking pipeline: a slow sample does not stall the step), which yields whichever sample is
+ready first. The *data position* saved in checkpoints is therefore the set of stream indices
+consumed (the lowest not yet consumed, plus the consumed ones above it), and a resumed run
+prepares exactly the remaining ones. With ``strict_order=True`` (or ``workers=0``, which prepares
+samples in this process) batches come in stream order, which makes a resumed run's losses equal
+an uninterrupted run's.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from fold_data.af2 import DataPreset, make_sample
+from fold_data.cache import FeatureCache
+from fold_data.errors import InputError
+
+__all__ = ["SampleStream", "StreamItem", "collate", "open_cache", "prepare_item", "stream_seed"]
+
+
+def open_cache(
+    data_dir: str | os.PathLike | None, cache_dir: str | os.PathLike, *,
+    chains: Sequence[str] | None = None, exclude: Sequence[str] = (), workers: int = 1,
+    progress: bool = False,
+) -> list[tuple[str, str]]:
+    """``[(chain name, cache key)]``, sorted by name, of the usable chains.
+
+    With ``data_dir`` the cache is built (or reused) from it with ``fold_data.cache.build_cache``;
+    otherwise the cache's index is read. ``exclude`` drops chains (a held-back chain).
+    Raises :class:`InputError` if no chain is left.
+    """
+    if data_dir is not None:
+        from fold_data.cache import build_cache
+
+        report = build_cache(data_dir, cache_dir, workers=workers, chains=chains,
+                             progress=progress)
+        for r in report.failed:
+            print(f"fold-train: skipping chain {r.name}: {(r.error or '').splitlines()[0]}")
+        entries = {r.name: r.key for r in report.results if r.key is not None}
+    else:
+        entries = FeatureCache(cache_dir).read_index()
+        if chains is not None:
+            entries = {n: k for n, k in entries.items() if n in set(chains)}
+    out = sorted((n, k) for n, k in entries.items() if n not in set(exclude))
+    if not out:
+        where = data_dir if data_dir is not None else cache_dir
+        raise InputError(where, None, "expected at least one usable chain (none was cached, or "
+                                      "all were excluded)")
+    return out
+
+
+@dataclass(frozen=True)
+class StreamItem:
+    """What a loader worker needs to make one sample (picklable)."""
+
+    index: int  # stream index
+    cache_dir: str
+    name: str
+    key: str
+    preset: DataPreset
+    seed: int
+
+
+def stream_seed(seed: int, index: int) -> int:
+    """The ``make_sample`` seed of stream index ``index``."""
+    return int(np.random.SeedSequence([seed, 7919, index]).generate_state(1)[0])
+
+
+def prepare_item(item: StreamItem) -> tuple[int, str, dict[str, np.ndarray]]:
+    """Loader worker: read a chain's cached raw features and make its training sample."""
+    raw = FeatureCache(item.cache_dir).load(item.key)
+    if raw is None:
+        raise InputError(Path(item.cache_dir) / f"{item.key}.npz", item.name,
+                         "expected a valid cache entry (missing or corrupt: rebuild the cache)")
+    return item.index, item.name, make_sample(raw, item.preset, seed=item.seed, training=True)
+
+
+def collate(samples: Sequence[dict[str, np.ndarray]]) -> dict[str, torch.Tensor]:
+    """Stack samples ``{name: [R, ...]}`` into a batch ``{name: [B, R, ...]}`` of tensors."""
+    if not samples:
+        raise ValueError("collate needs at least one sample")
+    names = samples[0].keys()
+    out = {}
+    for name in names:
+        arrays = [s[name] for s in samples]
+        shapes = {a.shape for a in arrays}
+        if len(shapes) != 1:
+            raise ValueError(f"feature {name!r}: samples of one batch differ in shape {shapes}")
+        out[name] = torch.from_numpy(np.stack(arrays))
+    return out
+
+
+@dataclass
+class SampleStream:
+    """The seeded sample stream of one data-parallel rank, batched.
+
+    ``chains``: ``[(name, cache key)]``; ``batch_size`` samples per batch. Iterate with
+    :meth:`batches` for ``n`` batches; :meth:`state_dict` is the data position.
+    """
+
+    cache_dir: str
+    chains: list[tuple[str, str]]
+    preset: DataPreset
+    seed: int = 0
+    batch_size: int = 1
+    rank: int = 0
+    world_size: int = 1
+    workers: int = 1
+    prefetch: int = 4
+    strict_order: bool = False
+    next_index: int = 0  # lowest stream index of this rank not yet consumed
+    consumed_ahead: set[int] = field(default_factory=set)  # consumed indices above it
+    _perms: dict[int, np.ndarray] = field(default_factory=dict, repr=False)
+
+    def __post_init__(self) -> None:
+        if not self.chains:
+            raise ValueError("SampleStream needs at least one chain")
+        if not 0 <= self.rank < self.world_size:
+            raise ValueError(f"rank {self.rank} outside world size {self.world_size}")
+        if self.next_index == 0:
+            self.next_index = self.rank
+
+    def item(self, index: int) -> StreamItem:
+        n = len(self.chains)
+        epoch, pos = divmod(index, n)
+        if epoch not in self._perms:
+            self._perms = {epoch: np.random.default_rng([self.seed, epoch]).permutation(n)}
+        name, key = self.chains[int(self._perms[epoch][pos])]
+        return StreamItem(index, str(self.cache_dir), name, key, self.preset,
+                          stream_seed(self.seed, index))
+
+    def _pending(self, count: int) -> list[StreamItem]:
+        """The next ``count`` unconsumed stream indices of this rank, in stream order."""
+        out, s = [], self.next_index
+        while len(out) < count:
+            if s not in self.consumed_ahead:
+                out.append(self.item(s))
+            s += self.world_size
+        return out
+
+    def _consume(self, index: int) -> None:
+        self.consumed_ahead.add(index)
+        while self.next_index in self.consumed_ahead:
+            self.consumed_ahead.remove(self.next_index)
+            self.next_index += self.world_size
+
+    def _samples(self, items: list[StreamItem]) -> Iterator[tuple[int, str, dict]]:
+        if self.workers == 0:
+            yield from map(prepare_item, items)
+            return
+        from fold_data.loader import NonBlockingLoader
+
+        names = [f"{it.name} (stream index {it.index})" for it in items]
+        with NonBlockingLoader(items, prepare_item, workers=self.workers,
+                               prefetch=self.prefetch, strict_order=self.strict_order,
+                               names=names) as loader:
+            yield from loader
+
+    def batches(self, n: int) -> Iterator[tuple[dict[str, torch.Tensor], list[str]]]:
+        """``n`` batches ``({name: [B, R, ...]}, [chain names])``; the position advances as each
+        batch is yielded."""
+        items = self._pending(n * self.batch_size)
+        group: list[dict] = []
+        names: list[str] = []
+        indices: list[int] = []
+        for index, name, sample in self._samples(items):
+            group.append(sample)
+            names.append(name)
+            indices.append(index)
+            if len(group) == self.batch_size:
+                for i in indices:
+                    self._consume(i)
+                yield collate(group), names
+                group, names, indices = [], [], []
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"next_index": self.next_index, "consumed_ahead": sorted(self.consumed_ahead),
+                "seed": self.seed, "rank": self.rank, "world_size": self.world_size,
+                "chains": [n for n, _ in self.chains]}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        mine = [n for n, _ in self.chains]
+        if list(state["chains"]) != mine or state["world_size"] != self.world_size \
+                or state["seed"] != self.seed:
+            raise ValueError(
+                "the checkpoint's data position is for another stream (chains "
+                f"{list(state['chains'])}, world size {state['world_size']}, seed "
+                f"{state['seed']}); this run has chains {mine}, world size {self.world_size}, "
+                f"seed {self.seed}")
+        self.next_index = int(state["next_index"])
+        self.consumed_ahead = {int(i) for i in state["consumed_ahead"]}

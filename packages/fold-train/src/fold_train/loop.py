@@ -1,0 +1,415 @@
+"""The AF2 training loop (supplement 1.11) over fold-data samples, fold-model and the flat
+optimizer.
+
+One step (:meth:`Trainer.train_step`):
+
+1. draw ``N_cycle`` uniformly from ``1..R`` with a generator seeded by ``(seed, step)``, so every
+   sample of the batch and every data-parallel rank uses the same number (supplement 1.10);
+2. forward with recycling: passes ``1..N_cycle-1`` without gradients, the last with (fold-model);
+   bf16 autocast when ``precision=bf16`` (the weights stay fp32: they are the master copy);
+3. the AF2 loss of the preset on the ground truth of the last pass; backward;
+4. data parallel: average the flat gradient buffer over the ranks, its global norm computed as
+   the buckets arrive (:mod:`fold_train.distributed`);
+5. a non-finite loss or gradient norm on any rank skips the update on every rank and is logged;
+   more than ``max_nonfinite_steps`` skipped steps in a row stop training
+   (:class:`NonFiniteError`);
+6. clip to the global norm, Adam, EMA (:class:`~fold_train.optim.FlatAdam`: one fused launch per
+   buffer on GPU, a few PyTorch ops on CPU).
+
+Around it: a tqdm progress bar (step, loss, step time, samples/s), one JSON line of metrics per
+logged step in ``<run>/metrics.jsonl`` (and TensorBoard when installed), checkpoints every
+``checkpoint_every`` steps and at the end (model, optimizer + EMA, RNG states, data position;
+``resume`` continues exactly), evaluation of the EMA weights on an in-memory evaluation set (in a
+background thread with ``async_eval``), garbage collection off during steps (ScaleFold), and a
+PNG of the loss terms and lDDT-Ca at the end.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import copy
+import gc
+import json
+import math
+import time
+from collections.abc import Sequence
+from contextlib import nullcontext
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from fold_model.af2 import AlphaFold2
+from fold_model.af2.loss import AlphaFold2Loss
+from fold_model.af2.metrics import lddt_ca as torch_lddt_ca
+
+from fold_train import checkpoint as ckpt
+from fold_train import metrics
+from fold_train.config import TrainConfig
+from fold_train.data import SampleStream, collate
+from fold_train.distributed import DistContext, all_reduce_gradients, all_true
+from fold_train.optim import FlatAdam, FlatParams
+
+__all__ = ["NonFiniteError", "Trainer", "evaluate_model", "draw_n_cycle"]
+
+CHECKPOINT_FORMAT = "fold-train/1"
+_CA = 1  # atom37 index
+
+
+class NonFiniteError(RuntimeError):
+    """Too many consecutive steps with a non-finite loss or gradient."""
+
+
+def draw_n_cycle(seed: int, step: int, n_max: int) -> int:
+    """``N_cycle`` of training step ``step``: uniform in ``1..n_max``, seeded by ``(seed, step)``
+    (the same on every rank and for every sample of the batch)."""
+    return int(np.random.default_rng([seed, 1, step]).integers(1, n_max + 1))
+
+
+def _to_device(batch: dict[str, torch.Tensor], device: torch.device) -> dict[str, torch.Tensor]:
+    return {k: v.to(device, non_blocking=True) for k, v in batch.items()}
+
+
+def _last_pass(batch: dict[str, torch.Tensor], n_cycle: int) -> dict[str, torch.Tensor]:
+    """Ground truth and features of pass ``n_cycle`` (``[B, R, ...]`` -> ``[B, ...]``)."""
+    return {k: v[:, n_cycle - 1] for k, v in batch.items()}
+
+
+@torch.no_grad()
+def evaluate_model(
+    model: AlphaFold2, samples: Sequence[tuple[str, dict[str, np.ndarray]]],
+    device: torch.device, *, precision: str = "fp32",
+) -> dict[str, float]:
+    """Structure metrics of ``model`` (in eval mode, all recycling passes) on inference samples
+    ``[(name, sample)]``: per chain and averaged lDDT-Ca, TM-score, GDT-TS, GDT-HA, RMSD (CA)."""
+    was_training = model.training
+    model.eval()
+    out: dict[str, list[float]] = {}
+    per_chain: dict[str, float] = {}
+    try:
+        for name, sample in samples:
+            batch = _to_device(collate([sample]), device)
+            with _autocast(device, precision):
+                pred = model(batch)["final_atom_positions"][0, :, _CA].float().cpu().numpy()
+            last = _last_pass(batch, batch["aatype"].shape[1])
+            true = last["all_atom_positions"][0, :, _CA].float().cpu().numpy()
+            mask = (last["all_atom_mask"][0, :, _CA] * last["seq_mask"][0]).cpu().numpy()
+            if mask.sum() < 3:
+                continue
+            scores = {
+                "lddt_ca": metrics.lddt_ca(pred, true, mask),
+                "tm_score": metrics.tm_score(pred, true, mask),
+                "gdt_ts": metrics.gdt_ts(pred, true, mask),
+                "gdt_ha": metrics.gdt_ha(pred, true, mask),
+                "rmsd": metrics.rmsd(pred, true, mask),
+            }
+            for k, v in scores.items():
+                out.setdefault(k, []).append(float(v))
+                per_chain[f"{name}/{k}"] = float(v)
+    finally:
+        model.train(was_training)
+    result = {f"eval/{k}": float(np.mean(v)) for k, v in out.items()}
+    result.update({f"eval/{k}": v for k, v in per_chain.items()})
+    return result
+
+
+def _autocast(device: torch.device, precision: str):
+    if precision != "bf16":
+        return nullcontext()
+    return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
+
+
+class Trainer:
+    """Train ``AlphaFold2(cfg.model_config())`` on ``stream`` with outputs in ``run_dir``.
+
+    ``eval_set``: inference samples ``[(name, sample)]`` scored with the EMA weights every
+    ``cfg.eval_every`` steps and at the end. ``ctx``: the data-parallel context (single process
+    when None).
+    """
+
+    def __init__(
+        self, cfg: TrainConfig, run_dir: str | Path, stream: SampleStream, *,
+        ctx: DistContext | None = None, eval_set: Sequence[tuple[str, dict]] = (),
+        progress: bool = True,
+    ) -> None:
+        self.cfg = cfg
+        self.ctx = ctx or DistContext()
+        self.run_dir = Path(run_dir)
+        self.ckpt_dir = self.run_dir / "checkpoints"
+        self.stream = stream
+        self.eval_set = list(eval_set)
+        self.progress = progress
+        self.device = self.ctx.device
+        torch.manual_seed(cfg.seed)  # same initial weights on every rank
+        self.model_config = cfg.model_config()
+        self.model = AlphaFold2(self.model_config).to(self.device)
+        if cfg.compile_structure_module:
+            # memory-bound: many small elementwise ops that fuse well (ScaleFold 3.3)
+            self.model.structure_module.compile()
+        self.loss_fn = AlphaFold2Loss(self.model_config.loss)
+        self.flat = FlatParams(self.model)
+        self.opt = FlatAdam(self.flat, cfg.optim, use_kernels=cfg.use_kernels)
+        self.step = 0
+        self.consecutive_skips = 0
+        self.skipped_total = 0
+        # Different dropout on each rank, reproducible per rank.
+        torch.manual_seed(cfg.seed * 1000 + 1 + self.ctx.rank)
+        self._writer = None
+        self._eval_pool: concurrent.futures.ThreadPoolExecutor | None = None
+        self._eval_futures: list[tuple[int, concurrent.futures.Future]] = []
+
+    # -- one step -------------------------------------------------------------------------------
+    def train_step(self, batch: dict[str, torch.Tensor]) -> dict[str, Any]:
+        """One optimizer step on ``batch`` (``[B, R, ...]``); returns its metrics."""
+        cfg = self.cfg
+        self.model.train()
+        n_cycle = draw_n_cycle(cfg.seed, self.step, batch["aatype"].shape[1])
+        batch = _to_device(batch, self.device)
+        self.flat.zero_grad()
+        with _autocast(self.device, cfg.precision):
+            out = self.model(batch, num_recycles=n_cycle)
+            last = _last_pass(batch, n_cycle)
+            loss, terms = self.loss_fn(out, last)
+        loss.backward()
+        norm = all_reduce_gradients(self.flat, self.ctx, with_norm=True)
+        finite = all_true(bool(torch.isfinite(loss)) and bool(torch.isfinite(norm)), self.ctx)
+        record: dict[str, Any] = {"n_cycle": n_cycle}
+        if finite:
+            info = self.opt.step(norm)
+            self.consecutive_skips = 0
+            record["lr"] = info["lr"]
+        else:
+            self.consecutive_skips += 1
+            self.skipped_total += 1
+            record["skipped"] = True
+        self.step += 1
+        with torch.no_grad():
+            lddt = torch_lddt_ca(out["final_atom_positions"].float(),
+                                 last["all_atom_positions"].float(),
+                                 last["all_atom_mask"].float() * last["seq_mask"][..., None],
+                                 per_residue=False)
+        record.update({k: float(v.detach()) for k, v in terms.items()})
+        record["grad_norm"] = float(norm)
+        record["lddt_ca"] = float(lddt.mean())
+        if not finite:
+            print(f"fold-train: step {self.step}: non-finite loss {record['loss']} or gradient "
+                  f"norm {record['grad_norm']}; update skipped ({self.consecutive_skips} in a row)")
+            if self.consecutive_skips > cfg.max_nonfinite_steps:
+                raise NonFiniteError(
+                    f"{self.consecutive_skips} consecutive steps with a non-finite loss or "
+                    f"gradient (limit max_nonfinite_steps={cfg.max_nonfinite_steps}); stopping "
+                    f"at step {self.step}")
+        return record
+
+    # -- the run --------------------------------------------------------------------------------
+    def fit(self, *, stop_at: int | None = None) -> list[dict[str, Any]]:
+        """Train until ``cfg.steps`` (or ``stop_at``, to interrupt a run on purpose); returns the
+        records of the steps run now."""
+        cfg = self.cfg
+        end = min(cfg.steps, stop_at) if stop_at is not None else cfg.steps
+        main = self.ctx.is_main
+        if main:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            _write_json(self.run_dir / "config.json", cfg.to_dict())
+            self._open_tensorboard()
+        from tqdm import tqdm
+
+        bar = tqdm(total=cfg.steps, initial=self.step, desc="fold-train", unit="step",
+                   disable=not (self.progress and main), dynamic_ncols=True)
+        records = []
+        gc_was_enabled = gc.isenabled()
+        if cfg.gc_off:
+            gc.disable()  # no collection pauses inside a step; collected between steps
+        samples_per_step = cfg.batch_size * self.ctx.world_size
+        try:
+            t_prev = time.perf_counter()
+            for batch, names in self.stream.batches(end - self.step):
+                t_data = time.perf_counter() - t_prev
+                record = self.train_step(batch)
+                dt = time.perf_counter() - t_prev
+                record.update(step=self.step, step_time=dt, data_time=t_data,
+                              samples_per_s=samples_per_step / dt, chains=names)
+                records.append(record)
+                if main and (self.step % cfg.log_every == 0 or self.step == end):
+                    self._log(record)
+                bar.set_postfix(loss=f"{record['loss']:.3f}", lddt=f"{record['lddt_ca']:.3f}",
+                                s_per_step=f"{dt:.2f}", samples_s=f"{samples_per_step / dt:.2f}")
+                bar.update()
+                if cfg.eval_every and self.step % cfg.eval_every == 0 and self.step < end:
+                    self._evaluate()
+                if self.step % cfg.checkpoint_every == 0 or self.step == end:
+                    self.save()
+                if cfg.gc_off:
+                    gc.collect(0)  # the young generation only: cheap, between steps
+                self._drain_eval(block=False)
+                t_prev = time.perf_counter()
+        finally:
+            bar.close()
+            if cfg.gc_off and gc_was_enabled:
+                gc.enable()
+        if self.step == cfg.steps and self.eval_set:
+            self._evaluate()
+        self._drain_eval(block=True)
+        if main and self.step == cfg.steps:
+            from fold_train.plot import plot_metrics
+
+            plot_metrics(self.run_dir / "metrics.jsonl", self.run_dir / "training.png")
+        if self._writer is not None:
+            self._writer.flush()
+        return records
+
+    # -- evaluation -----------------------------------------------------------------------------
+    def _evaluate(self) -> None:
+        if not self.eval_set or not self.ctx.is_main:
+            return
+        with self.opt.swap_ema():
+            snapshot = copy.deepcopy(self.model)  # the EMA weights, frozen at this step
+        if self.cfg.async_eval:
+            # ScaleFold's asynchronous evaluation: training goes on while a background thread
+            # scores the snapshot.
+            if self._eval_pool is None:
+                self._eval_pool = concurrent.futures.ThreadPoolExecutor(1)
+            fut = self._eval_pool.submit(evaluate_model, snapshot, self.eval_set, self.device,
+                                         precision=self.cfg.precision)
+            self._eval_futures.append((self.step, fut))
+        else:
+            result = evaluate_model(snapshot, self.eval_set, self.device,
+                                    precision=self.cfg.precision)
+            self._log({"step": self.step, **result})
+
+    def _drain_eval(self, *, block: bool) -> None:
+        keep = []
+        for step, fut in self._eval_futures:
+            if block or fut.done():
+                self._log({"step": step, **fut.result()})
+            else:
+                keep.append((step, fut))
+        self._eval_futures = keep
+        if block and self._eval_pool is not None:
+            self._eval_pool.shutdown()
+            self._eval_pool = None
+
+    # -- logging --------------------------------------------------------------------------------
+    def _open_tensorboard(self) -> None:
+        if self._writer is not None:
+            return
+        try:
+            from torch.utils.tensorboard import SummaryWriter
+        except ImportError:  # tensorboard not installed: JSON lines only
+            return
+        self._writer = SummaryWriter(str(self.run_dir / "tensorboard"))
+
+    def _log(self, record: dict[str, Any]) -> None:
+        if not self.ctx.is_main:
+            return
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        with open(self.run_dir / "metrics.jsonl", "a") as f:
+            f.write(json.dumps(record, allow_nan=True) + "\n")
+        if self._writer is not None:
+            for k, v in record.items():
+                if isinstance(v, (int, float)) and not isinstance(v, bool) and k != "step":
+                    self._writer.add_scalar(k, v, record["step"])
+
+    # -- checkpoints ----------------------------------------------------------------------------
+    def _rng_states(self) -> dict[str, Any]:
+        """Every rank's RNG states (the dropout streams differ per rank), gathered to all."""
+        local = {"torch": torch.get_rng_state()}
+        if self.device.type == "cuda":
+            local["cuda"] = torch.cuda.get_rng_state(self.device)
+        if not self.ctx.distributed:
+            return {k: [v] for k, v in local.items()}
+        import torch.distributed as dist
+
+        comm_dev = self.device if self.device.type == "cuda" else torch.device("cpu")
+        out = {}
+        for k, v in local.items():  # fixed-size uint8 tensors: one all_gather each
+            parts = [torch.empty_like(v, device=comm_dev) for _ in range(self.ctx.world_size)]
+            dist.all_gather(parts, v.to(comm_dev), group=self.ctx.group)
+            out[k] = [p.cpu() for p in parts]
+        return out
+
+    def state_dict(self) -> dict[str, Any]:
+        """The whole training state (call on every rank: the RNG states are gathered)."""
+        rng = self._rng_states()
+        return {
+            "format": CHECKPOINT_FORMAT,
+            "step": self.step,
+            "consecutive_skips": self.consecutive_skips,
+            "skipped_total": self.skipped_total,
+            "config": self.cfg.to_dict(),
+            "model": {k: v.detach().cpu().clone() for k, v in self.model.state_dict().items()},
+            "optimizer": self.opt.state_dict(),
+            "rng": rng,
+            "data": self.stream.state_dict(),
+            "world_size": self.ctx.world_size,
+        }
+
+    def save(self) -> Path | None:
+        """Write ``checkpoints/step_<step>.ckpt`` and prune old ones (every rank calls this; rank
+        0 writes)."""
+        state = self.state_dict()
+        if not self.ctx.is_main:
+            return None
+        path = ckpt.save_checkpoint(ckpt.checkpoint_path(self.ckpt_dir, self.step), state)
+        ckpt.prune_checkpoints(self.ckpt_dir, self.cfg.keep_checkpoints)
+        return path
+
+    def resume(self, path: str | Path | None = None) -> int:
+        """Load ``path`` (default: the latest checkpoint of the run directory) and continue from
+        it; returns the step. Metrics logged after that step by the interrupted run are dropped."""
+        path = Path(path) if path is not None else ckpt.find_latest(self.ckpt_dir)
+        if path is None:
+            raise ckpt.CheckpointError(self.ckpt_dir, "no checkpoint to resume from")
+        state = ckpt.load_checkpoint(path, map_location="cpu")
+        if state.get("format") != CHECKPOINT_FORMAT:
+            raise ckpt.CheckpointError(path, f"expected checkpoint format {CHECKPOINT_FORMAT!r}, "
+                                             f"got {state.get('format')!r}")
+        saved = TrainConfig.from_dict(state["config"])
+        for field in ("preset", "model_overrides", "data_overrides", "seed", "batch_size"):
+            if getattr(saved, field) != getattr(self.cfg, field):
+                raise ckpt.CheckpointError(
+                    path, f"was written with {field}={getattr(saved, field)!r}, this run has "
+                          f"{getattr(self.cfg, field)!r}; resume needs the same model and data")
+        if state["world_size"] != self.ctx.world_size:
+            raise ckpt.CheckpointError(
+                path, f"was written by {state['world_size']} ranks, this run has "
+                      f"{self.ctx.world_size}; the data position would not carry over")
+        try:
+            self.model.load_state_dict(state["model"])  # copies into the flat buffers
+            self.opt.load_state_dict(state["optimizer"])
+            self.stream.load_state_dict(state["data"])
+        except (RuntimeError, ValueError, KeyError) as e:
+            raise ckpt.CheckpointError(path, f"does not fit this model: {e}") from e
+        self.flat.check()
+        torch.set_rng_state(state["rng"]["torch"][self.ctx.rank])
+        if "cuda" in state["rng"] and self.device.type == "cuda":
+            torch.cuda.set_rng_state(state["rng"]["cuda"][self.ctx.rank], self.device)
+        self.step = int(state["step"])
+        self.consecutive_skips = int(state["consecutive_skips"])
+        self.skipped_total = int(state["skipped_total"])
+        if self.ctx.is_main:
+            _truncate_metrics(self.run_dir / "metrics.jsonl", self.step)
+        return self.step
+
+
+def _write_json(path: Path, obj: Any) -> None:
+    from fold_data.cache import atomic_write_bytes
+
+    atomic_write_bytes(path, json.dumps(obj, indent=1, sort_keys=True).encode())
+
+
+def _truncate_metrics(path: Path, step: int) -> None:
+    """Keep the metric lines of steps ``<= step`` (an interrupted run may have logged more)."""
+    if not path.exists():
+        return
+    kept = []
+    for line in path.read_text().splitlines():
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            continue  # a line cut short by the interruption
+        if rec.get("step", math.inf) <= step:
+            kept.append(line)
+    from fold_data.cache import atomic_write_bytes
+
+    atomic_write_bytes(path, ("\n".join(kept) + ("\n" if kept else "")).encode())
