@@ -14,6 +14,8 @@ import torch
 import torch.distributed as dist
 from _dist import ok, rel_err, run_ranks
 
+pytestmark = pytest.mark.distributed
+
 P = 2
 SHAPE = (3, 6, 4, 5)  # [B, A, B', C] with A, B' divisible by P; odd other dims
 

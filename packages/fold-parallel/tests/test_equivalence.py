@@ -19,6 +19,8 @@ import torch.distributed as dist
 from _dist import ok, run_ranks
 from _models import build, compare, fresh, inputs, run
 
+pytestmark = pytest.mark.distributed
+
 P = 2
 TOL = {torch.float64: 1e-12, torch.float32: 1e-5}
 
