@@ -142,7 +142,9 @@ def measure(fn, q, k, v, bias, mask, do):
     fwd_bwd()
     torch.cuda.synchronize()
     peak = (torch.cuda.max_memory_allocated() - base) / 2**20
-    grads = [t.grad for t in leaves]
+    grads = [t.grad.clone() for t in leaves]  # do_bench accumulates into .grad while warming
+    for t in leaves:
+        t.grad = None
     out = fwd().detach()
     t_fwd = do_bench(fwd, warmup=10, rep=60, return_mode="median")
     t_fb = do_bench(fwd_bwd, warmup=10, rep=60, grad_to_none=leaves, return_mode="median")

@@ -6,18 +6,26 @@ triangle attention), key mask ``[*, R, N]`` (true = attend). The ``R x H x N x N
 stored: the forward keeps a running max and sum per query (online softmax) and stores the
 log-sum-exp in fp32; the backward recomputes the logits tile by tile.
 
-Kernels (MegaFold III, FlashAttention-2), each program one tile:
+Kernels (MegaFold III, FlashAttention-2), each program one tile of one or two rows:
 
-* ``_fwd``    grid (R, N/BLOCK_M, B*H); R varies fastest so the programs that read the same bias
-  tile run together and the bias comes from L2 rather than HBM.
-* ``_bwd_pre`` delta = rowsum(dO * O) and, with a gate, dO through the gate and d(gate).
-* ``_bwd_dkdv`` grid (R, N/BLOCK_N, B*H): dK, dV of one key block, looping over query blocks.
-* ``_bwd_dq``   grid (R, N/BLOCK_M, B*H): dQ of one query block, looping over key blocks.
+* ``_fwd``     grid (N/BLOCK_M, R/rows, B*H). With ``TWO_ROWS`` a program runs two rows r, r+1
+  of the same query block, so each pair-bias tile is loaded once for both (the bias is shared by
+  the R rows: MegaFold re-reads it per row). The query block varies fastest, so the programs that
+  read one row's K and V run together (L2 hits), and the head varies slowest, so one head's bias
+  stays in L2 while all its rows are swept.
+* ``_bwd_pre``  delta = rowsum(dO * O) and, with a gate, dO through the gate and d(gate).
+* ``_bwd_dkdv`` grid (N/BLOCK_N, R/rows, B*H): dK, dV of one key block, looping over query blocks.
+* ``_bwd_dq``   grid (N/BLOCK_M, R/rows, B*H): dQ of one query block, looping over key blocks.
 * ``_bwd_dbias`` grid (N/BLOCK_N * splits, N/BLOCK_M, H * B_bias): one bias tile; the program
   loops over the R rows (and batch entries that share the bias), adding the dS tiles in
-  registers, and stores the tile once. No atomics, so the result is deterministic; with
-  ``splits > 1`` each split writes its partial sum to its own fp32 slab and the slabs are summed
-  afterwards (still deterministic). MegaFold instead issues one ``atomic_add`` per row and element.
+  registers, and stores the tile once. No atomics, so the result is deterministic (always; there
+  is no non-deterministic mode to opt out of); with ``splits > 1`` each split writes its partial
+  sum to its own fp32 slab and the slabs are summed afterwards in a fixed order. MegaFold instead
+  issues one ``atomic_add`` per row and element. The price is recomputing S and dP once more
+  (two more products per tile), which costs less than R x H x N x N atomics.
+
+The forward stores, per query, the log2-sum-exp and (for a fully masked query) 1/l in fp32;
+the backward rebuilds P = exp2(s - lse) tile by tile.
 
 Masked keys have their logit *replaced* by a large negative constant (not added): a query whose
 keys are all masked therefore gets uniform weights (the mean of v) in any precision, and no
@@ -56,22 +64,61 @@ def _mm(a, b, PRECISION: tl.constexpr):
 
 
 @triton.jit
-def _logits(q, k, Bias, Mask, b, r, h, offs_m, offs_n, m_valid, n_valid,
-            sbb, sbh, sbi, sbj, smb, smr, smj, qk_scale,
-            HAS_BIAS: tl.constexpr, HAS_MASK: tl.constexpr, PRECISION: tl.constexpr):
-    """Logits of one tile in the log2 domain, [BLOCK_M, BLOCK_N], and the key-keep flags."""
-    s = _mm(q, tl.trans(k), PRECISION) * qk_scale
-    if HAS_BIAS:
-        bptr = Bias + b * sbb + h * sbh + offs_m[:, None] * sbi + offs_n[None, :] * sbj
-        bias = tl.load(bptr, mask=m_valid[:, None] & n_valid[None, :], other=0.0)
-        s += bias.to(tl.float32) * 1.4426950408889634
+def _bias_tile(Bias, b, h, offs_m, offs_n, m_valid, n_valid, sbb, sbh, sbi, sbj):
+    """The pair-bias tile in the log2 domain, fp32 [BLOCK_M, BLOCK_N]; one load serves every
+    row of the program (the bias is shared by the R rows)."""
+    bptr = Bias + b * sbb + h * sbh + offs_m[:, None] * sbi + offs_n[None, :] * sbj
+    bias = tl.load(bptr, mask=m_valid[:, None] & n_valid[None, :], other=0.0)
+    return bias.to(tl.float32) * 1.4426950408889634
+
+
+@triton.jit
+def _keep(Mask, b, r, offs_n, n_valid, smb, smr, smj, HAS_MASK: tl.constexpr):
+    """Which keys of row r are attended, [BLOCK_N] (keys past N never are)."""
     if HAS_MASK:
         keep = tl.load(Mask + b * smb + r * smr + offs_n * smj, mask=n_valid, other=0) != 0
-        s = tl.where(keep[None, :], s, -1.0e30)
     else:
         keep = n_valid
+    return keep
+
+
+@triton.jit
+def _fwd_step(q, K, V, base, offs_n, offs_d, nd, bias2, keep, n_valid, acc, m_i, l_i,
+              qk_scale, D, HAS_BIAS: tl.constexpr, HAS_MASK: tl.constexpr,
+              PRECISION: tl.constexpr):
+    """One key block of the online softmax for one row: logits in the log2 domain."""
+    k = tl.load(K + base + offs_n[:, None] * D + offs_d[None, :], mask=nd, other=0.0)
+    v = tl.load(V + base + offs_n[:, None] * D + offs_d[None, :], mask=nd, other=0.0)
+    s = _mm(q, tl.trans(k), PRECISION) * qk_scale  # [BLOCK_M, BLOCK_N]
+    if HAS_BIAS:
+        s += bias2
+    if HAS_MASK:
+        s = tl.where(keep[None, :], s, -1.0e30)  # replaced, not added: all masked -> uniform
     s = tl.where(n_valid[None, :], s, float("-inf"))
-    return s, keep
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    alpha = tl.exp2(m_i - m_new)
+    p = tl.exp2(s - m_new[:, None])
+    l_i = l_i * alpha + tl.sum(p, 1)
+    acc = acc * alpha[:, None] + _mm(p.to(v.dtype), v, PRECISION)
+    return acc, m_new, l_i
+
+
+@triton.jit
+def _fwd_store(acc, m_i, l_i, G, O, OPre, LSE, slab, base, offs_m, offs_d, m_valid, md, N, D,
+               HAS_GATE: tl.constexpr):
+    # LSE[.., 0, :] = log2-sum-exp; LSE[.., 1, :] = 1/l for a fully masked row (else 0): its
+    # keys all sit at -1e30, where m + log2(l) would lose log2(l), so the backward uses 1/l.
+    all_masked = m_i < -1.0e29
+    lse = tl.where(all_masked, float("inf"), m_i + tl.log2(l_i))  # inf: exp2(s - lse) = 0
+    tl.store(LSE + slab * 2 * N + offs_m, lse, mask=m_valid)
+    tl.store(LSE + slab * 2 * N + N + offs_m, tl.where(all_masked, 1.0 / l_i, 0.0), mask=m_valid)
+    o = acc / l_i[:, None]
+    optrs = base + offs_m[:, None] * D + offs_d[None, :]
+    if HAS_GATE:
+        tl.store(OPre + optrs, o.to(OPre.dtype.element_ty), mask=md)
+        g = tl.load(G + optrs, mask=md, other=0.0).to(tl.float32)
+        o = o * tl.sigmoid(g)
+    tl.store(O + optrs, o.to(O.dtype.element_ty), mask=md)
 
 
 @triton.jit
@@ -79,51 +126,56 @@ def _fwd(Q, K, V, G, Bias, Mask, O, OPre, LSE,
          sbb, sbh, sbi, sbj, smb, smr, smj,
          R, H, N, D, qk_scale,
          HAS_BIAS: tl.constexpr, HAS_MASK: tl.constexpr, HAS_GATE: tl.constexpr,
-         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-         PRECISION: tl.constexpr):
-    r = tl.program_id(0)
-    mb = tl.program_id(1)
+         TWO_ROWS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+         BLOCK_D: tl.constexpr, PRECISION: tl.constexpr):
+    mb = tl.program_id(0)
+    rp = tl.program_id(1)
     bh = tl.program_id(2)
     b = bh // H
     h = bh % H
-    slab = ((b * R + r) * H + h).to(tl.int64)  # which [N, D] matrix of [B, R, H, N, D]
-    base = slab * N * D
+    if TWO_ROWS:  # two rows share each bias tile load (the last one repeats when R is odd)
+        r0 = rp * 2
+        r1 = tl.minimum(r0 + 1, R - 1)
+    else:
+        r0 = rp
     offs_m = mb * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
     m_valid = offs_m < N
-    d_valid = offs_d < D
-    md = m_valid[:, None] & d_valid[None, :]
-    q = tl.load(Q + base + offs_m[:, None] * D + offs_d[None, :], mask=md, other=0.0)
-
-    m_i = tl.full([BLOCK_M], -1.0e38, tl.float32)  # finite: a block of only -inf stays NaN-free
-    l_i = tl.zeros([BLOCK_M], tl.float32)
-    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    md = m_valid[:, None] & (offs_d < D)[None, :]
+    slab0 = ((b * R + r0) * H + h).to(tl.int64)  # which [N, D] matrix of [B, R, H, N, D]
+    base0 = slab0 * N * D
+    q0 = tl.load(Q + base0 + offs_m[:, None] * D + offs_d[None, :], mask=md, other=0.0)
+    m0 = tl.full([BLOCK_M], -1.0e38, tl.float32)  # finite: a block of only -inf stays NaN-free
+    l0 = tl.zeros([BLOCK_M], tl.float32)
+    acc0 = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    if TWO_ROWS:
+        slab1 = ((b * R + r1) * H + h).to(tl.int64)
+        base1 = slab1 * N * D
+        q1 = tl.load(Q + base1 + offs_m[:, None] * D + offs_d[None, :], mask=md, other=0.0)
+        m1 = tl.full([BLOCK_M], -1.0e38, tl.float32)
+        l1 = tl.zeros([BLOCK_M], tl.float32)
+        acc1 = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     for start_n in range(0, N, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
         n_valid = offs_n < N
-        nd = n_valid[:, None] & d_valid[None, :]
-        k = tl.load(K + base + offs_n[:, None] * D + offs_d[None, :], mask=nd, other=0.0)
-        v = tl.load(V + base + offs_n[:, None] * D + offs_d[None, :], mask=nd, other=0.0)
-        s, keep = _logits(q, k, Bias, Mask, b, r, h, offs_m, offs_n, m_valid, n_valid,
-                          sbb, sbh, sbi, sbj, smb, smr, smj, qk_scale,
-                          HAS_BIAS, HAS_MASK, PRECISION)
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(s - m_new[:, None])  # [BLOCK_M, BLOCK_N]
-        l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None] + _mm(p.to(v.dtype), v, PRECISION)
-        m_i = m_new
-
-    # max and log-sum kept apart: m + log2(l) would lose log2(l) next to a masked row's -1e30
-    tl.store(LSE + slab * 2 * N + offs_m, m_i, mask=m_valid)
-    tl.store(LSE + slab * 2 * N + N + offs_m, tl.log2(l_i), mask=m_valid)
-    o = acc / l_i[:, None]
-    optrs = offs_m[:, None] * D + offs_d[None, :]
-    if HAS_GATE:
-        tl.store(OPre + base + optrs, o.to(OPre.dtype.element_ty), mask=md)
-        g = tl.load(G + base + optrs, mask=md, other=0.0).to(tl.float32)
-        o = o * tl.sigmoid(g)
-    tl.store(O + base + optrs, o.to(O.dtype.element_ty), mask=md)
+        nd = n_valid[:, None] & (offs_d < D)[None, :]
+        if HAS_BIAS:
+            bias2 = _bias_tile(Bias, b, h, offs_m, offs_n, m_valid, n_valid, sbb, sbh, sbi, sbj)
+        else:
+            bias2 = 0.0
+        keep0 = _keep(Mask, b, r0, offs_n, n_valid, smb, smr, smj, HAS_MASK)
+        acc0, m0, l0 = _fwd_step(q0, K, V, base0, offs_n, offs_d, nd, bias2, keep0, n_valid,
+                                 acc0, m0, l0, qk_scale, D, HAS_BIAS, HAS_MASK, PRECISION)
+        if TWO_ROWS:
+            keep1 = _keep(Mask, b, r1, offs_n, n_valid, smb, smr, smj, HAS_MASK)
+            acc1, m1, l1 = _fwd_step(q1, K, V, base1, offs_n, offs_d, nd, bias2, keep1,
+                                     n_valid, acc1, m1, l1, qk_scale, D, HAS_BIAS, HAS_MASK,
+                                     PRECISION)
+    _fwd_store(acc0, m0, l0, G, O, OPre, LSE, slab0, base0, offs_m, offs_d, m_valid, md, N, D,
+               HAS_GATE)
+    if TWO_ROWS:
+        _fwd_store(acc1, m1, l1, G, O, OPre, LSE, slab1, base1, offs_m, offs_d, m_valid, md,
+                   N, D, HAS_GATE)
 
 
 @triton.jit
@@ -143,96 +195,163 @@ def _bwd_pre(DY, OPre, G, DO, DG, Delta, rows, D,
         tl.store(DO + ptrs, do.to(DO.dtype.element_ty), mask=rd)
     else:
         do = dy
-    # delta uses the rounded dO that the other kernels read, like O itself is rounded
     tl.store(Delta + offs_r, tl.sum(do * o, 1), mask=offs_r < rows)
+
+
+@triton.jit
+def _ds_tile(q, k, do, v, lse, delta, bias2, keep, qk_scale, HAS_BIAS: tl.constexpr,
+             PRECISION: tl.constexpr):
+    """P (attended keys only) and dS = P * (dO V^T - delta) of one tile, [BLOCK_M, BLOCK_N]."""
+    s = _mm(q, tl.trans(k), PRECISION) * qk_scale
+    if HAS_BIAS:
+        s += bias2
+    p = tl.where(keep[None, :], tl.exp2(s - lse[:, None]), 0.0)
+    dp = _mm(do, tl.trans(v), PRECISION)
+    return p, p * (dp - delta[:, None])
+
+
+@triton.jit
+def _dkdv_step(Q, DO, LSE, Delta, slab, base, offs_m, offs_d, md, m_valid, k, v, bias2, keep,
+               n_valid, dk, dv, qk_scale, N, D, HAS_BIAS: tl.constexpr, HAS_MASK: tl.constexpr,
+               PRECISION: tl.constexpr):
+    q = tl.load(Q + base + offs_m[:, None] * D + offs_d[None, :], mask=md, other=0.0)
+    do = tl.load(DO + base + offs_m[:, None] * D + offs_d[None, :], mask=md, other=0.0)
+    lse = tl.load(LSE + slab * 2 * N + offs_m, mask=m_valid, other=float("inf"))
+    delta = tl.load(Delta + slab * N + offs_m, mask=m_valid, other=0.0)
+    p, ds = _ds_tile(q, k, do, v, lse, delta, bias2, keep, qk_scale, HAS_BIAS, PRECISION)
+    if HAS_MASK:  # a fully masked query spreads 1/l over every key, masked ones included
+        uniform = tl.load(LSE + slab * 2 * N + N + offs_m, mask=m_valid, other=0.0)
+        p += tl.where(n_valid[None, :] & (keep == 0)[None, :], uniform[:, None], 0.0)
+    dv += _mm(tl.trans(p.to(do.dtype)), do, PRECISION)
+    dk += _mm(tl.trans(ds.to(q.dtype)), q, PRECISION)
+    return dk, dv
 
 
 @triton.jit
 def _bwd_dkdv(Q, K, V, Bias, Mask, DO, LSE, Delta, DK, DV,
               sbb, sbh, sbi, sbj, smb, smr, smj,
               R, H, N, D, qk_scale, scale,
-              HAS_BIAS: tl.constexpr, HAS_MASK: tl.constexpr,
+              HAS_BIAS: tl.constexpr, HAS_MASK: tl.constexpr, TWO_ROWS: tl.constexpr,
               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
               PRECISION: tl.constexpr):
-    r = tl.program_id(0)
-    nb = tl.program_id(1)
+    nb = tl.program_id(0)
+    rp = tl.program_id(1)
     bh = tl.program_id(2)
     b = bh // H
     h = bh % H
-    slab = ((b * R + r) * H + h).to(tl.int64)
-    base = slab * N * D
+    if TWO_ROWS:
+        r0 = rp * 2
+        r1 = tl.minimum(r0 + 1, R - 1)
+    else:
+        r0 = rp
     offs_n = nb * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
     n_valid = offs_n < N
     d_valid = offs_d < D
     nd = n_valid[:, None] & d_valid[None, :]
-    k = tl.load(K + base + offs_n[:, None] * D + offs_d[None, :], mask=nd, other=0.0)
-    v = tl.load(V + base + offs_n[:, None] * D + offs_d[None, :], mask=nd, other=0.0)
-    dk = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
-    dv = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
+    kv_off = offs_n[:, None] * D + offs_d[None, :]
+    slab0 = ((b * R + r0) * H + h).to(tl.int64)
+    base0 = slab0 * N * D
+    k0 = tl.load(K + base0 + kv_off, mask=nd, other=0.0)
+    v0 = tl.load(V + base0 + kv_off, mask=nd, other=0.0)
+    keep0 = _keep(Mask, b, r0, offs_n, n_valid, smb, smr, smj, HAS_MASK)
+    dk0 = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
+    dv0 = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
+    if TWO_ROWS:
+        slab1 = ((b * R + r1) * H + h).to(tl.int64)
+        base1 = slab1 * N * D
+        k1 = tl.load(K + base1 + kv_off, mask=nd, other=0.0)
+        v1 = tl.load(V + base1 + kv_off, mask=nd, other=0.0)
+        keep1 = _keep(Mask, b, r1, offs_n, n_valid, smb, smr, smj, HAS_MASK)
+        dk1 = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
+        dv1 = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
     for start_m in range(0, N, BLOCK_M):
         offs_m = start_m + tl.arange(0, BLOCK_M)
         m_valid = offs_m < N
         md = m_valid[:, None] & d_valid[None, :]
-        q = tl.load(Q + base + offs_m[:, None] * D + offs_d[None, :], mask=md, other=0.0)
-        do = tl.load(DO + base + offs_m[:, None] * D + offs_d[None, :], mask=md, other=0.0)
-        row_max = tl.load(LSE + slab * 2 * N + offs_m, mask=m_valid, other=0.0)
-        log_sum = tl.load(LSE + slab * 2 * N + N + offs_m, mask=m_valid, other=0.0)
-        delta = tl.load(Delta + slab * N + offs_m, mask=m_valid, other=0.0)
-        s, keep = _logits(q, k, Bias, Mask, b, r, h, offs_m, offs_n, m_valid, n_valid,
-                          sbb, sbh, sbi, sbj, smb, smr, smj, qk_scale,
-                          HAS_BIAS, HAS_MASK, PRECISION)
-        p = tl.exp2((s - row_max[:, None]) - log_sum[:, None])
-        p = tl.where(m_valid[:, None], p, 0.0)  # [BLOCK_M, BLOCK_N]
-        dv += _mm(tl.trans(p.to(do.dtype)), do, PRECISION)
-        dp = _mm(do, tl.trans(v), PRECISION)
-        ds = tl.where(keep[None, :], p * (dp - delta[:, None]), 0.0)  # dL/dlogit
-        dk += _mm(tl.trans(ds.to(q.dtype)), q, PRECISION)
-    optrs = base + offs_n[:, None] * D + offs_d[None, :]
-    tl.store(DK + optrs, (dk * scale).to(DK.dtype.element_ty), mask=nd)
-    tl.store(DV + optrs, dv.to(DV.dtype.element_ty), mask=nd)
+        if HAS_BIAS:
+            bias2 = _bias_tile(Bias, b, h, offs_m, offs_n, m_valid, n_valid, sbb, sbh, sbi, sbj)
+        else:
+            bias2 = 0.0
+        dk0, dv0 = _dkdv_step(Q, DO, LSE, Delta, slab0, base0, offs_m, offs_d, md, m_valid,
+                              k0, v0, bias2, keep0, n_valid, dk0, dv0, qk_scale, N, D,
+                              HAS_BIAS, HAS_MASK, PRECISION)
+        if TWO_ROWS:
+            dk1, dv1 = _dkdv_step(Q, DO, LSE, Delta, slab1, base1, offs_m, offs_d, md, m_valid,
+                                  k1, v1, bias2, keep1, n_valid, dk1, dv1, qk_scale, N, D,
+                                  HAS_BIAS, HAS_MASK, PRECISION)
+    tl.store(DK + base0 + kv_off, (dk0 * scale).to(DK.dtype.element_ty), mask=nd)
+    tl.store(DV + base0 + kv_off, dv0.to(DV.dtype.element_ty), mask=nd)
+    if TWO_ROWS:
+        tl.store(DK + base1 + kv_off, (dk1 * scale).to(DK.dtype.element_ty), mask=nd)
+        tl.store(DV + base1 + kv_off, dv1.to(DV.dtype.element_ty), mask=nd)
+
+
+@triton.jit
+def _dq_step(K, V, base, offs_n, offs_d, nd, q, do, lse, delta, bias2, keep, dq, qk_scale, D,
+             HAS_BIAS: tl.constexpr, PRECISION: tl.constexpr):
+    k = tl.load(K + base + offs_n[:, None] * D + offs_d[None, :], mask=nd, other=0.0)
+    v = tl.load(V + base + offs_n[:, None] * D + offs_d[None, :], mask=nd, other=0.0)
+    p, ds = _ds_tile(q, k, do, v, lse, delta, bias2, keep, qk_scale, HAS_BIAS, PRECISION)
+    return dq + _mm(ds.to(k.dtype), k, PRECISION)
 
 
 @triton.jit
 def _bwd_dq(Q, K, V, Bias, Mask, DO, LSE, Delta, DQ,
             sbb, sbh, sbi, sbj, smb, smr, smj,
             R, H, N, D, qk_scale, scale,
-            HAS_BIAS: tl.constexpr, HAS_MASK: tl.constexpr,
+            HAS_BIAS: tl.constexpr, HAS_MASK: tl.constexpr, TWO_ROWS: tl.constexpr,
             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
             PRECISION: tl.constexpr):
-    r = tl.program_id(0)
-    mb = tl.program_id(1)
+    mb = tl.program_id(0)
+    rp = tl.program_id(1)
     bh = tl.program_id(2)
     b = bh // H
     h = bh % H
-    slab = ((b * R + r) * H + h).to(tl.int64)
-    base = slab * N * D
+    if TWO_ROWS:
+        r0 = rp * 2
+        r1 = tl.minimum(r0 + 1, R - 1)
+    else:
+        r0 = rp
     offs_m = mb * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
     m_valid = offs_m < N
     d_valid = offs_d < D
     md = m_valid[:, None] & d_valid[None, :]
-    q = tl.load(Q + base + offs_m[:, None] * D + offs_d[None, :], mask=md, other=0.0)
-    do = tl.load(DO + base + offs_m[:, None] * D + offs_d[None, :], mask=md, other=0.0)
-    row_max = tl.load(LSE + slab * 2 * N + offs_m, mask=m_valid, other=0.0)
-    log_sum = tl.load(LSE + slab * 2 * N + N + offs_m, mask=m_valid, other=0.0)
-    delta = tl.load(Delta + slab * N + offs_m, mask=m_valid, other=0.0)
-    dq = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    qo_off = offs_m[:, None] * D + offs_d[None, :]
+    slab0 = ((b * R + r0) * H + h).to(tl.int64)
+    base0 = slab0 * N * D
+    q0 = tl.load(Q + base0 + qo_off, mask=md, other=0.0)
+    do0 = tl.load(DO + base0 + qo_off, mask=md, other=0.0)
+    lse0 = tl.load(LSE + slab0 * 2 * N + offs_m, mask=m_valid, other=float("inf"))
+    delta0 = tl.load(Delta + slab0 * N + offs_m, mask=m_valid, other=0.0)
+    dq0 = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    if TWO_ROWS:
+        slab1 = ((b * R + r1) * H + h).to(tl.int64)
+        base1 = slab1 * N * D
+        q1 = tl.load(Q + base1 + qo_off, mask=md, other=0.0)
+        do1 = tl.load(DO + base1 + qo_off, mask=md, other=0.0)
+        lse1 = tl.load(LSE + slab1 * 2 * N + offs_m, mask=m_valid, other=float("inf"))
+        delta1 = tl.load(Delta + slab1 * N + offs_m, mask=m_valid, other=0.0)
+        dq1 = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     for start_n in range(0, N, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
         n_valid = offs_n < N
         nd = n_valid[:, None] & d_valid[None, :]
-        k = tl.load(K + base + offs_n[:, None] * D + offs_d[None, :], mask=nd, other=0.0)
-        v = tl.load(V + base + offs_n[:, None] * D + offs_d[None, :], mask=nd, other=0.0)
-        s, keep = _logits(q, k, Bias, Mask, b, r, h, offs_m, offs_n, m_valid, n_valid,
-                          sbb, sbh, sbi, sbj, smb, smr, smj, qk_scale,
-                          HAS_BIAS, HAS_MASK, PRECISION)
-        p = tl.exp2((s - row_max[:, None]) - log_sum[:, None])
-        dp = _mm(do, tl.trans(v), PRECISION)
-        ds = tl.where(keep[None, :], p * (dp - delta[:, None]), 0.0)
-        dq += _mm(ds.to(k.dtype), k, PRECISION)
-    tl.store(DQ + base + offs_m[:, None] * D + offs_d[None, :],
-             (dq * scale).to(DQ.dtype.element_ty), mask=md)
+        if HAS_BIAS:
+            bias2 = _bias_tile(Bias, b, h, offs_m, offs_n, m_valid, n_valid, sbb, sbh, sbi, sbj)
+        else:
+            bias2 = 0.0
+        keep0 = _keep(Mask, b, r0, offs_n, n_valid, smb, smr, smj, HAS_MASK)
+        dq0 = _dq_step(K, V, base0, offs_n, offs_d, nd, q0, do0, lse0, delta0, bias2, keep0,
+                       dq0, qk_scale, D, HAS_BIAS, PRECISION)
+        if TWO_ROWS:
+            keep1 = _keep(Mask, b, r1, offs_n, n_valid, smb, smr, smj, HAS_MASK)
+            dq1 = _dq_step(K, V, base1, offs_n, offs_d, nd, q1, do1, lse1, delta1, bias2,
+                           keep1, dq1, qk_scale, D, HAS_BIAS, PRECISION)
+    tl.store(DQ + base0 + qo_off, (dq0 * scale).to(DQ.dtype.element_ty), mask=md)
+    if TWO_ROWS:
+        tl.store(DQ + base1 + qo_off, (dq1 * scale).to(DQ.dtype.element_ty), mask=md)
 
 
 @triton.jit
@@ -258,9 +377,7 @@ def _bwd_dbias(Q, K, V, Bias, Mask, DO, LSE, Delta, DBias,
     md = m_valid[:, None] & d_valid[None, :]
     nd = n_valid[:, None] & d_valid[None, :]
     # the bias tile is the same for every row: load it once, outside the loop over rows
-    bptr = Bias + bb * sbb + h * sbh + offs_m[:, None] * sbi + offs_n[None, :] * sbj
-    bias = tl.load(bptr, mask=m_valid[:, None] & n_valid[None, :], other=0.0)
-    bias = bias.to(tl.float32) * 1.4426950408889634
+    bias2 = _bias_tile(Bias, bb, h, offs_m, offs_n, m_valid, n_valid, sbb, sbh, sbi, sbj)
     acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     t0 = split * rows_per_split
     t1 = tl.minimum(t0 + rows_per_split, rows_per_bias)
@@ -273,18 +390,11 @@ def _bwd_dbias(Q, K, V, Bias, Mask, DO, LSE, Delta, DBias,
         do = tl.load(DO + base + offs_m[:, None] * D + offs_d[None, :], mask=md, other=0.0)
         k = tl.load(K + base + offs_n[:, None] * D + offs_d[None, :], mask=nd, other=0.0)
         v = tl.load(V + base + offs_n[:, None] * D + offs_d[None, :], mask=nd, other=0.0)
-        row_max = tl.load(LSE + slab * 2 * N + offs_m, mask=m_valid, other=0.0)
-        log_sum = tl.load(LSE + slab * 2 * N + N + offs_m, mask=m_valid, other=0.0)
+        lse = tl.load(LSE + slab * 2 * N + offs_m, mask=m_valid, other=float("inf"))
         delta = tl.load(Delta + slab * N + offs_m, mask=m_valid, other=0.0)
-        s = _mm(q, tl.trans(k), PRECISION) * qk_scale + bias
-        if HAS_MASK:
-            keep = tl.load(Mask + b * smb + r * smr + offs_n * smj, mask=n_valid, other=0) != 0
-            s = tl.where(keep[None, :], s, -1.0e30)
-        else:
-            keep = n_valid
-        p = tl.exp2((s - row_max[:, None]) - log_sum[:, None])
-        dp = _mm(do, tl.trans(v), PRECISION)
-        acc += tl.where(keep[None, :], p * (dp - delta[:, None]), 0.0)
+        keep = _keep(Mask, b, r, offs_n, n_valid, smb, smr, smj, HAS_MASK)
+        p, ds = _ds_tile(q, k, do, v, lse, delta, bias2, keep, qk_scale, True, PRECISION)
+        acc += ds
     out = (split * (tl.num_programs(2)) + bbh).to(tl.int64) * N * N
     tl.store(DBias + out + offs_m[:, None] * N + offs_n[None, :], acc,
              mask=m_valid[:, None] & n_valid[None, :])
@@ -394,13 +504,14 @@ def _forward(q, k, v, gate, lp: _Launch):
     dummy = q
 
     def launch(cfg: tuning.Config):
-        grid = (lp.R, triton.cdiv(lp.N, cfg.block_m), lp.B * lp.H)
+        grid = (triton.cdiv(lp.N, cfg.block_m), triton.cdiv(lp.R, cfg.rows), lp.B * lp.H)
         _fwd[grid](q, k, v, gate if gate is not None else dummy,
                    lp.bias if lp.bias is not None else dummy,
                    lp.mask if lp.mask is not None else dummy,
                    o, o_pre, lse, *lp.strides(), lp.R, lp.H, lp.N, lp.D, lp.qk_scale,
                    HAS_BIAS=lp.bias is not None, HAS_MASK=lp.mask is not None,
-                   HAS_GATE=gate is not None, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
+                   HAS_GATE=gate is not None, TWO_ROWS=cfg.rows == 2,
+                   BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
                    BLOCK_D=lp.block_d, PRECISION=lp.precision,
                    num_warps=cfg.num_warps, num_stages=cfg.num_stages)
 
@@ -430,17 +541,17 @@ def _backward(dy, q, k, v, gate, o_pre, lse, lp: _Launch, need_dbias: bool):
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
 
     def launch_dkdv(cfg: tuning.Config):
-        grid = (lp.R, triton.cdiv(lp.N, cfg.block_n), lp.B * lp.H)
+        grid = (triton.cdiv(lp.N, cfg.block_n), triton.cdiv(lp.R, cfg.rows), lp.B * lp.H)
         _bwd_dkdv[grid](q, k, v, bias, mask, do, lse, delta, dk, dv, *lp.strides(),
                         lp.R, lp.H, lp.N, lp.D, lp.qk_scale, lp.scale,
-                        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, **flags,
+                        TWO_ROWS=cfg.rows == 2, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, **flags,
                         num_warps=cfg.num_warps, num_stages=cfg.num_stages)
 
     def launch_dq(cfg: tuning.Config):
-        grid = (lp.R, triton.cdiv(lp.N, cfg.block_m), lp.B * lp.H)
+        grid = (triton.cdiv(lp.N, cfg.block_m), triton.cdiv(lp.R, cfg.rows), lp.B * lp.H)
         _bwd_dq[grid](q, k, v, bias, mask, do, lse, delta, dq, *lp.strides(),
                       lp.R, lp.H, lp.N, lp.D, lp.qk_scale, lp.scale,
-                      BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, **flags,
+                      TWO_ROWS=cfg.rows == 2, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, **flags,
                       num_warps=cfg.num_warps, num_stages=cfg.num_stages)
 
     launch_dkdv(_cfg("dkdv", lp, launch_dkdv))

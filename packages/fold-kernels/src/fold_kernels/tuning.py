@@ -35,6 +35,7 @@ class Config:
     num_warps: int = 4
     num_stages: int = 2
     block_k: int = 32
+    rows: int = 1  # EvoAttention: rows of R per program (sharing each bias tile)
 
 
 def interpreting() -> bool:
@@ -57,25 +58,29 @@ def _is_amd(name: str) -> bool:
 
 
 def attention_configs(kernel: str, name: str, head_dim: int) -> list[Config]:
-    """Candidates for the EvoAttention kernels (``fwd``, ``dkdv``, ``dq``, ``dbias``)."""
+    """Candidates for the EvoAttention kernels (``fwd``, ``dkdv``, ``dq``, ``dbias``).
+
+    Tuples are (block_m, block_n, num_warps, num_stages, rows); the first is the default.
+    """
     if name == "interpreter":
-        return [Config(16, 16, 1, 1)]
-    stages = [1, 2] if _is_amd(name) else [2, 3]
-    big = head_dim <= 32
-    if kernel == "fwd":
-        tiles = [(64, 64), (128, 64), (64, 32)] + ([(128, 128)] if big else [])
-    elif kernel == "dbias":
-        tiles = [(64, 64), (32, 64), (64, 32), (128, 64)]
-    else:
-        tiles = [(64, 64), (32, 64), (64, 32), (128, 32)]
-    warps = [4, 8]
+        # two rows per program in the interpreter too, so CPU tests cover that path
+        return [Config(16, 16, 1, 1, rows=1 if kernel == "dbias" else 2)]
+    table = {
+        "fwd": [(128, 64, 4, 3, 1), (128, 64, 8, 3, 2), (64, 64, 4, 3, 2), (128, 128, 8, 3, 1),
+                (64, 32, 4, 3, 1), (128, 32, 4, 3, 2)],
+        "dkdv": [(64, 64, 4, 3, 1), (64, 64, 4, 3, 2), (32, 64, 4, 3, 1), (64, 128, 8, 3, 1),
+                 (32, 128, 4, 3, 1), (32, 64, 4, 3, 2)],
+        "dq": [(64, 32, 4, 3, 1), (64, 64, 4, 3, 1), (64, 32, 4, 3, 2), (128, 32, 4, 3, 1),
+               (128, 64, 8, 3, 1), (128, 32, 8, 3, 2)],
+        "dbias": [(64, 64, 4, 3, 1), (128, 64, 8, 3, 1), (64, 128, 8, 3, 1), (128, 128, 8, 2, 1),
+                  (64, 32, 4, 3, 1)],
+    }[kernel]
+    amd = _is_amd(name)
     out = []
-    for bm, bn in tiles:
-        for w in warps:
-            if bm * bn <= 4096 and w == 8:
-                continue
-            for s in stages:
-                out.append(Config(bm, bn, w, s))
+    for bm, bn, w, s, rows in table:
+        if head_dim > 64 and bm * bn > 8192:
+            continue  # large head dims: keep register pressure in check
+        out.append(Config(bm, bn, w, min(s, 2) if amd else s, rows=rows))
     return out
 
 
