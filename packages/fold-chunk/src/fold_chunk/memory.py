@@ -53,14 +53,27 @@ class MemoryEstimate:
         return int(self.node_peak.argmax())
 
 
+def preloop_only(g: GraphIndex, start: int, end: int, assign: dict, sid: int) -> bool:
+    """Whether a storage is read only by hoisted nodes of the region (e.g. the LayerNorm
+    feeding a hoisted bias projection): it is freed before the loop starts."""
+    for j in g.sid_refs.get(sid, ()):
+        for u in g.nodes[j].users:
+            k = g.index[u]
+            if k < start or k > end or not isinstance(assign.get(u), _Full):
+                return False
+    return True
+
+
 def body_peak(g: GraphIndex, region_start: int, end: int, assign: dict) -> tuple[int, int]:
-    """Peak of one chunk loop body at whole size (scale it by chunk/extent), and the largest
-    transient of the hoisted nodes. Chunked region outputs stay live to the body's end (they
-    are copied into their buffers there)."""
+    """Peak of one chunk loop body at whole size (scale it by chunk/extent), and a bound on
+    the extra bytes while the hoisted nodes run (their largest transient plus the storages only
+    they read). Chunked region outputs stay live to the body's end (they are copied into their
+    buffers there)."""
     n_steps = end - region_start + 1
     diff = np.zeros(n_steps + 1, dtype=np.int64)
     temps = np.zeros(n_steps, dtype=np.int64)
     hoisted_temp = 0
+    preloop = 0
     for i in range(region_start, end + 1):
         x = g.nodes[i]
         d = assign.get(x)
@@ -69,6 +82,8 @@ def body_peak(g: GraphIndex, region_start: int, end: int, assign: dict) -> tuple
             continue
         if isinstance(d, _Full):
             hoisted_temp = max(hoisted_temp, info.temp)
+            preloop += sum(b for sid, b in info.own.items()
+                           if preloop_only(g, region_start, end, assign, sid))
             continue
         temps[i - region_start] = info.temp
         for sid, nbytes in info.own.items():
@@ -79,7 +94,7 @@ def body_peak(g: GraphIndex, region_start: int, end: int, assign: dict) -> tuple
             diff[i - region_start] += nbytes
             diff[last - region_start + 1] -= nbytes
     live = np.cumsum(diff[:-1])
-    return int((live + temps).max(initial=0)), hoisted_temp
+    return int((live + temps).max(initial=0)), hoisted_temp + preloop
 
 
 def region_fixed_bytes(g: GraphIndex, start: int, end: int, assign: dict) -> int:
@@ -92,7 +107,8 @@ def region_fixed_bytes(g: GraphIndex, start: int, end: int, assign: dict) -> int
         if info is None or d is None:
             continue
         if isinstance(d, _Full):
-            total += sum(info.own.values())
+            total += sum(b for sid, b in info.own.items()
+                         if not preloop_only(g, start, end, assign, sid))
         elif g.last_use[i] > end:
             total += tensor_bytes(info.meta)
     return total
@@ -141,6 +157,13 @@ def estimate_plan(g: GraphIndex, regions: list[ChunkRegion]) -> MemoryEstimate:
                     add(r.start, free, tensor_bytes(info.meta))
                 continue
             alloc = r.start
+            if isinstance(d, _Full):  # storages read only before the loop: in the region peak
+                info_own = {sid: b for sid, b in info.own.items()
+                            if not preloop_only(g, r.start, r.end, r.assign, sid)}
+                for sid, nbytes in info_own.items():
+                    add(alloc, max([last_use_pos[i]] + [last_use_pos[j]
+                                                        for j in g.sid_refs.get(sid, ())]), nbytes)
+                continue
         else:
             alloc = i
         for sid, nbytes in info.own.items():

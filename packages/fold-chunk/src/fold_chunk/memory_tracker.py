@@ -34,21 +34,22 @@ def storage_key(t: torch.Tensor) -> int:
 class AllocationTracker(TorchDispatchMode):
     """Counts live bytes of the storages allocated while the mode is active.
 
-    ``live``: bytes live now; ``peak``: the most seen since :meth:`reset_peak`; ``new_keys``: keys
-    of the storages allocated since :meth:`reset_peak`.
+    ``live``: bytes live now; ``peak``: the most ever seen; ``window_peak``: the most seen since
+    :meth:`reset_window`; ``new_keys``: keys of the storages allocated since then.
     """
 
     def __init__(self) -> None:
         super().__init__()
         self.live = 0
         self.peak = 0
+        self.window_peak = 0
         self.sizes: dict[int, int] = {}
         self.refs: dict[int, int] = {}
         self.new_keys: list[int] = []
         self.external: set[int] = set()  # storages made outside the mode (inputs, parameters)
 
-    def reset_peak(self) -> None:
-        self.peak = self.live
+    def reset_window(self) -> None:
+        self.window_peak = self.live
         self.new_keys = []
 
     def _release(self, key: int) -> None:
@@ -70,6 +71,7 @@ class AllocationTracker(TorchDispatchMode):
             self.sizes[key] = t.untyped_storage().nbytes()
             self.live += self.sizes[key]
             self.peak = max(self.peak, self.live)
+            self.window_peak = max(self.window_peak, self.live)
             self.new_keys.append(key)
         self.refs[key] += 1
         weakref.finalize(t, self._release, key)

@@ -17,8 +17,8 @@ _FIRST_AND_LAST = contextvars.ContextVar("fold_chunk_first_and_last", default=Fa
 
 @contextlib.contextmanager
 def first_and_last_chunk_only() -> Iterator[None]:
-    """Run only the first and the last chunk of every loop (memory estimation on FakeTensors:
-    every chunk needs the same memory, so two iterations show the loop's peak)."""
+    """Run only the first two and the last chunk of every loop (memory estimation on
+    FakeTensors: from the second chunk on, every chunk needs the same memory)."""
     token = _FIRST_AND_LAST.set(True)
     try:
         yield
@@ -48,8 +48,9 @@ class ChunkLoop(nn.Module):
 
     def forward(self, *inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
         starts = list(range(0, self.extent, self.chunk_size))
-        if _FIRST_AND_LAST.get() and len(starts) > 2:
-            starts = [starts[0], starts[-1]]
+        if _FIRST_AND_LAST.get() and len(starts) > 3:
+            # the first chunk runs before the output buffers exist; the second shows the peak
+            starts = [starts[0], starts[1], starts[-1]]
         outs: list[torch.Tensor] = []
         for start in starts:
             n = min(self.chunk_size, self.extent - start)
@@ -57,12 +58,18 @@ class ChunkLoop(nn.Module):
                       for x, d in zip(inputs, self.in_dims)]
             chunk = self.body(n, *sliced)
             del sliced
-            if not outs:
-                for c, d in zip(chunk, self.out_dims):
-                    shape = list(c.shape)
-                    shape[d] = self.extent  # [..., extent (was n), ...]
-                    outs.append(c.new_empty(shape))
-            for o, c, d in zip(outs, chunk, self.out_dims):
-                o.narrow(d, start, n).copy_(c)
-            del chunk
+            self._store(outs, chunk, start, n)
+            del chunk  # free this chunk's outputs before the next chunk is computed
         return tuple(outs)
+
+    def _store(self, outs: list[torch.Tensor], chunk: tuple[torch.Tensor, ...], start: int,
+               n: int) -> None:
+        """Copy one chunk of each output into its whole buffer (allocated on the first call).
+        A method of its own so that no loop variable keeps a chunk alive."""
+        if not outs:
+            for c, d in zip(chunk, self.out_dims):
+                shape = list(c.shape)
+                shape[d] = self.extent  # [..., extent (was n), ...]
+                outs.append(c.new_empty(shape))
+        for o, c, d in zip(outs, chunk, self.out_dims):
+            o.narrow(d, start, n).copy_(c)

@@ -25,7 +25,9 @@ budget (balanced: ``ceil(L / ceil(L / c_max))``) and picks the fitting candidate
 speed cost: ``n_chunks * (ops in the loop body + 1 per sliced input + 1 per output)``, view ops
 counting a tenth, a strided (not outermost) chunk dim on an input costing one more op. When no
 candidate fits, it picks the one with the lowest peak at ``min_chunk``; when the peak node then
-stays the peak inside its region, the budget cannot be met and the search stops.
+stays the peak inside its region, the budget cannot be met and the search stops. Because greedy
+choices for a loose budget can strand a later peak, a failed search falls back on the plan of
+the smallest peak with its chunk sizes grown back to the budget (:func:`relax_chunk_sizes`).
 """
 
 from __future__ import annotations
@@ -203,9 +205,44 @@ def find_best_chunk(g: GraphIndex, est: MemoryEstimate, p: int, lo: int, hi: int
     return best_fit or best_any
 
 
+def relax_chunk_sizes(g: GraphIndex, regions: list[ChunkRegion], budget: int,
+                      min_chunk: int) -> list[ChunkRegion]:
+    """Grow each region's chunk (fewer chunks, faster) as far as the whole plan still fits the
+    budget; drop regions that then need a single chunk. Regions with the most chunks first."""
+    regions = [r for r in regions]
+    for r in sorted(regions, key=lambda r: -r.n_chunks):
+        lo_n, hi_n = 1, r.n_chunks  # fewest chunks that fit: binary search in [lo_n, hi_n]
+        while lo_n < hi_n:
+            mid = (lo_n + hi_n) // 2
+            r.chunk_size = max(-(-r.extent // mid), min_chunk)
+            if estimate_plan(g, regions).peak <= budget:
+                hi_n = mid
+            else:
+                lo_n = mid + 1
+        r.chunk_size = max(-(-r.extent // hi_n), min_chunk)
+    kept = [r for r in regions if r.n_chunks > 1]
+    return kept if estimate_plan(g, kept).peak <= budget else regions
+
+
 def autochunk_search(g: GraphIndex, budget: int, *, min_chunk: int = 1,
                      max_span: int = 160) -> SearchResult:
-    """Algorithm 1 over the traced graph ``g`` (see module doc)."""
+    """Algorithm 1 over the traced graph ``g`` (see module doc).
+
+    Greedy choices made for a loose budget can strand a later peak; when the budget is not met
+    but the search for the smallest peak (budget 0, every region at ``min_chunk``) meets it,
+    that plan is taken with its chunk sizes grown back until the budget is just met."""
+    result = _algorithm_1(g, budget, min_chunk, max_span)
+    if result.met or budget <= 0:
+        return result
+    floor = _algorithm_1(g, 0, min_chunk, max_span)
+    if floor.estimate_after.peak > budget:
+        return result
+    regions = relax_chunk_sizes(g, floor.regions, budget, min_chunk)
+    after = estimate_plan(g, regions)
+    return SearchResult(regions, result.estimate_before, after, after.peak <= budget)
+
+
+def _algorithm_1(g: GraphIndex, budget: int, min_chunk: int, max_span: int) -> SearchResult:
     regions: list[ChunkRegion] = []
     before = estimate_plan(g, regions)
     est = before

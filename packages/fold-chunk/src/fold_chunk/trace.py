@@ -118,7 +118,7 @@ class _FakeRunner(fx.Interpreter):
     def run_node(self, n: fx.Node) -> Any:
         tr = self.tracker
         live_before = tr.live
-        tr.reset_peak()
+        tr.reset_window()
         result = super().run_node(n)
         new = set(tr.new_keys)
         info = NodeInfo(meta=_to_meta(result))
@@ -137,7 +137,7 @@ class _FakeRunner(fx.Interpreter):
             sid = self.key_to_sid.get(key)
             if sid is not None:
                 info.refs.add(sid)
-        info.temp = max(0, tr.peak - live_before - sum(info.own.values()))
+        info.temp = max(0, tr.window_peak - live_before - sum(info.own.values()))
         self.info[n] = info
         return result
 
