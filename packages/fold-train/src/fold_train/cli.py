@@ -1,0 +1,351 @@
+"""The ``fold-train`` command.
+
+    fold-train train    --preset tiny --data DATA_DIR [--run-dir RUN] [--resume] [key=value ...]
+    fold-train predict  --checkpoint CKPT (--fasta F | --mmcif F --chain C) [--msa A ...]
+                        [--out X.cif]
+    fold-train evaluate PRED TRUE [--chain C]          (files, or directories of predictions)
+    fold-train cache    DATA_DIR --out CACHE_DIR ...   (fold-data's cache builder)
+    fold-train demo     [--data data/demo]             (the README's main job)
+
+Multi-GPU / multi-node: ``torchrun --nproc-per-node G -m fold_train.cli train ...`` (data
+parallel: every rank trains on its own share of the sample stream and the flat gradient buffer is
+averaged). Exit status: 0 on success, 1 on bad input / failed training, 2 on bad usage.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+__all__ = ["build_parser", "main"]
+
+DEFAULT_RUN_DIR = "runs/latest"
+
+
+def _chain_list(text: str) -> list[str]:
+    return [c.strip() for c in text.split(",") if c.strip()]
+
+
+# -- train --------------------------------------------------------------------------------------
+def _eval_set(cache_dir: str, chains: list[tuple[str, str]], preset) -> list[tuple[str, dict]]:
+    """In-memory inference samples of the held-out chains (ScaleFold: evaluation never reads
+    from disk during training)."""
+    from fold_data.af2 import make_sample
+    from fold_data.cache import FeatureCache
+    from fold_data.errors import InputError
+
+    cache = FeatureCache(cache_dir)
+    out = []
+    for name, key in chains:
+        raw = cache.load(key)
+        if raw is None:
+            raise InputError(Path(cache_dir) / f"{key}.npz", name, "expected a valid cache entry")
+        out.append((name, make_sample(raw, preset, seed=0, training=False)))
+    return out
+
+
+def run_training(args: argparse.Namespace) -> tuple[object, list[dict]]:
+    """Build everything ``fold-train train`` needs and run it; returns (trainer, records)."""
+    from fold_train.config import apply_overrides, preset
+    from fold_train.data import SampleStream, open_cache
+    from fold_train.distributed import setup
+    from fold_train.loop import Trainer
+
+    cfg = apply_overrides(preset(args.preset), args.overrides)
+    ctx = setup(args.device)
+    cache_dir = args.cache or str(Path(args.run_dir) / "cache")
+    held = list(args.hold_out or [])
+    if args.data is None and args.cache is None:
+        raise SystemExit("fold-train train: give --data DATA_DIR (and/or --cache CACHE_DIR)")
+    if ctx.is_main or not ctx.distributed:
+        all_chains = open_cache(args.data, cache_dir, chains=args.chains,
+                                workers=args.cache_workers, progress=not args.no_progress)
+    if ctx.distributed:
+        import torch.distributed as dist
+
+        dist.barrier()  # rank 0 built the cache; the others read its index
+        if not ctx.is_main:
+            all_chains = open_cache(None, cache_dir, chains=args.chains)
+    missing = sorted(set(held) - {n for n, _ in all_chains})
+    if missing:
+        from fold_data.errors import InputError
+
+        raise InputError(cache_dir, ", ".join(missing), "held-out chains are not in the cache")
+    train_chains = [c for c in all_chains if c[0] not in held]
+    if not train_chains:
+        from fold_data.errors import InputError
+
+        raise InputError(cache_dir, None, "expected at least one training chain besides the "
+                                          "held-out ones")
+    data_preset = cfg.data_preset()
+    eval_set = _eval_set(cache_dir, [c for c in all_chains if c[0] in held], data_preset)
+    stream = SampleStream(cache_dir, train_chains, data_preset, seed=cfg.seed,
+                          batch_size=cfg.batch_size, rank=ctx.rank, world_size=ctx.world_size,
+                          workers=cfg.loader_workers, prefetch=cfg.prefetch)
+    trainer = Trainer(cfg, args.run_dir, stream, ctx=ctx, eval_set=eval_set,
+                      progress=not args.no_progress)
+    if args.resume:
+        step = trainer.resume(None if args.resume is True else args.resume)
+        if ctx.is_main:
+            print(f"fold-train: resumed at step {step} from {args.run_dir}")
+    if ctx.is_main:
+        n_params = sum(p.numel() for p in trainer.model.parameters())
+        held_text = f", held out: {', '.join(held)}" if held else ""
+        print(f"fold-train: preset {cfg.preset}, {n_params} parameters on {ctx.device} x "
+              f"{ctx.world_size}, {len(train_chains)} training chains{held_text}; run "
+              f"directory {args.run_dir}")
+    records = trainer.fit()
+    return trainer, records
+
+
+def _print_records(records: list[dict], every: int) -> None:
+    print(f"{'step':>5} {'loss':>8} {'fape':>7} {'aux':>7} {'distogram':>9} {'masked_msa':>10} "
+          f"{'plddt':>7} {'lDDT-Ca':>7} {'N_cycle':>7} {'s/step':>6}")
+    for r in records:
+        if r["step"] % every == 0 or r is records[-1] or r is records[0]:
+            print(f"{r['step']:5d} {r['loss']:8.4f} {r['fape']:7.4f} {r['aux']:7.4f} "
+                  f"{r['distogram']:9.4f} {r['masked_msa']:10.4f} {r['plddt']:7.4f} "
+                  f"{r['lddt_ca']:7.4f} {r['n_cycle']:7d} {r['step_time']:6.2f}")
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    trainer, records = run_training(args)
+    if trainer.ctx.is_main:
+        if args.no_progress and records:
+            _print_records(records, max(1, len(records) // 20))
+        print(f"fold-train: done at step {trainer.step}; metrics in "
+              f"{Path(args.run_dir) / 'metrics.jsonl'}, plot {Path(args.run_dir) / 'training.png'}")
+    from fold_train.distributed import teardown
+
+    teardown(trainer.ctx)
+    return 0
+
+
+# -- predict ------------------------------------------------------------------------------------
+def run_prediction(args: argparse.Namespace) -> dict:
+    """Predict one chain; write the mmCIF; returns the summary printed by ``predict``."""
+    import torch
+
+    from fold_train.predict import (
+        load_trained_model,
+        make_raw_features,
+        predict_structure,
+        prediction_to_structure,
+        score_against_truth,
+        write_mmcif,
+    )
+
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    model, cfg = load_trained_model(args.checkpoint, device, use_ema=not args.no_ema)
+    if args.chunk_size:
+        model.set_chunk_size(args.chunk_size)
+    name, raw, has_truth = make_raw_features(
+        fasta=args.fasta, mmcif=args.mmcif, chain=args.chain, msas=args.msa or [],
+        template_hits=args.templates, template_mmcif_dir=args.template_mmcif_dir)
+    pred = predict_structure(model, raw, cfg.data_preset(), device=device,
+                             precision=cfg.precision, num_recycles=args.recycles)
+    out = Path(args.out) if args.out else Path(f"{name}.cif")
+    write_mmcif(prediction_to_structure(pred, name), out)
+    summary: dict = {"name": name, "out": str(out), "n_res": len(pred.aatype),
+                     "mean_plddt": float(pred.plddt.mean())}
+    if has_truth:
+        summary.update(score_against_truth(pred, raw))
+    return summary
+
+
+def cmd_predict(args: argparse.Namespace) -> int:
+    summary = run_prediction(args)
+    print(json.dumps(summary))
+    return 0
+
+
+# -- evaluate -----------------------------------------------------------------------------------
+def cmd_evaluate(args: argparse.Namespace) -> int:
+    from fold_train.evaluate import evaluate_pair, pair_files
+
+    pred, true = Path(args.pred), Path(args.true)
+    if pred.is_dir():
+        pairs = [(p, t, c, c) for p, t, c in pair_files(pred, true)]
+    else:
+        pairs = [(pred, true, args.chain, args.pred_chain)]
+    results = [evaluate_pair(p, t, true_chain=c, pred_chain=pc) for p, t, c, pc in pairs]
+    lines = [json.dumps(r) for r in results]
+    if len(results) > 1:
+        keys = ("lddt_ca", "tm_score", "gdt_ts", "gdt_ha", "rmsd")
+        mean = {f"mean_{k}": sum(r[k] for r in results) / len(results) for k in keys}
+        lines.append(json.dumps({"n": len(results), **mean}))
+    print("\n".join(lines))
+    if args.out:
+        Path(args.out).write_text("\n".join(lines) + "\n")
+    return 0
+
+
+# -- cache --------------------------------------------------------------------------------------
+def cmd_cache(args: argparse.Namespace) -> int:
+    from fold_data.cli import main as fold_data_main
+
+    return fold_data_main(["cache", *args.rest])
+
+
+# -- demo ---------------------------------------------------------------------------------------
+def cmd_demo(args: argparse.Namespace) -> int:
+    """Train ``tiny`` on the bundled chains minus one, then predict the held-back chain."""
+    data = Path(args.data)
+    run_dir = Path(args.run_dir)
+    held = args.hold_out
+    train_args = argparse.Namespace(
+        preset="tiny", data=str(data), cache=args.cache, run_dir=str(run_dir),
+        resume=False, chains=None, hold_out=[held], device=args.device,
+        no_progress=args.no_progress, cache_workers=args.cache_workers,
+        overrides=[f"steps={args.steps}", *args.overrides],
+    )
+    print(f"== fold-train demo: train the 'tiny' AF2 on {data} (holding back {held}), then "
+          f"predict {held} ==")
+    trainer, records = run_training(train_args)
+    print("\ntraining losses (unweighted terms; 'loss' is the AF2-weighted total) and lDDT-Ca "
+          "of the training batch:")
+    _print_records(records, max(1, len(records) // 15))
+    ckpt = sorted((run_dir / "checkpoints").glob("step_*.ckpt"))[-1]
+    from fold_data.dataset import discover_chains
+
+    entry = discover_chains(data, [held])[0]  # the same files, in the same order, as training
+    pred_args = argparse.Namespace(
+        checkpoint=str(ckpt), fasta=None, mmcif=str(entry.mmcif_path), chain=entry.chain_id,
+        msa=[str(p) for p in entry.msa_paths],
+        templates=None if entry.template_hits is None else str(entry.template_hits),
+        template_mmcif_dir=str(data / "mmcifs"), out=str(run_dir / "predictions" / f"{held}.cif"),
+        device=args.device, no_ema=False, recycles=None, chunk_size=None,
+    )
+    summary = run_prediction(pred_args)
+    print(f"\nprediction of the held-back chain {held} ({summary['n_res']} residues, "
+          f"{summary['n_resolved']} resolved) with the EMA weights of step {trainer.step}:")
+    print(f"  lDDT-Ca {summary['lddt_ca']:.4f}   TM-score {summary['tm_score']:.4f}   GDT-TS "
+          f"{summary['gdt_ts']:.4f}   GDT-HA {summary['gdt_ha']:.4f}   RMSD "
+          f"{summary['rmsd']:.2f} A   mean pLDDT {summary['mean_plddt']:.1f}")
+    print(f"  structure: {summary['out']} (pLDDT in the B-factor column)")
+    print(f"  run directory: {run_dir} (config.json, metrics.jsonl, training.png, checkpoints/)")
+    return 0
+
+
+# -- parser -------------------------------------------------------------------------------------
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="fold-train",
+        description="Train, run and score AlphaFold2-style models (fold). Training presets: "
+                    "af2_initial, af2_finetune (AF2 supplement Table 4), tiny (CPU tests/demo).",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="examples:\n"
+               "  fold-train train --preset tiny --data data/demo steps=50 optim.lr=5e-4\n"
+               "  torchrun --nproc-per-node 8 -m fold_train.cli train --preset af2_initial "
+               "--data /data/pdb\n"
+               "  fold-train predict --checkpoint runs/latest/checkpoints/step_00000050.ckpt "
+               "--fasta q.fasta --msa q.a3m --out q.cif\n"
+               "  fold-train evaluate q.cif truth.cif --chain A",
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = sub.add_parser(
+        "train", help="train a model on a data directory (or a feature cache)",
+        description="Train AF2 on every chain of DATA_DIR (OpenFold layout: mmcifs/, "
+                    "alignments/<pdb>_<chain>/). The features are cached ahead of time. Outputs "
+                    "in the run directory: config.json, metrics.jsonl, checkpoints/, "
+                    "training.png. Overrides: key=value for the training config (steps=100, "
+                    "precision=bf16, batch_size=2), optim.* (optim.lr=5e-4), model.* "
+                    "(model.evoformer.no_blocks=2) and data.* (data.n_res=128).")
+    p.add_argument("--preset", default="tiny", help="af2_initial, af2_finetune or tiny")
+    p.add_argument("--data", help="data directory with mmcifs/ and alignments/")
+    p.add_argument("--cache", help="feature cache directory (default RUN_DIR/cache)")
+    p.add_argument("--run-dir", default=DEFAULT_RUN_DIR, help="outputs (default runs/latest)")
+    p.add_argument("--resume", nargs="?", const=True, default=False, metavar="CKPT",
+                   help="continue from CKPT, or from the run directory's latest checkpoint")
+    p.add_argument("--chains", type=_chain_list, metavar="A,B", help="only these chains")
+    p.add_argument("--hold-out", type=_chain_list, metavar="A,B",
+                   help="chains left out of training and evaluated with the EMA weights")
+    p.add_argument("--device", help="cpu, cuda, cuda:1 (default: cuda when present; torchrun "
+                                    "sets the rank's GPU)")
+    p.add_argument("--cache-workers", type=int, default=2, help="featurizer processes")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar; print a table")
+    p.add_argument("overrides", nargs="*", metavar="key=value")
+    p.set_defaults(func=cmd_train)
+
+    p = sub.add_parser(
+        "predict", help="predict the structure of one chain, write mmCIF",
+        description="Predict from a FASTA sequence or a chain of an mmCIF (then also scored "
+                    "against it), with its MSAs (.a3m/.sto) and optional template hits (.hhr / "
+                    "hmmsearch .sto). Writes mmCIF with pLDDT in the B-factor column and prints "
+                    "a JSON summary.")
+    p.add_argument("--checkpoint", required=True, help="a fold-train checkpoint")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--fasta", help="query FASTA (first record)")
+    src.add_argument("--mmcif", help="an mmCIF whose chain --chain is the query")
+    p.add_argument("--chain", help="chain ID in --mmcif")
+    p.add_argument("--msa", nargs="*", help="MSA files of the query")
+    p.add_argument("--templates", help="template hits (.hhr or hmm_output.sto)")
+    p.add_argument("--template-mmcif-dir", help="directory of template <pdb>.cif files")
+    p.add_argument("--out", help="output mmCIF (default <name>.cif)")
+    p.add_argument("--recycles", type=int, help="forward passes (default: all, 1 + iterations)")
+    p.add_argument("--chunk-size", type=int, help="chunk attention/OPM rows (long chains)")
+    p.add_argument("--no-ema", action="store_true", help="use the live weights, not the EMA")
+    p.add_argument("--device", help="cpu or cuda")
+    p.set_defaults(func=cmd_predict)
+
+    p = sub.add_parser(
+        "evaluate", help="score predictions against true structures",
+        description="lDDT-Ca, TM-score, GDT-TS, GDT-HA and RMSD (CA) of PRED against TRUE, as "
+                    "JSON lines. PRED and TRUE are mmCIF files, or directories: predictions "
+                    "named <pdb>_<chain>.cif against <pdb>.cif.")
+    p.add_argument("pred", metavar="PRED")
+    p.add_argument("true", metavar="TRUE")
+    p.add_argument("--chain", help="chain of TRUE (default: its only protein chain)")
+    p.add_argument("--pred-chain", help="chain of PRED (default: its only protein chain)")
+    p.add_argument("--out", help="also write the JSON lines to this file")
+    p.set_defaults(func=cmd_evaluate)
+
+    p = sub.add_parser(
+        "cache", help="build the feature cache (fold-data cache ...)", add_help=False,
+        description="Runs 'fold-data cache' with the same arguments (see fold-data cache -h).")
+    p.add_argument("rest", nargs=argparse.REMAINDER)
+    p.set_defaults(func=cmd_cache)
+
+    p = sub.add_parser(
+        "demo", help="the main job: train 'tiny' on the bundled data, predict a held-back chain",
+        description="Build the cache of DATA_DIR, train the tiny preset on every chain but "
+                    "--hold-out, predict the held-out chain with the EMA weights and print the "
+                    "losses and lDDT-Ca.")
+    p.add_argument("--data", default="data/demo", help="data directory (default data/demo)")
+    p.add_argument("--hold-out", default="4zey_A", help="chain to predict (default 4zey_A)")
+    p.add_argument("--steps", type=int, default=60, help="training steps (default 60)")
+    p.add_argument("--run-dir", default="runs/demo", help="outputs (default runs/demo)")
+    p.add_argument("--cache", default=".fold_cache", help="feature cache (default .fold_cache)")
+    p.add_argument("--cache-workers", type=int, default=2, help="featurizer processes")
+    p.add_argument("--device", help="cpu or cuda (default: cuda when present)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("overrides", nargs="*", metavar="key=value")
+    p.set_defaults(func=cmd_demo)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from fold_data.errors import InputError
+
+    from fold_train.checkpoint import CheckpointError
+    from fold_train.config import ConfigError
+    from fold_train.loop import NonFiniteError
+
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.func(args)
+    except ConfigError as e:
+        print(f"fold-train {args.command}: {e}", file=sys.stderr)
+        return 2
+    except (InputError, CheckpointError, NonFiniteError) as e:
+        print(f"fold-train {args.command}: {e}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

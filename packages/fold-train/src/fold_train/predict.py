@@ -1,0 +1,209 @@
+"""Prediction: a sequence (FASTA) or a chain of an mmCIF, with its MSAs and template hits, in; an
+mmCIF of the predicted all-atom structure, pLDDT in the B-factor column, out.
+
+Features come from fold-data (``make_features_from_sequence`` / ``make_features``, then
+``make_sample(training=False)``: the whole chain, the top templates), the model and its averaged
+(EMA) weights from a fold-train checkpoint. The structure is written with gemmi (``_atom_site``
+with label and author numbering 1..N, one entity whose ``_entity_poly_seq`` is the query), so
+gemmi and ``fold_data.mmcif.parse_mmcif`` read it back. When the input is an mmCIF chain, the
+prediction is also scored against it (lDDT-Ca, TM-score, GDT, RMSD).
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from fold_data import residue_constants as rc
+from fold_data.errors import InputError
+
+from fold_train import metrics
+from fold_train.config import TrainConfig
+
+__all__ = [
+    "Prediction",
+    "load_trained_model",
+    "make_raw_features",
+    "predict_structure",
+    "prediction_to_structure",
+    "score_against_truth",
+    "write_mmcif",
+]
+
+_CA = rc.atom_order["CA"]
+
+
+@dataclass
+class Prediction:
+    """One predicted chain: ``aatype [N]``, ``positions [N, 37, 3]`` (A), ``atom_mask [N, 37]``
+    (atoms that exist for the residue type), ``plddt [N]`` (0-100)."""
+
+    aatype: np.ndarray
+    positions: np.ndarray
+    atom_mask: np.ndarray
+    plddt: np.ndarray
+
+    @property
+    def sequence(self) -> str:
+        return "".join(rc.restypes_with_x[a] for a in self.aatype)
+
+
+def load_trained_model(checkpoint: str | os.PathLike, device: str | torch.device = "cpu", *,
+                       use_ema: bool = True):
+    """``(model, TrainConfig)`` from a fold-train checkpoint: the model in eval mode with the
+    averaged weights when the checkpoint has them (``use_ema``), else the live weights."""
+    from fold_model.af2 import AlphaFold2
+
+    from fold_train.checkpoint import CheckpointError, load_checkpoint
+    from fold_train.optim import FlatParams
+
+    state = load_checkpoint(checkpoint, map_location="cpu")
+    try:
+        cfg = TrainConfig.from_dict(state["config"])
+        model = AlphaFold2(cfg.model_config())
+        model.load_state_dict(state["model"])
+    except (KeyError, RuntimeError, ValueError, TypeError) as e:
+        raise CheckpointError(checkpoint, f"cannot rebuild the model from it: {e}") from e
+    ema = state.get("optimizer", {}).get("ema")
+    if use_ema and ema is not None:
+        flat = FlatParams(model)  # the EMA buffers have the flat layout of the parameters
+        if [[(n, list(s)) for n, s in g] for g in state["optimizer"]["layout"]] != flat.layout():
+            raise CheckpointError(checkpoint, "EMA layout does not match the model")
+        with torch.no_grad():
+            for group, buf in zip(flat.groups, ema):
+                group.param.copy_(buf)
+    return model.to(device).eval(), cfg
+
+
+def make_raw_features(
+    *, fasta: str | os.PathLike | None = None, mmcif: str | os.PathLike | None = None,
+    chain: str | None = None, msas: Sequence[str | os.PathLike] = (),
+    template_hits: str | os.PathLike | None = None,
+    template_mmcif_dir: str | os.PathLike | None = None,
+) -> tuple[str, dict[str, np.ndarray], bool]:
+    """``(name, raw features, has ground truth)`` from a FASTA (first record) or an mmCIF chain."""
+    from fold_data.af2 import make_features, make_features_from_sequence
+
+    kw = {"template_mmcif_dir": template_mmcif_dir}
+    if (fasta is None) == (mmcif is None):
+        raise ValueError("give exactly one of a FASTA file or an mmCIF file (with its chain)")
+    if fasta is not None:
+        from fold_data.msa import parse_fasta
+
+        records = parse_fasta(Path(fasta))
+        if not records:
+            raise InputError(fasta, None, "expected at least one FASTA record")
+        description, sequence = records[0]
+        name = (description.split() or [Path(fasta).stem])[0]
+        return name, make_features_from_sequence(sequence, list(msas), template_hits, **kw), False
+    if chain is None:
+        raise InputError(mmcif, None, "expected a chain ID (--chain) for an mmCIF input")
+    raw = make_features(mmcif, chain, list(msas), template_hits, **kw)
+    return f"{Path(mmcif).stem}_{chain}", raw, True
+
+
+@torch.no_grad()
+def predict_structure(
+    model, raw: dict[str, np.ndarray], data_preset, *, device: str | torch.device = "cpu",
+    precision: str = "fp32", num_recycles: int | None = None, seed: int = 0,
+) -> Prediction:
+    """Run ``model`` on the inference sample of ``raw`` (all ``R`` recycling passes unless
+    ``num_recycles``) and return the chain's prediction (padding removed)."""
+    from fold_data.af2 import make_sample
+
+    from fold_train.data import collate
+
+    device = torch.device(device)
+    n = int(raw["seq_length"])
+    sample = make_sample(raw, data_preset, seed=seed, training=False)
+    batch = {k: v.to(device) for k, v in collate([sample]).items()}
+    ctx = (torch.autocast(device.type, dtype=torch.bfloat16) if precision == "bf16"
+           else torch.autocast(device.type, enabled=False))
+    with ctx:
+        out = model(batch, num_recycles=num_recycles)
+    return Prediction(
+        aatype=raw["aatype"].astype(np.int64)[:n],
+        positions=out["final_atom_positions"][0, :n].float().cpu().numpy(),
+        atom_mask=out["final_atom_mask"][0, :n].float().cpu().numpy(),
+        plddt=out["plddt"][0, :n].float().cpu().numpy(),
+    )
+
+
+def prediction_to_structure(pred: Prediction, name: str, chain_id: str = "A"):
+    """A ``gemmi.Structure`` of the prediction: residues numbered 1..N, pLDDT as B-factor."""
+    import gemmi
+
+    resnames = [rc.restype_1to3.get(rc.restypes_with_x[a], "UNK") for a in pred.aatype]
+    st = gemmi.Structure()
+    st.name = name
+    model = gemmi.Model(1)
+    chain = gemmi.Chain(chain_id)
+    for i, resname in enumerate(resnames):
+        res = gemmi.Residue()
+        res.name = resname
+        res.seqid = gemmi.SeqId(i + 1, " ")
+        res.subchain = chain_id
+        res.label_seq = i + 1
+        res.entity_id = "1"
+        res.entity_type = gemmi.EntityType.Polymer
+        for j in np.nonzero(pred.atom_mask[i] > 0.5)[0]:
+            atom = gemmi.Atom()
+            atom.name = rc.atom_types[j]
+            atom.element = gemmi.Element(rc.atom_types[j][0])  # C, N, O, S
+            atom.pos = gemmi.Position(*(float(x) for x in pred.positions[i, j]))
+            atom.occ = 1.0
+            atom.b_iso = float(pred.plddt[i])
+            res.add_atom(atom)
+        chain.add_residue(res)
+    model.add_chain(chain)
+    st.add_model(model)
+    entity = gemmi.Entity("1")
+    entity.entity_type = gemmi.EntityType.Polymer
+    entity.polymer_type = gemmi.PolymerType.PeptideL
+    entity.full_sequence = resnames
+    entity.subchains = [chain_id]
+    st.entities.append(entity)
+    return st
+
+
+def write_mmcif(structure, path: str | os.PathLike) -> Path:
+    """Write ``structure`` as mmCIF atomically (temporary file + fsync + rename)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    text = structure.make_mmcif_document().as_string()
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def score_against_truth(pred: Prediction, raw: dict[str, np.ndarray]) -> dict[str, float]:
+    """CA metrics of the prediction against the ground truth in ``raw`` (mmCIF input)."""
+    n = len(pred.aatype)
+    true = raw["all_atom_positions"][:n, _CA].astype(np.float64)
+    mask = raw["all_atom_mask"][:n, _CA].astype(np.float64)
+    p = pred.positions[:, _CA].astype(np.float64)
+    if mask.sum() < 3:
+        raise InputError(None, "ground truth", "fewer than 3 resolved CA atoms to score against")
+    return {
+        "lddt_ca": float(metrics.lddt_ca(p, true, mask)),
+        "tm_score": metrics.tm_score(p, true, mask),
+        "gdt_ts": metrics.gdt_ts(p, true, mask),
+        "gdt_ha": metrics.gdt_ha(p, true, mask),
+        "rmsd": metrics.rmsd(p, true, mask),
+        "mean_plddt": float(pred.plddt.mean()),
+        "n_res": n,
+        "n_resolved": int(mask.sum()),
+    }

@@ -1,0 +1,143 @@
+"""mmCIF output (gemmi-readable, pLDDT in B-factors), evaluation of files, and the CLI."""
+
+from __future__ import annotations
+
+import json
+
+import gemmi
+import numpy as np
+import pytest
+import torch
+from _train_helpers import DEMO, SMALL
+from fold_data.errors import InputError
+from fold_data.mmcif import parse_mmcif
+from fold_train.checkpoint import find_latest, load_checkpoint
+from fold_train.cli import build_parser, main
+from fold_train.evaluate import evaluate_pair
+from fold_train.predict import (
+    Prediction,
+    load_trained_model,
+    prediction_to_structure,
+    write_mmcif,
+)
+
+TRUE = DEMO / "mmcifs" / "4zey.cif"
+
+
+@pytest.fixture(scope="module")
+def truth() -> Prediction:
+    """4ZEY chain A's own coordinates as a 'prediction', with a made-up pLDDT profile."""
+    if not TRUE.exists():
+        pytest.skip("bundled demo data not found")
+    chain = parse_mmcif(TRUE).get_chain("A")
+    n = chain.num_res
+    return Prediction(aatype=chain.aatype.astype(np.int64),
+                      positions=chain.atom37_positions.astype(np.float32),
+                      atom_mask=chain.atom37_mask.astype(np.float32),
+                      plddt=np.linspace(20.0, 95.0, n).astype(np.float32))
+
+
+def test_written_mmcif_reads_back_with_plddt_in_b_factors(truth, tmp_path):
+    path = write_mmcif(prediction_to_structure(truth, "4zey_A"), tmp_path / "4zey_A.cif")
+    st = gemmi.read_structure(str(path))
+    residues = list(st[0]["A"])
+    resolved = np.nonzero(truth.atom_mask.sum(-1) > 0)[0]
+    assert len(residues) == len(resolved)
+    for res, i in zip(residues, resolved):
+        assert res.seqid.num == i + 1
+        assert len(res) == int(truth.atom_mask[i].sum())
+        for atom in res:
+            assert atom.b_iso == pytest.approx(float(truth.plddt[i]), abs=0.01)
+    back = parse_mmcif(path).get_chain("A")
+    assert back.sequence == truth.sequence
+    np.testing.assert_allclose(back.atom37_positions[truth.atom_mask > 0],
+                               truth.positions[truth.atom_mask > 0], atol=1e-3)
+
+
+def test_evaluate_pair_known_cases(truth, tmp_path):
+    same = write_mmcif(prediction_to_structure(truth, "4zey_A"), tmp_path / "same.cif")
+    r = evaluate_pair(same, TRUE, true_chain="A")
+    assert r["lddt_ca"] == pytest.approx(1.0) and r["tm_score"] == pytest.approx(1.0)
+    assert r["gdt_ts"] == 1.0 and r["rmsd"] == pytest.approx(0.0, abs=1e-3)
+    # a rigid motion is invisible; a shifted half is not
+    rot = np.array([[0.0, -1.0, 0.0], [1.0, 0.0, 0.0], [0.0, 0.0, 1.0]])
+    moved = Prediction(truth.aatype, truth.positions @ rot.T + 5.0, truth.atom_mask, truth.plddt)
+    r = evaluate_pair(write_mmcif(prediction_to_structure(moved, "m"), tmp_path / "m.cif"),
+                      TRUE, true_chain="A")
+    assert r["lddt_ca"] == pytest.approx(1.0) and r["rmsd"] == pytest.approx(0.0, abs=2e-3)
+    bent = truth.positions.copy()
+    bent[len(bent) // 2:] += 30.0
+    bent_pred = Prediction(truth.aatype, bent, truth.atom_mask, truth.plddt)
+    r = evaluate_pair(write_mmcif(prediction_to_structure(bent_pred, "b"), tmp_path / "b.cif"),
+                      TRUE, true_chain="A")
+    assert r["lddt_ca"] < 0.9 and r["gdt_ts"] < 0.75
+
+
+def test_evaluate_refuses_another_sequence(truth, tmp_path):
+    other = Prediction(truth.aatype[:-3], truth.positions[:-3], truth.atom_mask[:-3],
+                       truth.plddt[:-3])
+    path = write_mmcif(prediction_to_structure(other, "x"), tmp_path / "x.cif")
+    with pytest.raises(InputError, match="expected the same sequence"):
+        evaluate_pair(path, TRUE, true_chain="A")
+
+
+def test_help_of_every_command(capsys):
+    for cmd in ("train", "predict", "evaluate", "demo"):
+        with pytest.raises(SystemExit) as info:
+            build_parser().parse_args([cmd, "--help"])
+        assert info.value.code == 0
+        assert "usage: fold-train " + cmd in capsys.readouterr().out
+    with pytest.raises(SystemExit) as info:
+        build_parser().parse_args(["--help"])
+    out = capsys.readouterr().out
+    for cmd in ("train", "predict", "evaluate", "cache", "demo"):
+        assert cmd in out
+
+
+def test_bad_override_exits_2_with_the_reason(tmp_path, capsys, demo_cache):
+    code = main(["train", "--cache", demo_cache[0], "--run-dir", str(tmp_path), "steps=lots"])
+    assert code == 2
+    assert "steps='lots': expected an integer" in capsys.readouterr().err
+
+
+def test_train_then_predict_through_the_cli(demo_cache, tmp_path, capsys):
+    cache_dir, _ = demo_cache
+    run = tmp_path / "run"
+    code = main(["train", "--cache", cache_dir, "--run-dir", str(run), "--hold-out", "4zey_A",
+                 "--no-progress", *SMALL, "steps=2"])
+    assert code == 0
+    out = capsys.readouterr().out
+    assert "held out: 4zey_A" in out and "done at step 2" in out
+    records = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    assert {r["step"] for r in records} == {1, 2}
+    assert any("eval/4zey_A/lddt_ca" in r for r in records)  # the held-out chain was scored
+    assert all(r["chains"] == ["1psm_A"] for r in records if "chains" in r)
+
+    ckpt = find_latest(run / "checkpoints")
+    model, cfg = load_trained_model(ckpt)
+    ema = load_checkpoint(ckpt)["optimizer"]["ema"][0]
+    flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    assert torch.equal(flat, ema)  # prediction runs with the averaged weights
+
+    align = DEMO / "alignments" / "4zey_A"
+    pred = tmp_path / "4zey_A.cif"
+    code = main(["predict", "--checkpoint", str(ckpt), "--mmcif", str(TRUE), "--chain", "A",
+                 "--msa", str(align / "bfd_uniclust_hits.a3m"), "--out", str(pred)])
+    assert code == 0
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert summary["n_res"] == parse_mmcif(TRUE).get_chain("A").num_res
+    assert 0 <= summary["lddt_ca"] <= 1 and np.isfinite(summary["rmsd"])
+    st = gemmi.read_structure(str(pred))
+    b = [a.b_iso for r in st[0]["A"] for a in r]
+    assert len(b) > 0 and all(0 <= x <= 100 for x in b)
+    assert summary["mean_plddt"] == pytest.approx(
+        np.mean([r[0].b_iso for r in st[0]["A"]]), abs=0.01)
+
+    code = main(["evaluate", str(pred), str(TRUE), "--chain", "A"])
+    assert code == 0
+    result = json.loads(capsys.readouterr().out.strip())
+    assert result["lddt_ca"] == pytest.approx(summary["lddt_ca"], abs=1e-3)
+
+    code = main(["predict", "--checkpoint", str(ckpt), "--mmcif", str(TRUE), "--out",
+                 str(pred)])
+    assert code == 1 and "expected a chain ID" in capsys.readouterr().err
