@@ -6,7 +6,6 @@ import dataclasses
 
 import numpy as np
 import pytest
-
 from fold_data.af3.ccd import Ccd, read_ccd_cif
 from fold_data.af3.conformers import (
     SOURCE_CCD_IDEAL,

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
 from fold_data import residue_constants as rc
 from fold_data.af3 import RAW_FEATURES, validate
 from fold_data.af3.tokenizer import GAP

@@ -121,9 +121,10 @@ def spatial_crop(
     if interface:
         asym = raw["asym_id"]
         p = pos[candidates]
-        d = np.linalg.norm(p[:, None] - p[None], axis=-1)  # [N_cand, N_cand]
+        sq = (p * p).sum(-1)
+        d2 = sq[:, None] + sq[None] - 2.0 * p @ p.T  # [N_cand, N_cand] squared distances
         other = asym[candidates][:, None] != asym[candidates][None]
-        near = ((d < INTERFACE_DISTANCE) & other).any(axis=1)
+        near = ((d2 < INTERFACE_DISTANCE**2) & other).any(axis=1)
         if near.any():
             candidates = candidates[near]
     ref = int(rng.choice(candidates))

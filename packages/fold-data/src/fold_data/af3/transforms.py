@@ -84,13 +84,11 @@ def make_sample(
     chosen = np.sort(rng.permutation(n_t)[: preset.n_templ])
 
     # Reference conformers: random rotation and translation per conformer (AF3 2.8).
-    ref_pos = feats["ref_pos"].astype(np.float64).copy()
-    for uid in np.unique(feats["ref_space_uid"]):
-        sel = feats["ref_space_uid"] == uid
-        rot = random_rotation(rng)
-        shift = rng.normal(scale=preset.ref_translation_std, size=3)
-        ref_pos[sel] = ref_pos[sel] @ rot.T + shift
-    ref_pos *= feats["ref_mask"][:, None]
+    uids, group = np.unique(feats["ref_space_uid"], return_inverse=True)
+    rots = np.stack([random_rotation(rng) for _ in uids]).reshape(-1, 3, 3)  # [N_uid, 3, 3]
+    shifts = rng.normal(scale=preset.ref_translation_std, size=(len(uids), 3))  # [N_uid, 3]
+    ref_pos = np.einsum("aij,aj->ai", rots[group], feats["ref_pos"].astype(np.float64))
+    ref_pos = (ref_pos + shifts[group]) * feats["ref_mask"][:, None]  # [N_atom, 3]
 
     out: dict[str, np.ndarray] = {}
     for k in ("residue_index", "token_index", "asym_id", "entity_id", "sym_id", "is_protein",
