@@ -104,13 +104,14 @@ def test_train_then_predict_through_the_cli(demo_cache, tmp_path, capsys):
     cache_dir, _ = demo_cache
     run = tmp_path / "run"
     code = main(["train", "--cache", cache_dir, "--run-dir", str(run), "--hold-out", "4zey_A",
-                 "--no-progress", *SMALL, "steps=2"])
+                 "--no-progress", *SMALL, "steps=2", "eval_every=1", "async_eval=true"])
     assert code == 0
     out = capsys.readouterr().out
     assert "held out: 4zey_A" in out and "done at step 2" in out
     records = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     assert {r["step"] for r in records} == {1, 2}
-    assert any("eval/4zey_A/lddt_ca" in r for r in records)  # the held-out chain was scored
+    # the held-out chain was scored in the background after step 1, and at the end
+    assert [r["step"] for r in records if "eval/4zey_A/lddt_ca" in r] == [1, 2]
     assert all(r["chains"] == ["1psm_A"] for r in records if "chains" in r)
 
     ckpt = find_latest(run / "checkpoints")
@@ -141,3 +142,13 @@ def test_train_then_predict_through_the_cli(demo_cache, tmp_path, capsys):
     code = main(["predict", "--checkpoint", str(ckpt), "--mmcif", str(TRUE), "--out",
                  str(pred)])
     assert code == 1 and "expected a chain ID" in capsys.readouterr().err
+
+
+def test_cache_command_delegates_to_fold_data(tmp_path, capsys):
+    if not DEMO.exists():
+        pytest.skip("bundled demo data not found")
+    code = main(["cache", str(DEMO), "--out", str(tmp_path), "--chains", "1psm_A",
+                 "--workers", "1", "--no-progress"])
+    assert code == 0
+    assert "1 chains" in capsys.readouterr().out
+    assert list(json.loads((tmp_path / "index.json").read_text())["entries"]) == ["1psm_A"]

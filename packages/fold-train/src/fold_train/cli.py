@@ -317,7 +317,7 @@ def build_parser() -> argparse.ArgumentParser:
                     "losses and lDDT-Ca.")
     p.add_argument("--data", default="data/demo", help="data directory (default data/demo)")
     p.add_argument("--hold-out", default="4zey_A", help="chain to predict (default 4zey_A)")
-    p.add_argument("--steps", type=int, default=100, help="training steps (default 100)")
+    p.add_argument("--steps", type=int, default=150, help="training steps (default 150)")
     p.add_argument("--run-dir", default="runs/demo", help="outputs (default runs/demo)")
     p.add_argument("--cache", default=".fold_cache", help="feature cache (default .fold_cache)")
     p.add_argument("--cache-workers", type=int, default=2, help="featurizer processes")

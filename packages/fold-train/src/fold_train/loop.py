@@ -171,7 +171,14 @@ class Trainer:
             last = _last_pass(batch, n_cycle)
             loss, terms = self.loss_fn(out, last)
         loss.backward()
-        norm = all_reduce_gradients(self.flat, self.ctx, with_norm=True)
+        if self.ctx.distributed:
+            # the norm is accumulated while the buckets' all-reduces complete (overlap_clip), or
+            # taken afterwards over the whole averaged buffer
+            norm = all_reduce_gradients(self.flat, self.ctx, with_norm=cfg.overlap_clip)
+            if norm is None:
+                norm = self.opt.grad_norm()
+        else:
+            norm = self.opt.grad_norm()  # fold-kernels' two-stage reduction on GPU
         finite = all_true(bool(torch.isfinite(loss)) and bool(torch.isfinite(norm)), self.ctx)
         record: dict[str, Any] = {"n_cycle": n_cycle}
         if finite:
