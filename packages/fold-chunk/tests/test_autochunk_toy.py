@@ -3,13 +3,12 @@ measured peak on CPU, clear errors."""
 
 from __future__ import annotations
 
+import fold_chunk as fc
 import pytest
 import torch
 import torch.fx as fx
-from toy_modules import ToyAttentionPairBias, ToyStack, ToyTransition, ToyTriangleMultiplication
-
-import fold_chunk as fc
 from fold_chunk.api import simulated_peak
+from toy_modules import ToyAttentionPairBias, ToyStack, ToyTransition, ToyTriangleMultiplication
 
 
 def _mask(*shape: int, gen: torch.Generator) -> torch.Tensor:
