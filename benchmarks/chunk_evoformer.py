@@ -21,6 +21,11 @@ fits. Outputs of (b), (c), (d) are compared with (a) (bf16: relative norm error 
     python benchmarks/chunk_evoformer.py --out benchmarks/results/chunk_evoformer.json  # CUDA
     python benchmarks/chunk_evoformer.py --device cpu --small --out /tmp/chunk.json    # smoke
 
+Op backend: ``--backend torch`` (default) runs (a)-(d) on fold-model's PyTorch reference ops.
+That is like for like: the fold-model op registry hands the reference implementation to
+``torch.fx`` while tracing, so AutoChunk's generated code always runs reference ops;
+``--backend auto`` lets (a) and (b) use fold-kernels' Triton kernels where installed.
+
 On CPU the peak is measured with ``fold_chunk.measure_peak_memory`` (live tensor bytes). The
 JSON goes to ``--out``; a markdown table is written beside it (same name, ``.md``).
 """
@@ -35,6 +40,7 @@ from pathlib import Path
 
 import fold_chunk as fc
 import torch
+from fold_model import ops
 from fold_model.af2.config import EvoformerConfig
 from fold_model.af2.evoformer import EvoformerStack
 
@@ -206,6 +212,7 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--min-chunk", type=int, default=None)
     parser.add_argument("--dtype", default=None, choices=["bf16", "fp32"])
+    parser.add_argument("--backend", default="torch", help="fold-model op backend (see doc)")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/chunk_evoformer.json"))
     args = parser.parse_args()
 
@@ -227,7 +234,8 @@ def main() -> None:
 
     rows = []
     for n in n_res:
-        row = run_shape(stack, n_seq, n, device, dtype, args.reps, min_chunk)
+        with ops.use_backend(args.backend):
+            row = run_shape(stack, n_seq, n, device, dtype, args.reps, min_chunk)
         print(json.dumps(row["goals"] | {"n_res": n}), flush=True)
         rows.append(row)
     result = {
@@ -236,6 +244,7 @@ def main() -> None:
         "torch": torch.__version__,
         "dtype": dtype_name,
         "blocks": args.blocks,
+        "backend": args.backend,
         "n_seq": n_seq,
         "min_chunk": min_chunk,
         "rows": rows,
