@@ -109,47 +109,64 @@ def test_non_finite_loss_skips_the_step_then_stops(demo_cache, tmp_path):
     assert trainer.opt.step_count == 1 and trainer.skipped_total == 3 - 1
 
 
-def _dp_worker(rank: int, world: int, init: str, cache, out_dir: str) -> None:
+def _dist_worker(rank: int, world: int, init: str, cache, out_dir: str, extra: list) -> None:
     import torch.distributed as dist
-    from fold_train.distributed import DistContext
+    from fold_train.distributed import DistContext, model_parallel
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
     try:
         cache_dir, chains = cache
-        cfg = apply_overrides(preset("tiny"), [*SMALL, *NO_DROPOUT, "steps=1"])
+        cfg = apply_overrides(preset("tiny"), [*SMALL, *NO_DROPOUT, "steps=1", *extra])
+        ctx = model_parallel(DistContext(rank, world, torch.device("cpu"), None),
+                             dap=cfg.dap, bp=cfg.bp)
         stream = SampleStream(cache_dir, chains, cfg.data_preset(), seed=cfg.seed,
-                              batch_size=1, rank=rank, world_size=world, workers=0)
-        ctx = DistContext(rank, world, torch.device("cpu"), None)
+                              batch_size=1, rank=ctx.dp_rank, world_size=ctx.dp_size, workers=0)
         trainer = Trainer(cfg, f"{out_dir}/run", stream, ctx=ctx, progress=False)
         batch, _ = next(trainer.stream.batches(1))
         trainer.train_step(batch)
         torch.save({"grad": trainer.flat.groups[0].grad.clone(),
-                    "param": trainer.flat.groups[0].param.clone()}, f"{out_dir}/rank{rank}.pt")
+                    "param": trainer.flat.groups[0].param.clone(),
+                    "handles": len(trainer._parallel_handles)}, f"{out_dir}/rank{rank}.pt")
     finally:
         dist.destroy_process_group()
 
 
-def test_two_process_data_parallel_equals_single_process(demo_cache, tmp_path):
+@pytest.mark.parametrize("mode, extra, ref_batch, stacks", [
+    # 2 data-parallel ranks, one sample each == one process with both samples
+    ("dp", [], 2, 0),
+    # DAP over 2 ranks (one replica, one sample split along the residues) == one process;
+    # the Evoformer, extra MSA and template pair stacks run under DAP
+    ("dap", ["dap=2"], 1, 3),
+    # BP over 2 ranks (MSA branch / pair branch of the Parallel Evoformer) == one process;
+    # the Evoformer and extra MSA stacks run under BP
+    ("bp", ["bp=2", "model.block_order=parallel"], 1, 2),
+])
+def test_two_processes_on_gloo_equal_single_process(demo_cache, tmp_path, mode, extra,
+                                                    ref_batch, stacks):
     import torch.multiprocessing as mp
 
     init = f"file://{tmp_path}/store"
-    mp.spawn(_dp_worker, args=(2, init, demo_cache, str(tmp_path)), nprocs=2, join=True)
+    mp.spawn(_dist_worker, args=(2, init, demo_cache, str(tmp_path), extra), nprocs=2,
+             join=True)
 
     cache_dir, chains = demo_cache
-    cfg = apply_overrides(preset("tiny"), [*SMALL, *NO_DROPOUT, "steps=1", "batch_size=2"])
-    stream = SampleStream(cache_dir, chains, cfg.data_preset(), seed=cfg.seed, batch_size=2,
-                          workers=0)
+    cfg = apply_overrides(preset("tiny"), [*SMALL, *NO_DROPOUT, "steps=1",
+                                           f"batch_size={ref_batch}",
+                                           *[e for e in extra if e.startswith("model.")]])
+    stream = SampleStream(cache_dir, chains, cfg.data_preset(), seed=cfg.seed,
+                          batch_size=ref_batch, workers=0)
     single = Trainer(cfg, tmp_path / "single", stream, progress=False)
     batch, _ = next(single.stream.batches(1))
     single.train_step(batch)
     ref_grad = single.flat.groups[0].grad.double()
     for rank in range(2):
         got = torch.load(tmp_path / f"rank{rank}.pt", weights_only=True)
+        assert got["handles"] == stacks
         assert torch.isfinite(got["grad"]).all()
         # fp32 sums in another order: relative-norm agreement at the fp32 level
         err = (got["grad"].double() - ref_grad).norm() / ref_grad.norm()
-        assert err < 1e-5, err
+        assert err < 1e-5, (mode, err)
         torch.testing.assert_close(got["param"], single.flat.groups[0].param,
                                    rtol=1e-5, atol=1e-6)
 

@@ -9,7 +9,9 @@
 
 Multi-GPU / multi-node: ``torchrun --nproc-per-node G -m fold_train.cli train ...`` (data
 parallel: every rank trains on its own share of the sample stream and the flat gradient buffer is
-averaged). Exit status: 0 on success, 1 on bad input / failed training, 2 on bad usage.
+averaged; ``dap=N bp=2`` split each replica's model over N x 2 ranks with fold-parallel's
+Dynamic Axial and Branch Parallelism). Exit status: 0 on success, 1 on bad input or failed
+training, 2 on bad usage.
 """
 
 from __future__ import annotations
@@ -51,11 +53,11 @@ def run_training(args: argparse.Namespace) -> tuple[object, list[dict]]:
     """Build everything ``fold-train train`` needs and run it; returns (trainer, records)."""
     from fold_train.config import apply_overrides, preset
     from fold_train.data import SampleStream, open_cache
-    from fold_train.distributed import setup
+    from fold_train.distributed import model_parallel, setup
     from fold_train.loop import Trainer
 
     cfg = apply_overrides(preset(args.preset), args.overrides)
-    ctx = setup(args.device)
+    ctx = model_parallel(setup(args.device), dap=cfg.dap, bp=cfg.bp)
     cache_dir = args.cache or str(Path(args.run_dir) / "cache")
     held = list(args.hold_out or [])
     if args.data is None and args.cache is None:
@@ -83,7 +85,7 @@ def run_training(args: argparse.Namespace) -> tuple[object, list[dict]]:
     data_preset = cfg.data_preset()
     eval_set = _eval_set(cache_dir, [c for c in all_chains if c[0] in held], data_preset)
     stream = SampleStream(cache_dir, train_chains, data_preset, seed=cfg.seed,
-                          batch_size=cfg.batch_size, rank=ctx.rank, world_size=ctx.world_size,
+                          batch_size=cfg.batch_size, rank=ctx.dp_rank, world_size=ctx.dp_size,
                           workers=cfg.loader_workers, prefetch=cfg.prefetch)
     trainer = Trainer(cfg, args.run_dir, stream, ctx=ctx, eval_set=eval_set,
                       progress=not args.no_progress)
@@ -95,8 +97,8 @@ def run_training(args: argparse.Namespace) -> tuple[object, list[dict]]:
         n_params = sum(p.numel() for p in trainer.model.parameters())
         held_text = f", held out: {', '.join(held)}" if held else ""
         print(f"fold-train: preset {cfg.preset}, {n_params} parameters on {ctx.device} x "
-              f"{ctx.world_size}, {len(train_chains)} training chains{held_text}; run "
-              f"directory {args.run_dir}")
+              f"{ctx.world_size} (DP {ctx.dp_size} x BP {cfg.bp} x DAP {cfg.dap}), "
+              f"{len(train_chains)} training chains{held_text}; run directory {args.run_dir}")
     records = trainer.fit()
     return trainer, records
 

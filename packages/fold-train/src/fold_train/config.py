@@ -59,6 +59,8 @@ class TrainConfig:
     prefetch: int = 4
     activation_checkpointing: bool | None = None  # None: the model preset's choice
     use_kernels: bool | None = None  # fused optimizer: None = on CUDA when importable
+    dap: int = 1  # Dynamic Axial Parallelism degree (ranks per replica sharing a sample)
+    bp: int = 1  # Branch Parallelism degree (1 or 2; needs model.block_order=parallel)
     # ScaleFold system switches (section 3.3)
     gc_off: bool = True  # garbage collection off during steps, collected between them
     overlap_clip: bool = True  # global-norm partials computed while the all-reduce runs
@@ -75,6 +77,8 @@ class TrainConfig:
         for name in ("eval_every", "max_nonfinite_steps", "loader_workers"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if self.dap < 1 or self.bp not in (1, 2):
+            raise ConfigError(f"dap must be >= 1 and bp 1 or 2, got dap={self.dap}, bp={self.bp}")
         if self.precision not in ("fp32", "bf16"):
             raise ConfigError(f"precision must be 'fp32' or 'bf16', got {self.precision!r}")
         if self.max_recycling_iters is not None and self.max_recycling_iters < 0:

@@ -1,4 +1,5 @@
-"""Data parallelism over the flat gradient buffer: torchrun start-up and the gradient all-reduce.
+"""Data parallelism over the flat gradient buffer: torchrun start-up, the gradient all-reduce,
+and DAP / BP inside each data-parallel replica (through fold-parallel).
 
 ``torchrun --nproc-per-node G fold-train train ...`` sets ``RANK``/``WORLD_SIZE``/``LOCAL_RANK``;
 :func:`setup` then starts the process group (``fold_parallel.init_distributed``: NCCL on GPUs,
@@ -17,23 +18,37 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch import nn
 
 from fold_train.optim import FlatParams
 
-__all__ = ["DistContext", "all_reduce_gradients", "all_true", "setup", "teardown"]
+__all__ = ["DistContext", "all_reduce_gradients", "all_true", "enable_model_parallel",
+           "gather_objects", "model_parallel", "setup", "teardown"]
 
 
 @dataclass
 class DistContext:
-    """This process's place in the data-parallel job."""
+    """This process's place in the job: its world rank, and, with DAP/BP, the data-parallel
+    replica it belongs to (``dp_rank`` of ``dp_size``: the ranks of one replica train on the same
+    samples). ``groups`` holds fold-parallel's process groups when DAP or BP is on."""
 
     rank: int = 0
     world_size: int = 1
     device: torch.device = torch.device("cpu")
-    group: dist.ProcessGroup | None = None
+    group: dist.ProcessGroup | None = None  # gradient averaging: all ranks
+    dp_rank: int | None = None  # defaults to rank (pure data parallelism)
+    dp_size: int | None = None  # defaults to world_size
+    groups: Any = None  # fold_parallel.ParallelGroups with DAP/BP
+
+    def __post_init__(self) -> None:
+        if self.dp_rank is None:
+            self.dp_rank = self.rank
+        if self.dp_size is None:
+            self.dp_size = self.world_size
 
     @property
     def is_main(self) -> bool:
@@ -42,6 +57,58 @@ class DistContext:
     @property
     def distributed(self) -> bool:
         return self.world_size > 1
+
+
+def model_parallel(ctx: DistContext, *, dap: int = 1, bp: int = 1) -> DistContext:
+    """Split the world into data-parallel replicas of ``dap x bp`` ranks each (fold-parallel's
+    groups; rank layout DAP fastest, then BP, then DP) and return the context with ``dp_rank``,
+    ``dp_size`` and ``groups`` set. ``dap = bp = 1`` returns ``ctx`` unchanged."""
+    if dap == 1 and bp == 1:
+        return ctx
+    if ctx.world_size % (dap * bp):
+        raise ValueError(f"dap x bp = {dap} x {bp} does not divide the world size "
+                         f"{ctx.world_size}")
+    from fold_parallel import ParallelConfig, build_groups
+
+    groups = build_groups(ParallelConfig(dp=ctx.world_size // (dap * bp), bp=bp, dap=dap))
+    return DistContext(ctx.rank, ctx.world_size, ctx.device, ctx.group,
+                       dp_rank=groups.dp_index, dp_size=groups.config.dp, groups=groups)
+
+
+def enable_model_parallel(model: nn.Module, ctx: DistContext) -> list:
+    """Put ``model``'s stacks under DAP (Evoformer, extra MSA, template pair stacks) and BP
+    (Evoformer and extra MSA stacks; needs ``block_order='parallel'``) per ``ctx.groups``;
+    returns the fold-parallel handles. Parameters and state-dict keys are unchanged."""
+    if ctx.groups is None:
+        return []
+    from fold_parallel import Collectives, DapComm, enable_bp, enable_dap
+
+    cfg = ctx.groups.config
+    handles = []
+    stacks = [model.evoformer]
+    if model.config.extra_msa.enabled:
+        stacks.append(model.extra_msa_stack)
+    if cfg.bp == 2:
+        if model.config.block_order != "parallel":
+            raise ValueError("branch parallelism (bp=2) needs the Parallel Evoformer: set "
+                             "model.block_order=parallel")
+        coll = Collectives(ctx.groups.bp_group, name="BP group")
+        handles += [enable_bp(s, coll) for s in stacks]
+    if cfg.dap > 1:
+        comm = DapComm(ctx.groups.dap_group)
+        if model.template_embedder is not None:
+            stacks.append(model.template_embedder.pair_stack)
+        handles += [enable_dap(s, comm) for s in stacks]
+    return handles
+
+
+def gather_objects(obj: Any, ctx: DistContext) -> list[Any]:
+    """Every rank's ``obj`` (small picklable state such as a data position), on every rank."""
+    if not ctx.distributed:
+        return [obj]
+    out: list[Any] = [None] * ctx.world_size
+    dist.all_gather_object(out, obj, group=ctx.group)
+    return out
 
 
 def setup(device: str | None = None) -> DistContext:

@@ -47,7 +47,13 @@ from fold_train import checkpoint as ckpt
 from fold_train import metrics
 from fold_train.config import TrainConfig
 from fold_train.data import SampleStream, collate
-from fold_train.distributed import DistContext, all_reduce_gradients, all_true
+from fold_train.distributed import (
+    DistContext,
+    all_reduce_gradients,
+    all_true,
+    enable_model_parallel,
+    gather_objects,
+)
 from fold_train.optim import FlatAdam, FlatParams
 
 __all__ = ["NonFiniteError", "Trainer", "evaluate_model", "draw_n_cycle"]
@@ -143,6 +149,7 @@ class Trainer:
         torch.manual_seed(cfg.seed)  # same initial weights on every rank
         self.model_config = cfg.model_config()
         self.model = AlphaFold2(self.model_config).to(self.device)
+        self._parallel_handles = enable_model_parallel(self.model, self.ctx)  # DAP / BP
         if cfg.compile_structure_module:
             # memory-bound: many small elementwise ops that fuse well (ScaleFold 3.3)
             self.model.structure_module.compile()
@@ -152,8 +159,9 @@ class Trainer:
         self.step = 0
         self.consecutive_skips = 0
         self.skipped_total = 0
-        # Different dropout on each rank, reproducible per rank.
-        torch.manual_seed(cfg.seed * 1000 + 1 + self.ctx.rank)
+        # Different dropout for each data-parallel replica, the same on the DAP/BP ranks of one
+        # replica (DAP needs equal masks along a split axis), reproducible.
+        torch.manual_seed(cfg.seed * 1000 + 1 + self.ctx.dp_rank)
         self._writer = None
         self._eval_pool: concurrent.futures.ThreadPoolExecutor | None = None
         self._eval_futures: list[tuple[int, concurrent.futures.Future]] = []
@@ -227,7 +235,7 @@ class Trainer:
         gc_was_enabled = gc.isenabled()
         if cfg.gc_off:
             gc.disable()  # no collection pauses inside a step; collected between steps
-        samples_per_step = cfg.batch_size * self.ctx.world_size
+        samples_per_step = cfg.batch_size * self.ctx.dp_size
         try:
             t_prev = time.perf_counter()
             for batch, names in self.stream.batches(end - self.step):
@@ -347,7 +355,7 @@ class Trainer:
             "model": {k: v.detach().cpu().clone() for k, v in self.model.state_dict().items()},
             "optimizer": self.opt.state_dict(),
             "rng": rng,
-            "data": self.stream.state_dict(),
+            "data": gather_objects(self.stream.state_dict(), self.ctx),  # one per rank
             "world_size": self.ctx.world_size,
         }
 
@@ -372,7 +380,8 @@ class Trainer:
             raise ckpt.CheckpointError(path, f"expected checkpoint format {CHECKPOINT_FORMAT!r}, "
                                              f"got {state.get('format')!r}")
         saved = TrainConfig.from_dict(state["config"])
-        for field in ("preset", "model_overrides", "data_overrides", "seed", "batch_size"):
+        for field in ("preset", "model_overrides", "data_overrides", "seed", "batch_size",
+                      "dap", "bp"):
             if getattr(saved, field) != getattr(self.cfg, field):
                 raise ckpt.CheckpointError(
                     path, f"was written with {field}={getattr(saved, field)!r}, this run has "
@@ -384,7 +393,7 @@ class Trainer:
         try:
             self.model.load_state_dict(state["model"])  # copies into the flat buffers
             self.opt.load_state_dict(state["optimizer"])
-            self.stream.load_state_dict(state["data"])
+            self.stream.load_state_dict(state["data"][self.ctx.rank])
         except (RuntimeError, ValueError, KeyError) as e:
             raise ckpt.CheckpointError(path, f"does not fit this model: {e}") from e
         self.flat.check()
