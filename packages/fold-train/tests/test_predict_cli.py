@@ -143,6 +143,25 @@ def test_train_then_predict_through_the_cli(demo_cache, tmp_path, capsys):
                  str(pred)])
     assert code == 1 and "expected a chain ID" in capsys.readouterr().err
 
+    # a sequence from FASTA (no ground truth: no scores, just the structure)
+    mono = DEMO / "monomer"
+    fasta_out = tmp_path / "short.cif"
+    code = main(["predict", "--checkpoint", str(ckpt), "--fasta", str(mono / "short.fasta"),
+                 "--msa", str(mono / "bfd_uniclust_hits.a3m"), "--out", str(fasta_out)])
+    assert code == 0
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert "lddt_ca" not in summary and summary["n_res"] == 73
+    assert len(gemmi.read_structure(str(fasta_out))[0]["A"]) == 73
+
+    # a damaged checkpoint is refused by name
+    bad = tmp_path / "bad.ckpt"
+    data = bytearray(ckpt.read_bytes())
+    data[len(data) // 3] ^= 0x01
+    bad.write_bytes(bytes(data))
+    code = main(["predict", "--checkpoint", str(bad), "--fasta", str(mono / "short.fasta"),
+                 "--out", str(fasta_out)])
+    assert code == 1 and "bad.ckpt: corrupt checkpoint" in capsys.readouterr().err
+
 
 def test_cache_command_delegates_to_fold_data(tmp_path, capsys):
     if not DEMO.exists():
