@@ -34,7 +34,6 @@ def _cases():
     cases = []
     for rows, c, label in [(65536, 64, "template pair 256^2 x 64"),
                            (147456, 128, "pair 384^2 x 128"),
-                           (196608, 256, "MSA 512x384 x 256"),
                            (147456, 384, "384^2 x 384")]:
         cases.append(("layer_norm", label, lambda rows=rows, c=c: (
             [rnd(rows, c), rnd(c), rnd(c)], [])))

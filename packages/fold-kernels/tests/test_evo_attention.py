@@ -115,3 +115,11 @@ def test_bad_shapes_are_rejected():
         evo_attention(q, q[..., :9, :], q)
     with pytest.raises(ValueError, match="dtype"):
         evo_attention(q.double(), q.double(), q.double())
+
+
+def test_block_multiple_sizes_and_no_mask_with_bias():
+    # N a multiple of every block size takes the select-free path (EVEN); no mask, odd R
+    q, k, v, bias, _, gate = _inputs((1, 3, 2, 32, 16), 2, 32, torch.float32)
+    _check(q, k, v, bias, None, gate, torch.float32)
+    q, k, v, bias, mask, _ = _inputs((1, 3, 2, 32, 16), 2, 32, torch.bfloat16, with_gate=False)
+    _check(q, k, v, bias, mask, None, torch.bfloat16)

@@ -85,7 +85,7 @@ def _keep(Mask, b, r, offs_n, n_valid, smb, smr, smj, HAS_MASK: tl.constexpr):
 @triton.jit
 def _fwd_step(q, K, V, base, offs_n, offs_d, nd, bias2, keep, n_valid, acc, m_i, l_i,
               qk_scale, D, HAS_BIAS: tl.constexpr, HAS_MASK: tl.constexpr,
-              PRECISION: tl.constexpr):
+              EVEN: tl.constexpr, PRECISION: tl.constexpr):
     """One key block of the online softmax for one row: logits in the log2 domain."""
     k = tl.load(K + base + offs_n[:, None] * D + offs_d[None, :], mask=nd, other=0.0)
     v = tl.load(V + base + offs_n[:, None] * D + offs_d[None, :], mask=nd, other=0.0)
@@ -94,7 +94,8 @@ def _fwd_step(q, K, V, base, offs_n, offs_d, nd, bias2, keep, n_valid, acc, m_i,
         s += bias2
     if HAS_MASK:
         s = tl.where(keep[None, :], s, -1.0e30)  # replaced, not added: all masked -> uniform
-    s = tl.where(n_valid[None, :], s, float("-inf"))
+    if not EVEN:  # keys past N (only when N is not a multiple of the block)
+        s = tl.where(n_valid[None, :], s, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(s, 1))
     alpha = tl.exp2(m_i - m_new)
     p = tl.exp2(s - m_new[:, None])
@@ -126,7 +127,7 @@ def _fwd(Q, K, V, G, Bias, Mask, O, OPre, LSE,
          sbb, sbh, sbi, sbj, smb, smr, smj,
          R, H, N, D, qk_scale,
          HAS_BIAS: tl.constexpr, HAS_MASK: tl.constexpr, HAS_GATE: tl.constexpr,
-         TWO_ROWS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+         TWO_ROWS: tl.constexpr, EVEN: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
          BLOCK_D: tl.constexpr, PRECISION: tl.constexpr):
     mb = tl.program_id(0)
     rp = tl.program_id(1)
@@ -165,12 +166,12 @@ def _fwd(Q, K, V, G, Bias, Mask, O, OPre, LSE,
             bias2 = 0.0
         keep0 = _keep(Mask, b, r0, offs_n, n_valid, smb, smr, smj, HAS_MASK)
         acc0, m0, l0 = _fwd_step(q0, K, V, base0, offs_n, offs_d, nd, bias2, keep0, n_valid,
-                                 acc0, m0, l0, qk_scale, D, HAS_BIAS, HAS_MASK, PRECISION)
+                                 acc0, m0, l0, qk_scale, D, HAS_BIAS, HAS_MASK, EVEN, PRECISION)
         if TWO_ROWS:
             keep1 = _keep(Mask, b, r1, offs_n, n_valid, smb, smr, smj, HAS_MASK)
             acc1, m1, l1 = _fwd_step(q1, K, V, base1, offs_n, offs_d, nd, bias2, keep1,
                                      n_valid, acc1, m1, l1, qk_scale, D, HAS_BIAS, HAS_MASK,
-                                     PRECISION)
+                                     EVEN, PRECISION)
     _fwd_store(acc0, m0, l0, G, O, OPre, LSE, slab0, base0, offs_m, offs_d, m_valid, md, N, D,
                HAS_GATE)
     if TWO_ROWS:
@@ -200,12 +201,14 @@ def _bwd_pre(DY, OPre, G, DO, DG, Delta, rows, D,
 
 @triton.jit
 def _ds_tile(q, k, do, v, lse, delta, bias2, keep, qk_scale, HAS_BIAS: tl.constexpr,
-             PRECISION: tl.constexpr):
+             NEED_KEEP: tl.constexpr, PRECISION: tl.constexpr):
     """P (attended keys only) and dS = P * (dO V^T - delta) of one tile, [BLOCK_M, BLOCK_N]."""
     s = _mm(q, tl.trans(k), PRECISION) * qk_scale
     if HAS_BIAS:
         s += bias2
-    p = tl.where(keep[None, :], tl.exp2(s - lse[:, None]), 0.0)
+    p = tl.exp2(s - lse[:, None])
+    if NEED_KEEP:
+        p = tl.where(keep[None, :], p, 0.0)
     dp = _mm(do, tl.trans(v), PRECISION)
     return p, p * (dp - delta[:, None])
 
@@ -213,15 +216,17 @@ def _ds_tile(q, k, do, v, lse, delta, bias2, keep, qk_scale, HAS_BIAS: tl.conste
 @triton.jit
 def _dkdv_step(Q, DO, LSE, Delta, slab, base, offs_m, offs_d, md, m_valid, k, v, bias2, keep,
                n_valid, dk, dv, qk_scale, N, D, HAS_BIAS: tl.constexpr, HAS_MASK: tl.constexpr,
-               PRECISION: tl.constexpr):
+               EVEN: tl.constexpr, PRECISION: tl.constexpr):
     q = tl.load(Q + base + offs_m[:, None] * D + offs_d[None, :], mask=md, other=0.0)
     do = tl.load(DO + base + offs_m[:, None] * D + offs_d[None, :], mask=md, other=0.0)
     lse = tl.load(LSE + slab * 2 * N + offs_m, mask=m_valid, other=float("inf"))
     delta = tl.load(Delta + slab * N + offs_m, mask=m_valid, other=0.0)
-    p, ds = _ds_tile(q, k, do, v, lse, delta, bias2, keep, qk_scale, HAS_BIAS, PRECISION)
+    p, ds = _ds_tile(q, k, do, v, lse, delta, bias2, keep, qk_scale, HAS_BIAS,
+                     HAS_MASK or not EVEN, PRECISION)
     if HAS_MASK:  # a fully masked query spreads 1/l over every key, masked ones included
         uniform = tl.load(LSE + slab * 2 * N + N + offs_m, mask=m_valid, other=0.0)
-        p += tl.where(n_valid[None, :] & (keep == 0)[None, :], uniform[:, None], 0.0)
+        if tl.max(uniform, 0) > 0.0:  # rare: skip the select when no query here is all-masked
+            p += tl.where(n_valid[None, :] & (keep == 0)[None, :], uniform[:, None], 0.0)
     dv += _mm(tl.trans(p.to(do.dtype)), do, PRECISION)
     dk += _mm(tl.trans(ds.to(q.dtype)), q, PRECISION)
     return dk, dv
@@ -232,8 +237,8 @@ def _bwd_dkdv(Q, K, V, Bias, Mask, DO, LSE, Delta, DK, DV,
               sbb, sbh, sbi, sbj, smb, smr, smj,
               R, H, N, D, qk_scale, scale,
               HAS_BIAS: tl.constexpr, HAS_MASK: tl.constexpr, TWO_ROWS: tl.constexpr,
-              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-              PRECISION: tl.constexpr):
+              EVEN: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+              BLOCK_D: tl.constexpr, PRECISION: tl.constexpr):
     nb = tl.program_id(0)
     rp = tl.program_id(1)
     bh = tl.program_id(2)
@@ -275,11 +280,11 @@ def _bwd_dkdv(Q, K, V, Bias, Mask, DO, LSE, Delta, DK, DV,
             bias2 = 0.0
         dk0, dv0 = _dkdv_step(Q, DO, LSE, Delta, slab0, base0, offs_m, offs_d, md, m_valid,
                               k0, v0, bias2, keep0, n_valid, dk0, dv0, qk_scale, N, D,
-                              HAS_BIAS, HAS_MASK, PRECISION)
+                              HAS_BIAS, HAS_MASK, EVEN, PRECISION)
         if TWO_ROWS:
             dk1, dv1 = _dkdv_step(Q, DO, LSE, Delta, slab1, base1, offs_m, offs_d, md, m_valid,
                                   k1, v1, bias2, keep1, n_valid, dk1, dv1, qk_scale, N, D,
-                                  HAS_BIAS, HAS_MASK, PRECISION)
+                                  HAS_BIAS, HAS_MASK, EVEN, PRECISION)
     tl.store(DK + base0 + kv_off, (dk0 * scale).to(DK.dtype.element_ty), mask=nd)
     tl.store(DV + base0 + kv_off, dv0.to(DV.dtype.element_ty), mask=nd)
     if TWO_ROWS:
@@ -289,10 +294,11 @@ def _bwd_dkdv(Q, K, V, Bias, Mask, DO, LSE, Delta, DK, DV,
 
 @triton.jit
 def _dq_step(K, V, base, offs_n, offs_d, nd, q, do, lse, delta, bias2, keep, dq, qk_scale, D,
-             HAS_BIAS: tl.constexpr, PRECISION: tl.constexpr):
+             HAS_BIAS: tl.constexpr, NEED_KEEP: tl.constexpr, PRECISION: tl.constexpr):
     k = tl.load(K + base + offs_n[:, None] * D + offs_d[None, :], mask=nd, other=0.0)
     v = tl.load(V + base + offs_n[:, None] * D + offs_d[None, :], mask=nd, other=0.0)
-    p, ds = _ds_tile(q, k, do, v, lse, delta, bias2, keep, qk_scale, HAS_BIAS, PRECISION)
+    p, ds = _ds_tile(q, k, do, v, lse, delta, bias2, keep, qk_scale, HAS_BIAS, NEED_KEEP,
+                     PRECISION)
     return dq + _mm(ds.to(k.dtype), k, PRECISION)
 
 
@@ -301,8 +307,8 @@ def _bwd_dq(Q, K, V, Bias, Mask, DO, LSE, Delta, DQ,
             sbb, sbh, sbi, sbj, smb, smr, smj,
             R, H, N, D, qk_scale, scale,
             HAS_BIAS: tl.constexpr, HAS_MASK: tl.constexpr, TWO_ROWS: tl.constexpr,
-            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-            PRECISION: tl.constexpr):
+            EVEN: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+            BLOCK_D: tl.constexpr, PRECISION: tl.constexpr):
     mb = tl.program_id(0)
     rp = tl.program_id(1)
     bh = tl.program_id(2)
@@ -344,11 +350,11 @@ def _bwd_dq(Q, K, V, Bias, Mask, DO, LSE, Delta, DQ,
             bias2 = 0.0
         keep0 = _keep(Mask, b, r0, offs_n, n_valid, smb, smr, smj, HAS_MASK)
         dq0 = _dq_step(K, V, base0, offs_n, offs_d, nd, q0, do0, lse0, delta0, bias2, keep0,
-                       dq0, qk_scale, D, HAS_BIAS, PRECISION)
+                       dq0, qk_scale, D, HAS_BIAS, HAS_MASK or not EVEN, PRECISION)
         if TWO_ROWS:
             keep1 = _keep(Mask, b, r1, offs_n, n_valid, smb, smr, smj, HAS_MASK)
             dq1 = _dq_step(K, V, base1, offs_n, offs_d, nd, q1, do1, lse1, delta1, bias2,
-                           keep1, dq1, qk_scale, D, HAS_BIAS, PRECISION)
+                           keep1, dq1, qk_scale, D, HAS_BIAS, HAS_MASK or not EVEN, PRECISION)
     tl.store(DQ + base0 + qo_off, (dq0 * scale).to(DQ.dtype.element_ty), mask=md)
     if TWO_ROWS:
         tl.store(DQ + base1 + qo_off, (dq1 * scale).to(DQ.dtype.element_ty), mask=md)
@@ -393,7 +399,7 @@ def _bwd_dbias(Q, K, V, Bias, Mask, DO, LSE, Delta, DBias,
         lse = tl.load(LSE + slab * 2 * N + offs_m, mask=m_valid, other=float("inf"))
         delta = tl.load(Delta + slab * N + offs_m, mask=m_valid, other=0.0)
         keep = _keep(Mask, b, r, offs_n, n_valid, smb, smr, smj, HAS_MASK)
-        p, ds = _ds_tile(q, k, do, v, lse, delta, bias2, keep, qk_scale, True, PRECISION)
+        p, ds = _ds_tile(q, k, do, v, lse, delta, bias2, keep, qk_scale, True, True, PRECISION)
         acc += ds
     out = (split * (tl.num_programs(2)) + bbh).to(tl.int64) * N * N
     tl.store(DBias + out + offs_m[:, None] * N + offs_n[None, :], acc,
@@ -484,6 +490,10 @@ class _Launch:
             self.mask, self.mask_strides = None, [0, 0, 0]
         self.dtype = q.dtype
 
+    def even(self, cfg: tuning.Config) -> bool:
+        """N is a multiple of both block sizes: no key-boundary selects needed."""
+        return self.N % cfg.block_m == 0 and self.N % cfg.block_n == 0
+
     def strides(self):
         return (*self.bias_strides, *self.mask_strides)
 
@@ -510,7 +520,7 @@ def _forward(q, k, v, gate, lp: _Launch):
                    lp.mask if lp.mask is not None else dummy,
                    o, o_pre, lse, *lp.strides(), lp.R, lp.H, lp.N, lp.D, lp.qk_scale,
                    HAS_BIAS=lp.bias is not None, HAS_MASK=lp.mask is not None,
-                   HAS_GATE=gate is not None, TWO_ROWS=cfg.rows == 2,
+                   HAS_GATE=gate is not None, TWO_ROWS=cfg.rows == 2, EVEN=lp.even(cfg),
                    BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
                    BLOCK_D=lp.block_d, PRECISION=lp.precision,
                    num_warps=cfg.num_warps, num_stages=cfg.num_stages)
@@ -544,14 +554,16 @@ def _backward(dy, q, k, v, gate, o_pre, lse, lp: _Launch, need_dbias: bool):
         grid = (triton.cdiv(lp.N, cfg.block_n), triton.cdiv(lp.R, cfg.rows), lp.B * lp.H)
         _bwd_dkdv[grid](q, k, v, bias, mask, do, lse, delta, dk, dv, *lp.strides(),
                         lp.R, lp.H, lp.N, lp.D, lp.qk_scale, lp.scale,
-                        TWO_ROWS=cfg.rows == 2, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, **flags,
+                        TWO_ROWS=cfg.rows == 2, EVEN=lp.even(cfg),
+                        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, **flags,
                         num_warps=cfg.num_warps, num_stages=cfg.num_stages)
 
     def launch_dq(cfg: tuning.Config):
         grid = (triton.cdiv(lp.N, cfg.block_m), triton.cdiv(lp.R, cfg.rows), lp.B * lp.H)
         _bwd_dq[grid](q, k, v, bias, mask, do, lse, delta, dq, *lp.strides(),
                       lp.R, lp.H, lp.N, lp.D, lp.qk_scale, lp.scale,
-                      TWO_ROWS=cfg.rows == 2, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, **flags,
+                      TWO_ROWS=cfg.rows == 2, EVEN=lp.even(cfg),
+                        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, **flags,
                       num_warps=cfg.num_warps, num_stages=cfg.num_stages)
 
     launch_dkdv(_cfg("dkdv", lp, launch_dkdv))
