@@ -203,7 +203,9 @@ def _dead_code(graph: fx.Graph) -> None:
 def trace_module(module: torch.nn.Module, example_inputs: Sequence[Any]) -> Traced:
     """Symbolically trace ``module`` and annotate it with shapes and memory (see module doc)."""
     if isinstance(module, fx.GraphModule):
-        gm = fx.GraphModule(module, module.graph)
+        graph = fx.Graph()  # a copy: constant folding must not edit the caller's graph
+        graph.output(graph.graph_copy(module.graph, {}))
+        gm = fx.GraphModule(module, graph)
     else:
         try:
             gm = fx.symbolic_trace(module)
