@@ -189,3 +189,21 @@ def test_fused_kernel_path_matches_torch_path():
         torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
     for a, b in zip(opt_k.ema, opt_t.ema):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_swa_is_the_mean_of_the_weights_after_each_update():
+    torch.manual_seed(3)
+    net = _Net()
+    cfg = AdamConfig(lr=1e-2, warmup_steps=0, averaging="swa")
+    flat = FlatParams(net)
+    opt = FlatAdam(flat, cfg)
+    history = []
+    for s in range(5):
+        flat.zero_grad()
+        _loss(net, *_data(s)).backward()
+        opt.step()
+        history.append(flat.groups[0].param.double().clone())
+    torch.testing.assert_close(opt.ema[0].double(), torch.stack(history).mean(0),
+                               rtol=1e-5, atol=1e-7)
+    with pytest.raises(ValueError, match="averaging"):
+        AdamConfig(averaging="polyak")

@@ -173,6 +173,8 @@ class SampleStream:
     def batches(self, n: int) -> Iterator[tuple[dict[str, torch.Tensor], list[str]]]:
         """``n`` batches ``({name: [B, R, ...]}, [chain names])``; the position advances as each
         batch is yielded."""
+        if n <= 0:
+            return
         items = self._pending(n * self.batch_size)
         group: list[dict] = []
         names: list[str] = []

@@ -15,7 +15,8 @@ ops on the flat buffers. Both match ``torch.optim.Adam`` + ``clip_grad_norm_`` +
 The schedule is AF2's (supplement 1.11.3): Adam (beta1 0.9, beta2 0.999, eps 1e-6), learning
 rate 1e-3 linearly warmed up over the first 1000 steps, then multiplied by 0.95 every 50 000
 steps; gradients clipped to global norm 0.1; an exponential moving average of the weights with
-decay 0.999 (used for evaluation and prediction).
+decay 0.999 (used for evaluation and prediction), or, with ``averaging="swa"``, the running mean
+of the weights (ScaleFold's FusedAdam+SWA).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import contextlib
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 from torch import nn
@@ -133,6 +135,9 @@ class AdamConfig:
     decay_every: int = 50_000
     clip_norm: float | None = 0.1  # global gradient norm; None turns clipping off
     ema_decay: float | None = 0.999  # None turns the weight average off
+    # "ema": exponential moving average with ema_decay; "swa": the equal-weight running mean of
+    # the weights after every update (stochastic weight averaging, as ScaleFold's FusedAdam+SWA)
+    averaging: Literal["ema", "swa"] = "ema"
 
     def __post_init__(self) -> None:
         if self.lr <= 0 or self.eps <= 0:
@@ -145,6 +150,8 @@ class AdamConfig:
             raise ValueError(f"clip_norm must be > 0 or None, got {self.clip_norm}")
         if self.ema_decay is not None and not 0 <= self.ema_decay < 1:
             raise ValueError(f"ema_decay must be in [0, 1) or None, got {self.ema_decay}")
+        if self.averaging not in ("ema", "swa"):
+            raise ValueError(f"averaging must be 'ema' or 'swa', got {self.averaging!r}")
 
 
 def learning_rate(step: int, cfg: AdamConfig) -> float:
@@ -229,6 +236,7 @@ class FlatAdam:
         coef = self.clip_coefficient(norm)
         self.step_count += 1
         lr = learning_rate(self.step_count, cfg)
+        decay = self._average_decay()
         for i, g in enumerate(self.flat.groups):
             scale = None if coef is None else coef.to(g.grad.device)
             ema = None if self.ema is None else self.ema[i]
@@ -236,14 +244,24 @@ class FlatAdam:
                 self._kernels.fused_adam_ema_(
                     g.param, g.grad, self.exp_avg[i], self.exp_avg_sq[i], ema,
                     step=self.step_count, lr=lr, beta1=cfg.beta1, beta2=cfg.beta2, eps=cfg.eps,
-                    weight_decay=cfg.weight_decay, ema_decay=cfg.ema_decay, grad_scale=scale,
+                    weight_decay=cfg.weight_decay, ema_decay=decay, grad_scale=scale,
                 )
             else:
-                self._torch_update(i, g, scale, ema, lr)
+                self._torch_update(i, g, scale, ema, lr, decay)
         return {"lr": lr, "grad_norm": norm, "clip_coef": coef if coef is not None else 1.0}
 
+    def _average_decay(self) -> float | None:
+        """The weight-average decay of the current update: ``ema_decay``, or for SWA
+        ``(n - 1) / n`` at update ``n`` (so the average is the mean of the weights after updates
+        1..n)."""
+        if self.cfg.ema_decay is None:
+            return None
+        if self.cfg.averaging == "swa":
+            return (self.step_count - 1) / self.step_count
+        return self.cfg.ema_decay
+
     def _torch_update(self, i: int, g: FlatGroup, scale: torch.Tensor | None,
-                      ema: torch.Tensor | None, lr: float) -> None:
+                      ema: torch.Tensor | None, lr: float, decay: float | None) -> None:
         """The PyTorch path: the same arithmetic as the fused kernel, on whole flat buffers."""
         cfg = self.cfg
         grad = g.grad.float()
@@ -259,8 +277,8 @@ class FlatAdam:
             p.mul_(1.0 - lr * cfg.weight_decay)
         denom = (v / bc2).sqrt_().add_(cfg.eps)
         p.addcdiv_(m, denom, value=-lr / bc1)
-        if ema is not None:
-            ema.lerp_(p.float(), 1.0 - cfg.ema_decay)  # e = d e + (1 - d) p
+        if ema is not None and decay is not None:
+            ema.lerp_(p.float(), 1.0 - decay)  # e = d e + (1 - d) p
 
     # -- EMA ----------------------------------------------------------------------------------
     def ema_state_dict(self) -> dict[str, torch.Tensor]:
