@@ -67,6 +67,10 @@ def test_gpu_shapes_and_dtypes():
 
 def test_fold_model_registry_sees_triton_and_falls_back_on_cpu():
     registry = pytest.importorskip("fold_model.ops.registry")
+    from importlib.metadata import entry_points
+
+    if not any(ep.name == "triton" for ep in entry_points(group=registry.ENTRY_POINT_GROUP)):
+        pytest.skip("fold-kernels is not pip-installed here (its entry point is absent)")
     assert "triton" in registry.backends("attention")
     q = torch.randn(1, 2, 2, 8, 16)
     fn = registry.resolve("attention", q, q, q)

@@ -69,3 +69,14 @@ def row_offsets(rows, d1, d2, s0, s1, s2):
     i0 = rows // (d1 * d2)
     return i0.to(tl.int64) * s0 + i1.to(tl.int64) * s1 + i2.to(tl.int64) * s2
 
+
+
+def reduce_to(grad: torch.Tensor, shape: torch.Size, dtype: torch.dtype) -> torch.Tensor:
+    """Sum a full-shape gradient over the dims a broadcast operand of ``shape`` was expanded
+    along, accumulating in fp32 without an fp32 copy of ``grad``; result in ``dtype``."""
+    if grad.shape == shape:
+        return grad.to(dtype)
+    lead = grad.dim() - len(shape)
+    dims = list(range(lead)) + [lead + i for i, n in enumerate(shape)
+                                if n == 1 and grad.shape[lead + i] != 1]
+    return grad.sum(dim=dims, dtype=torch.float32).reshape(shape).to(dtype)

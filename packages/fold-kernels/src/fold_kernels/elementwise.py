@@ -13,7 +13,7 @@ import triton
 import triton.language as tl
 
 from fold_kernels import tuning
-from fold_kernels.broadcast import row_layout, row_offsets
+from fold_kernels.broadcast import reduce_to, row_layout, row_offsets
 
 __all__ = ["bias_sigmoid_gate", "bias_dropout_residual"]
 
@@ -116,9 +116,7 @@ def _require_device(name: str, x: torch.Tensor) -> None:
 
 def _reduce(grad: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     """Sum a full-shape gradient down to a broadcast operand's shape and dtype."""
-    if grad.shape != like.shape:
-        grad = grad.float().sum_to_size(like.shape)
-    return grad.to(like.dtype)
+    return reduce_to(grad, like.shape, like.dtype)
 
 
 class _BiasSigmoidGate(torch.autograd.Function):
@@ -145,7 +143,9 @@ class _BiasSigmoidGate(torch.autograd.Function):
         lay = row_layout(shape, x, gate, bias)
         dy = dy.contiguous()
         dx = torch.empty(shape, device=dy.device, dtype=x.dtype)
-        dz = torch.empty(shape, device=dy.device, dtype=torch.float32)
+        # d(gate) in gate's dtype when it is full-size (no extra cast pass), else fp32 to reduce
+        dz_dtype = gate.dtype if gate.shape == shape else torch.float32
+        dz = torch.empty(shape, device=dy.device, dtype=dz_dtype)
         c = shape[-1]
         block_r, block_c, warps = _blocks(c)
         xv, gv, bv = lay.operands

@@ -1,10 +1,10 @@
 """Fused LayerNorm + Linear and SwiGLU (MegaFold DeepFusion, for the AF3 transition).
 
-``layer_norm_linear``: the GEMM's prologue normalizes each ``[BLOCK_M, BLOCK_K]`` tile of x as
-it is loaded, so the normalized activations are never written to memory in the forward. The row
-statistics come from one pass over the row with a shift (the row's first value) so that
-``sum(d^2)/K - mean(d)^2`` does not cancel badly. Backward recomputes the normalized x with the
-LayerNorm kernel, lets cuBLAS do the two matrix products and runs the LayerNorm backward kernel.
+``layer_norm_linear``: a small kernel computes each row's mean and 1/std (one pass over x, the
+row held in registers), then the GEMM's prologue normalizes each ``[BLOCK_M, BLOCK_K]`` tile of x
+as it is loaded, so the normalized activations are never written to memory in the forward.
+Backward recomputes the normalized x with the LayerNorm kernel, lets cuBLAS do the two matrix
+products and runs the LayerNorm backward kernel.
 
 ``swiglu``: one GEMM program computes the tile of both halves ``a = x W_a^T`` and
 ``b = x W_b^T`` and writes only ``silu(a) * b``: the ``[M, 2 H]`` projection never reaches memory
@@ -33,7 +33,22 @@ def _mm(a, b, PRECISION: tl.constexpr):
 
 
 @triton.jit
-def _ln_linear_fwd(X, LW, LB, W, Bias, Y, Mean, Rstd, M, K, NOUT, eps,
+def _row_stats(X, Mean, Rstd, M, K, eps, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr):
+    """Mean and 1/std of each row of x [M, K], rows held whole in registers (K <= 8192)."""
+    offs_r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    offs_k = tl.arange(0, BLOCK_K)
+    r_valid = offs_r < M
+    rk = r_valid[:, None] & (offs_k < K)[None, :]
+    x = tl.load(X + offs_r.to(tl.int64)[:, None] * K + offs_k[None, :], mask=rk, other=0.0)
+    x = x.to(tl.float32)
+    mean = tl.sum(x, 1) / K
+    xc = tl.where(rk, x - mean[:, None], 0.0)
+    tl.store(Mean + offs_r, mean, mask=r_valid)
+    tl.store(Rstd + offs_r, 1.0 / tl.sqrt(tl.sum(xc * xc, 1) / K + eps), mask=r_valid)
+
+
+@triton.jit
+def _ln_linear_fwd(X, LW, LB, W, Bias, Y, Mean, Rstd, M, K, NOUT,
                    HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                    BLOCK_K: tl.constexpr, PRECISION: tl.constexpr):
     pid_m = tl.program_id(0)
@@ -43,21 +58,8 @@ def _ln_linear_fwd(X, LW, LB, W, Bias, Y, Mean, Rstd, M, K, NOUT, eps,
     m_valid = offs_m < M
     n_valid = offs_n < NOUT
     xrow = offs_m.to(tl.int64)[:, None] * K
-    # shifted single-pass statistics of each row
-    shift = tl.load(X + offs_m.to(tl.int64) * K, mask=m_valid, other=0.0).to(tl.float32)
-    s1 = tl.zeros([BLOCK_M], tl.float32)
-    s2 = tl.zeros([BLOCK_M], tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        offs_k = k0 + tl.arange(0, BLOCK_K)
-        mk = m_valid[:, None] & (offs_k < K)[None, :]
-        x = tl.load(X + xrow + offs_k[None, :], mask=mk, other=0.0).to(tl.float32)
-        d = tl.where(mk, x - shift[:, None], 0.0)
-        s1 += tl.sum(d, 1)
-        s2 += tl.sum(d * d, 1)
-    mean_d = s1 / K
-    var = tl.maximum(s2 / K - mean_d * mean_d, 0.0)
-    mean = shift + mean_d
-    rstd = 1.0 / tl.sqrt(var + eps)
+    mean = tl.load(Mean + offs_m, mask=m_valid, other=0.0)  # from _row_stats
+    rstd = tl.load(Rstd + offs_m, mask=m_valid, other=0.0)
 
     acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     for k0 in range(0, K, BLOCK_K):
@@ -76,9 +78,6 @@ def _ln_linear_fwd(X, LW, LB, W, Bias, Y, Mean, Rstd, M, K, NOUT, eps,
         acc += tl.load(Bias + offs_n, mask=n_valid, other=0.0).to(tl.float32)[None, :]
     tl.store(Y + offs_m.to(tl.int64)[:, None] * NOUT + offs_n[None, :],
              acc.to(Y.dtype.element_ty), mask=m_valid[:, None] & n_valid[None, :])
-    if pid_n == 0:
-        tl.store(Mean + offs_m, mean, mask=m_valid)
-        tl.store(Rstd + offs_m, rstd, mask=m_valid)
 
 
 @triton.jit
@@ -149,11 +148,16 @@ class _LayerNormLinear(torch.autograd.Function):
         y = torch.empty((m, nout), device=x.device, dtype=x.dtype)
         mean = torch.empty(m, device=x.device, dtype=torch.float32)
         rstd = torch.empty_like(mean)
+        block_k = triton.next_power_of_2(k)
+        block_r = 4 if tuning.interpreting() else max(1, min(64, 4096 // block_k))
+        _row_stats[(triton.cdiv(m, block_r),)](x2, mean, rstd, m, k, eps, BLOCK_R=block_r,
+                                               BLOCK_K=block_k, num_warps=1 if
+                                               tuning.interpreting() else 4)
 
         def launch(cfg: tuning.Config):
             grid = (triton.cdiv(m, cfg.block_m), triton.cdiv(nout, cfg.block_n))
             _ln_linear_fwd[grid](x2, ln_weight, ln_bias, w, bias if bias is not None else w,
-                                 y, mean, rstd, m, k, nout, eps, HAS_BIAS=bias is not None,
+                                 y, mean, rstd, m, k, nout, HAS_BIAS=bias is not None,
                                  BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
                                  PRECISION=_precision(x.dtype), num_warps=cfg.num_warps,
                                  num_stages=cfg.num_stages)

@@ -19,7 +19,7 @@ import triton
 import triton.language as tl
 
 from fold_kernels import tuning
-from fold_kernels.broadcast import row_layout, row_offsets
+from fold_kernels.broadcast import reduce_to, row_layout, row_offsets
 
 __all__ = ["softmax_mask_bias", "MAX_ROW"]
 
@@ -118,10 +118,10 @@ class _SoftmaxMaskBias(torch.autograd.Function):
             p, dp.contiguous(), mv if mv is not None else p, dz, *lay.dims, length,
             *lay.strides[0], HAS_MASK=m8 is not None, BLOCK_R=block_r, BLOCK_L=block_l,
             num_warps=warps)
-        dlogits = dz.sum_to_size(ctx.logits_shape).to(ctx.logits_dtype)
+        dlogits = reduce_to(dz, ctx.logits_shape, ctx.logits_dtype)
         dbias = None
         if ctx.bias_meta is not None:
-            dbias = dz.sum_to_size(ctx.bias_meta[0]).to(ctx.bias_meta[1])
+            dbias = reduce_to(dz, ctx.bias_meta[0], ctx.bias_meta[1])
         return dlogits, None, dbias
 
 
