@@ -94,6 +94,14 @@ def test_help_of_every_command(capsys):
         assert cmd in out
 
 
+def test_print_config_shows_every_resolved_field(capsys):
+    assert main(["train", "--preset", "af2_initial", "--print-config", "optim.lr=5e-4",
+                 "model.evoformer.no_blocks=12"]) == 0
+    cfg = json.loads(capsys.readouterr().out)
+    assert cfg["train"]["optim"]["lr"] == 5e-4 and cfg["model"]["evoformer"]["no_blocks"] == 12
+    assert cfg["data"]["n_res"] == 256 and cfg["model"]["evoformer"]["c_m"] == 256
+
+
 def test_bad_override_exits_2_with_the_reason(tmp_path, capsys, demo_cache):
     code = main(["train", "--cache", demo_cache[0], "--run-dir", str(tmp_path), "steps=lots"])
     assert code == 2
@@ -142,6 +150,16 @@ def test_train_then_predict_through_the_cli(demo_cache, tmp_path, capsys):
     code = main(["predict", "--checkpoint", str(ckpt), "--mmcif", str(TRUE), "--out",
                  str(pred)])
     assert code == 1 and "expected a chain ID" in capsys.readouterr().err
+
+    # --resume continues the run from its latest checkpoint
+    code = main(["train", "--cache", cache_dir, "--run-dir", str(run), "--hold-out", "4zey_A",
+                 "--no-progress", "--resume", *SMALL, "steps=3"])
+    assert code == 0
+    out = capsys.readouterr().out
+    assert "resumed at step 2" in out and "done at step 3" in out
+    steps = [json.loads(x)["step"] for x in (run / "metrics.jsonl").read_text().splitlines()
+             if "loss" in json.loads(x)]
+    assert steps == [1, 2, 3]
 
     # a sequence from FASTA (no ground truth: no scores, just the structure)
     mono = DEMO / "monomer"

@@ -1,6 +1,7 @@
 """The ``fold-train`` command.
 
     fold-train train    --preset tiny --data DATA_DIR [--run-dir RUN] [--resume] [key=value ...]
+    fold-train train    --preset af2_initial --print-config [key=value ...]
     fold-train predict  --checkpoint CKPT (--fasta F | --mmcif F --chain C) [--msa A ...]
                         [--out X.cif]
     fold-train evaluate PRED TRUE [--chain C]          (files, or directories of predictions)
@@ -89,8 +90,8 @@ def run_training(args: argparse.Namespace) -> tuple[object, list[dict]]:
                           workers=cfg.loader_workers, prefetch=cfg.prefetch)
     trainer = Trainer(cfg, args.run_dir, stream, ctx=ctx, eval_set=eval_set,
                       progress=not args.no_progress)
-    if args.resume:
-        step = trainer.resume(None if args.resume is True else args.resume)
+    if args.resume or args.resume_from:
+        step = trainer.resume(args.resume_from)
         if ctx.is_main:
             print(f"fold-train: resumed at step {step} from {args.run_dir}")
     if ctx.is_main:
@@ -101,6 +102,12 @@ def run_training(args: argparse.Namespace) -> tuple[object, list[dict]]:
               f"{len(train_chains)} training chains{held_text}; run directory {args.run_dir}")
     records = trainer.fit()
     return trainer, records
+
+
+def _asdict(obj) -> dict:
+    import dataclasses
+
+    return dataclasses.asdict(obj)
 
 
 def _print_records(records: list[dict], every: int) -> None:
@@ -114,6 +121,13 @@ def _print_records(records: list[dict], every: int) -> None:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
+    if args.print_config:
+        from fold_train.config import apply_overrides, preset
+
+        cfg = apply_overrides(preset(args.preset), args.overrides)
+        print(json.dumps({"train": cfg.to_dict(), "model": _asdict(cfg.model_config()),
+                          "data": _asdict(cfg.data_preset())}, indent=1))
+        return 0
     trainer, records = run_training(args)
     if trainer.ctx.is_main:
         if args.no_progress and records:
@@ -200,7 +214,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     held = args.hold_out
     train_args = argparse.Namespace(
         preset="tiny", data=str(data), cache=args.cache, run_dir=str(run_dir),
-        resume=False, chains=None, hold_out=[held], device=args.device,
+        resume=False, resume_from=None, chains=None, hold_out=[held], device=args.device,
         no_progress=args.no_progress, cache_workers=args.cache_workers,
         overrides=[f"steps={args.steps}", *args.overrides],
     )
@@ -261,8 +275,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--data", help="data directory with mmcifs/ and alignments/")
     p.add_argument("--cache", help="feature cache directory (default RUN_DIR/cache)")
     p.add_argument("--run-dir", default=DEFAULT_RUN_DIR, help="outputs (default runs/latest)")
-    p.add_argument("--resume", nargs="?", const=True, default=False, metavar="CKPT",
-                   help="continue from CKPT, or from the run directory's latest checkpoint")
+    p.add_argument("--resume", action="store_true",
+                   help="continue from the run directory's latest checkpoint")
+    p.add_argument("--resume-from", metavar="CKPT", help="continue from this checkpoint")
+    p.add_argument("--print-config", action="store_true",
+                   help="print the resolved configuration (preset + overrides) as JSON and exit")
     p.add_argument("--chains", type=_chain_list, metavar="A,B", help="only these chains")
     p.add_argument("--hold-out", type=_chain_list, metavar="A,B",
                    help="chains left out of training and evaluated with the EMA weights")
