@@ -6,6 +6,7 @@
 # Extra arguments go to `fold-train demo` (e.g. --steps 200, or key=value overrides).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-# The tiny model gains nothing from more threads than cores.
-export OMP_NUM_THREADS="${OMP_NUM_THREADS:-2}"
+# One intra-op thread: the tiny model's ops are too small to split, the loader worker uses the
+# other core, and extra threads only stall on a busy machine.
+export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
 fold-train demo --data data/demo --cache .fold_cache --run-dir runs/demo "$@"

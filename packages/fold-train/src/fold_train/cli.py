@@ -209,6 +209,14 @@ def cmd_cache(args: argparse.Namespace) -> int:
 # -- demo ---------------------------------------------------------------------------------------
 def cmd_demo(args: argparse.Namespace) -> int:
     """Train ``tiny`` on the bundled chains minus one, then predict the held-back chain."""
+    import os
+
+    import torch
+
+    if "OMP_NUM_THREADS" not in os.environ:
+        # the tiny model's ops are too small to split over threads; the loader worker uses the
+        # other core of a small machine
+        torch.set_num_threads(1)
     data = Path(args.data)
     run_dir = Path(args.run_dir)
     held = args.hold_out
