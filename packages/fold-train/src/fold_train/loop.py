@@ -275,7 +275,17 @@ class Trainer:
 
     # -- evaluation -----------------------------------------------------------------------------
     def _evaluate(self) -> None:
-        if not self.eval_set or not self.ctx.is_main:
+        if not self.eval_set:
+            return
+        if self.ctx.groups is not None:
+            # DAP/BP: the model's collectives need every rank of the replica, so all ranks
+            # evaluate the live module with the EMA weights swapped in, synchronously.
+            with self.opt.swap_ema():
+                result = evaluate_model(self.model, self.eval_set, self.device,
+                                        precision=self.cfg.precision)
+            self._log({"step": self.step, **result})
+            return
+        if not self.ctx.is_main:
             return
         with self.opt.swap_ema():
             snapshot = copy.deepcopy(self.model)  # the EMA weights, frozen at this step
