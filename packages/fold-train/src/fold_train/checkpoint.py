@@ -32,6 +32,7 @@ __all__ = [
     "load_checkpoint",
     "prune_checkpoints",
     "save_checkpoint",
+    "write_atomic",
 ]
 
 MAGIC = b"FOLDCKPT1\n"
@@ -79,20 +80,16 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def save_checkpoint(path: str | os.PathLike, state: dict[str, Any]) -> Path:
-    """Write ``state`` to ``path`` atomically with its sha256; returns the path."""
+def write_atomic(path: str | os.PathLike, *chunks: bytes) -> Path:
+    """Write ``chunks`` to ``path`` atomically: a temporary file in the same directory, fsync,
+    ``os.replace``, fsync of the directory. Readers see the old file or the whole new one."""
     path = Path(path)
-    _check_plain(state, "state")
-    buf = io.BytesIO()
-    torch.save(state, buf)
-    payload = buf.getvalue()
-    digest = hashlib.sha256(payload).hexdigest().encode()
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as f:
-            f.write(MAGIC + digest + b"\n")
-            f.write(payload)
+            for chunk in chunks:
+                f.write(chunk)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -101,6 +98,16 @@ def save_checkpoint(path: str | os.PathLike, state: dict[str, Any]) -> Path:
         raise
     _fsync_dir(path.parent)
     return path
+
+
+def save_checkpoint(path: str | os.PathLike, state: dict[str, Any]) -> Path:
+    """Write ``state`` to ``path`` atomically with its sha256; returns the path."""
+    _check_plain(state, "state")
+    buf = io.BytesIO()
+    torch.save(state, buf)
+    payload = buf.getvalue()
+    digest = hashlib.sha256(payload).hexdigest().encode()
+    return write_atomic(path, MAGIC + digest + b"\n", payload)
 
 
 def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = "cpu") -> dict:

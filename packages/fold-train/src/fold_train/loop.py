@@ -419,9 +419,7 @@ class Trainer:
 
 
 def _write_json(path: Path, obj: Any) -> None:
-    from fold_data.cache import atomic_write_bytes
-
-    atomic_write_bytes(path, json.dumps(obj, indent=1, sort_keys=True).encode())
+    ckpt.write_atomic(path, json.dumps(obj, indent=1, sort_keys=True).encode())
 
 
 def _truncate_metrics(path: Path, step: int) -> None:
@@ -436,6 +434,4 @@ def _truncate_metrics(path: Path, step: int) -> None:
             continue  # a line cut short by the interruption
         if rec.get("step", math.inf) <= step:
             kept.append(line)
-    from fold_data.cache import atomic_write_bytes
-
-    atomic_write_bytes(path, ("\n".join(kept) + ("\n" if kept else "")).encode())
+    ckpt.write_atomic(path, ("\n".join(kept) + ("\n" if kept else "")).encode())

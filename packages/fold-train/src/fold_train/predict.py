@@ -12,7 +12,6 @@ prediction is also scored against it (lDDT-Ca, TM-score, GDT, RMSD).
 from __future__ import annotations
 
 import os
-import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -173,20 +172,9 @@ def prediction_to_structure(pred: Prediction, name: str, chain_id: str = "A"):
 
 def write_mmcif(structure, path: str | os.PathLike) -> Path:
     """Write ``structure`` as mmCIF atomically (temporary file + fsync + rename)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    text = structure.make_mmcif_document().as_string()
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
+    from fold_train.checkpoint import write_atomic
+
+    return write_atomic(path, structure.make_mmcif_document().as_string().encode())
 
 
 def score_against_truth(pred: Prediction, raw: dict[str, np.ndarray]) -> dict[str, float]:
