@@ -73,6 +73,17 @@ def test_evaluate_pair_known_cases(truth, tmp_path):
     assert r["lddt_ca"] < 0.9 and r["gdt_ts"] < 0.75
 
 
+def test_evaluate_directories(truth, tmp_path, capsys):
+    preds = tmp_path / "preds"
+    write_mmcif(prediction_to_structure(truth, "4zey_A"), preds / "4zey_A.cif")
+    assert main(["evaluate", str(preds), str(DEMO / "mmcifs")]) == 0
+    result = json.loads(capsys.readouterr().out.strip())
+    assert result["lddt_ca"] == pytest.approx(1.0) and result["pred"].endswith("4zey_A.cif")
+    write_mmcif(prediction_to_structure(truth, "9xyz_A"), preds / "9xyz_A.cif")
+    assert main(["evaluate", str(preds), str(DEMO / "mmcifs")]) == 1
+    assert "9xyz.cif: expected the true structure of 9xyz_A.cif" in capsys.readouterr().err
+
+
 def test_evaluate_refuses_another_sequence(truth, tmp_path):
     other = Prediction(truth.aatype[:-3], truth.positions[:-3], truth.atom_mask[:-3],
                        truth.plddt[:-3])

@@ -92,6 +92,10 @@ def write_atomic(path: str | os.PathLike, *chunks: bytes) -> Path:
                 f.write(chunk)
             f.flush()
             os.fsync(f.fileno())
+        # mkstemp creates 0600; give the file the permissions a plain open() would
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
