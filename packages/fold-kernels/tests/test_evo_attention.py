@@ -123,3 +123,11 @@ def test_block_multiple_sizes_and_no_mask_with_bias():
     _check(q, k, v, bias, None, gate, torch.float32)
     q, k, v, bias, mask, _ = _inputs((1, 3, 2, 32, 16), 2, 32, torch.bfloat16, with_gate=False)
     _check(q, k, v, bias, mask, None, torch.bfloat16)
+
+
+def test_non_contiguous_inputs_triangle_ending_node_layout():
+    # triangle attention around the ending node attends along the other axis: transposed views
+    q, k, v, bias, mask, gate = _inputs((1, 20, 2, 20, 16), 2, 20, torch.float32)
+    qt, kt, vt, gt = (t.transpose(1, 3) for t in (q, k, v, gate))  # [1, N, H, R, D] views
+    assert not qt.is_contiguous()
+    _check(qt, kt, vt, bias, mask, gt, torch.float32)
