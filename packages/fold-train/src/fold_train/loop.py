@@ -373,10 +373,14 @@ class Trainer:
         """Write ``checkpoints/step_<step>.ckpt`` and prune old ones (every rank calls this; rank
         0 writes)."""
         state = self.state_dict()
-        if not self.ctx.is_main:
-            return None
-        path = ckpt.save_checkpoint(ckpt.checkpoint_path(self.ckpt_dir, self.step), state)
-        ckpt.prune_checkpoints(self.ckpt_dir, self.cfg.keep_checkpoints)
+        path = None
+        if self.ctx.is_main:
+            path = ckpt.save_checkpoint(ckpt.checkpoint_path(self.ckpt_dir, self.step), state)
+            ckpt.prune_checkpoints(self.ckpt_dir, self.cfg.keep_checkpoints)
+        if self.ctx.distributed:
+            import torch.distributed as dist
+
+            dist.barrier()  # no rank goes on (or resumes) before the file is complete
         return path
 
     def resume(self, path: str | Path | None = None) -> int:
