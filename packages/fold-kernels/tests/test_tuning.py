@@ -1,0 +1,51 @@
+"""Per-architecture candidates and the cached autotuner (timing replaced by a fake)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import triton.testing
+from fold_kernels import tuning
+
+
+@pytest.mark.parametrize("kernel", ["fwd", "dkdv", "dq", "dbias"])
+def test_attention_candidates_per_architecture(kernel):
+    nv = tuning.attention_configs(kernel, "sm90", 32)
+    amd = tuning.attention_configs(kernel, "gfx942", 32)
+    assert len(nv) >= 2 and len(amd) == len(nv)
+    assert all(c.num_stages <= 2 for c in amd)  # CDNA: shallower software pipelines
+    assert all(c.rows in (1, 2) for c in nv)
+    assert len(tuning.attention_configs(kernel, "interpreter", 32)) == 1
+
+
+def test_pick_times_once_and_caches_on_disk(tmp_path, monkeypatch):
+    cache = tmp_path / "tuning.json"
+    monkeypatch.setenv("FOLD_KERNELS_CACHE", str(cache))
+    monkeypatch.setattr(tuning, "_MEMORY", {})
+    monkeypatch.setattr(tuning, "_DISK_LOADED", False)
+    monkeypatch.setattr(tuning, "arch", lambda device=None: "sm90")
+    cands = [tuning.Config(64, 64), tuning.Config(32, 32), tuning.Config(128, 64)]
+    fake_ms = {cands[0]: 3.0, cands[1]: 1.0, cands[2]: 2.0}
+    calls = []
+
+    def fake_bench(fn, **kwargs):
+        fn()
+        return fake_ms[calls[-1]]
+
+    monkeypatch.setattr(triton.testing, "do_bench", fake_bench)
+    best = tuning.pick("k", (1, 2), cands, calls.append)
+    assert best == cands[1] and len(calls) == 3
+    assert json.loads(cache.read_text())  # written (atomically, via a temporary file)
+    assert not list(tmp_path.glob(".tuning.*"))  # no temporary file left behind
+    again = tuning.pick("k", (1, 2), cands, calls.append)
+    assert again == cands[1] and len(calls) == 3  # from memory: no new timing
+    monkeypatch.setattr(tuning, "_MEMORY", {})
+    monkeypatch.setattr(tuning, "_DISK_LOADED", False)
+    assert tuning.pick("k", (1, 2), cands, calls.append) == cands[1] and len(calls) == 3
+
+
+def test_autotune_off_takes_the_default(monkeypatch):
+    monkeypatch.setenv("FOLD_KERNELS_AUTOTUNE", "0")
+    cands = [tuning.Config(64, 64), tuning.Config(32, 32)]
+    assert tuning.pick("k", (0,), cands, lambda cfg: None) == cands[0]
