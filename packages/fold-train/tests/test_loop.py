@@ -132,6 +132,7 @@ def _dist_worker(rank: int, world: int, init: str, cache, out_dir: str, extra: l
         dist.destroy_process_group()
 
 
+@pytest.mark.distributed
 @pytest.mark.parametrize("mode, extra, ref_batch, stacks", [
     # 2 data-parallel ranks, one sample each == one process with both samples
     ("dp", [], 2, 0),
@@ -255,6 +256,7 @@ def _dp_resume_worker(rank: int, world: int, init: str, cache, out_dir: str) -> 
         dist.destroy_process_group()
 
 
+@pytest.mark.distributed
 def test_data_parallel_resume_continues_exactly(demo_cache, tmp_path):
     """Each rank's data position and dropout RNG come back (dropout on), so after a resume
     every rank's losses equal the uninterrupted run's."""
