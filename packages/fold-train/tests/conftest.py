@@ -21,3 +21,8 @@ def demo_cache(tmp_path_factory) -> tuple[str, list[tuple[str, str]]]:
     cache = tmp_path_factory.mktemp("cache")
     chains = open_cache(DEMO, cache, chains=list(CHAINS), workers=1)
     return str(cache), chains
+
+
+def pytest_configure(config):
+    # also registered by the repository's conftest.py, which pytest may not load from here
+    config.addinivalue_line("markers", "distributed: starts several processes (torch.distributed)")
