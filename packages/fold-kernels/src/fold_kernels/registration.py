@@ -24,13 +24,15 @@ _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 
 def _tracing() -> bool:
-    try:
-        from torch.fx._symbolic_trace import is_fx_tracing
+    from torch.fx import _symbolic_trace
 
-        if is_fx_tracing():
-            return True
-    except ImportError:
-        pass
+    # is_fx_symbolic_tracing where it exists (is_fx_tracing logs a warning on every call in
+    # newer PyTorch); the module's flag otherwise.
+    check = getattr(_symbolic_trace, "is_fx_symbolic_tracing", None)
+    if check is not None and check():
+        return True
+    if check is None and getattr(_symbolic_trace, "_is_fx_tracing_flag", False):
+        return True
     compiler = getattr(torch, "compiler", None)
     return bool(compiler is not None and compiler.is_compiling())
 
