@@ -32,6 +32,15 @@ def _chain_list(text: str) -> list[str]:
     return [c.strip() for c in text.split(",") if c.strip()]
 
 
+def _memory_budget(text: str):
+    from fold_train.autochunk import parse_memory_budget
+
+    try:
+        return parse_memory_budget(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
 # -- train --------------------------------------------------------------------------------------
 def _eval_set(cache_dir: str, chains: list[tuple[str, str]], preset) -> list[tuple[str, dict]]:
     """In-memory inference samples of the held-out chains (ScaleFold: evaluation never reads
@@ -50,6 +59,17 @@ def _eval_set(cache_dir: str, chains: list[tuple[str, str]], preset) -> list[tup
     return out
 
 
+def _train_overrides(args: argparse.Namespace) -> list[str]:
+    """The ``key=value`` overrides with ``--dap``/``--bp`` folded in (flags first, so an
+    explicit ``dap=``/``bp=`` override given after them wins)."""
+    flags = []
+    if getattr(args, "dap", None) is not None:
+        flags.append(f"dap={args.dap}")
+    if getattr(args, "bp", None) is not None:
+        flags.append(f"bp={args.bp}")
+    return [*flags, *args.overrides]
+
+
 def run_training(args: argparse.Namespace) -> tuple[object, list[dict]]:
     """Build everything ``fold-train train`` needs and run it; returns (trainer, records)."""
     from fold_train.config import apply_overrides, preset
@@ -57,7 +77,7 @@ def run_training(args: argparse.Namespace) -> tuple[object, list[dict]]:
     from fold_train.distributed import model_parallel, setup
     from fold_train.loop import Trainer
 
-    cfg = apply_overrides(preset(args.preset), args.overrides)
+    cfg = apply_overrides(preset(args.preset), _train_overrides(args))
     ctx = model_parallel(setup(args.device), dap=cfg.dap, bp=cfg.bp)
     cache_dir = args.cache or str(Path(args.run_dir) / "cache")
     held = list(args.hold_out or [])
@@ -124,7 +144,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     if args.print_config:
         from fold_train.config import apply_overrides, preset
 
-        cfg = apply_overrides(preset(args.preset), args.overrides)
+        cfg = apply_overrides(preset(args.preset), _train_overrides(args))
         print(json.dumps({"train": cfg.to_dict(), "model": _asdict(cfg.model_config()),
                           "data": _asdict(cfg.data_preset())}, indent=1))
         return 0
@@ -155,9 +175,19 @@ def run_prediction(args: argparse.Namespace) -> dict:
     )
 
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    autochunk = getattr(args, "autochunk", None)
+    if autochunk is not None and args.chunk_size:
+        from fold_train.config import ConfigError
+
+        raise ConfigError("--autochunk and --chunk-size are alternatives: give one of them")
     model, cfg = load_trained_model(args.checkpoint, device, use_ema=not args.no_ema)
     if args.chunk_size:
         model.set_chunk_size(args.chunk_size)
+    chunked = []
+    if autochunk is not None:
+        from fold_train.autochunk import enable_autochunk
+
+        chunked = enable_autochunk(model, autochunk, min_chunk=args.autochunk_min_chunk)
     name, raw, has_truth = make_raw_features(
         fasta=args.fasta, mmcif=args.mmcif, chain=args.chain, msas=args.msa or [],
         template_hits=args.templates, template_mmcif_dir=args.template_mmcif_dir)
@@ -167,6 +197,13 @@ def run_prediction(args: argparse.Namespace) -> dict:
     write_mmcif(prediction_to_structure(pred, name), out)
     summary: dict = {"name": name, "out": str(out), "n_res": len(pred.aatype),
                      "mean_plddt": float(pred.plddt.mean())}
+    if chunked:
+        summary["autochunk"] = {
+            name: {"budget_bytes": w.report.memory_budget,
+                   "estimated_peak_before": w.report.estimated_peak_before,
+                   "estimated_peak_after": w.report.simulated_peak_after,
+                   "regions": len(w.report.regions)}
+            for name, w in zip(("evoformer", "extra_msa_stack"), chunked)}
     if has_truth:
         summary.update(score_against_truth(pred, raw))
     return summary
@@ -241,7 +278,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         msa=[str(p) for p in entry.msa_paths],
         templates=None if entry.template_hits is None else str(entry.template_hits),
         template_mmcif_dir=str(data / "mmcifs"), out=str(run_dir / "predictions" / f"{held}.cif"),
-        device=args.device, no_ema=False, recycles=None, chunk_size=None,
+        device=args.device, no_ema=False, recycles=None, chunk_size=None, autochunk=None,
     )
     summary = run_prediction(pred_args)
     print(f"\nprediction of the held-back chain {held} ({summary['n_res']} residues, "
@@ -295,6 +332,13 @@ def build_parser() -> argparse.ArgumentParser:
                                     "sets the rank's GPU)")
     p.add_argument("--cache-workers", type=int, default=2, help="featurizer processes")
     p.add_argument("--no-progress", action="store_true", help="no progress bar; print a table")
+    p.add_argument("--dap", type=int, metavar="N",
+                   help="Dynamic Axial Parallelism degree (FastFold): N ranks of each replica "
+                        "share one sample, activations split along N_seq / N_res (= dap=N)")
+    p.add_argument("--bp", type=int, choices=(1, 2), metavar="{1,2}",
+                   help="Branch Parallelism degree (HelixFold): 2 runs the MSA and pair branches "
+                        "of each block on 2 ranks; needs model.block_order=parallel (= bp=2). "
+                        "World size = DP x BP x DAP under torchrun")
     p.add_argument("overrides", nargs="*", metavar="key=value")
     p.set_defaults(func=cmd_train)
 
@@ -314,7 +358,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--template-mmcif-dir", help="directory of template <pdb>.cif files")
     p.add_argument("--out", help="output mmCIF (default <name>.cif)")
     p.add_argument("--recycles", type=int, help="forward passes (default: all, 1 + iterations)")
-    p.add_argument("--chunk-size", type=int, help="chunk attention/OPM rows (long chains)")
+    p.add_argument("--chunk-size", type=int,
+                   help="manual chunking: attention / outer-product-mean / triangle rows in "
+                        "chunks of N (long chains)")
+    p.add_argument("--autochunk", type=_memory_budget, metavar="BYTES|auto",
+                   help="AutoChunk (FastFold): chunk the Evoformer and extra MSA stacks so that "
+                        "each call's estimated activation memory fits BYTES (e.g. 2GiB, 500MB, "
+                        "1e9), or 'auto': 90%% of the device memory free at that point. Planned "
+                        "on the first recycling pass; the JSON summary reports the plan")
+    p.add_argument("--autochunk-min-chunk", type=int, default=1, metavar="N",
+                   help="smallest chunk AutoChunk may use (default 1; larger is faster but "
+                        "reaches a higher memory floor)")
     p.add_argument("--no-ema", action="store_true", help="use the live weights, not the EMA")
     p.add_argument("--device", help="cpu or cuda")
     p.set_defaults(func=cmd_predict)
@@ -356,6 +410,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from fold_chunk import MemoryBudgetError
     from fold_data.errors import InputError
 
     from fold_train.checkpoint import CheckpointError
@@ -369,7 +424,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as e:
         print(f"fold-train {args.command}: {e}", file=sys.stderr)
         return 2
-    except (InputError, CheckpointError, NonFiniteError) as e:
+    except (InputError, CheckpointError, NonFiniteError, MemoryBudgetError) as e:
         print(f"fold-train {args.command}: {e}", file=sys.stderr)
         return 1
 

@@ -66,6 +66,7 @@ class TrainConfig:
     overlap_clip: bool = True  # global-norm partials computed while the all-reduce runs
     compile_structure_module: bool = False  # torch.compile of the memory-bound module
     async_eval: bool = False  # evaluate in a background thread while training goes on
+    cuda_graphs: bool = False  # replay forward+loss+backward from one CUDA graph per N_cycle
     optim: AdamConfig = field(default_factory=AdamConfig)
     model_overrides: dict[str, Any] = field(default_factory=dict)
     data_overrides: dict[str, Any] = field(default_factory=dict)

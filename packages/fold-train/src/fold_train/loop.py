@@ -45,7 +45,8 @@ from fold_model.af2.metrics import lddt_ca as torch_lddt_ca
 
 from fold_train import checkpoint as ckpt
 from fold_train import metrics
-from fold_train.config import TrainConfig
+from fold_train.config import ConfigError, TrainConfig
+from fold_train.cuda_graphs import CaptureBackend, CudaGraphBackend, GraphedStep
 from fold_train.data import SampleStream, collate
 from fold_train.distributed import (
     DistContext,
@@ -119,10 +120,13 @@ def evaluate_model(
     return result
 
 
-def _autocast(device: torch.device, precision: str):
+def _autocast(device: torch.device, precision: str, *, cache: bool = True):
+    """bf16 autocast for ``precision="bf16"``. ``cache=False`` under CUDA Graphs: the autocast
+    cache of cast weights is cleared when the context exits, so a captured graph must not read
+    from it."""
     if precision != "bf16":
         return nullcontext()
-    return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
+    return torch.autocast(device_type=device.type, dtype=torch.bfloat16, cache_enabled=cache)
 
 
 class Trainer:
@@ -130,13 +134,15 @@ class Trainer:
 
     ``eval_set``: inference samples ``[(name, sample)]`` scored with the EMA weights every
     ``cfg.eval_every`` steps and at the end. ``ctx``: the data-parallel context (single process
-    when None).
+    when None). With ``cfg.cuda_graphs`` the forward + loss + backward of a step is replayed from
+    a CUDA graph per ``N_cycle`` (:mod:`fold_train.cuda_graphs`); ``graph_backend`` replaces the
+    CUDA capture (tests).
     """
 
     def __init__(
         self, cfg: TrainConfig, run_dir: str | Path, stream: SampleStream, *,
         ctx: DistContext | None = None, eval_set: Sequence[tuple[str, dict]] = (),
-        progress: bool = True,
+        progress: bool = True, graph_backend: CaptureBackend | None = None,
     ) -> None:
         self.cfg = cfg
         self.ctx = ctx or DistContext()
@@ -156,6 +162,15 @@ class Trainer:
         self.loss_fn = AlphaFold2Loss(self.model_config.loss)
         self.flat = FlatParams(self.model)
         self.opt = FlatAdam(self.flat, cfg.optim, use_kernels=cfg.use_kernels)
+        self._graphed: GraphedStep | None = None
+        if cfg.cuda_graphs:
+            if cfg.dap > 1 or cfg.bp > 1:
+                raise ConfigError("cuda_graphs=true with dap/bp > 1 is not supported: the DAP/BP "
+                                  "collectives inside the step are not captured")
+            backend = graph_backend or CudaGraphBackend(self.device)
+            self._graphed = GraphedStep(self._graph_body, backend)
+        elif graph_backend is not None:
+            raise ValueError("graph_backend given but cfg.cuda_graphs is false")
         self.step = 0
         self.consecutive_skips = 0
         self.skipped_total = 0
@@ -173,12 +188,14 @@ class Trainer:
         self.model.train()
         n_cycle = draw_n_cycle(cfg.seed, self.step, batch["aatype"].shape[1])
         batch = _to_device(batch, self.device)
-        self.flat.zero_grad()
-        with _autocast(self.device, cfg.precision):
-            out = self.model(batch, num_recycles=n_cycle)
-            last = _last_pass(batch, n_cycle)
-            loss, terms = self.loss_fn(out, last)
-        loss.backward()
+        if self._graphed is not None:
+            self._graphed.load(batch)
+            outs = self._graphed(n_cycle)
+            loss, positions = outs.pop("loss"), outs.pop("final_atom_positions")
+            terms = outs
+        else:
+            loss, terms, positions = self._forward_backward(batch, n_cycle)
+        last = _last_pass(batch, n_cycle)
         if self.ctx.distributed:
             # the norm is accumulated while the buckets' all-reduces complete (overlap_clip), or
             # taken afterwards over the whole averaged buffer
@@ -199,7 +216,7 @@ class Trainer:
             record["skipped"] = True
         self.step += 1
         with torch.no_grad():
-            lddt = torch_lddt_ca(out["final_atom_positions"].float(),
+            lddt = torch_lddt_ca(positions.float(),
                                  last["all_atom_positions"].float(),
                                  last["all_atom_mask"].float() * last["seq_mask"][..., None],
                                  per_residue=False)
@@ -216,6 +233,29 @@ class Trainer:
                     f"at step {self.step}")
         return record
 
+    def _forward_backward(
+        self, batch: dict[str, torch.Tensor], n_cycle: int, *, autocast_cache: bool = True,
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor], torch.Tensor]:
+        """Zero the flat gradient, forward with ``n_cycle`` passes, the loss on the last pass's
+        truth, backward. Returns ``(loss, loss terms, final_atom_positions [B, N_res, 37, 3])``
+        (detached)."""
+        self.flat.zero_grad()
+        with _autocast(self.device, self.cfg.precision, cache=autocast_cache):
+            out = self.model(batch, num_recycles=n_cycle)
+            loss, terms = self.loss_fn(out, _last_pass(batch, n_cycle))
+        loss.backward()
+        terms = {k: v.detach() for k, v in terms.items()}
+        return loss.detach(), terms, out["final_atom_positions"].detach()
+
+    def _graph_body(self, n_cycle: int) -> dict[str, torch.Tensor]:
+        """The captured work of a step: :meth:`_forward_backward` on the static batch."""
+        assert self._graphed is not None
+        loss, terms, positions = self._forward_backward(
+            self._graphed.static_inputs, n_cycle, autocast_cache=False)
+        if "loss" in terms or "final_atom_positions" in terms:
+            raise RuntimeError("loss term names collide with the step's outputs")
+        return {"loss": loss, "final_atom_positions": positions, **terms}
+
     # -- the run --------------------------------------------------------------------------------
     def fit(self, *, stop_at: int | None = None) -> list[dict[str, Any]]:
         """Train until ``cfg.steps`` (or ``stop_at``, to interrupt a run on purpose); returns the
@@ -227,10 +267,8 @@ class Trainer:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             _write_json(self.run_dir / "config.json", cfg.to_dict())
             self._open_tensorboard()
-        from tqdm import tqdm
-
-        bar = tqdm(total=cfg.steps, initial=self.step, desc="fold-train", unit="step",
-                   disable=not (self.progress and main), dynamic_ncols=True)
+        bar = _progress_bar(total=cfg.steps, initial=self.step,
+                            enabled=self.progress and main)
         records = []
         gc_was_enabled = gc.isenabled()
         if cfg.gc_off:
@@ -420,6 +458,29 @@ class Trainer:
         if self.ctx.is_main:
             _truncate_metrics(self.run_dir / "metrics.jsonl", self.step)
         return self.step
+
+
+class _NoBar:
+    """Stands in for a tqdm bar when tqdm is not installed (or the bar is off)."""
+
+    def set_postfix(self, **kwargs: Any) -> None:
+        pass
+
+    def update(self, n: int = 1) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def _progress_bar(*, total: int, initial: int, enabled: bool):
+    """A tqdm bar, or a silent stand-in when tqdm is missing (GPU images without it)."""
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        return _NoBar()
+    return tqdm(total=total, initial=initial, desc="fold-train", unit="step",
+                disable=not enabled, dynamic_ncols=True)
 
 
 def _write_json(path: Path, obj: Any) -> None:

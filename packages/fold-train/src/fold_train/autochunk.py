@@ -1,0 +1,133 @@
+"""AutoChunk for prediction (FastFold 5.3): the Evoformer and extra MSA stacks of a trained
+AlphaFold2 run as ``fold_chunk.autochunk`` code that fits a memory budget.
+
+A stack's inputs are only known once the features are (``N_clust + N_templ`` MSA rows,
+``N_extra``, ``N_res``), so :class:`AutoChunkedStack` plans on its first call, with the real
+inputs as the example, and reuses the plan for every recycling pass (fold-chunk caches plans per
+input signature). The budget is in activation bytes of one stack call (what fold-chunk
+estimates: tensors allocated during the call, not its inputs or the weights), given in bytes or
+``"auto"``: 90% of the memory free on the device when the stack is first called (the inputs and
+the weights are already allocated then; the rest is margin for allocator fragmentation).
+
+Inference only: the stacks must run in eval mode under ``torch.no_grad()`` (fold-chunk's
+chunk loops keep no autograd graph, and dropout would draw different masks per chunk).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from typing import Any, Literal
+
+import torch
+from torch import nn
+
+__all__ = ["AUTO", "AutoChunkedStack", "available_memory", "enable_autochunk",
+           "parse_memory_budget"]
+
+AUTO = "auto"
+Budget = int | Literal["auto"]
+_AUTO_FRACTION = 0.9
+_UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9,
+          "gb": 10**9, "kib": 2**10, "mib": 2**20, "gib": 2**30, "ki": 2**10, "mi": 2**20,
+          "gi": 2**30}
+
+
+def parse_memory_budget(text: str) -> Budget:
+    """``"auto"``, a byte count (``"1500000"``, ``"1.5e6"``) or a size with a unit
+    (``"512MiB"``, ``"2GB"``, ``"2 GiB"``) -> bytes or ``"auto"``; ValueError otherwise."""
+    t = text.strip().lower()
+    if t == AUTO:
+        return AUTO
+    match = re.fullmatch(r"([0-9]*\.?[0-9]+(?:e[+-]?[0-9]+)?)\s*([a-z]*)", t)
+    if match is None or match.group(2) not in _UNITS:
+        raise ValueError(f"memory budget {text!r}: expected 'auto', a number of bytes or a size "
+                         "such as 512MiB / 2GB / 1.5GiB")
+    value = float(match.group(1)) * _UNITS[match.group(2)]
+    if value < 1:
+        raise ValueError(f"memory budget {text!r}: expected at least 1 byte")
+    return int(value)
+
+
+def available_memory(device: torch.device | str) -> int:
+    """Bytes free for new allocations on ``device``: the CUDA driver's free memory, or the
+    host's available memory (``MemAvailable`` of ``/proc/meminfo``, else free pages)."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        return int(free)
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+class AutoChunkedStack(nn.Module):
+    """``stack`` run through ``fold_chunk.autochunk`` at ``memory_budget`` bytes (or ``"auto"``),
+    planned on the first call. Same signature and outputs as ``stack``; ``report`` is the
+    fold-chunk ``ChunkReport`` of the plan (None before the first call)."""
+
+    def __init__(self, stack: nn.Module, memory_budget: Budget, *, min_chunk: int = 1) -> None:
+        super().__init__()
+        if memory_budget != AUTO and (not isinstance(memory_budget, int) or memory_budget < 0):
+            raise ValueError(f"memory_budget must be bytes >= 0 or 'auto', got {memory_budget!r}")
+        self.stack = stack
+        self.memory_budget = memory_budget
+        self.min_chunk = min_chunk
+        self._chunked: nn.Module | None = None
+
+    def set_chunk_size(self, chunk_size: int | None) -> None:
+        """``AlphaFold2.set_chunk_size`` passes through here: only ``None`` fits AutoChunk."""
+        if chunk_size is not None:
+            raise ValueError("AutoChunk and the manual chunk size are alternatives")
+        self.stack.set_chunk_size(None)
+
+    @property
+    def report(self) -> Any:
+        return None if self._chunked is None else self._chunked.report
+
+    def _budget(self, device: torch.device) -> int:
+        if self.memory_budget == AUTO:
+            return int(available_memory(device) * _AUTO_FRACTION)
+        return int(self.memory_budget)
+
+    def forward(self, *inputs: torch.Tensor) -> Any:
+        if self.training or torch.is_grad_enabled():
+            raise RuntimeError("AutoChunk is for inference: call the model in eval mode under "
+                               "torch.no_grad() (training keeps autograd graphs and dropout)")
+        if self._chunked is None:
+            import fold_chunk
+
+            device = next(x.device for x in inputs if isinstance(x, torch.Tensor))
+            self._chunked = fold_chunk.autochunk(self.stack, inputs, self._budget(device),
+                                                 min_chunk=self.min_chunk)
+        return self._chunked(*inputs)
+
+
+def enable_autochunk(model: nn.Module, memory_budget: Budget, *,
+                     min_chunk: int = 1) -> list[AutoChunkedStack]:
+    """Replace ``model.evoformer`` and ``model.extra_msa_stack`` (when present) of a fold-model
+    ``AlphaFold2`` by :class:`AutoChunkedStack` wrappers (each with its own ``memory_budget``);
+    returns the wrappers (their ``report`` after the first prediction). Load the weights
+    first: the wrapped stacks' state-dict keys gain a ``.stack`` level."""
+    if getattr(model, "chunk_size", None):
+        raise ValueError("AutoChunk and the manual chunk size are alternatives: set the chunk "
+                         "size to None first")
+    wrappers = []
+    for name in ("evoformer", "extra_msa_stack"):
+        stack = getattr(model, name, None)
+        if stack is None:
+            continue
+        if isinstance(stack, AutoChunkedStack):
+            raise ValueError(f"model.{name} is already AutoChunked")
+        wrapper = AutoChunkedStack(stack, memory_budget, min_chunk=min_chunk)
+        wrapper.train(stack.training)
+        setattr(model, name, wrapper)  # nn.Module.__setattr__ re-registers the submodule
+        wrappers.append(wrapper)
+    if not wrappers:
+        raise ValueError(f"{type(model).__name__} has no evoformer / extra_msa_stack to chunk")
+    return wrappers
