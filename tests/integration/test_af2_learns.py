@@ -20,7 +20,6 @@ from pathlib import Path
 
 import numpy as np
 import torch
-
 from fold_data.af2 import make_features, make_sample
 from fold_model.af2 import AlphaFold2, config
 from fold_model.af2.loss import AlphaFold2Loss

@@ -1,3 +1,3 @@
-"""fold-data: Data pipeline for AlphaFold-style models: mmCIF (gemmi), MSAs, templates, features, ahead-of-time cache, non-blocking loader."""
+"""fold-data: the data pipeline of fold (mmCIF, MSAs, templates, AF2/AF3 features, cache, loader)."""
 
 __version__ = "0.1.0"

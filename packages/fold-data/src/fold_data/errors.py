@@ -25,4 +25,4 @@ class InputError(ValueError):
 
 
 class InputWarning(UserWarning):
-    """Input that is skipped with a documented warning (e.g. a template hit whose mmCIF is missing)."""
+    """Input skipped with a documented warning (e.g. template hits whose mmCIF is missing)."""

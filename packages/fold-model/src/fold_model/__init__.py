@@ -1,3 +1,3 @@
-"""fold-model: AlphaFold2 and AlphaFold3 models in PyTorch with seams for kernels, parallelism and chunking."""
+"""fold-model: AlphaFold2 (and AlphaFold3) models with seams for kernels, parallelism, chunking."""
 
 __version__ = "0.1.0"

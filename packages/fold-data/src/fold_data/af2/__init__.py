@@ -28,7 +28,19 @@ _EXPORTS = {
     "make_sample": ".transforms",
 }
 
-__all__ = sorted(_EXPORTS)
+__all__ = [
+    "PRESETS",
+    "RAW_FEATURES",
+    "SAMPLE_FEATURES",
+    "DataPreset",
+    "FeatureSpec",
+    "SchemaError",
+    "get_preset",
+    "make_features",
+    "make_features_from_sequence",
+    "make_sample",
+    "validate",
+]
 
 if TYPE_CHECKING:
     from .features import make_features, make_features_from_sequence
