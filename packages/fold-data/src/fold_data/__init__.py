@@ -1,3 +1,3 @@
-"""fold-data: the data pipeline of fold (mmCIF, MSAs, templates, AF2/AF3 features, cache, loader)."""
+"""fold-data: the data pipeline of fold (mmCIF, MSAs, templates, features, cache, loader)."""
 
 __version__ = "0.1.0"
