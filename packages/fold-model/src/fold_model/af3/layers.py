@@ -1,0 +1,151 @@
+"""AF3 layers that differ from AF2's: the SwiGLU transition (Alg. 11), adaptive LayerNorm
+(Alg. 26), attention with pair bias (Alg. 24) and the conditioned transition block (Alg. 25).
+
+Attention runs through :class:`fold_model.primitives.Attention` (``ops.attention``: the registry's
+attention with a bias shared by rows, served by fold-kernels' EvoAttention); the transitions through
+``ops.layer_norm`` and ``ops.swiglu`` (MegaFold's DeepFusion ops).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from fold_model import ops
+from fold_model.primitives import Attention, LayerNorm, Linear, chunked_rows
+from fold_model.seams import IDENTITY_COMM, AxialComm
+
+__all__ = [
+    "SwiGLUTransition",
+    "AdaLN",
+    "AttentionPairBias",
+    "ConditionedTransitionBlock",
+    "pair_bias",
+]
+
+
+class SwiGLUTransition(nn.Module):
+    """Alg. 11: ``LinearNoBias(silu(a) * b)`` with ``a, b = LinearNoBias(LayerNorm(x))``, hidden
+    width ``n * c``. ``x: [*, C] -> [*, C]``; with ``chunk_size`` rows of ``row_dim`` in slices."""
+
+    def __init__(self, c: int, n: int) -> None:
+        super().__init__()
+        self.layer_norm = LayerNorm(c)
+        self.linear_ab = Linear(c, 2 * n * c, bias=False, init="relu")  # [a | b] stacked
+        self.linear_out = Linear(n * c, c, bias=False, init="final")
+
+    def _transition(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.layer_norm(x)
+        return self.linear_out(ops.swiglu(x, self.linear_ab.weight))  # [*, n C] -> [*, C]
+
+    def forward(
+        self, x: torch.Tensor, chunk_size: int | None = None, row_dim: int = -3
+    ) -> torch.Tensor:
+        return chunked_rows(self._transition, chunk_size, ((x, row_dim),), out_dim=row_dim)
+
+
+class AdaLN(nn.Module):
+    """Alg. 26: ``sigmoid(Linear(LN(s))) * LN(a) + LinearNoBias(LN(s))``; the LayerNorm of ``a`` has
+    no affine parameters, that of ``s`` a gain only. ``a: [*, N, C_a]``, ``s: [*, N, C_s]``."""
+
+    def __init__(self, c_a: int, c_s: int) -> None:
+        super().__init__()
+        self.s_weight = nn.Parameter(torch.ones(c_s))
+        self.linear_gate = Linear(c_s, c_a)
+        self.linear_shift = Linear(c_s, c_a, bias=False)
+
+    def forward(self, a: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
+        a = ops.layer_norm(a, None, None)
+        s = ops.layer_norm(s, self.s_weight, None)
+        return torch.sigmoid(self.linear_gate(s)) * a + self.linear_shift(s)
+
+
+def pair_bias(
+    z: torch.Tensor, layer_norm: LayerNorm, linear: Linear, comm: AxialComm = IDENTITY_COMM
+) -> torch.Tensor:
+    """Per-head bias ``LinearNoBias(LayerNorm(z))`` from the row-split pair ``[*, N_i/P, N_j, C_z]``
+    -> ``[*, H, N_i, N_j]`` (gathered over i: every query needs all of its rows)."""
+    b = linear(layer_norm(z))  # [*, N_i/P, N_j, H]
+    b = comm.gather(b, -3)  # [*, N_i, N_j, H]
+    return b.movedim(-1, -3)  # [*, H, N_i, N_j]
+
+
+class AttentionPairBias(nn.Module):
+    """Alg. 24: gated multi-head attention over tokens with a bias from the pair representation.
+
+    ``a: [*, R, N, C_a]`` (R rows share the bias: 1 for the Pairformer's single representation,
+    the diffusion samples in the diffusion transformer), ``bias: [*, H, N_q, N_k]`` (from
+    :meth:`bias_from_pair` or a window's pair bias), ``mask: [*, R, N_k]``; with ``c_s`` the input
+    is normalised by :class:`AdaLN` on ``s: [*, R, N, C_s]`` and the output gated by
+    ``sigmoid(Linear(s))`` with bias -2 (adaptive zero init). :meth:`attend` takes separately
+    normalised queries and keys (the atom transformer's query and key windows).
+    """
+
+    def __init__(self, c_a: int, c_z: int | None, no_heads: int, c_s: int | None = None) -> None:
+        super().__init__()
+        self.ada_ln = AdaLN(c_a, c_s) if c_s is not None else None
+        self.layer_norm_a = LayerNorm(c_a) if c_s is None else None
+        if c_z is not None:
+            self.layer_norm_z = LayerNorm(c_z)
+            self.linear_z = Linear(c_z, no_heads, bias=False)
+        self.mha = Attention(c_a, c_a, c_a // no_heads, no_heads, gating=True)
+        if c_s is not None:
+            self.linear_s_gate = Linear(c_s, c_a)
+            with torch.no_grad():
+                self.linear_s_gate.bias.fill_(-2.0)
+
+    def bias_from_pair(self, z: torch.Tensor, comm: AxialComm = IDENTITY_COMM) -> torch.Tensor:
+        """``z: [*, N_i/P, N_j, C_z]`` -> ``[*, H, N_i, N_j]``."""
+        return pair_bias(z, self.layer_norm_z, self.linear_z, comm)
+
+    def normalize(self, a: torch.Tensor, s: torch.Tensor | None) -> torch.Tensor:
+        if self.ada_ln is not None:
+            return self.ada_ln(a, s)
+        return self.layer_norm_a(a)
+
+    def forward(
+        self,
+        a: torch.Tensor,
+        bias: torch.Tensor | None,
+        mask: torch.Tensor | None,
+        s: torch.Tensor | None = None,
+        chunk_size: int | None = None,
+    ) -> torch.Tensor:
+        """Self-attention of ``a [*, R, N, C_a]`` -> update ``[*, R, N, C_a]``."""
+        x = self.normalize(a, s)
+        return self.attend(x, x, mask, bias, s, chunk_size)
+
+    def attend(
+        self,
+        q_x: torch.Tensor,
+        kv_x: torch.Tensor,
+        mask: torch.Tensor | None,
+        bias: torch.Tensor | None,
+        s_q: torch.Tensor | None = None,
+        chunk_size: int | None = None,
+    ) -> torch.Tensor:
+        """Attention of normalised queries ``[*, R, N_q, C_a]`` to normalised keys/values
+        ``[*, R, N_k, C_a]``; ``s_q: [*, R, N_q, C_s]`` gates the output when conditioned."""
+        out = self.mha(q_x, kv_x, mask, bias, chunk_size)  # [*, R, N_q, C_a]
+        if self.ada_ln is not None:
+            out = torch.sigmoid(self.linear_s_gate(s_q)) * out
+        return out
+
+
+class ConditionedTransitionBlock(nn.Module):
+    """Alg. 25: SwiGLU transition on ``AdaLN(a, s)``, output gated by ``sigmoid(Linear(s))`` (bias
+    -2). ``a: [*, N, C_a]``, ``s: [*, N, C_s]`` -> ``[*, N, C_a]``."""
+
+    def __init__(self, c_a: int, c_s: int, n: int = 2) -> None:
+        super().__init__()
+        self.ada_ln = AdaLN(c_a, c_s)
+        self.linear_ab = Linear(c_a, 2 * n * c_a, bias=False, init="relu")
+        self.linear_out = Linear(n * c_a, c_a, bias=False)
+        self.linear_s_gate = Linear(c_s, c_a)
+        with torch.no_grad():
+            self.linear_s_gate.bias.fill_(-2.0)
+
+    def forward(self, a: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
+        a = self.ada_ln(a, s)
+        b = ops.swiglu(a, self.linear_ab.weight)  # [*, N, n C_a]
+        return torch.sigmoid(self.linear_s_gate(s)) * self.linear_out(b)

@@ -1,0 +1,199 @@
+"""The Pairformer stack (AF3 supplement 3.6, Alg. 17) and the pair updates it shares with the MSA
+module and the template embedder.
+
+Triangle multiplication and triangle attention are AF2's modules
+(:mod:`fold_model.af2.evoformer`: same algorithms; AF3 drops some linear biases, which start at
+the AF2 inits here); the transitions are AF3's SwiGLU (:class:`~fold_model.af3.layers.
+SwiGLUTransition`); the single representation is updated by attention with pair bias.
+
+Layouts follow the axial seam (:mod:`fold_model.seams`): blocks take the pair in row layout
+``[*, N/P, N, C_z]`` (whole on one device) and whole masks; the single representation
+``[*, N, C_s]`` is replicated. Each sub-layer can run under activation checkpointing (MegaFold
+appendix C: recompute per sub-layer instead of per block); blocks take tensors only and have no
+data-dependent control flow, so torch.fx traces them (chunking and checkpointing off).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from fold_model import ops
+from fold_model.af2.evoformer import (
+    TriangleAttentionEndingNode,
+    TriangleAttentionStartingNode,
+    TriangleMultiplicationIncoming,
+    TriangleMultiplicationOutgoing,
+)
+from fold_model.af3.layers import AttentionPairBias, SwiGLUTransition
+from fold_model.primitives import shared_dropout_mask
+from fold_model.seams import IDENTITY_COMM, AxialComm
+
+__all__ = ["SubLayers", "PairUpdates", "PairformerBlock", "PairformerStack"]
+
+
+class SubLayers(nn.Module):
+    """What every AF3 trunk block shares: the DAP comm, the chunk size, per-sub-layer activation
+    checkpointing and the residual with AF2's shared dropout."""
+
+    def __init__(self, comm: AxialComm = IDENTITY_COMM, use_checkpoint: bool = False) -> None:
+        super().__init__()
+        self.comm = comm
+        self.use_checkpoint = use_checkpoint
+        self.chunk_size: int | None = None
+
+    def set_chunk_size(self, chunk_size: int | None) -> None:
+        self.chunk_size = chunk_size
+
+    def _run(self, fn: Callable[..., torch.Tensor], *args) -> torch.Tensor:
+        """``fn(*args)``, recomputed in backward when checkpointing is on while training."""
+        if self.use_checkpoint and self.training and torch.is_grad_enabled():
+            return checkpoint(fn, *args, use_reentrant=False)
+        return fn(*args)
+
+    def _residual(
+        self, update: torch.Tensor, x: torch.Tensor, rate: float, shared_dim: int
+    ) -> torch.Tensor:
+        mask = shared_dropout_mask(update, rate, shared_dim, self.training)
+        return ops.bias_dropout_residual(update, x, None, mask)
+
+
+class PairUpdates(SubLayers):
+    """Alg. 17 lines 1-5 (also the pair half of the MSA module's and template embedder's blocks):
+    triangle multiplication outgoing / incoming, triangle attention starting / ending node,
+    SwiGLU pair transition. ``z: [*, N/P, N, C_z]`` row layout in and out."""
+
+    def __init__(
+        self,
+        c_z: int,
+        c_hidden_mul: int,
+        c_hidden_tri_att: int,
+        no_heads_tri_att: int,
+        transition_n: int,
+        dropout: float,
+        comm: AxialComm = IDENTITY_COMM,
+        use_checkpoint: bool = False,
+    ) -> None:
+        super().__init__(comm, use_checkpoint)
+        self.pair_dropout = dropout
+        self.tri_mul_out = TriangleMultiplicationOutgoing(c_z, c_hidden_mul)
+        self.tri_mul_in = TriangleMultiplicationIncoming(c_z, c_hidden_mul)
+        self.tri_att_start = TriangleAttentionStartingNode(c_z, c_hidden_tri_att, no_heads_tri_att)
+        self.tri_att_end = TriangleAttentionEndingNode(c_z, c_hidden_tri_att, no_heads_tri_att)
+        self.pair_transition = SwiGLUTransition(c_z, transition_n)
+
+    def pair_stack(self, z: torch.Tensor, pair_mask: torch.Tensor) -> torch.Tensor:
+        """``z [*, N/P, N, C_z]`` (row) -> same layout; ``pair_mask [*, N, N]`` whole."""
+        comm, chunk, p = self.comm, self.chunk_size, self.pair_dropout
+        mask_row = comm.scatter(pair_mask, -2)  # [*, N/P, N]
+        mask_col = comm.scatter(pair_mask, -1)  # [*, N, N/P]
+        z = self._residual(self._run(self.tri_mul_out, z, mask_row, comm, chunk), z, p, -3)
+        z = comm.row_to_col(z)  # [*, N, N/P, C_z]
+        z = self._residual(self._run(self.tri_mul_in, z, mask_col, comm, chunk), z, p, -3)
+        z = comm.col_to_row(z)  # [*, N/P, N, C_z]
+        z = self._residual(self._run(self.tri_att_start, z, mask_row, comm, chunk), z, p, -3)
+        z = comm.row_to_col(z)  # [*, N, N/P, C_z]
+        # DropoutColumnwise: one mask shared by all columns (dim -2).
+        z = self._residual(self._run(self.tri_att_end, z, mask_col, comm, chunk), z, p, -2)
+        z = z + self._run(self.pair_transition, z, chunk)
+        return comm.col_to_row(z)  # [*, N/P, N, C_z]
+
+    def forward(self, z: torch.Tensor, pair_mask: torch.Tensor) -> torch.Tensor:
+        return self.pair_stack(z, pair_mask)
+
+
+class PairformerBlock(PairUpdates):
+    """One Pairformer block (Alg. 17): the pair updates, then the single representation attends
+    over tokens with a bias from the new pair (16 heads) and passes a SwiGLU transition.
+
+    ``forward(s [*, N, C_s], z [*, N/P, N, C_z], single_mask [*, N], pair_mask [*, N, N])
+    -> (s, z)``.
+    """
+
+    def __init__(
+        self,
+        c_s: int,
+        c_z: int,
+        c_hidden_mul: int,
+        c_hidden_tri_att: int,
+        no_heads_tri_att: int,
+        no_heads_single: int,
+        transition_n: int,
+        dropout: float,
+        comm: AxialComm = IDENTITY_COMM,
+        use_checkpoint: bool = False,
+    ) -> None:
+        super().__init__(
+            c_z, c_hidden_mul, c_hidden_tri_att, no_heads_tri_att, transition_n, dropout, comm,
+            use_checkpoint,
+        )
+        self.single_attention = AttentionPairBias(c_s, c_z, no_heads_single)
+        self.single_transition = SwiGLUTransition(c_s, transition_n)
+
+    def _single_attention(
+        self, s: torch.Tensor, z: torch.Tensor, single_mask: torch.Tensor
+    ) -> torch.Tensor:
+        bias = self.single_attention.bias_from_pair(z, self.comm)  # [*, H, N, N]
+        s_rows = s.unsqueeze(-3)  # [*, 1, N, C_s]: one row shares the bias
+        out = self.single_attention(s_rows, bias, single_mask.unsqueeze(-2))
+        return out.squeeze(-3)  # [*, N, C_s]
+
+    def forward(
+        self,
+        s: torch.Tensor,
+        z: torch.Tensor,
+        single_mask: torch.Tensor,
+        pair_mask: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        z = self.pair_stack(z, pair_mask)
+        s = s + self._run(self._single_attention, s, z, single_mask)
+        s = s + self._run(self.single_transition, s, self.chunk_size, -2)
+        return s, z
+
+
+class PairformerStack(nn.Module):
+    """Alg. 17 repeated ``no_blocks`` times. ``forward(s [*, N, C_s], z [*, N, N, C_z],
+    single_mask [*, N], pair_mask [*, N, N]) -> (s, z)``; whole tensors in and out (under DAP the
+    pair is scattered over i on the way in and gathered on the way out)."""
+
+    def __init__(
+        self,
+        cfg,
+        c_s: int,
+        c_z: int,
+        comm: AxialComm = IDENTITY_COMM,
+        use_checkpoint: bool = False,
+    ) -> None:
+        super().__init__()
+        self.comm = comm
+        self.blocks = nn.ModuleList(
+            PairformerBlock(
+                c_s, c_z, cfg.c_hidden_mul, cfg.c_hidden_tri_att, cfg.no_heads_tri_att,
+                cfg.no_heads_single, cfg.transition_n, cfg.dropout, comm, use_checkpoint,
+            )
+            for _ in range(cfg.no_blocks)
+        )
+
+    def set_chunk_size(self, chunk_size: int | None) -> None:
+        for block in self.blocks:
+            block.set_chunk_size(chunk_size)
+
+    def set_comm(self, comm: AxialComm) -> None:
+        self.comm = comm
+        for block in self.blocks:
+            block.comm = comm
+
+    def forward(
+        self,
+        s: torch.Tensor,
+        z: torch.Tensor,
+        single_mask: torch.Tensor,
+        pair_mask: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        z = self.comm.scatter(z, -3)  # [*, N/P, N, C_z]
+        for block in self.blocks:
+            s, z = block(s, z, single_mask, pair_mask)
+        return s, self.comm.gather(z, -3)
