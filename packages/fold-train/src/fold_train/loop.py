@@ -191,8 +191,8 @@ class Trainer:
         if self._graphed is not None:
             self._graphed.load(batch)
             outs = self._graphed(n_cycle)
-            loss, positions = outs.pop("loss"), outs.pop("final_atom_positions")
-            terms = outs
+            loss, positions = outs["loss"], outs["final_atom_positions"]
+            terms = {k.removeprefix("term/"): v for k, v in outs.items() if k.startswith("term/")}
         else:
             loss, terms, positions = self._forward_backward(batch, n_cycle)
         last = _last_pass(batch, n_cycle)
@@ -252,9 +252,8 @@ class Trainer:
         assert self._graphed is not None
         loss, terms, positions = self._forward_backward(
             self._graphed.static_inputs, n_cycle, autocast_cache=False)
-        if "loss" in terms or "final_atom_positions" in terms:
-            raise RuntimeError("loss term names collide with the step's outputs")
-        return {"loss": loss, "final_atom_positions": positions, **terms}
+        return {"loss": loss, "final_atom_positions": positions,
+                **{f"term/{k}": v for k, v in terms.items()}}
 
     # -- the run --------------------------------------------------------------------------------
     def fit(self, *, stop_at: int | None = None) -> list[dict[str, Any]]:

@@ -1,0 +1,169 @@
+"""CUDA Graphs per recycling count: the CPU error, the cache keyed by N_cycle (with a fake capture
+backend), a captured-step trainer equal to the eager one, the absence of host synchronizations in
+a training step, and (GPU) a real captured step equal to an eager step."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from _train_helpers import NO_DROPOUT, SMALL
+from fold_train.config import apply_overrides, preset
+from fold_train.cuda_graphs import CudaGraphBackend, CudaGraphError, GraphedStep, host_syncs
+from fold_train.data import SampleStream
+from fold_train.loop import Trainer
+
+
+class FakeCapture:
+    """Stands in for CUDA capture on CPU: 'capturing' runs ``fn`` once (the real backend's
+    warm-up), and a replay runs it again and writes its results into the captured outputs in
+    place, as a graph replay refreshes its static outputs."""
+
+    def __init__(self) -> None:
+        self.captures = 0
+
+    def capture(self, fn):
+        self.captures += 1
+        outputs = fn()
+
+        def replay() -> None:
+            fresh = fn()
+            with torch.no_grad():
+                for k, v in fresh.items():
+                    outputs[k].copy_(v)
+
+        return replay, outputs
+
+
+def test_cuda_graphs_on_cpu_is_a_clear_error(demo_cache, tmp_path):
+    with pytest.raises(CudaGraphError, match="needs a CUDA device, but the training device is "
+                                             "cpu"):
+        CudaGraphBackend("cpu")
+    cfg = apply_overrides(preset("tiny"), [*SMALL, "cuda_graphs=true"])
+    stream = SampleStream(demo_cache[0], demo_cache[1], cfg.data_preset(), seed=0, batch_size=1,
+                          workers=0)
+    with pytest.raises(CudaGraphError, match="cuda_graphs=true needs a CUDA device"):
+        Trainer(cfg, tmp_path, stream, progress=False)
+    cfg = apply_overrides(preset("tiny"), [*SMALL])
+    with pytest.raises(ValueError, match="cuda_graphs is false"):
+        Trainer(cfg, tmp_path, stream, progress=False, graph_backend=FakeCapture())
+
+
+def test_one_graph_per_n_cycle_built_lazily_and_replayed():
+    gen = torch.Generator().manual_seed(3)
+    weight = torch.randn(5, 7, generator=gen)
+    calls: list[int] = []
+
+    def body(n_cycle: int) -> dict[str, torch.Tensor]:
+        calls.append(n_cycle)
+        x = graphed.static_inputs["x"]  # [B, R, 7]
+        h = x[:, 0]
+        for c in range(n_cycle):  # the recycling count changes the work, hence the graph
+            h = torch.tanh(h + x[:, c]) @ weight.T @ weight
+        return {"y": h.sum(-1)}
+
+    backend = FakeCapture()
+    graphed = GraphedStep(body, backend)
+    with pytest.raises(CudaGraphError, match="load"):
+        graphed(1)
+    batches = [torch.randn(2, 3, 7, generator=gen) for _ in range(6)]
+    order = [2, 1, 2, 3, 1, 3]
+    for batch, n in zip(batches, order):
+        graphed.load({"x": batch})
+        out = graphed(n)
+        h = batch[:, 0]
+        for c in range(n):
+            h = torch.tanh(h + batch[:, c]) @ weight.T @ weight
+        torch.testing.assert_close(out["y"], h.sum(-1), rtol=1e-6, atol=1e-6)
+    assert graphed.captured == [2, 1, 3] and backend.captures == 3
+    assert graphed.replays == 6
+    # a replay's outputs are copies: the next replay of another graph cannot overwrite them
+    graphed.load({"x": batches[0]})
+    first = graphed(2)
+    kept = first["y"].clone()
+    graphed.load({"x": batches[1]})
+    second = graphed(2)
+    assert torch.equal(first["y"], kept) and not torch.equal(second["y"], kept)
+    # fixed padded shapes: anything else is refused, naming the feature
+    with pytest.raises(CudaGraphError, match=r"feature 'x' has shape \(2, 3, 8\)"):
+        graphed.load({"x": torch.randn(2, 3, 8)})
+    with pytest.raises(CudaGraphError, match="differ from the captured step"):
+        graphed.load({"x": batches[0], "extra": batches[0]})
+
+
+def _trainer(cache, run_dir, extra=(), *, dropout: bool = False, **kw) -> Trainer:
+    cache_dir, chains = cache
+    cfg = apply_overrides(preset("tiny"), [*SMALL, *([] if dropout else NO_DROPOUT),
+                                           "max_recycling_iters=2", *extra])
+    stream = SampleStream(cache_dir, chains, cfg.data_preset(), seed=cfg.seed,
+                          batch_size=cfg.batch_size, workers=0)
+    return Trainer(cfg, run_dir, stream, progress=False, **kw)
+
+
+def test_trainer_with_captured_steps_equals_eager(demo_cache, tmp_path):
+    """The graphed path (static buffers, outputs copied out, optimizer outside) trains exactly
+    like the eager one; the fake backend stands in for CUDA."""
+    eager = _trainer(demo_cache, tmp_path / "eager", ["steps=4"])
+    backend = FakeCapture()
+    graphed = _trainer(demo_cache, tmp_path / "graphed", ["steps=4", "cuda_graphs=true"],
+                       graph_backend=backend)
+    a, b = eager.fit(), graphed.fit()
+    assert [r["n_cycle"] for r in a] == [r["n_cycle"] for r in b]
+    assert len({r["n_cycle"] for r in a}) > 1  # several graphs were needed
+    assert backend.captures == len({r["n_cycle"] for r in a})
+    for ra, rb in zip(a, b):
+        for key in ("loss", "fape", "distogram", "masked_msa", "plddt", "lddt_ca", "grad_norm"):
+            assert ra[key] == pytest.approx(rb[key], rel=1e-6, abs=1e-7), key
+    torch.testing.assert_close(graphed.flat.groups[0].param, eager.flat.groups[0].param,
+                               rtol=1e-6, atol=1e-7)
+    graphed.flat.check()  # parameters and gradients still live in the flat buffers
+
+
+def test_training_step_has_no_host_synchronization(demo_cache, tmp_path):
+    """What capture needs: forward + loss + backward never read a device value on the host."""
+    trainer = _trainer(demo_cache, tmp_path, ["steps=1"], dropout=True)
+    batch, _ = next(iter(trainer.stream.batches(1)))
+    assert host_syncs(lambda: trainer._forward_backward(batch, 2)) == []
+    # the probe does find synchronizations
+    x = torch.randn(6)
+    found = host_syncs(lambda: (x.sum().item(), x[x > 0], torch.nonzero(x)))
+    assert "_local_scalar_dense" in found and "nonzero" in found
+
+
+# -- on a GPU (nox -s gpu) ---------------------------------------------------------------------
+
+gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+
+
+@pytest.mark.gpu
+@gpu
+def test_captured_step_equals_eager_step_on_gpu(demo_cache, tmp_path):
+    eager = _trainer(demo_cache, tmp_path / "eager", ["steps=5"])
+    graphed = _trainer(demo_cache, tmp_path / "graphed", ["steps=5", "cuda_graphs=true"])
+    assert eager.device.type == "cuda"
+    a, b = eager.fit(), graphed.fit()
+    assert sorted(graphed._graphed.captured) == sorted({r["n_cycle"] for r in a})
+    for ra, rb in zip(a, b):
+        assert ra["n_cycle"] == rb["n_cycle"]
+        for key in ("loss", "fape", "distogram", "grad_norm"):
+            # fp32 on both sides; the replay launches the same kernels as the eager step
+            assert rb[key] == pytest.approx(ra[key], rel=1e-5), key
+    pa, pb = eager.flat.groups[0].param, graphed.flat.groups[0].param
+    assert float((pa - pb).norm() / pa.norm()) < 1e-5
+
+
+@pytest.mark.gpu
+@gpu
+def test_dropout_draws_fresh_masks_on_every_replay(demo_cache, tmp_path):
+    cache_dir, chains = demo_cache
+    cfg = apply_overrides(preset("tiny"), [*SMALL, "steps=1", "cuda_graphs=true"])
+    stream = SampleStream(cache_dir, chains, cfg.data_preset(), seed=0, batch_size=1, workers=0)
+    trainer = Trainer(cfg, tmp_path, stream, progress=False)
+    batch, _ = next(iter(stream.batches(1)))
+    trainer._graphed.load({k: v.cuda() for k, v in batch.items()})
+    losses = [float(trainer._graphed(1)["loss"]) for _ in range(3)]
+    assert all(torch.isfinite(torch.tensor(losses)))
+    assert len(set(losses)) == 3  # the Philox offset advances per replay
+    torch.cuda.manual_seed(123)
+    first = float(trainer._graphed(1)["loss"])
+    torch.cuda.manual_seed(123)
+    assert float(trainer._graphed(1)["loss"]) == first  # and follows the generator's seed
