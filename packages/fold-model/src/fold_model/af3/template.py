@@ -1,0 +1,114 @@
+"""The AF3 template embedder (supplement 3.5, Alg. 16).
+
+Per template t: pair features ``a_tij`` (pseudo-beta distogram, masks, unit vector of CA_j in the
+backbone frame of i; all zeroed between chains) with the one-hot residue types of i and j;
+``v = LinearNoBias(LN(z)) + LinearNoBias(a_t)``; a pair-only Pairformer (2 blocks); the templates'
+``LN(v)`` are averaged over the real templates and projected to the pair:
+``LinearNoBias(relu(u))``. Templates are a batch dim of the pair stack (no loop over T).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from fold_model.af2.rigid import rigid_from_3_points
+from fold_model.af3.pairformer import PairUpdates
+from fold_model.primitives import LayerNorm, Linear
+from fold_model.seams import IDENTITY_COMM, AxialComm
+
+__all__ = ["template_pair_features", "TemplateEmbedder"]
+
+
+def template_pair_features(
+    restype: torch.Tensor,
+    pseudo_beta: torch.Tensor,
+    pseudo_beta_mask: torch.Tensor,
+    backbone: torch.Tensor,
+    backbone_mask: torch.Tensor,
+    asym_id: torch.Tensor,
+    min_bin: float = 3.25,
+    max_bin: float = 50.75,
+    no_bins: int = 39,
+    eps: float = 1e-6,
+) -> torch.Tensor:
+    """Alg. 16 lines 1-6. ``restype [*, T, N]``, ``pseudo_beta [*, T, N, 3]``, masks ``[*, T, N]``,
+    ``backbone [*, T, N, 3 (N, CA, C), 3]``, ``asym_id [*, N]``
+    -> ``[*, T, N, N, no_bins + 69]``."""
+    dtype = pseudo_beta.dtype
+    d2 = (pseudo_beta[..., :, None, :] - pseudo_beta[..., None, :, :]).square().sum(-1)
+    lower = torch.linspace(min_bin, max_bin, no_bins, dtype=dtype, device=d2.device).square()
+    upper = torch.cat([lower[1:], lower.new_full((1,), 1e8)])
+    distogram = ((d2[..., None] > lower) & (d2[..., None] < upper)).to(dtype)  # [*, T, N, N, B]
+    pb_pair = pseudo_beta_mask[..., :, None] * pseudo_beta_mask[..., None, :]  # [*, T, N, N]
+    frames = rigid_from_3_points(backbone[..., 0, :], backbone[..., 1, :], backbone[..., 2, :])
+    ca = backbone[..., 1, :]  # [*, T, N, 3]
+    # CA_j in the frame of residue i: R_i^T (CA_j - CA_i)  [*, T, N_i, N_j, 3]
+    diff = ca[..., None, :, :] - ca[..., :, None, :]  # [*, T, N_i, N_j, 3]: CA_j - CA_i
+    local = torch.einsum("...iab,...ija->...ijb", frames.rots, diff)
+    bb_pair = backbone_mask[..., :, None] * backbone_mask[..., None, :]
+    unit = local * torch.rsqrt(eps + local.square().sum(-1, keepdim=True)) * bb_pair[..., None]
+    same_chain = (asym_id[..., :, None] == asym_id[..., None, :]).to(dtype)  # [*, N, N]
+    a = torch.cat(
+        [distogram * pb_pair[..., None], pb_pair[..., None], unit, bb_pair[..., None]], -1
+    )
+    a = a * same_chain[..., None, :, :, None]
+    onehot = nn.functional.one_hot(restype.long(), 32).to(dtype)  # [*, T, N, 32]
+    n = restype.shape[-1]
+    rt_i = onehot[..., :, None, :].expand(*onehot.shape[:-2], n, n, 32)
+    rt_j = onehot[..., None, :, :].expand(*onehot.shape[:-2], n, n, 32)
+    return torch.cat([a, rt_i, rt_j], dim=-1)
+
+
+class TemplateEmbedder(nn.Module):
+    """Alg. 16. ``forward(feats, z [*, N, N, C_z], pair_mask [*, N, N]) -> [*, N, N, C_z]`` with
+    ``feats`` the AF3 sample's ``template_*`` features, ``template_mask [*, T]`` and
+    ``asym_id [*, N]``."""
+
+    def __init__(self, cfg, c_z: int, comm: AxialComm = IDENTITY_COMM,
+                 use_checkpoint: bool = False) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.comm = comm
+        c_t = cfg.c_t
+        self.layer_norm_z = LayerNorm(c_z)
+        self.linear_z = Linear(c_z, c_t, bias=False)
+        self.linear_a = Linear(cfg.distogram_no_bins + 5 + 64, c_t, bias=False)
+        self.blocks = nn.ModuleList(
+            PairUpdates(c_t, cfg.c_hidden_mul, cfg.c_hidden_tri_att, cfg.no_heads_tri_att,
+                        cfg.transition_n, cfg.dropout, comm, use_checkpoint)
+            for _ in range(cfg.no_blocks)
+        )
+        self.layer_norm_v = LayerNorm(c_t)
+        self.linear_out = Linear(c_t, c_z, bias=False)
+
+    def set_chunk_size(self, chunk_size: int | None) -> None:
+        for block in self.blocks:
+            block.set_chunk_size(chunk_size)
+
+    def set_comm(self, comm: AxialComm) -> None:
+        self.comm = comm
+        for block in self.blocks:
+            block.comm = comm
+
+    def forward(
+        self, feats: dict[str, torch.Tensor], z: torch.Tensor, pair_mask: torch.Tensor
+    ) -> torch.Tensor:
+        cfg = self.cfg
+        a = template_pair_features(
+            feats["template_restype"], feats["template_pseudo_beta"].to(z.dtype),
+            feats["template_pseudo_beta_mask"].to(z.dtype), feats["template_backbone"].to(z.dtype),
+            feats["template_backbone_mask"].to(z.dtype), feats["asym_id"],
+            cfg.distogram_min_bin, cfg.distogram_max_bin, cfg.distogram_no_bins,
+        )  # [*, T, N, N, C_a]
+        v = self.linear_z(self.layer_norm_z(z)).unsqueeze(-4)  # [*, 1, N, N, c_t]
+        v = v + self.linear_a(a)  # [*, T, N, N, c_t]
+        t_pair_mask = pair_mask.unsqueeze(-3).expand(v.shape[:-1])  # [*, T, N, N]
+        v = self.comm.scatter(v, -3)  # [*, T, N/P, N, c_t]
+        for block in self.blocks:
+            v = block(v, t_pair_mask)
+        v = self.comm.gather(v, -3)
+        t_mask = feats["template_mask"].to(z.dtype)  # [*, T]
+        u = (self.layer_norm_v(v) * t_mask[..., None, None, None]).sum(-4)  # [*, N, N, c_t]
+        u = u / t_mask.sum(-1).clamp_min(1.0)[..., None, None, None]
+        return self.linear_out(torch.relu(u))
