@@ -2,7 +2,7 @@
 
     nox -s tests        every package's tests + tests/integration on CPU (what CI runs)
     nox -s data model kernels parallel chunk train   one package alone, installed alone
-    nox -s kernels      the Triton kernels under TRITON_INTERPRET=1 (CPU)
+                        (kernels: the Triton kernels under TRITON_INTERPRET=1 on CPU)
     nox -s gpu          GPU-marked tests in the *current* environment (no install step)
     nox -s lint         ruff
     nox -s demo         the main job: short training run + prediction on the bundled data
@@ -72,18 +72,13 @@ def _package_session(package: str):
         _pytest(session, f"packages/{package}/tests")
 
     run.__doc__ = f"{package} alone: installed with only the siblings it declares, then its tests."
+    if package == "fold-kernels":
+        run.__doc__ += " The kernels run in Triton's interpreter (TRITON_INTERPRET=1) on CPU."
     return run
 
 
 for _pkg in PACKAGES:
     nox.session(name=_pkg.removeprefix("fold-"))(_package_session(_pkg))
-
-
-@nox.session
-def kernels(session: nox.Session) -> None:
-    """The Triton kernels under TRITON_INTERPRET=1 on CPU (small sizes)."""
-    _install(session, "fold-kernels")
-    _pytest(session, "packages/fold-kernels/tests")
 
 
 @nox.session(python=False)
