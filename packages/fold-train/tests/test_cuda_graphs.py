@@ -10,6 +10,7 @@ from _train_helpers import NO_DROPOUT, SMALL
 from fold_train.config import apply_overrides, preset
 from fold_train.cuda_graphs import CudaGraphBackend, CudaGraphError, GraphedStep, host_syncs
 from fold_train.data import SampleStream
+from fold_train.distributed import DistContext
 from fold_train.loop import Trainer
 
 
@@ -137,8 +138,10 @@ gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.gpu
 @gpu
 def test_captured_step_equals_eager_step_on_gpu(demo_cache, tmp_path):
-    eager = _trainer(demo_cache, tmp_path / "eager", ["steps=5"])
-    graphed = _trainer(demo_cache, tmp_path / "graphed", ["steps=5", "cuda_graphs=true"])
+    cuda = DistContext(device=torch.device("cuda"))
+    eager = _trainer(demo_cache, tmp_path / "eager", ["steps=5"], ctx=cuda)
+    graphed = _trainer(demo_cache, tmp_path / "graphed", ["steps=5", "cuda_graphs=true"],
+                       ctx=cuda)
     assert eager.device.type == "cuda"
     a, b = eager.fit(), graphed.fit()
     assert sorted(graphed._graphed.captured) == sorted({r["n_cycle"] for r in a})
@@ -157,7 +160,8 @@ def test_dropout_draws_fresh_masks_on_every_replay(demo_cache, tmp_path):
     cache_dir, chains = demo_cache
     cfg = apply_overrides(preset("tiny"), [*SMALL, "steps=1", "cuda_graphs=true"])
     stream = SampleStream(cache_dir, chains, cfg.data_preset(), seed=0, batch_size=1, workers=0)
-    trainer = Trainer(cfg, tmp_path, stream, progress=False)
+    trainer = Trainer(cfg, tmp_path, stream, progress=False,
+                      ctx=DistContext(device=torch.device("cuda")))
     batch, _ = next(iter(stream.batches(1)))
     trainer._graphed.load({k: v.cuda() for k, v in batch.items()})
     losses = [float(trainer._graphed(1)["loss"]) for _ in range(3)]
