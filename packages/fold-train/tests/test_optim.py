@@ -207,3 +207,38 @@ def test_swa_is_the_mean_of_the_weights_after_each_update():
                                rtol=1e-5, atol=1e-7)
     with pytest.raises(ValueError, match="averaging"):
         AdamConfig(averaging="polyak")
+
+
+def test_bf16_parameters_with_fp32_master_weights():
+    """bf16 parameters: Adam runs on an fp32 master copy (equal to an fp32 run fed the same
+    gradients) and the parameters are its bf16 rounding; the master survives a checkpoint."""
+    torch.manual_seed(5)
+    ref = _Net()
+    low = copy.deepcopy(ref).to(torch.bfloat16)
+    with torch.no_grad():  # start both from bf16-representable weights
+        for p in ref.parameters():
+            p.copy_(p.to(torch.bfloat16))
+    cfg = AdamConfig(lr=3e-2, warmup_steps=0, clip_norm=0.5, ema_decay=0.8)
+    flat_ref, flat_low = FlatParams(ref), FlatParams(low)
+    opt_ref, opt_low = FlatAdam(flat_ref, cfg), FlatAdam(flat_low, cfg)
+    assert flat_low.groups[0].param.dtype == torch.bfloat16
+    gen = torch.Generator().manual_seed(9)
+    for _ in range(4):
+        g = torch.randn(flat_ref.numel, generator=gen).to(torch.bfloat16)
+        flat_ref.groups[0].grad.copy_(g.float())
+        flat_low.groups[0].grad.copy_(g)
+        opt_ref.step()
+        opt_low.step()
+    master = opt_low.master[0]
+    torch.testing.assert_close(master, flat_ref.groups[0].param, rtol=1e-6, atol=1e-7)
+    assert torch.equal(flat_low.groups[0].param, master.to(torch.bfloat16))
+    torch.testing.assert_close(opt_low.ema[0], opt_ref.ema[0], rtol=1e-6, atol=1e-7)
+    # bf16 rounding of each update would have lost most small steps: the master did not
+    assert not torch.equal(master, flat_low.groups[0].param.float())
+
+    state = opt_low.state_dict()
+    again = copy.deepcopy(low)
+    flat_again = FlatParams(again)
+    opt_again = FlatAdam(flat_again, cfg)
+    opt_again.load_state_dict(state)
+    assert torch.equal(opt_again.master[0], master) and opt_ref.master == [None]

@@ -7,7 +7,8 @@ then accumulates every gradient straight into one flat gradient buffer, so the g
 all-reduce, the global norm, the clipping and the whole Adam + EMA update are a handful of
 operations on a few long vectors instead of thousands of small per-tensor ones.
 
-:class:`FlatAdam` holds the Adam moments and the EMA as flat buffers of the same layout. On CUDA
+:class:`FlatAdam` holds the Adam moments and the EMA as flat buffers of the same layout (and, for
+bf16 parameters, an fp32 master copy that Adam updates and the parameters are rounded from). On CUDA
 it calls ``fold_kernels.optim.fused_adam_ema_`` (one launch per group: Adam, clipping factor and
 EMA together) and ``global_grad_norm``; elsewhere (CPU) the same arithmetic runs as a few PyTorch
 ops on the flat buffers. Both match ``torch.optim.Adam`` + ``clip_grad_norm_`` + a manual EMA.
@@ -190,7 +191,13 @@ class FlatAdam:
         self.step_count = 0
         self.exp_avg = [torch.zeros_like(g.param, dtype=torch.float32) for g in flat.groups]
         self.exp_avg_sq = [torch.zeros_like(g.param, dtype=torch.float32) for g in flat.groups]
-        self.ema = ([g.param.detach().clone().float() for g in flat.groups]
+        # fp32 master weights for low-precision (bf16) parameter groups: Adam updates the
+        # master copy and the parameters receive its rounding (HelixFold / ScaleFold bf16).
+        self.master: list[torch.Tensor | None] = [
+            None if g.param.dtype == torch.float32 else g.param.detach().float().clone()
+            for g in flat.groups]
+        self.ema = ([self._weights(i).detach().clone().float()
+                     for i in range(len(flat.groups))]
                     if self.cfg.ema_decay is not None else None)
         on_cuda = all(g.param.is_cuda for g in flat.groups)
         want = use_kernels or (use_kernels is None and on_cuda)
@@ -200,9 +207,12 @@ class FlatAdam:
         interpreting = kernels is not None and kernels.tuning.interpreting()
         if use_kernels and not (on_cuda or interpreting):
             raise RuntimeError("use_kernels=True needs CUDA buffers (or TRITON_INTERPRET=1)")
-        fp32 = all(g.param.dtype == torch.float32 for g in flat.groups)
-        self._kernels = kernels if (use_kernels or (use_kernels is None and on_cuda and fp32)) \
-            else None
+        self._kernels = kernels if (use_kernels or (use_kernels is None and on_cuda)) else None
+
+    def _weights(self, i: int) -> torch.Tensor:
+        """The fp32 buffer Adam updates for group ``i``: the parameters, or their master."""
+        master = self.master[i]
+        return self.flat.groups[i].param if master is None else master
 
     @property
     def uses_kernels(self) -> bool:
@@ -240,14 +250,17 @@ class FlatAdam:
         for i, g in enumerate(self.flat.groups):
             scale = None if coef is None else coef.to(g.grad.device)
             ema = None if self.ema is None else self.ema[i]
+            weights = self._weights(i)
             if self._kernels is not None:
                 self._kernels.fused_adam_ema_(
-                    g.param, g.grad, self.exp_avg[i], self.exp_avg_sq[i], ema,
+                    weights, g.grad, self.exp_avg[i], self.exp_avg_sq[i], ema,
                     step=self.step_count, lr=lr, beta1=cfg.beta1, beta2=cfg.beta2, eps=cfg.eps,
                     weight_decay=cfg.weight_decay, ema_decay=decay, grad_scale=scale,
                 )
             else:
-                self._torch_update(i, g, scale, ema, lr, decay)
+                self._torch_update(i, weights, g.grad, scale, ema, lr, decay)
+            if weights is not g.param:
+                g.param.copy_(weights)  # round the updated master into the bf16 parameters
         return {"lr": lr, "grad_norm": norm, "clip_coef": coef if coef is not None else 1.0}
 
     def _average_decay(self) -> float | None:
@@ -260,11 +273,13 @@ class FlatAdam:
             return (self.step_count - 1) / self.step_count
         return self.cfg.ema_decay
 
-    def _torch_update(self, i: int, g: FlatGroup, scale: torch.Tensor | None,
-                      ema: torch.Tensor | None, lr: float, decay: float | None) -> None:
-        """The PyTorch path: the same arithmetic as the fused kernel, on whole flat buffers."""
+    def _torch_update(self, i: int, p: torch.Tensor, grad: torch.Tensor,
+                      scale: torch.Tensor | None, ema: torch.Tensor | None, lr: float,
+                      decay: float | None) -> None:
+        """The PyTorch path: the same arithmetic as the fused kernel, on whole flat buffers
+        (``p``: the fp32 weights updated in place, ``grad`` the group's flat gradient)."""
         cfg = self.cfg
-        grad = g.grad.float()
+        grad = grad.float()
         if scale is not None:
             grad = grad * scale
         m, v = self.exp_avg[i], self.exp_avg_sq[i]
@@ -272,7 +287,6 @@ class FlatAdam:
         v.mul_(cfg.beta2).addcmul_(grad, grad, value=1.0 - cfg.beta2)
         bc1 = 1.0 - cfg.beta1 ** self.step_count
         bc2 = 1.0 - cfg.beta2 ** self.step_count
-        p = g.param
         if cfg.weight_decay:
             p.mul_(1.0 - lr * cfg.weight_decay)
         denom = (v / bc2).sqrt_().add_(cfg.eps)
@@ -313,6 +327,7 @@ class FlatAdam:
             "exp_avg": [t.detach().cpu().clone() for t in self.exp_avg],
             "exp_avg_sq": [t.detach().cpu().clone() for t in self.exp_avg_sq],
             "ema": None if self.ema is None else [t.detach().cpu().clone() for t in self.ema],
+            "master": [None if t is None else t.detach().cpu().clone() for t in self.master],
         }
 
     def load_state_dict(self, state: dict) -> None:
@@ -330,4 +345,10 @@ class FlatAdam:
                     raise ValueError("checkpoint has no EMA weights but the EMA is on")
                 for dst, src in zip(self.ema, state["ema"]):
                     dst.copy_(src)
+            # the master weights; without them (fp32 run, older checkpoint) the parameters
+            # already loaded into the model are the best available copy
+            saved = state.get("master") or [None] * len(self.master)
+            for i, (dst, src) in enumerate(zip(self.master, saved)):
+                if dst is not None:
+                    dst.copy_(src if src is not None else self.flat.groups[i].param)
         self.step_count = int(state["step"])
