@@ -1,0 +1,291 @@
+"""The AF3 diffusion module (supplement 3.7, Alg. 18-23): diffusion conditioning with the Fourier
+noise embedding, the atom attention encoder, the diffusion transformer over tokens, the atom
+attention decoder and the EDM preconditioning; the noise schedule, the EDM sampler with its
+stochasticity parameters, the centre-random augmentation and the training noise distribution.
+
+Shapes: ``B`` batch, ``S`` diffusion samples (48 per trunk pass in training), ``N`` tokens,
+``A`` atoms. The pair ``z [B, N, N, C_z]`` does not depend on the noise, so the pair bias of each
+transformer block is computed once and shared by the S samples: the samples are the ``R`` rows of
+``ops.attention`` (``[B, S, H, N, D]`` with a bias ``[B, H, N, N]``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import torch
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from fold_model.af3.embedders import (
+    AtomAttentionDecoder,
+    AtomAttentionEncoder,
+    RelativePositionEncoding,
+)
+from fold_model.af3.layers import AttentionPairBias, ConditionedTransitionBlock, SwiGLUTransition
+from fold_model.primitives import LayerNorm, Linear
+
+__all__ = [
+    "FourierEmbedding",
+    "DiffusionConditioning",
+    "DiffusionTransformerBlock",
+    "DiffusionTransformer",
+    "DiffusionModule",
+    "noise_schedule",
+    "random_rotation",
+    "centre_random_augmentation",
+    "sample_diffusion",
+    "sample_training_noise",
+    "noisy_training_samples",
+]
+
+
+class FourierEmbedding(nn.Module):
+    """Alg. 22: ``cos(2 pi (t w + b))`` with ``w, b ~ N(0, 1)`` drawn once and frozen (buffers).
+    ``t: [*]`` -> ``[*, C]``."""
+
+    def __init__(self, c: int, seed: int = 0) -> None:
+        super().__init__()
+        g = torch.Generator().manual_seed(seed)
+        self.register_buffer("w", torch.randn(c, generator=g))
+        self.register_buffer("b", torch.randn(c, generator=g))
+
+    def forward(self, t: torch.Tensor) -> torch.Tensor:
+        return torch.cos(2 * math.pi * (t[..., None] * self.w + self.b))
+
+
+class DiffusionConditioning(nn.Module):
+    """Alg. 21. ``forward(t_hat [B, S], feats, s_inputs [B, N, C_si], s_trunk [B, N, C_s],
+    z_trunk [B, N, N, C_z]) -> (s [B, S, N, C_s], z [B, N, N, C_z])``."""
+
+    def __init__(self, cfg, c_s: int, c_z: int, c_s_inputs: int, relpos) -> None:
+        super().__init__()
+        self.sigma_data = cfg.sigma_data
+        self.relpos = RelativePositionEncoding(c_z, relpos.r_max, relpos.s_max)
+        self.layer_norm_z = LayerNorm(2 * c_z)
+        self.linear_z = Linear(2 * c_z, c_z, bias=False)
+        self.transitions_z = nn.ModuleList(
+            SwiGLUTransition(c_z, cfg.conditioning_transition_n) for _ in range(2)
+        )
+        self.layer_norm_s = LayerNorm(c_s + c_s_inputs)
+        self.linear_s = Linear(c_s + c_s_inputs, c_s, bias=False)
+        self.fourier = FourierEmbedding(cfg.c_fourier)
+        self.layer_norm_n = LayerNorm(cfg.c_fourier)
+        self.linear_n = Linear(cfg.c_fourier, c_s, bias=False)
+        self.transitions_s = nn.ModuleList(
+            SwiGLUTransition(c_s, cfg.conditioning_transition_n) for _ in range(2)
+        )
+
+    def pair(self, feats: dict[str, torch.Tensor], z_trunk: torch.Tensor) -> torch.Tensor:
+        """Lines 1-3 (independent of the noise level: computed once per trunk pass)."""
+        z = torch.cat([z_trunk, self.relpos(feats).to(z_trunk.dtype)], dim=-1)  # [B, N, N, 2C_z]
+        z = self.linear_z(self.layer_norm_z(z))
+        for t in self.transitions_z:
+            z = z + t(z)
+        return z
+
+    def single(
+        self, t_hat: torch.Tensor, s_inputs: torch.Tensor, s_trunk: torch.Tensor
+    ) -> torch.Tensor:
+        """Lines 4-9: ``[B, S, N, C_s]``."""
+        s = self.linear_s(self.layer_norm_s(torch.cat([s_trunk, s_inputs], dim=-1)))  # [B, N, C_s]
+        n = self.fourier(0.25 * torch.log(t_hat / self.sigma_data))  # [B, S, C_f]
+        s = s.unsqueeze(1) + self.linear_n(self.layer_norm_n(n)).unsqueeze(-2)  # [B, S, N, C_s]
+        for t in self.transitions_s:
+            s = s + t(s, None, -2)
+        return s
+
+    def forward(self, t_hat, feats, s_inputs, s_trunk, z_trunk):
+        return self.single(t_hat, s_inputs, s_trunk), self.pair(feats, z_trunk)
+
+
+class DiffusionTransformerBlock(nn.Module):
+    """One block of Alg. 23: ``a += AttentionPairBias(a, s, z)``; ``a += ConditionedTransition(a,
+    s)``. ``a: [B, S, N, C_a]``, ``s: [B, S, N, C_s]``, ``z: [B, N, N, C_z]``, ``mask: [B, N]``."""
+
+    def __init__(self, c_a: int, c_s: int, c_z: int, no_heads: int, transition_n: int) -> None:
+        super().__init__()
+        self.attention = AttentionPairBias(c_a, c_z, no_heads, c_s=c_s)
+        self.transition = ConditionedTransitionBlock(c_a, c_s, transition_n)
+
+    def forward(
+        self, a: torch.Tensor, s: torch.Tensor, z: torch.Tensor, mask: torch.Tensor
+    ) -> torch.Tensor:
+        bias = self.attention.bias_from_pair(z)  # [B, H, N, N], shared by the S samples
+        key_mask = mask.unsqueeze(1).expand(a.shape[:-1])  # [B, S, N]
+        a = a + self.attention(a, bias, key_mask, s)
+        return a + self.transition(a, s)
+
+
+class DiffusionTransformer(nn.Module):
+    """Alg. 23 over tokens (24 blocks, 16 heads); each block optionally checkpointed."""
+
+    def __init__(self, c_a: int, c_s: int, c_z: int, no_blocks: int, no_heads: int,
+                 transition_n: int = 2, use_checkpoint: bool = False) -> None:
+        super().__init__()
+        self.use_checkpoint = use_checkpoint
+        self.blocks = nn.ModuleList(
+            DiffusionTransformerBlock(c_a, c_s, c_z, no_heads, transition_n)
+            for _ in range(no_blocks)
+        )
+
+    def forward(self, a, s, z, mask):
+        for block in self.blocks:
+            if self.use_checkpoint and self.training and torch.is_grad_enabled():
+                a = checkpoint(block, a, s, z, mask, use_reentrant=False)
+            else:
+                a = block(a, s, z, mask)
+        return a
+
+
+class DiffusionModule(nn.Module):
+    """Alg. 20, EDM preconditioning: ``D(x, t) = c_skip x + c_out F(c_in x, c_noise(t))``.
+
+    ``forward(x_noisy [B, S, A, 3], t_hat [B, S], feats, s_inputs [B, N, C_si],
+    s_trunk [B, N, C_s], z_trunk [B, N, N, C_z]) -> x_denoised [B, S, A, 3]``.
+    """
+
+    def __init__(self, cfg, atom_cfg, relpos_cfg, c_s: int, c_z: int, c_s_inputs: int,
+                 use_checkpoint: bool = False) -> None:
+        super().__init__()
+        self.sigma_data = cfg.sigma_data
+        self.conditioning = DiffusionConditioning(cfg, c_s, c_z, c_s_inputs, relpos_cfg)
+        self.encoder = AtomAttentionEncoder(atom_cfg, cfg.c_token, c_s, c_z)
+        self.layer_norm_s = LayerNorm(c_s)
+        self.linear_s = Linear(c_s, cfg.c_token, bias=False)
+        self.transformer = DiffusionTransformer(
+            cfg.c_token, c_s, c_z, cfg.no_blocks, cfg.no_heads, cfg.transition_n, use_checkpoint
+        )
+        self.layer_norm_a = LayerNorm(cfg.c_token)
+        self.decoder = AtomAttentionDecoder(atom_cfg, cfg.c_token)
+
+    def forward(
+        self,
+        x_noisy: torch.Tensor,
+        t_hat: torch.Tensor,
+        feats: dict[str, torch.Tensor],
+        s_inputs: torch.Tensor,
+        s_trunk: torch.Tensor,
+        z_trunk: torch.Tensor,
+        z_cond: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        sd = self.sigma_data
+        s = self.conditioning.single(t_hat, s_inputs, s_trunk)  # [B, S, N, C_s]
+        z = self.conditioning.pair(feats, z_trunk) if z_cond is None else z_cond
+        scale = torch.rsqrt(t_hat.square() + sd**2)[..., None, None]  # [B, S, 1, 1]
+        r_noisy = x_noisy * scale
+        a, q_skip, c_skip, p_skip, win = self.encoder(feats, r_noisy, s_trunk, z)
+        a = a + self.linear_s(self.layer_norm_s(s))  # [B, S, N, C_token]
+        a = self.transformer(a, s, z, feats["token_mask"].to(a.dtype))
+        a = self.layer_norm_a(a)
+        r_update = self.decoder(a, q_skip, c_skip, p_skip, win, feats["atom_to_token"])
+        t = t_hat[..., None, None]
+        return sd**2 / (sd**2 + t**2) * x_noisy + sd * t * scale * r_update
+
+
+def noise_schedule(cfg, sigma_data: float, no_steps: int | None = None,
+                   dtype: torch.dtype = torch.float32, device=None) -> torch.Tensor:
+    """Section 3.7.1: ``c_tau = sigma_data (s_max^(1/p) + tau (s_min^(1/p) - s_max^(1/p)))^p`` for
+    ``tau = 0, 1/T, ..., 1``; ``[T + 1]``, decreasing from ``sigma_data s_max``."""
+    steps = cfg.no_steps if no_steps is None else no_steps
+    tau = torch.linspace(0.0, 1.0, steps + 1, dtype=torch.float64)
+    p = cfg.rho
+    hi, lo = cfg.s_max ** (1 / p), cfg.s_min ** (1 / p)
+    c = sigma_data * (hi + tau * (lo - hi)) ** p
+    return c.to(dtype=dtype, device=device)
+
+
+def random_rotation(shape: tuple[int, ...], generator: torch.Generator | None = None,
+                    dtype: torch.dtype = torch.float32, device=None) -> torch.Tensor:
+    """Uniformly random rotation matrices ``[*shape, 3, 3]`` (normalised Gaussian quaternions)."""
+    q = torch.randn(*shape, 4, generator=generator, dtype=torch.float64, device=device)
+    w, x, y, z = (q / q.norm(dim=-1, keepdim=True)).unbind(-1)
+    rot = torch.stack([
+        1 - 2 * (y * y + z * z), 2 * (x * y - w * z), 2 * (x * z + w * y),
+        2 * (x * y + w * z), 1 - 2 * (x * x + z * z), 2 * (y * z - w * x),
+        2 * (x * z - w * y), 2 * (y * z + w * x), 1 - 2 * (x * x + y * y),
+    ], dim=-1)
+    return rot.unflatten(-1, (3, 3)).to(dtype)
+
+
+def centre_random_augmentation(
+    x: torch.Tensor, atom_mask: torch.Tensor, s_trans: float = 1.0,
+    generator: torch.Generator | None = None,
+) -> torch.Tensor:
+    """Alg. 19: centre ``x [B, S, A, 3]`` on its (masked) mean, then a random rotation and a
+    translation ``s_trans N(0, I)`` per sample."""
+    w = atom_mask.to(x.dtype)[:, None, :, None]  # [B, 1, A, 1]
+    mean = (x * w).sum(-2, keepdim=True) / w.sum(-2, keepdim=True).clamp_min(1.0)
+    rot = random_rotation(x.shape[:2], generator, x.dtype, x.device)  # [B, S, 3, 3]
+    trans = s_trans * torch.randn(*x.shape[:2], 1, 3, generator=generator, dtype=torch.float64,
+                                  device=x.device).to(x.dtype)
+    return torch.einsum("bsij,bsaj->bsai", rot, x - mean) + trans
+
+
+Denoiser = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def sample_diffusion(
+    denoise: Denoiser,
+    atom_mask: torch.Tensor,
+    no_samples: int,
+    cfg,
+    sigma_data: float,
+    no_steps: int | None = None,
+    generator: torch.Generator | None = None,
+    augment: Callable[[torch.Tensor], torch.Tensor] | None = None,
+    s_trans: float = 1.0,
+) -> torch.Tensor:
+    """Alg. 18, the EDM sampler with AF3's stochasticity (``gamma_0``, ``gamma_min``, noise scale
+    ``lambda``, step scale ``eta``). ``denoise(x_noisy [B, S, A, 3], t_hat [B, S]) -> x_denoised``;
+    ``augment(x)`` replaces the centre-random augmentation of each step (tests). Returns
+    ``[B, S, A, 3]`` (padded atoms 0)."""
+    B, A = atom_mask.shape
+    dtype, device = torch.get_default_dtype(), atom_mask.device
+    c = noise_schedule(cfg, sigma_data, no_steps, torch.float64)
+    x = c[0].item() * torch.randn(B, no_samples, A, 3, generator=generator, dtype=torch.float64,
+                                  device=device).to(dtype)
+    w = atom_mask.to(dtype)[:, None, :, None]
+    for prev, cur in zip(c[:-1].tolist(), c[1:].tolist()):
+        if augment is None:
+            x = centre_random_augmentation(x, atom_mask, s_trans, generator)
+        else:
+            x = augment(x)
+        gamma = cfg.gamma_0 if cur > cfg.gamma_min else 0.0
+        t_hat = prev * (gamma + 1)
+        noise = torch.randn(x.shape, generator=generator, dtype=torch.float64, device=device)
+        xi = cfg.noise_scale * math.sqrt(max(t_hat**2 - prev**2, 0.0)) * noise.to(dtype)
+        x_noisy = (x + xi) * w
+        t = torch.full((B, no_samples), t_hat, dtype=dtype, device=device)
+        x_denoised = denoise(x_noisy, t)
+        delta = (x_noisy - x_denoised) / t_hat
+        x = (x_noisy + cfg.step_scale * (cur - t_hat) * delta) * w
+    return x
+
+
+def sample_training_noise(shape: tuple[int, ...], sigma_data: float, p_mean: float, p_std: float,
+                          generator: torch.Generator | None = None,
+                          dtype: torch.dtype = torch.float32, device=None) -> torch.Tensor:
+    """Section 3.7.1: ``sigma = sigma_data exp(p_mean + p_std N(0, 1))``."""
+    n = torch.randn(shape, generator=generator, dtype=torch.float64, device=device)
+    return (sigma_data * torch.exp(p_mean + p_std * n)).to(dtype)
+
+
+def noisy_training_samples(
+    x_gt: torch.Tensor, atom_mask: torch.Tensor, no_samples: int, cfg,
+    generator: torch.Generator | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The diffusion batch of one trunk pass (section 3.7.1): ``no_samples`` copies of the ground
+    truth ``x_gt [B, A, 3]``, each centred, randomly rotated and translated (Alg. 19), with noise
+    ``sigma`` added. Returns ``(x_gt_aug [B, S, A, 3], x_noisy [B, S, A, 3], sigma [B, S])``."""
+    B = x_gt.shape[0]
+    x = x_gt.unsqueeze(1).expand(B, no_samples, *x_gt.shape[1:])
+    x = centre_random_augmentation(x, atom_mask, cfg.augment_translation, generator)
+    w = atom_mask.to(x.dtype)[:, None, :, None]
+    x = x * w
+    sigma = sample_training_noise((B, no_samples), cfg.sigma_data, cfg.p_mean, cfg.p_std,
+                                  generator, x.dtype, x.device)
+    eps = torch.randn(x.shape, generator=generator, dtype=torch.float64, device=x.device)
+    x_noisy = x + sigma[..., None, None] * eps.to(x.dtype) * w
+    return x, x_noisy, sigma
