@@ -3,6 +3,7 @@
 
 from fold_chunk.api import (
     AutoChunked,
+    ChunkPlanner,
     MemoryBudgetError,
     autochunk,
     estimate_peak_memory,
@@ -19,6 +20,7 @@ __all__ = [
     "smallest_reachable_peak",
     "measure_peak_memory",
     "AutoChunked",
+    "ChunkPlanner",
     "MemoryBudgetError",
     "AllocationTracker",
     "ChunkReport",

@@ -33,7 +33,8 @@ the smallest peak with its chunk sizes grown back to the budget (:func:`relax_ch
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 
 import torch.fx as fx
 import torch.nn as nn
@@ -48,7 +49,7 @@ from fold_chunk.memory import (
 from fold_chunk.region import ChunkRegion, GraphIndex, flow_from_end
 from fold_chunk.trace import TensorMeta, is_inplace
 
-__all__ = ["SearchResult", "autochunk_search", "VIEW_OPS"]
+__all__ = ["SearchResult", "autochunk_search", "smallest_peak_search", "VIEW_OPS"]
 
 VIEW_OPS = {"permute", "transpose", "swapaxes", "swapdims", "t", "movedim", "moveaxis",
             "view", "reshape", "flatten", "unflatten", "unsqueeze", "squeeze", "expand",
@@ -62,6 +63,10 @@ class SearchResult:
     estimate_before: MemoryEstimate
     estimate_after: MemoryEstimate
     met: bool
+
+    def copy(self) -> SearchResult:
+        """A copy whose regions can be edited (chunk sizes are grown or halved in place)."""
+        return replace(self, regions=[replace(r) for r in self.regions])
 
 
 @dataclass
@@ -224,20 +229,34 @@ def relax_chunk_sizes(g: GraphIndex, regions: list[ChunkRegion], budget: int,
     return kept if estimate_plan(g, kept).peak <= budget else regions
 
 
-def autochunk_search(g: GraphIndex, budget: int, *, min_chunk: int = 1,
-                     max_span: int = 160) -> SearchResult:
+def smallest_peak_search(g: GraphIndex, *, min_chunk: int = 1,
+                         max_span: int = 160) -> SearchResult:
+    """Algorithm 1 with budget 0: every region at ``min_chunk``; its ``estimate_after.peak`` is
+    the smallest peak the search reaches."""
+    return _algorithm_1(g, 0, min_chunk, max_span)
+
+
+def autochunk_search(g: GraphIndex, budget: int, *, min_chunk: int = 1, max_span: int = 160,
+                     floor: Callable[[], SearchResult] | None = None) -> SearchResult:
     """Algorithm 1 over the traced graph ``g`` (see module doc).
 
     Greedy choices made for a loose budget can strand a later peak; when the budget is not met
     but the search for the smallest peak (budget 0, every region at ``min_chunk``) meets it,
-    that plan is taken with its chunk sizes grown back until the budget is just met."""
+    that plan is taken with its chunk sizes grown back until the budget is just met. ``floor``,
+    when given, returns that search's result (a caller's cache of :func:`smallest_peak_search`
+    with the same ``min_chunk`` and ``max_span``); the result it returns is not modified."""
+    if floor is None:
+        def floor() -> SearchResult:
+            return smallest_peak_search(g, min_chunk=min_chunk, max_span=max_span)
+    if budget <= 0:
+        return floor().copy()
     result = _algorithm_1(g, budget, min_chunk, max_span)
-    if result.met or budget <= 0:
+    if result.met:
         return result
-    floor = _algorithm_1(g, 0, min_chunk, max_span)
-    if floor.estimate_after.peak > budget:
+    smallest = floor()
+    if smallest.estimate_after.peak > budget:
         return result
-    regions = relax_chunk_sizes(g, floor.regions, budget, min_chunk)
+    regions = relax_chunk_sizes(g, smallest.copy().regions, budget, min_chunk)
     after = estimate_plan(g, regions)
     return SearchResult(regions, result.estimate_before, after, after.peak <= budget)
 
