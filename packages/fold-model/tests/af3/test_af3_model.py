@@ -1,0 +1,165 @@
+"""The assembled AlphaFold3 (tiny preset): training and inference shapes at odd sizes with
+masks, the trunk's invariance to padding, recycling, chunked == unchunked, per-sub-layer
+checkpointing == plain, confidence targets of a perfect prediction, presets."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from _af3_helpers import random_features, randomize_, rel_err
+from fold_model.af3 import AlphaFold3, config
+from fold_model.af3.confidence import confidence_targets, token_atom_index, token_frame_atoms
+from fold_model.af3.diffusion import random_rotation
+
+
+def _f64(f):
+    return {k: v.double() if v.is_floating_point() else v for k, v in f.items()}
+
+
+def _model(**kw):
+    torch.manual_seed(0)
+    return randomize_(AlphaFold3(config("tiny", **kw)), scale=0.5)
+
+
+def test_presets():
+    af3 = config("af3")
+    assert (af3.c_s, af3.c_z, af3.pairformer.no_blocks, af3.msa.no_blocks) == (384, 128, 48, 4)
+    assert (af3.diffusion.c_token, af3.diffusion.no_blocks, af3.diffusion.no_heads) == (768, 24, 16)
+    assert af3.diffusion.sigma_data == 16 and af3.sampler.no_steps == 200
+    assert af3.diffusion.no_samples == 48 and af3.c_s_inputs == 449
+    assert af3.atom.n_queries == 32 and af3.atom.n_keys == 128 and af3.atom.no_blocks == 3
+    assert config("af3_finetune").loss.bond_weight == 1.0 and af3.loss.bond_weight == 0.0
+    with pytest.raises(ValueError, match="unknown AF3 preset"):
+        config("af4")
+    with pytest.raises(ValueError, match="no 'nope'"):
+        config("tiny", pairformer__nope=1)
+
+
+def test_training_step_shapes_loss_and_gradients():
+    model = _model()
+    model.train()
+    f = random_features(n_token=9, batch=2, seed=1, n_pad_token=2, n_pad_atom=3)
+    out = model(f, generator=torch.Generator().manual_seed(0))
+    S = model.config.diffusion.no_samples
+    A = f["atom_mask"].shape[-1]
+    assert out["x_denoised"].shape == (2, S, A, 3) and out["sigma"].shape == (2, S)
+    assert out["distogram_logits"].shape == (2, 11, 11, 64)
+    assert out["confidence_logits"]["plddt"].shape == (2, 1, A, 50)
+    loss, parts = model.loss(out, f)
+    assert torch.isfinite(loss) and all(torch.isfinite(v) for v in parts.values())
+    loss.backward()
+    got = [p.grad for p in model.parameters()]
+    assert all(g is not None and torch.isfinite(g).all() for g in got)
+    nonzero = sum(int(g.abs().max() > 0) for g in got)
+    assert nonzero >= 0.95 * len(got)
+
+
+def test_inference_shapes_masks_and_confidences():
+    model = _model().eval()
+    f = random_features(n_token=7, batch=1, seed=2)
+    with torch.no_grad():
+        out = model(f, generator=torch.Generator().manual_seed(1))
+    x = out["x_pred"]
+    assert x.shape == (1, model.config.sampler.no_samples, f["atom_mask"].shape[-1], 3)
+    assert torch.isfinite(x).all() and x[..., f["atom_mask"][0] == 0, :].abs().max() == 0
+    assert ((out["plddt"] >= 0) & (out["plddt"] <= 100)).all()
+    assert out["pae"].shape == (1, 1, 8, 8)
+
+
+def _pad(f, extra_tok, extra_atom, seed=0):
+    """Append padded tokens / atoms with random garbage (masks 0)."""
+    g = torch.Generator().manual_seed(seed)
+    N, A = f["token_mask"].shape[-1], f["atom_mask"].shape[-1]
+    out = {}
+    for k, v in f.items():
+        shape = list(v.shape)
+        dims = [i for i, s in enumerate(shape) if i > 0 and s == N and not k.startswith("ref_")
+                and k not in ("atom_to_token", "atom_positions", "atom_resolved", "atom_mask")]
+        if k in ("ref_pos", "ref_mask", "ref_element", "ref_charge", "ref_atom_name_chars",
+                 "ref_space_uid", "ref_pos_source", "atom_to_token", "atom_positions",
+                 "atom_resolved", "atom_mask"):
+            dims, add = [1], extra_atom
+        else:
+            add = extra_tok
+        for d in dims:
+            pad_shape = list(v.shape)
+            pad_shape[d] = add
+            if v.is_floating_point():
+                junk = torch.rand(pad_shape, generator=g, dtype=v.dtype) * 3
+            else:
+                junk = torch.randint(0, 5, pad_shape, generator=g).to(v.dtype)
+            v = torch.cat([v, junk], d)
+        out[k] = v
+    for k in ("token_mask", "msa_mask", "atom_mask"):
+        n_old = f[k].shape[-1]
+        out[k] = out[k].clone()
+        out[k][..., n_old:] = 0
+    out["msa_mask"] = out["msa_mask"] * out["token_mask"][:, None]
+    out["template_mask"] = f["template_mask"]
+    return out
+
+
+def test_trunk_ignores_padding():
+    model = _model().double().eval()
+    f = _f64(random_features(n_token=8, batch=1, seed=3))
+    g = _pad(f, 3, 4)
+    with torch.no_grad():
+        s_in, s, z = model.trunk(f, 2)
+        s_in2, s2, z2 = model.trunk(g, 2)
+    n = f["token_mask"].shape[-1]
+    real = f["token_mask"][0].bool()
+    assert rel_err(s2[0, :n][real], s[0][real]) < 1e-10
+    assert rel_err(z2[0, :n, :n][real][:, real], z[0][real][:, real]) < 1e-10
+    # recycling changes the result
+    _, s1, _ = model.trunk(f, 1)
+    assert rel_err(s1, s) > 1e-3
+
+
+def test_chunked_trunk_equals_unchunked():
+    model = _model().double().eval()
+    f = _f64(random_features(n_token=9, batch=1, seed=4))
+    with torch.no_grad():
+        ref = model.trunk(f, 2)
+        model.set_chunk_size(3)
+        got = model.trunk(f, 2)
+    assert rel_err(got[1], ref[1]) < 1e-12 and rel_err(got[2], ref[2]) < 1e-12
+
+
+def test_checkpointing_same_loss_and_grads():
+    plain = _model(confidence__enabled=False).double()
+    ckpt = copy.deepcopy(plain)
+    for m in ckpt.modules():
+        if hasattr(m, "use_checkpoint"):
+            m.use_checkpoint = True
+    f = _f64(random_features(n_token=7, batch=1, seed=5))
+    res = []
+    for model in (plain, ckpt):
+        model.train()
+        torch.manual_seed(3)
+        out = model(f, no_cycles=2, generator=torch.Generator().manual_seed(2))
+        loss, _ = model.loss(out, f)
+        loss.backward()
+        res.append((loss.detach(), {n: p.grad for n, p in model.named_parameters()}))
+    assert rel_err(res[1][0], res[0][0]) < 1e-12
+    for n, g in res[0][1].items():
+        assert rel_err(res[1][1][n], g) < 1e-9 or g.abs().max() == 0, n
+
+
+def test_confidence_targets_of_a_perfect_prediction():
+    cfg = config("tiny")
+    f = random_features(n_token=9, batch=1, seed=6)
+    f["atom_resolved"] = f["atom_mask"].clone()
+    rot = random_rotation((1, 2), torch.Generator().manual_seed(0))
+    x = torch.einsum("bsij,bsaj->bsai", rot, f["atom_positions"][:, None].expand(1, 2, -1, 3)) + 7
+    t = confidence_targets(f, x, cfg)
+    m = t["plddt_mask"] > 0
+    assert m.any() and (t["plddt"][m] == cfg.confidence.plddt_no_bins - 1).all()
+    assert (t["pde"][t["pde_mask"] > 0] == 0).all()
+    assert t["pae_mask"].sum() > 0 and (t["pae"][t["pae_mask"] > 0] == 0).all()
+    # Frames: amino-acid tokens use (centre - 1, centre, centre + 1).
+    frame, valid = token_frame_atoms(f, f["atom_positions"])
+    c = f["token_center_atom"][0, 0].item()
+    assert frame[0, 0].tolist() == [c - 1, c, c + 1] and valid[0, 0]
+    assert token_atom_index(f["atom_to_token"], 9)[0, :4].tolist() == [0, 1, 2, 0]
