@@ -3,49 +3,97 @@
 An AF2 Evoformer stack (default sizes of ``EvoformerConfig``: c_m 256, c_z 128, ...; ``--blocks``
 blocks, default 2: the peak of a stack is the peak of one block plus the two streams, and time
 per block is what matters) in bf16, eval mode, ``torch.no_grad()``, N_seq 128, masks with holes.
-For each N_res (512, 1024, 2048, 3072, 4096):
+For each N_res (512, 1024, 2048, 3072, 4096), four modes, each one *row* of the results:
 
 * (a) ``none``: no chunking;
 * (b) ``manual64``: fold-model's expert chunking, ``set_chunk_size(64)``;
-* (c) ``auto_equal``: ``fold_chunk.autochunk`` with the budget set to (b)'s measured peak;
-* (d) ``auto_min``: ``fold_chunk.autochunk`` with the smallest budget it can meet
-  (``smallest_reachable_peak`` with ``--min-chunk``, default 16).
+* (c) ``auto_equal``: ``fold_chunk`` AutoChunk with the budget set to (b)'s measured peak;
+* (d) ``auto_min``: AutoChunk at the smallest budget it can meet (``--min-chunk``, default 16).
 
-Peak memory is the activation peak: ``torch.cuda.max_memory_allocated()`` during the call minus
-what was allocated before it (weights, inputs). Time is the median of ``--reps`` calls after one
-warm-up, CUDA events. A configuration that runs out of memory is recorded as ``"OOM"``. AutoChunk
-planning time is reported apart (planning runs once per shape). Goals (from the issue): (d) at most
-10% of (a)'s peak; (c) at least 1.15x (b)'s speed; AutoChunk within 5% of (a)'s speed where (a)
-fits. Outputs of (b), (c), (d) are compared with (a) (bf16: relative norm error ~1e-2).
+Built for a short GPU window. Rows run in order of importance: N_res 512, 1024, 2048 (all four
+modes each), then 3072 and 4096. After every row a line is printed (flushed) and the JSON
+(``--out``) and its markdown table (same name, ``.md``) are rewritten atomically, so whatever
+finished survives a kill. Out of memory is caught per row (``"OOM"``), an unmeetable AutoChunk
+budget is recorded as an error, and ``--budget-seconds`` stops starting rows whose predicted time
+(from the rows already measured, scaled by N_res^3, else the model below) would pass the end.
 
-    python benchmarks/chunk_evoformer.py --out benchmarks/results/chunk_evoformer.json  # CUDA
-    python benchmarks/chunk_evoformer.py --device cpu --small --out /tmp/chunk.json    # smoke
+Per row: one call measures the activation peak (``torch.cuda.max_memory_allocated()`` during the
+call minus what was allocated before: weights, inputs, kept outputs) and its time (``first_ms``,
+which includes the caching allocator's first ``cudaMalloc``s); then up to ``--reps`` timed calls
+while the row stays under ``--row-seconds``; ``ms`` is their median (CUDA events), or the first
+call's when none fit (``timed_calls`` 0). One small warm-up call of the stack at the start
+initialises CUDA and cuBLAS. AutoChunk planning is timed apart: ``planner_s`` per N_res (trace
+and FakeTensor run, shared by (c) and (d) through one ``fold_chunk.ChunkPlanner``) and
+``plan_s`` per mode (search, code generation, fake run of the generated code; for (d) also the
+smallest-peak search). Outputs of (b), (c), (d) are compared with (a), or with (b) where (a) runs
+out of memory (bf16: relative norm error ~1e-2). Goals (issue): (d) at most 10% of (a)'s peak;
+(c) at least 1.15x (b)'s speed; AutoChunk within 5% of (a)'s speed where (a) fits.
 
-Op backend: ``--backend torch`` (default) runs (a)-(d) on fold-model's PyTorch reference ops.
-That is like for like: the fold-model op registry hands the reference implementation to
-``torch.fx`` while tracing, so AutoChunk's generated code always runs reference ops;
-``--backend auto`` lets (a) and (b) use fold-kernels' Triton kernels where installed.
+Expected cost of a full run on one H100 80GB (defaults: 2 blocks, N_seq 128, reps 3, row
+seconds 30). Planning, measured on a 2-core CPU on meta tensors (``--plan-only``, the same work):
+the planner 1-3 s and each of (c), (d) 1.5-2.5 s per N_res, about 5-7 s per N_res, 30 s in all
+(flat in N_res: planning sees shapes, not data). GPU time per call of the 2-block stack, from a
+roofline of the traced aten ops (FLOPs at 600 TFLOP/s, bytes at 2.6 TB/s) scaled by 1.76, the
+factor that matches the eager block measured on an H100 (``results/model_evoformer.md``:
+6.9 ms at N_seq 128, N_res 256; 51.6 ms at 512, 512), i.e. per block
+``4.9e-10 s * N_seq * N_res^2 + 8.4e-11 s * N_res^3``; manual chunking adds about 5%:
 
-On CPU the peak is measured with ``fold_chunk.measure_peak_memory`` (live tensor bytes). The
-JSON goes to ``--out``; a markdown table is written beside it (same name, ``.md``).
+    N_res   (a) none        (b)/(c)/(d)     row time (b)-(d), 1 + reps calls
+    512     0.06 s          0.06 s          < 1 s each
+    1024    0.3 s           0.32 s          1.3 s each
+    2048    OOM (134 GB)    2.1 s           8 s each
+    3072    OOM (450 GB)    6.4 s           26 s each
+    4096    OOM (1.0 TB)    14.5 s          29 s each (first call + 1 timed call)
+
+(a) fits only up to 1024 on 80 GB (AutoChunk's own estimate of (a)'s peak: 2.2, 16.8, 131, 439,
+1036 GiB). Total: about 3.5 min of GPU work plus 30 s of planning and 20-40 s of start-up
+(imports, CUDA init); the 512-2048 rows, the ones that matter most, are done within the first
+minute. Run it with ``--budget-seconds`` a minute under the window, e.g. 360 for 7 minutes.
+
+    python benchmarks/chunk_evoformer.py --budget-seconds 360 \\
+        --out benchmarks/results/chunk_evoformer.json                      # CUDA
+    python benchmarks/chunk_evoformer.py --device cpu --small --out /tmp/chunk.json   # smoke
+    python benchmarks/chunk_evoformer.py --plan-only                     # CPU, real sizes
+
+``--plan-only`` plans every N_res on meta tensors (no memory, no GPU) and prints the planning
+times, the estimated peaks and the predicted GPU time of each row. Op backend: ``--backend
+torch`` (default) runs (a)-(d) on fold-model's PyTorch reference ops, like for like (the op
+registry hands the reference implementation to ``torch.fx`` while tracing, so AutoChunk's code
+always runs reference ops); ``--backend auto`` lets (a) and (b) use fold-kernels where
+installed. On CPU the peak is measured with ``fold_chunk.AllocationTracker`` (live tensor bytes).
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
+import os
 import statistics
 import time
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
+from typing import Any
 
 import fold_chunk as fc
 import torch
 from fold_model import ops
 from fold_model.af2.config import EvoformerConfig
 from fold_model.af2.evoformer import EvoformerStack
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+from torch.utils.flop_counter import flop_registry
 
 N_RES = [512, 1024, 2048, 3072, 4096]
+FIRST_TIER = 2048  # N_res up to this first, all modes; larger N_res after
 SMALL_N_RES = [24, 37]
+MODES = ("none", "manual64", "auto_equal", "auto_min")
+MANUAL_CHUNK = 64
+# Per-block eager time on an H100 in seconds, bf16 no-grad: a * N_seq * N_res^2 + b * N_res^3
+# (roofline of the traced ops x 1.76, calibrated on results/model_evoformer.md; see the doc).
+H100_BLOCK_S = (4.9e-10, 8.4e-11)
+ROOFLINE = dict(flops=600e12, bytes=2.6e12, launch_s=4e-6, calibration=1.76)
 
 
 def _sync(device: torch.device) -> None:
@@ -53,113 +101,277 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _run_measured(fn, device: torch.device, reps: int) -> tuple[float, int, object]:
-    """(median ms, activation peak bytes, output) of ``fn()``."""
+def _timed(fn: Callable[[], Any], device: torch.device) -> tuple[float, Any]:
+    """(ms, output) of one call."""
+    if device.type == "cuda":
+        start = torch.cuda.Event(enable_timing=True)
+        end = torch.cuda.Event(enable_timing=True)
+        start.record()
+        out = fn()
+        end.record()
+        _sync(device)
+        return start.elapsed_time(end), out
+    t0 = time.perf_counter()
+    out = fn()
+    return (time.perf_counter() - t0) * 1e3, out
+
+
+def measure(fn: Callable[[], Any], device: torch.device, reps: int, row_seconds: float,
+            deadline: float) -> tuple[dict, Any]:
+    """Peak and time of ``fn()`` (see the module doc); returns (result, output of the first
+    call)."""
+    t_row = time.monotonic()
     with torch.no_grad():
         if device.type == "cuda":
-            out = fn()  # warm-up
-            del out
             _sync(device)
             torch.cuda.reset_peak_memory_stats(device)
             before = torch.cuda.memory_allocated(device)
-            out = fn()
-            _sync(device)
+            first_ms, out = _timed(fn, device)
             peak = torch.cuda.max_memory_allocated(device) - before
-            times = []
-            for _ in range(reps):
-                start = torch.cuda.Event(enable_timing=True)
-                end = torch.cuda.Event(enable_timing=True)
-                start.record()
-                fn()
-                end.record()
-                _sync(device)
-                times.append(start.elapsed_time(end))
-        else:
-            peak = fc.measure_peak_memory(fn)
-            out = fn()
-            times = []
-            for _ in range(reps):
-                t0 = time.perf_counter()
-                fn()
-                times.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(times), peak, out
+        else:  # live-tensor accounting; the tracked call is slower, so first_ms is indicative
+            tracker = fc.AllocationTracker()
+            with tracker:
+                first_ms, out = _timed(fn, device)
+            peak = tracker.peak
+        times: list[float] = []
+        last_s = first_ms / 1e3
+        while len(times) < reps:
+            now = time.monotonic()
+            if now + last_s > deadline or (times and now - t_row + last_s > row_seconds):
+                break
+            ms, rep_out = _timed(fn, device)
+            del rep_out
+            times.append(ms)
+            last_s = ms / 1e3
+    res = {"ms": statistics.median(times) if times else first_ms, "first_ms": first_ms,
+           "timed_calls": len(times), "peak_bytes": int(peak)}
+    return res, out
 
 
-def _rel_err(out, ref) -> float:
-    errs = [((o.float() - r.float()).norm() / r.float().norm()).item() for o, r in zip(out, ref)]
+def _rel_err(out: Any, ref: Any) -> float:
+    """Largest relative norm error over the output tensors, accumulated in float64 slices (no
+    whole fp32 copy of a 4096^2 pair tensor)."""
+    errs = []
+    for o, r in zip(out, ref):
+        num = den = 0.0
+        for k in range(0, o.shape[0], 64):
+            a, b = o[k:k + 64].double(), r[k:k + 64].double()
+            num += (a - b).pow(2).sum().item()
+            den += b.pow(2).sum().item()
+        errs.append((num / den) ** 0.5 if den > 0 else float("inf"))
     return max(errs)
 
 
 def _is_oom(exc: BaseException) -> bool:
-    return isinstance(exc, torch.cuda.OutOfMemoryError) or "out of memory" in str(exc)
+    return isinstance(exc, torch.OutOfMemoryError) or "out of memory" in str(exc)
 
 
-def run_shape(stack: EvoformerStack, n_seq: int, n_res: int, device: torch.device,
-              dtype: torch.dtype, reps: int, min_chunk: int) -> dict:
-    cfg_m, cfg_z = stack.blocks[0].msa_att_row.layer_norm_m.weight.shape[0], \
-        stack.blocks[0].tri_mul_out.layer_norm_in.weight.shape[0]
-    gen = torch.Generator().manual_seed(n_res)
-    m = torch.randn(n_seq, n_res, cfg_m, generator=gen).to(device, dtype)
-    z = torch.randn(n_res, n_res, cfg_z, generator=gen).to(device, dtype)
-    msa_mask = (torch.rand(n_seq, n_res, generator=gen) > 0.1).to(device, dtype)
-    pair_mask = (torch.rand(n_res, n_res, generator=gen) > 0.1).to(device, dtype)
-    args = (m, z, msa_mask, pair_mask)
-    row: dict = {"n_seq": n_seq, "n_res": n_res}
-    ref = None
+def predicted_call_s(n_seq: int, n_res: int, blocks: int) -> float:
+    a, b = H100_BLOCK_S
+    return blocks * (a * n_seq * n_res**2 + b * n_res**3)
 
-    def measure(name: str, fn) -> None:
-        nonlocal ref
-        try:
-            ms, peak, out = _run_measured(fn, device, reps)
-        except RuntimeError as exc:
-            if not _is_oom(exc):
-                raise
-            row[name] = "OOM"
-            if device.type == "cuda":
-                torch.cuda.empty_cache()
+
+class _Roofline(TorchDispatchMode):
+    """Sum over aten ops of ``max(flops / F, bytes / B, launch)`` (meta tensors: nothing runs)."""
+
+    VIEWS = {"view", "_unsafe_view", "transpose", "permute", "expand", "unsqueeze", "squeeze",
+             "slice", "select", "t", "alias", "as_strided", "split", "unbind", "detach",
+             "split_with_sizes", "chunk", "narrow"}
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seconds = 0.0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: D105
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        if func.overloadpacket.__name__ in self.VIEWS:
+            return out
+        tensors = [t for t in tree_flatten((args, kwargs, out))[0] if isinstance(t, torch.Tensor)]
+        nbytes = sum(t.numel() * t.element_size() for t in tensors)
+        count = flop_registry.get(func.overloadpacket)
+        flops = count(*args, **kwargs, out_val=out) if count is not None else 0
+        self.seconds += max(flops / ROOFLINE["flops"], nbytes / ROOFLINE["bytes"],
+                            ROOFLINE["launch_s"])
+        return out
+
+
+def roofline_s(fn: Callable[[], Any]) -> float:
+    """Predicted H100 seconds of ``fn()`` on meta tensors (calibrated, see the module doc)."""
+    mode = _Roofline()
+    with torch.no_grad(), mode:
+        fn()
+    return mode.seconds * ROOFLINE["calibration"]
+
+
+class Benchmark:
+    """Runs the rows in order, keeps one N_res's inputs, planner and reference output at a time,
+    and writes the results after every row."""
+
+    def __init__(self, stack: EvoformerStack, args: argparse.Namespace, device: torch.device,
+                 dtype: torch.dtype, n_seq: int, min_chunk: int, meta: dict) -> None:
+        self.stack, self.opts, self.device, self.dtype = stack, args, device, dtype
+        self.n_seq, self.min_chunk = n_seq, min_chunk
+        self.t_start = time.monotonic()
+        budget = args.budget_seconds
+        self.deadline = self.t_start + budget if budget else float("inf")
+        self.result = meta | {"rows": []}
+        self.rows: dict[int, dict] = {}
+        self.call_s: dict[tuple[int, str], float] = {}  # measured seconds per call
+        self.plan_s_max = 0.0
+        self.n_res: int | None = None
+        self.inputs: tuple | None = None
+        self.planner: fc.ChunkPlanner | None = None
+        self.ref: tuple[str, Any] | None = None
+
+    # -- per-N_res state -------------------------------------------------------------------
+    def _enter(self, n: int) -> None:
+        if self.n_res == n:
             return
-        row[name] = {"ms": ms, "peak_bytes": peak}
-        if ref is None and name == "none":
-            ref = out
-        elif ref is not None:
-            row[name]["rel_err_vs_none"] = _rel_err(out, ref)
-        del out
-        if device.type == "cuda":
+        self.inputs = self.planner = self.ref = None
+        self._free()
+        self.n_res = n
+        c_m = self.stack.blocks[0].msa_att_row.layer_norm_m.weight.shape[0]
+        c_z = self.stack.blocks[0].tri_mul_out.layer_norm_in.weight.shape[0]
+        gen = torch.Generator().manual_seed(n)
+        dev, dt, s = self.device, self.dtype, self.n_seq
+        m = torch.randn(s, n, c_m, generator=gen).to(dev, dt)  # [N_seq, N_res, C_m]
+        z = torch.randn(n, n, c_z, generator=gen).to(dev, dt)  # [N_res, N_res, C_z]
+        msa_mask = (torch.rand(s, n, generator=gen) > 0.1).to(dev, dt)  # holes
+        pair_mask = (torch.rand(n, n, generator=gen) > 0.1).to(dev, dt)
+        self.inputs = (m, z, msa_mask, pair_mask)
+        row = {"n_seq": s, "n_res": n}
+        self.rows[n] = row
+        self.result["rows"].append(row)
+        self.result["rows"].sort(key=lambda r: r["n_res"])
+
+    def _planner(self) -> fc.ChunkPlanner:
+        if self.planner is None:
+            t0 = time.perf_counter()
+            self.stack.set_chunk_size(None)
+            self.planner = fc.ChunkPlanner(self.stack, self.inputs)
+            row = self.rows[self.n_res]
+            row["planner_s"] = time.perf_counter() - t0
+            row["estimated_peak_none_bytes"] = self.planner.estimate_peak()
+        return self.planner
+
+    def _free(self) -> None:
+        gc.collect()
+        if self.device.type == "cuda":
             torch.cuda.empty_cache()
 
-    stack.set_chunk_size(None)
-    measure("none", lambda: stack(*args))
-    stack.set_chunk_size(64)
-    measure("manual64", lambda: stack(*args))
-    stack.set_chunk_size(None)
+    # -- prediction for --budget-seconds ---------------------------------------------------
+    def predicted_row_s(self, n: int, mode: str) -> float:
+        same_mode = [(k, v) for (k, md), v in self.call_s.items() if md == mode and k < n]
+        same_n = [v for (k, _), v in self.call_s.items() if k == n]
+        if same_mode:
+            k, v = max(same_mode)
+            call = v * (n / k) ** 3  # the triangle ops, N_res^3, dominate at large N_res
+        elif same_n:
+            call = max(same_n)
+        else:
+            call = predicted_call_s(self.n_seq, n, self.opts.blocks)
+        calls = 1 + min(self.opts.reps, max(1, int(self.opts.row_seconds // max(call, 1e-9))))
+        plan = 0.0
+        if mode.startswith("auto"):  # this CPU's measured planning, else a generous guess
+            plan = self.plan_s_max or 10.0
+            if self.planner is None or self.n_res != n:
+                plan += 10.0  # the planner's trace and fake run
+        return plan + calls * call
 
-    def measure_auto(name: str, budget: int, plan_s: float = 0.0) -> None:
-        t0 = time.perf_counter()
-        try:
-            chunked = fc.autochunk(stack, args, budget, min_chunk=min_chunk)
-        except fc.MemoryBudgetError as exc:
-            row[name] = {"error": str(exc)}
+    # -- rows ------------------------------------------------------------------------------
+    def run_row(self, n: int, mode: str) -> None:
+        predicted = self.predicted_row_s(n, mode)
+        if time.monotonic() + predicted > self.deadline:
+            self._record(n, mode, {"status": "skipped", "reason":
+                                   f"time budget (predicted {predicted:.0f} s)"})
             return
-        plan_s += time.perf_counter() - t0
-        measure(name, lambda: chunked(*args))
-        if isinstance(row[name], dict):
-            row[name].update(budget_bytes=budget, plan_s=plan_s,
-                             n_regions=len(chunked.report.regions),
-                             estimated_peak_bytes=chunked.report.simulated_peak_after,
-                             report=str(chunked.report))
+        self._enter(n)
+        row = self.rows[n]
+        res: dict[str, Any] = {}
+        fn: Callable[[], Any]
+        if mode in ("none", "manual64"):
+            self.stack.set_chunk_size(None if mode == "none" else MANUAL_CHUNK)
+            stack, inputs = self.stack, self.inputs
+            fn = lambda: stack(*inputs)  # noqa: E731
+        else:
+            planned = self._plan(mode, row, res)
+            if planned is None:
+                self._record(n, mode, res)
+                return
+            chunked, inputs = planned, self.inputs
+            fn = lambda: chunked(*inputs)  # noqa: E731
+        oom = ""
+        out = None
+        try:
+            measured, out = measure(fn, self.device, self.opts.reps, self.opts.row_seconds,
+                                    self.deadline)
+            res.update(measured)
+        except (RuntimeError, torch.OutOfMemoryError) as exc:
+            if not _is_oom(exc):
+                raise
+            oom = str(exc).splitlines()[0][:200]
+        finally:
+            self.stack.set_chunk_size(None)
+        fn = None  # type: ignore[assignment]
+        if oom:  # outside the except block: its traceback (and the tensors) are gone
+            out = None
+            self._free()
+            self._record(n, mode, {"status": "OOM", "message": oom} | res)
+            return
+        res["status"] = "ok"
+        self.call_s[(n, mode)] = res["ms"] / 1e3
+        if self.ref is None:
+            self.ref = (mode, out)
+        else:
+            res[f"rel_err_vs_{self.ref[0]}"] = _rel_err(out, self.ref[1])
+        del out
+        self._free()
+        self._record(n, mode, res)
 
-    if isinstance(row["manual64"], dict):
-        measure_auto("auto_equal", row["manual64"]["peak_bytes"])
-    t0 = time.perf_counter()
-    smallest = fc.smallest_reachable_peak(stack, args, min_chunk=min_chunk)
-    measure_auto("auto_min", smallest, time.perf_counter() - t0)
-    _goals(row)
-    return row
+    def _plan(self, mode: str, row: dict, res: dict) -> fc.AutoChunked | None:
+        if mode == "auto_equal":
+            b = row.get("manual64", {})
+            if "peak_bytes" not in b or b.get("status") != "ok":
+                res.update(status="error", error="no measured peak of (b) manual64")
+                return None
+        planner = self._planner()
+        t1 = time.perf_counter()
+        if mode == "auto_equal":
+            budget = row["manual64"]["peak_bytes"]
+        else:
+            budget = planner.smallest_reachable_peak(min_chunk=self.min_chunk)
+        try:
+            chunked = planner.autochunk(budget, min_chunk=self.min_chunk)
+        except fc.MemoryBudgetError as exc:
+            res.update(status="error", error=str(exc), budget_bytes=budget)
+            return None
+        finally:
+            res["plan_s"] = time.perf_counter() - t1
+        self.plan_s_max = max(self.plan_s_max, res["plan_s"])
+        report = chunked.report
+        res.update(budget_bytes=budget, n_regions=len(report.regions),
+                   estimated_peak_bytes=report.simulated_peak_after, report=str(report))
+        return chunked
+
+    def _record(self, n: int, mode: str, res: dict) -> None:
+        if n not in self.rows:
+            self.rows[n] = {"n_seq": self.n_seq, "n_res": n}
+            self.result["rows"].append(self.rows[n])
+            self.result["rows"].sort(key=lambda r: r["n_res"])
+        row = self.rows[n]
+        row[mode] = res
+        _goals(row)
+        elapsed = time.monotonic() - self.t_start
+        self.result["elapsed_s"] = elapsed
+        print(f"[{elapsed:7.1f} s] N_res {n:5d} {mode:10s} {_fmt(res)}"
+              + (f"  plan {res['plan_s']:.1f} s" if "plan_s" in res else ""), flush=True)
+        write_results(self.result, self.opts.out)
 
 
 def _goals(row: dict) -> None:
-    a, b, c, d = (row.get(k) for k in ("none", "manual64", "auto_equal", "auto_min"))
-    ok = lambda x: isinstance(x, dict) and "ms" in x  # noqa: E731
+    a, b, c, d = (row.get(k) for k in MODES)
+    ok = lambda x: isinstance(x, dict) and x.get("status") == "ok"  # noqa: E731
     goals: dict = {}
     if ok(a) and ok(d):
         goals["auto_min_peak_over_none"] = d["peak_bytes"] / a["peak_bytes"]
@@ -174,12 +386,24 @@ def _goals(row: dict) -> None:
     row["goals"] = goals
 
 
-def _fmt(x) -> str:
+def _fmt(x: Any) -> str:
     if not isinstance(x, dict):
-        return str(x)
-    if "ms" not in x:
-        return "error"
+        return "-" if x is None else str(x)
+    if x.get("status") != "ok":
+        return str(x.get("status", "error"))
     return f"{x['ms']:.1f} ms / {x['peak_bytes'] / 2**20:.1f} MiB"
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def write_results(result: dict, out: Path) -> None:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    _write_atomic(out, json.dumps(result, indent=2))
+    write_markdown(result, out.with_suffix(".md"))
 
 
 def write_markdown(result: dict, path: Path) -> None:
@@ -188,40 +412,101 @@ def write_markdown(result: dict, path: Path) -> None:
         f"{result['blocks']} blocks, N_seq {result['n_seq']})",
         "",
         "| N_res | (a) none | (b) manual 64 | (c) auto, budget (b) | (d) auto, min budget |"
-        " (d)/(a) peak | (b)/(c) speed | (c)/(a) time |",
-        "|---|---|---|---|---|---|---|---|",
+        " (d)/(a) peak | (b)/(c) speed | (c)/(a) time | plan s (trace; c; d) |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for row in result["rows"]:
-        g = row["goals"]
-        cells = [str(row["n_res"])] + [_fmt(row.get(k)) for k in
-                                       ("none", "manual64", "auto_equal", "auto_min")]
+        g = row.get("goals", {})
+        cells = [str(row["n_res"])] + [_fmt(row.get(k)) for k in MODES]
         for key in ("auto_min_peak_over_none", "auto_equal_speedup_over_manual64",
                     "auto_equal_time_over_none"):
             cells.append(f"{g[key]:.3f}" if key in g else "-")
+        plan = [row.get("planner_s")] + [(row.get(k) or {}).get("plan_s") for k in MODES[2:]]
+        cells.append("; ".join("-" if p is None else f"{p:.1f}" for p in plan))
         lines.append("| " + " | ".join(cells) + " |")
-    path.write_text("\n".join(lines) + "\n")
+    _write_atomic(path, "\n".join(lines) + "\n")
+
+
+def row_order(n_res: list[int]) -> list[tuple[int, str]]:
+    """The most important rows first: N_res up to FIRST_TIER with all modes, then the rest."""
+    first = sorted(n for n in n_res if n <= FIRST_TIER)
+    later = sorted(n for n in n_res if n > FIRST_TIER)
+    return [(n, mode) for n in first + later for mode in MODES]
+
+
+def plan_only(stack: EvoformerStack, n_res: list[int], n_seq: int, blocks: int, min_chunk: int,
+              reps: int, row_seconds: float) -> None:
+    """Planning at the real sizes on meta tensors, and the predicted GPU time of each row."""
+    stack = stack.to("meta")
+    c_m = stack.blocks[0].msa_att_row.layer_norm_m.weight.shape[0]
+    c_z = stack.blocks[0].tri_mul_out.layer_norm_in.weight.shape[0]
+    total_gpu = total_plan = 0.0
+    for n in sorted(n_res, key=lambda n: (n > FIRST_TIER, n)):
+        kw = dict(device="meta", dtype=torch.bfloat16)
+        inputs = (torch.empty(n_seq, n, c_m, **kw), torch.empty(n, n, c_z, **kw),
+                  torch.empty(n_seq, n, **kw), torch.empty(n, n, **kw))
+        stack.set_chunk_size(None)
+        t0 = time.perf_counter()
+        planner = fc.ChunkPlanner(stack, inputs)
+        t_planner = time.perf_counter() - t0
+        none_s = roofline_s(partial(stack, *inputs))
+        stack.set_chunk_size(MANUAL_CHUNK)
+        with torch.no_grad():
+            manual_peak = fc.measure_peak_memory(stack, *inputs)  # meta: accounting only
+        manual_s = roofline_s(partial(stack, *inputs))
+        stack.set_chunk_size(None)
+        plans = {}
+        for mode, budget in (("auto_equal", manual_peak), ("auto_min", None)):
+            t0 = time.perf_counter()
+            if budget is None:
+                budget = planner.smallest_reachable_peak(min_chunk=min_chunk)
+            chunked = planner.autochunk(budget, min_chunk=min_chunk)
+            plans[mode] = (time.perf_counter() - t0, chunked)
+        gm = plans["auto_min"][1].graph_module(inputs)
+        auto_s = roofline_s(partial(gm, *inputs))
+        row_s = 0.0
+        for call in (manual_s, manual_s, auto_s):  # (b), (c) ~ (b), (d)
+            calls = 1 + min(reps, max(1, int(row_seconds // call)))
+            row_s += calls * call
+        fits = planner.estimate_peak() <= 80 * 2**30
+        if fits:
+            row_s += (1 + min(reps, max(1, int(row_seconds // none_s)))) * none_s
+        total_gpu += row_s
+        plan_s = t_planner + sum(p[0] for p in plans.values())
+        total_plan += plan_s
+        print(f"N_res {n}: planner {t_planner:.1f} s, (c) {plans['auto_equal'][0]:.1f} s, "
+              f"(d) {plans['auto_min'][0]:.1f} s | est. peak (a) "
+              f"{planner.estimate_peak() / 2**30:.1f} GiB, (b) {manual_peak / 2**30:.1f} GiB, "
+              f"(d) {plans['auto_min'][1].report.simulated_peak_after / 2**30:.2f} GiB | H100 "
+              f"per call: (a) {none_s:.2f} s{'' if fits else ' (OOM)'}, (b) {manual_s:.2f} s, "
+              f"(d) {auto_s:.2f} s; rows {row_s:.0f} s", flush=True)
+    print(f"total: planning {total_plan:.0f} s (this CPU), GPU {total_gpu:.0f} s (predicted)")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--small", action="store_true", help="tiny sizes (CPU smoke test)")
+    parser.add_argument("--plan-only", action="store_true",
+                        help="plan on meta tensors at the real sizes, predict GPU times (CPU)")
     parser.add_argument("--n-res", type=int, nargs="*", default=None)
     parser.add_argument("--n-seq", type=int, default=None)
     parser.add_argument("--blocks", type=int, default=2)
-    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--reps", type=int, default=3, help="timed calls after the first")
+    parser.add_argument("--row-seconds", type=float, default=30.0,
+                        help="no further timed calls once a row has taken this long")
+    parser.add_argument("--budget-seconds", type=float, default=None,
+                        help="start no row predicted to end after this many seconds")
     parser.add_argument("--min-chunk", type=int, default=None)
     parser.add_argument("--dtype", default=None, choices=["bf16", "fp32"])
     parser.add_argument("--backend", default="torch", help="fold-model op backend (see doc)")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/chunk_evoformer.json"))
     args = parser.parse_args()
 
-    device = torch.device(args.device)
     if args.small:
-        cfg = EvoformerConfig(c_m=16, c_z=8, c_s=8, no_blocks=args.blocks,
-                                     c_hidden_msa_att=4, no_heads_msa=2, c_hidden_opm=4,
-                                     c_hidden_mul=8, c_hidden_pair_att=4, no_heads_pair=2,
-                                     transition_n=2)
+        cfg = EvoformerConfig(c_m=16, c_z=8, c_s=8, no_blocks=args.blocks, c_hidden_msa_att=4,
+                              no_heads_msa=2, c_hidden_opm=4, c_hidden_mul=8,
+                              c_hidden_pair_att=4, no_heads_pair=2, transition_n=2)
         n_res, n_seq = args.n_res or SMALL_N_RES, args.n_seq or 8
         min_chunk, dtype_name = args.min_chunk or 2, args.dtype or "fp32"
     else:
@@ -230,28 +515,34 @@ def main() -> None:
         min_chunk, dtype_name = args.min_chunk or 16, args.dtype or "bf16"
     dtype = torch.bfloat16 if dtype_name == "bf16" else torch.float32
     torch.manual_seed(0)
-    stack = EvoformerStack(cfg).to(device=device, dtype=dtype).eval()
-
-    rows = []
-    for n in n_res:
+    stack = EvoformerStack(cfg).to(dtype=dtype).eval()
+    if args.plan_only:
         with ops.use_backend(args.backend):
-            row = run_shape(stack, n_seq, n, device, dtype, args.reps, min_chunk)
-        print(json.dumps(row["goals"] | {"n_res": n}), flush=True)
-        rows.append(row)
-    result = {
+            plan_only(stack, n_res, n_seq, args.blocks, min_chunk, args.reps, args.row_seconds)
+        return
+
+    device = torch.device(args.device)
+    t0 = time.monotonic()
+    stack = stack.to(device)
+    meta = {
         "benchmark": "chunk_evoformer",
         "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-        "torch": torch.__version__,
-        "dtype": dtype_name,
-        "blocks": args.blocks,
-        "backend": args.backend,
-        "n_seq": n_seq,
-        "min_chunk": min_chunk,
-        "rows": rows,
+        "torch": torch.__version__, "dtype": dtype_name, "blocks": args.blocks,
+        "backend": args.backend, "n_seq": n_seq, "min_chunk": min_chunk, "reps": args.reps,
+        "row_seconds": args.row_seconds, "budget_seconds": args.budget_seconds,
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2))
-    write_markdown(result, args.out.with_suffix(".md"))
+    with ops.use_backend(args.backend):
+        if device.type == "cuda":  # CUDA context, cuBLAS handles and workspaces, once
+            with torch.no_grad():
+                w = (torch.randn(8, 32, cfg.c_m), torch.randn(32, 32, cfg.c_z),
+                     torch.ones(8, 32), torch.ones(32, 32))
+                stack(*[t.to(device, dtype) for t in w])
+            _sync(device)
+        meta["startup_s"] = time.monotonic() - t0
+        print(f"start-up (model to device, warm-up) {meta['startup_s']:.1f} s", flush=True)
+        bench = Benchmark(stack, args, device, dtype, n_seq, min_chunk, meta)
+        for n, mode in row_order(n_res):
+            bench.run_row(n, mode)
     print(f"wrote {args.out} and {args.out.with_suffix('.md')}")
 
 
