@@ -62,29 +62,35 @@ _TAG_CYCLE = 1 << 20
 
 
 class Pending:
-    """A collective in flight: ``wait()`` finishes it and returns the result tensor."""
+    """A collective in flight: ``wait()`` finishes it and returns the result tensor.
+
+    A synchronous collective is issued with ``async_op=False`` (on NCCL it then runs on the
+    current stream: no side stream, no cross-stream events, no tensor stashing) and comes here
+    with no work to wait for; only DAO's overlapped collectives carry a work handle.
+    """
 
     def __init__(
         self,
         works: list,
         finish: Callable[[], torch.Tensor],
-        what: str,
+        what: Callable[[], str],
         timeout_s: float | None,
     ) -> None:
         self._works = works
-        self._finish = finish
+        self._finish: Callable[[], torch.Tensor] | None = finish
         self._what = what
         self._timeout_s = timeout_s
         self._result: torch.Tensor | None = None
 
     def wait(self) -> torch.Tensor:
-        if self._result is None:
-            with guarded(self._what, self._timeout_s):
-                for work in self._works:
-                    if work is not None:
+        if self._finish is not None:
+            if self._works:
+                with guarded(self._what, self._timeout_s):
+                    for work in self._works:
                         work.wait()
             self._result = self._finish()
-            self._works = []
+            # Drop the work handles and the buffers the closure holds (send / receive buffers).
+            self._works, self._finish = [], None
         return self._result
 
 
@@ -101,6 +107,10 @@ class Collectives:
     ``impl="auto"`` picks ``"native"`` on NCCL and ``"fallback"`` on gloo. ``timeout_s`` is
     what the error message of a failed collective quotes (the process group's own timeout is
     what bounds the wait; :func:`fold_parallel.groups.init_distributed` sets it).
+
+    Every method takes ``async_op``: ``False`` (the default) completes the collective before
+    returning (on NCCL: enqueued on the current stream, no host synchronisation); ``True``
+    returns while it is in flight (DAO, :mod:`fold_parallel.dao`).
     """
 
     def __init__(
@@ -119,7 +129,8 @@ class Collectives:
         self.size = dist.get_world_size(group)
         self.rank = dist.get_rank(group)
         if impl == "auto":
-            impl = "native" if dist.get_backend(group) == "nccl" else "fallback"
+            # "nccl", or a per-device backend string such as "cpu:gloo,cuda:nccl".
+            impl = "native" if "nccl" in str(dist.get_backend(group)) else "fallback"
         self.impl = impl
         self.comm_dtype = comm_dtype
         self.timeout_s = timeout_s
@@ -138,9 +149,18 @@ class Collectives:
             x = x.to(self.comm_dtype)
         return x.contiguous()
 
-    def _what(self, op: str, x: torch.Tensor) -> str:
-        return (
-            f"{op} of a {tuple(x.shape)} {x.dtype} tensor over the {self.name} "
+    def _private_copy(self, x: torch.Tensor) -> torch.Tensor:
+        """``x`` on the wire, in a buffer of its own (in-place collectives must not write into
+        a tensor autograd may have saved); one copy at most."""
+        buf = self._to_wire(x)
+        return buf.clone() if buf is x else buf
+
+    def _what(self, op: str, x: torch.Tensor) -> Callable[[], str]:
+        """The error-message text, formatted only if the collective fails (it runs on every
+        collective; string formatting there is pure per-call host overhead)."""
+        shape, dtype = x.shape, x.dtype
+        return lambda: (
+            f"{op} of a {tuple(shape)} {dtype} tensor over the {self.name} "
             f"(rank {self.rank} of {self.size}, global ranks {self._global_ranks})"
         )
 
@@ -155,8 +175,9 @@ class Collectives:
             rec.note(op, self.name, self.size, tuple(x.shape), dtype, self.impl)
 
     def _pending(
-        self, works: list, finish: Callable[[], torch.Tensor], what: str, async_op: bool
+        self, work, finish: Callable[[], torch.Tensor], what: Callable[[], str], async_op: bool
     ) -> Pending:
+        works = work if isinstance(work, list) else ([] if work is None else [work])
         pending = Pending(works, finish, what, self.timeout_s)
         if not async_op:
             pending.wait()
@@ -180,19 +201,19 @@ class Collectives:
         with guarded(what, self.timeout_s):
             if self.impl == "native":
                 buf = send.new_empty((p * send.shape[0], *send.shape[1:]))
-                works = [dist.all_gather_into_tensor(buf, send, self.group, async_op=True)]
+                work = dist.all_gather_into_tensor(buf, send, self.group, async_op=async_op)
 
                 def finish() -> torch.Tensor:
                     parts = buf.unflatten(0, (p, send.shape[0]))  # [P, *x.shape]
                     return parts.movedim(0, dim - 1).flatten(dim - 1, dim).to(out_dtype)
             else:
                 bufs = [torch.empty_like(send) for _ in range(p)]
-                works = [dist.all_gather(bufs, send, self.group, async_op=True)]
+                work = dist.all_gather(bufs, send, self.group, async_op=async_op)
 
                 def finish() -> torch.Tensor:
                     return torch.cat(bufs, dim=dim).to(out_dtype)
 
-        return self._pending(works, finish, what, async_op)
+        return self._pending(work, finish, what, async_op)
 
     def reduce_scatter(self, x: torch.Tensor, dim: int, async_op: bool = False) -> Pending:
         """Partial whole tensors ``[.., N, ..]`` -> this rank's slice ``[.., N / P, ..]`` of
@@ -205,25 +226,24 @@ class Collectives:
         what = self._what("reduce_scatter", x)
         with guarded(what, self.timeout_s):
             if self.impl == "native":
-                # [.., P * n, ..] -> [P, .., n, ..]: rank j's slice first-dim contiguous.
+                # [.., P * n, ..] -> [P, .., n, ..]: rank j's slice first-dim contiguous (a view,
+                # no copy, when dim is the first dim of size > 1, e.g. the pair's i).
                 send = self._to_wire(x.unflatten(dim, (p, n)).movedim(dim - 1, 0))
                 out = send.new_empty(send.shape[1:])
-                works = [
-                    dist.reduce_scatter_tensor(
-                        out.view(-1), send.view(-1), group=self.group, async_op=True
-                    )
-                ]
+                work = dist.reduce_scatter_tensor(
+                    out.view(-1), send.view(-1), group=self.group, async_op=async_op
+                )
 
                 def finish() -> torch.Tensor:
                     return out.to(out_dtype)
             else:
-                buf = self._to_wire(x).clone()
-                works = [dist.all_reduce(buf, group=self.group, async_op=True)]
+                buf = self._private_copy(x)
+                work = dist.all_reduce(buf, group=self.group, async_op=async_op)
 
                 def finish() -> torch.Tensor:
                     return buf.narrow(dim, r * n, n).contiguous().to(out_dtype)
 
-        return self._pending(works, finish, what, async_op)
+        return self._pending(work, finish, what, async_op)
 
     def all_to_all(
         self, x: torch.Tensor, split_dim: int, cat_dim: int, async_op: bool = False
@@ -242,15 +262,15 @@ class Collectives:
         what = self._what("all_to_all", x)
         with guarded(what, self.timeout_s):
             if self.impl == "native":
-                works = [dist.all_to_all_single(recv, send, group=self.group, async_op=True)]
+                work = dist.all_to_all_single(recv, send, group=self.group, async_op=async_op)
             else:
-                works = self._p2p_all_to_all(send, recv)
+                work = self._p2p_all_to_all(send, recv)
 
         def finish() -> torch.Tensor:
             # recv[i] came from rank i: [P, .., c, ..] -> [.., P * c, ..] along cat_dim.
             return recv.movedim(0, cat_dim - 1).flatten(cat_dim - 1, cat_dim).to(out_dtype)
 
-        return self._pending(works, finish, what, async_op)
+        return self._pending(work, finish, what, async_op)
 
     def _p2p_all_to_all(self, send: torch.Tensor, recv: torch.Tensor) -> list:
         """All-to-all from isend/irecv pairs (gloo on CPU has no all-to-all in every build)."""
@@ -269,24 +289,24 @@ class Collectives:
     def all_reduce(self, x: torch.Tensor, async_op: bool = False) -> Pending:
         """Sum over the group."""
         out_dtype = x.dtype
-        buf = self._to_wire(x).clone()
+        buf = self._private_copy(x)
         self._note("all_reduce", buf)
         what = self._what("all_reduce", x)
         with guarded(what, self.timeout_s):
-            works = [dist.all_reduce(buf, group=self.group, async_op=True)]
-        return self._pending(works, lambda: buf.to(out_dtype), what, async_op)
+            work = dist.all_reduce(buf, group=self.group, async_op=async_op)
+        return self._pending(work, lambda: buf.to(out_dtype), what, async_op)
 
     def broadcast(self, x: torch.Tensor, src: int, async_op: bool = False) -> Pending:
         """``x`` of group rank ``src`` on every rank (same shape everywhere)."""
         out_dtype = x.dtype
-        buf = self._to_wire(x).clone()
+        buf = self._private_copy(x)
         self._note("broadcast", buf)
         what = self._what(f"broadcast from group rank {src}", x)
         with guarded(what, self.timeout_s):
-            works = [
-                dist.broadcast(buf, self._global_ranks[src], group=self.group, async_op=True)
-            ]
-        return self._pending(works, lambda: buf.to(out_dtype), what, async_op)
+            work = dist.broadcast(
+                buf, self._global_ranks[src], group=self.group, async_op=async_op
+            )
+        return self._pending(work, lambda: buf.to(out_dtype), what, async_op)
 
 
 # --- autograd functions ------------------------------------------------------------------------

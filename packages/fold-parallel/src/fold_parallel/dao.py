@@ -13,8 +13,18 @@ backward nodes correctly. In the Evoformer block the MSA's ``col_to_row`` is sta
 pair stack and waited for after it (``EvoformerBlock.forward``), so the MSA all-to-all overlaps the
 pair stack in forward and the gradient's all-to-all overlaps its backward.
 
-``overlap_forward`` / ``overlap_backward`` switch each overlap off (the collective then completes
-inside ``start`` / inside the backward of ``wait``) so its benefit can be measured.
+``overlap_forward`` / ``overlap_backward`` switch each overlap off (the collective then runs
+synchronously inside ``wait`` / inside the backward of ``wait``) so its benefit can be measured.
+
+Activation checkpointing: the recomputation of a checkpointed block runs its forward again inside
+the backward pass and (non-reentrant checkpoint, early stop) stops after the last tensor the
+backward needs. The Evoformer block waits for its MSA ``col_to_row`` *after* the pair stack, past
+that point, so a collective launched by ``start`` during recomputation would never be waited for:
+a whole MSA all-to-all per block sent for nothing, its buffers held by the backend until it
+notices completion. So ``start`` launches only outside backward; inside (recomputation) the
+launch is deferred to ``wait``, which early stop never reaches. A synchronous DAO
+(``overlap_forward=False``) also launches in ``wait``: same order of collectives on every rank,
+same result.
 """
 
 from __future__ import annotations
@@ -30,6 +40,16 @@ __all__ = ["AsyncHandle", "start", "wait", "start_all_to_all", "start_all_gather
 
 Launch = Callable[[torch.Tensor, bool], Pending]  # (tensor, async_op) -> Pending
 
+# -1 outside a backward pass; the id of the running graph task inside one (where checkpoint
+# recomputes). torch.utils.checkpoint keys its recomputation on the same id. Without it
+# (an unexpected torch build) every forward `start` launches, as if outside backward.
+_graph_task_id = getattr(torch._C, "_current_graph_task_id", None)
+
+
+def in_backward() -> bool:
+    """Whether this code runs inside a backward pass (e.g. a checkpoint's recomputation)."""
+    return _graph_task_id is not None and _graph_task_id() != -1
+
 
 class _DaoState:
     """What the two halves of one DAO share."""
@@ -42,6 +62,7 @@ class _DaoState:
         self.overlap_forward = overlap_forward
         self.overlap_backward = overlap_backward
         self.forward_pending: Pending | None = None
+        self.deferred_input: torch.Tensor | None = None  # launched by `wait` (see module doc)
         self.backward_pending: Pending | None = None
 
 
@@ -49,7 +70,10 @@ class _Start(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: torch.Tensor, state: _DaoState) -> torch.Tensor:
         ctx.state = state
-        state.forward_pending = state.forward_op(x, state.overlap_forward)
+        if state.overlap_forward and not in_backward():
+            state.forward_pending = state.forward_op(x, True)
+        else:
+            state.deferred_input = x
         return x.new_empty(0)  # token: orders the backward of `wait` before this one
 
     @staticmethod
@@ -68,7 +92,10 @@ class _Wait(torch.autograd.Function):
         ctx.token_meta = (token.dtype, token.device)
         pending, state.forward_pending = state.forward_pending, None
         if pending is None:
-            raise RuntimeError("DAO: a handle can be waited for only once")
+            x, state.deferred_input = state.deferred_input, None
+            if x is None:
+                raise RuntimeError("DAO: a handle can be waited for only once")
+            return state.forward_op(x, False).wait()
         return pending.wait()
 
     @staticmethod

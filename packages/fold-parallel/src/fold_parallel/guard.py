@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import torch
@@ -38,13 +38,17 @@ class ConsistencyError(RuntimeError):
 
 
 @contextlib.contextmanager
-def guarded(what: str, timeout_s: float | None = None) -> Iterator[None]:
-    """Turn a backend failure inside the block into a :class:`CollectiveError` about ``what``."""
+def guarded(what: str | Callable[[], str], timeout_s: float | None = None) -> Iterator[None]:
+    """Turn a backend failure inside the block into a :class:`CollectiveError` about ``what``
+    (a string, or a callable that makes it: collectives pass a callable so that the message is
+    formatted only on failure, not on every call)."""
     try:
         yield
     except (CollectiveError, ConsistencyError):
         raise
     except RuntimeError as err:  # DistBackendError and gloo/NCCL errors derive from it
+        if callable(what):
+            what = what()
         limit = f"{timeout_s:g} s" if timeout_s is not None else "the process group timeout"
         raise CollectiveError(
             f"rank {dist.get_rank() if dist.is_initialized() else '?'}: {what} failed: a peer "
