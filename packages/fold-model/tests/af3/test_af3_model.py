@@ -71,7 +71,7 @@ def test_inference_shapes_masks_and_confidences():
 def _pad(f, extra_tok, extra_atom, seed=0):
     """Append padded tokens / atoms with random garbage (masks 0)."""
     g = torch.Generator().manual_seed(seed)
-    N, A = f["token_mask"].shape[-1], f["atom_mask"].shape[-1]
+    N = f["token_mask"].shape[-1]
     out = {}
     for k, v in f.items():
         shape = list(v.shape)
