@@ -214,7 +214,7 @@ class Benchmark:
         self.n_seq, self.min_chunk = n_seq, min_chunk
         self.t_start = time.monotonic()
         budget = args.budget_seconds
-        self.deadline = self.t_start + budget if budget else float("inf")
+        self.deadline = self.t_start + budget if budget is not None else float("inf")
         self.result = meta | {"rows": []}
         self.rows: dict[int, dict] = {}
         self.call_s: dict[tuple[int, str], float] = {}  # measured seconds per call
