@@ -1,0 +1,189 @@
+"""AF3 block benchmark: one Pairformer block and one diffusion transformer block, forward +
+backward, training mode, bf16 (weights and inputs), batch 1.
+
+Shapes (AF3 supplement sizes, ``fold_model.af3.config("af3")``): Pairformer block c_s 384, c_z 128,
+16 single-attention heads, triangle attention 4 x 32, triangle multiplication 128, dropout 0.25,
+at N_token 256, 384, 512, 768; diffusion transformer block c_token 768, c_s 384, 16 heads, pair
+bias from c_z 128, at N_token 384 and 768 with 48 samples (and 384 with 16 samples). Masks have
+~5% holes. Each row: ``--warmup`` calls, then the median of ``--reps`` timed calls (CUDA events)
+and the activation peak of one call (``max_memory_allocated`` minus what was allocated before).
+
+The op backend is chosen with ``--backend`` (``auto``: fold-kernels' Triton EvoAttention and fused
+ops where installed; ``torch``: fold-model's reference ops); ``--compare`` runs both in one
+process and reports the speed-up. The peer figures (Protenix, Boltz: their plain-PyTorch paths on
+an H100) are the ones in ``shared/TARGETS.md``; they are printed beside our numbers as a reference
+only, since the peers cannot be installed here: re-measure them in the same process where they
+are available. Goals (issue 10): Pairformer at least 3x the faster peer, diffusion transformer
+block at least 2x.
+
+    python benchmarks/model_af3_blocks.py --compare --out benchmarks/results/model_af3_blocks.json
+    python benchmarks/model_af3_blocks.py --device cpu --tiny --out /tmp/af3_blocks.json   # smoke
+
+Results are rewritten atomically after every row (JSON and a markdown table beside it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from fold_model import ops
+from fold_model.af3.config import config
+from fold_model.af3.diffusion import DiffusionTransformerBlock
+from fold_model.af3.pairformer import PairformerBlock
+
+# shared/TARGETS.md, H100, bf16, forward + backward ms (faster of Protenix and Boltz).
+PEERS_MS = {
+    ("pairformer", 256, 1): 15.0, ("pairformer", 384, 1): 25.7,
+    ("pairformer", 512, 1): 51.0, ("pairformer", 768, 1): 164.8,
+    ("diffusion_transformer", 384, 48): 10.7, ("diffusion_transformer", 768, 48): 30.4,
+    ("diffusion_transformer", 384, 16): 4.8,
+}
+
+
+def _mask(n: int, gen: torch.Generator, device: torch.device) -> torch.Tensor:
+    m = (torch.rand(1, n, generator=gen) > 0.05).float()
+    m[:, 0] = 1
+    return m.to(device)
+
+
+def build(kind: str, n: int, samples: int, tiny: bool, device: torch.device,
+          dtype: torch.dtype) -> tuple[torch.nn.Module, tuple]:
+    """The block and its inputs (activations require grad)."""
+    cfg = config("tiny" if tiny else "af3")
+    gen = torch.Generator().manual_seed(0)
+    torch.manual_seed(0)
+    mask = _mask(n, gen, device)
+
+    def rnd(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, generator=gen).to(device, dtype).requires_grad_(True)
+
+    if kind == "pairformer":
+        p = cfg.pairformer
+        block = PairformerBlock(cfg.c_s, cfg.c_z, p.c_hidden_mul, p.c_hidden_tri_att,
+                                p.no_heads_tri_att, p.no_heads_single, p.transition_n, p.dropout)
+        args = (rnd(1, n, cfg.c_s), rnd(1, n, n, cfg.c_z), mask, mask[:, :, None] * mask[:, None])
+    else:
+        d = cfg.diffusion
+        block = DiffusionTransformerBlock(d.c_token, cfg.c_s, cfg.c_z, d.no_heads, d.transition_n)
+        args = (rnd(1, samples, n, d.c_token), rnd(1, samples, n, cfg.c_s), rnd(1, n, n, cfg.c_z),
+                mask)
+    return block.to(device, dtype).train(), args
+
+
+def _step(block: torch.nn.Module, args: tuple) -> None:
+    out = block(*args)
+    outs = out if isinstance(out, tuple) else (out,)
+    sum(o.float().square().mean() for o in outs).backward()
+    for a in args:
+        if isinstance(a, torch.Tensor) and a.grad is not None:
+            a.grad = None
+    block.zero_grad(set_to_none=True)
+
+
+def measure(block: torch.nn.Module, args: tuple, device: torch.device, warmup: int,
+            reps: int) -> dict[str, Any]:
+    cuda = device.type == "cuda"
+    for _ in range(warmup):
+        _step(block, args)
+    peak = None
+    if cuda:
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+        _step(block, args)
+        torch.cuda.synchronize()
+        peak = (torch.cuda.max_memory_allocated() - base) / 2**20
+    times = []
+    for _ in range(reps):
+        if cuda:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            _step(block, args)
+            end.record()
+            torch.cuda.synchronize()
+            times.append(start.elapsed_time(end))
+        else:
+            t0 = time.perf_counter()
+            _step(block, args)
+            times.append((time.perf_counter() - t0) * 1e3)
+    return {"ms": statistics.median(times), "peak_mib": peak}
+
+
+def rows(tiny: bool) -> list[tuple[str, int, int]]:
+    if tiny:
+        return [("pairformer", 13, 1), ("pairformer", 20, 1), ("diffusion_transformer", 13, 3)]
+    return [("pairformer", 256, 1), ("pairformer", 384, 1), ("pairformer", 512, 1),
+            ("pairformer", 768, 1), ("diffusion_transformer", 384, 48),
+            ("diffusion_transformer", 768, 48), ("diffusion_transformer", 384, 16)]
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    os.replace(tmp, path)
+
+
+def _markdown(results: list[dict[str, Any]]) -> str:
+    lines = ["| block | N_token | samples | backend | ms | peak MiB | peer ms | peer / ours |",
+             "|---|---|---|---|---|---|---|---|"]
+    for r in results:
+        peer = r.get("peer_ms")
+        ratio = f"{peer / r['ms']:.2f}" if peer and r.get("ms") else "-"
+        peak = f"{r['peak_mib']:.0f}" if r.get("peak_mib") is not None else "-"
+        lines.append(f"| {r['block']} | {r['n_token']} | {r['samples']} | {r['backend']} | "
+                     f"{r.get('ms', float('nan')):.2f} | {peak} | {peer or '-'} | {ratio} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--tiny", action="store_true", help="tiny preset and sizes (CPU smoke test)")
+    ap.add_argument("--backend", default="auto", help="op backend: auto, torch, triton")
+    ap.add_argument("--compare", action="store_true", help="run --backend and torch side by side")
+    ap.add_argument("--dtype", default=None, help="bfloat16 (GPU default) or float32 (CPU)")
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--reps", type=int, default=10)
+    ap.add_argument("--out", type=Path, default=None)
+    args = ap.parse_args(argv)
+    device = torch.device(args.device)
+    dtype = getattr(torch, args.dtype) if args.dtype else (
+        torch.bfloat16 if device.type == "cuda" else torch.float32)
+    backends = [args.backend] + (["torch"] if args.compare and args.backend != "torch" else [])
+    results: list[dict[str, Any]] = []
+    for kind, n, samples in rows(args.tiny):
+        for backend in backends:
+            row: dict[str, Any] = {"block": kind, "n_token": n, "samples": samples,
+                                   "backend": backend, "dtype": str(dtype),
+                                   "device": torch.cuda.get_device_name(device)
+                                   if device.type == "cuda" else "cpu"}
+            if not args.tiny:
+                row["peer_ms"] = PEERS_MS.get((kind, n, samples))
+            try:
+                block, inputs = build(kind, n, samples, args.tiny, device, dtype)
+                with ops.use_backend(backend):
+                    row.update(measure(block, inputs, device, args.warmup, args.reps))
+            except torch.cuda.OutOfMemoryError:
+                row["error"] = "OOM"
+            results.append(row)
+            print(json.dumps(row), flush=True)
+            if args.out is not None:
+                args.out.parent.mkdir(parents=True, exist_ok=True)
+                _write_atomic(args.out, json.dumps(results, indent=1))
+                _write_atomic(args.out.with_suffix(".md"), _markdown(results))
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+    return results
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,29 @@
+"""The AF3 block benchmark (benchmarks/model_af3_blocks.py) runs end to end on CPU in its tiny
+smoke mode and writes its JSON and markdown results."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[4] / "benchmarks" / "model_af3_blocks.py"
+
+
+def test_benchmark_smoke(tmp_path):
+    if not SCRIPT.exists():
+        pytest.skip(f"{SCRIPT} not found")
+    spec = importlib.util.spec_from_file_location("model_af3_blocks", SCRIPT)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    out = tmp_path / "res" / "af3.json"
+    rows = mod.main(["--device", "cpu", "--tiny", "--compare", "--reps", "1", "--warmup", "0",
+                     "--out", str(out)])
+    assert len(rows) == 6  # 3 shapes x (auto, torch)
+    assert all(math.isfinite(r["ms"]) and r["ms"] > 0 for r in rows)
+    assert json.loads(out.read_text()) == rows
+    table = out.with_suffix(".md").read_text()
+    assert table.count("| pairformer |") == 4 and "diffusion_transformer" in table
