@@ -15,7 +15,8 @@ Workloads (bf16 autocast, per-block activation checkpointing in training, as in 
 * ``inference``: Evoformer stack forward without gradients at N_res 2048 and 3072 (N_seq 128):
   time and peak memory per GPU, one GPU vs DAP-2 (FastFold 6.2);
 * ``volume``: the bytes each rank sends per Evoformer block (forward + backward), counted from
-  the collectives issued, next to FastFold Table 3 / HelixFold Table 4.
+  the collectives issued, next to FastFold Table 3 / HelixFold Table 4; and the collectives per
+  block of the timed training workload (with the recomputation of checkpointed blocks).
 
 Modes: ``single`` (rank 0 alone; the other ranks wait), ``dap2`` (synchronous all-to-alls),
 ``dap2_dao`` (Duality Async Operations on), ``bp2`` (Parallel Evoformer order; its one-GPU
@@ -30,6 +31,7 @@ import json
 import statistics
 import sys
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -90,20 +92,38 @@ def _parallelize(module: torch.nn.Module, mode: str, stacks: list[torch.nn.Modul
                 enable_bp(s, coll)
 
 
-def _timed(fn, device: torch.device, reps: int) -> tuple[float, float | None]:
-    """(median ms, peak MiB) of ``fn`` after one warm-up call."""
+def _timed(fn, device: torch.device, reps: int) -> tuple[float, float | None, float, int | None]:
+    """(median ms, peak MiB, median host ms, host syncs) of ``fn`` after one warm-up call.
+
+    Host ms is the time until ``fn`` returns, before the device synchronisation: close to the
+    wall time means the CPU (Python, launches, host synchronisations) bounds the step, well below
+    means the GPU does. Host syncs: the synchronising CUDA calls of one more step, counted with
+    ``torch.cuda.set_sync_debug_mode("warn")`` (None on CPU).
+    """
     fn()
     _sync(device)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
-    times = []
+    times, host = [], []
     for _ in range(reps):
         t0 = time.perf_counter()
         fn()
+        host.append((time.perf_counter() - t0) * 1e3)
         _sync(device)
         times.append((time.perf_counter() - t0) * 1e3)
     peak = torch.cuda.max_memory_allocated(device) / 2**20 if device.type == "cuda" else None
-    return statistics.median(times), peak
+    syncs = None
+    if device.type == "cuda":
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            torch.cuda.set_sync_debug_mode("warn")
+            try:
+                fn()
+            finally:
+                torch.cuda.set_sync_debug_mode("default")
+        syncs = sum("synchroniz" in str(w.message) for w in caught)
+        _sync(device)
+    return statistics.median(times), peak, statistics.median(host), syncs
 
 
 def _run_mode(mode: str, build_and_time, device: torch.device) -> Any:
@@ -157,8 +177,8 @@ def bench_evoformer(args, device, shapes) -> dict:
                     sync_gradients(stack)
                 stack.zero_grad(set_to_none=True)
 
-            ms, peak = _timed(step, device, args.reps)
-            return {"ms": ms, "peak_mib": peak}
+            ms, peak, host_ms, syncs = _timed(step, device, args.reps)
+            return {"ms": ms, "peak_mib": peak, "host_ms": host_ms, "host_syncs": syncs}
 
         out[name] = {mode: _run_mode(mode, build_and_time, device) for mode in MODES}
     return out
@@ -196,8 +216,8 @@ def bench_train_step(args, device, sizes_by_shape) -> dict:
                 opt.step()
                 opt.zero_grad(set_to_none=True)
 
-            ms, peak = _timed(step, device, args.reps)
-            return {"ms": ms, "peak_mib": peak}
+            ms, peak, host_ms, syncs = _timed(step, device, args.reps)
+            return {"ms": ms, "peak_mib": peak, "host_ms": host_ms, "host_syncs": syncs}
 
         out[name] = {mode: _run_mode(mode, build_and_time, device) for mode in MODES}
     return out
@@ -220,8 +240,8 @@ def bench_inference(args, device, n_res_list, n_seq: int) -> dict:
                                                      enabled=device.type == "cuda"):
                     stack(*inputs)
 
-            ms, peak = _timed(step, device, max(1, args.reps // 2))
-            return {"ms": ms, "peak_mib": peak}
+            ms, peak, host_ms, syncs = _timed(step, device, max(1, args.reps // 2))
+            return {"ms": ms, "peak_mib": peak, "host_ms": host_ms, "host_syncs": syncs}
 
         out[str(n_res)] = {
             mode: _run_mode(mode, build_and_time, device) for mode in ("single", "dap2_dao")
@@ -249,6 +269,7 @@ def bench_volume(args, device, shapes) -> dict:
             row[mode] = {"calls": rec.counts(), "sent_mib": {
                 k: v / 2**20 for k, v in rec.sent_by_op().items()}}
             stack.set_comm(IDENTITY_COMM)
+        row["train_calls_per_block"] = _train_calls(args, device, n_res, n_seq)
         p = dist.get_world_size()
         bytes_per = 2 if device.type == "cuda" else 4
         k_pair = n_res * n_res * cfg.c_z * bytes_per
@@ -256,6 +277,32 @@ def bench_volume(args, device, shapes) -> dict:
             k: v / 2**20 for k, v in fastfold_table3(k_pair, p).items()}
         out[name] = row
     return out
+
+
+def _train_calls(args, device, n_res: int, n_seq: int) -> dict:
+    """Collectives per block as the timed ``evoformer`` workload issues them (training mode,
+    per-block checkpointing: forward, recomputation in backward, backward), from two blocks minus
+    one so that the stack's entry/exit gathers cancel."""
+    per_mode: dict[str, Any] = {}
+    for mode in ("dap2", "dap2_dao", "bp2"):
+        counts = []
+        for blocks in (1, 2):
+            cfg = _cfg(args).evoformer
+            cfg.no_blocks = blocks
+            torch.manual_seed(0)
+            stack = EvoformerStack(cfg, _order(mode), checkpoint_blocks=True).to(device).train()
+            _parallelize(stack, mode, [stack])
+            inputs = _evoformer_inputs(cfg, n_res, n_seq, device, grad=True)
+            with CommRecorder() as rec:
+                with torch.autocast(device.type, dtype=torch.bfloat16,
+                                    enabled=device.type == "cuda"):
+                    m, z, s = stack(*inputs)
+                (m.float().mean() + z.float().mean() + s.float().mean()).backward()
+            counts.append(rec.counts())
+            stack.set_comm(IDENTITY_COMM)
+        ops = set(counts[0]) | set(counts[1])
+        per_mode[mode] = {op: counts[1].get(op, 0) - counts[0].get(op, 0) for op in sorted(ops)}
+    return per_mode
 
 
 def _cfg(args, **overrides):
@@ -277,16 +324,20 @@ def _ratios(section: dict) -> None:
 def _markdown(results: dict) -> str:
     lines = [f"# DAP / DAO / BP on {results['device']} x {results['world_size']}", ""]
     for section in ("evoformer", "train_step", "inference"):
-        lines += [f"## {section}", "", "| shape | mode | ms | peak MiB | speedup vs 1 GPU |",
-                  "|---|---|---|---|---|"]
+        lines += [f"## {section}", "",
+                  "| shape | mode | ms | peak MiB | speedup vs 1 GPU | host ms | host syncs |",
+                  "|---|---|---|---|---|---|---|"]
         for shape, row in results[section].items():
             for mode, res in row.items():
                 if isinstance(res, dict):
                     peak = "-" if res["peak_mib"] is None else f"{res['peak_mib']:.0f}"
                     sp = f"{res['speedup_vs_1gpu']:.2f}" if "speedup_vs_1gpu" in res else "-"
-                    lines.append(f"| {shape} | {mode} | {res['ms']:.1f} | {peak} | {sp} |")
+                    host = f"{res['host_ms']:.1f}" if "host_ms" in res else "-"
+                    syncs = res.get("host_syncs")
+                    lines.append(f"| {shape} | {mode} | {res['ms']:.1f} | {peak} | {sp} | {host} "
+                                 f"| {'-' if syncs is None else syncs} |")
                 else:
-                    lines.append(f"| {shape} | {mode} | {res} | - | - |")
+                    lines.append(f"| {shape} | {mode} | {res} | - | - | - | - |")
         lines.append("")
     lines += ["## communication per Evoformer block (fwd + bwd, per rank)", "",
               "```", json.dumps(results["volume"], indent=1), "```"]

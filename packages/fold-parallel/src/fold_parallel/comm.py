@@ -286,10 +286,11 @@ class Collectives:
             works.append(dist.isend(send[j], dst=peer, group=self.group, tag=tag))
         return works
 
-    def all_reduce(self, x: torch.Tensor, async_op: bool = False) -> Pending:
-        """Sum over the group."""
+    def all_reduce(self, x: torch.Tensor, async_op: bool = False, inplace: bool = False) -> Pending:
+        """Sum over the group. ``inplace``: the caller owns ``x`` (e.g. a fresh gradient bucket),
+        so it is reduced in place when it is already on the wire (no copy)."""
         out_dtype = x.dtype
-        buf = self._private_copy(x)
+        buf = self._to_wire(x) if inplace else self._private_copy(x)
         self._note("all_reduce", buf)
         what = self._what("all_reduce", x)
         with guarded(what, self.timeout_s):

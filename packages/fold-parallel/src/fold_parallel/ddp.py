@@ -42,7 +42,7 @@ def sync_gradients(
     limit = None if bucket_mb is None else int(bucket_mb * 2**20)
     for bucket in _buckets(params, limit):
         flat = torch.cat([p.grad.reshape(-1) for p in bucket])
-        flat = coll.all_reduce(flat).wait() / coll.size
+        flat = coll.all_reduce(flat, inplace=True).wait().div_(coll.size)  # bucket: ours
         offset = 0
         for p in bucket:
             n = p.numel()
