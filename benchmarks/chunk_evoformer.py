@@ -30,25 +30,27 @@ out of memory (bf16: relative norm error ~1e-2). Goals (issue): (d) at most 10% 
 (c) at least 1.15x (b)'s speed; AutoChunk within 5% of (a)'s speed where (a) fits.
 
 Expected cost of a full run on one H100 80GB (defaults: 2 blocks, N_seq 128, reps 3, row
-seconds 30). Planning, measured on a 2-core CPU on meta tensors (``--plan-only``, the same work):
-the planner 1-3 s and each of (c), (d) 1.5-2.5 s per N_res, about 5-7 s per N_res, 30 s in all
-(flat in N_res: planning sees shapes, not data). GPU time per call of the 2-block stack, from a
-roofline of the traced aten ops (FLOPs at 600 TFLOP/s, bytes at 2.6 TB/s) scaled by 1.76, the
-factor that matches the eager block measured on an H100 (``results/model_evoformer.md``:
-6.9 ms at N_seq 128, N_res 256; 51.6 ms at 512, 512), i.e. per block
-``4.9e-10 s * N_seq * N_res^2 + 8.4e-11 s * N_res^3``; manual chunking adds about 5%:
+seconds 30), from ``--plan-only`` on a CPU. Planning (the same work as on the GPU host: it sees
+shapes, not data, so it is flat in N_res): the planner 1-4 s and each of (c), (d) 1.5-9 s per
+N_res, 5-7 s per N_res on an idle core and up to 15 s on a busy shared 2-core machine, 30-70 s in
+all. GPU time per call of the 2-block stack, from a roofline of the traced aten ops (FLOPs at
+600 TFLOP/s, bytes at 2.6 TB/s, 4 us per op) scaled by 1.76, the factor that matches the eager
+block measured on an H100 (``results/model_evoformer.md``: 6.9 ms at N_seq 128, N_res 256;
+51.6 ms at 512, 512); per block that is about ``4.9e-10 s * N_seq * N_res^2 + 8.4e-11 s *
+N_res^3`` (the triangle attention logits, ``4 N_res^3`` per module, dominate at large N_res).
+Estimated peaks are AutoChunk's (FakeTensor) estimates:
 
-    N_res   (a) none        (b)/(c)/(d)     row time (b)-(d), 1 + reps calls
-    512     0.06 s          0.06 s          < 1 s each
-    1024    0.3 s           0.32 s          1.3 s each
-    2048    OOM (134 GB)    2.1 s           8 s each
-    3072    OOM (450 GB)    6.4 s           26 s each
-    4096    OOM (1.0 TB)    14.5 s          29 s each (first call + 1 timed call)
+    N_res  peak (a) / (b) / (d)        s per call (a) / (b),(c) / (d)   row time (b)-(d), calls
+    512    2.2 / 0.8 / 0.29 GiB        0.06 / 0.06 / 0.07               0.25 s each, 4
+    1024   16.8 / 2.6 / 1.08 GiB       0.31 / 0.32 / 0.34               1.3 s each, 4
+    2048   131 GiB: OOM / 9.8 / 4.2    - / 2.1 / 2.1                    8 s each, 4
+    3072   439 GiB: OOM / 21.5 / 9.3   - / 6.4 / 6.3                    26 s each, 4
+    4096   1036 GiB: OOM / 37.8 / 16.4 - / 14.5 / 14.2                  29 s each, 2
 
-(a) fits only up to 1024 on 80 GB (AutoChunk's own estimate of (a)'s peak: 2.2, 16.8, 131, 439,
-1036 GiB). Total: about 3.5 min of GPU work plus 30 s of planning and 20-40 s of start-up
-(imports, CUDA init); the 512-2048 rows, the ones that matter most, are done within the first
-minute. Run it with ``--budget-seconds`` a minute under the window, e.g. 360 for 7 minutes.
+Total: about 200 s of GPU work (3.3 min; (a)'s OOMs fail within a second) plus 30-70 s of
+planning and 20-40 s of start-up (imports, CUDA init): 4.5-5.5 min. The 512-2048 rows, the ones
+that matter most, are done within about 1.5 min. Give ``--budget-seconds`` a minute under the
+window (e.g. 360 for a 7-minute call): a row predicted to end later is recorded as skipped.
 
     python benchmarks/chunk_evoformer.py --budget-seconds 360 \\
         --out benchmarks/results/chunk_evoformer.json                      # CUDA
@@ -70,7 +72,9 @@ import gc
 import json
 import os
 import statistics
+import sys
 import time
+import traceback
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
@@ -164,6 +168,13 @@ def _rel_err(out: Any, ref: Any) -> float:
 
 def _is_oom(exc: BaseException) -> bool:
     return isinstance(exc, torch.OutOfMemoryError) or "out of memory" in str(exc)
+
+
+def n_calls(call_s: float, reps: int, row_seconds: float) -> int:
+    """Calls :func:`measure` makes of a ``call_s``-second function: the first, one timed call,
+    and more timed calls (up to ``reps``) while the row stays under ``row_seconds``."""
+    more = int(row_seconds // max(call_s, 1e-9)) - 1
+    return 1 + min(reps, max(1, more))
 
 
 def predicted_call_s(n_seq: int, n_res: int, blocks: int) -> float:
@@ -271,7 +282,7 @@ class Benchmark:
             call = max(same_n)
         else:
             call = predicted_call_s(self.n_seq, n, self.opts.blocks)
-        calls = 1 + min(self.opts.reps, max(1, int(self.opts.row_seconds // max(call, 1e-9))))
+        calls = n_calls(call, self.opts.reps, self.opts.row_seconds)
         plan = 0.0
         if mode.startswith("auto"):  # this CPU's measured planning, else a generous guess
             plan = self.plan_s_max or 10.0
@@ -287,37 +298,23 @@ class Benchmark:
                                    f"time budget (predicted {predicted:.0f} s)"})
             return
         self._enter(n)
-        row = self.rows[n]
         res: dict[str, Any] = {}
-        fn: Callable[[], Any]
-        if mode in ("none", "manual64"):
-            self.stack.set_chunk_size(None if mode == "none" else MANUAL_CHUNK)
-            stack, inputs = self.stack, self.inputs
-            fn = lambda: stack(*inputs)  # noqa: E731
-        else:
-            planned = self._plan(mode, row, res)
-            if planned is None:
-                self._record(n, mode, res)
-                return
-            chunked, inputs = planned, self.inputs
-            fn = lambda: chunked(*inputs)  # noqa: E731
-        oom = ""
+        failure: dict[str, str] = {}
         out = None
         try:
-            measured, out = measure(fn, self.device, self.opts.reps, self.opts.row_seconds,
-                                    self.deadline)
-            res.update(measured)
-        except (RuntimeError, torch.OutOfMemoryError) as exc:
-            if not _is_oom(exc):
-                raise
-            oom = str(exc).splitlines()[0][:200]
+            out = self._measure_mode(n, mode, res)
+        except Exception as exc:  # noqa: BLE001 - one failed row must not end a short GPU window
+            if _is_oom(exc):
+                failure = {"status": "OOM", "message": str(exc).splitlines()[0][:300]}
+            else:
+                failure = {"status": "error", "error": f"{type(exc).__name__}: {exc}"[:2000]}
+                traceback.print_exc(file=sys.stderr)
         finally:
             self.stack.set_chunk_size(None)
-        fn = None  # type: ignore[assignment]
-        if oom:  # outside the except block: its traceback (and the tensors) are gone
+        if failure or out is None:  # outside the except block: its traceback and tensors are gone
             out = None
             self._free()
-            self._record(n, mode, {"status": "OOM", "message": oom} | res)
+            self._record(n, mode, res | (failure or {}))
             return
         res["status"] = "ok"
         self.call_s[(n, mode)] = res["ms"] / 1e3
@@ -328,6 +325,25 @@ class Benchmark:
         del out
         self._free()
         self._record(n, mode, res)
+
+    def _measure_mode(self, n: int, mode: str, res: dict) -> Any:
+        """Plan (AutoChunk modes) and measure one row into ``res``; its output, or None when the
+        plan failed (``res`` then says why)."""
+        fn: Callable[[], Any]
+        if mode in ("none", "manual64"):
+            self.stack.set_chunk_size(None if mode == "none" else MANUAL_CHUNK)
+            stack, inputs = self.stack, self.inputs
+            fn = lambda: stack(*inputs)  # noqa: E731
+        else:
+            chunked = self._plan(mode, self.rows[n], res)
+            if chunked is None:
+                return None
+            inputs = self.inputs
+            fn = lambda: chunked(*inputs)  # noqa: E731
+        measured, out = measure(fn, self.device, self.opts.reps, self.opts.row_seconds,
+                                self.deadline)
+        res.update(measured)
+        return out
 
     def _plan(self, mode: str, row: dict, res: dict) -> fc.AutoChunked | None:
         if mode == "auto_equal":
@@ -466,11 +482,10 @@ def plan_only(stack: EvoformerStack, n_res: list[int], n_seq: int, blocks: int, 
         auto_s = roofline_s(partial(gm, *inputs))
         row_s = 0.0
         for call in (manual_s, manual_s, auto_s):  # (b), (c) ~ (b), (d)
-            calls = 1 + min(reps, max(1, int(row_seconds // call)))
-            row_s += calls * call
+            row_s += n_calls(call, reps, row_seconds) * call
         fits = planner.estimate_peak() <= 80 * 2**30
         if fits:
-            row_s += (1 + min(reps, max(1, int(row_seconds // none_s)))) * none_s
+            row_s += n_calls(none_s, reps, row_seconds) * none_s
         total_gpu += row_s
         plan_s = t_planner + sum(p[0] for p in plans.values())
         total_plan += plan_s
