@@ -8,6 +8,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from fold_model.primitives import LayerNorm
+
 __all__ = [
     "HeadsConfig",
     "DistogramHead",
@@ -74,7 +76,7 @@ class PerResidueLDDTCaPredictor(nn.Module):
 
     def __init__(self, c_s: int, c_hidden: int = 128, no_bins: int = 50) -> None:
         super().__init__()
-        self.layer_norm = nn.LayerNorm(c_s)
+        self.layer_norm = LayerNorm(c_s)
         self.linear_1 = nn.Linear(c_s, c_hidden)
         self.linear_2 = nn.Linear(c_hidden, c_hidden)
         self.linear_3 = _zero_init(nn.Linear(c_hidden, no_bins))

@@ -14,6 +14,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from fold_model import ops
+from fold_model.primitives import LayerNorm
+
 from .all_atom import (
     atom14_to_atom37,
     atom37_mask,
@@ -141,8 +144,8 @@ class InvariantPointAttention(nn.Module):
         logits = logits - (gamma * (w_c / 2.0))[:, None, None] * sq_dist
         logits = w_l * logits
         pair_mask = mask[..., :, None] * mask[..., None, :]  # [*, N_i, N_j]
-        logits = logits + (self.inf * (pair_mask - 1.0))[..., None, :, :]
-        attn = torch.softmax(logits, dim=-1)  # [*, H, N_i, N_j]
+        # Masked softmax through the op registry (fold-kernels' fused softmax on GPU).
+        attn = ops.softmax_mask_bias(logits, mask=pair_mask[..., None, :, :])  # [*, H, N_i, N_j]
 
         o = torch.einsum("...hij,...jhc->...ihc", attn, v).reshape(*batch, h * c)
         o_pts_global = torch.einsum("...hij,...jhpx->...ihpx", attn, v_pts)  # [*, N, H, P_v, 3]
@@ -225,7 +228,7 @@ class StructureModuleTransition(nn.Module):
             for _ in range(no_layers)
         )
         self.dropout = nn.Dropout(dropout_rate)
-        self.layer_norm = nn.LayerNorm(c_s)
+        self.layer_norm = LayerNorm(c_s)
 
     def forward(self, s: torch.Tensor) -> torch.Tensor:
         for layer in self.layers:
@@ -254,15 +257,15 @@ class StructureModule(nn.Module):
     def __init__(self, config: StructureModuleConfig, c_s: int, c_z: int) -> None:
         super().__init__()
         self.config = config
-        self.layer_norm_s = nn.LayerNorm(c_s)
-        self.layer_norm_z = nn.LayerNorm(c_z)
+        self.layer_norm_s = LayerNorm(c_s)
+        self.layer_norm_z = LayerNorm(c_z)
         self.linear_in = nn.Linear(c_s, c_s)
         self.ipa = InvariantPointAttention(
             c_s, c_z, config.c_ipa, config.no_heads_ipa, config.no_qk_points,
             config.no_v_points, inf=config.inf, eps=config.epsilon,
         )
         self.ipa_dropout = nn.Dropout(config.dropout_rate)
-        self.layer_norm_ipa = nn.LayerNorm(c_s)
+        self.layer_norm_ipa = LayerNorm(c_s)
         self.transition = StructureModuleTransition(
             c_s, config.no_transition_layers, config.dropout_rate
         )
