@@ -199,6 +199,11 @@ def find_best_chunk(g: GraphIndex, est: MemoryEstimate, p: int, lo: int, hi: int
                 peak = peak_at(c)
                 if peak >= current:
                     continue
+                # a non-fitting candidate matters only while none fits, and only if its peak
+                # can beat (or tie, then on cost) the lowest so far: skip the cost otherwise
+                if not fits and (best_fit is not None or
+                                 (best_any is not None and peak > best_any.peak)):
+                    continue
                 outputs = [(x, d) for x, d in flow.out_dims.items() if g.index[x] >= s]
                 region = ChunkRegion(s, e, assign, extent, c, outputs, p_node.name)
                 cand = _Candidate(region, peak, _cost(g, s, e, assign, region.n_chunks))
