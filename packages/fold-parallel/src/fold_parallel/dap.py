@@ -218,7 +218,7 @@ def _check_input_shapes(args: tuple, comm: DapComm) -> None:
     # Fixed length, so that ranks with different ranks of tensors still exchange equal sizes.
     desc = (desc + [-1] * _DESC_LEN)[:_DESC_LEN]
     mine = torch.tensor(desc, dtype=torch.int64)
-    if comm.coll.impl == "native" and torch.cuda.is_available():
+    if "nccl" in str(dist.get_backend(comm.coll.group)):  # NCCL moves device tensors only
         mine = mine.pin_memory().to(torch.cuda.current_device(), non_blocking=True)
     everyone = mine.new_empty(comm.size * _DESC_LEN)  # [P * _DESC_LEN]
     with guarded("DAP input shape check (a rank may be missing or have more inputs)"):
