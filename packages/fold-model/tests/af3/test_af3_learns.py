@@ -41,6 +41,15 @@ def _features() -> dict[str, torch.Tensor]:
 
 
 def test_tiny_af3_learns_protein_ligand_complex():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # a tiny model only stalls with more on a busy 2-core machine
+    try:
+        _learn()
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _learn() -> None:
     from fold_model.af3 import AlphaFold3, config
 
     feats = _features()
