@@ -79,3 +79,36 @@ def test_search_with_cached_floor_equals_without() -> None:
             [(r.start, r.end, r.chunk_size) for r in b.regions]
         assert a.estimate_after.peak == b.estimate_after.peak
     assert [r.chunk_size for r in floor.regions] == sizes
+
+
+class _ShapeMismatch(torch.nn.Module):
+    """Traces, then fails in the fake run (the weight does not fit the input)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = torch.nn.Linear(5, 3)
+        self.register_buffer("scale", torch.rand(3))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.lin(x) * self.scale
+
+
+def _real(module: torch.nn.Module) -> bool:
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    return all(not isinstance(t, FakeTensor) for t in (*module.parameters(), *module.buffers()))
+
+
+def test_fake_run_restores_real_parameters() -> None:
+    module, args = _case()
+    weights = {k: v.clone() for k, v in module.state_dict().items()}
+    fc.ChunkPlanner(module, args).autochunk(fc.smallest_reachable_peak(module, args, min_chunk=2),
+                                            min_chunk=2)
+    assert _real(module)
+    assert all(isinstance(p, torch.nn.Parameter) for p in module.parameters())
+    for k, v in module.state_dict().items():
+        torch.testing.assert_close(v, weights[k], rtol=0, atol=0)
+    bad = _ShapeMismatch().eval()
+    with pytest.raises(Exception):  # noqa: B017 - whatever the fake kernel raises
+        fc.ChunkPlanner(bad, (torch.randn(4, 7),))
+    assert _real(bad) and isinstance(bad.lin.weight, torch.nn.Parameter)

@@ -12,9 +12,10 @@ the example inputs' shapes, dtypes and devices.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import operator
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -142,6 +143,26 @@ class _FakeRunner(fx.Interpreter):
         return result
 
 
+@contextlib.contextmanager
+def _fake_parameters(gm: fx.GraphModule, mode: FakeTensorMode) -> Iterator[None]:
+    """Parameters and buffers of every submodule as FakeTensors while the fake run lasts, then
+    the real ones again. An op with a real tensor input would bypass FakeTensorMode's dispatch
+    cache (and convert the tensor again on every call); the fakes are the ones
+    ``mode.from_tensor`` memoizes, so the accounting is the same."""
+    saved: list[tuple[dict, str, torch.Tensor]] = []
+    try:
+        for mod in gm.modules():
+            for store in (mod._parameters, mod._buffers):
+                for name, t in list(store.items()):
+                    if t is not None:
+                        saved.append((store, name, t))
+                        store[name] = mode.from_tensor(t)
+        yield
+    finally:
+        for store, name, t in reversed(saved):
+            store[name] = t
+
+
 def fake_run(gm: fx.GraphModule, example_inputs: Sequence[Any],
              ) -> tuple[dict[fx.Node, NodeInfo], int]:
     """Run ``gm`` on FakeTensor copies of the inputs (and of its parameters); return the
@@ -156,7 +177,7 @@ def fake_run(gm: fx.GraphModule, example_inputs: Sequence[Any],
         if isinstance(t, torch.Tensor):
             tracker.external.add(storage_key(t))
     runner = _FakeRunner(gm, tracker)
-    with torch.no_grad(), mode, tracker:
+    with _fake_parameters(gm, mode), torch.no_grad(), mode, tracker:
         out = runner.run(*fake_inputs)
     del out
     return runner.info, tracker.peak
