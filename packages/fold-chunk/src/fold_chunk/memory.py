@@ -176,7 +176,9 @@ def estimate_plan(g: GraphIndex, regions: list[ChunkRegion]) -> MemoryEstimate:
     temps = np.array([g.info[x].temp if x in g.info else 0 for x in g.nodes], dtype=np.int64)
     node_peak = live + temps
     for r in regions:
-        body, hoisted_temp = body_peak(g, r.start, r.end, r.assign)
+        if r.body is None:
+            r.body = body_peak(g, r.start, r.end, r.assign)
+        body, hoisted_temp = r.body
         across = int(live[r.start: r.end + 1].max())
         peak = across + max(math.ceil(body * r.chunk_size / r.extent), hoisted_temp)
         node_peak[r.start: r.end + 1] = peak

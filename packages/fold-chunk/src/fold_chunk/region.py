@@ -68,6 +68,8 @@ class ChunkRegion:
     chunk_size: int
     outputs: list[tuple[fx.Node, int | _Full]] = field(default_factory=list)
     peak_node: str = ""
+    # memory.body_peak of (start, end, assign), which never change once a region is made
+    body: tuple[int, int] | None = field(default=None, repr=False, compare=False)
 
     @property
     def n_chunks(self) -> int:

@@ -205,7 +205,8 @@ def find_best_chunk(g: GraphIndex, est: MemoryEstimate, p: int, lo: int, hi: int
                                  (best_any is not None and peak > best_any.peak)):
                     continue
                 outputs = [(x, d) for x, d in flow.out_dims.items() if g.index[x] >= s]
-                region = ChunkRegion(s, e, assign, extent, c, outputs, p_node.name)
+                region = ChunkRegion(s, e, assign, extent, c, outputs, p_node.name,
+                                     body=(body, hoisted_temp))
                 cand = _Candidate(region, peak, _cost(g, s, e, assign, region.n_chunks))
                 if fits and (best_fit is None or (cand.cost, cand.peak) <
                              (best_fit.cost, best_fit.peak)):
