@@ -20,6 +20,7 @@ from typing import Any, Literal
 from fold_model.af2.heads import HeadsConfig
 from fold_model.af2.loss import LossConfig
 from fold_model.af2.structure_module import StructureModuleConfig
+from fold_model.config_overrides import build_config
 
 __all__ = [
     "BlockOrder",
@@ -204,18 +205,4 @@ def config(name: str, **overrides: Any) -> AlphaFold2Config:
 
     ``config("tiny", block_order="parallel", evoformer__no_blocks=3)``.
     """
-    if name not in PRESETS:
-        raise ValueError(f"unknown AF2 preset {name!r}; presets are {sorted(PRESETS)}")
-    cfg = PRESETS[name]()
-    for key, value in overrides.items():
-        target: Any = cfg
-        *path, leaf = key.split("__")
-        for part in path:
-            if not hasattr(target, part):
-                raise ValueError(f"config override {key!r}: no field {part!r}")
-            target = getattr(target, part)
-        if not hasattr(target, leaf):
-            raise ValueError(f"config override {key!r}: {type(target).__name__} has no {leaf!r}")
-        setattr(target, leaf, value)
-    cfg.__post_init__()
-    return cfg
+    return build_config("AF2", PRESETS, name, overrides)

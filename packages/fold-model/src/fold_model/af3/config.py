@@ -15,6 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from fold_model.config_overrides import build_config
+
 __all__ = [
     "AtomAttentionConfig",
     "RelPosConfig",
@@ -267,18 +269,4 @@ def config(name: str, **overrides: Any) -> AlphaFold3Config:
 
     ``config("tiny", pairformer__no_blocks=3, chunk_size=4)``.
     """
-    if name not in PRESETS:
-        raise ValueError(f"unknown AF3 preset {name!r}; presets are {sorted(PRESETS)}")
-    cfg = PRESETS[name]()
-    for key, value in overrides.items():
-        target: Any = cfg
-        *path, leaf = key.split("__")
-        for part in path:
-            if not hasattr(target, part):
-                raise ValueError(f"config override {key!r}: no field {part!r}")
-            target = getattr(target, part)
-        if not hasattr(target, leaf):
-            raise ValueError(f"config override {key!r}: {type(target).__name__} has no {leaf!r}")
-        setattr(target, leaf, value)
-    cfg.__post_init__()
-    return cfg
+    return build_config("AF3", PRESETS, name, overrides)
