@@ -122,14 +122,14 @@ def estimate_plan(g: GraphIndex, regions: list[ChunkRegion]) -> MemoryEstimate:
         for i in range(r.start, r.end + 1):
             region_of[i] = r_id
 
-    def use_pos(j: int) -> int:
-        r_id = region_of[j] if j < n else -1
-        return regions[r_id].end if r_id >= 0 else j
-
-    last_use_pos = []
-    for i, x in enumerate(g.nodes):
-        uses = [n if u.op == "output" else use_pos(g.index[u]) for u in x.users]
-        last_use_pos.append(max(uses, default=use_pos(i)))
+    # where a read at node j happens: the end of j's region, or j itself (n: the output)
+    use_pos = np.arange(n + 1, dtype=np.int64)
+    for r in regions:
+        use_pos[r.start: r.end + 1] = r.end
+    # last read of each node; users come after a node, so a node without users keeps its own
+    lup = use_pos[:n].copy()
+    np.maximum.at(lup, g.user_src, use_pos[g.user_dst])
+    last_use_pos: list[int] = lup.tolist()
 
     diff = np.zeros(n + 2, dtype=np.int64)
     alloc_at = np.zeros(n + 1, dtype=np.int64)
@@ -173,8 +173,7 @@ def estimate_plan(g: GraphIndex, regions: list[ChunkRegion]) -> MemoryEstimate:
                                                 _Full)])
             add(alloc, free, nbytes)
     live = np.cumsum(diff[: n + 1])[:n]
-    temps = np.array([g.info[x].temp if x in g.info else 0 for x in g.nodes], dtype=np.int64)
-    node_peak = live + temps
+    node_peak = live + g.temps
     for r in regions:
         if r.body is None:
             r.body = body_peak(g, r.start, r.end, r.assign)

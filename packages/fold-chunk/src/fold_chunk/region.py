@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch.fx as fx
 import torch.nn as nn
 
@@ -50,6 +51,14 @@ class GraphIndex:
         for n in self.nodes:
             for sid in info[n].refs if n in info else ():
                 self.sid_refs.setdefault(sid, []).append(self.index[n])
+        # every (node, user) edge as index arrays (a user that is the output: n_nodes), and
+        # every node's transient bytes: memory.estimate_plan reads them on each search step
+        edges = [(i, n_nodes if u.op == "output" else self.index[u])
+                 for i, n in enumerate(self.nodes) for u in n.users]
+        self.user_src = np.array([i for i, _ in edges], dtype=np.int64)
+        self.user_dst = np.array([j for _, j in edges], dtype=np.int64)
+        self.temps = np.array([info[n].temp if n in info else 0 for n in self.nodes],
+                              dtype=np.int64)
 
     def meta(self, i: int) -> object:
         n = self.nodes[i]
