@@ -229,7 +229,7 @@ class Benchmark:
         self.result = meta | {"rows": []}
         self.rows: dict[int, dict] = {}
         self.call_s: dict[tuple[int, str], float] = {}  # measured seconds per call
-        self.plan_s_max = 0.0
+        self.plan_s_max = self.planner_s_max = 0.0  # measured planning, for predictions
         self.n_res: int | None = None
         self.inputs: tuple | None = None
         self.planner: fc.ChunkPlanner | None = None
@@ -251,10 +251,15 @@ class Benchmark:
         msa_mask = (torch.rand(s, n, generator=gen) > 0.1).to(dev, dt)  # holes
         pair_mask = (torch.rand(n, n, generator=gen) > 0.1).to(dev, dt)
         self.inputs = (m, z, msa_mask, pair_mask)
-        row = {"n_seq": s, "n_res": n}
-        self.rows[n] = row
-        self.result["rows"].append(row)
-        self.result["rows"].sort(key=lambda r: r["n_res"])
+        self._row(n)
+
+    def _row(self, n: int) -> dict:
+        """The results of N_res ``n`` (made on first use, kept in N_res order)."""
+        if n not in self.rows:
+            self.rows[n] = {"n_seq": self.n_seq, "n_res": n}
+            self.result["rows"].append(self.rows[n])
+            self.result["rows"].sort(key=lambda r: r["n_res"])
+        return self.rows[n]
 
     def _planner(self) -> fc.ChunkPlanner:
         if self.planner is None:
@@ -263,6 +268,7 @@ class Benchmark:
             self.planner = fc.ChunkPlanner(self.stack, self.inputs)
             row = self.rows[self.n_res]
             row["planner_s"] = time.perf_counter() - t0
+            self.planner_s_max = max(self.planner_s_max, row["planner_s"])
             row["estimated_peak_none_bytes"] = self.planner.estimate_peak()
         return self.planner
 
@@ -286,8 +292,8 @@ class Benchmark:
         plan = 0.0
         if mode.startswith("auto"):  # this CPU's measured planning, else a generous guess
             plan = self.plan_s_max or 10.0
-            if self.planner is None or self.n_res != n:
-                plan += 10.0  # the planner's trace and fake run
+            if self.planner is None or self.n_res != n:  # the planner's trace and fake run
+                plan += self.planner_s_max or 10.0
         return plan + calls * call
 
     # -- rows ------------------------------------------------------------------------------
@@ -371,11 +377,7 @@ class Benchmark:
         return chunked
 
     def _record(self, n: int, mode: str, res: dict) -> None:
-        if n not in self.rows:
-            self.rows[n] = {"n_seq": self.n_seq, "n_res": n}
-            self.result["rows"].append(self.rows[n])
-            self.result["rows"].sort(key=lambda r: r["n_res"])
-        row = self.rows[n]
+        row = self._row(n)
         row[mode] = res
         _goals(row)
         elapsed = time.monotonic() - self.t_start
