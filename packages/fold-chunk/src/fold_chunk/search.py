@@ -46,7 +46,7 @@ from fold_chunk.memory import (
     estimate_plan,
     region_fixed_bytes,
 )
-from fold_chunk.region import ChunkRegion, GraphIndex, flow_from_end
+from fold_chunk.region import ChunkRegion, Flow, GraphIndex, flow_from_end
 from fold_chunk.trace import TensorMeta, is_inplace
 
 __all__ = ["SearchResult", "autochunk_search", "smallest_peak_search", "VIEW_OPS"]
@@ -67,6 +67,50 @@ class SearchResult:
     def copy(self) -> SearchResult:
         """A copy whose regions can be edited (chunk sizes are grown or halved in place)."""
         return replace(self, regions=[replace(r) for r in self.regions])
+
+
+@dataclass(frozen=True)
+class _RegionParts:
+    """What candidate region ``[s, e]`` along one dim costs, independent of the plan so far
+    (so memoised on the graph): the nodes :func:`_hoist_views` moved out of the loop, the
+    whole-size bytes it holds (hoisted nodes, output buffers) and its body's peak."""
+
+    hoisted: frozenset[fx.Node]
+    fixed: int
+    body: int
+    hoisted_temp: int
+
+
+def _flow(g: GraphIndex, e: int, dim: int, lo: int, root: nn.Module) -> Flow:
+    key = (e, dim, lo)
+    flow = g.flow_cache.get(key)
+    if flow is None:
+        flow = g.flow_cache[key] = flow_from_end(g, e, dim, lo, root)
+    return flow
+
+
+def _region_assign(g: GraphIndex, flow: Flow, s: int, e: int,
+                   hoisted: frozenset[fx.Node]) -> dict:
+    """Chunk dim (or FULL) of every node of ``[s, e]``: the flow's (which for nodes at or after
+    ``s`` does not depend on where the walk was told to stop), with the views hoisted."""
+    assign = {g.nodes[i]: flow.assign[g.nodes[i]] for i in range(s, e + 1)}
+    for x in hoisted:
+        assign[x] = FULL
+    return assign
+
+
+def _region_parts(g: GraphIndex, flow: Flow, s: int, e: int, dim: int) -> _RegionParts:
+    key = (s, e, dim)
+    parts = g.region_cache.get(key)
+    if parts is None:
+        assign = _region_assign(g, flow, s, e, frozenset())
+        _hoist_views(g, s, e, assign)
+        hoisted = frozenset(x for x, d in assign.items()
+                            if isinstance(d, _Full) and not isinstance(flow.assign[x], _Full))
+        body, hoisted_temp = body_peak(g, s, e, assign)
+        parts = _RegionParts(hoisted, region_fixed_bytes(g, s, e, assign), body, hoisted_temp)
+        g.region_cache[key] = parts
+    return parts  # type: ignore[return-value]
 
 
 @dataclass
@@ -167,19 +211,18 @@ def find_best_chunk(g: GraphIndex, est: MemoryEstimate, p: int, lo: int, hi: int
         for dim, extent in enumerate(meta.shape):
             if extent < 2 or extent <= min_chunk:
                 continue
-            flow = flow_from_end(g, e, dim, lo, root)
+            flow = _flow(g, e, dim, lo, root)
             pd = flow.assign.get(p_node)
             if flow.min_start > p or pd is None or isinstance(pd, _Full):
                 continue
             for s in range(p, flow.min_start - 1, -1):
                 if isinstance(flow.assign.get(g.nodes[s]), _Full):
                     continue
-                assign = {g.nodes[i]: flow.assign[g.nodes[i]] for i in range(s, e + 1)}
-                _hoist_views(g, s, e, assign)
-                if isinstance(assign[p_node], _Full):
+                parts = _region_parts(g, flow, s, e, dim)
+                if p_node in parts.hoisted:
                     continue
-                fixed = int(est.live_in[s]) + region_fixed_bytes(g, s, e, assign)
-                body, hoisted_temp = body_peak(g, s, e, assign)
+                fixed = int(est.live_in[s]) + parts.fixed
+                body, hoisted_temp = parts.body, parts.hoisted_temp
                 if body == 0:
                     continue
 
@@ -205,6 +248,7 @@ def find_best_chunk(g: GraphIndex, est: MemoryEstimate, p: int, lo: int, hi: int
                                  (best_any is not None and peak > best_any.peak)):
                     continue
                 outputs = [(x, d) for x, d in flow.out_dims.items() if g.index[x] >= s]
+                assign = _region_assign(g, flow, s, e, parts.hoisted)
                 region = ChunkRegion(s, e, assign, extent, c, outputs, p_node.name,
                                      body=(body, hoisted_temp))
                 cand = _Candidate(region, peak, _cost(g, s, e, assign, region.n_chunks))
