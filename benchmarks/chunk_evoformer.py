@@ -32,14 +32,16 @@ out of memory (bf16: relative norm error ~1e-2). Goals (issue): (d) at most 10% 
 Expected cost of a full run on one H100 80GB (defaults: 2 blocks, N_seq 128, reps 3, row
 seconds 30), from ``--plan-only`` on a CPU. Planning is the same work there as on the GPU host
 (it sees shapes, not data, so it is flat in N_res); measured on a shared 2-core machine: the
-planner (trace + fake run) 0.6-1.1 s (2.3 s for the first in a process, FakeTensor set-up), (c)
-0.6-1.0 s, (d) 1.0-1.7 s: 2-4 s per N_res, 15 s in all (before this version's planner work it
-was about twice that). GPU time per call of the 2-block stack, from a roofline of the traced
-aten ops (FLOPs at 600 TFLOP/s, bytes at 2.6 TB/s, 4 us per op) scaled by 1.76, the factor
-that matches the eager block measured on an H100 (``results/model_evoformer.md``: 6.9 ms at
-N_seq 128, N_res 256; 51.6 ms at 512, 512); per block that is about ``4.9e-10 s * N_seq *
-N_res^2 + 8.4e-11 s * N_res^3`` (the triangle attention logits, ``4 N_res^3`` per module,
-dominate at large N_res). Estimated peaks are AutoChunk's (FakeTensor) estimates:
+planner (trace + fake run) 0.5-0.7 s (about 2 s for the first in a process: FakeTensor set-up),
+(c) 0.6-0.9 s, (d) 0.7-1.1 s: about 2 s per N_res, 12 s in all (29 s for the same plans before
+fold-chunk's ``ChunkPlanner`` and search memo, under the same load).
+
+GPU time per call of the 2-block stack, from a roofline of the traced aten ops (FLOPs at 600
+TFLOP/s, bytes at 2.6 TB/s, 4 us per op) scaled by 1.76, the factor that matches the eager
+block measured on an H100 (``results/model_evoformer.md``: 6.9 ms at N_seq 128, N_res 256;
+51.6 ms at 512, 512); per block that is about ``4.9e-10 s * N_seq * N_res^2 + 8.4e-11 s *
+N_res^3`` (the triangle attention logits, ``4 N_res^3`` per module, dominate at large N_res).
+Estimated peaks are AutoChunk's (FakeTensor) estimates:
 
     N_res  peak (a) / (b) / (d)        s per call (a) / (b),(c) / (d)   row time (b)-(d), calls
     512    2.2 / 0.8 / 0.29 GiB        0.06 / 0.06 / 0.07               0.25 s each, 4
@@ -48,10 +50,11 @@ dominate at large N_res). Estimated peaks are AutoChunk's (FakeTensor) estimates
     3072   439 GiB: OOM / 21.5 / 9.3   - / 6.4 / 6.3                    26 s each, 4
     4096   1036 GiB: OOM / 37.8 / 16.4 - / 14.5 / 14.2                  29 s each, 2
 
-Total: about 195 s of GPU work (3.3 min; (a)'s OOMs should fail within seconds) plus about 15 s of
-planning and 20-40 s of start-up (imports, CUDA init): about 4 min. The 512-2048 rows, the ones
-that matter most, are done within about 1.5 min. Give ``--budget-seconds`` a minute under the
-window (e.g. 360 for a 7-minute call): a row predicted to end later is recorded as skipped.
+Total: about 195 s of GPU work (3.3 min; (a)'s OOMs should fail within seconds) plus about
+12 s of planning and 20-40 s of start-up (imports, CUDA init): about 4 min. The 512-2048 rows,
+the ones that matter most, are done within about 1.5 min. Give ``--budget-seconds`` a minute
+under the window (e.g. 360 for a 7-minute call): a row predicted to end later is recorded as
+skipped.
 
     python benchmarks/chunk_evoformer.py --budget-seconds 360 \\
         --out benchmarks/results/chunk_evoformer.json                      # CUDA
