@@ -53,8 +53,8 @@ Estimated peaks are AutoChunk's (FakeTensor) estimates:
 Total: about 195 s of GPU work (3.3 min; (a)'s OOMs should fail within seconds) plus about
 12 s of planning and 20-40 s of start-up (imports, CUDA init): about 4 min. The 512-2048 rows,
 the ones that matter most, are done within about 1.5 min. Give ``--budget-seconds`` a minute
-under the window (e.g. 360 for a 7-minute call): a row predicted to end later is recorded as
-skipped.
+under the window (e.g. 360 for a 7-minute call; it counts from the end of the Python imports):
+a row predicted to end later is recorded as skipped.
 
     python benchmarks/chunk_evoformer.py --budget-seconds 360 \\
         --out benchmarks/results/chunk_evoformer.json                      # CUDA
@@ -101,6 +101,9 @@ MANUAL_CHUNK = 64
 # Per-block eager time on an H100 in seconds, bf16 no-grad: a * N_seq * N_res^2 + b * N_res^3
 # (roofline of the traced ops x 1.76, calibrated on results/model_evoformer.md; see the doc).
 H100_BLOCK_S = (4.9e-10, 8.4e-11)
+# Planning seconds per block before any is measured (planner; one plan): twice --plan-only's
+# first-in-process times on a shared 2-core CPU (see the doc).
+PLAN_GUESS_S_PER_BLOCK = (2.0, 1.5)
 ROOFLINE = dict(flops=600e12, bytes=2.6e12, launch_s=4e-6, calibration=1.76)
 
 
@@ -224,10 +227,11 @@ class Benchmark:
     and writes the results after every row."""
 
     def __init__(self, stack: EvoformerStack, args: argparse.Namespace, device: torch.device,
-                 dtype: torch.dtype, n_seq: int, min_chunk: int, meta: dict) -> None:
+                 dtype: torch.dtype, n_seq: int, min_chunk: int, meta: dict,
+                 t_start: float | None = None) -> None:
         self.stack, self.opts, self.device, self.dtype = stack, args, device, dtype
         self.n_seq, self.min_chunk = n_seq, min_chunk
-        self.t_start = time.monotonic()
+        self.t_start = time.monotonic() if t_start is None else t_start
         budget = args.budget_seconds
         self.deadline = self.t_start + budget if budget is not None else float("inf")
         self.result = meta | {"rows": []}
@@ -294,10 +298,11 @@ class Benchmark:
             call = predicted_call_s(self.n_seq, n, self.opts.blocks)
         calls = n_calls(call, self.opts.reps, self.opts.row_seconds)
         plan = 0.0
-        if mode.startswith("auto"):  # this CPU's measured planning, else a generous guess
-            plan = self.plan_s_max or 10.0
+        if mode.startswith("auto"):  # this CPU's measured planning, else the guess
+            guess_planner, guess_plan = (self.opts.blocks * g for g in PLAN_GUESS_S_PER_BLOCK)
+            plan = self.plan_s_max or guess_plan
             if self.planner is None or self.n_res != n:  # the planner's trace and fake run
-                plan += self.planner_s_max or 10.0
+                plan += self.planner_s_max or guess_planner
         return plan + calls * call
 
     # -- rows ------------------------------------------------------------------------------
@@ -505,6 +510,7 @@ def plan_only(stack: EvoformerStack, n_res: list[int], n_seq: int, blocks: int, 
 
 
 def main() -> None:
+    t_main = time.monotonic()  # --budget-seconds counts from here (after the imports)
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--small", action="store_true", help="tiny sizes (CPU smoke test)")
@@ -517,7 +523,8 @@ def main() -> None:
     parser.add_argument("--row-seconds", type=float, default=30.0,
                         help="no further timed calls once a row has taken this long")
     parser.add_argument("--budget-seconds", type=float, default=None,
-                        help="start no row predicted to end after this many seconds")
+                        help="start no row predicted to end after this many seconds (counted "
+                             "from the end of the imports)")
     parser.add_argument("--min-chunk", type=int, default=None)
     parser.add_argument("--dtype", default=None, choices=["bf16", "fp32"])
     parser.add_argument("--backend", default="torch", help="fold-model op backend (see doc)")
@@ -561,7 +568,7 @@ def main() -> None:
             _sync(device)
         meta["startup_s"] = time.monotonic() - t0
         print(f"start-up (model to device, warm-up) {meta['startup_s']:.1f} s", flush=True)
-        bench = Benchmark(stack, args, device, dtype, n_seq, min_chunk, meta)
+        bench = Benchmark(stack, args, device, dtype, n_seq, min_chunk, meta, t_start=t_main)
         for n, mode in row_order(n_res):
             bench.run_row(n, mode)
     print(f"wrote {args.out} and {args.out.with_suffix('.md')}")
