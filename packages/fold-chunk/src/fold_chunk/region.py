@@ -60,9 +60,9 @@ class GraphIndex:
         self.temps = np.array([info[n].temp if n in info else 0 for n in self.nodes],
                               dtype=np.int64)
         # search.find_best_chunk's memo of what does not depend on the plan so far: backward
-        # flows by (end, dim, lo) and candidate regions' costs by (start, end, dim); shared by
-        # every search step and every search (budget) over this graph
-        self.flow_cache: dict[tuple[int, int, int], Flow] = {}
+        # flows by (end, dim, lo, root) and candidate regions' costs by (start, end, dim);
+        # shared by every search step and every search (budget) over this graph
+        self.flow_cache: dict[tuple[int, int, int, int], Flow] = {}
         self.region_cache: dict[tuple[int, int, int], object] = {}
 
     def meta(self, i: int) -> object:

@@ -82,7 +82,7 @@ class _RegionParts:
 
 
 def _flow(g: GraphIndex, e: int, dim: int, lo: int, root: nn.Module) -> Flow:
-    key = (e, dim, lo)
+    key = (e, dim, lo, id(root))
     flow = g.flow_cache.get(key)
     if flow is None:
         flow = g.flow_cache[key] = flow_from_end(g, e, dim, lo, root)
