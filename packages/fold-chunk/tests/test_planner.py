@@ -6,6 +6,7 @@ from __future__ import annotations
 import fold_chunk as fc
 import pytest
 import torch
+from fold_chunk.region import GraphIndex
 from fold_chunk.search import autochunk_search, smallest_peak_search
 from toy_modules import ToyStack
 
@@ -63,7 +64,7 @@ def test_planner_impossible_budget_and_wrong_module() -> None:
         fc.AutoChunked(ToyStack().eval(), args, smallest, 2, planner=planner)
 
 
-def test_search_with_cached_floor_equals_without() -> None:
+def test_search_with_memo_and_cached_floor_equals_without() -> None:
     module, args = _case()
     planner = fc.ChunkPlanner(module, args)
     g = planner.graph
@@ -72,7 +73,9 @@ def test_search_with_cached_floor_equals_without() -> None:
     peak = planner.estimate_peak()
     for budget in range(floor.estimate_after.peak, peak, max(1, (peak - floor.estimate_after.peak)
                                                           // 7)):
-        a = autochunk_search(g, budget, min_chunk=2)
+        # a: a fresh graph index (no memo of flows and candidate regions); b: the memo warmed
+        # by every earlier budget, and the cached floor
+        a = autochunk_search(GraphIndex(g.gm, g.info), budget, min_chunk=2)
         b = autochunk_search(g, budget, min_chunk=2, floor=lambda: floor)
         assert a.met == b.met
         assert [(r.start, r.end, r.chunk_size) for r in a.regions] == \
