@@ -80,6 +80,7 @@ def test_search_with_memo_and_cached_floor_equals_without() -> None:
         assert a.met == b.met
         assert [(r.start, r.end, r.chunk_size) for r in a.regions] == \
             [(r.start, r.end, r.chunk_size) for r in b.regions]
+        assert [r.assign for r in a.regions] == [r.assign for r in b.regions]
         assert a.estimate_after.peak == b.estimate_after.peak
     assert [r.chunk_size for r in floor.regions] == sizes
 
