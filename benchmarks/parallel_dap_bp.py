@@ -28,18 +28,24 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
-import time
-import warnings
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # model_full (same folder)
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # model_full, _parallel_common
 
+from _parallel_common import (  # noqa: E402
+    atomic_write_text,
+    has_branches,
+    make_train_step,
+    model_stacks,
+)
+from _parallel_common import evoformer_inputs as _evoformer_inputs  # noqa: E402
+from _parallel_common import guard_oom as _guard_oom  # noqa: E402
+from _parallel_common import timed as _timed  # noqa: E402
 from fold_model.af2 import config  # noqa: E402
 from fold_model.af2.evoformer import EvoformerStack  # noqa: E402
 from fold_model.seams import IDENTITY_COMM  # noqa: E402
@@ -69,11 +75,6 @@ SMOKE = {
 MODES = ("single", "single_parallel", "dap2", "dap2_dao", "bp2")
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def _order(mode: str) -> str:
     return "parallel" if mode in ("bp2", "single_parallel") else "af2"
 
@@ -88,42 +89,8 @@ def _parallelize(module: torch.nn.Module, mode: str, stacks: list[torch.nn.Modul
     elif mode == "bp2":
         coll = Collectives(None, name="BP group")
         for s in stacks:
-            if hasattr(s, "blocks") and hasattr(s.blocks[0], "msa_branch"):
+            if has_branches(s):
                 enable_bp(s, coll)
-
-
-def _timed(fn, device: torch.device, reps: int) -> tuple[float, float | None, float, int | None]:
-    """(median ms, peak MiB, median host ms, host syncs) of ``fn`` after one warm-up call.
-
-    Host ms is the time until ``fn`` returns, before the device synchronisation: close to the
-    wall time means the CPU (Python, launches, host synchronisations) bounds the step, well below
-    means the GPU does. Host syncs: the synchronising CUDA calls of one more step, counted with
-    ``torch.cuda.set_sync_debug_mode("warn")`` (None on CPU).
-    """
-    fn()
-    _sync(device)
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
-    times, host = [], []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        fn()
-        host.append((time.perf_counter() - t0) * 1e3)
-        _sync(device)
-        times.append((time.perf_counter() - t0) * 1e3)
-    peak = torch.cuda.max_memory_allocated(device) / 2**20 if device.type == "cuda" else None
-    syncs = None
-    if device.type == "cuda":
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            torch.cuda.set_sync_debug_mode("warn")
-            try:
-                fn()
-            finally:
-                torch.cuda.set_sync_debug_mode("default")
-        syncs = sum("synchroniz" in str(w.message) for w in caught)
-        _sync(device)
-    return statistics.median(times), peak, statistics.median(host), syncs
 
 
 def _run_mode(mode: str, build_and_time, device: torch.device) -> Any:
@@ -139,23 +106,6 @@ def _run_mode(mode: str, build_and_time, device: torch.device) -> Any:
     dist.broadcast_object_list(box, src=0)
     dist.barrier()
     return box[0]
-
-
-def _guard_oom(fn, device: torch.device) -> Any:
-    try:
-        return fn()
-    except torch.cuda.OutOfMemoryError:
-        torch.cuda.empty_cache()
-        return "OOM"
-
-
-def _evoformer_inputs(cfg, n_res: int, n_seq: int, device: torch.device, grad: bool):
-    g = torch.Generator().manual_seed(0)
-    m = torch.randn(1, n_seq, n_res, cfg.c_m, generator=g).to(device).requires_grad_(grad)
-    z = torch.randn(1, n_res, n_res, cfg.c_z, generator=g).to(device).requires_grad_(grad)
-    msa_mask = torch.ones(1, n_seq, n_res, device=device)
-    pair_mask = torch.ones(1, n_res, n_res, device=device)
-    return m, z, msa_mask, pair_mask
 
 
 def bench_evoformer(args, device, shapes) -> dict:
@@ -195,26 +145,13 @@ def bench_train_step(args, device, sizes_by_shape) -> dict:
             cfg = _cfg(args, block_order=_order(mode), checkpoint_blocks=True)
             torch.manual_seed(0)
             model = AlphaFold2(cfg).to(device).train()
-            stacks = [model.evoformer]
-            if getattr(model, "extra_msa_stack", None) is not None:
-                stacks.append(model.extra_msa_stack)
-            if mode in ("dap2", "dap2_dao") and getattr(model, "template_embedder", None):
-                stacks.append(model.template_embedder.pair_stack)
+            stacks = model_stacks(model, template=mode in ("dap2", "dap2_dao"))
             _parallelize(model, mode, stacks)
             loss_fn = AlphaFold2Loss(cfg.loss)
             batch, truth = synthetic_batch(**sizes, device=device)
             opt = torch.optim.Adam(model.parameters(), lr=1e-4)
-
-            def step() -> None:
-                with torch.autocast(device.type, dtype=torch.bfloat16,
-                                    enabled=device.type == "cuda"):
-                    outputs = model(batch)
-                loss, _ = loss_fn(outputs, truth)
-                loss.backward()
-                if not mode.startswith("single"):
-                    sync_gradients(model)
-                opt.step()
-                opt.zero_grad(set_to_none=True)
+            sync = None if mode.startswith("single") else lambda: sync_gradients(model)
+            step = make_train_step(model, loss_fn, batch, truth, opt, device, sync)
 
             ms, peak, host_ms, syncs = _timed(step, device, args.reps)
             return {"ms": ms, "peak_mib": peak, "host_ms": host_ms, "host_syncs": syncs}
@@ -379,9 +316,8 @@ def main(argv: list[str] | None = None) -> dict:
     if dist.get_rank() == 0:
         print(json.dumps(results, indent=1), flush=True)
         if args.out is not None:
-            args.out.parent.mkdir(parents=True, exist_ok=True)
-            args.out.write_text(json.dumps(results, indent=2))
-            args.out.with_suffix(".md").write_text(_markdown(results))
+            atomic_write_text(args.out, json.dumps(results, indent=2))
+            atomic_write_text(args.out.with_suffix(".md"), _markdown(results))
     return results
 
 
