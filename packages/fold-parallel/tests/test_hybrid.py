@@ -1,6 +1,7 @@
-"""Hybrid DP x DAP, DP x BP and BP x DAP on 4 gloo ranks: the averaged gradients equal the mean
-over the DP samples of the single-process gradients, and each sample's outputs are its
-single-process outputs (float64, so the comparison is to rounding)."""
+"""Hybrid DP x DAP, DP x BP, BP x DAP and DAP-4 alone on 4 gloo ranks: the averaged gradients
+equal the mean over the DP samples of the single-process gradients, and each sample's outputs are
+its single-process outputs (float64, so the comparison is to rounding). DAP runs with both DAO
+overlaps on (``DapComm``'s default) unless the case says ``dao=False``."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ pytestmark = pytest.mark.distributed
 TOL = 1e-12
 
 
-def _hybrid(rank: int, world: int, dp: int, bp: int, dap: int) -> dict:
+def _hybrid(rank: int, world: int, dp: int, bp: int, dap: int, dao: bool = True) -> dict:
     from fold_parallel import (
         Collectives,
         DapComm,
@@ -36,7 +37,9 @@ def _hybrid(rank: int, world: int, dp: int, bp: int, dap: int) -> dict:
     }
     s, a = fresh(stack, samples[groups.dp_index], torch.float64)
     if dap > 1:
-        enable_dap(s, DapComm(groups.dap_group, "fallback"))
+        comm = DapComm(groups.dap_group, "fallback", overlap_forward=dao, overlap_backward=dao)
+        assert comm.size == dap and comm.dao == dao
+        enable_dap(s, comm)
     if bp > 1:
         enable_bp(s, Collectives(groups.bp_group, impl="fallback", name="BP group"))
     got = run(s, a, kind)
@@ -48,8 +51,17 @@ def _hybrid(rank: int, world: int, dp: int, bp: int, dap: int) -> dict:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("dp,bp,dap", [(2, 1, 2), (2, 2, 1), (1, 2, 2)])
-def test_hybrid_four_ranks(dp, bp, dap):
-    for errs in ok(run_ranks(_hybrid, 4, dp, bp, dap, timeout_s=150)):
+@pytest.mark.parametrize(
+    "dp,bp,dap,dao",
+    [
+        (2, 1, 2, True),
+        (2, 2, 1, True),
+        (1, 2, 2, True),  # BP-2 x DAP-2 with DAO
+        (1, 2, 2, False),  # BP-2 x DAP-2, synchronous DAP
+        (1, 1, 4, True),  # DAP-4 alone with DAO (N_res 7 -> 8, N_seq 5 -> 8)
+    ],
+)
+def test_hybrid_four_ranks(dp, bp, dap, dao):
+    for errs in ok(run_ranks(_hybrid, 4, dp, bp, dap, dao, timeout_s=150)):
         for what in ("outputs", "param_grads"):
-            assert errs[what] < TOL, (dp, bp, dap, what, errs[what])
+            assert errs[what] < TOL, (dp, bp, dap, dao, what, errs[what])
