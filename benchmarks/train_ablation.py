@@ -81,7 +81,7 @@ class Switches:
 
 ROWS: list[tuple[str, str, dict]] = [
     ("baseline", "eager baseline", {}),
-    ("kernels", "+ fused kernels (triton)", {"backend": "triton"}),
+    ("kernels", "+ fused kernels (Triton where supported)", {"backend": "auto"}),
     ("flat", "+ tensor fusion (flat buffers)", {"flat": True}),
     ("fused_adam", "+ fused Adam+EMA", {"fused_adam": True}),
     ("bf16", "+ bf16 parameters (fp32 master)", {"bf16_params": True}),

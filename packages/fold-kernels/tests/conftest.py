@@ -9,6 +9,11 @@ import torch
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
+else:
+    # On a GPU the tests check correctness with each kernel's default launch configuration;
+    # timing every candidate (compiling each) per shape and dtype would take many minutes.
+    # test_tuning.py covers the autotuner itself.
+    os.environ.setdefault("FOLD_KERNELS_AUTOTUNE", "0")
 
 
 def pytest_configure(config):

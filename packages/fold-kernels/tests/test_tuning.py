@@ -22,6 +22,7 @@ def test_attention_candidates_per_architecture(kernel):
 def test_pick_times_once_and_caches_on_disk(tmp_path, monkeypatch):
     cache = tmp_path / "tuning.json"
     monkeypatch.setenv("FOLD_KERNELS_CACHE", str(cache))
+    monkeypatch.setenv("FOLD_KERNELS_AUTOTUNE", "1")  # conftest turns it off on GPUs
     monkeypatch.setattr(tuning, "_MEMORY", {})
     monkeypatch.setattr(tuning, "_DISK_LOADED", False)
     monkeypatch.setattr(tuning, "arch", lambda device=None: "sm90")

@@ -123,11 +123,12 @@ def test_training_step_has_no_host_synchronization(demo_cache, tmp_path):
     """What capture needs: forward + loss + backward never read a device value on the host."""
     trainer = _trainer(demo_cache, tmp_path, ["steps=1"], dropout=True)
     batch, _ = next(iter(trainer.stream.batches(1)))
+    trainer._forward_backward(batch, 2)  # constant tables are cached on first use
     assert host_syncs(lambda: trainer._forward_backward(batch, 2)) == []
     # the probe does find synchronizations
     x = torch.randn(6)
-    found = host_syncs(lambda: (x.sum().item(), x[x > 0], torch.nonzero(x)))
-    assert "_local_scalar_dense" in found and "nonzero" in found
+    found = host_syncs(lambda: (x.sum().item(), x[x > 0], torch.nonzero(x), x.new_tensor([1.0])))
+    assert "_local_scalar_dense" in found and "nonzero" in found and "lift_fresh" in found
 
 
 # -- on a GPU (nox -s gpu) ---------------------------------------------------------------------

@@ -179,7 +179,10 @@ class GraphedStep:
 _SYNC_OPS = frozenset({"_local_scalar_dense", "item", "is_nonzero", "equal", "nonzero",
                        "masked_select", "_unique", "_unique2", "unique_consecutive",
                        "unique_dim", "bincount", "histc", "repeat_interleave",
-                       "_assert_async"})
+                       "_assert_async",
+                       # a tensor made from host data (torch.tensor, new_tensor, as_tensor):
+                       # on CUDA a pageable host-to-device copy, which capture refuses
+                       "lift_fresh", "lift_fresh_copy"})
 # composite functions whose host read is a CPU-only input check (the CUDA kernels skip it)
 _CPU_ONLY_CHECKS = frozenset({torch.nn.functional.one_hot})
 
@@ -214,7 +217,8 @@ def _host_sync_probe(found: list[str]) -> Iterator[None]:
 def host_syncs(fn: Callable[[], object]) -> list[str]:
     """Run ``fn`` (on any device, CPU included) and list the aten ops it calls that would
     synchronize a CUDA device with the host (``.item()``, ``nonzero``, data-dependent output
-    sizes): each one makes CUDA Graph capture fail. ``one_hot``'s CPU-only range check is not
+    sizes) or copy host data to it (``torch.tensor``, ``new_tensor``): each one makes CUDA Graph
+    capture fail. Run ``fn`` once before, so that constant tables cached on first use are built. ``one_hot``'s CPU-only range check is not
     counted (the CUDA kernel does not read back)."""
     found: list[str] = []
     with _host_sync_probe(found):

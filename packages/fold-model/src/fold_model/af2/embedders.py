@@ -29,7 +29,8 @@ def distogram_one_hot(
     last bin is open above; distances below ``min_bin`` fall in no bin (AF2 code / OpenFold).
     """
     lower = torch.linspace(min_bin, max_bin, no_bins, device=x.device, dtype=torch.float32) ** 2
-    upper = torch.cat([lower[1:], lower.new_tensor([inf * inf])])
+    # the open last bin, made on the device (no host-to-device copy: CUDA-graph capturable)
+    upper = torch.cat([lower[1:], torch.full_like(lower[:1], inf * inf)])
     d2 = (x[..., :, None, :].float() - x[..., None, :, :].float()).pow(2).sum(-1, keepdim=True)
     return ((d2 > lower) & (d2 < upper)).to(x.dtype)
 

@@ -9,6 +9,7 @@ Conventions follow the AF2 supplement 1.8 (frames ``T_i = (R_i, t_i)``, Alg. 21 
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 __all__ = [
     "Rigid",
@@ -112,8 +113,9 @@ class Rigid:
     def to_tensor_4x4(self) -> torch.Tensor:
         """Homogeneous matrices ``[*, 4, 4]``."""
         top = torch.cat([self.rots, self.trans.unsqueeze(-1)], dim=-1)  # [*, 3, 4]
-        last_row = self.trans.new_tensor([0.0, 0.0, 0.0, 1.0])
-        bottom = last_row.expand(*top.shape[:-2], 1, 4)  # [*, 1, 4]
+        # [0, 0, 0, 1] made on the device (no host-to-device copy: CUDA-graph capturable)
+        last_row = F.pad(torch.ones_like(self.trans[..., :1]), (3, 0))  # [*, 4]
+        bottom = last_row.unsqueeze(-2)  # [*, 1, 4]
         return torch.cat([top, bottom], dim=-2)
 
     @property
