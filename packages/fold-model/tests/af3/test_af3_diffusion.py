@@ -55,6 +55,24 @@ def test_weighted_rigid_align_recovers_known_rotation():
     assert torch.allclose(torch.linalg.det(r_m), torch.ones(2, 3, dtype=torch.float64))
 
 
+def test_weighted_rigid_align_fp32_under_autocast():
+    """Under bf16 autocast (how training runs the loss) the superposition still runs in fp32: the
+    same result as without autocast (a bf16 covariance would be 3 significant digits, and has no
+    SVD at all on CUDA or CPU)."""
+    x = torch.cumsum(torch.randn(1, 4, 37, 3, generator=G(5)) * 2.0, -2) * 4.0
+    rot = random_rotation((1, 4), G(6))
+    y = torch.einsum("bsij,bsaj->bsai", rot, x) + 20.0 + 0.3 * torch.randn(x.shape, generator=G(7))
+    w = torch.rand(1, 4, 37, generator=G(8)) + 0.5
+    w[..., 3] = 0.0
+    plain = weighted_rigid_align(x, y, w)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        r_auto, _, _ = weighted_rigid_transform(x, y, w)
+        auto = weighted_rigid_align(x, y, w)
+    assert r_auto.dtype == torch.float32 and auto.dtype == torch.float32
+    # fp32 arithmetic both ways: differences at fp32 rounding of ~100 A coordinates
+    assert rel_err(auto, plain) < 1e-5
+
+
 def _structures(n=40, seed=0):
     x = torch.cumsum(torch.randn(1, 1, n, 3, generator=G(seed), dtype=torch.float64) * 2.2, -2)
     mask = torch.ones(1, n, dtype=torch.float64)

@@ -13,7 +13,15 @@ def weighted_rigid_transform(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The proper rotation ``R [*, 3, 3]`` and centroids ``mu_moving, mu_fixed [*, 1, 3]`` that
     minimise ``sum_l w_l |R (moving_l - mu_m) + mu_f - fixed_l|^2``. ``moving, fixed [*, A, 3]``,
-    ``weights [*, A]`` (0 for atoms left out). Computed in at least fp32."""
+    ``weights [*, A]`` (0 for atoms left out). Computed in at least fp32, also under autocast
+    (which would run the covariance einsum in bf16, for which there is no SVD)."""
+    with torch.autocast(moving.device.type, enabled=False):
+        return _rigid_transform(moving, fixed, weights)
+
+
+def _rigid_transform(
+    moving: torch.Tensor, fixed: torch.Tensor, weights: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     dtype = torch.promote_types(moving.dtype, torch.float32)
     m, f, w = moving.to(dtype), fixed.to(dtype), weights.to(dtype)[..., None]  # w: [*, A, 1]
     total = w.sum(-2, keepdim=True).clamp_min(1e-8)  # [*, 1, 1]
@@ -36,7 +44,7 @@ def weighted_rigid_align(
 ) -> torch.Tensor:
     """``moving [*, A, 3]`` superposed onto ``fixed`` with per-atom ``weights [*, A]``; detached
     (Alg. 28 ends in stop_gradient), in ``moving``'s dtype."""
-    with torch.no_grad():
+    with torch.no_grad(), torch.autocast(moving.device.type, enabled=False):
         rot, mu_m, mu_f = weighted_rigid_transform(moving, fixed, weights)
         out = torch.einsum("...ij,...aj->...ai", rot, moving.to(rot.dtype) - mu_m) + mu_f
     return out.to(moving.dtype)
