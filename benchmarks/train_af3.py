@@ -1,0 +1,971 @@
+"""The full AlphaFold3 training iteration (issue 10's last benchmark): trunk with recycling, the
+48-sample diffusion batch, the confidence head's mini-rollout, ``AlphaFold3.loss``, backward and
+the optimizer step, eager against optimized in one process on one GPU; then the longest crop each
+can train on that GPU.
+
+Batch (``synthetic_sample``): fold-data's ``SAMPLE_FEATURES`` layout (names, dtypes, shapes; the
+CPU smoke test validates it against ``fold_data.af3.schema``), synthesized directly because
+fold-data's AF3 featurisation imports RDKit, which the GPU image lacks. Shapes are the
+``af3_initial`` data preset's (AF3 supplement Table 6, initial training): 384 tokens padded to
+4608 atoms (12 per token), 1024 MSA rows, 4 templates (all real), 48 diffusion samples. Content:
+two protein chains (residue atoms and names from ``fold_data.residue_constants``, OXT on the
+C-terminus), a DNA duplex (C1'/C3'/C4' present, so the confidence frames are found), a 16-atom
+ligand (one-atom tokens bonded in a chain), about 3100 real atoms and the rest padding; a random
+walk of residues as the ground truth with ~3% unresolved atoms; MSA rows that mutate the query
+with gaps and deletions, profile and deletion mean computed from them; templates are the ground
+truth with noise.
+
+One iteration = ``model(batch, no_cycles=R)`` (R - 1 trunk passes without gradients, the last
+with; R = ``--cycles``, default 4, the preset's maximum: training draws R from 1..4), the loss
+(diffusion with smooth lDDT, distogram, confidence), backward, global-norm clipping at 10, Adam
+(AF3 supplement 5.4: beta 0.9 / 0.95, eps 1e-8, lr 1.8e-3 schedule) and an EMA of the weights
+(0.999). Every step reseeds the RNG the same way, so all rows train on the same noise and losses
+are comparable. Rows, cumulative (each adds its switch to the rows above):
+
+==========  ===========================================================================
+eager       ops backend ``torch``, fp32 weights + bf16 autocast, the preset's activation
+            checkpointing (every trunk sub-layer, every diffusion transformer block),
+            ``torch.optim.Adam`` + ``clip_grad_norm_`` + an EMA loop over the parameters
+kernels     ops backend ``auto``: fold-kernels' Triton EvoAttention, LayerNorm(+Linear),
+            SwiGLU, gating and dropout-residual kernels where they support the call
+flat_adam   ``FlatParams`` (parameters/gradients in flat buffers) + ``FlatAdam`` with the
+            fused Adam + clipping + EMA kernel (``fold_train.optim``)
+bf16        bf16 weights for the Pairformer, MSA module, template embedder and diffusion
+            transformer (fp32 master in FlatAdam); embedders, atom encoder/decoder,
+            conditioning and heads keep fp32 weights so that the single/pair streams and
+            every coordinate stay fp32 (as the AF2 ablation keeps its structure module)
+ckpt_plan   checkpointing only where needed: the peak of a fully checkpointed step gives
+            the headroom, the saved-activation bytes and recompute time of one Pairformer
+            block and one diffusion transformer block (measured at this size) choose how
+            many blocks run without recompute (halved and retried on out-of-memory)
+gc_off      Python garbage collection off during steps
+==========  ===========================================================================
+
+"optimized" is the last row that ran. Reported per row: median step ms over ``--reps`` after
+``--warmup`` steps, peak allocated / reserved memory, the loss (finite), speedup over eager and
+over the previous row.
+
+Longest trainable crop: for eager and for optimized (its memory-lean form: every switch but
+``ckpt_plan``, i.e. the preset's full checkpointing), the largest N_token (N_atom = 12 N_token)
+whose iteration (one trunk pass: the no-gradient passes free their activations, so R does not
+change the peak) fits: doubling from ``--crop-start`` until one fails, then bisection to
+``--crop-resolution`` (32) tokens; each probe after ``gc.collect`` + ``empty_cache`` + a peak reset,
+``torch.cuda.OutOfMemoryError`` caught. Every probe is recorded. Ratio optimized / eager.
+
+Order, so that a short window keeps what matters: eager row, eager crop search, optimized row
+(all switches), optimized crop search, then the intermediate rows while ``--budget-seconds``
+lasts (a search stops early with its bracket when its share of the budget is spent). JSON and
+Markdown are rewritten atomically after every row and probe.
+
+    python benchmarks/train_af3.py --out $OUT/train_af3.json --budget-seconds 500   # one H100
+    python benchmarks/train_af3.py --device cpu --tiny --out /tmp/train_af3.json      # smoke
+
+Memory note (measured on CPU with saved-tensor hooks): ``AlphaFold3.loss``'s smooth lDDT is dense
+over all atom pairs of every sample and saves about 7 fp32 tensors of ``S x A x A`` for backward,
+26.6 GiB at 48 samples x 4608 atoms, growing with N_token squared; it, not the trunk, is likely to
+set the longest crop of both paths (a sample-chunked, recomputed smooth lDDT would lift it).
+
+Goals (issue 10): optimized at least 2x eager (MegaFold: 1.73x on an H200) and a crop at least
+1.5x eager's (MegaFold: 1.35x).
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import dataclasses
+import datetime
+import gc
+import json
+import math
+import os
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from fold_data.residue_constants import residue_atoms, restype_1to3, restypes
+from fold_model import ops
+from fold_model.af3 import AlphaFold3, config
+from fold_train.optim import AdamConfig, FlatAdam, FlatParams, learning_rate
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+_BACKEND_ENV = "FOLD_OPS_BACKEND"  # read on every dispatch, also by autograd's device threads
+GAP = 31  # fold-data's AF3 gap / padding restype
+DNA_CODES = {"A": 26, "G": 27, "C": 28, "T": 29}
+DNA_ATOMS = {  # heavy atoms of the DNA nucleotides (CCD DA/DG/DC/DT, no OP3)
+    "A": "P OP1 OP2 O5' C5' C4' O4' C3' O3' C2' C1' N9 C8 N7 C5 C6 N6 N1 C2 N3 C4",
+    "G": "P OP1 OP2 O5' C5' C4' O4' C3' O3' C2' C1' N9 C8 N7 C5 C6 O6 N1 C2 N2 N3 C4",
+    "C": "P OP1 OP2 O5' C5' C4' O4' C3' O3' C2' C1' N1 C2 O2 N3 C4 N4 C5 C6",
+    "T": "P OP1 OP2 O5' C5' C4' O4' C3' O3' C2' C1' N1 C2 O2 N3 C4 O4 C5 C7 C6",
+}
+ELEMENT = {"C": 6, "N": 7, "O": 8, "P": 15, "S": 16}
+
+# AF3 supplement 5.4 (the optimizer of fold-train's ``af3`` preset).
+AF3_ADAM = AdamConfig(lr=1.8e-3, beta1=0.9, beta2=0.95, eps=1e-8, warmup_steps=1000,
+                      decay_factor=0.95, decay_every=50_000, clip_norm=10.0, ema_decay=0.999)
+FULL = {"n_token": 384, "n_msa": 1024, "n_templ": 4, "cycles": 4, "crop_start": 384,
+        "crop_resolution": 32, "max_tokens": 4096}
+TINY = {"n_token": 24, "n_msa": 6, "n_templ": 2, "cycles": 2, "crop_start": 16,
+        "crop_resolution": 4, "max_tokens": 48}
+ATOMS_PER_TOKEN = 12
+GOALS = {"speedup": 2.0, "crop_ratio": 1.5}
+MEGAFOLD = {"speedup": 1.73, "crop_ratio": 1.35}  # H200, MegaFold paper (shared/papers)
+
+
+# -- the batch ---------------------------------------------------------------------------------
+def _composition(n_token: int) -> tuple[int, int, int]:
+    """(protein tokens, DNA tokens per strand, ligand atoms) of an ``n_token`` crop."""
+    n_lig = max(1, min(16, n_token // 12))
+    strand = min(8, n_token // 24)
+    return n_token - n_lig - 2 * strand, strand, n_lig
+
+
+def synthetic_sample(n_token: int, n_atom: int, n_msa: int, n_templ: int, seed: int = 0
+                     ) -> dict[str, np.ndarray]:
+    """One AF3 training sample in fold-data's ``SAMPLE_FEATURES`` layout (no batch dim): two
+    protein chains, a DNA duplex, a ligand of one-atom tokens, padded to ``n_atom`` atoms."""
+    rng = np.random.default_rng(seed)
+    n_prot, strand, n_lig = _composition(n_token)
+    if n_prot < 2:
+        raise ValueError(f"synthetic_sample: {n_token} tokens leave no room for two chains")
+    len_a = n_prot // 2
+    chains = [("protein", len_a), ("protein", n_prot - len_a)]
+    if strand:
+        chains += [("dna", strand), ("dna", strand)]
+    chains.append(("ligand", n_lig))
+    homodimer = chains[0][1] == chains[1][1]
+    seq_a = rng.integers(0, 20, len_a)
+
+    tok: dict[str, list] = {k: [] for k in (
+        "residue_index", "token_index", "asym_id", "entity_id", "sym_id", "restype",
+        "is_protein", "is_rna", "is_dna", "is_ligand", "is_atomized", "token_center_atom")}
+    atom_names: list[str] = []
+    atom_tok: list[int] = []
+    uid: list[int] = []  # ref_space_uid: one per residue / nucleotide, one for the ligand
+    next_uid = 0
+    lig_bonds: list[tuple[int, int]] = []
+    t = 0
+    for asym, (kind, length) in enumerate(chains):
+        entity = 0 if (asym == 1 and homodimer) else asym
+        sym = 1 if (asym == 1 and homodimer) else 0
+        if kind == "protein":
+            seq = seq_a if asym == 0 or homodimer else rng.integers(0, 20, length)
+        for i in range(length):
+            first = len(atom_names)
+            if kind == "protein":
+                names = list(residue_atoms[restype_1to3[restypes[seq[i]]]])
+                names += ["OXT"] if i == length - 1 else []
+                code, centre = int(seq[i]), first + 1  # CA
+            elif kind == "dna":
+                base = "ACGT"[rng.integers(4)]
+                names, code = DNA_ATOMS[base].split(), DNA_CODES[base]
+                centre = first + names.index("C1'")
+            else:
+                names, code, centre = [("C", "N", "O")[rng.integers(3)] + str(i + 1)], 20, first
+                if i:
+                    lig_bonds.append((t - 1, t))
+            atom_names += names
+            atom_tok += [t] * len(names)
+            uid += [next_uid] * len(names)
+            next_uid += kind != "ligand" or i == length - 1
+            for k, v in (("residue_index", i if kind != "ligand" else 0), ("token_index", t),
+                         ("asym_id", asym), ("entity_id", entity), ("sym_id", sym),
+                         ("restype", code), ("is_protein", kind == "protein"), ("is_rna", 0),
+                         ("is_dna", kind == "dna"), ("is_ligand", kind == "ligand"),
+                         ("is_atomized", kind == "ligand"), ("token_center_atom", centre)):
+                tok[k].append(int(v))
+            t += 1
+    a_real = len(atom_names)
+    if a_real > n_atom:
+        raise ValueError(f"synthetic_sample: {a_real} atoms exceed the budget of {n_atom}")
+    atom_tok_a = np.asarray(atom_tok)
+
+    # Ground truth: a random walk of token centres (3.8 A steps), atoms around their centre.
+    steps = rng.normal(size=(n_token, 3))
+    walk = np.cumsum(3.8 * steps / np.linalg.norm(steps, axis=1, keepdims=True), axis=0)
+    pos = walk[atom_tok_a] + rng.normal(scale=1.2, size=(a_real, 3))
+    resolved = (rng.random(a_real) > 0.03).astype(np.float32)
+    resolved[np.asarray(tok["token_center_atom"])] = 1.0
+    ref = rng.normal(scale=1.5, size=(a_real, 3))  # conformer-like, each centred near 0
+    chars = np.array([[ord(c) - 32 for c in n.ljust(4)[:4]] for n in atom_names], np.int32)
+
+    def pad(x: np.ndarray, n: int, fill: float = 0) -> np.ndarray:
+        out = np.full((n, *x.shape[1:]), fill, dtype=x.dtype)
+        out[: len(x)] = x
+        return out
+
+    f: dict[str, np.ndarray] = {k: np.asarray(v, np.int32) for k, v in tok.items()}
+    f["token_mask"] = np.ones(n_token, np.float32)
+    f["ref_pos"] = pad(ref.astype(np.float32), n_atom)
+    f["ref_mask"] = pad(np.ones(a_real, np.float32), n_atom)
+    f["ref_element"] = pad(np.array([ELEMENT[n[0]] for n in atom_names], np.int32), n_atom)
+    f["ref_charge"] = np.zeros(n_atom, np.float32)
+    f["ref_atom_name_chars"] = pad(chars, n_atom)
+    f["ref_space_uid"] = pad(np.asarray(uid, np.int32), n_atom)
+    f["ref_pos_source"] = pad(np.where(f["is_ligand"][atom_tok_a] > 0, 0, 1).astype(np.int32),
+                              n_atom)
+    f["atom_to_token"] = pad(atom_tok_a.astype(np.int32), n_atom)
+    f["atom_positions"] = pad((pos * resolved[:, None]).astype(np.float32), n_atom)
+    f["atom_resolved"] = pad(resolved, n_atom)
+    f["atom_mask"] = pad(np.ones(a_real, np.float32), n_atom)
+    bonds = np.zeros((n_token, n_token), np.float32)
+    for i, j in lig_bonds:
+        bonds[i, j] = bonds[j, i] = 1.0
+    f["token_bonds"] = bonds
+
+    # MSA: the query, then rows mutating 30% of the protein columns (gaps included); other
+    # chains' columns are gaps beyond the query (no MSA for DNA and ligands here).
+    query = f["restype"]
+    msa = np.repeat(query[None], n_msa, 0)
+    prot = f["is_protein"].astype(bool)
+    mutate = (rng.random((n_msa, n_token)) < 0.3) & prot
+    mutate[0] = False
+    msa[mutate] = rng.integers(0, 21, int(mutate.sum()))
+    msa[mutate & (msa == 20)] = GAP
+    msa[1:, ~prot] = GAP
+    dels = np.where(rng.random((n_msa, n_token)) < 0.05, rng.integers(1, 6, (n_msa, n_token)), 0)
+    dels[0] = 0
+    f["msa"] = msa.astype(np.int32)
+    f["has_deletion"] = (dels > 0).astype(np.float32)
+    f["deletion_value"] = ((2 / np.pi) * np.arctan(dels / 3.0)).astype(np.float32)
+    f["msa_mask"] = np.ones((n_msa, n_token), np.float32)
+    f["profile"] = np.stack([(msa == c).mean(0) for c in range(32)], -1).astype(np.float32)
+    f["deletion_mean"] = dels.mean(0).astype(np.float32)
+
+    # Templates: the protein ground truth with 1 A noise, 10% of the residues missing.
+    centre = f["token_center_atom"]
+    ca = pos[centre]
+    cover = (rng.random((n_templ, n_token)) > 0.1) & prot
+    bb_idx = np.stack([centre - 1, centre, centre + 1], -1)  # N, CA, C for protein tokens
+    bb = pos[np.clip(bb_idx, 0, a_real - 1)]  # [N, 3, 3]
+    noise = rng.normal(size=(n_templ, n_token, 4, 3))
+    f["template_restype"] = np.where(cover, query, GAP).astype(np.int32)
+    f["template_pseudo_beta"] = ((ca + noise[:, :, 0]) * cover[..., None]).astype(np.float32)
+    f["template_pseudo_beta_mask"] = cover.astype(np.float32)
+    f["template_backbone"] = ((bb + noise[:, :, 1:]) * cover[..., None, None]).astype(np.float32)
+    f["template_backbone_mask"] = cover.astype(np.float32)
+    f["template_mask"] = np.ones(n_templ, np.float32)
+    f["resolution"] = np.asarray(2.0, np.float32)
+    return f
+
+
+def to_batch(sample: dict[str, np.ndarray], device: torch.device) -> dict[str, torch.Tensor]:
+    """Torch tensors with a leading batch dim of 1 on ``device``."""
+    return {k: torch.as_tensor(np.array(v))[None].to(device)
+            for k, v in sample.items()}
+
+
+def make_batch(n_token: int, sizes: dict, device: torch.device, seed: int = 0
+               ) -> dict[str, torch.Tensor]:
+    return to_batch(synthetic_sample(n_token, ATOMS_PER_TOKEN * n_token, sizes["n_msa"],
+                                     sizes["n_templ"], seed), device)
+
+
+# -- configurations ----------------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class Switches:
+    backend: str = "torch"
+    flat_adam: bool = False
+    bf16_params: bool = False
+    ckpt_plan: bool = False
+    gc_off: bool = False
+
+
+ROWS: list[tuple[str, str, dict]] = [
+    ("eager", "eager (torch ops, fp32 weights + bf16 autocast, Adam)", {}),
+    ("kernels", "+ fused kernels (Triton where supported)", {"backend": "auto"}),
+    ("flat_adam", "+ flat buffers + fused Adam+EMA", {"flat_adam": True}),
+    ("bf16", "+ bf16 weights of the stacks (fp32 master)", {"bf16_params": True}),
+    ("ckpt_plan", "+ checkpointing only where needed", {"ckpt_plan": True}),
+    ("gc_off", "+ GC off", {"gc_off": True}),
+]
+
+
+def cumulative(rows: list[str]) -> dict[str, Switches]:
+    sw, out = Switches(), {}
+    for key, _, change in ROWS:
+        sw = dataclasses.replace(sw, **change)
+        if key in rows:
+            out[key] = sw
+    return out
+
+
+@contextmanager
+def _ops_backend(name: str):
+    old = os.environ.get(_BACKEND_ENV)
+    os.environ[_BACKEND_ENV] = name
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop(_BACKEND_ENV, None)
+        else:
+            os.environ[_BACKEND_ENV] = old
+
+
+def _ensure_triton_registered() -> None:
+    """fold-kernels registers through an entry point; from a source tree on PYTHONPATH (no
+    install) that is missing, so register it directly."""
+    if "triton" in ops.backends("attention"):
+        return
+    try:
+        from fold_kernels import registration
+        from fold_model.ops import registry
+    except Exception:  # no triton: "auto" is the torch reference
+        return
+    registration.register(registry)
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _free(device: torch.device) -> None:
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+class _Checkpointed(nn.Module):
+    """A diffusion transformer block recomputed in backward (the per-block checkpointing that
+    ``DiffusionTransformer(use_checkpoint=True)`` applies to all of its blocks)."""
+
+    def __init__(self, block: nn.Module) -> None:
+        super().__init__()
+        self.block = block
+
+    def forward(self, *args):
+        if self.training and torch.is_grad_enabled():
+            return checkpoint(self.block, *args, use_reentrant=False)
+        return self.block(*args)
+
+
+def apply_ckpt_plan(model: nn.Module, n_pairformer: int, n_diffusion: int) -> None:
+    """The first ``n_pairformer`` trunk Pairformer blocks and the first ``n_diffusion`` diffusion
+    transformer blocks run without activation checkpointing; every other block keeps the
+    preset's checkpointing. ``(0, 0)`` restores the preset."""
+    for i, block in enumerate(model.pairformer.blocks):
+        block.use_checkpoint = i >= n_pairformer
+    tr = model.diffusion.transformer
+    plain = [b.block if isinstance(b, _Checkpointed) else b for b in tr.blocks]
+    if n_diffusion == 0:
+        tr.blocks = nn.ModuleList(plain)
+        tr.use_checkpoint = True
+        return
+    tr.use_checkpoint = False
+    tr.blocks = nn.ModuleList(b if i < n_diffusion else _Checkpointed(b)
+                              for i, b in enumerate(plain))
+
+
+class Runner:
+    """One configuration's model, optimizer and training iteration."""
+
+    def __init__(self, sw: Switches, base: nn.Module, device: torch.device) -> None:
+        self.sw, self.device = sw, device
+        cuda = device.type == "cuda"
+        self.notes: list[str] = []
+        self.backend = sw.backend
+        if sw.backend != "torch" and not cuda:
+            self.notes.append("kernels: torch reference on CPU")
+        self.model = copy.deepcopy(base).to(device).train()
+        m = self.model
+        if sw.bf16_params:
+            for stack in (m.pairformer, m.msa_module, m.template_embedder,
+                          m.diffusion.transformer):
+                if stack is not None:
+                    stack.to(torch.bfloat16)
+        self.cfg = m.config
+        if sw.flat_adam:
+            self.flat = FlatParams(m)
+            self.opt = FlatAdam(self.flat, AF3_ADAM, use_kernels=True if cuda else None)
+            if not cuda:
+                self.notes.append("Adam: PyTorch path on CPU")
+        else:
+            self.params = [p for p in m.parameters() if p.requires_grad]
+            a = AF3_ADAM
+            self.adam = torch.optim.Adam(self.params, lr=a.lr, betas=(a.beta1, a.beta2),
+                                         eps=a.eps)
+            self.ema = [p.detach().clone() for p in self.params]
+            self.n_updates = 0
+        self.plan: dict[str, Any] | None = None
+
+    def _zero_grad(self) -> None:
+        if self.sw.flat_adam:
+            self.flat.zero_grad()
+        else:
+            for p in self.params:
+                p.grad = None
+
+    def _update(self) -> bool:
+        """Clip to global norm 10, Adam, EMA 0.999; skipped when the norm is not finite."""
+        if self.sw.flat_adam:
+            norm = self.opt.grad_norm()
+            ok = bool(torch.isfinite(norm))
+            if ok:
+                self.opt.step(norm)
+            return ok
+        norm = torch.nn.utils.clip_grad_norm_(self.params, AF3_ADAM.clip_norm)
+        ok = bool(torch.isfinite(norm))
+        if ok:
+            self.n_updates += 1
+            for group in self.adam.param_groups:
+                group["lr"] = learning_rate(self.n_updates, AF3_ADAM)
+            self.adam.step()
+            with torch.no_grad():
+                for e, p in zip(self.ema, self.params):
+                    e.lerp_(p, 1 - AF3_ADAM.ema_decay)
+        return ok
+
+    def step(self, batch: dict[str, torch.Tensor], n_cycle: int, seed: int = 0) -> float:
+        """One training iteration; returns the loss. The RNG is reseeded with ``seed`` so every
+        configuration draws the same noise, rotations and dropout."""
+        torch.manual_seed(seed)
+        self._zero_grad()
+        with _ops_backend(self.backend):
+            with torch.autocast(self.device.type, dtype=torch.bfloat16):
+                out = self.model(batch, no_cycles=n_cycle)
+                loss, _ = self.model.loss(out, batch)
+            del out
+            loss.backward()
+            value = loss.detach()
+            del loss
+            self._update()
+        if self.sw.gc_off:
+            gc.collect(0)  # the young generation, between steps (as fold-train's loop)
+        return float(value)
+
+    def release(self) -> None:
+        for name in ("model", "flat", "opt", "params", "adam", "ema"):
+            if hasattr(self, name):
+                delattr(self, name)
+
+
+# -- checkpointing plan ------------------------------------------------------------------------
+def _saved_bytes(fn: Callable[[], Any], keep: list[torch.Tensor]) -> int:
+    """Bytes of the tensors autograd saves while ``fn()`` runs, counting each storage once and
+    leaving out those of ``keep`` (inputs, parameters: resident anyway)."""
+    seen = {t.untyped_storage().data_ptr() for t in keep}
+    total = 0
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        nonlocal total
+        ptr = t.untyped_storage().data_ptr()
+        if ptr not in seen:
+            seen.add(ptr)
+            total += t.untyped_storage().nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = fn()
+    del out
+    return total
+
+
+def _block_cost(block: nn.Module, args: tuple, device: torch.device, backend: str
+                ) -> tuple[int, float]:
+    """(saved-activation bytes without checkpointing, forward ms) of one block call."""
+    keep = [a for a in args if isinstance(a, torch.Tensor)] + list(block.parameters())
+    flag = getattr(block, "use_checkpoint", None)
+    if flag is not None:
+        block.use_checkpoint = False
+    try:
+        with _ops_backend(backend), torch.autocast(device.type, dtype=torch.bfloat16):
+            nbytes = _saved_bytes(lambda: block(*args), keep)
+            times = []
+            with torch.no_grad():
+                for _ in range(3):
+                    _sync(device)
+                    t0 = time.perf_counter()
+                    block(*args)
+                    _sync(device)
+                    times.append((time.perf_counter() - t0) * 1e3)
+    finally:
+        if flag is not None:
+            block.use_checkpoint = flag
+    return nbytes, statistics.median(times)
+
+
+def plan_checkpointing(runner: Runner, n_token: int, peak_bytes: int | None,
+                       device: torch.device) -> dict[str, Any]:
+    """How many Pairformer / diffusion transformer blocks can skip recompute within the
+    headroom left by a fully checkpointed step's peak (``peak_bytes``; None on CPU: 1 GiB)."""
+    m, cfg = runner.model, runner.cfg
+    g = torch.Generator().manual_seed(0)
+
+    def rnd(*shape, dtype):
+        return torch.randn(*shape, generator=g).to(device, dtype).requires_grad_(True)
+
+    n, s_count = n_token, cfg.diffusion.no_samples
+    tmask = torch.ones(1, n, device=device)
+    pf_args = (rnd(1, n, cfg.c_s, dtype=torch.float32), rnd(1, n, n, cfg.c_z, dtype=torch.float32),
+               tmask, tmask[:, :, None] * tmask[:, None])
+    blk = m.diffusion.transformer.blocks[0]
+    blk = blk.block if isinstance(blk, _Checkpointed) else blk
+    df_args = (rnd(1, s_count, n, cfg.diffusion.c_token, dtype=torch.bfloat16),
+               rnd(1, s_count, n, cfg.c_s, dtype=torch.bfloat16),
+               rnd(1, n, n, cfg.c_z, dtype=torch.bfloat16), tmask)
+    pf_bytes, pf_ms = _block_cost(m.pairformer.blocks[0], pf_args, device, runner.backend)
+    df_bytes, df_ms = _block_cost(blk, df_args, device, runner.backend)
+    del pf_args, df_args
+    _free(device)
+    if device.type == "cuda" and peak_bytes is not None:
+        total = torch.cuda.get_device_properties(device).total_memory
+        headroom = int(0.92 * total) - peak_bytes - 2**30
+    else:
+        headroom = 2**30
+    counts = {"pairformer": 0, "diffusion": 0}
+    left = max(headroom, 0)
+    units = [("pairformer", pf_bytes, pf_ms, len(m.pairformer.blocks)),
+             ("diffusion", df_bytes, df_ms, len(m.diffusion.transformer.blocks))]
+    for name, nbytes, _ms, count in sorted(units, key=lambda u: -u[2] / max(u[1], 1)):
+        k = min(count, left // max(nbytes, 1))
+        counts[name] = int(k)
+        left -= k * nbytes
+    return {"headroom_mib": headroom / 2**20, "pairformer_block_mib": pf_bytes / 2**20,
+            "pairformer_block_fwd_ms": pf_ms, "diffusion_block_mib": df_bytes / 2**20,
+            "diffusion_block_fwd_ms": df_ms, "no_ckpt_pairformer": counts["pairformer"],
+            "no_ckpt_diffusion": counts["diffusion"]}
+
+
+# -- one row -----------------------------------------------------------------------------------
+def _mib(x: int | None) -> float | None:
+    return None if x is None else x / 2**20
+
+
+def time_row(runner: Runner, batch: dict, sizes: dict, device: torch.device, warmup: int,
+             reps: int) -> dict[str, Any]:
+    """Warm-up (with the checkpointing plan made after the first step), then ``reps`` timed
+    iterations at ``sizes['cycles']`` trunk passes."""
+    cuda = device.type == "cuda"
+    r = sizes["cycles"]
+    gc_was = gc.isenabled()
+    if runner.sw.gc_off:
+        gc.disable()
+    try:
+        if cuda:
+            torch.cuda.reset_peak_memory_stats(device)
+        loss = runner.step(batch, r, seed=0)
+        _sync(device)
+        if runner.sw.ckpt_plan:
+            peak = torch.cuda.max_memory_allocated(device) if cuda else None
+            plan = plan_checkpointing(runner, sizes["n_token"], peak, device)
+            plan["full_ckpt_peak_mib"] = _mib(peak)
+            for attempt in range(3):
+                apply_ckpt_plan(runner.model, plan["no_ckpt_pairformer"],
+                                plan["no_ckpt_diffusion"])
+                failed = False
+                try:
+                    loss = runner.step(batch, r, seed=0)
+                    _sync(device)
+                except torch.cuda.OutOfMemoryError:
+                    failed = True
+                if not failed:
+                    break
+                _free(device)
+                plan["no_ckpt_pairformer"] //= 2
+                plan["no_ckpt_diffusion"] //= 2
+                plan["oom_retries"] = attempt + 1
+            runner.plan = plan
+        for _ in range(max(warmup - 1, 0)):
+            loss = runner.step(batch, r, seed=0)
+        _sync(device)
+        if cuda:
+            torch.cuda.reset_peak_memory_stats(device)
+        times = []
+        for i in range(reps):
+            t0 = time.perf_counter()
+            loss = runner.step(batch, r, seed=i + 1)
+            _sync(device)
+            times.append((time.perf_counter() - t0) * 1e3)
+    finally:
+        if runner.sw.gc_off and gc_was:
+            gc.enable()
+    row = {"step_ms": statistics.median(times), "times_ms": times, "loss": loss,
+           "peak_alloc_mib": _mib(torch.cuda.max_memory_allocated(device)) if cuda else None,
+           "reserved_mib": _mib(torch.cuda.max_memory_reserved(device)) if cuda else None}
+    if runner.plan is not None:
+        row["ckpt_plan"] = runner.plan
+    if not math.isfinite(loss):
+        runner.notes.append(f"non-finite loss {loss}")
+    if runner.notes:
+        row["note"] = "; ".join(runner.notes)
+    return row
+
+
+# -- longest trainable crop --------------------------------------------------------------------
+def longest_crop(probe: Callable[[int], bool], start: int, resolution: int, cap: int,
+                 out_of_time: Callable[[], bool]) -> dict[str, Any]:
+    """Largest ``n`` (a multiple of ``resolution``) with ``probe(n)`` true: doubling from
+    ``start`` until a probe fails (halving instead when ``start`` fails), then bisection down to
+    ``resolution``. ``cap``: never probe above it. Stops early (``complete`` False) when
+    ``out_of_time()``. Returns ``{"longest", "first_fail", "complete"}``."""
+    lo, hi = None, None  # largest fit, smallest failure
+    n = start
+    while True:  # doubling (or halving) to a bracket
+        if out_of_time():
+            return {"longest": lo, "first_fail": hi, "complete": False}
+        if probe(n):
+            lo = n
+            if hi is not None:
+                break
+            if n * 2 > cap:
+                return {"longest": lo, "first_fail": None, "complete": True, "capped": True}
+            n *= 2
+        else:
+            hi = n
+            if lo is not None:
+                break
+            if n <= resolution:
+                return {"longest": None, "first_fail": hi, "complete": True}
+            n = max(resolution, n // 2 // resolution * resolution)
+    while hi - lo > resolution:  # bisection on multiples of the resolution
+        if out_of_time():
+            return {"longest": lo, "first_fail": hi, "complete": False}
+        mid = (lo + hi) // 2 // resolution * resolution
+        if mid <= lo:
+            mid = lo + resolution
+        if probe(mid):
+            lo = mid
+        else:
+            hi = mid
+    return {"longest": lo, "first_fail": hi, "complete": True}
+
+
+def crop_search(runner: Runner, sizes: dict, device: torch.device, deadline: float,
+                on_probe: Callable[[dict], None]) -> dict[str, Any]:
+    """:func:`longest_crop` with real training iterations (one trunk pass) as probes."""
+    cuda = device.type == "cuda"
+    probes: list[dict[str, Any]] = []
+    if runner.sw.ckpt_plan:
+        apply_ckpt_plan(runner.model, 0, 0)  # the memory-lean form: the preset's checkpointing
+
+    def probe(n: int) -> bool:
+        _free(device)
+        if cuda:
+            torch.cuda.reset_peak_memory_stats(device)
+        entry: dict[str, Any] = {"n_token": n, "n_atom": ATOMS_PER_TOKEN * n}
+        t0 = time.perf_counter()
+        error = None
+        try:
+            batch = make_batch(n, sizes, device, seed=n)
+            loss = runner.step(batch, 1, seed=0)
+            _sync(device)
+            entry["loss"] = loss
+            fits = math.isfinite(loss)
+            if not fits:
+                error = f"non-finite loss {loss}"
+        except torch.cuda.OutOfMemoryError:
+            fits, error = False, "out of memory"
+        except ValueError as e:  # the synthetic batch cannot be built at this size
+            fits, error = False, str(e)
+        batch = None
+        runner._zero_grad()
+        entry["fits"] = fits
+        if error:
+            entry["error"] = error
+        entry["seconds"] = time.perf_counter() - t0
+        if cuda:
+            entry["peak_alloc_mib"] = _mib(torch.cuda.max_memory_allocated(device))
+        probes.append(entry)
+        _free(device)
+        on_probe(entry)
+        return fits
+
+    def out_of_time() -> bool:
+        last = probes[-1]["seconds"] if probes else 0.0
+        return time.perf_counter() + 2 * last > deadline
+
+    result = longest_crop(probe, sizes["crop_start"], sizes["crop_resolution"],
+                          sizes["max_tokens"], out_of_time)
+    result["probes"] = probes
+    return result
+
+
+# -- output ------------------------------------------------------------------------------------
+def _versions(device: torch.device) -> dict:
+    try:
+        import triton
+
+        triton_version = triton.__version__
+    except ImportError:
+        triton_version = None
+    return {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+            "torch": torch.__version__, "triton": triton_version,
+            "date": datetime.datetime.now().isoformat(timespec="minutes")}
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    os.replace(tmp, path)
+
+
+def summarize(result: dict) -> dict:
+    """Speed ratio optimized / eager and crop ratio, against the goals and MegaFold."""
+    rows = {r["row"]: r for r in result["rows"] if "step_ms" in r}
+    order = [k for k, _, _ in ROWS if k in rows]
+    s: dict[str, Any] = {"goal_speedup": GOALS["speedup"], "megafold_speedup":
+                         MEGAFOLD["speedup"], "goal_crop_ratio": GOALS["crop_ratio"],
+                         "megafold_crop_ratio": MEGAFOLD["crop_ratio"]}
+    if "eager" in rows and result.get("optimized_row") in rows:
+        opt = rows[result["optimized_row"]]
+        s["speedup"] = rows["eager"]["step_ms"] / opt["step_ms"]
+        s["speedup_goal_met"] = s["speedup"] >= GOALS["speedup"]
+    s["rows_ran"] = order
+    crop = result.get("crop", {})
+    e, o = crop.get("eager", {}), crop.get("optimized", {})
+    if e.get("longest") and o.get("longest"):
+        s["crop_ratio"] = o["longest"] / e["longest"]
+        s["crop_ratio_is_bound"] = not (e.get("complete") and o.get("complete"))
+        s["crop_goal_met"] = s["crop_ratio"] >= GOALS["crop_ratio"]
+    return s
+
+
+def to_markdown(result: dict) -> str:
+    def num(x, fmt):
+        return "-" if x is None else format(x, fmt)
+
+    sz = result["sizes"]
+    lines = [
+        "# AF3 training iteration: eager vs optimized",
+        "",
+        f"Device: {result['device']}, PyTorch {result['torch']}, Triton {result['triton']}, "
+        f"{result['date']}. Preset `{result['preset']}`, N_token {sz['n_token']}, N_atom "
+        f"{sz['n_token'] * ATOMS_PER_TOKEN}, N_msa {sz['n_msa']}, {sz['n_templ']} templates, "
+        f"{result['samples']} diffusion samples, N_cycle {sz['cycles']} (timed), median of "
+        f"{result['reps']} iterations after {result['warmup']} warm-up; batch: "
+        f"{result['batch']}. Each row adds its switch to the rows above.",
+        "",
+        "| row | step ms | speedup vs eager | vs previous | peak alloc MiB | reserved MiB | loss "
+        "| note |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for e in result["rows"]:
+        note = e.get("skipped") or e.get("error") or e.get("note") or ""
+        plan = e.get("ckpt_plan")
+        if plan:
+            note = (note + f" no recompute: {plan['no_ckpt_pairformer']} Pairformer, "
+                    f"{plan['no_ckpt_diffusion']} diffusion blocks (headroom "
+                    f"{plan['headroom_mib']:.0f} MiB)").strip()
+        lines.append(
+            f"| {e['label']} | {num(e.get('step_ms'), '.1f')} | "
+            f"{num(e.get('speedup_vs_eager'), '.2f')} | "
+            f"{num(e.get('speedup_vs_previous'), '.2f')} | "
+            f"{num(e.get('peak_alloc_mib'), '.0f')} | {num(e.get('reserved_mib'), '.0f')} | "
+            f"{num(e.get('loss'), '.4f')} | {note.replace('|', '/')} |")
+    lines += ["", "## Longest trainable crop (N_atom = 12 N_token, one trunk pass)", "",
+              "| path | longest N_token | first failing | complete | probes (N_token: fit?) |",
+              "|---|---|---|---|---|"]
+    for name, c in result.get("crop", {}).items():
+        probes = ", ".join(f"{p['n_token']}:{'y' if p['fits'] else 'n'}" for p in c["probes"])
+        done = ("capped at --max-tokens" if c.get("capped") else
+                "yes" if c.get("complete") else "no (budget)")
+        lines.append(f"| {name} | {num(c.get('longest'), 'd')} | {num(c.get('first_fail'), 'd')}"
+                     f" | {done} | {probes} |")
+    s = result.get("summary", {})
+    lines += ["", "## Against the goals", ""]
+    if "speedup" in s:
+        lines.append(f"- Speed, optimized ({result['optimized_row']}) / eager: "
+                     f"**{s['speedup']:.2f}x**; goal {GOALS['speedup']}x: "
+                     f"{'met' if s['speedup_goal_met'] else 'not met'}; MegaFold "
+                     f"{MEGAFOLD['speedup']}x (H200).")
+    else:
+        lines.append("- Speed ratio: not measured (a row is missing).")
+    if "crop_ratio" in s:
+        bound = " (a bound: a search stopped early)" if s["crop_ratio_is_bound"] else ""
+        lines.append(f"- Longest crop, optimized / eager: **{s['crop_ratio']:.2f}x**{bound}; "
+                     f"goal {GOALS['crop_ratio']}x: {'met' if s['crop_goal_met'] else 'not met'}"
+                     f"; MegaFold {MEGAFOLD['crop_ratio']}x.")
+    else:
+        lines.append("- Crop ratio: not measured (a search found no fitting size or did not run).")
+    return "\n".join(lines) + "\n"
+
+
+# -- main --------------------------------------------------------------------------------------
+def run(device: torch.device, tiny: bool, reps: int, warmup: int, rows: list[str],
+        budget_s: float, sizes: dict, out: Path | None, crop: bool = True,
+        log: Callable[[str], None] = print) -> dict:
+    t_start = time.perf_counter()
+    if device.type == "cuda":
+        _ensure_triton_registered()
+    preset = "tiny" if tiny else "af3"
+    cfg = config(preset, checkpoint=True)  # the af3 preset's checkpointing (tiny: off by default)
+    torch.manual_seed(0)
+    base = AlphaFold3(cfg)  # built once on the CPU, copied per configuration
+    batch = make_batch(sizes["n_token"], sizes, device)
+    result: dict[str, Any] = {
+        **_versions(device), "preset": preset, "sizes": sizes, "reps": reps, "warmup": warmup,
+        "samples": cfg.diffusion.no_samples, "params": sum(p.numel() for p in base.parameters()),
+        "adam": dataclasses.asdict(AF3_ADAM), "budget_s": budget_s,
+        "batch": "synthetic SAMPLE_FEATURES (fold-data schema), 4 templates"
+                 if sizes["n_templ"] == 4 else f"synthetic, {sizes['n_templ']} templates",
+        "rows": [], "crop": {}, "optimized_row": None,
+    }
+    result["batch"] += ", schema-checked" if _schema_check(batch, sizes) else ""
+
+    def save() -> None:
+        result["summary"] = summarize(result)
+        if out is not None:
+            _write_atomic(out, json.dumps(result, indent=2))
+            _write_atomic(out.with_suffix(".md"), to_markdown(result))
+
+    switches = cumulative(rows)
+    labels = {k: label for k, label, _ in ROWS}
+    opt_key = [k for k in switches if k != "eager"][-1] if len(switches) > 1 else None
+    entries: dict[str, dict] = {}
+
+    def do_row(key: str, search_until: float | None) -> None:
+        sw = switches[key]
+        entry: dict[str, Any] = {"row": key, "label": labels[key],
+                                 "switches": dataclasses.asdict(sw)}
+        t0 = time.perf_counter()
+        runner = None
+        try:
+            runner = Runner(sw, base, device)
+            entry.update(time_row(runner, batch, sizes, device, warmup, reps))
+        except torch.cuda.OutOfMemoryError:
+            entry["error"] = "out of memory"
+        except Exception as e:  # a failing row is reported; the others go on
+            entry["error"] = f"{type(e).__name__}: {e}"[:500]
+        entry["row_s"] = time.perf_counter() - t0
+        entries[key] = entry
+        _order_rows()
+        save()
+        log(json.dumps({k: v for k, v in entry.items() if k not in ("switches", "times_ms")}))
+        if search_until is not None and runner is not None and crop:
+            name = "eager" if key == "eager" else "optimized"
+            try:
+                res = crop_search(runner, sizes, device, search_until,
+                                  lambda p: (log(json.dumps({"probe": name, **p})), save()))
+            except Exception as e:
+                res = {"longest": None, "error": f"{type(e).__name__}: {e}"[:500], "probes": []}
+            res["switches"] = dataclasses.asdict(runner.sw)
+            result["crop"][name] = res  # replaces the partial record that on_probe keeps
+            save()
+        if runner is not None:
+            runner.release()
+        del runner
+        _free(device)
+
+    def _order_rows() -> None:
+        prev, base_ms = None, None
+        ordered = []
+        for k, _, _ in ROWS:
+            if k not in entries:
+                continue
+            e = entries[k]
+            if "step_ms" in e:
+                if k == "eager":
+                    base_ms = e["step_ms"]
+                e["speedup_vs_eager"] = base_ms / e["step_ms"] if base_ms else None
+                e["speedup_vs_previous"] = prev / e["step_ms"] if prev else None
+                prev = e["step_ms"]
+            ordered.append(e)
+        result["rows"] = ordered
+        ran = [k for k in switches if k != "eager" and "step_ms" in entries.get(k, {})]
+        result["optimized_row"] = opt_key if opt_key in ran else (ran[-1] if ran else None)
+
+    def at(frac: float) -> float:
+        return t_start + frac * budget_s
+
+    if "eager" in switches:
+        do_row("eager", at(0.42))
+        longest = result["crop"].get("eager", {}).get("longest")
+        if entries["eager"].get("error") == "out of memory" and longest:
+            # Eager cannot train the preset's crop on this GPU: time every row at the longest
+            # crop eager fits instead (the crop search above found it), and say so.
+            result["timed_n_token_requested"] = sizes["n_token"]
+            sizes["n_token"] = longest
+            batch = make_batch(longest, sizes, device)
+            entries.pop("eager")
+            do_row("eager", None)
+            entries["eager"]["note"] = "; ".join(
+                filter(None, [entries["eager"].get("note"),
+                              f"all rows timed at N_token {longest}: eager ran out of memory at "
+                              f"{result['timed_n_token_requested']}"]))
+    if opt_key is not None:
+        do_row(opt_key, at(0.82))
+    for key in switches:
+        if key in entries:
+            continue
+        spent = [e["row_s"] for e in entries.values()]
+        need = max(spent) if spent else 0.0
+        if time.perf_counter() + need > t_start + budget_s:
+            entries[key] = {"row": key, "label": labels[key],
+                            "switches": dataclasses.asdict(switches[key]),
+                            "skipped": "out of --budget-seconds"}
+            _order_rows()
+            save()
+            continue
+        do_row(key, None)
+    _order_rows()
+    save()
+    result["total_s"] = time.perf_counter() - t_start
+    save()
+    return result
+
+
+def _schema_check(batch: dict[str, torch.Tensor], sizes: dict) -> bool:
+    """Validate the batch against fold-data's AF3 SAMPLE_FEATURES where fold-data's AF3 package
+    imports (it needs RDKit); False where it cannot be checked, raises where it is wrong."""
+    try:
+        from fold_data.af3.schema import SAMPLE_FEATURES, validate
+    except ImportError:
+        return False
+    n = sizes["n_token"]
+    validate({k: v[0].cpu().numpy() for k, v in batch.items()}, SAMPLE_FEATURES,
+             where="train_af3 synthetic sample", allow_extra=False,
+             sizes={"N_token": n, "N_atom": ATOMS_PER_TOKEN * n, "N_msa": sizes["n_msa"],
+                    "N_templ": sizes["n_templ"]})
+    return True
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--tiny", action="store_true", help="tiny model and shapes (smoke test)")
+    parser.add_argument("--reps", type=int, default=3, help="timed iterations per row")
+    parser.add_argument("--warmup", type=int, default=1, help="warm-up iterations per row")
+    parser.add_argument("--rows", default=",".join(k for k, _, _ in ROWS),
+                        help="comma-separated subset of rows (default all): "
+                             + ", ".join(k for k, _, _ in ROWS))
+    parser.add_argument("--n-token", type=int, default=None, help="crop size of the timed rows")
+    parser.add_argument("--cycles", type=int, default=None, help="trunk passes per timed step")
+    parser.add_argument("--no-crop", action="store_true", help="skip the longest-crop searches")
+    parser.add_argument("--crop-start", type=int, default=None)
+    parser.add_argument("--crop-resolution", type=int, default=None)
+    parser.add_argument("--max-tokens", type=int, default=None, help="largest crop probed")
+    parser.add_argument("--budget-seconds", type=float, default=500.0,
+                        help="wall-time budget of the whole run (rows and searches)")
+    parser.add_argument("--out", type=Path, default=None, help="JSON here, Markdown beside it")
+    args = parser.parse_args(argv)
+    device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("train_af3: --device cuda requested but CUDA is not available")
+    rows = [r.strip() for r in args.rows.split(",") if r.strip()]
+    unknown = sorted(set(rows) - {k for k, _, _ in ROWS})
+    if unknown:
+        raise SystemExit(f"train_af3: unknown rows {unknown}")
+    sizes = dict(TINY if args.tiny else FULL)
+    for key in ("n_token", "cycles", "crop_start", "crop_resolution", "max_tokens"):
+        if getattr(args, key) is not None:
+            sizes[key] = getattr(args, key)
+    if args.out is not None:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+    result = run(device, args.tiny, args.reps, args.warmup, rows, args.budget_seconds, sizes,
+                 args.out, crop=not args.no_crop)
+    print(to_markdown(result))
+    return result
+
+
+if __name__ == "__main__":
+    main()
