@@ -263,11 +263,14 @@ def _versions(device: torch.device) -> dict:
 
 
 def ablate(device: torch.device, tiny: bool, reps: int, rows: list[str],
-           log: Callable[[str], None] = print) -> dict:
+           log: Callable[[str], None] = print,
+           on_row: Callable[[dict], None] | None = None) -> dict:
     sizes = TINY if tiny else FULL
     batch, truth = synthetic_batch(**sizes, device=device)
     sw = Switches()
     results, base_ms, prev_ms = [], None, None
+    header = {**_versions(device), "preset": "tiny" if tiny else "af2_initial", **sizes,
+              "n_cycle": sizes["r"], "reps": reps}
     for key, label, change in ROWS:
         if key not in rows:
             continue
@@ -292,8 +295,9 @@ def ablate(device: torch.device, tiny: bool, reps: int, rows: list[str],
             prev_ms = entry["step_ms"]
         results.append(entry)
         log(json.dumps({k: v for k, v in entry.items() if k != "switches"}))
-    return {**_versions(device), "preset": "tiny" if tiny else "af2_initial", **sizes,
-            "n_cycle": sizes["r"], "reps": reps, "rows": results}
+        if on_row is not None:  # a sweep cut short by a time limit keeps the rows it made
+            on_row(header | {"rows": results})
+    return header | {"rows": results}
 
 
 def to_markdown(result: dict) -> str:
@@ -342,14 +346,22 @@ def main(argv: list[str] | None = None) -> dict:
     unknown = sorted(set(rows) - {k for k, _, _ in ROWS})
     if unknown:
         raise SystemExit(f"train_ablation: unknown rows {unknown}")
-    result = ablate(device, args.tiny, args.reps, rows)
-    md = to_markdown(result)
-    print(md)
-    if args.out is not None:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(result, indent=2))
-        args.out.with_suffix(".md").write_text(md)
+    def save(result: dict) -> None:
+        if args.out is not None:
+            args.out.parent.mkdir(parents=True, exist_ok=True)
+            _write_atomic(args.out, json.dumps(result, indent=2))
+            _write_atomic(args.out.with_suffix(".md"), to_markdown(result))
+
+    result = ablate(device, args.tiny, args.reps, rows, on_row=save)
+    print(to_markdown(result))
+    save(result)
     return result
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
 
 
 if __name__ == "__main__":

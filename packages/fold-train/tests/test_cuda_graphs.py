@@ -136,6 +136,13 @@ def test_training_step_has_no_host_synchronization(demo_cache, tmp_path):
 gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
 
+@pytest.fixture(autouse=True)
+def _no_autotuning(monkeypatch):
+    # Every new shape of the tiny model would otherwise compile and time each kernel
+    # configuration (minutes on a GPU); the default configuration is what these tests need.
+    monkeypatch.setenv("FOLD_KERNELS_AUTOTUNE", "0")
+
+
 @pytest.mark.gpu
 @gpu
 def test_captured_step_equals_eager_step_on_gpu(demo_cache, tmp_path):
