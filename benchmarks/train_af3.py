@@ -841,7 +841,8 @@ def run(device: torch.device, tiny: bool, reps: int, warmup: int, rows: list[str
         _order_rows()
         save()
         log(json.dumps({k: v for k, v in entry.items() if k not in ("switches", "times_ms")}))
-        if search_until is not None and runner is not None and crop:
+        usable = "step_ms" in entry or entry.get("error") == "out of memory"
+        if search_until is not None and runner is not None and crop and usable:
             name = "eager" if key == "eager" else "optimized"
             try:
                 res = crop_search(runner, sizes, device, search_until,
