@@ -50,7 +50,8 @@ Longest trainable crop: for eager and for optimized (its memory-lean form: every
 whose iteration (one trunk pass: the no-gradient passes free their activations, so R does not
 change the peak) fits: doubling from ``--crop-start`` until one fails, then bisection to
 ``--crop-resolution`` (32) tokens; each probe after ``gc.collect`` + ``empty_cache`` + a peak reset,
-``torch.cuda.OutOfMemoryError`` caught. Every probe is recorded. Ratio optimized / eager.
+``torch.cuda.OutOfMemoryError`` caught, fold-kernels' autotuning off (default configs: a probe
+only asks whether the step fits). Every probe is recorded. Ratio optimized / eager.
 
 Order, so that a short window keeps what matters: eager row, eager crop search, optimized row
 (all switches), optimized crop search, then the intermediate rows while ``--budget-seconds``
@@ -683,8 +684,18 @@ def crop_search(runner: Runner, sizes: dict, device: torch.device, deadline: flo
         last = probes[-1]["seconds"] if probes else 0.0
         return time.perf_counter() + 2 * last > deadline
 
-    result = longest_crop(probe, sizes["crop_start"], sizes["crop_resolution"],
-                          sizes["max_tokens"], out_of_time)
+    # Probes only ask whether the step fits: fold-kernels' autotuning (every new size compiles
+    # and times each candidate config, with its own allocations) is off for them.
+    old = os.environ.get("FOLD_KERNELS_AUTOTUNE")
+    os.environ["FOLD_KERNELS_AUTOTUNE"] = "0"
+    try:
+        result = longest_crop(probe, sizes["crop_start"], sizes["crop_resolution"],
+                              sizes["max_tokens"], out_of_time)
+    finally:
+        if old is None:
+            os.environ.pop("FOLD_KERNELS_AUTOTUNE", None)
+        else:
+            os.environ["FOLD_KERNELS_AUTOTUNE"] = old
     result["probes"] = probes
     return result
 
