@@ -17,7 +17,9 @@ row   switch                      what changes
                                   template stacks in bf16 with an fp32 master copy in
                                   ``FlatAdam``; the structure module and heads keep fp32
                                   weights (fold-model runs them in fp32)
-5     no checkpointing            activation checkpointing off (kept on if it runs out of memory)
+5     no checkpointing            activation checkpointing off; if that runs out of memory,
+                                  the Evoformer's last k blocks without it, k planned from
+                                  the measured memory of one step (``plan_uncheckpointed``)
 6     CUDA Graphs                 forward + loss + backward replayed from one graph per N_cycle
                                   (``fold_train.cuda_graphs``; every N_cycle in 1..R captured)
 7     torch.compile SM            ``torch.compile`` of the structure module
@@ -74,6 +76,7 @@ class Switches:
     fused_adam: bool = False
     bf16_params: bool = False
     checkpointing: bool = True
+    uncheckpointed: int = 0  # with checkpointing: the Evoformer's last blocks that run without
     cuda_graphs: bool = False
     compile_sm: bool = False
     gc_off: bool = False
@@ -128,7 +131,8 @@ class Runner:
         if sw.fused_adam and not cuda:
             self.notes.append("Adam: PyTorch path on CPU")
         torch.manual_seed(0)
-        cfg = config("tiny" if tiny else "af2_initial", checkpoint_blocks=sw.checkpointing)
+        cfg = config("tiny" if tiny else "af2_initial", checkpoint_blocks=sw.checkpointing,
+                     uncheckpointed_blocks=sw.uncheckpointed)
         self.model = AlphaFold2(cfg).to(device).train()
         if sw.bf16_params:
             self.model.to(torch.bfloat16)
@@ -244,6 +248,51 @@ def run_row(sw: Switches, batch: dict, truth: dict, device: torch.device, tiny: 
     return row
 
 
+def _step_peak(sw: Switches, batch: dict, truth: dict, device: torch.device, tiny: bool,
+               r: int) -> float:
+    """Peak allocated bytes of one training step at N_cycle ``r``."""
+    runner = Runner(sw, batch, truth, device, tiny)
+    try:
+        runner.step(r)
+        _sync(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        runner.step(r)
+        _sync(device)
+        return float(torch.cuda.max_memory_allocated(device))
+    finally:
+        del runner
+        _free(device)
+
+
+def plan_uncheckpointed(sw: Switches, batch: dict, truth: dict, device: torch.device,
+                        tiny: bool, r: int, fill: float = 0.6) -> tuple[Switches, dict]:
+    """How many of the Evoformer's last blocks can skip checkpointing: the step's peak with none
+    and with ``probe`` blocks uncheckpointed gives the bytes one block keeps; ``k`` blocks fill
+    ``fill`` of the device's memory (headroom for the CUDA-graph pools of the later rows). Halved
+    while the step runs out of memory."""
+    n_blocks = config("tiny" if tiny else "af2_initial").evoformer.no_blocks
+    probe = max(1, n_blocks // 12)
+    p0 = _step_peak(sw, batch, truth, device, tiny, r)
+    p1 = _step_peak(dataclasses.replace(sw, uncheckpointed=probe), batch, truth, device, tiny, r)
+    per_block = max((p1 - p0) / probe, 1.0)
+    total = torch.cuda.get_device_properties(device).total_memory
+    k = int(min(n_blocks, max(0, (fill * total - p0) // per_block)))
+    tried = []
+    while k > 0:
+        tried.append(k)
+        try:
+            _step_peak(dataclasses.replace(sw, uncheckpointed=k), batch, truth, device, tiny, r)
+            break
+        except torch.cuda.OutOfMemoryError:
+            pass
+        _free(device)  # after the except block: its traceback held the failed step's tensors
+        k //= 2
+    plan = {"n_blocks": n_blocks, "peak_none_mib": p0 / 2**20, "probe_blocks": probe,
+            "peak_probe_mib": p1 / 2**20, "per_block_mib": per_block / 2**20, "fill": fill,
+            "tried": tried, "uncheckpointed": k}
+    return dataclasses.replace(sw, uncheckpointed=k), plan
+
+
 def _free(device: torch.device) -> None:
     gc.collect()
     if device.type == "cuda":
@@ -278,7 +327,22 @@ def ablate(device: torch.device, tiny: bool, reps: int, rows: list[str],
         entry = {"row": key, "label": label, "switches": dataclasses.asdict(trial)}
         t0 = time.perf_counter()
         try:
-            entry.update(run_row(trial, batch, truth, device, tiny, sizes["r"], reps))
+            oom = False
+            try:
+                entry.update(run_row(trial, batch, truth, device, tiny, sizes["r"], reps))
+            except torch.cuda.OutOfMemoryError:
+                if key != "no_ckpt":
+                    raise
+                oom = True  # planned below, once the failed step's frames are released
+            if oom:
+                _free(device)
+                trial, plan = plan_uncheckpointed(sw, batch, truth, device, tiny, sizes["r"])
+                entry.update(label="- activation checkpointing (partly: memory)",
+                             switches=dataclasses.asdict(trial), plan=plan)
+                entry.update(run_row(trial, batch, truth, device, tiny, sizes["r"], reps))
+                entry["note"] = (f"all blocks uncheckpointed ran out of memory; the last "
+                                 f"{trial.uncheckpointed} of {plan['n_blocks']} Evoformer blocks "
+                                 f"run without checkpointing")
             sw = trial  # kept for the following rows
         except RowSkipped as e:
             entry["skipped"] = str(e)

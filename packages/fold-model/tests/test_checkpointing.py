@@ -60,3 +60,37 @@ def test_template_pair_stack_checkpointed():
     t = torch.randn(2, 3, 7, 7, cfg.c_t)
     _, _, _, pm = _inputs(2)
     _compare(stack, lambda: (stack(t, pm),))
+
+
+def test_evoformer_stack_partly_checkpointed():
+    """The last blocks without recompute: same outputs and gradients as checkpointing none, and
+    the saved activations lie between all-checkpointed and none-checkpointed."""
+    cfg = config("tiny").evoformer
+    stack = EvoformerStack(cfg, "af2").double()
+    randomize_(stack)
+    m, z, msa_mask, pair_mask = (t.double() for t in _inputs(c_m=cfg.c_m))
+    fn = lambda: stack(m, z, msa_mask, pair_mask)  # noqa: E731
+    stack.train()
+    stack.checkpoint_blocks = False
+    out_a, g_a = _run(stack, fn)
+    saved = {}
+    for plain in (0, 1, len(stack.blocks)):
+        stack.checkpoint_blocks, stack.uncheckpointed_blocks = True, plain
+        with torch.autograd.graph.saved_tensors_hooks(
+                lambda t: saved.__setitem__(plain, saved.get(plain, 0) + t.numel()) or t,
+                lambda t: t):
+            outs = fn()
+        del outs
+        out_b, g_b = _run(stack, fn)
+        for a, b in zip(out_a, out_b):
+            assert rel_err(b, a) < 1e-12
+        for name in g_a:
+            assert rel_err(g_b[name], g_a[name]) < 1e-12, name
+    assert saved[0] < saved[1] < saved[len(stack.blocks)]
+
+
+def test_uncheckpointed_blocks_out_of_range_is_a_clear_error():
+    import pytest
+
+    with pytest.raises(ValueError, match="uncheckpointed_blocks must be in 0..48"):
+        config("af2_initial", uncheckpointed_blocks=49)

@@ -133,6 +133,9 @@ class AlphaFold2Config:
     loss: LossConfig = field(default_factory=LossConfig)
     block_order: BlockOrder = "af2"
     checkpoint_blocks: bool = True  # activation checkpointing per block while training
+    # with checkpoint_blocks: this many of the Evoformer stack's last blocks keep their
+    # activations (less recompute where memory allows; see benchmarks/train_ablation.py)
+    uncheckpointed_blocks: int = 0
     chunk_size: int | None = None  # inference-only chunking of attention / OPM / triangle mult
     max_recycling_iters: int = 3  # N_cycle = 1 + iterations; drawn from 1..4 in training (1.10)
 
@@ -143,6 +146,9 @@ class AlphaFold2Config:
             )
         if self.chunk_size is not None and self.chunk_size < 1:
             raise ValueError(f"chunk_size must be a positive int or None, got {self.chunk_size}")
+        if not 0 <= self.uncheckpointed_blocks <= self.evoformer.no_blocks:
+            raise ValueError(f"uncheckpointed_blocks must be in 0..{self.evoformer.no_blocks} "
+                             f"(the Evoformer's blocks), got {self.uncheckpointed_blocks}")
 
 
 def _af2_initial() -> AlphaFold2Config:

@@ -536,11 +536,16 @@ def run_blocks(
     msa_mask: torch.Tensor,
     pair_mask: torch.Tensor,
     use_checkpoint: bool,
+    uncheckpointed: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Apply ``blocks`` in turn; each under non-reentrant activation checkpointing when asked
-    (dropout masks are replayed identically: checkpoint restores the RNG state)."""
-    for block in blocks:
-        if use_checkpoint:
+    (dropout masks are replayed identically: checkpoint restores the RNG state), except the
+    last ``uncheckpointed`` blocks, which keep their activations: where memory allows, fewer
+    blocks pay the recompute (every block's activations are the same size, so which ones is
+    free to choose)."""
+    first_plain = len(blocks) - max(0, uncheckpointed)
+    for i, block in enumerate(blocks):
+        if use_checkpoint and i < first_plain:
             m, z = checkpoint(block, m, z, msa_mask, pair_mask, use_reentrant=False)
         else:
             m, z = block(m, z, msa_mask, pair_mask)
@@ -555,6 +560,7 @@ class _Stack(nn.Module):
     def __init__(self, checkpoint_blocks: bool, comm: AxialComm) -> None:
         super().__init__()
         self.checkpoint_blocks = checkpoint_blocks
+        self.uncheckpointed_blocks = 0  # with checkpointing on: the last blocks run without
         self.comm = comm
 
     def set_chunk_size(self, chunk_size: int | None) -> None:
@@ -577,7 +583,8 @@ class _Stack(nn.Module):
         m = comm.scatter(m, -3)  # [*, N_seq/P, N_res, C_m]
         z = comm.scatter(z, -3)  # [*, N_res/P, N_res, C_z]
         use_ckpt = self.checkpoint_blocks and self.training and torch.is_grad_enabled()
-        m, z = run_blocks(self.blocks, m, z, msa_mask, pair_mask, use_ckpt)
+        m, z = run_blocks(self.blocks, m, z, msa_mask, pair_mask, use_ckpt,
+                          self.uncheckpointed_blocks)
         return comm.gather(m, -3), comm.gather(z, -3)
 
 

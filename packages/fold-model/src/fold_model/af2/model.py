@@ -67,6 +67,7 @@ class AlphaFold2(nn.Module):
             self.extra_msa_embedder = ExtraMsaEmbedder(emb.extra_msa_dim, config.extra_msa.c_e)
             self.extra_msa_stack = ExtraMsaStack(config.extra_msa, evo.c_z, order, ckpt, comm)
         self.evoformer = EvoformerStack(evo, order, ckpt, comm)
+        self.evoformer.uncheckpointed_blocks = config.uncheckpointed_blocks
         self.structure_module = StructureModule(config.structure_module, evo.c_s, evo.c_z)
         self.aux_heads = AuxiliaryHeads(config.heads, c_m=evo.c_m, c_z=evo.c_z, c_s=evo.c_s)
         self.set_chunk_size(config.chunk_size)
