@@ -24,6 +24,7 @@ def test_pick_times_once_and_caches_on_disk(tmp_path, monkeypatch):
     monkeypatch.setenv("FOLD_KERNELS_CACHE", str(cache))
     monkeypatch.setenv("FOLD_KERNELS_AUTOTUNE", "1")  # conftest turns it off on GPUs
     monkeypatch.setattr(tuning, "_MEMORY", {})
+    monkeypatch.setattr(tuning, "_PICKED", {})
     monkeypatch.setattr(tuning, "_DISK_LOADED", False)
     monkeypatch.setattr(tuning, "arch", lambda device=None: "sm90")
     cands = [tuning.Config(64, 64), tuning.Config(32, 32), tuning.Config(128, 64)]
@@ -42,6 +43,7 @@ def test_pick_times_once_and_caches_on_disk(tmp_path, monkeypatch):
     again = tuning.pick("k", (1, 2), cands, calls.append)
     assert again == cands[1] and len(calls) == 3  # from memory: no new timing
     monkeypatch.setattr(tuning, "_MEMORY", {})
+    monkeypatch.setattr(tuning, "_PICKED", {})  # a new process: only the disk cache is left
     monkeypatch.setattr(tuning, "_DISK_LOADED", False)
     assert tuning.pick("k", (1, 2), cands, calls.append) == cands[1] and len(calls) == 3
 
@@ -50,3 +52,15 @@ def test_autotune_off_takes_the_default(monkeypatch):
     monkeypatch.setenv("FOLD_KERNELS_AUTOTUNE", "0")
     cands = [tuning.Config(64, 64), tuning.Config(32, 32)]
     assert tuning.pick("k", (0,), cands, lambda cfg: None) == cands[0]
+
+
+def test_env_var_cache_sees_monkeypatch(monkeypatch):
+    """The per-call env reads are cached, but a changed value takes effect at once."""
+    monkeypatch.setenv("FOLD_KERNELS_AUTOTUNE", "0")
+    assert not tuning._AUTOTUNE.get()
+    monkeypatch.setenv("FOLD_KERNELS_AUTOTUNE", "1")
+    assert tuning._AUTOTUNE.get()
+    monkeypatch.delenv("FOLD_KERNELS_AUTOTUNE")
+    assert tuning._AUTOTUNE.get()  # unset: autotuning on (the default)
+    monkeypatch.setenv("FOLD_KERNELS_AUTOTUNE", "0")
+    assert not tuning._AUTOTUNE.get()

@@ -144,6 +144,16 @@ def test_registry_selection(fake_backend, monkeypatch):
     monkeypatch.setenv("FOLD_OPS_BACKEND", "attention=torch")
     ops.attention(q, k, v, bias, mask)
     assert len(fake_backend) == 1
+    # the env var is cached per value: a change takes effect on the next call, both ways
+    monkeypatch.setenv("FOLD_OPS_BACKEND", "layer_norm=torch,fake")
+    ops.attention(q, k, v, bias, mask)
+    assert len(fake_backend) == 2
+    monkeypatch.setenv("FOLD_OPS_BACKEND", "attention=torch")
+    ops.attention(q, k, v, bias, mask)
+    assert len(fake_backend) == 2
+    monkeypatch.delenv("FOLD_OPS_BACKEND")
+    ops.attention(q, k, v, bias, mask)
+    assert len(fake_backend) == 3
     with pytest.raises(ops.BackendUnavailable, match="not registered"):
         ops.attention(q, k, v, backend="no-such-backend")
 

@@ -13,7 +13,29 @@ import torch
 import triton
 import triton.language as tl
 
-__all__ = ["RowLayout", "row_layout", "row_offsets"]
+__all__ = ["RowLayout", "row_layout", "row_offsets", "broadcast_shape", "reduce_to"]
+
+
+def broadcast_shape(*shapes: tuple[int, ...]) -> tuple[int, ...] | None:
+    """The broadcast of ``shapes`` (plain ints), or None if they do not broadcast.
+
+    ``torch.broadcast_shapes`` in plain Python: it costs a few microseconds per call through
+    torch._refs and the symbolic-shape guards, and the ops call it on every dispatch.
+    """
+    out: list[int] = []
+    for shape in shapes:
+        if len(shape) > len(out):
+            out[:0] = [1] * (len(shape) - len(out))
+        off = len(out) - len(shape)
+        for i, n in enumerate(shape):
+            m = out[off + i]
+            if n == m or n == 1:
+                continue
+            if m == 1:
+                out[off + i] = n
+            else:
+                return None
+    return tuple(out)
 
 
 class RowLayout:

@@ -13,7 +13,7 @@ import triton
 import triton.language as tl
 
 from fold_kernels import tuning
-from fold_kernels.broadcast import reduce_to, row_layout, row_offsets
+from fold_kernels.broadcast import broadcast_shape, reduce_to, row_layout, row_offsets
 
 __all__ = ["bias_sigmoid_gate", "bias_dropout_residual"]
 
@@ -114,6 +114,14 @@ def _require_device(name: str, x: torch.Tensor) -> None:
                            f"TRITON_INTERPRET=1); fold_kernels.reference.{name} is the CPU path")
 
 
+def _broadcast(name: str, *tensors: torch.Tensor | None) -> tuple[int, ...]:
+    shapes = [tuple(t.shape) for t in tensors if t is not None]
+    shape = broadcast_shape(*shapes)
+    if shape is None:
+        raise ValueError(f"{name}: operand shapes {shapes} do not broadcast")
+    return shape
+
+
 def _reduce(grad: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     """Sum a full-shape gradient down to a broadcast operand's shape and dtype."""
     return reduce_to(grad, like.shape, like.dtype)
@@ -122,8 +130,7 @@ def _reduce(grad: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
 class _BiasSigmoidGate(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, gate, bias):
-        shape = torch.broadcast_shapes(x.shape, gate.shape, *(() if bias is None else
-                                                              (bias.shape,)))
+        shape = _broadcast("bias_sigmoid_gate", x, gate, bias)
         lay = row_layout(shape, x, gate, bias)
         y = torch.empty(shape, device=x.device, dtype=x.dtype)
         c = shape[-1]
@@ -169,8 +176,7 @@ class _BiasDropoutResidual(torch.autograd.Function):
     def forward(ctx, x, residual, bias, dropout_mask):
         if dropout_mask is not None and dropout_mask.dtype == torch.bool:
             dropout_mask = dropout_mask.to(x.dtype)  # in its own (broadcast) shape: small
-        extra = [t.shape for t in (bias, dropout_mask) if t is not None]
-        shape = torch.broadcast_shapes(x.shape, residual.shape, *extra)
+        shape = _broadcast("bias_dropout_residual", x, residual, bias, dropout_mask)
         lay = row_layout(shape, x, residual, bias, dropout_mask)
         y = torch.empty(shape, device=x.device, dtype=residual.dtype)
         c = shape[-1]

@@ -176,9 +176,9 @@ class _LayerNormLinear(torch.autograd.Function):
         dw = dy2.t().mm(xn)
         dbias = dy2.sum(0) if ctx.has_bias else None
         dxn = dy2.mm(w)
-        dx, dlw, dlb = ln_backward(dxn, x2, ln_weight, mean, rstd)
-        return (dx.reshape(*dy.shape[:-1], x2.shape[1]), dlw.to(ln_weight.dtype),
-                dlb.to(ln_bias.dtype), dw, dbias, None)
+        dx, dlw, dlb = ln_backward(dxn, x2, ln_weight, mean, rstd, ln_weight.dtype,
+                                   ln_bias.dtype)
+        return (dx.reshape(*dy.shape[:-1], x2.shape[1]), dlw, dlb, dw, dbias, None)
 
 
 def layer_norm_linear(x: torch.Tensor, ln_weight: torch.Tensor, ln_bias: torch.Tensor,

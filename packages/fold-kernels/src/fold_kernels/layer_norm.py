@@ -18,6 +18,7 @@ import triton
 import triton.language as tl
 
 from fold_kernels import tuning
+from fold_kernels.reduce import sum_partials
 
 __all__ = ["layer_norm", "ln_forward", "ln_backward", "MAX_HIDDEN"]
 
@@ -46,7 +47,7 @@ def _ln_fwd(X, W, B, Y, Mean, Rstd, rows, C, eps,
 
 
 @triton.jit
-def _ln_bwd(X, W, DY, Mean, Rstd, DX, DWp, DBp, rows, C,
+def _ln_bwd(X, W, DY, Mean, Rstd, DX, DWp, DBp, sp, rows, C,
             BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
     pid = tl.program_id(0)
     n_prog = tl.num_programs(0)
@@ -73,8 +74,8 @@ def _ln_bwd(X, W, DY, Mean, Rstd, DX, DWp, DBp, rows, C,
         tl.store(DX + ptrs, dx.to(DX.dtype.element_ty), mask=rc)
         dw += tl.sum(dy * xhat, 0)
         db += tl.sum(dy, 0)
-    tl.store(DWp + pid * C + offs_c, dw, mask=c_valid)
-    tl.store(DBp + pid * C + offs_c, db, mask=c_valid)
+    tl.store(DWp + pid * sp + offs_c, dw, mask=c_valid)  # sp: stride between programs' rows
+    tl.store(DBp + pid * sp + offs_c, db, mask=c_valid)
 
 
 def _block_r(c: int) -> int:
@@ -102,8 +103,10 @@ def ln_forward(x2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: 
     return y, mean, rstd
 
 
-def ln_backward(dy2, x2, weight, mean, rstd):
-    """Gradients ``(dx [rows, C], dweight [C], dbias [C])`` of LayerNorm; two-stage dw/db."""
+def ln_backward(dy2, x2, weight, mean, rstd, dw_dtype=torch.float32, db_dtype=torch.float32):
+    """Gradients ``(dx [rows, C], dweight [C], dbias [C])`` of LayerNorm; two-stage dw/db, the
+    second stage (:func:`fold_kernels.reduce.sum_partials`) one launch for both, writing
+    ``dw_dtype`` / ``db_dtype`` directly (no separate cast)."""
     rows, c = x2.shape
     dx = torch.empty_like(x2)
     block_c = triton.next_power_of_2(c)
@@ -112,13 +115,17 @@ def ln_backward(dy2, x2, weight, mean, rstd):
     if tuning.interpreting() or not x2.is_cuda:
         n_prog = min(n_blocks, 3)
     else:
-        sms = torch.cuda.get_device_properties(x2.device).multi_processor_count
+        sms = tuning.multiprocessors(x2.device)
         n_prog = min(n_blocks, 4 * sms)
-    dwp = torch.empty((n_prog, c), device=x2.device, dtype=torch.float32)
-    dbp = torch.empty_like(dwp)
-    _ln_bwd[(n_prog,)](x2, weight, dy2.contiguous(), mean, rstd, dx, dwp, dbp, rows, c,
+    partials = torch.empty((n_prog, 2, c), device=x2.device, dtype=torch.float32)  # [dw | db]
+    _ln_bwd[(n_prog,)](x2, weight, dy2.contiguous(), mean, rstd, dx, partials,
+                       partials[:, 1], 2 * c, rows, c,
                        BLOCK_R=block_r, BLOCK_C=block_c, num_warps=_num_warps(block_r, block_c))
-    return dx, dwp.sum(0), dbp.sum(0)
+    if dw_dtype == db_dtype:
+        dwdb = sum_partials(partials, dw_dtype)  # [2, C]
+        return dx, dwdb[0], dwdb[1]
+    dwdb = sum_partials(partials, torch.float32)
+    return dx, dwdb[0].to(dw_dtype), dwdb[1].to(db_dtype)
 
 
 class _LayerNorm(torch.autograd.Function):
@@ -134,8 +141,9 @@ class _LayerNorm(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dy):
         x2, weight, mean, rstd = ctx.saved_tensors
-        dx, dw, db = ln_backward(dy.reshape(x2.shape), x2, weight.contiguous(), mean, rstd)
-        return dx.reshape(dy.shape), dw.to(weight.dtype), db.to(ctx.bias_dtype), None
+        dx, dw, db = ln_backward(dy.reshape(x2.shape), x2, weight, mean, rstd,
+                                 weight.dtype, ctx.bias_dtype)
+        return dx.reshape(dy.shape), dw, db, None
 
 
 def check_layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> None:

@@ -16,6 +16,7 @@ from types import ModuleType
 import torch
 
 import fold_kernels as kernels
+from fold_kernels.broadcast import broadcast_shape
 
 __all__ = ["register", "SUPPORTS"]
 
@@ -23,18 +24,24 @@ PRIORITY = 10
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 
-def _tracing() -> bool:
-    from torch.fx import _symbolic_trace
+_HOOKS: list = []  # [fx check, fx module, torch.compiler.is_compiling or None], bound once
 
+
+def _tracing() -> bool:
+    if not _HOOKS:
+        from torch.fx import _symbolic_trace
+
+        compiler = getattr(torch, "compiler", None)
+        _HOOKS[:] = [getattr(_symbolic_trace, "is_fx_symbolic_tracing", None), _symbolic_trace,
+                     getattr(compiler, "is_compiling", None)]
+    check, module, compiling = _HOOKS
     # is_fx_symbolic_tracing where it exists (is_fx_tracing logs a warning on every call in
     # newer PyTorch); the module's flag otherwise.
-    check = getattr(_symbolic_trace, "is_fx_symbolic_tracing", None)
     if check is not None and check():
         return True
-    if check is None and getattr(_symbolic_trace, "_is_fx_tracing_flag", False):
+    if check is None and getattr(module, "_is_fx_tracing_flag", False):
         return True
-    compiler = getattr(torch, "compiler", None)
-    return bool(compiler is not None and compiler.is_compiling())
+    return bool(compiling is not None and compiling())
 
 
 def _on_gpu(*tensors) -> bool:
@@ -70,15 +77,11 @@ def supports_attention(q, k, v, bias=None, mask=None, scale=None, gate=None) -> 
                              or bias.dtype not in _DTYPES):
         return False
     if bias is not None and bias.dim() > 3:
-        try:
-            if torch.broadcast_shapes(bias.shape[:-3], q.shape[:-4]) != q.shape[:-4]:
-                return False
-        except RuntimeError:
+        batch = tuple(q.shape[:-4])
+        if broadcast_shape(tuple(bias.shape[:-3]), batch) != batch:
             return False
     if mask is not None:
-        try:
-            torch.broadcast_shapes(mask.shape, q.shape[:-3] + (n,))
-        except RuntimeError:
+        if broadcast_shape(tuple(mask.shape), tuple(q.shape[:-3]) + (n,)) is None:
             return False
         if mask.shape[-1] != n:
             return False
@@ -111,11 +114,7 @@ def supports_swiglu(x, weight, bias=None) -> bool:
 
 
 def _broadcasts(*tensors) -> bool:
-    try:
-        torch.broadcast_shapes(*(t.shape for t in tensors if t is not None))
-    except RuntimeError:
-        return False
-    return True
+    return broadcast_shape(*(tuple(t.shape) for t in tensors if t is not None)) is not None
 
 
 def supports_bias_sigmoid_gate(x, gate, bias=None) -> bool:

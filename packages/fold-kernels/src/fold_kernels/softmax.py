@@ -19,7 +19,7 @@ import triton
 import triton.language as tl
 
 from fold_kernels import tuning
-from fold_kernels.broadcast import reduce_to, row_layout, row_offsets
+from fold_kernels.broadcast import broadcast_shape, reduce_to, row_layout, row_offsets
 
 __all__ = ["softmax_mask_bias", "MAX_ROW"]
 
@@ -76,17 +76,20 @@ def _blocks(length: int) -> tuple[int, int, int]:
 
 
 def _mask_u8(mask: torch.Tensor | None) -> torch.Tensor | None:
+    """The mask read in place (the kernels test ``!= 0``): bool reinterpreted as uint8 (a free
+    view), any other dtype as it is; never a converted copy per call."""
     if mask is None:
         return None
-    m = mask if mask.dtype == torch.bool else mask != 0
-    return m.to(torch.uint8)  # in the mask's own (broadcast) shape
+    return mask.view(torch.uint8) if mask.dtype == torch.bool else mask
 
 
 class _SoftmaxMaskBias(torch.autograd.Function):
     @staticmethod
     def forward(ctx, logits, mask, bias):
-        extra = [t.shape for t in (mask, bias) if t is not None]
-        shape = torch.broadcast_shapes(logits.shape, *extra)
+        shapes = [tuple(t.shape) for t in (logits, mask, bias) if t is not None]
+        shape = broadcast_shape(*shapes)
+        if shape is None:
+            raise ValueError(f"softmax_mask_bias: shapes {shapes} do not broadcast")
         m8 = _mask_u8(mask)
         lay = row_layout(shape, logits, bias, m8)
         length = shape[-1]

@@ -11,6 +11,7 @@ fastest, in memory and in a JSON file (``$FOLD_KERNELS_CACHE`` or
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import tempfile
@@ -23,6 +24,7 @@ import torch
 
 __all__ = [
     "Config", "arch", "interpreting", "pick", "attention_configs", "gemm_configs", "cache_path",
+    "multiprocessors", "EnvVar",
 ]
 
 
@@ -38,19 +40,74 @@ class Config:
     rows: int = 1  # EvoAttention: rows of R per program (sharing each bias tile)
 
 
+class EnvVar:
+    """An environment variable read cheaply on every call: the raw value is looked up in
+    ``os.environ``'s backing dict and re-parsed only when that value object changes, so
+    ``monkeypatch.setenv`` / ``os.environ[...] = ...`` take effect at once while a hot path
+    pays a dict lookup instead of ``os.environ.get`` (a few microseconds: it encodes the key)."""
+
+    def __init__(self, name: str, parse: Callable[[str | None], object]) -> None:
+        self.name = name
+        self.parse = parse
+        data = getattr(os.environ, "_data", None)
+        encode = getattr(os.environ, "encodekey", None)
+        self._data = data if isinstance(data, dict) and encode is not None else None
+        self._key = encode(name) if self._data is not None else name
+        self._raw: object = object()  # matches nothing: the first get() parses
+        self._value: object = None
+
+    def get(self):
+        raw = self._data.get(self._key) if self._data is not None else os.environ.get(self.name)
+        if raw is not self._raw:
+            text = None if raw is None else (raw.decode() if isinstance(raw, bytes) else raw)
+            self._value = self.parse(text)
+            self._raw = raw
+        return self._value
+
+
+_INTERPRET = EnvVar("TRITON_INTERPRET", lambda v: (v or "0") not in ("", "0"))
+_AUTOTUNE = EnvVar("FOLD_KERNELS_AUTOTUNE", lambda v: (v if v is not None else "1") != "0")
+
+
 def interpreting() -> bool:
     """True when Triton runs kernels in its CPU interpreter (``TRITON_INTERPRET=1``)."""
-    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+    return _INTERPRET.get()
+
+
+_ARCH: dict[tuple[bool, int | None], str] = {}
 
 
 def arch(device: torch.device | None = None) -> str:
-    """A short name of the architecture that kernels will run on."""
-    if interpreting() or not torch.cuda.is_available():
-        return "interpreter"
-    props = torch.cuda.get_device_properties(device or torch.cuda.current_device())
-    if torch.version.hip:  # ROCm: CDNA / RDNA names like gfx90a, gfx942
-        return str(getattr(props, "gcnArchName", "gfx")).split(":")[0]
-    return f"sm{props.major}{props.minor}"
+    """A short name of the architecture that kernels will run on (memoised per device)."""
+    interp = interpreting()
+    index = device.index if isinstance(device, torch.device) else device
+    name = _ARCH.get((interp, index))
+    if name is not None:
+        return name
+    if interp or not torch.cuda.is_available():
+        name = "interpreter"
+    else:
+        props = torch.cuda.get_device_properties(
+            torch.cuda.current_device() if index is None else index)
+        if torch.version.hip:  # ROCm: CDNA / RDNA names like gfx90a, gfx942
+            name = str(getattr(props, "gcnArchName", "gfx")).split(":")[0]
+        else:
+            name = f"sm{props.major}{props.minor}"
+    if index is not None or interp or not torch.cuda.is_available():
+        _ARCH[(interp, index)] = name  # the current device can change: not memoised as None
+    return name
+
+
+_SMS: dict[int, int] = {}
+
+
+def multiprocessors(device: torch.device) -> int:
+    """The device's streaming multiprocessor (compute unit) count, memoised per device."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    n = _SMS.get(index)
+    if n is None:
+        n = _SMS[index] = torch.cuda.get_device_properties(index).multi_processor_count
+    return n
 
 
 def _is_amd(name: str) -> bool:
@@ -58,13 +115,19 @@ def _is_amd(name: str) -> bool:
 
 
 def attention_configs(kernel: str, name: str, head_dim: int) -> list[Config]:
+    """Candidates for the EvoAttention kernels (memoised; see :func:`_attention_configs`)."""
+    return list(_attention_configs(kernel, name, head_dim))
+
+
+@functools.cache
+def _attention_configs(kernel: str, name: str, head_dim: int) -> tuple[Config, ...]:
     """Candidates for the EvoAttention kernels (``fwd``, ``dkdv``, ``dq``, ``dbias``).
 
     Tuples are (block_m, block_n, num_warps, num_stages, rows); the first is the default.
     """
     if name == "interpreter":
         # two rows per program in the interpreter too, so CPU tests cover that path
-        return [Config(16, 16, 1, 1, rows=1 if kernel == "dbias" else 2)]
+        return (Config(16, 16, 1, 1, rows=1 if kernel == "dbias" else 2),)
     table = {
         "fwd": [(64, 32, 4, 3, 1), (64, 32, 2, 3, 1), (64, 64, 4, 3, 1), (32, 32, 2, 3, 1),
                 (64, 32, 4, 3, 2)],
@@ -81,25 +144,31 @@ def attention_configs(kernel: str, name: str, head_dim: int) -> list[Config]:
         if head_dim > 64 and bm * bn > 8192:
             continue  # large head dims: keep register pressure in check
         out.append(Config(bm, bn, w, min(s, 2) if amd else s, rows=rows))
-    return out
+    return tuple(out)
 
 
 def gemm_configs(name: str) -> list[Config]:
     """Candidates for the fused LayerNorm+Linear and SwiGLU matrix kernels."""
+    return list(_gemm_configs(name))
+
+
+@functools.cache
+def _gemm_configs(name: str) -> tuple[Config, ...]:
     if name == "interpreter":
-        return [Config(16, 16, 1, 1, 16)]
+        return (Config(16, 16, 1, 1, 16),)
     stages = [2] if _is_amd(name) else [3, 4]
     out = []
     for bm, bn, bk, w in [(128, 128, 32, 8), (128, 64, 32, 4), (64, 128, 32, 4),
                           (128, 128, 64, 8), (64, 64, 64, 4)]:
         for s in stages:
             out.append(Config(bm, bn, w, s, bk))
-    return out
+    return tuple(out)
 
 
 _LOCK = threading.Lock()
 _MEMORY: dict[str, Config] = {}
 _DISK_LOADED = False
+_PICKED: dict[tuple, Config] = {}  # (kernel, arch, key) -> choice, this process
 
 
 def cache_path() -> Path:
@@ -140,12 +209,17 @@ def pick(kernel: str, key: tuple, candidates: Sequence[Config],
 
     The launch must be idempotent (it is run repeatedly on the same buffers).
     """
-    if len(candidates) == 1 or os.environ.get("FOLD_KERNELS_AUTOTUNE", "1") == "0":
+    if len(candidates) == 1 or not _AUTOTUNE.get():
         return candidates[0]  # FOLD_KERNELS_AUTOTUNE=0: the first (default) configuration
-    full_key = f"{kernel}|{arch()}|{'|'.join(map(str, key))}"
+    name = arch()
+    fast = _PICKED.get((kernel, name, key))
+    if fast is not None and fast in candidates:
+        return fast  # this process already chose: no string key, lock or disk cache
+    full_key = f"{kernel}|{name}|{'|'.join(map(str, key))}"
     with _LOCK:
         _load_disk()
         if full_key in _MEMORY and _MEMORY[full_key] in candidates:
+            _PICKED[(kernel, name, key)] = _MEMORY[full_key]
             return _MEMORY[full_key]
     from triton.testing import do_bench
 
@@ -159,5 +233,6 @@ def pick(kernel: str, key: tuple, candidates: Sequence[Config],
             best, best_ms = cfg, ms
     with _LOCK:
         _MEMORY[full_key] = best
+        _PICKED[(kernel, name, key)] = best
         _save_disk()
     return best

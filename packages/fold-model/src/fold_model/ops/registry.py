@@ -88,6 +88,49 @@ _STATE = _State()
 _OVERRIDE = threading.local()
 
 
+class _EnvVar:
+    """An environment variable read cheaply on every call: the raw value is looked up in
+    ``os.environ``'s backing dict and re-parsed only when that value object changes (so
+    ``monkeypatch.setenv`` and ``os.environ[...] = ...`` take effect at once)."""
+
+    def __init__(self, name: str, parse: Callable[[str], object]) -> None:
+        self.name = name
+        self.parse = parse
+        data = getattr(os.environ, "_data", None)
+        encode = getattr(os.environ, "encodekey", None)
+        self._data = data if isinstance(data, dict) and encode is not None else None
+        self._key = encode(name) if self._data is not None else name
+        self._raw: object = object()  # matches nothing: the first get() parses
+        self._value: object = None
+
+    def get(self):
+        raw = self._data.get(self._key) if self._data is not None else os.environ.get(self.name)
+        if raw is not self._raw:
+            text = "" if raw is None else (raw.decode() if isinstance(raw, bytes) else raw)
+            self._value = self.parse(text)
+            self._raw = raw
+        return self._value
+
+
+def _parse_env(text: str) -> dict[str, str]:
+    """``"triton"`` -> {"*": "triton"}; ``"attention=triton,layer_norm=torch"`` -> per op."""
+    mapping: dict[str, str] = {}
+    for p in (p.strip() for p in text.strip().split(",")):
+        if not p:
+            continue
+        if "=" in p:
+            name, value = p.split("=", 1)
+            mapping.setdefault(name.strip(), value.strip())
+        else:
+            mapping.setdefault("*", p)
+            break  # a bare default ends the list (later entries are ignored)
+    return mapping
+
+
+_ENV = _EnvVar(ENV_VAR, _parse_env)
+_SORTED: dict[str, list[str]] = {}  # op -> backends by priority (cleared by register)
+
+
 def register(
     op: str,
     backend: str,
@@ -104,6 +147,7 @@ def register(
     if op not in OPS:
         raise ValueError(f"unknown op {op!r}; ops are {OPS}")
     _STATE.impls[op][backend] = _Impl(fn, supports, priority)
+    _SORTED.clear()
 
 
 def _load_plugins() -> None:
@@ -131,8 +175,11 @@ def _load_plugins() -> None:
 def backends(op: str) -> list[str]:
     """Registered backends of ``op``, highest priority first."""
     _load_plugins()
-    impls = _STATE.impls[op]
-    return sorted(impls, key=lambda b: -impls[b].priority)
+    order = _SORTED.get(op)
+    if order is None:
+        impls = _STATE.impls[op]
+        order = _SORTED[op] = sorted(impls, key=lambda b: -impls[b].priority)
+    return list(order)
 
 
 def _requested(op: str) -> str:
@@ -143,32 +190,27 @@ def _requested(op: str) -> str:
                 return mapping[op]
             if "*" in mapping:
                 return mapping["*"]
-    env = os.environ.get(ENV_VAR, "").strip()
+    env = _ENV.get()
     if env:
-        parts = [p.strip() for p in env.split(",") if p.strip()]
-        for p in parts:
-            if "=" in p:
-                name, value = p.split("=", 1)
-                if name.strip() == op:
-                    return value.strip()
-            else:
-                default = p
-                break
-        else:
-            default = None
-        if default is not None:
-            return default
+        name = env.get(op) or env.get("*")
+        if name:
+            return name
     return "auto"
 
 
-def _fx_tracing() -> bool:
-    from torch.fx import _symbolic_trace
+_FX_CHECK: list = []  # [is_fx_symbolic_tracing or None, the _symbolic_trace module], bound once
 
+
+def _fx_tracing() -> bool:
+    if not _FX_CHECK:
+        from torch.fx import _symbolic_trace
+
+        _FX_CHECK[:] = [getattr(_symbolic_trace, "is_fx_symbolic_tracing", None), _symbolic_trace]
+    check, module = _FX_CHECK
     # is_fx_symbolic_tracing (no log warning) where it exists; the flag itself otherwise.
-    check = getattr(_symbolic_trace, "is_fx_symbolic_tracing", None)
     if check is not None:
         return bool(check())
-    return bool(getattr(_symbolic_trace, "_is_fx_tracing_flag", False))
+    return bool(getattr(module, "_is_fx_tracing_flag", False))
 
 
 def resolve(op: str, *args, backend: str | None = None, **kwargs) -> Callable:
@@ -186,7 +228,8 @@ def resolve(op: str, *args, backend: str | None = None, **kwargs) -> Callable:
         return impls["torch"].fn
     name = backend or _requested(op)
     if name == "auto":
-        for b in backends(op):
+        order = _SORTED.get(op) or backends(op)
+        for b in order:
             impl = impls[b]
             if impl.supports is None or impl.supports(*args, **kwargs):
                 return impl.fn
