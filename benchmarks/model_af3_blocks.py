@@ -18,6 +18,11 @@ block at least 2x.
 
     python benchmarks/model_af3_blocks.py --compare --out benchmarks/results/model_af3_blocks.json
     python benchmarks/model_af3_blocks.py --device cpu --tiny --out /tmp/af3_blocks.json   # smoke
+    python benchmarks/model_af3_blocks.py --compare --graphs --blocks pairformer:256   # CUDA graphs
+
+``--graphs`` captures each forward + backward (gradients of the inputs and parameters as graph
+outputs) into a CUDA graph after warm-up and times the replay: the kernels without host overhead
+(benchmarks/_graphs.py); on CPU the same step runs eagerly (smoke).
 
 Results are rewritten atomically after every row (JSON and a markdown table beside it).
 """
@@ -28,6 +33,7 @@ import argparse
 import json
 import os
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -38,6 +44,9 @@ from fold_model import ops
 from fold_model.af3.config import config
 from fold_model.af3.diffusion import DiffusionTransformerBlock
 from fold_model.af3.pairformer import PairformerBlock
+
+sys.path.insert(0, str(Path(__file__).parent))
+from _graphs import capture, grad_body  # noqa: E402
 
 # shared/TARGETS.md, H100, bf16, forward + backward ms (faster of Protenix and Boltz).
 PEERS_MS = {
@@ -88,17 +97,29 @@ def _step(block: torch.nn.Module, args: tuple) -> None:
     block.zero_grad(set_to_none=True)
 
 
+def _loss(block: torch.nn.Module, args: tuple) -> torch.Tensor:
+    out = block(*args)
+    outs = out if isinstance(out, tuple) else (out,)
+    return sum(o.float().square().mean() for o in outs)
+
+
 def measure(block: torch.nn.Module, args: tuple, device: torch.device, warmup: int,
-            reps: int) -> dict[str, Any]:
+            reps: int, graphs: bool = False) -> dict[str, Any]:
     cuda = device.type == "cuda"
-    for _ in range(warmup):
-        _step(block, args)
+    if graphs:  # replay a captured forward + backward; the peak is not measured
+        tensors = [a for a in args if isinstance(a, torch.Tensor)] + list(block.parameters())
+        step = capture(grad_body(lambda: _loss(block, args), tensors), device, warmup)[0]
+    else:
+        def step():
+            _step(block, args)
+    for _ in range(0 if graphs else warmup):
+        step()
     peak = None
-    if cuda:
+    if cuda and not graphs:
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
         base = torch.cuda.memory_allocated()
-        _step(block, args)
+        step()
         torch.cuda.synchronize()
         peak = (torch.cuda.max_memory_allocated() - base) / 2**20
     times = []
@@ -106,13 +127,13 @@ def measure(block: torch.nn.Module, args: tuple, device: torch.device, warmup: i
         if cuda:
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
-            _step(block, args)
+            step()
             end.record()
             torch.cuda.synchronize()
             times.append(start.elapsed_time(end))
         else:
             t0 = time.perf_counter()
-            _step(block, args)
+            step()
             times.append((time.perf_counter() - t0) * 1e3)
     return {"ms": statistics.median(times), "peak_mib": peak}
 
@@ -139,7 +160,8 @@ def _markdown(results: list[dict[str, Any]]) -> str:
         peer = r.get("peer_ms")
         ratio = f"{peer / r['ms']:.2f}" if peer and r.get("ms") else "-"
         peak = f"{r['peak_mib']:.0f}" if r.get("peak_mib") is not None else "-"
-        lines.append(f"| {r['block']} | {r['n_token']} | {r['samples']} | {r['backend']} | "
+        backend = r["backend"] + (" (graph)" if r.get("graphs") else "")
+        lines.append(f"| {r['block']} | {r['n_token']} | {r['samples']} | {backend} | "
                      f"{r.get('ms', float('nan')):.2f} | {peak} | {peer or '-'} | {ratio} |")
     return "\n".join(lines) + "\n"
 
@@ -154,16 +176,25 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--graphs", action="store_true",
+                    help="time CUDA-graph replays of forward + backward (no host overhead)")
+    ap.add_argument("--blocks", default=None,
+                    help="only these rows, e.g. 'pairformer:256,diffusion_transformer:384:48'")
     args = ap.parse_args(argv)
     device = torch.device(args.device)
     dtype = getattr(torch, args.dtype) if args.dtype else (
         torch.bfloat16 if device.type == "cuda" else torch.float32)
     backends = [args.backend] + (["torch"] if args.compare and args.backend != "torch" else [])
     results: list[dict[str, Any]] = []
-    for kind, n, samples in rows(args.tiny):
+    selected = rows(args.tiny)
+    if args.blocks:
+        want = [b.split(":") for b in args.blocks.split(",")]
+        selected = [(w[0], int(w[1]), int(w[2]) if len(w) > 2 else 1) for w in want]
+    for kind, n, samples in selected:
         for backend in backends:
             row: dict[str, Any] = {"block": kind, "n_token": n, "samples": samples,
                                    "backend": backend, "dtype": str(dtype),
+                                   "graphs": args.graphs,
                                    "device": torch.cuda.get_device_name(device)
                                    if device.type == "cuda" else "cpu"}
             if not args.tiny:
@@ -171,7 +202,8 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
             try:
                 block, inputs = build(kind, n, samples, args.tiny, device, dtype)
                 with ops.use_backend(backend):
-                    row.update(measure(block, inputs, device, args.warmup, args.reps))
+                    row.update(measure(block, inputs, device, args.warmup, args.reps,
+                                       args.graphs))
             except torch.cuda.OutOfMemoryError:
                 row["error"] = "OOM"
             results.append(row)

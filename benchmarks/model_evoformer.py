@@ -7,6 +7,11 @@ the reference). Each block order is measured: af2, multimer, parallel.
 
     python benchmarks/model_evoformer.py --out results/model_evoformer.json   # CUDA
     python benchmarks/model_evoformer.py --device cpu --tiny                  # CPU smoke test
+    python benchmarks/model_evoformer.py --graphs --orders af2 --shapes 128,256 # CUDA graphs
+
+``--graphs`` captures each step (forward; forward + backward with the gradients of the inputs and
+parameters as graph outputs) into a CUDA graph after warm-up and times its replay: the kernels'
+time without host overhead (benchmarks/_graphs.py). On CPU the same step runs eagerly.
 
 The JSON goes to ``--out``; a markdown table is written beside it (same name, ``.md``).
 """
@@ -17,6 +22,7 @@ import argparse
 import contextlib
 import json
 import statistics
+import sys
 import time
 from pathlib import Path
 
@@ -24,6 +30,9 @@ import torch
 from fold_model import ops
 from fold_model.af2 import config
 from fold_model.af2.evoformer import make_block
+
+sys.path.insert(0, str(Path(__file__).parent))
+from _graphs import capture, grad_body  # noqa: E402
 
 SHAPES = [(128, 256), (512, 384), (512, 512), (1024, 384)]  # (N_seq, N_res)
 TINY_SHAPES = [(5, 7), (8, 11)]
@@ -49,7 +58,7 @@ def _time_ms(fn, device: torch.device, reps: int) -> float:
 
 
 def bench_block(order: str, n_seq: int, n_res: int, device: torch.device, dtype: torch.dtype,
-                tiny: bool, reps: int) -> dict:
+                tiny: bool, reps: int, graphs: bool = False) -> dict:
     cfg = config("tiny" if tiny else "af2_initial").evoformer
     torch.manual_seed(0)
     block = make_block(cfg, cfg.c_m, cfg.c_z, order).to(device=device, dtype=dtype).train()
@@ -66,7 +75,20 @@ def bench_block(order: str, n_seq: int, n_res: int, device: torch.device, dtype:
         m_out, z_out = block(m, z, msa_mask, pair_mask)
         (m_out.float().sum() + z_out.float().sum()).backward()
 
-    row = {"order": order, "n_seq": n_seq, "n_res": n_res, "dtype": str(dtype)}
+    if graphs:
+        def fwd_out():
+            with torch.no_grad():
+                return block(m, z, msa_mask, pair_mask)
+
+        def loss():
+            m_out, z_out = block(m, z, msa_mask, pair_mask)
+            return m_out.float().sum() + z_out.float().sum()
+
+        fwd = capture(fwd_out, device)[0]
+        fwd_bwd = capture(grad_body(loss, [m, z, *block.parameters()]), device)[0]
+
+    row = {"order": order, "n_seq": n_seq, "n_res": n_res, "dtype": str(dtype),
+           "graphs": graphs}
     for name, fn in (("fwd", fwd), ("fwd_bwd", fwd_bwd)):
         try:
             if device.type == "cuda":
@@ -106,6 +128,10 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--orders", default="af2,multimer,parallel")
     parser.add_argument("--reps", type=int, default=10)
     parser.add_argument("--backend", default=None, help="force an op backend, e.g. torch")
+    parser.add_argument("--graphs", action="store_true",
+                        help="time CUDA-graph replays of the step (no host overhead)")
+    parser.add_argument("--shapes", default=None,
+                        help="N_seq,N_res pairs, e.g. '128,256;512,384' (default: all)")
     parser.add_argument("--out", type=Path, default=None, help="JSON output path")
     args = parser.parse_args(argv)
     device = torch.device(args.device)
@@ -114,20 +140,25 @@ def main(argv: list[str] | None = None) -> list[dict]:
     # bf16 on GPU as in the papers; fp32 for the CPU smoke test (bf16 matmul on CPU is slow).
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     shapes = TINY_SHAPES if args.tiny else SHAPES
+    if args.shapes:
+        shapes = [tuple(int(v) for v in pair.split(",")) for pair in args.shapes.split(";")]
     rows = []
     with ops.use_backend(args.backend) if args.backend else contextlib.nullcontext():
         for order in args.orders.split(","):
             for n_seq, n_res in shapes:
-                row = bench_block(order, n_seq, n_res, device, dtype, args.tiny, args.reps)
+                row = bench_block(order, n_seq, n_res, device, dtype, args.tiny, args.reps,
+                                  args.graphs)
                 print(json.dumps(row), flush=True)
                 rows.append(row)
     meta = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-            "torch": torch.__version__, "backend": args.backend or "auto"}
+            "torch": torch.__version__, "backend": args.backend or "auto",
+            "graphs": args.graphs}
     if args.out is not None:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps({"meta": meta, "rows": rows}, indent=2))
         args.out.with_suffix(".md").write_text(
-            f"Evoformer block, {meta['device']}, {dtype}, backend {meta['backend']}\n\n"
+            f"Evoformer block, {meta['device']}, {dtype}, backend {meta['backend']}"
+            f"{', CUDA-graph replay' if args.graphs else ''}\n\n"
             + to_markdown(rows)
         )
     return rows

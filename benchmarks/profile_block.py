@@ -9,6 +9,7 @@ above the kernels' sum).
 
     python benchmarks/profile_block.py evoformer:128,256 pairformer:256 attention:256,256,4,32
     python benchmarks/profile_block.py pairformer:256 --out /tmp/profile.txt
+    python benchmarks/profile_block.py evoformer:128,256 --graphs   # replays: kernels only
 
 Targets: ``evoformer:N_seq,N_res``, ``pairformer:N_token``, ``attention:R,N,H,D`` (bias with
 gradient, key mask with holes). bf16 weights and inputs, training mode, after ``--warmup`` steps
@@ -41,17 +42,18 @@ def _evoformer(n_seq: int, n_res: int, device, dtype):
     msa_mask = (torch.rand(1, n_seq, n_res, generator=g) > 0.05).to(device, dtype)
     pair_mask = (torch.rand(1, n_res, n_res, generator=g) > 0.05).to(device, dtype)
 
-    def step():
+    def loss():
         m_out, z_out = block(m, z, msa_mask, pair_mask)
-        (m_out.float().sum() + z_out.float().sum()).backward()
-    return step
+        return m_out.float().sum() + z_out.float().sum()
+    return loss, [m, z, *block.parameters()]
 
 
 def _pairformer(n: int, device, dtype):
-    from model_af3_blocks import _step, build
+    from model_af3_blocks import _loss, build
 
     block, args = build("pairformer", n, 1, False, device, dtype)
-    return lambda: _step(block, args)
+    tensors = [a for a in args if isinstance(a, torch.Tensor)] + list(block.parameters())
+    return (lambda: _loss(block, args)), tensors
 
 
 def _attention(r: int, n: int, h: int, d: int, device, dtype):
@@ -63,17 +65,28 @@ def _attention(r: int, n: int, h: int, d: int, device, dtype):
     bias = torch.randn(1, h, n, n, generator=g).to(device, dtype).requires_grad_()
     mask = (torch.rand(1, r, n, generator=g) > 0.05).to(device)
 
-    def step():
-        o = ops.attention(q, k, v, bias, mask)
-        o.float().square().mean().backward()
-    return step
+    def loss():
+        return ops.attention(q, k, v, bias, mask).float().square().mean()
+    return loss, [q, k, v, bias]
 
 
-def build(target: str, device, dtype):
+def build(target: str, device, dtype, graphs: bool = False):
+    """The step of ``target``: eager forward + ``backward()``, or with ``graphs`` the replay of a
+    captured forward + backward (gradients as graph outputs, benchmarks/_graphs.py)."""
+    from _graphs import capture, grad_body
+
     kind, _, dims = target.partition(":")
     sizes = [int(x) for x in dims.split(",")]
-    return {"evoformer": _evoformer, "pairformer": _pairformer,
-            "attention": _attention}[kind](*sizes, device, dtype)
+    loss, tensors = {"evoformer": _evoformer, "pairformer": _pairformer,
+                     "attention": _attention}[kind](*sizes, device, dtype)
+    if graphs:
+        return capture(grad_body(loss, tensors), device)[0]
+
+    def step():
+        loss().backward()
+        for t in tensors:
+            t.grad = None
+    return step
 
 
 def host_profile(step, top: int) -> str:
@@ -123,6 +136,8 @@ def main(argv: list[str] | None = None) -> str:
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--top", type=int, default=18)
     ap.add_argument("--host", action="store_true", help="also cProfile the host side")
+    ap.add_argument("--graphs", action="store_true",
+                    help="profile CUDA-graph replays of the step (kernels without host overhead)")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args(argv)
     from fold_model import ops
@@ -133,9 +148,11 @@ def main(argv: list[str] | None = None) -> str:
         for backend in args.backends:
             ctx = contextlib.nullcontext() if backend == "auto" else ops.use_backend(backend)
             with ctx:
-                text = profile_step(build(target, device, dtype), args.warmup, args.top,
-                                    host=args.host and backend != "torch")
-            report.append(f"\n## {target} backend={backend}\n{text}")
+                text = profile_step(build(target, device, dtype, args.graphs), args.warmup,
+                                    args.top, host=args.host and backend != "torch"
+                                    and not args.graphs)
+            tag = " (CUDA graph replay)" if args.graphs else ""
+            report.append(f"\n## {target} backend={backend}{tag}\n{text}")
             print(report[-1], flush=True)
             torch.cuda.empty_cache()
     out = "\n".join(report) + "\n"

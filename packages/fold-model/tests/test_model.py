@@ -177,3 +177,8 @@ def test_benchmark_smoke_modes_on_cpu(tmp_path):
          "--out", str(tmp_path / "evo.json")]
     )
     assert len(rows) == 2 and all(r["fwd_bwd_ms"] > 0 for r in rows)
+    graphed = _load_benchmark("model_evoformer").main(
+        ["--tiny", "--device", "cpu", "--reps", "1", "--orders", "af2", "--shapes", "5,7",
+         "--graphs", "--backend", "torch"]
+    )
+    assert len(graphed) == 1 and graphed[0]["graphs"] and graphed[0]["fwd_bwd_ms"] > 0

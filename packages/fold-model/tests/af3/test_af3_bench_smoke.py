@@ -27,3 +27,18 @@ def test_benchmark_smoke(tmp_path):
     assert json.loads(out.read_text()) == rows
     table = out.with_suffix(".md").read_text()
     assert table.count("| pairformer |") == 4 and "diffusion_transformer" in table
+
+
+def test_benchmark_graphs_mode_smoke(tmp_path):
+    """--graphs (CUDA-graph replay on a GPU) takes the same autograd.grad body eagerly on CPU."""
+    if not SCRIPT.exists():
+        pytest.skip(f"{SCRIPT} not found")
+    spec = importlib.util.spec_from_file_location("model_af3_blocks", SCRIPT)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    rows = mod.main(["--device", "cpu", "--tiny", "--compare", "--graphs", "--reps", "1",
+                     "--blocks", "pairformer:13,diffusion_transformer:13:3"])
+    assert [(r["block"], r["backend"], r["graphs"]) for r in rows] == [
+        ("pairformer", "auto", True), ("pairformer", "torch", True),
+        ("diffusion_transformer", "auto", True), ("diffusion_transformer", "torch", True)]
+    assert all(math.isfinite(r["ms"]) and r["ms"] > 0 for r in rows)
