@@ -12,20 +12,31 @@ import torch
 from torch import nn
 
 from fold_model.af3.alignment import weighted_rigid_align
+from fold_model.af3.pair_loss import (
+    LDDT_THRESHOLDS,
+    PairList,
+    _compute_dtype,
+    bond_pair_list,
+    lddt_pair_list,
+    lddt_sum,
+    pair_distances,
+    smooth_lddt_sum,
+)
 
 __all__ = [
     "atom_of_tokens",
     "diffusion_atom_weights",
     "weighted_mse_loss",
     "bond_loss",
+    "bond_loss_dense",
     "lddt",
+    "lddt_dense",
     "smooth_lddt_loss",
+    "smooth_lddt_loss_dense",
     "distogram_loss",
     "diffusion_loss",
     "LDDT_THRESHOLDS",
 ]
-
-LDDT_THRESHOLDS = (0.5, 1.0, 2.0, 4.0)
 
 
 def atom_of_tokens(token_values: torch.Tensor, atom_to_token: torch.Tensor) -> torch.Tensor:
@@ -56,27 +67,48 @@ def weighted_mse_loss(
 
 
 def bond_loss(
-    x_pred: torch.Tensor, x_gt: torch.Tensor, feats: dict[str, torch.Tensor]
+    x_pred: torch.Tensor, x_gt: torch.Tensor, feats: dict[str, torch.Tensor],
+    pairs: PairList | None = None,
 ) -> torch.Tensor:
     """Eq. 5: ``mean_(l, m) (|x_l - x_m| - |x_gt_l - x_gt_m|)^2`` over bonded pairs, per sample
     ``[B, S]``. The pairs are the centre atoms of the bonded token pairs (``token_bonds``: bonds
-    with a one-atom ligand token, whose centre is the bonded atom itself)."""
+    with a one-atom ligand token, whose centre is the bonded atom itself), as a pair list
+    (:func:`bond_pair_list`): ``[P, S]`` distances, no ``[N, N]`` per sample. Distances in fp32
+    (fp64 for fp64 input)."""
+    if pairs is None:
+        pairs = bond_pair_list(feats, _compute_dtype(x_pred))
+    err = (pair_distances(x_pred, pairs) - pair_distances(x_gt, pairs)).square()  # [P, S]
+    num = torch.zeros(x_pred.shape[:2], dtype=err.dtype, device=err.device)
+    num = num.index_add(0, pairs.batch, err * pairs.weight.to(err.dtype)[:, None])
+    return num / pairs.count.to(err.dtype).clamp_min(1.0)[:, None]
+
+
+def _cdist(x: torch.Tensor) -> torch.Tensor:
+    """All-pairs distances ``[..., A, A]`` by differences (not ``|x|^2 + |y|^2 - 2 x.y``, whose
+    cancellation errs by ~1e-6 A for coincident atoms even in fp64): the dense references."""
+    return torch.cdist(x, x, compute_mode="donot_use_mm_for_euclid_dist")
+
+
+def bond_loss_dense(
+    x_pred: torch.Tensor, x_gt: torch.Tensor, feats: dict[str, torch.Tensor]
+) -> torch.Tensor:
+    """Reference for :func:`bond_loss`: the same loss with ``[B, S, N, N]`` ``cdist``."""
     center = feats["token_center_atom"].long()  # [B, N]
     idx = center[:, None, :, None].expand(-1, x_pred.shape[1], -1, 3)
     p = torch.gather(x_pred, 2, idx)  # [B, S, N, 3]
     g = torch.gather(x_gt, 2, idx)
     ok = feats["atom_resolved"].gather(1, center) * feats["token_mask"]  # [B, N]
     bonds = torch.triu(feats["token_bonds"], 1) * ok[:, :, None] * ok[:, None, :]  # [B, N, N]
-    dp = torch.cdist(p, p)  # [B, S, N, N]
-    dg = torch.cdist(g, g)
+    dp = _cdist(p)  # [B, S, N, N]
+    dg = _cdist(g)
     err = (dp - dg).square() * bonds[:, None]
     return err.sum((-1, -2)) / bonds.sum((-1, -2)).clamp_min(1.0)[:, None]
 
 
-def _lddt_pairs(x_gt: torch.Tensor, is_nucleotide: torch.Tensor, mask: torch.Tensor):
+def _lddt_pairs_dense(x_gt: torch.Tensor, is_nucleotide: torch.Tensor, mask: torch.Tensor):
     """Pairs scored by lDDT: ``l != m``, both real, ground-truth distance under 15 A (30 A when
     ``m`` is a nucleotide atom). Returns ``(d_gt [B, S, A, A], c [B, S, A, A])``."""
-    d_gt = torch.cdist(x_gt, x_gt)
+    d_gt = _cdist(x_gt)
     radius = torch.where(is_nucleotide.bool(), 30.0, 15.0).to(d_gt.dtype)  # [B, A]
     c = (d_gt < radius[:, None, None, :]).to(d_gt.dtype)
     pair = mask[:, :, None] * mask[:, None, :]
@@ -84,26 +116,56 @@ def _lddt_pairs(x_gt: torch.Tensor, is_nucleotide: torch.Tensor, mask: torch.Ten
     return d_gt, c * (pair * (1 - eye)).unsqueeze(1).to(d_gt.dtype)
 
 
+def _pairs_of(x_gt, is_nucleotide, mask, pairs):
+    if pairs is None:
+        pairs = lddt_pair_list(x_gt[:, 0], is_nucleotide, mask)
+    return pairs
+
+
 def lddt(
-    x_pred: torch.Tensor, x_gt: torch.Tensor, is_nucleotide: torch.Tensor, mask: torch.Tensor
+    x_pred: torch.Tensor, x_gt: torch.Tensor, is_nucleotide: torch.Tensor, mask: torch.Tensor,
+    pairs: PairList | None = None,
 ) -> torch.Tensor:
     """All-atom lDDT (fraction of preserved distances at 0.5, 1, 2, 4 A), per sample ``[B, S]``.
-    ``x_pred, x_gt [B, S, A, 3]``, ``is_nucleotide, mask [B, A]``."""
-    d_gt, c = _lddt_pairs(x_gt, is_nucleotide, mask)
-    err = (torch.cdist(x_pred, x_pred) - d_gt).abs()
+    ``x_pred [B, S, A, 3]``, ``x_gt [B, S or 1, A, 3]``, ``is_nucleotide, mask [B, A]``. Over the
+    pair list of :func:`lddt_pair_list` (built from ``x_gt[:, 0]`` unless given)."""
+    pairs = _pairs_of(x_gt, is_nucleotide, mask, pairs)
+    num = lddt_sum(x_pred, x_gt, pairs)
+    return num / pairs.count.to(num.dtype).clamp_min(1e-8)[:, None]
+
+
+def lddt_dense(
+    x_pred: torch.Tensor, x_gt: torch.Tensor, is_nucleotide: torch.Tensor, mask: torch.Tensor
+) -> torch.Tensor:
+    """Reference for :func:`lddt` over dense ``[B, S, A, A]`` distances."""
+    d_gt, c = _lddt_pairs_dense(x_gt, is_nucleotide, mask)
+    err = (_cdist(x_pred) - d_gt).abs()
     score = sum((err < t).to(err.dtype) for t in LDDT_THRESHOLDS) / len(LDDT_THRESHOLDS)
     return (c * score).sum((-1, -2)) / c.sum((-1, -2)).clamp_min(1e-8)
 
 
 def smooth_lddt_loss(
     x_pred: torch.Tensor, x_gt: torch.Tensor, is_nucleotide: torch.Tensor, mask: torch.Tensor,
-    sharpness: float = 1.0,
+    sharpness: float = 1.0, pairs: PairList | None = None, chunk_elements: int | None = None,
 ) -> torch.Tensor:
     """Alg. 27: ``1 - lDDT`` with each step ``|d - d_gt| < t`` replaced by
     ``sigmoid(k (t - |d - d_gt|))`` (AF3: ``k = 1``; ``k -> inf`` gives lDDT). Per sample
-    ``[B, S]``."""
-    d_gt, c = _lddt_pairs(x_gt, is_nucleotide, mask)
-    diff = (torch.cdist(x_pred, x_pred) - d_gt).abs()
+    ``[B, S]``; ``x_pred [B, S, A, 3]``, ``x_gt [B, S or 1, A, 3]`` (no gradient), ``is_nucleotide,
+    mask [B, A]``. Over the pair list of :func:`lddt_pair_list` (from ``x_gt[:, 0]`` unless
+    given), chunked and recomputed in backward: saves ``O(B S A 3 + P)``, never ``[S, A, A]``."""
+    pairs = _pairs_of(x_gt, is_nucleotide, mask, pairs)
+    num = smooth_lddt_sum(x_pred, x_gt, pairs, sharpness, chunk_elements)
+    return 1.0 - num / pairs.count.to(num.dtype).clamp_min(1e-8)[:, None]
+
+
+def smooth_lddt_loss_dense(
+    x_pred: torch.Tensor, x_gt: torch.Tensor, is_nucleotide: torch.Tensor, mask: torch.Tensor,
+    sharpness: float = 1.0,
+) -> torch.Tensor:
+    """Reference for :func:`smooth_lddt_loss` over dense ``[B, S, A, A]`` distances (autograd
+    keeps several ``[B, S, A, A]`` tensors: 4 GiB each in fp32 at A = 4608, S = 48)."""
+    d_gt, c = _lddt_pairs_dense(x_gt, is_nucleotide, mask)
+    diff = (_cdist(x_pred) - d_gt).abs()
     eps = sum(torch.sigmoid(sharpness * (t - diff)) for t in LDDT_THRESHOLDS) / 4.0
     return 1.0 - (c * eps).sum((-1, -2)) / c.sum((-1, -2)).clamp_min(1e-8)
 
