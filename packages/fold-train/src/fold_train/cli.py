@@ -2,8 +2,10 @@
 
     fold-train train    --preset tiny --data DATA_DIR [--run-dir RUN] [--resume] [key=value ...]
     fold-train train    --preset af2_initial --print-config [key=value ...]
+    fold-train train    --preset af3_tiny --data COMPLEX_DIR [--ccd CCD.cif]   (AlphaFold3)
     fold-train predict  --checkpoint CKPT (--fasta F | --mmcif F --chain C) [--msa A ...]
                         [--out X.cif]
+    fold-train predict  --checkpoint AF3_CKPT --json INPUT.json [--out X.cif]   (AlphaFold3)
     fold-train evaluate PRED TRUE [--chain C]          (files, or directories of predictions)
     fold-train cache    DATA_DIR --out CACHE_DIR ...   (fold-data's cache builder)
     fold-train demo     [--data data/demo]             (the README's main job)
@@ -78,11 +80,13 @@ def run_training(args: argparse.Namespace) -> tuple[object, list[dict]]:
     from fold_train.loop import Trainer
 
     cfg = apply_overrides(preset(args.preset), _train_overrides(args))
+    if args.data is None and args.cache is None:
+        raise SystemExit("fold-train train: give --data DATA_DIR (and/or --cache CACHE_DIR)")
+    if cfg.family == "af3":
+        return _run_af3_training(args, cfg)
     ctx = model_parallel(setup(args.device), dap=cfg.dap, bp=cfg.bp)
     cache_dir = args.cache or str(Path(args.run_dir) / "cache")
     held = list(args.hold_out or [])
-    if args.data is None and args.cache is None:
-        raise SystemExit("fold-train train: give --data DATA_DIR (and/or --cache CACHE_DIR)")
     if ctx.is_main or not ctx.distributed:
         all_chains = open_cache(args.data, cache_dir, chains=args.chains,
                                 workers=args.cache_workers, progress=not args.no_progress)
@@ -124,6 +128,53 @@ def run_training(args: argparse.Namespace) -> tuple[object, list[dict]]:
     return trainer, records
 
 
+def _run_af3_training(args: argparse.Namespace, cfg) -> tuple[object, list[dict]]:
+    """``fold-train train`` of an AF3 preset: the complexes of ``--data`` featurised into the
+    AF3 cache, held-out complexes scored by their loss on fixed noise draws, one process."""
+    from fold_data.af3 import make_sample as make_af3_sample
+    from fold_data.errors import InputError
+
+    from fold_train.af3_data import af3_cache_dir, make_ccd, open_af3_cache
+    from fold_train.data import SampleStream
+    from fold_train.distributed import setup
+    from fold_train.loop import Trainer
+
+    ctx = setup(args.device)
+    if ctx.distributed:
+        raise SystemExit("fold-train train: AF3 presets train in one process for now (no "
+                         "torchrun)")
+    cache_dir = args.cache or str(Path(args.run_dir) / "cache")
+    held = list(args.hold_out or [])
+    entries = open_af3_cache(args.data, cache_dir, names=args.chains,
+                             ccd=make_ccd(args.ccd or []), progress=not args.no_progress)
+    missing = sorted(set(held) - {n for n, _ in entries})
+    if missing:
+        raise InputError(cache_dir, ", ".join(missing), "held-out complexes are not in the cache")
+    train = [e for e in entries if e[0] not in held]
+    if not train:
+        raise InputError(cache_dir, None, "expected at least one training complex besides the "
+                                          "held-out ones")
+    data_preset = cfg.data_preset()
+    from fold_data.af3 import af3_cache
+
+    cache = af3_cache(af3_cache_dir(cache_dir))
+    eval_set = [(name, make_af3_sample(cache.load(key), data_preset, seed=0))
+                for name, key in entries if name in held]
+    stream = SampleStream(cache_dir, train, data_preset, seed=cfg.seed,
+                          batch_size=cfg.batch_size, workers=cfg.loader_workers,
+                          prefetch=cfg.prefetch, family="af3")
+    trainer = Trainer(cfg, args.run_dir, stream, ctx=ctx, eval_set=eval_set,
+                      progress=not args.no_progress)
+    if args.resume or args.resume_from:
+        step = trainer.resume(args.resume_from)
+        print(f"fold-train: resumed at step {step} from {args.run_dir}")
+    n_params = sum(p.numel() for p in trainer.model.parameters())
+    held_text = f", held out: {', '.join(held)}" if held else ""
+    print(f"fold-train: AF3 preset {cfg.preset}, {n_params} parameters on {ctx.device}, "
+          f"{len(train)} training complexes{held_text}; run directory {args.run_dir}")
+    return trainer, trainer.fit()
+
+
 def _asdict(obj) -> dict:
     import dataclasses
 
@@ -131,6 +182,9 @@ def _asdict(obj) -> dict:
 
 
 def _print_records(records: list[dict], every: int) -> None:
+    if records and "fape" not in records[0]:  # AF3: its own loss terms
+        _print_af3_records(records, every)
+        return
     print(f"{'step':>5} {'loss':>8} {'fape':>7} {'aux':>7} {'distogram':>9} {'masked_msa':>10} "
           f"{'plddt':>7} {'lDDT-Ca':>7} {'N_cycle':>7} {'s/step':>6}")
     for r in records:
@@ -138,6 +192,16 @@ def _print_records(records: list[dict], every: int) -> None:
             print(f"{r['step']:5d} {r['loss']:8.4f} {r['fape']:7.4f} {r['aux']:7.4f} "
                   f"{r['distogram']:9.4f} {r['masked_msa']:10.4f} {r['plddt']:7.4f} "
                   f"{r['lddt_ca']:7.4f} {r['n_cycle']:7d} {r['step_time']:6.2f}")
+
+
+def _print_af3_records(records: list[dict], every: int) -> None:
+    print(f"{'step':>5} {'loss':>8} {'diffusion':>9} {'distogram':>9} {'confidence':>10} "
+          f"{'N_cycle':>7} {'s/step':>6}")
+    for r in records:
+        if r["step"] % every == 0 or r is records[-1] or r is records[0]:
+            print(f"{r['step']:5d} {r['loss']:8.4f} {r['diffusion']:9.4f} {r['distogram']:9.4f} "
+                  f"{r.get('confidence', float('nan')):10.4f} {r['n_cycle']:7d} "
+                  f"{r['step_time']:6.2f}")
 
 
 def cmd_train(args: argparse.Namespace) -> int:
@@ -175,6 +239,8 @@ def run_prediction(args: argparse.Namespace) -> dict:
     )
 
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if getattr(args, "json", None):
+        return _run_af3_prediction(args, device)
     autochunk = getattr(args, "autochunk", None)
     if autochunk is not None and args.chunk_size:
         from fold_train.config import ConfigError
@@ -207,6 +273,21 @@ def run_prediction(args: argparse.Namespace) -> dict:
     if has_truth:
         summary.update(score_against_truth(pred, raw))
     return summary
+
+
+def _run_af3_prediction(args: argparse.Namespace, device: str) -> dict:
+    from fold_train.config import ConfigError
+    from fold_train.predict_af3 import predict_af3_file
+
+    af2_only = [f for f in ("msa", "templates", "template_mmcif_dir", "chain", "chunk_size",
+                            "autochunk") if getattr(args, f, None)]
+    if af2_only:
+        raise ConfigError(f"--{af2_only[0].replace('_', '-')} is for AF2 inputs; an AF3 JSON "
+                          "names its MSAs and templates itself")
+    return predict_af3_file(args.checkpoint, args.json, args.out, device=device,
+                            use_ema=not args.no_ema, ccd_files=args.ccd or [],
+                            no_samples=args.samples, no_steps=args.sampler_steps,
+                            no_cycles=args.recycles)
 
 
 def cmd_predict(args: argparse.Namespace) -> int:
@@ -295,8 +376,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="fold-train",
-        description="Train, run and score AlphaFold2-style models (fold). Training presets: "
-                    "af2_initial, af2_finetune (AF2 supplement Table 4), tiny (CPU tests/demo).",
+        description="Train, run and score AlphaFold2- and AlphaFold3-style models (fold). "
+                    "Training presets: af2_initial, af2_finetune (AF2 supplement Table 4), tiny "
+                    "(CPU tests/demo); AlphaFold3: af3 (AF3 supplement 5.4), af3_tiny (CPU).",
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="examples:\n"
                "  fold-train train --preset tiny --data data/demo steps=50 optim.lr=5e-4\n"
@@ -304,7 +386,11 @@ def build_parser() -> argparse.ArgumentParser:
                "--data /data/pdb\n"
                "  fold-train predict --checkpoint runs/latest/checkpoints/step_00000050.ckpt "
                "--fasta q.fasta --msa q.a3m --out q.cif\n"
-               "  fold-train evaluate q.cif truth.cif --chain A",
+               "  fold-train evaluate q.cif truth.cif --chain A\n"
+               "  fold-train train --preset af3_tiny --data data/demo/af3 --ccd "
+               "data/demo/af3/ccd.cif steps=80\n"
+               "  fold-train predict --checkpoint runs/latest/checkpoints/step_00000080.ckpt "
+               "--json input.json --out complex.cif",
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
@@ -316,8 +402,14 @@ def build_parser() -> argparse.ArgumentParser:
                     "training.png. Overrides: key=value for the training config (steps=100, "
                     "precision=bf16, batch_size=2), optim.* (optim.lr=5e-4), model.* "
                     "(model.evoformer.no_blocks=2) and data.* (data.n_res=128).")
-    p.add_argument("--preset", default="tiny", help="af2_initial, af2_finetune or tiny")
-    p.add_argument("--data", help="data directory with mmcifs/ and alignments/")
+    p.add_argument("--preset", default="tiny",
+                   help="AF2: af2_initial, af2_finetune or tiny; AlphaFold3: af3 or af3_tiny "
+                        "(the preset picks the model family)")
+    p.add_argument("--data", help="AF2: data directory with mmcifs/ and alignments/; AF3: a "
+                                  "directory of mmCIF complexes (*.cif, or mmcifs/*.cif)")
+    p.add_argument("--ccd", action="append", metavar="CCD.cif",
+                   help="AF3: a Chemical Component Dictionary mmCIF file (or a directory of "
+                        "them) searched before biotite's CCD; repeat for more")
     p.add_argument("--cache", help="feature cache directory (default RUN_DIR/cache)")
     p.add_argument("--run-dir", default=DEFAULT_RUN_DIR, help="outputs (default runs/latest)")
     p.add_argument("--resume", action="store_true",
@@ -343,15 +435,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_train)
 
     p = sub.add_parser(
-        "predict", help="predict the structure of one chain, write mmCIF",
-        description="Predict from a FASTA sequence or a chain of an mmCIF (then also scored "
-                    "against it), with its MSAs (.a3m/.sto) and optional template hits (.hhr / "
-                    "hmmsearch .sto). Writes mmCIF with pLDDT in the B-factor column and prints "
-                    "a JSON summary.")
+        "predict", help="predict a chain (AF2) or a complex (AF3 JSON), write mmCIF",
+        description="AF2 checkpoints: predict from a FASTA sequence or a chain of an mmCIF (then "
+                    "also scored against it), with its MSAs (.a3m/.sto) and optional template "
+                    "hits (.hhr / hmmsearch .sto). AF3 checkpoints: predict the complex of an "
+                    "AlphaFold3 input JSON (--json; its MSAs and templates come from the JSON), "
+                    "every chain written, ligands as HETATM. Writes mmCIF with pLDDT in the "
+                    "B-factor column (AF3: per atom) and prints a JSON summary.")
     p.add_argument("--checkpoint", required=True, help="a fold-train checkpoint")
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--fasta", help="query FASTA (first record)")
     src.add_argument("--mmcif", help="an mmCIF whose chain --chain is the query")
+    src.add_argument("--json", help="AlphaFold3 input JSON (needs an AF3 checkpoint): writes "
+                                    "every chain, ligands as HETATM, per-atom pLDDT")
     p.add_argument("--chain", help="chain ID in --mmcif")
     p.add_argument("--msa", nargs="*", help="MSA files of the query")
     p.add_argument("--templates", help="template hits (.hhr or hmm_output.sto)")
@@ -371,6 +467,12 @@ def build_parser() -> argparse.ArgumentParser:
                         "reaches a higher memory floor)")
     p.add_argument("--no-ema", action="store_true", help="use the live weights, not the EMA")
     p.add_argument("--device", help="cpu or cuda")
+    p.add_argument("--ccd", action="append", metavar="CCD.cif",
+                   help="AF3: a CCD mmCIF file (or directory) searched before biotite's CCD; "
+                        "repeat for more")
+    p.add_argument("--samples", type=int, help="AF3: diffusion samples (default: the model's)")
+    p.add_argument("--sampler-steps", type=int,
+                   help="AF3: EDM sampler steps (default: the model's, 200 for af3)")
     p.set_defaults(func=cmd_predict)
 
     p = sub.add_parser(

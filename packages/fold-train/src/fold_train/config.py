@@ -14,6 +14,15 @@ Presets (AF2 supplement 1.11, Table 4):
 * ``af2_finetune``: lr 5e-4, no warm-up, crop 384, about 1.5 M samples (11 719 steps).
 * ``tiny``: the CPU preset of the tests and the demo: few steps, fp32, a short warm-up and a fast
   EMA (0.9) so that a run of a few dozen steps has a meaningful average.
+
+AlphaFold3 presets (``family="af3"``; model from ``fold_model.af3``, samples from
+``fold_data.af3``; AF3 supplement section 5.4 for the optimizer):
+
+* ``af3``: Adam (beta1 0.9, beta2 0.95, eps 1e-8), learning rate 1.8e-3 linearly warmed up over
+  1000 steps then x0.95 every 50 000 steps, gradients clipped to global norm 10, EMA 0.999, bf16;
+  the ``af3`` model preset and the ``af3_initial`` data preset (crops of 384 tokens).
+* ``af3_tiny``: the CPU preset of the AF3 tests: fold-model's ``tiny`` AF3, crops of 72 tokens /
+  192 atoms, fp32, lr 5e-3 with a 5-step warm-up, EMA 0.9.
 """
 
 from __future__ import annotations
@@ -30,6 +39,10 @@ __all__ = ["ConfigError", "PRESETS", "TrainConfig", "apply_overrides", "parse_ov
            "preset"]
 
 Precision = Literal["fp32", "bf16"]
+Family = Literal["af2", "af3"]
+
+# Training preset -> (fold-model preset, fold-data preset) of the AF3 family.
+AF3_PRESETS = {"af3": ("af3", "af3_initial"), "af3_tiny": ("tiny", "af3_tiny")}
 
 
 class ConfigError(ValueError):
@@ -44,7 +57,8 @@ class TrainConfig:
     ``{"evoformer.no_blocks": 2}``; :meth:`model_config` and :meth:`data_preset` apply them.
     """
 
-    preset: str = "tiny"  # fold-model and fold-data preset name
+    preset: str = "tiny"  # AF2: fold-model and fold-data preset name; AF3: key of AF3_PRESETS
+    family: Family = "af2"  # the model family: AlphaFold2 or AlphaFold3
     steps: int = 20  # optimizer updates
     batch_size: int = 1  # samples per step per data-parallel rank
     seed: int = 0
@@ -84,20 +98,59 @@ class TrainConfig:
             raise ConfigError(f"precision must be 'fp32' or 'bf16', got {self.precision!r}")
         if self.max_recycling_iters is not None and self.max_recycling_iters < 0:
             raise ConfigError("max_recycling_iters must be >= 0")
+        if self.family not in ("af2", "af3"):
+            raise ConfigError(f"family must be 'af2' or 'af3', got {self.family!r}")
+        if self.family == "af3":
+            if self.preset not in AF3_PRESETS:
+                raise ConfigError(f"AF3 preset {self.preset!r} unknown; AF3 presets are "
+                                  f"{sorted(AF3_PRESETS)}")
+            unsupported = [n for n, bad in (("dap", self.dap > 1), ("bp", self.bp > 1),
+                                            ("cuda_graphs", self.cuda_graphs),
+                                            ("compile_structure_module",
+                                             self.compile_structure_module)) if bad]
+            if unsupported:
+                raise ConfigError(f"{', '.join(unsupported)}: not supported for AF3 training "
+                                  "(AF2 only)")
 
     # -- the other packages' configs ----------------------------------------------------------
     def model_config(self):
-        """The fold-model ``AlphaFold2Config`` of the preset with the ``model.*`` overrides."""
+        """The fold-model ``AlphaFold2Config`` (AF3: ``AlphaFold3Config``) of the preset with the
+        ``model.*`` overrides."""
+        overrides = {k.replace(".", "__"): v for k, v in self.model_overrides.items()}
+        if self.family == "af3":
+            from fold_model.af3 import config as af3_config
+
+            if self.activation_checkpointing is not None:
+                overrides["checkpoint"] = self.activation_checkpointing
+            if self.max_recycling_iters is not None:
+                overrides["no_cycles"] = self.max_recycling_iters + 1
+            return af3_config(AF3_PRESETS[self.preset][0], **overrides)
         from fold_model.af2 import config
 
-        overrides = {k.replace(".", "__"): v for k, v in self.model_overrides.items()}
         if self.activation_checkpointing is not None:
             overrides["checkpoint_blocks"] = self.activation_checkpointing
         return config(self.preset, **overrides)
 
+    def data_preset_base(self):
+        """The data preset without the ``data.*`` overrides."""
+        if self.family == "af3":
+            from fold_train.af3_data import af3_data_preset
+
+            return af3_data_preset(AF3_PRESETS[self.preset][1])
+        from fold_data.af2 import get_preset
+
+        return get_preset(self.preset)
+
     def data_preset(self):
-        """The fold-data ``DataPreset`` of the preset with the ``data.*`` overrides; its
-        ``max_recycling_iters`` is this config's when set."""
+        """The fold-data ``DataPreset`` (AF3: ``AF3DataPreset``) of the preset with the
+        ``data.*`` overrides; AF2: its ``max_recycling_iters`` is this config's when set (AF3:
+        the model's ``no_cycles``)."""
+        if self.family == "af3":
+            from fold_train.af3_data import af3_data_preset
+
+            base = af3_data_preset(AF3_PRESETS[self.preset][1])
+            return dataclasses.replace(base, **self.data_overrides) if self.data_overrides \
+                else base
         from fold_data.af2 import get_preset
 
         base = get_preset(self.preset)
@@ -141,7 +194,28 @@ def _tiny() -> TrainConfig:
                        optim=AdamConfig(lr=1e-3, warmup_steps=5, ema_decay=0.9))
 
 
-PRESETS = {"af2_initial": _af2_initial, "af2_finetune": _af2_finetune, "tiny": _tiny}
+def _af3() -> TrainConfig:
+    # AF3 supplement 5.4: Adam b1 0.9, b2 0.95, eps 1e-8; lr 1.8e-3 after a 1000-step linear
+    # warm-up, x0.95 every 5e4 steps; clipping to global norm 10; EMA 0.999. The mini-batch of
+    # 256 is one sample per GPU on 256 GPUs. bf16 as MegaFold trains. steps: a long run's
+    # default; set steps= to the compute budget.
+    return TrainConfig(preset="af3", family="af3", steps=150_000, batch_size=1,
+                       precision="bf16", checkpoint_every=1000, keep_checkpoints=3,
+                       log_every=10, loader_workers=4, prefetch=8,
+                       optim=AdamConfig(lr=1.8e-3, beta1=0.9, beta2=0.95, eps=1e-8,
+                                        warmup_steps=1000, decay_factor=0.95,
+                                        decay_every=50_000, clip_norm=10.0, ema_decay=0.999))
+
+
+def _af3_tiny() -> TrainConfig:
+    return TrainConfig(preset="af3_tiny", family="af3", steps=20, precision="fp32",
+                       checkpoint_every=10,
+                       optim=AdamConfig(lr=5e-3, beta1=0.9, beta2=0.95, eps=1e-8,
+                                        warmup_steps=5, clip_norm=10.0, ema_decay=0.9))
+
+
+PRESETS = {"af2_initial": _af2_initial, "af2_finetune": _af2_finetune, "tiny": _tiny,
+           "af3": _af3, "af3_tiny": _af3_tiny}
 
 
 def preset(name: str) -> TrainConfig:
@@ -240,8 +314,8 @@ def apply_overrides(cfg: TrainConfig, items: list[str]) -> TrainConfig:
                               data_overrides=dict(cfg.data_overrides))
     for key, text in parse_overrides(items):
         path = key.split(".")
-        if path[0] == "preset":
-            raise ConfigError("preset: choose it with --preset, not as an override")
+        if path[0] in ("preset", "family"):
+            raise ConfigError(f"{path[0]}: choose it with --preset, not as an override")
         if path[0] == "model":
             if len(path) < 2:
                 raise ConfigError(f"{key}: expected model.<field>[.<field>]")
@@ -251,7 +325,9 @@ def apply_overrides(cfg: TrainConfig, items: list[str]) -> TrainConfig:
         elif path[0] == "data":
             if len(path) != 2:
                 raise ConfigError(f"{key}: expected data.<field>")
-            _, _, typ = _resolve(cfg.data_preset(), path[1:], key)
+            # field types from the preset itself: the overrides are checked together at the end
+            # (crop probabilities must sum to 1 only once all of them are set)
+            _, _, typ = _resolve(cfg.data_preset_base(), path[1:], key)
             cfg.data_overrides[path[1]] = _parse_value(key, text, typ)
         else:
             owner, leaf, typ = _resolve(cfg, path, key)

@@ -13,6 +13,10 @@ consumed (the lowest not yet consumed, plus the consumed ones above it), and a r
 prepares exactly the remaining ones. With ``strict_order=True`` (or ``workers=0``, which prepares
 samples in this process) batches come in stream order, which makes a resumed run's losses equal
 an uninterrupted run's.
+
+``family="af3"``: the cache is fold-data's AF3 cache (:mod:`fold_train.af3_data`) and a sample is
+``fold_data.af3.make_sample`` (crop, MSA rows, rotated conformers), ``{name: [...]}`` without
+the recycling dimension, so batches are ``{name: [B, ...]}``.
 """
 
 from __future__ import annotations
@@ -20,12 +24,11 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
-from fold_data.af2 import DataPreset, make_sample
+from fold_data.af2 import make_sample
 from fold_data.cache import FeatureCache
 from fold_data.errors import InputError
 
@@ -71,8 +74,9 @@ class StreamItem:
     cache_dir: str
     name: str
     key: str
-    preset: DataPreset
+    preset: Any  # DataPreset (AF2) or fold_data.af3.AF3DataPreset
     seed: int
+    family: str = "af2"
 
 
 def stream_seed(seed: int, index: int) -> int:
@@ -81,11 +85,23 @@ def stream_seed(seed: int, index: int) -> int:
 
 
 def prepare_item(item: StreamItem) -> tuple[int, str, dict[str, np.ndarray]]:
-    """Loader worker: read a chain's cached raw features and make its training sample."""
-    raw = FeatureCache(item.cache_dir).load(item.key)
+    """Loader worker: read a chain's (AF3: a complex's) cached raw features and make its training
+    sample."""
+    if item.family == "af3":
+        from fold_data.af3 import af3_cache
+        from fold_data.af3 import make_sample as make_af3_sample
+
+        from fold_train.af3_data import af3_cache_dir
+
+        cache = af3_cache(af3_cache_dir(item.cache_dir))
+    else:
+        cache = FeatureCache(item.cache_dir)
+    raw = cache.load(item.key)
     if raw is None:
-        raise InputError(Path(item.cache_dir) / f"{item.key}.npz", item.name,
+        raise InputError(cache.path(item.key), item.name,
                          "expected a valid cache entry (missing or corrupt: rebuild the cache)")
+    if item.family == "af3":
+        return item.index, item.name, make_af3_sample(raw, item.preset, seed=item.seed)
     return item.index, item.name, make_sample(raw, item.preset, seed=item.seed, training=True)
 
 
@@ -114,7 +130,7 @@ class SampleStream:
 
     cache_dir: str
     chains: list[tuple[str, str]]
-    preset: DataPreset
+    preset: Any  # DataPreset (AF2) or AF3DataPreset
     seed: int = 0
     batch_size: int = 1
     rank: int = 0
@@ -122,6 +138,7 @@ class SampleStream:
     workers: int = 1
     prefetch: int = 4
     strict_order: bool = False
+    family: str = "af2"  # "af3": AF3 cache entries and fold_data.af3.make_sample
     next_index: int = 0  # lowest stream index of this rank not yet consumed
     consumed_ahead: set[int] = field(default_factory=set)  # consumed indices above it
     _perms: dict[int, np.ndarray] = field(default_factory=dict, repr=False)
@@ -141,7 +158,7 @@ class SampleStream:
             self._perms = {epoch: np.random.default_rng([self.seed, epoch]).permutation(n)}
         name, key = self.chains[int(self._perms[epoch][pos])]
         return StreamItem(index, str(self.cache_dir), name, key, self.preset,
-                          stream_seed(self.seed, index))
+                          stream_seed(self.seed, index), self.family)
 
     def _pending(self, count: int) -> list[StreamItem]:
         """The next ``count`` unconsumed stream indices of this rank, in stream order."""

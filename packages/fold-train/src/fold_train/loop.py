@@ -39,9 +39,6 @@ from typing import Any
 
 import numpy as np
 import torch
-from fold_model.af2 import AlphaFold2
-from fold_model.af2.loss import AlphaFold2Loss
-from fold_model.af2.metrics import lddt_ca as torch_lddt_ca
 
 from fold_train import checkpoint as ckpt
 from fold_train import metrics
@@ -55,6 +52,7 @@ from fold_train.distributed import (
     enable_model_parallel,
     gather_objects,
 )
+from fold_train.family import model_family
 from fold_train.optim import FlatAdam, FlatParams
 
 __all__ = ["NonFiniteError", "Trainer", "evaluate_model", "draw_n_cycle"]
@@ -84,7 +82,7 @@ def _last_pass(batch: dict[str, torch.Tensor], n_cycle: int) -> dict[str, torch.
 
 @torch.no_grad()
 def evaluate_model(
-    model: AlphaFold2, samples: Sequence[tuple[str, dict[str, np.ndarray]]],
+    model: torch.nn.Module, samples: Sequence[tuple[str, dict[str, np.ndarray]]],
     device: torch.device, *, precision: str = "fp32",
 ) -> dict[str, float]:
     """Structure metrics of ``model`` (in eval mode, all recycling passes) on inference samples
@@ -130,7 +128,8 @@ def _autocast(device: torch.device, precision: str, *, cache: bool = True):
 
 
 class Trainer:
-    """Train ``AlphaFold2(cfg.model_config())`` on ``stream`` with outputs in ``run_dir``.
+    """Train ``AlphaFold2(cfg.model_config())`` (``cfg.family="af3"``: ``AlphaFold3``; what
+    differs lives in :mod:`fold_train.family`) on ``stream`` with outputs in ``run_dir``.
 
     ``eval_set``: inference samples ``[(name, sample)]`` scored with the EMA weights every
     ``cfg.eval_every`` steps and at the end. ``ctx``: the data-parallel context (single process
@@ -154,12 +153,13 @@ class Trainer:
         self.device = self.ctx.device
         torch.manual_seed(cfg.seed)  # same initial weights on every rank
         self.model_config = cfg.model_config()
-        self.model = AlphaFold2(self.model_config).to(self.device)
+        self.family = model_family(cfg.family, self.model_config)
+        self.model = self.family.build_model(self.model_config).to(self.device)
         self._parallel_handles = enable_model_parallel(self.model, self.ctx)  # DAP / BP
         if cfg.compile_structure_module:
             # memory-bound: many small elementwise ops that fuse well (ScaleFold 3.3)
             self.model.structure_module.compile()
-        self.loss_fn = AlphaFold2Loss(self.model_config.loss)
+        self.loss_fn = self.family.make_loss(self.model, self.model_config)
         self.flat = FlatParams(self.model)
         self.opt = FlatAdam(self.flat, cfg.optim, use_kernels=cfg.use_kernels)
         self._graphed: GraphedStep | None = None
@@ -186,16 +186,16 @@ class Trainer:
         """One optimizer step on ``batch`` (``[B, R, ...]``); returns its metrics."""
         cfg = self.cfg
         self.model.train()
-        n_cycle = draw_n_cycle(cfg.seed, self.step, batch["aatype"].shape[1])
+        n_cycle = draw_n_cycle(cfg.seed, self.step, self.family.n_cycle_max(batch))
         batch = _to_device(batch, self.device)
         if self._graphed is not None:
             self._graphed.load(batch)
             outs = self._graphed(n_cycle)
-            loss, positions = outs["loss"], outs["final_atom_positions"]
+            loss = outs["loss"]
+            aux = {"final_atom_positions": outs["final_atom_positions"]}
             terms = {k.removeprefix("term/"): v for k, v in outs.items() if k.startswith("term/")}
         else:
-            loss, terms, positions = self._forward_backward(batch, n_cycle)
-        last = _last_pass(batch, n_cycle)
+            loss, terms, aux = self._forward_backward(batch, n_cycle)
         if self.ctx.distributed:
             # the norm is accumulated while the buckets' all-reduces complete (overlap_clip), or
             # taken afterwards over the whole averaged buffer
@@ -215,14 +215,9 @@ class Trainer:
             self.skipped_total += 1
             record["skipped"] = True
         self.step += 1
-        with torch.no_grad():
-            lddt = torch_lddt_ca(positions.float(),
-                                 last["all_atom_positions"].float(),
-                                 last["all_atom_mask"].float() * last["seq_mask"][..., None],
-                                 per_residue=False)
         record.update({k: float(v.detach()) for k, v in terms.items()})
         record["grad_norm"] = float(norm)
-        record["lddt_ca"] = float(lddt.mean())
+        record.update(self.family.step_metrics(batch, n_cycle, aux))
         if not finite:
             print(f"fold-train: step {self.step}: non-finite loss {record['loss']} or gradient "
                   f"norm {record['grad_norm']}; update skipped ({self.consecutive_skips} in a row)")
@@ -235,24 +230,23 @@ class Trainer:
 
     def _forward_backward(
         self, batch: dict[str, torch.Tensor], n_cycle: int, *, autocast_cache: bool = True,
-    ) -> tuple[torch.Tensor, dict[str, torch.Tensor], torch.Tensor]:
-        """Zero the flat gradient, forward with ``n_cycle`` passes, the loss on the last pass's
-        truth, backward. Returns ``(loss, loss terms, final_atom_positions [B, N_res, 37, 3])``
-        (detached)."""
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+        """Zero the flat gradient, forward with ``n_cycle`` passes, the family's loss (AF2: on
+        the last pass's truth), backward. Returns ``(loss, loss terms, aux)`` (detached; AF2's
+        aux: ``final_atom_positions [B, N_res, 37, 3]``)."""
         self.flat.zero_grad()
         with _autocast(self.device, self.cfg.precision, cache=autocast_cache):
-            out = self.model(batch, num_recycles=n_cycle)
-            loss, terms = self.loss_fn(out, _last_pass(batch, n_cycle))
+            loss, terms, aux = self.family.forward_loss(self.model, self.loss_fn, batch, n_cycle)
         loss.backward()
         terms = {k: v.detach() for k, v in terms.items()}
-        return loss.detach(), terms, out["final_atom_positions"].detach()
+        return loss.detach(), terms, aux
 
     def _graph_body(self, n_cycle: int) -> dict[str, torch.Tensor]:
         """The captured work of a step: :meth:`_forward_backward` on the static batch."""
         assert self._graphed is not None
-        loss, terms, positions = self._forward_backward(
+        loss, terms, aux = self._forward_backward(
             self._graphed.static_inputs, n_cycle, autocast_cache=False)
-        return {"loss": loss, "final_atom_positions": positions,
+        return {"loss": loss, "final_atom_positions": aux["final_atom_positions"],
                 **{f"term/{k}": v for k, v in terms.items()}}
 
     # -- the run --------------------------------------------------------------------------------
@@ -284,7 +278,9 @@ class Trainer:
                 records.append(record)
                 if main and (self.step % cfg.log_every == 0 or self.step == end):
                     self._log(record)
-                bar.set_postfix(loss=f"{record['loss']:.3f}", lddt=f"{record['lddt_ca']:.3f}",
+                bar.set_postfix(loss=f"{record['loss']:.3f}",
+                                **({"lddt": f"{record['lddt_ca']:.3f}"}
+                                   if "lddt_ca" in record else {}),
                                 s_per_step=f"{dt:.2f}", samples_s=f"{samples_per_step / dt:.2f}")
                 bar.update()
                 if cfg.eval_every and self.step % cfg.eval_every == 0 and self.step < end:
@@ -318,8 +314,8 @@ class Trainer:
             # DAP/BP: the model's collectives need every rank of the replica, so all ranks
             # evaluate the live module with the EMA weights swapped in, synchronously.
             with self.opt.swap_ema():
-                result = evaluate_model(self.model, self.eval_set, self.device,
-                                        precision=self.cfg.precision)
+                result = self.family.evaluate(self.model, self.eval_set, self.device,
+                                             self.cfg.precision)
             self._log({"step": self.step, **result})
             return
         if not self.ctx.is_main:
@@ -331,12 +327,12 @@ class Trainer:
             # scores the snapshot.
             if self._eval_pool is None:
                 self._eval_pool = concurrent.futures.ThreadPoolExecutor(1)
-            fut = self._eval_pool.submit(evaluate_model, snapshot, self.eval_set, self.device,
-                                         precision=self.cfg.precision)
+            fut = self._eval_pool.submit(self.family.evaluate, snapshot, self.eval_set,
+                                         self.device, self.cfg.precision)
             self._eval_futures.append((self.step, fut))
         else:
-            result = evaluate_model(snapshot, self.eval_set, self.device,
-                                    precision=self.cfg.precision)
+            result = self.family.evaluate(snapshot, self.eval_set, self.device,
+                                          self.cfg.precision)
             self._log({"step": self.step, **result})
 
     def _drain_eval(self, *, block: bool) -> None:
@@ -431,8 +427,8 @@ class Trainer:
             raise ckpt.CheckpointError(path, f"expected checkpoint format {CHECKPOINT_FORMAT!r}, "
                                              f"got {state.get('format')!r}")
         saved = TrainConfig.from_dict(state["config"])
-        for field in ("preset", "model_overrides", "data_overrides", "seed", "batch_size",
-                      "dap", "bp"):
+        for field in ("family", "preset", "model_overrides", "data_overrides", "seed",
+                      "batch_size", "dap", "bp"):
             if getattr(saved, field) != getattr(self.cfg, field):
                 raise ckpt.CheckpointError(
                     path, f"was written with {field}={getattr(saved, field)!r}, this run has "

@@ -9,9 +9,10 @@ from pathlib import Path
 
 __all__ = ["LOSS_TERMS", "plot_metrics", "read_metrics"]
 
-# The AF2 loss terms (fold_model.af2.loss.AlphaFold2Loss) plotted when present.
+# The AF2 loss terms (fold_model.af2.loss.AlphaFold2Loss) and AF3's (AlphaFold3.loss) plotted
+# when present.
 LOSS_TERMS = ("loss", "fape", "aux", "distogram", "masked_msa", "plddt",
-              "experimentally_resolved", "violation", "tm")
+              "experimentally_resolved", "violation", "tm", "diffusion", "confidence")
 
 
 def read_metrics(path: str | os.PathLike) -> list[dict]:
@@ -48,8 +49,9 @@ def plot_metrics(metrics_path: str | os.PathLike, out_path: str | os.PathLike) -
     ax_loss.set_xlabel("step")
     ax_loss.set_title("loss terms (unweighted; 'loss' is the weighted total)")
     ax_loss.legend(fontsize=7)
-    if train:
-        ax_lddt.plot([r["step"] for r in train], [r["lddt_ca"] for r in train],
+    lddt = [r for r in train if "lddt_ca" in r]  # AF2 runs; AF3 steps log no lDDT-Ca
+    if lddt:
+        ax_lddt.plot([r["step"] for r in lddt], [r["lddt_ca"] for r in lddt],
                      label="training batch", lw=1.0)
     if evals:
         ax_lddt.plot([r["step"] for r in evals], [r["eval/lddt_ca"] for r in evals], "o-",
@@ -57,7 +59,8 @@ def plot_metrics(metrics_path: str | os.PathLike, out_path: str | os.PathLike) -
     ax_lddt.set_ylim(0, 1)
     ax_lddt.set_xlabel("step")
     ax_lddt.set_title("lDDT-Ca")
-    ax_lddt.legend(fontsize=7)
+    if lddt or evals:
+        ax_lddt.legend(fontsize=7)
     fig.tight_layout()
     out_path = Path(out_path)
     tmp = out_path.with_name(f".{out_path.name}.tmp.png")

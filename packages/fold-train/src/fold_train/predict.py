@@ -53,18 +53,30 @@ class Prediction:
 
 
 def load_trained_model(checkpoint: str | os.PathLike, device: str | torch.device = "cpu", *,
-                       use_ema: bool = True):
+                       use_ema: bool = True, family: str = "af2"):
     """``(model, TrainConfig)`` from a fold-train checkpoint: the model in eval mode with the
-    averaged weights when the checkpoint has them (``use_ema``), else the live weights."""
-    from fold_model.af2 import AlphaFold2
-
+    averaged weights when the checkpoint has them (``use_ema``), else the live weights.
+    ``family``: the model family the caller expects (``af2`` / ``af3``); a checkpoint of the
+    other family is a :class:`CheckpointError` that says which input it needs."""
     from fold_train.checkpoint import CheckpointError, load_checkpoint
+    from fold_train.family import model_family
     from fold_train.optim import FlatParams
 
     state = load_checkpoint(checkpoint, map_location="cpu")
     try:
         cfg = TrainConfig.from_dict(state["config"])
-        model = AlphaFold2(cfg.model_config())
+    except (KeyError, RuntimeError, ValueError, TypeError) as e:
+        raise CheckpointError(checkpoint, f"cannot read its training config: {e}") from e
+    if cfg.family != family:
+        how = {"af2": "a FASTA or an mmCIF chain (--fasta / --mmcif)",
+               "af3": "an AlphaFold3 input JSON (--json)"}
+        raise CheckpointError(
+            checkpoint, f"is an {cfg.family.upper()} checkpoint (preset {cfg.preset!r}) but the "
+                        f"input needs an {family.upper()} model; predict with it from "
+                        f"{how[cfg.family]}")
+    try:
+        model_config = cfg.model_config()
+        model = model_family(cfg.family, model_config).build_model(model_config)
         model.load_state_dict(state["model"])
     except (KeyError, RuntimeError, ValueError, TypeError) as e:
         raise CheckpointError(checkpoint, f"cannot rebuild the model from it: {e}") from e
