@@ -131,3 +131,48 @@ def test_non_contiguous_inputs_triangle_ending_node_layout():
     qt, kt, vt, gt = (t.transpose(1, 3) for t in (q, k, v, gate))  # [1, N, H, R, D] views
     assert not qt.is_contiguous()
     _check(qt, kt, vt, bias, mask, gt, torch.float32)
+
+
+def _heads_view(x: torch.Tensor) -> torch.Tensor:
+    """[*, R, H, N, D] data laid out as the model's projections do: a transposed view of a
+    contiguous [*, R, N, H, D] tensor (what ``Attention._heads`` passes)."""
+    return x.transpose(-2, -3).contiguous().transpose(-2, -3)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_strided_heads_layout_read_in_place(dtype):
+    """q, k, v, gate as the model's transposed views: the kernel reads them through strides,
+    writes o and every gradient in the same layout (so the model's transpose back is a view),
+    and agrees with the fp64 reference (odd N, mask with holes and a fully masked row)."""
+    from fold_kernels import evo_attention
+
+    q, k, v, bias, mask, gate = _inputs((2, 3, 2, 19, 16), 2, 19, dtype, seed=11)
+    q, k, v, gate = (_heads_view(t) for t in (q, k, v, gate))
+    assert not q.is_contiguous()
+    _check(q, k, v, bias, mask, gate, dtype)
+    qd, kd, vd, gd = (t.detach().to(DEVICE).requires_grad_() for t in (q, k, v, gate))
+    o = evo_attention(qd, kd, vd, bias.to(DEVICE), mask.to(DEVICE), gate=gd)
+    assert o.stride() == qd.stride()  # o in the heads layout: o.transpose(-2, -3) is contiguous
+    assert o.transpose(-2, -3).is_contiguous()
+    o.backward(torch.randn_like(o).transpose(-2, -3).contiguous().transpose(-2, -3))
+    for t in (qd, kd, vd, gd):
+        assert t.grad.stride() == qd.stride() and torch.isfinite(t.grad).all()
+
+
+def test_mixed_and_non_dense_layouts_fall_back_to_copies():
+    """k contiguous while q is a transposed view, v a strided slice (not dense), the output
+    gradient a broadcast (stride 0): still equal to the reference."""
+    q, k, v, bias, mask, gate = _inputs((1, 3, 2, 21, 8), 2, 21, torch.float32, seed=12)
+    q = _heads_view(q)
+    v_wide = torch.randn(1, 3, 2, 21, 16, generator=torch.Generator().manual_seed(3))
+    v = v_wide[..., ::2]  # D stride 2
+    assert v.stride(-1) == 2
+    _check(q, k, v, bias, mask.float(), gate, torch.float32)
+    from fold_kernels import evo_attention
+
+    qd = q.detach().to(DEVICE).requires_grad_()
+    o = evo_attention(qd, k.to(DEVICE), v.to(DEVICE), bias.to(DEVICE), mask.to(DEVICE))
+    o.sum().backward()  # dO = ones expanded: stride 0 everywhere
+    q64 = q.detach().double().requires_grad_()
+    ref.evo_attention(q64, k.double(), v.double(), bias.double(), mask).sum().backward()
+    assert rel_err(qd.grad.cpu(), q64.grad) < TOL[torch.float32]

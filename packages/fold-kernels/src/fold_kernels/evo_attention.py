@@ -42,6 +42,8 @@ import triton
 import triton.language as tl
 
 from fold_kernels import tuning
+from fold_kernels.broadcast import broadcast_shape
+from fold_kernels.reduce import sum_partials
 
 __all__ = ["evo_attention", "SUPPORTED_DTYPES", "MAX_HEAD_DIM"]
 
@@ -73,6 +75,14 @@ def _bias_tile(Bias, b, h, offs_m, offs_n, m_valid, n_valid, sbb, sbh, sbi, sbj)
 
 
 @triton.jit
+def _base(b, r, h, sqb, sqr, sqh):
+    """Offset of the [N, D] matrix (b, r, h) in a q-layout tensor (strides sqb, sqr, sqh over
+    [B, R, H]; rows sqn apart, D contiguous): every q/k/v/gate/o/dO/dq/dk/dv shares it."""
+    h64 = h.to(tl.int64)
+    return (h64 * 0 + b) * sqb + (h64 * 0 + r) * sqr + h64 * sqh
+
+
+@triton.jit
 def _keep(Mask, b, r, offs_n, n_valid, smb, smr, smj, HAS_MASK: tl.constexpr):
     """Which keys of row r are attended, [BLOCK_N] (keys past N never are)."""
     if HAS_MASK:
@@ -84,11 +94,11 @@ def _keep(Mask, b, r, offs_n, n_valid, smb, smr, smj, HAS_MASK: tl.constexpr):
 
 @triton.jit
 def _fwd_step(q, K, V, base, offs_n, offs_d, nd, bias2, keep, n_valid, acc, m_i, l_i,
-              qk_scale, D, HAS_BIAS: tl.constexpr, HAS_MASK: tl.constexpr,
+              qk_scale, SN, HAS_BIAS: tl.constexpr, HAS_MASK: tl.constexpr,
               EVEN: tl.constexpr, PRECISION: tl.constexpr):
     """One key block of the online softmax for one row: logits in the log2 domain."""
-    k = tl.load(K + base + offs_n[:, None] * D + offs_d[None, :], mask=nd, other=0.0)
-    v = tl.load(V + base + offs_n[:, None] * D + offs_d[None, :], mask=nd, other=0.0)
+    k = tl.load(K + base + offs_n[:, None] * SN + offs_d[None, :], mask=nd, other=0.0)
+    v = tl.load(V + base + offs_n[:, None] * SN + offs_d[None, :], mask=nd, other=0.0)
     s = _mm(q, tl.trans(k), PRECISION) * qk_scale  # [BLOCK_M, BLOCK_N]
     if HAS_BIAS:
         s += bias2
@@ -105,7 +115,7 @@ def _fwd_step(q, K, V, base, offs_n, offs_d, nd, bias2, keep, n_valid, acc, m_i,
 
 
 @triton.jit
-def _fwd_store(acc, m_i, l_i, G, O, OPre, LSE, slab, base, offs_m, offs_d, m_valid, md, N, D,
+def _fwd_store(acc, m_i, l_i, G, O, OPre, LSE, slab, base, offs_m, offs_d, m_valid, md, N, SN,
                HAS_GATE: tl.constexpr):
     # LSE[.., 0, :] = log2-sum-exp; LSE[.., 1, :] = 1/l for a fully masked row (else 0): its
     # keys all sit at -1e30, where m + log2(l) would lose log2(l), so the backward uses 1/l.
@@ -114,7 +124,7 @@ def _fwd_store(acc, m_i, l_i, G, O, OPre, LSE, slab, base, offs_m, offs_d, m_val
     tl.store(LSE + slab * 2 * N + offs_m, lse, mask=m_valid)
     tl.store(LSE + slab * 2 * N + N + offs_m, tl.where(all_masked, 1.0 / l_i, 0.0), mask=m_valid)
     o = acc / l_i[:, None]
-    optrs = base + offs_m[:, None] * D + offs_d[None, :]
+    optrs = base + offs_m[:, None] * SN + offs_d[None, :]
     if HAS_GATE:
         tl.store(OPre + optrs, o.to(OPre.dtype.element_ty), mask=md)
         g = tl.load(G + optrs, mask=md, other=0.0).to(tl.float32)
@@ -124,7 +134,7 @@ def _fwd_store(acc, m_i, l_i, G, O, OPre, LSE, slab, base, offs_m, offs_d, m_val
 
 @triton.jit
 def _fwd(Q, K, V, G, Bias, Mask, O, OPre, LSE,
-         sbb, sbh, sbi, sbj, smb, smr, smj,
+         sbb, sbh, sbi, sbj, smb, smr, smj, sqb, sqr, sqh, sqn,
          R, H, N, D, qk_scale,
          HAS_BIAS: tl.constexpr, HAS_MASK: tl.constexpr, HAS_GATE: tl.constexpr,
          TWO_ROWS: tl.constexpr, EVEN: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -144,15 +154,15 @@ def _fwd(Q, K, V, G, Bias, Mask, O, OPre, LSE,
     m_valid = offs_m < N
     md = m_valid[:, None] & (offs_d < D)[None, :]
     slab0 = ((b * R + r0) * H + h).to(tl.int64)  # which [N, D] matrix of [B, R, H, N, D]
-    base0 = slab0 * N * D
-    q0 = tl.load(Q + base0 + offs_m[:, None] * D + offs_d[None, :], mask=md, other=0.0)
+    base0 = _base(b, r0, h, sqb, sqr, sqh)
+    q0 = tl.load(Q + base0 + offs_m[:, None] * sqn + offs_d[None, :], mask=md, other=0.0)
     m0 = tl.full([BLOCK_M], -1.0e38, tl.float32)  # finite: a block of only -inf stays NaN-free
     l0 = tl.zeros([BLOCK_M], tl.float32)
     acc0 = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     if TWO_ROWS:
         slab1 = ((b * R + r1) * H + h).to(tl.int64)
-        base1 = slab1 * N * D
-        q1 = tl.load(Q + base1 + offs_m[:, None] * D + offs_d[None, :], mask=md, other=0.0)
+        base1 = _base(b, r1, h, sqb, sqr, sqh)
+        q1 = tl.load(Q + base1 + offs_m[:, None] * sqn + offs_d[None, :], mask=md, other=0.0)
         m1 = tl.full([BLOCK_M], -1.0e38, tl.float32)
         l1 = tl.zeros([BLOCK_M], tl.float32)
         acc1 = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
@@ -166,27 +176,36 @@ def _fwd(Q, K, V, G, Bias, Mask, O, OPre, LSE,
             bias2 = 0.0
         keep0 = _keep(Mask, b, r0, offs_n, n_valid, smb, smr, smj, HAS_MASK)
         acc0, m0, l0 = _fwd_step(q0, K, V, base0, offs_n, offs_d, nd, bias2, keep0, n_valid,
-                                 acc0, m0, l0, qk_scale, D, HAS_BIAS, HAS_MASK, EVEN, PRECISION)
+                                 acc0, m0, l0, qk_scale, sqn, HAS_BIAS, HAS_MASK, EVEN, PRECISION)
         if TWO_ROWS:
             keep1 = _keep(Mask, b, r1, offs_n, n_valid, smb, smr, smj, HAS_MASK)
             acc1, m1, l1 = _fwd_step(q1, K, V, base1, offs_n, offs_d, nd, bias2, keep1,
-                                     n_valid, acc1, m1, l1, qk_scale, D, HAS_BIAS, HAS_MASK,
+                                     n_valid, acc1, m1, l1, qk_scale, sqn, HAS_BIAS, HAS_MASK,
                                      EVEN, PRECISION)
-    _fwd_store(acc0, m0, l0, G, O, OPre, LSE, slab0, base0, offs_m, offs_d, m_valid, md, N, D,
+    _fwd_store(acc0, m0, l0, G, O, OPre, LSE, slab0, base0, offs_m, offs_d, m_valid, md, N, sqn,
                HAS_GATE)
     if TWO_ROWS:
         _fwd_store(acc1, m1, l1, G, O, OPre, LSE, slab1, base1, offs_m, offs_d, m_valid, md,
-                   N, D, HAS_GATE)
+                   N, sqn, HAS_GATE)
 
 
 @triton.jit
-def _bwd_pre(DY, OPre, G, DO, DG, Delta, rows, D,
+def _bwd_pre(DY, OPre, G, DO, DG, Delta, rows, R, H, N, D, sqb, sqr, sqh, sqn,
              HAS_GATE: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr):
-    """delta = rowsum(dO * O); with a gate, dO = dY * sigmoid(g), dg = dY * O * sig'(g)."""
+    """delta = rowsum(dO * O); with a gate, dO = dY * sigmoid(g), dg = dY * O * sig'(g).
+
+    Rows are logical (b, r, h, n) rows in slab order (Delta's layout); the [N, D] tensors are
+    read in q's layout."""
     offs_r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     offs_d = tl.arange(0, BLOCK_D)
     rd = (offs_r < rows)[:, None] & (offs_d < D)[None, :]
-    ptrs = offs_r.to(tl.int64)[:, None] * D + offs_d[None, :]
+    row = offs_r.to(tl.int64)
+    n = row % N
+    slab = row // N
+    h = slab % H
+    r = (slab // H) % R
+    b = slab // (H * R)
+    ptrs = (b * sqb + r * sqr + h * sqh + n * sqn)[:, None] + offs_d[None, :]
     dy = tl.load(DY + ptrs, mask=rd, other=0.0).to(tl.float32)
     o = tl.load(OPre + ptrs, mask=rd, other=0.0).to(tl.float32)
     if HAS_GATE:
@@ -215,10 +234,10 @@ def _ds_tile(q, k, do, v, lse, delta, bias2, keep, qk_scale, HAS_BIAS: tl.conste
 
 @triton.jit
 def _dkdv_step(Q, DO, LSE, Delta, slab, base, offs_m, offs_d, md, m_valid, k, v, bias2, keep,
-               n_valid, dk, dv, qk_scale, N, D, HAS_BIAS: tl.constexpr, HAS_MASK: tl.constexpr,
+               n_valid, dk, dv, qk_scale, N, SN, HAS_BIAS: tl.constexpr, HAS_MASK: tl.constexpr,
                EVEN: tl.constexpr, PRECISION: tl.constexpr):
-    q = tl.load(Q + base + offs_m[:, None] * D + offs_d[None, :], mask=md, other=0.0)
-    do = tl.load(DO + base + offs_m[:, None] * D + offs_d[None, :], mask=md, other=0.0)
+    q = tl.load(Q + base + offs_m[:, None] * SN + offs_d[None, :], mask=md, other=0.0)
+    do = tl.load(DO + base + offs_m[:, None] * SN + offs_d[None, :], mask=md, other=0.0)
     lse = tl.load(LSE + slab * 2 * N + offs_m, mask=m_valid, other=float("inf"))
     delta = tl.load(Delta + slab * N + offs_m, mask=m_valid, other=0.0)
     p, ds = _ds_tile(q, k, do, v, lse, delta, bias2, keep, qk_scale, HAS_BIAS,
@@ -234,7 +253,7 @@ def _dkdv_step(Q, DO, LSE, Delta, slab, base, offs_m, offs_d, md, m_valid, k, v,
 
 @triton.jit
 def _bwd_dkdv(Q, K, V, Bias, Mask, DO, LSE, Delta, DK, DV,
-              sbb, sbh, sbi, sbj, smb, smr, smj,
+              sbb, sbh, sbi, sbj, smb, smr, smj, sqb, sqr, sqh, sqn,
               R, H, N, D, qk_scale, scale,
               HAS_BIAS: tl.constexpr, HAS_MASK: tl.constexpr, TWO_ROWS: tl.constexpr,
               EVEN: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -254,9 +273,9 @@ def _bwd_dkdv(Q, K, V, Bias, Mask, DO, LSE, Delta, DK, DV,
     n_valid = offs_n < N
     d_valid = offs_d < D
     nd = n_valid[:, None] & d_valid[None, :]
-    kv_off = offs_n[:, None] * D + offs_d[None, :]
+    kv_off = offs_n[:, None] * sqn + offs_d[None, :]
     slab0 = ((b * R + r0) * H + h).to(tl.int64)
-    base0 = slab0 * N * D
+    base0 = _base(b, r0, h, sqb, sqr, sqh)
     k0 = tl.load(K + base0 + kv_off, mask=nd, other=0.0)
     v0 = tl.load(V + base0 + kv_off, mask=nd, other=0.0)
     keep0 = _keep(Mask, b, r0, offs_n, n_valid, smb, smr, smj, HAS_MASK)
@@ -264,7 +283,7 @@ def _bwd_dkdv(Q, K, V, Bias, Mask, DO, LSE, Delta, DK, DV,
     dv0 = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
     if TWO_ROWS:
         slab1 = ((b * R + r1) * H + h).to(tl.int64)
-        base1 = slab1 * N * D
+        base1 = _base(b, r1, h, sqb, sqr, sqh)
         k1 = tl.load(K + base1 + kv_off, mask=nd, other=0.0)
         v1 = tl.load(V + base1 + kv_off, mask=nd, other=0.0)
         keep1 = _keep(Mask, b, r1, offs_n, n_valid, smb, smr, smj, HAS_MASK)
@@ -279,11 +298,11 @@ def _bwd_dkdv(Q, K, V, Bias, Mask, DO, LSE, Delta, DK, DV,
         else:
             bias2 = 0.0
         dk0, dv0 = _dkdv_step(Q, DO, LSE, Delta, slab0, base0, offs_m, offs_d, md, m_valid,
-                              k0, v0, bias2, keep0, n_valid, dk0, dv0, qk_scale, N, D,
+                              k0, v0, bias2, keep0, n_valid, dk0, dv0, qk_scale, N, sqn,
                               HAS_BIAS, HAS_MASK, EVEN, PRECISION)
         if TWO_ROWS:
             dk1, dv1 = _dkdv_step(Q, DO, LSE, Delta, slab1, base1, offs_m, offs_d, md, m_valid,
-                                  k1, v1, bias2, keep1, n_valid, dk1, dv1, qk_scale, N, D,
+                                  k1, v1, bias2, keep1, n_valid, dk1, dv1, qk_scale, N, sqn,
                                   HAS_BIAS, HAS_MASK, EVEN, PRECISION)
     tl.store(DK + base0 + kv_off, (dk0 * scale).to(DK.dtype.element_ty), mask=nd)
     tl.store(DV + base0 + kv_off, dv0.to(DV.dtype.element_ty), mask=nd)
@@ -293,10 +312,10 @@ def _bwd_dkdv(Q, K, V, Bias, Mask, DO, LSE, Delta, DK, DV,
 
 
 @triton.jit
-def _dq_step(K, V, base, offs_n, offs_d, nd, q, do, lse, delta, bias2, keep, dq, qk_scale, D,
+def _dq_step(K, V, base, offs_n, offs_d, nd, q, do, lse, delta, bias2, keep, dq, qk_scale, SN,
              HAS_BIAS: tl.constexpr, NEED_KEEP: tl.constexpr, PRECISION: tl.constexpr):
-    k = tl.load(K + base + offs_n[:, None] * D + offs_d[None, :], mask=nd, other=0.0)
-    v = tl.load(V + base + offs_n[:, None] * D + offs_d[None, :], mask=nd, other=0.0)
+    k = tl.load(K + base + offs_n[:, None] * SN + offs_d[None, :], mask=nd, other=0.0)
+    v = tl.load(V + base + offs_n[:, None] * SN + offs_d[None, :], mask=nd, other=0.0)
     p, ds = _ds_tile(q, k, do, v, lse, delta, bias2, keep, qk_scale, HAS_BIAS, NEED_KEEP,
                      PRECISION)
     return dq + _mm(ds.to(k.dtype), k, PRECISION)
@@ -304,7 +323,7 @@ def _dq_step(K, V, base, offs_n, offs_d, nd, q, do, lse, delta, bias2, keep, dq,
 
 @triton.jit
 def _bwd_dq(Q, K, V, Bias, Mask, DO, LSE, Delta, DQ,
-            sbb, sbh, sbi, sbj, smb, smr, smj,
+            sbb, sbh, sbi, sbj, smb, smr, smj, sqb, sqr, sqh, sqn,
             R, H, N, D, qk_scale, scale,
             HAS_BIAS: tl.constexpr, HAS_MASK: tl.constexpr, TWO_ROWS: tl.constexpr,
             EVEN: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -324,9 +343,9 @@ def _bwd_dq(Q, K, V, Bias, Mask, DO, LSE, Delta, DQ,
     m_valid = offs_m < N
     d_valid = offs_d < D
     md = m_valid[:, None] & d_valid[None, :]
-    qo_off = offs_m[:, None] * D + offs_d[None, :]
+    qo_off = offs_m[:, None] * sqn + offs_d[None, :]
     slab0 = ((b * R + r0) * H + h).to(tl.int64)
-    base0 = slab0 * N * D
+    base0 = _base(b, r0, h, sqb, sqr, sqh)
     q0 = tl.load(Q + base0 + qo_off, mask=md, other=0.0)
     do0 = tl.load(DO + base0 + qo_off, mask=md, other=0.0)
     lse0 = tl.load(LSE + slab0 * 2 * N + offs_m, mask=m_valid, other=float("inf"))
@@ -334,7 +353,7 @@ def _bwd_dq(Q, K, V, Bias, Mask, DO, LSE, Delta, DQ,
     dq0 = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     if TWO_ROWS:
         slab1 = ((b * R + r1) * H + h).to(tl.int64)
-        base1 = slab1 * N * D
+        base1 = _base(b, r1, h, sqb, sqr, sqh)
         q1 = tl.load(Q + base1 + qo_off, mask=md, other=0.0)
         do1 = tl.load(DO + base1 + qo_off, mask=md, other=0.0)
         lse1 = tl.load(LSE + slab1 * 2 * N + offs_m, mask=m_valid, other=float("inf"))
@@ -350,11 +369,11 @@ def _bwd_dq(Q, K, V, Bias, Mask, DO, LSE, Delta, DQ,
             bias2 = 0.0
         keep0 = _keep(Mask, b, r0, offs_n, n_valid, smb, smr, smj, HAS_MASK)
         dq0 = _dq_step(K, V, base0, offs_n, offs_d, nd, q0, do0, lse0, delta0, bias2, keep0,
-                       dq0, qk_scale, D, HAS_BIAS, HAS_MASK or not EVEN, PRECISION)
+                       dq0, qk_scale, sqn, HAS_BIAS, HAS_MASK or not EVEN, PRECISION)
         if TWO_ROWS:
             keep1 = _keep(Mask, b, r1, offs_n, n_valid, smb, smr, smj, HAS_MASK)
             dq1 = _dq_step(K, V, base1, offs_n, offs_d, nd, q1, do1, lse1, delta1, bias2,
-                           keep1, dq1, qk_scale, D, HAS_BIAS, HAS_MASK or not EVEN, PRECISION)
+                           keep1, dq1, qk_scale, sqn, HAS_BIAS, HAS_MASK or not EVEN, PRECISION)
     tl.store(DQ + base0 + qo_off, (dq0 * scale).to(DQ.dtype.element_ty), mask=md)
     if TWO_ROWS:
         tl.store(DQ + base1 + qo_off, (dq1 * scale).to(DQ.dtype.element_ty), mask=md)
@@ -362,7 +381,7 @@ def _bwd_dq(Q, K, V, Bias, Mask, DO, LSE, Delta, DQ,
 
 @triton.jit
 def _bwd_dbias(Q, K, V, Bias, Mask, DO, LSE, Delta, DBias,
-               sbb, sbh, sbi, sbj, smb, smr, smj,
+               sbb, sbh, sbi, sbj, smb, smr, smj, sqb, sqr, sqh, sqn,
                R, H, N, D, qk_scale, rows_per_bias, rows_per_split, n_blocks_n,
                HAS_MASK: tl.constexpr,
                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
@@ -391,19 +410,19 @@ def _bwd_dbias(Q, K, V, Bias, Mask, DO, LSE, Delta, DBias,
         b = bb * (rows_per_bias // R) + t // R  # the bias batch entry bb serves these b
         r = t % R
         slab = ((b * R + r) * H + h).to(tl.int64)
-        base = slab * N * D
-        q = tl.load(Q + base + offs_m[:, None] * D + offs_d[None, :], mask=md, other=0.0)
-        do = tl.load(DO + base + offs_m[:, None] * D + offs_d[None, :], mask=md, other=0.0)
-        k = tl.load(K + base + offs_n[:, None] * D + offs_d[None, :], mask=nd, other=0.0)
-        v = tl.load(V + base + offs_n[:, None] * D + offs_d[None, :], mask=nd, other=0.0)
+        base = _base(b, r, h, sqb, sqr, sqh)
+        q = tl.load(Q + base + offs_m[:, None] * sqn + offs_d[None, :], mask=md, other=0.0)
+        do = tl.load(DO + base + offs_m[:, None] * sqn + offs_d[None, :], mask=md, other=0.0)
+        k = tl.load(K + base + offs_n[:, None] * sqn + offs_d[None, :], mask=nd, other=0.0)
+        v = tl.load(V + base + offs_n[:, None] * sqn + offs_d[None, :], mask=nd, other=0.0)
         lse = tl.load(LSE + slab * 2 * N + offs_m, mask=m_valid, other=float("inf"))
         delta = tl.load(Delta + slab * N + offs_m, mask=m_valid, other=0.0)
         keep = _keep(Mask, b, r, offs_n, n_valid, smb, smr, smj, HAS_MASK)
         p, ds = _ds_tile(q, k, do, v, lse, delta, bias2, keep, qk_scale, True, True, PRECISION)
         acc += ds
     out = (split * (tl.num_programs(2)) + bbh).to(tl.int64) * N * N
-    tl.store(DBias + out + offs_m[:, None] * N + offs_n[None, :], acc,
-             mask=m_valid[:, None] & n_valid[None, :])
+    tl.store(DBias + out + offs_m[:, None] * N + offs_n[None, :],
+             acc.to(DBias.dtype.element_ty), mask=m_valid[:, None] & n_valid[None, :])
 
 
 # ----------------------------------------------------------------------------- host side
@@ -452,16 +471,17 @@ def _bias_view(bias: torch.Tensor, batch: tuple[int, ...]) -> tuple[torch.Tensor
     nb = math.prod(batch)
     if math.prod(lead) == 1:
         return bias.reshape(1, h, n, n), 1
-    if torch.broadcast_shapes(lead, batch) != batch:
+    if broadcast_shape(lead, batch) != batch:
         raise ValueError(f"evo_attention: bias batch dims {lead} do not broadcast to {batch}")
     return bias.expand(*batch, h, n, n).reshape(nb, h, n, n), nb
 
 
 def _mask_view(mask: torch.Tensor, batch: tuple[int, ...], r: int, n: int) -> torch.Tensor:
-    """The key mask as uint8 [B, R, N] (broadcast dims keep stride 0)."""
-    m = mask if mask.dtype == torch.bool else mask != 0
-    m = m.expand(*batch, r, n).reshape(-1, r, n)
-    return m.to(torch.uint8)
+    """The key mask as a [B, R, N] view (broadcast dims keep stride 0) in its own dtype: the
+    kernels test ``!= 0``, so a float or bool mask is read in place, never converted per call
+    (a bool mask is reinterpreted as uint8, a free view)."""
+    m = mask.view(torch.uint8) if mask.dtype == torch.bool else mask
+    return m.expand(*batch, r, n).reshape(-1, r, n)
 
 
 class _Launch:
@@ -489,17 +509,57 @@ class _Launch:
         else:
             self.mask, self.mask_strides = None, [0, 0, 0]
         self.dtype = q.dtype
+        self.layout: tuple[int, ...] = ()  # strides of every [B, R, H, N, D] tensor (set_layout)
+
+    def set_layout(self, q, k, v, gate):
+        """Adopt q's strides for q, k, v, gate, o, dO and the gradients when they share them and
+        are dense with D contiguous (the model's heads are a transposed view of a projection
+        ``[*, R, N, H, D]``: read and written in place, no copies); else copy to contiguous."""
+        tensors = [t for t in (q, k, v, gate) if t is not None]
+        stride = q.stride()
+        if not (_dense(q) and all(t.stride() == stride for t in tensors)):
+            q, k, v = (t.contiguous() for t in (q, k, v))
+            gate = gate.contiguous() if gate is not None else None
+            stride = q.stride()
+        self.layout = tuple(stride)
+        return q, k, v, gate
+
+    def empty(self, like: torch.Tensor) -> torch.Tensor:
+        """A new [B, R, H, N, D] tensor in the shared layout."""
+        return torch.empty_strided(like.shape, self.layout, device=like.device, dtype=like.dtype)
+
+    def conform(self, t: torch.Tensor) -> torch.Tensor:
+        """``t`` in the shared layout (a copy only when its strides differ)."""
+        if t.stride() == self.layout:
+            return t
+        out = self.empty(t)
+        out.copy_(t)
+        return out
 
     def even(self, cfg: tuning.Config) -> bool:
         """N is a multiple of both block sizes: no key-boundary selects needed."""
         return self.N % cfg.block_m == 0 and self.N % cfg.block_n == 0
 
     def strides(self):
-        return (*self.bias_strides, *self.mask_strides)
+        return (*self.bias_strides, *self.mask_strides, *self.layout[:4])
 
     def key(self, kernel: str) -> tuple:
         return (kernel, self.R, self.N, self.D, self.dtype, self.bias is not None,
                 self.mask is not None)
+
+
+def _dense(t: torch.Tensor) -> bool:
+    """Non-overlapping and dense, with the last dim contiguous."""
+    if t.stride(-1) != 1:
+        return False
+    expected = 1
+    for size, stride in sorted(zip(t.shape, t.stride()), key=lambda p: p[1]):
+        if size == 1:
+            continue
+        if stride != expected:
+            return False
+        expected *= size
+    return True
 
 
 def _cfg(kernel: str, lp: _Launch, launch) -> tuning.Config:
@@ -508,8 +568,8 @@ def _cfg(kernel: str, lp: _Launch, launch) -> tuning.Config:
 
 
 def _forward(q, k, v, gate, lp: _Launch):
-    o = torch.empty_like(q)
-    o_pre = torch.empty_like(q) if gate is not None else o
+    o = lp.empty(q)
+    o_pre = lp.empty(q) if gate is not None else o
     lse = torch.empty((lp.B, lp.R, lp.H, 2, lp.N), device=q.device, dtype=torch.float32)
     dummy = q
 
@@ -530,25 +590,26 @@ def _forward(q, k, v, gate, lp: _Launch):
 
 
 def _backward(dy, q, k, v, gate, o_pre, lse, lp: _Launch, need_dbias: bool):
-    dy = dy.contiguous()
+    dy = lp.conform(dy)
     rows = lp.B * lp.R * lp.H * lp.N
     delta = torch.empty((lp.B, lp.R, lp.H, lp.N), device=q.device, dtype=torch.float32)
     if gate is not None:
-        do = torch.empty_like(q)
-        dgate = torch.empty_like(gate)
+        do = lp.empty(q)
+        dgate = lp.empty(gate)
     else:
         do, dgate = dy, None
     block_r = 16 if tuning.interpreting() else 64
     _bwd_pre[(triton.cdiv(rows, block_r),)](
         dy, o_pre, gate if gate is not None else dy, do, dgate if gate is not None else dy,
-        delta, rows, lp.D, HAS_GATE=gate is not None, BLOCK_R=block_r, BLOCK_D=lp.block_d)
+        delta, rows, lp.R, lp.H, lp.N, lp.D, *lp.layout[:4], HAS_GATE=gate is not None,
+        BLOCK_R=block_r, BLOCK_D=lp.block_d)
 
     dummy = q
     bias = lp.bias if lp.bias is not None else dummy
     mask = lp.mask if lp.mask is not None else dummy
     flags = dict(HAS_BIAS=lp.bias is not None, HAS_MASK=lp.mask is not None,
                  BLOCK_D=lp.block_d, PRECISION=lp.precision)
-    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    dq, dk, dv = lp.empty(q), lp.empty(k), lp.empty(v)
 
     def launch_dkdv(cfg: tuning.Config):
         grid = (triton.cdiv(lp.N, cfg.block_n), triton.cdiv(lp.R, cfg.rows), lp.B * lp.H)
@@ -578,8 +639,9 @@ def _backward(dy, q, k, v, gate, o_pre, lse, lp: _Launch, need_dbias: bool):
             n_m, n_n = triton.cdiv(lp.N, cfg.block_m), triton.cdiv(lp.N, cfg.block_n)
             splits = _dbias_splits(n_m * n_n * lp.H * lp.Bb, rows_per_bias, q.device)
             per_split = triton.cdiv(rows_per_bias, splits)
+            # one split: the kernel stores the bias's dtype directly; more: fp32 partials
             out = torch.empty((splits, lp.Bb, lp.H, lp.N, lp.N), device=q.device,
-                              dtype=torch.float32)
+                              dtype=lp.bias.dtype if splits == 1 else torch.float32)
             _bwd_dbias[(n_n * splits, n_m, lp.H * lp.Bb)](
                 q, k, v, bias, mask, do, lse, delta, out, *lp.strides(),
                 lp.R, lp.H, lp.N, lp.D, lp.qk_scale, rows_per_bias, per_split, n_n,
@@ -590,7 +652,7 @@ def _backward(dy, q, k, v, gate, o_pre, lse, lp: _Launch, need_dbias: bool):
 
         launch_dbias(_cfg("dbias", lp, launch_dbias))
         out = state["out"]
-        dbias = out[0] if out.shape[0] == 1 else out.sum(0)  # fixed order: deterministic
+        dbias = sum_partials(out, lp.bias.dtype)  # fixed order: deterministic, one launch
     return dq, dk, dv, dbias, dgate
 
 
@@ -598,7 +660,7 @@ def _dbias_splits(tiles: int, rows: int, device: torch.device) -> int:
     """How many slabs the R-reduction is split into so that the grid fills the GPU."""
     if tuning.interpreting() or device.type != "cuda":
         return 2 if rows > 2 else 1  # exercise the two-stage path in CPU tests too
-    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    sms = tuning.multiprocessors(device)
     want = max(1, (2 * sms) // max(tiles, 1))
     return int(min(want, max(rows // 32, 1), 16))
 
@@ -609,8 +671,9 @@ class _EvoAttention(torch.autograd.Function):
         lp = _Launch(q, bias, mask, scale)
         shape = q.shape
         flat = (lp.B, lp.R, lp.H, lp.N, lp.D)
-        q_, k_, v_ = (t.reshape(flat).contiguous() for t in (q, k, v))
-        g_ = gate.reshape(flat).contiguous() if gate is not None else None
+        q_, k_, v_ = (t.reshape(flat) for t in (q, k, v))  # views for the usual layouts
+        g_ = gate.reshape(flat) if gate is not None else None
+        q_, k_, v_, g_ = lp.set_layout(q_, k_, v_, g_)
         o, o_pre, lse = _forward(q_, k_, v_, g_, lp)
         ctx.save_for_backward(q_, k_, v_, g_, o_pre, lse)
         ctx.lp = lp
@@ -627,7 +690,8 @@ class _EvoAttention(torch.autograd.Function):
         shape = ctx.shape
         if dbias is not None:
             dbias = dbias.reshape(*((lp.Bb,) if lp.Bb == 1 else lp.batch), lp.H, lp.N, lp.N)
-            dbias = dbias.sum_to_size(lp.bias_shape).to(lp.bias.dtype)
+            if dbias.shape != lp.bias_shape:
+                dbias = dbias.sum_to_size(lp.bias_shape)
         return (dq.reshape(shape), dk.reshape(shape), dv.reshape(shape), dbias, None,
                 None if dgate is None else dgate.reshape(shape), None)
 
