@@ -93,7 +93,7 @@ class AF3Family:
     """AlphaFold3: ``fold_model.af3.AlphaFold3`` and its loss (``AlphaFold3.loss``)."""
 
     name = "af3"
-    eval_noise_seeds = (101, 102)  # the fixed noise draws of the evaluation loss
+    eval_noise_seeds = (0, 1, 2, 3)  # the fixed noise draws of the evaluation loss
 
     def __init__(self, model_config) -> None:
         self.model_config = model_config
