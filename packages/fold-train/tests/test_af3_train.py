@@ -120,3 +120,32 @@ def test_tiny_af3_learns_protein_ligand_complex(tmp_path):
     after = family.fixed_noise_loss(model, batch, seeds=range(8))
     assert np.isfinite(before["loss"]) and np.isfinite(after["loss"])
     assert after["loss"] <= 0.5 * before["loss"], (before, after)
+
+
+def test_af3_evaluation_is_the_loss_on_fixed_noise_draws():
+    """What ``--hold-out`` logs for AF3: per entry and mean, the same for the same weights (the
+    RNG is forked, so the caller's stream is untouched), different for other weights."""
+    from fold_data.af3 import Ccd, make_features, make_sample
+    from fold_data.af3.crop import crop_features
+    from fold_model.af3 import config
+    from fold_train.af3_data import AF3_TINY_DATA
+    from fold_train.family import AF3Family
+
+    needs_af3_demo()
+    raw = make_features(AF3_DEMO / "mmcifs" / "3o5r.cif", ccd=Ccd([CCD], use_biotite=False))
+    sample = make_sample(crop_features(raw, ligand_crop(raw, 4)), AF3_TINY_DATA, seed=0)
+    family = AF3Family(config("tiny", no_cycles=1))
+    torch.manual_seed(0)
+    model = family.build_model(family.model_config)
+    state = torch.get_rng_state()
+    first = family.evaluate(model, [("pocket", sample)], "cpu", "fp32")
+    assert torch.equal(torch.get_rng_state(), state)
+    assert first == family.evaluate(model, [("pocket", sample)], "cpu", "fp32")
+    assert first["eval/loss"] == first["eval/pocket/loss"] and np.isfinite(first["eval/loss"])
+    assert {"eval/diffusion", "eval/distogram", "eval/confidence"} <= set(first)
+    gen = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.05 * torch.randn(p.shape, generator=gen))
+    assert family.evaluate(model, [("pocket", sample)], "cpu", "fp32")["eval/loss"] != \
+        first["eval/loss"]
