@@ -91,3 +91,26 @@ def test_softmax_fully_masked_row_is_uniform_and_no_mask_path():
     p = fk.softmax_mask_bias(z, mask)
     torch.testing.assert_close(p[0, 1].cpu(), torch.full((17,), 1 / 17))
     assert rel_err(fk.softmax_mask_bias(z), torch.softmax(z.double().cpu(), -1)) < 1e-6
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_strided_output_gradients_are_read_in_place(dtype):
+    """dY as the model hands it over (a transposed view from the incoming triangle update, or a
+    broadcast of stride 0): the backward kernels read it through strides, no contiguous copy,
+    with the same gradients as the float64 reference (odd sizes, dropout mask with holes)."""
+    x, g, b = _rand(3, 5, 33, seed=21), _rand(3, 5, 33, seed=22), _rand(33, seed=23)
+    res = _rand(3, 5, 33, seed=24)
+    keep = (torch.rand(3, 1, 33, generator=torch.Generator().manual_seed(25)) > 0.3) / 0.7
+    for dy in (_rand(5, 3, 33, seed=26).to(dtype).transpose(0, 1),
+               _rand(33, seed=27).to(dtype).expand(3, 5, 33)):
+        assert not dy.is_contiguous()
+        for fn, rfn, ins, extra in (
+                (fk.bias_sigmoid_gate, ref.bias_sigmoid_gate, (x, g, b), ()),
+                (fk.bias_dropout_residual, ref.bias_dropout_residual, (x, res, b),
+                 (keep.to(dtype),))):
+            ts = [t.to(dtype).to(DEVICE).clone().requires_grad_() for t in ins]
+            fn(*ts, *[e.to(DEVICE) for e in extra]).backward(dy.to(DEVICE))
+            rs = [t.to(dtype).double().clone().requires_grad_() for t in ins]
+            rfn(*rs, *[e.double() for e in extra]).backward(dy.double())
+            for a, r in zip(ts, rs):
+                assert rel_err(a.grad, r.grad) < TOL[dtype], fn.__name__

@@ -49,7 +49,7 @@ def _gate_fwd(X, G, Bias, Y, d0, d1, d2, C,
 
 @triton.jit
 def _gate_bwd(X, G, Bias, DY, DX, DZ, d0, d1, d2, C,
-              xs0, xs1, xs2, xsc, gs0, gs1, gs2, gsc, bs0, bs1, bs2, bsc,
+              xs0, xs1, xs2, xsc, gs0, gs1, gs2, gsc, bs0, bs1, bs2, bsc, ys0, ys1, ys2, ysc,
               HAS_BIAS: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
     rows, cols, valid = _tile(d0, d1, d2, C, BLOCK_R, BLOCK_C)
     x = tl.load(_ptrs(X, rows, cols, d1, d2, xs0, xs1, xs2, xsc), mask=valid, other=0.0)
@@ -59,7 +59,8 @@ def _gate_bwd(X, G, Bias, DY, DX, DZ, d0, d1, d2, C,
         bias = tl.load(_ptrs(Bias, rows, cols, d1, d2, bs0, bs1, bs2, bsc), mask=valid, other=0.0)
         z += bias.to(tl.float32)
     out = rows.to(tl.int64)[:, None] * C + cols[None, :]
-    dy = tl.load(DY + out, mask=valid, other=0.0).to(tl.float32)
+    dy = tl.load(_ptrs(DY, rows, cols, d1, d2, ys0, ys1, ys2, ysc), mask=valid, other=0.0)
+    dy = dy.to(tl.float32)
     sig = tl.sigmoid(z)
     tl.store(DX + out, (dy * sig).to(DX.dtype.element_ty), mask=valid)
     dz = dy * x.to(tl.float32) * sig * (1.0 - sig)
@@ -88,11 +89,12 @@ def _bdr_fwd(X, Res, Bias, Mask, Y, d0, d1, d2, C,
 
 
 @triton.jit
-def _bdr_bwd(DY, Mask, DX, d0, d1, d2, C, ms0, ms1, ms2, msc,
+def _bdr_bwd(DY, Mask, DX, d0, d1, d2, C, ms0, ms1, ms2, msc, ys0, ys1, ys2, ysc,
              BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
     rows, cols, valid = _tile(d0, d1, d2, C, BLOCK_R, BLOCK_C)
     out = rows.to(tl.int64)[:, None] * C + cols[None, :]
-    dy = tl.load(DY + out, mask=valid, other=0.0).to(tl.float32)
+    dy = tl.load(_ptrs(DY, rows, cols, d1, d2, ys0, ys1, ys2, ysc), mask=valid, other=0.0)
+    dy = dy.to(tl.float32)
     keep = tl.load(_ptrs(Mask, rows, cols, d1, d2, ms0, ms1, ms2, msc), mask=valid, other=0.0)
     tl.store(DX + out, (dy * keep.to(tl.float32)).to(DX.dtype.element_ty), mask=valid)
 
@@ -147,19 +149,18 @@ class _BiasSigmoidGate(torch.autograd.Function):
     def backward(ctx, dy):
         x, gate, bias = ctx.saved_tensors
         shape = dy.shape
-        lay = row_layout(shape, x, gate, bias)
-        dy = dy.contiguous()
+        lay = row_layout(shape, x, gate, bias, dy)  # dy read through its strides: no copy
         dx = torch.empty(shape, device=dy.device, dtype=x.dtype)
         # d(gate) in gate's dtype when it is full-size (no extra cast pass), else fp32 to reduce
         dz_dtype = gate.dtype if gate.shape == shape else torch.float32
         dz = torch.empty(shape, device=dy.device, dtype=dz_dtype)
         c = shape[-1]
         block_r, block_c, warps = _blocks(c)
-        xv, gv, bv = lay.operands
+        xv, gv, bv, yv = lay.operands
         _gate_bwd[_grid(lay.dims, c, block_r, block_c)](
-            xv, gv, bv if bv is not None else xv, dy, dx, dz, *lay.dims, c,
-            *lay.strides[0], *lay.strides[1], *lay.strides[2], HAS_BIAS=bias is not None,
-            BLOCK_R=block_r, BLOCK_C=block_c, num_warps=warps)
+            xv, gv, bv if bv is not None else xv, yv, dx, dz, *lay.dims, c,
+            *lay.strides[0], *lay.strides[1], *lay.strides[2], *lay.strides[3],
+            HAS_BIAS=bias is not None, BLOCK_R=block_r, BLOCK_C=block_c, num_warps=warps)
         dbias = None if bias is None else _reduce(dz, bias)
         return _reduce(dx, x), _reduce(dz, gate), dbias
 
@@ -193,18 +194,17 @@ class _BiasDropoutResidual(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dy):
         x, residual, bias, dropout_mask = ctx.saved_tensors
-        shape = dy.shape
-        dy = dy.contiguous()
+        shape = dy.shape  # dy is passed on (or read through its strides): never copied
         if dropout_mask is None:
             dx = dy
         else:
-            lay = row_layout(shape, dropout_mask)
+            lay = row_layout(shape, dropout_mask, dy)
             dx = torch.empty(shape, device=dy.device, dtype=dy.dtype)
             c = shape[-1]
             block_r, block_c, warps = _blocks(c)
             _bdr_bwd[_grid(lay.dims, c, block_r, block_c)](
-                dy, lay.operands[0], dx, *lay.dims, c, *lay.strides[0],
-                BLOCK_R=block_r, BLOCK_C=block_c, num_warps=warps)
+                lay.operands[1], lay.operands[0], dx, *lay.dims, c, *lay.strides[0],
+                *lay.strides[1], BLOCK_R=block_r, BLOCK_C=block_c, num_warps=warps)
         dbias = None if bias is None else _reduce(dx, bias)
         return _reduce(dx, x), _reduce(dy, residual), dbias, None
 

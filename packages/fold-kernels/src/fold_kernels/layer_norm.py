@@ -18,6 +18,7 @@ import triton
 import triton.language as tl
 
 from fold_kernels import tuning
+from fold_kernels.broadcast import row_layout, row_offsets
 from fold_kernels.reduce import sum_partials
 
 __all__ = ["layer_norm", "ln_forward", "ln_backward", "MAX_HIDDEN"]
@@ -26,15 +27,16 @@ MAX_HIDDEN = 8192
 
 
 @triton.jit
-def _ln_fwd(X, W, B, Y, Mean, Rstd, rows, C, eps,
+def _ln_fwd(X, W, B, Y, Mean, Rstd, rows, C, eps, d1, d2, xs0, xs1, xs2, xsc,
             BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
     offs_r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     offs_c = tl.arange(0, BLOCK_C)
     r_valid = offs_r < rows
     c_valid = offs_c < C
     rc = r_valid[:, None] & c_valid[None, :]
-    ptrs = offs_r.to(tl.int64)[:, None] * C + offs_c[None, :]
-    x = tl.load(X + ptrs, mask=rc, other=0.0).to(tl.float32)  # [BLOCK_R, BLOCK_C]
+    ptrs = offs_r.to(tl.int64)[:, None] * C + offs_c[None, :]  # y: contiguous
+    xptrs = row_offsets(offs_r, d1, d2, xs0, xs1, xs2)[:, None] + offs_c[None, :] * xsc
+    x = tl.load(X + xptrs, mask=rc, other=0.0).to(tl.float32)  # [BLOCK_R, BLOCK_C]
     mean = tl.sum(x, 1) / C
     xc = tl.where(rc, x - mean[:, None], 0.0)
     rstd = 1.0 / tl.sqrt(tl.sum(xc * xc, 1) / C + eps)
@@ -47,8 +49,10 @@ def _ln_fwd(X, W, B, Y, Mean, Rstd, rows, C, eps,
 
 
 @triton.jit
-def _ln_bwd(X, W, DY, Mean, Rstd, DX, DWp, DBp, sp, rows, C,
+def _ln_bwd(X, W, DY, Mean, Rstd, DX, DWp, DBp, sp, rows, C, d1, d2,
+            xs0, xs1, xs2, xsc, ys0, ys1, ys2, ysc, ds0, ds1, ds2, dsc,
             BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
+    """x, dy and dx each through their own row strides (the row dims are shared)."""
     pid = tl.program_id(0)
     n_prog = tl.num_programs(0)
     offs_c = tl.arange(0, BLOCK_C)
@@ -61,9 +65,11 @@ def _ln_bwd(X, W, DY, Mean, Rstd, DX, DWp, DBp, sp, rows, C,
         offs_r = blk * BLOCK_R + tl.arange(0, BLOCK_R)
         r_valid = offs_r < rows
         rc = r_valid[:, None] & c_valid[None, :]
-        ptrs = offs_r.to(tl.int64)[:, None] * C + offs_c[None, :]
-        x = tl.load(X + ptrs, mask=rc, other=0.0).to(tl.float32)
-        dy = tl.load(DY + ptrs, mask=rc, other=0.0).to(tl.float32)
+        xp = row_offsets(offs_r, d1, d2, xs0, xs1, xs2)[:, None] + offs_c[None, :] * xsc
+        yp = row_offsets(offs_r, d1, d2, ys0, ys1, ys2)[:, None] + offs_c[None, :] * ysc
+        dp = row_offsets(offs_r, d1, d2, ds0, ds1, ds2)[:, None] + offs_c[None, :] * dsc
+        x = tl.load(X + xp, mask=rc, other=0.0).to(tl.float32)
+        dy = tl.load(DY + yp, mask=rc, other=0.0).to(tl.float32)
         mean = tl.load(Mean + offs_r, mask=r_valid, other=0.0)
         rstd = tl.load(Rstd + offs_r, mask=r_valid, other=0.0)
         xhat = tl.where(rc, (x - mean[:, None]) * rstd[:, None], 0.0)
@@ -71,7 +77,7 @@ def _ln_bwd(X, W, DY, Mean, Rstd, DX, DWp, DBp, sp, rows, C,
         c1 = tl.sum(xhat * wdy, 1) / C
         c2 = tl.sum(wdy, 1) / C
         dx = (wdy - xhat * c1[:, None] - c2[:, None]) * rstd[:, None]
-        tl.store(DX + ptrs, dx.to(DX.dtype.element_ty), mask=rc)
+        tl.store(DX + dp, dx.to(DX.dtype.element_ty), mask=rc)
         dw += tl.sum(dy * xhat, 0)
         db += tl.sum(dy, 0)
     tl.store(DWp + pid * sp + offs_c, dw, mask=c_valid)  # sp: stride between programs' rows
@@ -89,37 +95,58 @@ def _num_warps(block_r: int, block_c: int) -> int:
     return 1 if tuning.interpreting() else (8 if block_r * block_c >= 8192 else 4)
 
 
-def ln_forward(x2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float):
-    """``x2 [rows, C]`` contiguous -> ``y [rows, C]``, ``mean``, ``rstd`` ``[rows]`` fp32."""
-    rows, c = x2.shape
-    y = torch.empty_like(x2)
-    mean = torch.empty(rows, device=x2.device, dtype=torch.float32)
+def _layout(*tensors: torch.Tensor):
+    """Shared row dims ``(d0, d1, d2)`` and each tensor's ``(s0, s1, s2, sc)`` strides for
+    tensors of one shape ``[*, C]``; contiguous tensors skip the general (slower) merge."""
+    shape = tensors[0].shape
+    c = shape[-1]
+    if all(t.is_contiguous() for t in tensors):
+        rows = tensors[0].numel() // max(c, 1)
+        return (1, 1, rows), list(tensors), [(0, 0, c, 1)] * len(tensors)
+    lay = row_layout(shape, *tensors)
+    return lay.dims, lay.operands, lay.strides
+
+
+def ln_forward(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float):
+    """``x [*, C]`` in any layout (read through row strides, no copy) -> ``y`` contiguous
+    ``[*, C]``, ``mean``, ``rstd`` ``[rows]`` fp32 (rows in x's logical order)."""
+    c = x.shape[-1]
+    rows = x.numel() // max(c, 1)
+    y = torch.empty(x.shape, device=x.device, dtype=x.dtype)
+    mean = torch.empty(rows, device=x.device, dtype=torch.float32)
     rstd = torch.empty_like(mean)
+    dims, (xv,), (xs,) = _layout(x)
     block_c = triton.next_power_of_2(c)
     block_r = _block_r(c)
     _ln_fwd[(triton.cdiv(rows, block_r),)](
-        x2, weight, bias, y, mean, rstd, rows, c, eps, BLOCK_R=block_r, BLOCK_C=block_c,
-        num_warps=_num_warps(block_r, block_c))
+        xv, weight, bias, y, mean, rstd, rows, c, eps, dims[1], dims[2], *xs,
+        BLOCK_R=block_r, BLOCK_C=block_c, num_warps=_num_warps(block_r, block_c))
     return y, mean, rstd
 
 
-def ln_backward(dy2, x2, weight, mean, rstd, dw_dtype=torch.float32, db_dtype=torch.float32):
-    """Gradients ``(dx [rows, C], dweight [C], dbias [C])`` of LayerNorm; two-stage dw/db, the
-    second stage (:func:`fold_kernels.reduce.sum_partials`) one launch for both, writing
-    ``dw_dtype`` / ``db_dtype`` directly (no separate cast)."""
-    rows, c = x2.shape
-    dx = torch.empty_like(x2)
+def ln_backward(dy, x, weight, mean, rstd, dw_dtype=torch.float32, db_dtype=torch.float32):
+    """Gradients ``(dx, dweight [C], dbias [C])`` of LayerNorm for ``x, dy [*, C]`` in any
+    layouts (dx in x's layout when x is dense); two-stage dw/db, the second stage
+    (:func:`fold_kernels.reduce.sum_partials`) one launch for both, writing ``dw_dtype`` /
+    ``db_dtype`` directly (no separate cast)."""
+    c = x.shape[-1]
+    rows = x.numel() // max(c, 1)
+    dx = torch.empty_like(x)  # keeps x's strides when x is dense: the caller's grad layout
+    dims, (xv, dyv, dxv), (xs, ys, ds) = _layout(x, dy, dx)
+    if dxv.data_ptr() != dx.data_ptr() or dxv.stride() != dx.stride():  # merge fell back
+        dx = torch.empty(x.shape, device=x.device, dtype=x.dtype)
+        dims, (xv, dyv, dxv), (xs, ys, ds) = _layout(xv.contiguous(), dyv.contiguous(), dx)
     block_c = triton.next_power_of_2(c)
     block_r = _block_r(c)
     n_blocks = triton.cdiv(rows, block_r)
-    if tuning.interpreting() or not x2.is_cuda:
+    if tuning.interpreting() or not x.is_cuda:
         n_prog = min(n_blocks, 3)
     else:
-        sms = tuning.multiprocessors(x2.device)
+        sms = tuning.multiprocessors(x.device)
         n_prog = min(n_blocks, 4 * sms)
-    partials = torch.empty((n_prog, 2, c), device=x2.device, dtype=torch.float32)  # [dw | db]
-    _ln_bwd[(n_prog,)](x2, weight, dy2.contiguous(), mean, rstd, dx, partials,
-                       partials[:, 1], 2 * c, rows, c,
+    partials = torch.empty((n_prog, 2, c), device=x.device, dtype=torch.float32)  # [dw | db]
+    _ln_bwd[(n_prog,)](xv, weight, dyv, mean, rstd, dxv, partials, partials[:, 1], 2 * c,
+                       rows, c, dims[1], dims[2], *xs, *ys, *ds,
                        BLOCK_R=block_r, BLOCK_C=block_c, num_warps=_num_warps(block_r, block_c))
     if dw_dtype == db_dtype:
         dwdb = sum_partials(partials, dw_dtype)  # [2, C]
@@ -131,19 +158,18 @@ def ln_backward(dy2, x2, weight, mean, rstd, dw_dtype=torch.float32, db_dtype=to
 class _LayerNorm(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, bias, eps):
-        c = x.shape[-1]
-        x2 = x.reshape(-1, c).contiguous()  # [rows, C]
-        y, mean, rstd = ln_forward(x2, weight.contiguous(), bias.contiguous(), eps)
-        ctx.save_for_backward(x2, weight, mean, rstd)
+        # x is read in its own layout (e.g. the transposed MSA of column attention): the
+        # transpose copy is fused into the normalisation, y comes out contiguous
+        y, mean, rstd = ln_forward(x, weight.contiguous(), bias.contiguous(), eps)
+        ctx.save_for_backward(x, weight, mean, rstd)
         ctx.bias_dtype = bias.dtype
-        return y.reshape(x.shape)
+        return y
 
     @staticmethod
     def backward(ctx, dy):
-        x2, weight, mean, rstd = ctx.saved_tensors
-        dx, dw, db = ln_backward(dy.reshape(x2.shape), x2, weight, mean, rstd,
-                                 weight.dtype, ctx.bias_dtype)
-        return dx.reshape(dy.shape), dw, db, None
+        x, weight, mean, rstd = ctx.saved_tensors
+        dx, dw, db = ln_backward(dy, x, weight, mean, rstd, weight.dtype, ctx.bias_dtype)
+        return dx, dw, db, None
 
 
 def check_layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> None:
