@@ -6,17 +6,24 @@ inputs against the fp64 reference, and the tensors autograd saves (nothing of si
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
-from _af3_helpers import rel_err
-from fold_model.af3.diffusion import random_rotation
+from _af3_helpers import random_features, rel_err
+from fold_model.af3.config import config
+from fold_model.af3.diffusion import noisy_training_samples, random_rotation
 from fold_model.af3.loss import (
+    atom_of_tokens,
     bond_loss,
     bond_loss_dense,
+    diffusion_atom_weights,
+    diffusion_loss,
     lddt,
     lddt_dense,
     smooth_lddt_loss,
     smooth_lddt_loss_dense,
+    weighted_mse_loss,
 )
 from fold_model.af3.pair_loss import bond_pair_list, lddt_pair_list
 
@@ -179,3 +186,38 @@ def test_saved_activations_are_linear_in_atoms_and_pairs():
     n_pairs = pairs.l.numel()
     bound = 2 * x.numel() * 4 + 4 * n_pairs * 8  # x_pred, x_gt copies; batch, l, m, weight
     assert sum(t.numel() * t.element_size() for t in sparse) <= bound
+
+
+def test_diffusion_loss_equals_dense_terms_on_augmented_copies():
+    """``diffusion_loss`` (sparse terms, ground-truth distances from the un-augmented positions)
+    == Eq. 6 with the dense formulas on the augmented copies: value and gradient, fp64."""
+    f = {k: v.double() if v.is_floating_point() else v
+         for k, v in random_features(n_token=9, batch=2, seed=7).items()}
+    f["token_mask"][1, 5:] = 0.0  # batch element 1: fewer real tokens and atoms
+    f["atom_mask"][1] *= (f["atom_to_token"][1] < 5).double()
+    f["is_dna"][0, 2:4] = 1  # nucleotide atoms (30 A radius)
+    bonds = (torch.rand(2, 10, 10, generator=G(8)) > 0.7).double()
+    f["token_bonds"] = torch.maximum(f["token_bonds"], torch.maximum(bonds, bonds.transpose(1, 2)))
+    cfg = copy.deepcopy(config("tiny").loss)
+    cfg.bond_weight = 1.0
+    diff_cfg = config("tiny").diffusion
+    gt_aug, _, sigma = noisy_training_samples(f["atom_positions"], f["atom_mask"], 3, diff_cfg,
+                                              G(9))
+    x = gt_aug + 0.7 * torch.randn(gt_aug.shape, generator=G(10), dtype=torch.float64)
+    out, g = _value_and_grad(lambda y: diffusion_loss(y, gt_aug, sigma, f, cfg, 16.0)[
+        "diffusion"].reshape(1), x)
+
+    def dense(y):
+        mask = f["atom_mask"] * f["atom_resolved"]
+        tok = f["atom_to_token"]
+        nuc = (atom_of_tokens(f["is_dna"], tok) + atom_of_tokens(f["is_rna"], tok)) > 0
+        mse = weighted_mse_loss(y, gt_aug, diffusion_atom_weights(f, cfg).double(), mask)
+        edm = (sigma.square() + 16.0**2) / (sigma * 16.0).square()
+        structural = mse + cfg.bond_weight * bond_loss_dense(y, gt_aug, f)
+        smooth = smooth_lddt_loss_dense(y, gt_aug, nuc, mask)
+        return ((edm * structural).mean() + cfg.smooth_lddt_weight * smooth.mean()).reshape(1)
+
+    ref, g_ref = _value_and_grad(dense, x)
+    assert rel_err(out, ref) < 1e-12 and rel_err(g, g_ref) < 1e-10
+    parts = diffusion_loss(x, gt_aug, sigma, f, cfg, 16.0)
+    assert parts["bond"] > 0 and parts["smooth_lddt"] > 0

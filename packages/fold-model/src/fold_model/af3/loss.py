@@ -198,19 +198,24 @@ def diffusion_loss(
     """Eq. 6: ``EDM weight(sigma) (L_MSE + alpha_bond L_bond) + L_smooth_lddt``, mean over the
     samples and the batch. The EDM weight is ``(sigma^2 + sigma_data^2) / (sigma sigma_data)^2``
     (Karras et al. 2022; the supplement's printed denominator ``(sigma + sigma_data)^2`` is taken as
-    a typo). ``x_denoised, x_gt_aug [B, S, A, 3]``, ``sigma [B, S]``."""
+    a typo). ``x_denoised, x_gt_aug [B, S, A, 3]``, ``sigma [B, S]``.
+
+    The bond and smooth lDDT terms only need ground-truth distances, which the rigid augmentation
+    leaves unchanged: they take them from ``feats["atom_positions"]`` in fp32 (one copy, sparse
+    pair lists), not from the augmented copies (bf16 under autocast: ~0.1 A rounding)."""
     mask = feats["atom_mask"] * feats["atom_resolved"]  # [B, A]
     weights = diffusion_atom_weights(feats, cfg).to(x_denoised.dtype)
     mse = weighted_mse_loss(x_denoised, x_gt_aug, weights, mask)  # [B, S]
     edm = (sigma.square() + sigma_data**2) / (sigma * sigma_data).square()
     structural = mse
+    x_ref = feats["atom_positions"].to(_compute_dtype(x_denoised))[:, None]  # [B, 1, A, 3]
     bond = torch.zeros_like(mse)
     if cfg.bond_weight > 0:
-        bond = bond_loss(x_denoised, x_gt_aug, feats)
+        bond = bond_loss(x_denoised, x_ref, feats)
         structural = mse + cfg.bond_weight * bond
     tok = feats["atom_to_token"]
     nucleotide = (atom_of_tokens(feats["is_dna"], tok) + atom_of_tokens(feats["is_rna"], tok)) > 0
-    smooth = smooth_lddt_loss(x_denoised, x_gt_aug, nucleotide, mask)
+    smooth = smooth_lddt_loss(x_denoised, x_ref, nucleotide, mask)
     total = (edm * structural).mean() + cfg.smooth_lddt_weight * smooth.mean()
     return {"diffusion": total, "mse": mse.mean(), "bond": bond.mean(),
             "smooth_lddt": smooth.mean()}

@@ -98,9 +98,10 @@ def bond_pair_list(feats: dict[str, torch.Tensor], dtype: torch.dtype = torch.fl
 
 
 def _atom_major(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """``[B, S, A, 3]`` -> ``[B * A, S, 3]`` (row ``b * A + l``), contiguous, in ``dtype``."""
+    """``[B, S, A, 3]`` -> ``[B * A, S, 3]`` (row ``b * A + l``), contiguous (a pair's gather
+    reads ``S * 3`` adjacent values), in ``dtype``."""
     B, S, A, _ = x.shape
-    return x.detach().to(dtype).transpose(1, 2).reshape(B * A, S, 3)
+    return x.detach().to(dtype).transpose(1, 2).reshape(B * A, S, 3).contiguous()
 
 
 def _chunks(n_pairs: int, n_samples: int, chunk_elements: int | None):
