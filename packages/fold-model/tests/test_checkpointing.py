@@ -77,7 +77,7 @@ def test_evoformer_stack_partly_checkpointed():
     for plain in (0, 1, len(stack.blocks)):
         stack.checkpoint_blocks, stack.uncheckpointed_blocks = True, plain
         with torch.autograd.graph.saved_tensors_hooks(
-                lambda t: saved.__setitem__(plain, saved.get(plain, 0) + t.numel()) or t,
+                lambda t, k=plain: saved.__setitem__(k, saved.get(k, 0) + t.numel()) or t,
                 lambda t: t):
             outs = fn()
         del outs

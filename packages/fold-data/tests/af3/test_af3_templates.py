@@ -11,7 +11,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from fold_data import residue_constants as rc
 from fold_data.af2.templates import make_template_features
 from fold_data.msa import parse_fasta

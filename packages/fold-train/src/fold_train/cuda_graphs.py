@@ -218,8 +218,9 @@ def host_syncs(fn: Callable[[], object]) -> list[str]:
     """Run ``fn`` (on any device, CPU included) and list the aten ops it calls that would
     synchronize a CUDA device with the host (``.item()``, ``nonzero``, data-dependent output
     sizes) or copy host data to it (``torch.tensor``, ``new_tensor``): each one makes CUDA Graph
-    capture fail. Run ``fn`` once before, so that constant tables cached on first use are built. ``one_hot``'s CPU-only range check is not
-    counted (the CUDA kernel does not read back)."""
+    capture fail. Run ``fn`` once before, so that constant tables cached on first use are
+    built. ``one_hot``'s CPU-only range check is not counted
+    (the CUDA kernel does not read back)."""
     found: list[str] = []
     with _host_sync_probe(found):
         fn()
