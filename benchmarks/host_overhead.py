@@ -7,7 +7,7 @@ metadata, autograd bookkeeping and the allocation of outputs. Tiny tensors keep 
 aten work (allocations, views, the model's own small matmuls) small. Outputs are garbage (the
 kernels do not run): only timings are printed.
 
-    python benchmarks/host_overhead.py              # us per call, median of --reps rounds
+    python benchmarks/host_overhead.py              # us per call, best of --reps rounds
     python benchmarks/host_overhead.py --calls 500 --reps 7
 
 Rows: each op's forward+backward through ``fold_model.ops`` (backend ``triton``, and ``torch``
@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -46,7 +45,7 @@ def _time_us(fn, calls: int, reps: int) -> float:
         for _ in range(calls):
             fn()
         out.append((time.perf_counter() - t0) / calls * 1e6)
-    return statistics.median(out)
+    return min(out)  # the least-disturbed round: the machine is shared
 
 
 def op_cases():

@@ -108,7 +108,7 @@ def measure(block: torch.nn.Module, args: tuple, device: torch.device, warmup: i
     cuda = device.type == "cuda"
     if graphs:  # replay a captured forward + backward; the peak is not measured
         tensors = [a for a in args if isinstance(a, torch.Tensor)] + list(block.parameters())
-        step = capture(grad_body(lambda: _loss(block, args), tensors), device, warmup)[0]
+        step = capture(grad_body(lambda: _loss(block, args), tensors), device, max(warmup, 2))[0]
     else:
         def step():
             _step(block, args)
