@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Re-measure the AF2/AF3 blocks' host overhead and copies on one GPU, eager vs CUDA-graph replay,
-# torch vs auto (Triton) backend; about 6-8 minutes on an H100 (first-call autotuning included).
-# Results go to $OUT (default ./overhead_out). Usage: bash benchmarks/overhead_gpu.sh
+# torch vs auto (Triton) backend; about 5-7 minutes on an H100 (first-call autotuning included;
+# every step has its own timeout, 670 s in all at worst). Results go to $OUT (default
+# ./overhead_out). Usage: source .whl/setup.sh && bash benchmarks/overhead_gpu.sh
+# (TESTS=1 also runs the touched kernels' GPU tests first.)
 set -u
 OUT=${OUT:-overhead_out}
 mkdir -p "$OUT"
@@ -11,23 +13,25 @@ run() {  # name timeout cmd...
   timeout "$t" "$@" > "$OUT/$name.log" 2>&1
   echo "$name rc $?" >> "$OUT/summary.txt"
 }
-run kernel_tests 240 python3 -m pytest -c pytest.ini -q -x -p no:cacheprovider \
-  packages/fold-kernels/tests/test_evo_attention.py packages/fold-kernels/tests/test_host_path.py \
-  packages/fold-kernels/tests/test_elementwise_softmax.py \
-  packages/fold-kernels/tests/test_layer_norm_and_fused_linear.py
-run profile_eager 150 python3 $B/profile_block.py evoformer:128,256 pairformer:256 \
+if [ "${TESTS:-0}" = 1 ]; then  # the touched kernels' GPU tests first (about 2 more minutes)
+  run kernel_tests 150 python3 -m pytest -c pytest.ini -q -x -p no:cacheprovider \
+    packages/fold-kernels/tests/test_evo_attention.py packages/fold-kernels/tests/test_host_path.py \
+    packages/fold-kernels/tests/test_elementwise_softmax.py \
+    packages/fold-kernels/tests/test_layer_norm_and_fused_linear.py
+fi
+run profile_eager 120 python3 $B/profile_block.py evoformer:128,256 pairformer:256 \
   --backends torch auto --host --top 25 --out "$OUT/profile_eager.txt"
 run profile_graphs 90 python3 $B/profile_block.py evoformer:128,256 pairformer:256 \
   --backends torch auto --graphs --top 25 --out "$OUT/profile_graphs.txt"
 for backend in auto torch; do
   for g in "" "--graphs"; do
-    run "evo_${backend}${g:+_graphs}" 90 python3 $B/model_evoformer.py --orders af2 \
+    run "evo_${backend}${g:+_graphs}" 70 python3 $B/model_evoformer.py --orders af2 \
       --shapes "128,256;512,384" --reps 10 --backend $backend $g \
       --out "$OUT/evo_${backend}${g:+_graphs}.json"
   done
 done
 for g in "" "--graphs"; do
-  run "af3${g:+_graphs}" 120 python3 $B/model_af3_blocks.py --compare $g \
+  run "af3${g:+_graphs}" 90 python3 $B/model_af3_blocks.py --compare $g \
     --blocks pairformer:256,pairformer:384,diffusion_transformer:384:48 \
     --out "$OUT/af3${g:+_graphs}.json"
 done
