@@ -11,12 +11,14 @@ from .cache import af3_cache, af3_pipeline_version, fetch_af3_features
 from .ccd import Ccd, ChemComp, default_ccd
 from .features import load_entry, make_features
 from .inputs import Bond, Chain, Entry, parse_af3_json, parse_complex_mmcif, parse_fasta_entry
+from .molecules import RDKitUnavailable
 from .presets import PRESETS, AF3DataPreset, get_preset
 from .schema import RAW_FEATURES, SAMPLE_FEATURES, SchemaError, validate
 from .transforms import make_sample
 
 __all__ = [
     "PRESETS",
+    "RDKitUnavailable",
     "RAW_FEATURES",
     "SAMPLE_FEATURES",
     "AF3DataPreset",

@@ -12,6 +12,8 @@ The source is returned (and stored as the ``ref_pos_source`` feature), so a mode
 tell a computed conformer from a fallback. Results are deterministic for a seed; they are memoized
 per process by (component, removed atoms, seed), since polymers repeat the same few residues.
 This is the expensive, deterministic step that the ahead-of-time cache stores (MegaFold IV-A).
+RDKit is imported when a conformer is computed (:func:`.molecules.require_rdkit`), so reading the
+cache needs no RDKit.
 """
 
 from __future__ import annotations
@@ -19,11 +21,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-from rdkit import Chem
-from rdkit.Chem import AllChem
 
 from .ccd import ChemComp
-from .molecules import Molecule, mol_from_ccd
+from .molecules import Molecule, mol_from_ccd, require_rdkit
 
 __all__ = [
     "Conformer",
@@ -70,6 +70,7 @@ def embed_conformer(molecule: Molecule, seed: int, *, max_attempts: int = 200) -
     if n == 1 and molecule.mol.GetNumAtoms() == 1:
         positions, source = np.zeros((1, 3)), SOURCE_RDKIT  # a bare ion: nothing to embed
     elif molecule.sanitized and n:
+        Chem, AllChem = require_rdkit("embed_conformer (ETKDGv3 reference conformers)")
         mol = Chem.Mol(molecule.mol)
         for random_coords in (False, True):
             params = AllChem.ETKDGv3()

@@ -9,26 +9,58 @@ left out (leaving atoms that a covalent bond replaces: ``OXT`` of a peptide-bond
 Some CCD entries do not sanitize (metal complexes such as iridium hexammine, hypervalent
 atoms); those are kept unsanitized except for ring perception, with ``sanitized`` False, and
 their conformer generation usually falls back to the CCD coordinates (see :mod:`.conformers`).
+
+RDKit is imported by the functions that need it (:func:`require_rdkit`), not at module import:
+reading AF3 cache entries, cropping and ``make_sample`` run on machines without RDKit (the GPU
+training image), and building molecules there raises :class:`RDKitUnavailable`.
 """
 
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from types import ModuleType
+from typing import TYPE_CHECKING
 
 import numpy as np
-from rdkit import Chem, RDLogger
 
 from fold_data.errors import InputError
 
 from .ccd import ChemComp
 
-__all__ = ["Molecule", "mol_from_ccd", "mol_from_smiles", "element_symbol"]
+if TYPE_CHECKING:
+    from rdkit import Chem
 
-RDLogger.DisableLog("rdApp.*")  # errors are reported through InputError, not RDKit's stderr
+__all__ = [
+    "Molecule",
+    "RDKitUnavailable",
+    "element_symbol",
+    "mol_from_ccd",
+    "mol_from_smiles",
+    "require_rdkit",
+]
 
-_BOND_TYPES = {1: Chem.BondType.SINGLE, 2: Chem.BondType.DOUBLE, 3: Chem.BondType.TRIPLE,
-               4: Chem.BondType.QUADRUPLE}
+
+class RDKitUnavailable(ImportError):
+    """RDKit is not importable and the named step needs it (molecules from the CCD or SMILES,
+    reference conformers). Raised by :func:`require_rdkit`."""
+
+
+def require_rdkit(what: str) -> tuple[ModuleType, ModuleType]:
+    """``(rdkit.Chem, rdkit.Chem.AllChem)``, imported now; RDKit's own logging is turned off
+    (errors are reported through :class:`InputError`). Raises :class:`RDKitUnavailable` naming
+    ``what`` needed RDKit when it cannot be imported."""
+    try:
+        from rdkit import Chem, RDLogger
+        from rdkit.Chem import AllChem
+    except ImportError as err:
+        raise RDKitUnavailable(
+            f"{what} needs RDKit, which cannot be imported ({err}); install it "
+            "(pip install rdkit) or build the AF3 feature cache on a machine that has it "
+            "(reading cache entries, cropping and make_sample do not need RDKit)"
+        ) from err
+    RDLogger.DisableLog("rdApp.*")
+    return Chem, AllChem
 
 
 def element_symbol(ccd_symbol: str) -> str:
@@ -46,7 +78,7 @@ class Molecule:
     coordinates (NaN where absent; all NaN for SMILES).
     """
 
-    mol: Chem.Mol
+    mol: Chem.Mol  # rdkit.Chem.Mol
     heavy_atoms: tuple[int, ...]
     atom_names: tuple[str, ...]
     ideal_positions: np.ndarray
@@ -81,8 +113,11 @@ def mol_from_ccd(comp: ChemComp, remove: frozenset[str] = frozenset()) -> Molecu
     """The RDKit molecule of a CCD component without the atoms named in ``remove``.
 
     Hydrogens bonded to a removed atom are removed too. Raises :class:`InputError` naming the
-    component for a bond to an unknown element.
+    component for a bond to an unknown element, :class:`RDKitUnavailable` without RDKit.
     """
+    Chem, _ = require_rdkit(f"building the molecule of CCD component {comp.code}")
+    bond_types = {1: Chem.BondType.SINGLE, 2: Chem.BondType.DOUBLE, 3: Chem.BondType.TRIPLE,
+                  4: Chem.BondType.QUADRUPLE}
     drop = {i for i, n in enumerate(comp.atom_names) if n in remove}
     hydrogen = comp.is_hydrogen
     for i, j in comp.bonds:
@@ -107,7 +142,7 @@ def mol_from_ccd(comp: ChemComp, remove: frozenset[str] = frozenset()) -> Molecu
     # Kekule orders from the CCD; sanitization perceives aromaticity (the CCD flags agree).
     for (i, j), order in zip(comp.bonds, comp.bond_orders):
         if i in new_index and j in new_index:
-            bond_type = _BOND_TYPES.get(int(order), Chem.BondType.SINGLE)
+            bond_type = bond_types.get(int(order), Chem.BondType.SINGLE)
             rw.AddBond(new_index[int(i)], new_index[int(j)], bond_type)
     mol = rw.GetMol()
     sanitized = True
@@ -137,10 +172,12 @@ def mol_from_smiles(
     (``C1``, ``C2``, ``O1``, ...) in SMILES order.
 
     Raises :class:`InputError` naming ``record`` and the ``smiles`` field when RDKit cannot parse
-    or sanitize it.
+    or sanitize it, :class:`RDKitUnavailable` without RDKit.
     """
     if not isinstance(smiles, str) or not smiles.strip():
         raise InputError(path, record, "field 'smiles': expected a non-empty SMILES string")
+    where = f" in {os.fspath(path)}" if path is not None else ""
+    Chem, _ = require_rdkit(f"parsing the SMILES of {record}{where}")
     mol = Chem.MolFromSmiles(smiles, sanitize=False)
     if mol is None:
         raise InputError(path, record, f"field 'smiles': RDKit cannot parse {smiles!r}")
