@@ -7,6 +7,14 @@ Shapes: ``B`` batch, ``S`` diffusion samples (48 per trunk pass in training), ``
 ``A`` atoms. The pair ``z [B, N, N, C_z]`` does not depend on the noise, so the pair bias of each
 transformer block is computed once and shared by the S samples: the samples are the ``R`` rows of
 ``ops.attention`` (``[B, S, H, N, D]`` with a bias ``[B, H, N, N]``).
+
+Precision: atom coordinates are carried in at least fp32 (:func:`coordinate_dtype`), also under
+bf16 autocast: bf16 keeps 8 significant bits, i.e. steps of 0.125-0.25 A at 20-50 A from the
+origin, which would corrupt the MSE target and the sampler's trajectory. The noise, the EDM
+preconditioning (``c_in``, ``c_skip``, ``c_out``), the centre-random augmentation, the sampler's
+updates and the denoised output run with autocast disabled; only the network (the atom encoder /
+decoder and the transformer, whose ``r_update`` is cast back to the coordinate dtype) runs under
+the caller's autocast.
 """
 
 from __future__ import annotations
@@ -32,6 +40,7 @@ __all__ = [
     "DiffusionTransformerBlock",
     "DiffusionTransformer",
     "DiffusionModule",
+    "coordinate_dtype",
     "noise_schedule",
     "random_rotation",
     "centre_random_augmentation",
@@ -39,6 +48,17 @@ __all__ = [
     "sample_training_noise",
     "noisy_training_samples",
 ]
+
+
+def coordinate_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype coordinates and EDM scalars are computed in: ``dtype`` promoted to at least fp32
+    (fp64 stays fp64; bf16 / fp16 become fp32)."""
+    return torch.promote_types(dtype, torch.float32)
+
+
+def _exact(device: torch.device):
+    """Autocast off for the few elementwise coordinate ops (their inputs are >= fp32)."""
+    return torch.autocast(device.type, enabled=False)
 
 
 class FourierEmbedding(nn.Module):
@@ -140,10 +160,15 @@ class DiffusionTransformer(nn.Module):
 
 
 class DiffusionModule(nn.Module):
-    """Alg. 20, EDM preconditioning: ``D(x, t) = c_skip x + c_out F(c_in x, c_noise(t))``.
+    """Alg. 20, EDM preconditioning: ``D(x, t) = c_skip x + c_out F(c_in x, c_noise(t))`` with
+    ``c_in = 1 / sqrt(t^2 + sigma_data^2)``, ``c_skip = sigma_data^2 / (sigma_data^2 + t^2)``,
+    ``c_out = sigma_data t / sqrt(sigma_data^2 + t^2)``.
 
     ``forward(x_noisy [B, S, A, 3], t_hat [B, S], feats, s_inputs [B, N, C_si],
-    s_trunk [B, N, C_s], z_trunk [B, N, N, C_z]) -> x_denoised [B, S, A, 3]``.
+    s_trunk [B, N, C_s], z_trunk [B, N, N, C_z]) -> x_denoised [B, S, A, 3]`` in
+    ``coordinate_dtype(x_noisy.dtype)`` (fp32 under bf16 autocast): the scaling and the skip
+    connection run without autocast; ``F`` (the network) runs under the caller's autocast and its
+    ``r_update`` is cast to the coordinate dtype.
     """
 
     def __init__(self, cfg, atom_cfg, relpos_cfg, c_s: int, c_z: int, c_s_inputs: int,
@@ -171,17 +196,24 @@ class DiffusionModule(nn.Module):
         z_cond: torch.Tensor | None = None,
     ) -> torch.Tensor:
         sd = self.sigma_data
+        dtype = coordinate_dtype(x_noisy.dtype)
+        with _exact(x_noisy.device):
+            x = x_noisy.to(dtype)
+            t_hat = t_hat.to(dtype)
+            t = t_hat[..., None, None]  # [B, S, 1, 1]
+            c_in = torch.rsqrt(t.square() + sd**2)
+            r_noisy = (x * c_in).to(self.linear_s.weight.dtype)  # the network's input
         s = self.conditioning.single(t_hat, s_inputs, s_trunk)  # [B, S, N, C_s]
         z = self.conditioning.pair(feats, z_trunk) if z_cond is None else z_cond
-        scale = torch.rsqrt(t_hat.square() + sd**2)[..., None, None]  # [B, S, 1, 1]
-        r_noisy = x_noisy * scale
         a, q_skip, c_skip, p_skip, win = self.encoder(feats, r_noisy, s_trunk, z)
         a = a + self.linear_s(self.layer_norm_s(s))  # [B, S, N, C_token]
         a = self.transformer(a, s, z, feats["token_mask"].to(a.dtype))
         a = self.layer_norm_a(a)
         r_update = self.decoder(a, q_skip, c_skip, p_skip, win, feats["atom_to_token"])
-        t = t_hat[..., None, None]
-        return sd**2 / (sd**2 + t**2) * x_noisy + sd * t * scale * r_update
+        with _exact(x.device):
+            c_skip_t = sd**2 / (sd**2 + t.square())
+            c_out = sd * t * c_in
+            return c_skip_t * x + c_out * r_update.to(dtype)
 
 
 def noise_schedule(cfg, sigma_data: float, no_steps: int | None = None,
@@ -214,13 +246,17 @@ def centre_random_augmentation(
     generator: torch.Generator | None = None,
 ) -> torch.Tensor:
     """Alg. 19: centre ``x [B, S, A, 3]`` on its (masked) mean, then a random rotation and a
-    translation ``s_trans N(0, I)`` per sample."""
-    w = atom_mask.to(x.dtype)[:, None, :, None]  # [B, 1, A, 1]
-    mean = (x * w).sum(-2, keepdim=True) / w.sum(-2, keepdim=True).clamp_min(1.0)
-    rot = random_rotation(x.shape[:2], generator, x.dtype, x.device)  # [B, S, 3, 3]
-    trans = s_trans * torch.randn(*x.shape[:2], 1, 3, generator=generator, dtype=torch.float64,
-                                  device=x.device).to(x.dtype)
-    return torch.einsum("bsij,bsaj->bsai", rot, x - mean) + trans
+    translation ``s_trans N(0, I)`` per sample. In ``coordinate_dtype(x.dtype)``, autocast off
+    (the rotation einsum would otherwise run in bf16)."""
+    dtype = coordinate_dtype(x.dtype)
+    with _exact(x.device):
+        x = x.to(dtype)
+        w = atom_mask.to(dtype)[:, None, :, None]  # [B, 1, A, 1]
+        mean = (x * w).sum(-2, keepdim=True) / w.sum(-2, keepdim=True).clamp_min(1.0)
+        rot = random_rotation(x.shape[:2], generator, dtype, x.device)  # [B, S, 3, 3]
+        trans = s_trans * torch.randn(*x.shape[:2], 1, 3, generator=generator,
+                                      dtype=torch.float64, device=x.device).to(dtype)
+        return torch.einsum("bsij,bsaj->bsai", rot, x - mean) + trans
 
 
 Denoiser = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -240,27 +276,32 @@ def sample_diffusion(
     """Alg. 18, the EDM sampler with AF3's stochasticity (``gamma_0``, ``gamma_min``, noise scale
     ``lambda``, step scale ``eta``). ``denoise(x_noisy [B, S, A, 3], t_hat [B, S]) -> x_denoised``;
     ``augment(x)`` replaces the centre-random augmentation of each step (tests). Returns
-    ``[B, S, A, 3]`` (padded atoms 0)."""
+    ``[B, S, A, 3]`` (padded atoms 0) in ``coordinate_dtype`` of the default dtype: the noise,
+    augmentation and updates run without autocast, only ``denoise`` under the caller's autocast
+    (its output is cast back to the coordinate dtype)."""
     B, A = atom_mask.shape
-    dtype, device = torch.get_default_dtype(), atom_mask.device
+    dtype, device = coordinate_dtype(torch.get_default_dtype()), atom_mask.device
     c = noise_schedule(cfg, sigma_data, no_steps, torch.float64)
-    x = c[0].item() * torch.randn(B, no_samples, A, 3, generator=generator, dtype=torch.float64,
-                                  device=device).to(dtype)
-    w = atom_mask.to(dtype)[:, None, :, None]
+    with _exact(device):
+        x = c[0].item() * torch.randn(B, no_samples, A, 3, generator=generator,
+                                      dtype=torch.float64, device=device).to(dtype)
+        w = atom_mask.to(dtype)[:, None, :, None]
     for prev, cur in zip(c[:-1].tolist(), c[1:].tolist()):
-        if augment is None:
-            x = centre_random_augmentation(x, atom_mask, s_trans, generator)
-        else:
-            x = augment(x)
-        gamma = cfg.gamma_0 if cur > cfg.gamma_min else 0.0
-        t_hat = prev * (gamma + 1)
-        noise = torch.randn(x.shape, generator=generator, dtype=torch.float64, device=device)
-        xi = cfg.noise_scale * math.sqrt(max(t_hat**2 - prev**2, 0.0)) * noise.to(dtype)
-        x_noisy = (x + xi) * w
-        t = torch.full((B, no_samples), t_hat, dtype=dtype, device=device)
+        with _exact(device):
+            if augment is None:
+                x = centre_random_augmentation(x, atom_mask, s_trans, generator)
+            else:
+                x = augment(x).to(dtype)
+            gamma = cfg.gamma_0 if cur > cfg.gamma_min else 0.0
+            t_hat = prev * (gamma + 1)
+            noise = torch.randn(x.shape, generator=generator, dtype=torch.float64, device=device)
+            xi = cfg.noise_scale * math.sqrt(max(t_hat**2 - prev**2, 0.0)) * noise.to(dtype)
+            x_noisy = (x + xi) * w
+            t = torch.full((B, no_samples), t_hat, dtype=dtype, device=device)
         x_denoised = denoise(x_noisy, t)
-        delta = (x_noisy - x_denoised) / t_hat
-        x = (x_noisy + cfg.step_scale * (cur - t_hat) * delta) * w
+        with _exact(device):
+            delta = (x_noisy - x_denoised.to(dtype)) / t_hat
+            x = (x_noisy + cfg.step_scale * (cur - t_hat) * delta) * w
     return x
 
 
@@ -278,14 +319,17 @@ def noisy_training_samples(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The diffusion batch of one trunk pass (section 3.7.1): ``no_samples`` copies of the ground
     truth ``x_gt [B, A, 3]``, each centred, randomly rotated and translated (Alg. 19), with noise
-    ``sigma`` added. Returns ``(x_gt_aug [B, S, A, 3], x_noisy [B, S, A, 3], sigma [B, S])``."""
+    ``sigma`` added. Returns ``(x_gt_aug [B, S, A, 3], x_noisy [B, S, A, 3], sigma [B, S])``, all
+    in ``coordinate_dtype(x_gt.dtype)`` (fp32 for bf16 input or under autocast)."""
     B = x_gt.shape[0]
-    x = x_gt.unsqueeze(1).expand(B, no_samples, *x_gt.shape[1:])
-    x = centre_random_augmentation(x, atom_mask, cfg.augment_translation, generator)
-    w = atom_mask.to(x.dtype)[:, None, :, None]
-    x = x * w
-    sigma = sample_training_noise((B, no_samples), cfg.sigma_data, cfg.p_mean, cfg.p_std,
-                                  generator, x.dtype, x.device)
-    eps = torch.randn(x.shape, generator=generator, dtype=torch.float64, device=x.device)
-    x_noisy = x + sigma[..., None, None] * eps.to(x.dtype) * w
+    dtype = coordinate_dtype(x_gt.dtype)
+    with _exact(x_gt.device):
+        x = x_gt.to(dtype).unsqueeze(1).expand(B, no_samples, *x_gt.shape[1:])
+        x = centre_random_augmentation(x, atom_mask, cfg.augment_translation, generator)
+        w = atom_mask.to(dtype)[:, None, :, None]
+        x = x * w
+        sigma = sample_training_noise((B, no_samples), cfg.sigma_data, cfg.p_mean, cfg.p_std,
+                                      generator, dtype, x.device)
+        eps = torch.randn(x.shape, generator=generator, dtype=torch.float64, device=x.device)
+        x_noisy = x + sigma[..., None, None] * eps.to(dtype) * w
     return x, x_noisy, sigma

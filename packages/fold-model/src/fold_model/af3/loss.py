@@ -202,7 +202,8 @@ def diffusion_loss(
 
     The bond and smooth lDDT terms only need ground-truth distances, which the rigid augmentation
     leaves unchanged: they take them from ``feats["atom_positions"]`` in fp32 (one copy, sparse
-    pair lists), not from the augmented copies (bf16 under autocast: ~0.1 A rounding)."""
+    pair lists), not from the ``S`` augmented copies (which are fp32 too, also under autocast:
+    :mod:`fold_model.af3.diffusion`)."""
     mask = feats["atom_mask"] * feats["atom_resolved"]  # [B, A]
     weights = diffusion_atom_weights(feats, cfg).to(x_denoised.dtype)
     mse = weighted_mse_loss(x_denoised, x_gt_aug, weights, mask)  # [B, S]

@@ -20,7 +20,12 @@ from fold_model.af3.confidence import (
     expected_value,
 )
 from fold_model.af3.config import AlphaFold3Config
-from fold_model.af3.diffusion import DiffusionModule, noisy_training_samples, sample_diffusion
+from fold_model.af3.diffusion import (
+    DiffusionModule,
+    coordinate_dtype,
+    noisy_training_samples,
+    sample_diffusion,
+)
 from fold_model.af3.embedders import InputFeatureEmbedder, RelativePositionEncoding
 from fold_model.af3.loss import diffusion_loss, distogram_loss
 from fold_model.af3.msa_module import MSAModule, msa_features
@@ -154,8 +159,10 @@ class AlphaFold3(nn.Module):
         if self.training:
             # One trunk pass, no_samples diffusion samples (section 3.7.1).
             gt_mask = feats["atom_mask"] * feats["atom_resolved"]
+            # Coordinates in >= fp32 whatever the autocast dtype of s (bf16: ~0.2 A steps).
             x_gt, x_noisy, sigma = noisy_training_samples(
-                feats["atom_positions"].to(s.dtype), gt_mask, cfg.diffusion.no_samples,
+                feats["atom_positions"].to(coordinate_dtype(self.linear_s_init.weight.dtype)),
+                gt_mask, cfg.diffusion.no_samples,
                 cfg.diffusion, generator,
             )
             out["x_denoised"] = self.diffusion(x_noisy, sigma, feats, s_inputs, s, z)

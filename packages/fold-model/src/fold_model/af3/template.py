@@ -95,12 +95,18 @@ class TemplateEmbedder(nn.Module):
         self, feats: dict[str, torch.Tensor], z: torch.Tensor, pair_mask: torch.Tensor
     ) -> torch.Tensor:
         cfg = self.cfg
-        a = template_pair_features(
-            feats["template_restype"], feats["template_pseudo_beta"].to(z.dtype),
-            feats["template_pseudo_beta_mask"].to(z.dtype), feats["template_backbone"].to(z.dtype),
-            feats["template_backbone_mask"].to(z.dtype), feats["asym_id"],
-            cfg.distogram_min_bin, cfg.distogram_max_bin, cfg.distogram_no_bins,
-        )  # [*, T, N, N, C_a]
+        # Distances, frames and unit vectors from the template coordinates in >= fp32 with
+        # autocast off (bf16 coordinates would move distances across the 1.25 A bins); the
+        # features then go to the network in its dtype.
+        dtype = torch.promote_types(z.dtype, torch.float32)
+        with torch.autocast(z.device.type, enabled=False):
+            a = template_pair_features(
+                feats["template_restype"], feats["template_pseudo_beta"].to(dtype),
+                feats["template_pseudo_beta_mask"].to(dtype),
+                feats["template_backbone"].to(dtype), feats["template_backbone_mask"].to(dtype),
+                feats["asym_id"], cfg.distogram_min_bin, cfg.distogram_max_bin,
+                cfg.distogram_no_bins,
+            ).to(z.dtype)  # [*, T, N, N, C_a]
         v = self.linear_z(self.layer_norm_z(z)).unsqueeze(-4)  # [*, 1, N, N, c_t]
         v = v + self.linear_a(a)  # [*, T, N, N, c_t]
         t_pair_mask = pair_mask.unsqueeze(-3).expand(v.shape[:-1])  # [*, T, N, N]
