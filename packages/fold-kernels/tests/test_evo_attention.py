@@ -76,6 +76,25 @@ def test_batch_dims_and_bias_shared_over_batch_custom_scale():
     _check(q, k, v, bias, mask, gate, torch.float32, scale=0.37)
 
 
+@pytest.mark.parametrize("batch,bias_lead", [((1, 1), (1, 1)), ((1, 1), (1,)), ((2, 3), (2, 1)),
+                                              ((2, 3), (3,)), ((1, 2), (1, 2))])
+def test_bias_leading_dims_of_every_kind(batch, bias_lead):
+    # the bias gradient takes the bias's own shape: more, fewer or broadcast leading dims than
+    # q's batch (AF2's template pair stack: q [B, T, R, H, N, N] with a [B, 1, H, N, N] bias)
+    h, n = 2, 13
+    q, k, v, _, mask, gate = _inputs((*batch, 3, h, n, 8), h, n, torch.float32, seed=5)
+    bias = torch.randn(*bias_lead, h, n, n, generator=torch.Generator().manual_seed(6))
+    _check(q, k, v, bias, mask, gate, torch.float32)
+
+
+def test_bias_with_more_leading_dims_than_q_is_rejected():
+    from fold_kernels import evo_attention
+
+    q, k, v, _, _, _ = _inputs((1, 3, 2, 13, 8), 2, 13, torch.float32, seed=5)
+    with pytest.raises(ValueError, match="more dims than q's batch"):
+        evo_attention(*(t.to(DEVICE) for t in (q, k, v)), torch.randn(1, 1, 2, 13, 13).to(DEVICE))
+
+
 def test_per_batch_bias_and_float_mask():
     q, k, v, bias, mask, _ = _inputs((2, 2, 2, 18, 8), 2, 18, torch.float32, with_gate=False)
     _check(q, k, v, bias, mask.float(), None, torch.float32)

@@ -469,6 +469,9 @@ def _bias_view(bias: torch.Tensor, batch: tuple[int, ...]) -> tuple[torch.Tensor
     h, n = bias.shape[-3], bias.shape[-1]
     lead = tuple(bias.shape[:-3])
     nb = math.prod(batch)
+    if len(lead) > len(batch):  # the output would broadcast beyond q's shape
+        raise ValueError(f"evo_attention: bias batch dims {lead} have more dims than q's "
+                         f"batch {batch}")
     if math.prod(lead) == 1:
         return bias.reshape(1, h, n, n), 1
     if broadcast_shape(lead, batch) != batch:
@@ -689,9 +692,10 @@ class _EvoAttention(torch.autograd.Function):
                                              need_dbias)
         shape = ctx.shape
         if dbias is not None:
-            dbias = dbias.reshape(*((lp.Bb,) if lp.Bb == 1 else lp.batch), lp.H, lp.N, lp.N)
-            if dbias.shape != lp.bias_shape:
-                dbias = dbias.sum_to_size(lp.bias_shape)
+            if lp.Bb == 1:  # one bias for every batch entry: its leading dims are all 1
+                dbias = dbias.reshape(lp.bias_shape)
+            else:  # [B, H, N, N] -> [*batch, H, N, N], summed over the bias's broadcast dims
+                dbias = dbias.reshape(*lp.batch, lp.H, lp.N, lp.N).sum_to_size(lp.bias_shape)
         return (dq.reshape(shape), dk.reshape(shape), dv.reshape(shape), dbias, None,
                 None if dgate is None else dgate.reshape(shape), None)
 
