@@ -17,9 +17,10 @@ row   switch                      what changes
                                   template stacks in bf16 with an fp32 master copy in
                                   ``FlatAdam``; the structure module and heads keep fp32
                                   weights (fold-model runs them in fp32)
-5     no checkpointing            activation checkpointing off; if that runs out of memory,
-                                  the Evoformer's last k blocks without it, k planned from
-                                  the measured memory of one step (``plan_uncheckpointed``)
+5     no checkpointing            activation checkpointing off; if that runs out of memory or
+                                  peaks over 60% of the device (the CUDA-graph rows need the
+                                  rest), the Evoformer's last k blocks without it, k planned
+                                  from the measured memory of one step (``plan_uncheckpointed``)
 6     CUDA Graphs                 forward + loss + backward replayed from one graph per N_cycle
                                   (``fold_train.cuda_graphs``; every N_cycle in 1..R captured)
 7     torch.compile SM            ``torch.compile`` of the structure module
@@ -264,8 +265,11 @@ def _step_peak(sw: Switches, batch: dict, truth: dict, device: torch.device, tin
         _free(device)
 
 
+PLAN_FILL = 0.6  # of the device's memory, for the training step without checkpointing
+
+
 def plan_uncheckpointed(sw: Switches, batch: dict, truth: dict, device: torch.device,
-                        tiny: bool, r: int, fill: float = 0.6) -> tuple[Switches, dict]:
+                        tiny: bool, r: int, fill: float = PLAN_FILL) -> tuple[Switches, dict]:
     """How many of the Evoformer's last blocks can skip checkpointing: the step's peak with none
     and with ``probe`` blocks uncheckpointed gives the bytes one block keeps; ``k`` blocks fill
     ``fill`` of the device's memory (headroom for the CUDA-graph pools of the later rows). Halved
@@ -327,20 +331,25 @@ def ablate(device: torch.device, tiny: bool, reps: int, rows: list[str],
         entry = {"row": key, "label": label, "switches": dataclasses.asdict(trial)}
         t0 = time.perf_counter()
         try:
-            oom = False
+            why = None
             try:
                 entry.update(run_row(trial, batch, truth, device, tiny, sizes["r"], reps))
             except torch.cuda.OutOfMemoryError:
                 if key != "no_ckpt":
                     raise
-                oom = True  # planned below, once the failed step's frames are released
-            if oom:
+                why = "ran out of memory"  # planned below, once the failed step is released
+            if key == "no_ckpt" and why is None and device.type == "cuda":
+                limit = PLAN_FILL * torch.cuda.get_device_properties(device).total_memory
+                if entry["peak_alloc_mib"] * 2**20 > limit:  # no room for the graphs' pools
+                    why = (f"peaked at {entry['peak_alloc_mib']:.0f} MiB, over {PLAN_FILL:.0%} "
+                           f"of the device")
+            if why is not None:
                 _free(device)
                 trial, plan = plan_uncheckpointed(sw, batch, truth, device, tiny, sizes["r"])
                 entry.update(label="- activation checkpointing (partly: memory)",
                              switches=dataclasses.asdict(trial), plan=plan)
                 entry.update(run_row(trial, batch, truth, device, tiny, sizes["r"], reps))
-                entry["note"] = (f"all blocks uncheckpointed ran out of memory; the last "
+                entry["note"] = (f"all blocks uncheckpointed {why}; the last "
                                  f"{trial.uncheckpointed} of {plan['n_blocks']} Evoformer blocks "
                                  f"run without checkpointing")
             sw = trial  # kept for the following rows
