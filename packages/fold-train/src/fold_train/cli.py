@@ -13,8 +13,9 @@
 Multi-GPU / multi-node: ``torchrun --nproc-per-node G -m fold_train.cli train ...`` (data
 parallel: every rank trains on its own share of the sample stream and the flat gradient buffer is
 averaged; ``dap=N bp=2`` split each replica's model over N x 2 ranks with fold-parallel's
-Dynamic Axial and Branch Parallelism). Exit status: 0 on success, 1 on bad input or failed
-training, 2 on bad usage.
+Dynamic Axial and Branch Parallelism). AF3 presets train data parallel the same way
+(``torchrun --nproc-per-node G -m fold_train.cli train --preset af3 --data COMPLEX_DIR``).
+Exit status: 0 on success, 1 on bad input or failed training, 2 on bad usage.
 """
 
 from __future__ import annotations
@@ -130,23 +131,25 @@ def run_training(args: argparse.Namespace) -> tuple[object, list[dict]]:
 
 def _run_af3_training(args: argparse.Namespace, cfg) -> tuple[object, list[dict]]:
     """``fold-train train`` of an AF3 preset: the complexes of ``--data`` featurised into the
-    AF3 cache, held-out complexes scored by their loss on fixed noise draws, one process."""
+    AF3 cache, held-out complexes scored by their loss on fixed noise draws.
+
+    Under torchrun: data parallel. Rank 0 builds the AF3 cache while the others wait (each entry
+    and the index are written atomically, so no rank reads a half-written file); every rank
+    then reads its own share of the sample stream (``s = rank mod W``) and draws its own
+    diffusion noise, and the flat gradient buffer is averaged over the ranks each step."""
+    from fold_data.af3 import af3_cache
     from fold_data.af3 import make_sample as make_af3_sample
     from fold_data.errors import InputError
 
-    from fold_train.af3_data import af3_cache_dir, make_ccd, open_af3_cache
+    from fold_train.af3_data import af3_cache_dir
     from fold_train.data import SampleStream
     from fold_train.distributed import setup
     from fold_train.loop import Trainer
 
     ctx = setup(args.device)
-    if ctx.distributed:
-        raise SystemExit("fold-train train: AF3 presets train in one process for now (no "
-                         "torchrun)")
     cache_dir = args.cache or str(Path(args.run_dir) / "cache")
     held = list(args.hold_out or [])
-    entries = open_af3_cache(args.data, cache_dir, names=args.chains,
-                             ccd=make_ccd(args.ccd or []), progress=not args.no_progress)
+    entries = _open_af3_cache_once(ctx, args, cache_dir)
     missing = sorted(set(held) - {n for n, _ in entries})
     if missing:
         raise InputError(cache_dir, ", ".join(missing), "held-out complexes are not in the cache")
@@ -155,24 +158,51 @@ def _run_af3_training(args: argparse.Namespace, cfg) -> tuple[object, list[dict]
         raise InputError(cache_dir, None, "expected at least one training complex besides the "
                                           "held-out ones")
     data_preset = cfg.data_preset()
-    from fold_data.af3 import af3_cache
-
     cache = af3_cache(af3_cache_dir(cache_dir))
+    # only rank 0 evaluates (the EMA snapshot, without collectives)
     eval_set = [(name, make_af3_sample(cache.load(key), data_preset, seed=0))
-                for name, key in entries if name in held]
+                for name, key in entries if name in held] if ctx.is_main else []
     stream = SampleStream(cache_dir, train, data_preset, seed=cfg.seed,
-                          batch_size=cfg.batch_size, workers=cfg.loader_workers,
-                          prefetch=cfg.prefetch, family="af3")
+                          batch_size=cfg.batch_size, rank=ctx.dp_rank, world_size=ctx.dp_size,
+                          workers=cfg.loader_workers, prefetch=cfg.prefetch, family="af3")
     trainer = Trainer(cfg, args.run_dir, stream, ctx=ctx, eval_set=eval_set,
                       progress=not args.no_progress)
     if args.resume or args.resume_from:
         step = trainer.resume(args.resume_from)
-        print(f"fold-train: resumed at step {step} from {args.run_dir}")
-    n_params = sum(p.numel() for p in trainer.model.parameters())
-    held_text = f", held out: {', '.join(held)}" if held else ""
-    print(f"fold-train: AF3 preset {cfg.preset}, {n_params} parameters on {ctx.device}, "
-          f"{len(train)} training complexes{held_text}; run directory {args.run_dir}")
+        if ctx.is_main:
+            print(f"fold-train: resumed at step {step} from {args.run_dir}")
+    if ctx.is_main:
+        n_params = sum(p.numel() for p in trainer.model.parameters())
+        held_text = f", held out: {', '.join(held)}" if held else ""
+        print(f"fold-train: AF3 preset {cfg.preset}, {n_params} parameters on {ctx.device} x "
+              f"{ctx.world_size} (DP {ctx.dp_size}), {len(train)} training complexes"
+              f"{held_text}; run directory {args.run_dir}")
     return trainer, trainer.fit()
+
+
+def _open_af3_cache_once(ctx, args: argparse.Namespace, cache_dir: str) -> list[tuple[str, str]]:
+    """``open_af3_cache`` built by rank 0 only; the other ranks wait, then read its index. A
+    failure on rank 0 is raised there and reported on every other rank (no rank hangs)."""
+    from fold_data.errors import InputError
+
+    from fold_train.af3_data import af3_cache_dir, make_ccd, open_af3_cache
+    from fold_train.distributed import all_true
+
+    entries, error = None, None
+    if ctx.is_main:
+        try:
+            entries = open_af3_cache(args.data, cache_dir, names=args.chains,
+                                     ccd=make_ccd(args.ccd or []), progress=not args.no_progress)
+        except Exception as e:  # reported to the others below, then raised here
+            error = e
+    if not all_true(error is None, ctx):  # a barrier: rank 0 has written the cache and index
+        if error is not None:
+            raise error
+        raise InputError(af3_cache_dir(cache_dir), None,
+                         "rank 0 failed to build the AF3 cache (its error is in its output)")
+    if entries is None:
+        entries = open_af3_cache(None, cache_dir, names=args.chains)
+    return entries
 
 
 def _asdict(obj) -> dict:
@@ -389,6 +419,8 @@ def build_parser() -> argparse.ArgumentParser:
                "  fold-train evaluate q.cif truth.cif --chain A\n"
                "  fold-train train --preset af3_tiny --data data/demo/af3 --ccd "
                "data/demo/af3/ccd.cif steps=80\n"
+               "  torchrun --nproc-per-node 8 -m fold_train.cli train --preset af3 --data "
+               "/data/complexes   (AF3, data parallel)\n"
                "  fold-train predict --checkpoint runs/latest/checkpoints/step_00000080.ckpt "
                "--json input.json --out complex.cif",
     )
@@ -430,7 +462,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--bp", type=int, choices=(1, 2), metavar="{1,2}",
                    help="Branch Parallelism degree (HelixFold): 2 runs the MSA and pair branches "
                         "of each block on 2 ranks; needs model.block_order=parallel (= bp=2). "
-                        "World size = DP x BP x DAP under torchrun")
+                        "World size = DP x BP x DAP under torchrun. AF3 presets: data "
+                        "parallel only (no --dap/--bp)")
     p.add_argument("overrides", nargs="*", metavar="key=value")
     p.set_defaults(func=cmd_train)
 

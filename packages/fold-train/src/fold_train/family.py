@@ -42,6 +42,7 @@ class AF2Family:
     """AlphaFold2: ``fold_model.af2.AlphaFold2`` and ``AlphaFold2Loss``."""
 
     name = "af2"
+    seeded_noise = False  # no diffusion noise: the loop passes no generator
 
     def build_model(self, model_config) -> torch.nn.Module:
         from fold_model.af2 import AlphaFold2
@@ -93,6 +94,7 @@ class AF3Family:
     """AlphaFold3: ``fold_model.af3.AlphaFold3`` and its loss (``AlphaFold3.loss``)."""
 
     name = "af3"
+    seeded_noise = True  # forward_loss takes the step's noise generator (loop.noise_seed)
     eval_noise_seeds = (0, 1, 2, 3)  # the fixed noise draws of the evaluation loss
 
     def __init__(self, model_config) -> None:

@@ -7,6 +7,8 @@ One step (:meth:`Trainer.train_step`):
    sample of the batch and every data-parallel rank uses the same number (supplement 1.10);
 2. forward with recycling: passes ``1..N_cycle-1`` without gradients, the last with (fold-model);
    bf16 autocast when ``precision=bf16`` (the weights stay fp32: they are the master copy);
+   AF3 draws its diffusion noise from a generator seeded by ``(seed, step, dp_rank)``
+   (:func:`noise_seed`), dropout from the global RNG seeded per data-parallel replica;
 3. the AF2 loss of the preset on the ground truth of the last pass; backward;
 4. data parallel: average the flat gradient buffer over the ranks, its global norm computed as
    the buckets arrive (:mod:`fold_train.distributed`);
@@ -55,7 +57,7 @@ from fold_train.distributed import (
 from fold_train.family import model_family
 from fold_train.optim import FlatAdam, FlatParams
 
-__all__ = ["NonFiniteError", "Trainer", "evaluate_model", "draw_n_cycle"]
+__all__ = ["NonFiniteError", "Trainer", "evaluate_model", "draw_n_cycle", "noise_seed"]
 
 CHECKPOINT_FORMAT = "fold-train/1"
 _CA = 1  # atom37 index
@@ -69,6 +71,14 @@ def draw_n_cycle(seed: int, step: int, n_max: int) -> int:
     """``N_cycle`` of training step ``step``: uniform in ``1..n_max``, seeded by ``(seed, step)``
     (the same on every rank and for every sample of the batch)."""
     return int(np.random.default_rng([seed, 1, step]).integers(1, n_max + 1))
+
+
+def noise_seed(seed: int, step: int, dp_rank: int) -> int:
+    """Seed of the diffusion-noise generator of training step ``step`` on data-parallel replica
+    ``dp_rank`` (AF3: noise levels, noised copies, augmentation and the mini-rollout). Each
+    replica draws its own noise; the DAP ranks of one replica draw the same (they share the
+    sample); a resumed run draws what the uninterrupted run drew."""
+    return int(np.random.SeedSequence([seed, 104729, step, dp_rank]).generate_state(1)[0])
 
 
 def _to_device(batch: dict[str, torch.Tensor], device: torch.device) -> dict[str, torch.Tensor]:
@@ -235,8 +245,13 @@ class Trainer:
         the last pass's truth), backward. Returns ``(loss, loss terms, aux)`` (detached; AF2's
         aux: ``final_atom_positions [B, N_res, 37, 3]``)."""
         self.flat.zero_grad()
+        kwargs = {}
+        if self.family.seeded_noise:  # AF3: the step's diffusion noise from its own generator
+            kwargs["generator"] = torch.Generator(self.device).manual_seed(
+                noise_seed(self.cfg.seed, self.step, self.ctx.dp_rank))
         with _autocast(self.device, self.cfg.precision, cache=autocast_cache):
-            loss, terms, aux = self.family.forward_loss(self.model, self.loss_fn, batch, n_cycle)
+            loss, terms, aux = self.family.forward_loss(self.model, self.loss_fn, batch, n_cycle,
+                                                        **kwargs)
         loss.backward()
         terms = {k: v.detach() for k, v in terms.items()}
         return loss.detach(), terms, aux

@@ -1,0 +1,153 @@
+"""AF3 training across processes (data parallel on gloo, CPU): each rank trains on its own
+sample of the stream with its own diffusion noise, and the averaged flat gradient equals one
+process computing both samples' gradients and averaging them; ``torchrun ... fold-train train
+--preset af3_tiny`` writes one checkpoint and one metrics file (rank 0), the cache built once.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+from _af3_helpers import AF3_DEMO, CCD, NO_DROPOUT, needs_af3_demo
+from fold_train.config import apply_overrides, preset
+from fold_train.data import SampleStream
+from fold_train.loop import Trainer
+
+pytestmark = pytest.mark.distributed
+
+# Small crops: the step is about one second on one core, and both ranks share two cores.
+SMALL = ["data.n_token=40", "data.n_atom=128", "data.n_msa=8", "steps=1", "loader_workers=0"]
+
+
+@pytest.fixture(scope="module")
+def af3_cache_entries(tmp_path_factory) -> tuple[str, list[tuple[str, str]]]:
+    """``(cache dir, [(entry, key)])`` of the bundled 3O5R (built with the bundled CCD)."""
+    from fold_data.af3 import Ccd
+    from fold_train.af3_data import open_af3_cache
+
+    needs_af3_demo()
+    cache = tmp_path_factory.mktemp("af3_cache")
+    return str(cache), open_af3_cache(AF3_DEMO, cache, ccd=Ccd([CCD], use_biotite=False))
+
+
+def _config():
+    return apply_overrides(preset("af3_tiny"), [*NO_DROPOUT, *SMALL])
+
+
+def _grad(trainer: Trainer) -> torch.Tensor:
+    return torch.cat([g.grad.detach().flatten() for g in trainer.flat.groups]).clone()
+
+
+def _params(trainer: Trainer) -> torch.Tensor:
+    return torch.cat([g.param.detach().flatten() for g in trainer.flat.groups]).clone()
+
+
+def _dp_worker(rank: int, world: int, init: str, cache, out_dir: str) -> None:
+    import torch.distributed as dist
+    from fold_train.distributed import DistContext
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
+    try:
+        cache_dir, entries = cache
+        cfg = _config()
+        ctx = DistContext(rank, world, torch.device("cpu"), None)
+        stream = SampleStream(cache_dir, entries, cfg.data_preset(), seed=cfg.seed,
+                              rank=rank, world_size=world, workers=0, family="af3")
+        trainer = Trainer(cfg, f"{out_dir}/run", stream, ctx=ctx, progress=False)
+        batch, _ = next(trainer.stream.batches(1))
+        record = trainer.train_step(batch)
+        torch.save({"grad": _grad(trainer), "param": _params(trainer), "loss": record["loss"],
+                    "grad_norm": record["grad_norm"], "n_token": batch["token_mask"].sum()},
+                   f"{out_dir}/rank{rank}.pt")
+    finally:
+        dist.destroy_process_group()
+
+
+def test_two_ranks_average_the_gradients_of_their_own_samples(af3_cache_entries, tmp_path):
+    """2 ranks x 1 sample == one process: sample ``r`` of the stream with the noise generator
+    of ``(seed, step 0, replica r)``, gradients averaged, then the same Adam update."""
+    import torch.multiprocessing as mp
+    from fold_train.loop import draw_n_cycle, noise_seed
+
+    # each replica and each step its own noise; fixed by (seed, step, replica) alone
+    seeds = {noise_seed(0, step, r) for step in range(3) for r in range(2)}
+    assert len(seeds) == 6 and noise_seed(0, 1, 1) == noise_seed(0, 1, 1)
+    mp.spawn(_dp_worker, args=(2, f"file://{tmp_path}/store", af3_cache_entries,
+                               str(tmp_path)), nprocs=2, join=True)
+    got = [torch.load(tmp_path / f"rank{r}.pt", weights_only=True) for r in range(2)]
+
+    cache_dir, entries = af3_cache_entries
+    cfg = _config()
+    stream = SampleStream(cache_dir, entries, cfg.data_preset(), seed=cfg.seed, workers=0,
+                          family="af3")  # one process: stream indices 0, 1, ...
+    single = Trainer(cfg, tmp_path / "single", stream, progress=False)
+    n_cycle = draw_n_cycle(cfg.seed, 0, cfg.model_config().no_cycles)
+    grads, losses, n_token = [], [], []
+    for replica, (batch, _) in enumerate(single.stream.batches(2)):
+        single.flat.zero_grad()
+        gen = torch.Generator().manual_seed(noise_seed(cfg.seed, 0, replica))
+        loss, _, _ = single.family.forward_loss(single.model, single.loss_fn, batch, n_cycle,
+                                                generator=gen)
+        loss.backward()
+        grads.append(_grad(single).double())
+        losses.append(float(loss.detach()))
+        n_token.append(batch["token_mask"].sum())
+    # the two samples are different crops with different noise: averaging is not trivial
+    assert (grads[0] - grads[1]).norm() > 1e-3 * grads[0].norm()
+    ref = (grads[0] + grads[1]) / 2
+    for rank, g in enumerate(got):
+        assert torch.isfinite(g["grad"]).all()
+        assert g["loss"] == pytest.approx(losses[rank], rel=1e-6)  # its own sample and noise
+        assert torch.equal(g["n_token"], n_token[rank])
+        # fp32 per-sample gradients, one fp32 sum and halving: rounding only
+        err = (g["grad"].double() - ref).norm() / ref.norm()
+        assert err < 1e-6, (rank, err)
+        assert g["grad_norm"] == pytest.approx(float(ref.norm()), rel=1e-5)
+    assert torch.equal(got[0]["param"], got[1]["param"])  # replicas stay identical
+    # the same update from the averaged gradient
+    offset = 0
+    for group in single.flat.groups:
+        n = group.grad.numel()
+        group.grad.copy_(ref[offset:offset + n].view_as(group.grad))
+        offset += n
+    single.opt.step(single.opt.grad_norm())
+    torch.testing.assert_close(got[0]["param"], _params(single), rtol=1e-5, atol=1e-6)
+
+
+def test_torchrun_trains_af3_with_two_ranks(tmp_path):
+    """``torchrun --nproc-per-node 2 -m fold_train.cli train --preset af3_tiny steps=2``: the
+    cache built once by rank 0, one checkpoint written by rank 0 with both ranks' data positions,
+    one metrics line per step."""
+    from fold_train.checkpoint import load_checkpoint
+
+    needs_af3_demo()
+    run = tmp_path / "run"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+           "-m", "fold_train.cli", "train", "--preset", "af3_tiny", "--data", str(AF3_DEMO),
+           "--ccd", str(CCD), "--run-dir", str(run), *NO_DROPOUT, *SMALL,
+           "steps=2", "checkpoint_every=2"]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert proc.stdout.count("fold-train: AF3 preset af3_tiny") == 1  # rank 0 prints
+    assert "x 2 (DP 2)" in proc.stdout
+    assert proc.stdout.count("AF3 features 1/1 3o5r (") == 1  # rank 0 featurises, once
+    ckpts = sorted((run / "checkpoints").iterdir())  # no temporary files left either
+    assert [p.name for p in ckpts] == ["step_00000002.ckpt"]
+    state = load_checkpoint(ckpts[0])
+    assert state["world_size"] == 2 and state["step"] == 2
+    assert [d["rank"] for d in state["data"]] == [0, 1]
+    assert [d["next_index"] for d in state["data"]] == [4, 5]  # 2 steps of indices r mod 2
+    records = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == [1, 2]
+    for r in records:
+        assert r["chains"] == ["3o5r"] and r["lr"] > 0
+        assert all(torch.isfinite(torch.tensor(r[k])) for k in ("loss", "diffusion",
+                                                               "distogram", "grad_norm"))
+        assert r["samples_per_s"] > 0
