@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import math
 import os
 
 import pytest
@@ -102,14 +103,22 @@ def test_parameters_and_grads_are_views_of_one_buffer():
     flat = FlatParams(net)
     assert len(flat.groups) == 1
     g = flat.groups[0]
-    assert flat.numel == sum(p.numel() for p in net.parameters())
+    n_params = sum(p.numel() for p in net.parameters())
+    assert flat.numel >= n_params
     for (name, p), off in zip(net.named_parameters(), g.offsets):
         torch.testing.assert_close(p.detach(), before[name], rtol=0, atol=0)
         assert p.data_ptr() == g.param[off:].data_ptr()
+        assert (off * 4) % 512 == 0  # every parameter starts 512-byte aligned
     _loss(net, *_data(0)).backward()
     manual = torch.cat([p.grad.reshape(-1) for p in net.parameters()])
-    torch.testing.assert_close(g.grad, manual, rtol=0, atol=0)
+    packed = torch.cat([g.grad[o:o + p.numel()] for p, o in zip(net.parameters(), g.offsets)])
+    torch.testing.assert_close(packed, manual, rtol=0, atol=0)
     assert torch.isfinite(g.grad).all() and g.grad.abs().sum() > 0
+    # the alignment gaps hold no gradient: the flat norm is the norm of the parameters' grads
+    torch.testing.assert_close(g.grad.double().norm(), manual.double().norm(),
+                               rtol=1e-12, atol=0)
+    dense = FlatParams(copy.deepcopy(net), align_bytes=1)
+    assert dense.numel == n_params and dense.groups[0].offsets[-1] == n_params - 5 * 13
     flat.zero_grad()
     assert all(float(p.grad.abs().sum()) == 0 for p in net.parameters())
     flat.check()
@@ -222,17 +231,24 @@ def test_bf16_parameters_with_fp32_master_weights():
     flat_ref, flat_low = FlatParams(ref), FlatParams(low)
     opt_ref, opt_low = FlatAdam(flat_ref, cfg), FlatAdam(flat_low, cfg)
     assert flat_low.groups[0].param.dtype == torch.bfloat16
+    # fp32 and bf16 groups are aligned in elements differently: compare parameter by parameter
+    assert flat_ref.offsets() != flat_low.offsets()
+    n_params = sum(p.numel() for p in ref.parameters())
     gen = torch.Generator().manual_seed(9)
     for _ in range(4):
-        g = torch.randn(flat_ref.numel, generator=gen).to(torch.bfloat16)
-        flat_ref.groups[0].grad.copy_(g.float())
-        flat_low.groups[0].grad.copy_(g)
+        g = torch.randn(n_params, generator=gen).to(torch.bfloat16)  # packed densely
+        flat_ref.load_group(0, flat_ref.groups[0].grad, g.float())
+        flat_low.load_group(0, flat_low.groups[0].grad, g)
         opt_ref.step()
         opt_low.step()
     master = opt_low.master[0]
-    torch.testing.assert_close(master, flat_ref.groups[0].param, rtol=1e-6, atol=1e-7)
+    ref_w = flat_ref.views([flat_ref.groups[0].param])
+    for name, m in flat_low.views([master]).items():
+        torch.testing.assert_close(m, ref_w[name], rtol=1e-6, atol=1e-7, msg=name)
     assert torch.equal(flat_low.groups[0].param, master.to(torch.bfloat16))
-    torch.testing.assert_close(opt_low.ema[0], opt_ref.ema[0], rtol=1e-6, atol=1e-7)
+    ref_ema = flat_ref.views(opt_ref.ema)
+    for name, e in flat_low.views(opt_low.ema).items():
+        torch.testing.assert_close(e, ref_ema[name], rtol=1e-6, atol=1e-7, msg=name)
     # bf16 rounding of each update would have lost most small steps: the master did not
     assert not torch.equal(master, flat_low.groups[0].param.float())
 
@@ -242,3 +258,44 @@ def test_bf16_parameters_with_fp32_master_weights():
     opt_again = FlatAdam(flat_again, cfg)
     opt_again.load_state_dict(state)
     assert torch.equal(opt_again.master[0], master) and opt_ref.master == [None]
+
+
+def test_dense_checkpoint_loads_into_aligned_buffers():
+    """Optimizer state written before the alignment (parameters packed densely, no "offsets")
+    loads parameter by parameter into aligned buffers and continues as the dense run does."""
+    torch.manual_seed(3)
+    net_dense = _Net()
+    net_aligned = copy.deepcopy(net_dense)
+    cfg = AdamConfig(lr=1e-2, warmup_steps=2, ema_decay=0.7)
+    flat_d = FlatParams(net_dense, align_bytes=1)
+    opt_d = FlatAdam(flat_d, cfg)
+    for s in range(3):
+        flat_d.zero_grad()
+        _loss(net_dense, *_data(s)).backward()
+        opt_d.step()
+    state = opt_d.state_dict()
+    del state["offsets"]  # as written by the dense FlatParams of earlier versions
+    net_aligned.load_state_dict(net_dense.state_dict())
+    flat_a = FlatParams(net_aligned)
+    opt_a = FlatAdam(flat_a, cfg)
+    opt_a.load_state_dict(state)
+    assert opt_a.step_count == 3 and flat_a.offsets() != flat_d.offsets()
+    for s in range(3, 5):
+        for flat, opt, net in ((flat_d, opt_d, net_dense), (flat_a, opt_a, net_aligned)):
+            flat.zero_grad()
+            _loss(net, *_data(s)).backward()
+            opt.step()
+    # the same arithmetic per element; only the global norm's summation order differs
+    for (name, p), q in zip(net_dense.named_parameters(), net_aligned.parameters()):
+        torch.testing.assert_close(q, p, rtol=1e-6, atol=1e-7, msg=name)
+    ema_d, ema_a = opt_d.ema_state_dict(), opt_a.ema_state_dict()
+    for name, e in ema_d.items():
+        torch.testing.assert_close(ema_a[name], e, rtol=1e-6, atol=1e-7, msg=name)
+    assert all(float(t[o + n:o2].abs().sum()) == 0  # gaps of moments and EMA stayed zero
+               for t in (*opt_a.exp_avg, *opt_a.exp_avg_sq, *opt_a.ema)
+               for o, n, o2 in zip(flat_a.groups[0].offsets,
+                                   [math.prod(sh) for sh in flat_a.groups[0].shapes],
+                                   flat_a.groups[0].offsets[1:]))
+    state["exp_avg"] = [state["exp_avg"][0][:-1]]  # a buffer too short for its layout
+    with pytest.raises(ValueError, match="flat buffer 0 holds"):
+        FlatAdam(FlatParams(copy.deepcopy(net_aligned)), cfg).load_state_dict(state)

@@ -135,9 +135,11 @@ def test_train_then_predict_through_the_cli(demo_cache, tmp_path, capsys):
 
     ckpt = find_latest(run / "checkpoints")
     model, cfg = load_trained_model(ckpt)
-    ema = load_checkpoint(ckpt)["optimizer"]["ema"][0]
-    flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
-    assert torch.equal(flat, ema)  # prediction runs with the averaged weights
+    opt_state = load_checkpoint(ckpt)["optimizer"]
+    ema, offsets = opt_state["ema"][0], opt_state["offsets"][0]
+    for p, off in zip(model.parameters(), offsets, strict=True):
+        # prediction runs with the averaged weights (parameters at aligned flat offsets)
+        assert torch.equal(p.detach().reshape(-1), ema[off:off + p.numel()])
 
     align = DEMO / "alignments" / "4zey_A"
     pred = tmp_path / "4zey_A.cif"

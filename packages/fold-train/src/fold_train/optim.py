@@ -58,9 +58,18 @@ class FlatParams:
     ``p.grad`` is a view of it), so :meth:`zero_grad` zeroes buffers rather than freeing grads.
     Moving the module to another device or dtype afterwards breaks the views (checked by
     :meth:`check`); build FlatParams after ``module.to(...)``.
+
+    Every parameter starts at a multiple of ``align_bytes`` from the buffer's start (the gaps
+    stay zero in the gradient, so norms and updates are unchanged): a parameter view is then as
+    aligned as a separately allocated tensor (the CUDA caching allocator rounds blocks to 512
+    bytes), so vectorized elementwise kernels, Triton's 16-byte pointer specialization and
+    cuBLAS/TMA GEMMs on the weights (bf16 parameters are used without a cast) get aligned
+    pointers. ``align_bytes=1``: the parameters packed densely.
     """
 
-    def __init__(self, module: nn.Module) -> None:
+    def __init__(self, module: nn.Module, *, align_bytes: int = 512) -> None:
+        if align_bytes < 1:
+            raise ValueError(f"align_bytes must be >= 1, got {align_bytes}")
         self.module = module
         buckets: dict[tuple[torch.device, torch.dtype], list[tuple[str, nn.Parameter]]] = {}
         for name, p in module.named_parameters():
@@ -71,20 +80,20 @@ class FlatParams:
         self.groups: list[FlatGroup] = []
         self._params: list[list[nn.Parameter]] = []
         for (device, dtype), items in buckets.items():
-            total = sum(p.numel() for _, p in items)
-            flat = torch.empty(total, device=device, dtype=dtype)
+            align = max(1, align_bytes // torch.empty((), dtype=dtype).element_size())
+            offsets = _aligned_offsets([p.numel() for _, p in items], align)
+            total = offsets[-1] + items[-1][1].numel()
+            # zeros: the alignment gaps are never written (zero gradient, zero update)
+            flat = torch.zeros(total, device=device, dtype=dtype)
             grad = torch.zeros(total, device=device, dtype=dtype)
-            offsets, off = [], 0
             with torch.no_grad():
-                for _, p in items:
+                for (_, p), off in zip(items, offsets):
                     n = p.numel()
                     flat[off:off + n].copy_(p.reshape(-1))
                     # The parameter now lives in the flat buffer; p.grad is a view of the flat
                     # gradient, into which autograd accumulates in place.
                     p.data = flat[off:off + n].view_as(p)
                     p.grad = grad[off:off + n].view_as(p)
-                    offsets.append(off)
-                    off += n
             self.groups.append(FlatGroup([n for n, _ in items], [p.shape for _, p in items],
                                          offsets, flat, grad))
             self._params.append([p for _, p in items])
@@ -120,6 +129,48 @@ class FlatParams:
     def layout(self) -> list[list[tuple[str, list[int]]]]:
         """Names and shapes per group: what a checkpoint of flat buffers must match."""
         return [[(n, list(s)) for n, s in zip(g.names, g.shapes)] for g in self.groups]
+
+    def offsets(self) -> list[list[int]]:
+        """Each parameter's start in its group's flat buffer (saved beside the buffers)."""
+        return [list(g.offsets) for g in self.groups]
+
+    def load_buffers(self, dst: list[torch.Tensor], src: list[torch.Tensor],
+                     src_offsets: list[list[int]] | None = None) -> None:
+        """Copy flat buffers ``src`` (one per group, parameters at ``src_offsets``; None: packed
+        densely, as checkpoints written before the alignment) into ``dst`` laid out like this
+        FlatParams. The layouts' names and shapes must already match (:meth:`layout`)."""
+        if len(src) != len(self.groups) or len(dst) != len(self.groups):
+            raise ValueError(f"expected {len(self.groups)} flat buffers, got {len(src)}")
+        for i, (d, s) in enumerate(zip(dst, src)):
+            self.load_group(i, d, s, None if src_offsets is None else src_offsets[i])
+
+    @torch.no_grad()
+    def load_group(self, i: int, dst: torch.Tensor, src: torch.Tensor,
+                   src_offsets: list[int] | None = None) -> None:
+        """:meth:`load_buffers` for group ``i`` alone."""
+        g = self.groups[i]
+        offs = (list(src_offsets) if src_offsets is not None
+                else _aligned_offsets([math.prod(sh) for sh in g.shapes], 1))
+        end = offs[-1] + math.prod(g.shapes[-1]) if offs else 0
+        if len(offs) != len(g.offsets) or src.numel() < end:
+            raise ValueError(f"flat buffer {i} holds {src.numel()} values at {len(offs)} "
+                             f"offsets; its {len(g.offsets)} parameters need {end}")
+        if offs == g.offsets and src.numel() == dst.numel():
+            dst.copy_(src)
+            return
+        for shape, o_src, o_dst in zip(g.shapes, offs, g.offsets):
+            n = math.prod(shape)
+            dst[o_dst:o_dst + n].copy_(src[o_src:o_src + n])
+
+
+def _aligned_offsets(numels: list[int], align: int) -> list[int]:
+    """Starts of consecutive blocks of ``numels`` elements, each rounded up to ``align``."""
+    offsets, off = [], 0
+    for n in numels:
+        off = -(-off // align) * align
+        offsets.append(off)
+        off += n
+    return offsets
 
 
 @dataclass
@@ -324,6 +375,7 @@ class FlatAdam:
         return {
             "step": self.step_count,
             "layout": self.flat.layout(),
+            "offsets": self.flat.offsets(),
             "exp_avg": [t.detach().cpu().clone() for t in self.exp_avg],
             "exp_avg_sq": [t.detach().cpu().clone() for t in self.exp_avg_sq],
             "ema": None if self.ema is None else [t.detach().cpu().clone() for t in self.ema],
@@ -335,20 +387,24 @@ class FlatAdam:
         if layout != self.flat.layout():
             raise ValueError("optimizer state was saved for different parameters (names or "
                              "shapes differ from this model's)")
+        # parameter starts in the saved buffers (absent: packed densely, before the alignment)
+        offs = state.get("offsets")
+        load = self.flat.load_buffers
         with torch.no_grad():
-            for dst, src in zip(self.exp_avg, state["exp_avg"]):
-                dst.copy_(src)
-            for dst, src in zip(self.exp_avg_sq, state["exp_avg_sq"]):
-                dst.copy_(src)
+            load(self.exp_avg, state["exp_avg"], offs)
+            load(self.exp_avg_sq, state["exp_avg_sq"], offs)
             if self.ema is not None:
                 if state.get("ema") is None:
                     raise ValueError("checkpoint has no EMA weights but the EMA is on")
-                for dst, src in zip(self.ema, state["ema"]):
-                    dst.copy_(src)
+                load(self.ema, state["ema"], offs)
             # the master weights; without them (fp32 run, older checkpoint) the parameters
             # already loaded into the model are the best available copy
             saved = state.get("master") or [None] * len(self.master)
             for i, (dst, src) in enumerate(zip(self.master, saved)):
-                if dst is not None:
-                    dst.copy_(src if src is not None else self.flat.groups[i].param)
+                if dst is None:
+                    continue
+                if src is None:
+                    dst.copy_(self.flat.groups[i].param)
+                else:
+                    self.flat.load_group(i, dst, src, None if offs is None else offs[i])
         self.step_count = int(state["step"])

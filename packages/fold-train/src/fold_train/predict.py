@@ -85,9 +85,11 @@ def load_trained_model(checkpoint: str | os.PathLike, device: str | torch.device
         flat = FlatParams(model)  # the EMA buffers have the flat layout of the parameters
         if [[(n, list(s)) for n, s in g] for g in state["optimizer"]["layout"]] != flat.layout():
             raise CheckpointError(checkpoint, "EMA layout does not match the model")
-        with torch.no_grad():
-            for group, buf in zip(flat.groups, ema):
-                group.param.copy_(buf)
+        try:  # parameter by parameter when the saved buffers are laid out differently
+            flat.load_buffers([g.param for g in flat.groups], ema,
+                              state["optimizer"].get("offsets"))
+        except (ValueError, RuntimeError) as e:
+            raise CheckpointError(checkpoint, f"EMA buffers do not fit the model: {e}") from e
     return model.to(device).eval(), cfg
 
 
