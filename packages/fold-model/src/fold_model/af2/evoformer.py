@@ -181,7 +181,11 @@ class OuterProductMean(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         m = self.layer_norm(m)
         mask = msa_mask.unsqueeze(-1).to(m.dtype)  # [*, N_seq, N_res, 1]
-        return self.linear_1(m) * mask, self.linear_2(m) * mask, mask
+        a, b = self.linear_1(m), self.linear_2(m)
+        # the 0/1 mask in the projections' dtype (bf16 under autocast): a and b are not promoted
+        # to fp32 only to be cast back by the einsum (and their gradients likewise)
+        mask_ab = mask.to(a.dtype)
+        return a * mask_ab, b * mask_ab, mask
 
     @staticmethod
     def _outer_sum(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -254,8 +258,11 @@ class TriangleMultiplication(nn.Module):
             z = z.transpose(-2, -3)  # [*, N_j/P, N_i, C_z]
             pair_mask = pair_mask.transpose(-1, -2)
         z_ln = self.layer_norm_in(z)
-        mask = pair_mask.unsqueeze(-1).to(z_ln.dtype)
-        a = ops.bias_sigmoid_gate(self.linear_a_p(z_ln), self.linear_a_g(z_ln)) * mask
+        a = ops.bias_sigmoid_gate(self.linear_a_p(z_ln), self.linear_a_g(z_ln))
+        # the 0/1 mask in the gated projections' dtype (bf16 under autocast): no promotion of a
+        # and b to fp32 (and casts back in the einsum and of their gradients)
+        mask = pair_mask.unsqueeze(-1).to(a.dtype)
+        a = a * mask
         b = ops.bias_sigmoid_gate(self.linear_b_p(z_ln), self.linear_b_g(z_ln)) * mask
         # Incoming in the transposed frame: x^T_pq = sum_k b^T_pk a^T_qk, so the operands swap.
         left, right = (a, b) if self.outgoing else (b, a)
