@@ -14,7 +14,8 @@ Multi-GPU / multi-node: ``torchrun --nproc-per-node G -m fold_train.cli train ..
 parallel: every rank trains on its own share of the sample stream and the flat gradient buffer is
 averaged; ``dap=N bp=2`` split each replica's model over N x 2 ranks with fold-parallel's
 Dynamic Axial and Branch Parallelism). AF3 presets train data parallel the same way
-(``torchrun --nproc-per-node G -m fold_train.cli train --preset af3 --data COMPLEX_DIR``).
+(``torchrun --nproc-per-node G -m fold_train.cli train --preset af3 --data COMPLEX_DIR``),
+with ``--dap N`` too (no ``--bp``: branch parallelism is the AF2 Parallel Evoformer's).
 Exit status: 0 on success, 1 on bad input or failed training, 2 on bad usage.
 """
 
@@ -134,19 +135,24 @@ def _run_af3_training(args: argparse.Namespace, cfg) -> tuple[object, list[dict]
     AF3 cache, held-out complexes scored by their loss on fixed noise draws.
 
     Under torchrun: data parallel. Rank 0 builds the AF3 cache while the others wait (each entry
-    and the index are written atomically, so no rank reads a half-written file); every rank
-    then reads its own share of the sample stream (``s = rank mod W``) and draws its own
-    diffusion noise, and the flat gradient buffer is averaged over the ranks each step."""
+    and the index are written atomically, so no rank reads a half-written file); every
+    replica then reads its own share of the sample stream (``s = dp_rank mod DP``) and draws
+    its own diffusion noise, and the flat gradient buffer is averaged over the ranks each step.
+    ``dap=N``: the N ranks of a replica share its sample and noise, the MSA module, Pairformer
+    and template embedder split along the tokens / MSA rows (FastFold's DAP)."""
     from fold_data.af3 import af3_cache
     from fold_data.af3 import make_sample as make_af3_sample
     from fold_data.errors import InputError
 
     from fold_train.af3_data import af3_cache_dir
     from fold_train.data import SampleStream
-    from fold_train.distributed import setup
+    from fold_train.distributed import model_parallel, setup
     from fold_train.loop import Trainer
 
-    ctx = setup(args.device)
+    data_preset = cfg.data_preset()
+    if cfg.dap > 1:
+        _check_af3_dap_sizes(cfg.dap, data_preset)
+    ctx = model_parallel(setup(args.device), dap=cfg.dap, bp=cfg.bp)
     cache_dir = args.cache or str(Path(args.run_dir) / "cache")
     held = list(args.hold_out or [])
     entries = _open_af3_cache_once(ctx, args, cache_dir)
@@ -157,11 +163,11 @@ def _run_af3_training(args: argparse.Namespace, cfg) -> tuple[object, list[dict]
     if not train:
         raise InputError(cache_dir, None, "expected at least one training complex besides the "
                                           "held-out ones")
-    data_preset = cfg.data_preset()
     cache = af3_cache(af3_cache_dir(cache_dir))
-    # only rank 0 evaluates (the EMA snapshot, without collectives)
+    # rank 0 evaluates an EMA snapshot; under DAP every rank of the replica takes part
+    evaluates = ctx.is_main or ctx.groups is not None
     eval_set = [(name, make_af3_sample(cache.load(key), data_preset, seed=0))
-                for name, key in entries if name in held] if ctx.is_main else []
+                for name, key in entries if name in held] if evaluates else []
     stream = SampleStream(cache_dir, train, data_preset, seed=cfg.seed,
                           batch_size=cfg.batch_size, rank=ctx.dp_rank, world_size=ctx.dp_size,
                           workers=cfg.loader_workers, prefetch=cfg.prefetch, family="af3")
@@ -175,9 +181,22 @@ def _run_af3_training(args: argparse.Namespace, cfg) -> tuple[object, list[dict]
         n_params = sum(p.numel() for p in trainer.model.parameters())
         held_text = f", held out: {', '.join(held)}" if held else ""
         print(f"fold-train: AF3 preset {cfg.preset}, {n_params} parameters on {ctx.device} x "
-              f"{ctx.world_size} (DP {ctx.dp_size}), {len(train)} training complexes"
+              f"{ctx.world_size} (DP {ctx.dp_size} x DAP {cfg.dap}), {len(train)} training "
+              f"complexes"
               f"{held_text}; run directory {args.run_dir}")
     return trainer, trainer.fit()
+
+
+def _check_af3_dap_sizes(dap: int, data_preset) -> None:
+    """AF3 under DAP splits the padded crop's tokens and MSA rows over ``dap`` ranks: both must
+    be fixed (a cropping preset) and multiples of ``dap``."""
+    from fold_train.config import ConfigError
+
+    for name in ("n_token", "n_msa"):
+        size = getattr(data_preset, name)
+        if size is None or size % dap:
+            raise ConfigError(f"dap={dap} for AF3 needs data.{name} to be a multiple of {dap} "
+                              f"(the crop is split over the DAP ranks), got {size}")
 
 
 def _open_af3_cache_once(ctx, args: argparse.Namespace, cache_dir: str) -> list[tuple[str, str]]:
@@ -420,7 +439,7 @@ def build_parser() -> argparse.ArgumentParser:
                "  fold-train train --preset af3_tiny --data data/demo/af3 --ccd "
                "data/demo/af3/ccd.cif steps=80\n"
                "  torchrun --nproc-per-node 8 -m fold_train.cli train --preset af3 --data "
-               "/data/complexes   (AF3, data parallel)\n"
+               "/data/complexes --dap 2   (AF3: 4 replicas x DAP 2)\n"
                "  fold-train predict --checkpoint runs/latest/checkpoints/step_00000080.ckpt "
                "--json input.json --out complex.cif",
     )
@@ -433,7 +452,10 @@ def build_parser() -> argparse.ArgumentParser:
                     "in the run directory: config.json, metrics.jsonl, checkpoints/, "
                     "training.png. Overrides: key=value for the training config (steps=100, "
                     "precision=bf16, batch_size=2), optim.* (optim.lr=5e-4), model.* "
-                    "(model.evoformer.no_blocks=2) and data.* (data.n_res=128).")
+                    "(model.evoformer.no_blocks=2) and data.* (data.n_res=128). AF3 presets "
+                    "train on a directory of mmCIF complexes. Several GPUs / nodes: "
+                    "torchrun --nproc-per-node G -m fold_train.cli train ... (data parallel; "
+                    "--dap/--bp inside each replica).")
     p.add_argument("--preset", default="tiny",
                    help="AF2: af2_initial, af2_finetune or tiny; AlphaFold3: af3 or af3_tiny "
                         "(the preset picks the model family)")
@@ -458,12 +480,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-progress", action="store_true", help="no progress bar; print a table")
     p.add_argument("--dap", type=int, metavar="N",
                    help="Dynamic Axial Parallelism degree (FastFold): N ranks of each replica "
-                        "share one sample, activations split along N_seq / N_res (= dap=N)")
+                        "share one sample, activations split along N_seq / N_res (= dap=N); "
+                        "AF3: the MSA module, Pairformer and template embedder, with "
+                        "data.n_token and data.n_msa multiples of N")
     p.add_argument("--bp", type=int, choices=(1, 2), metavar="{1,2}",
                    help="Branch Parallelism degree (HelixFold): 2 runs the MSA and pair branches "
                         "of each block on 2 ranks; needs model.block_order=parallel (= bp=2). "
-                        "World size = DP x BP x DAP under torchrun. AF3 presets: data "
-                        "parallel only (no --dap/--bp)")
+                        "World size = DP x BP x DAP under torchrun. AF3 presets: DP and DAP "
+                        "(no --bp)")
     p.add_argument("overrides", nargs="*", metavar="key=value")
     p.set_defaults(func=cmd_train)
 

@@ -78,12 +78,26 @@ def model_parallel(ctx: DistContext, *, dap: int = 1, bp: int = 1) -> DistContex
 def enable_model_parallel(model: nn.Module, ctx: DistContext) -> list:
     """Put ``model``'s stacks under DAP (Evoformer, extra MSA, template pair stacks) and BP
     (Evoformer and extra MSA stacks; needs ``block_order='parallel'``) per ``ctx.groups``;
-    returns the fold-parallel handles. Parameters and state-dict keys are unchanged."""
+    returns the fold-parallel handles. Parameters and state-dict keys are unchanged.
+
+    AlphaFold3: DAP only, through ``AlphaFold3.set_comm`` (MSA module, Pairformer, template
+    embedder; each scatters its inputs and gathers its output itself, so N_token and the MSA
+    rows must be multiples of the DAP degree: fixed-size crops, checked by fold-train's CLI);
+    returns the stacks put under DAP."""
     if ctx.groups is None:
         return []
     from fold_parallel import Collectives, DapComm, enable_bp, enable_dap
 
     cfg = ctx.groups.config
+    if hasattr(model, "pairformer"):  # AlphaFold3: the trunk stacks on the axial seam
+        if cfg.bp > 1:
+            raise ValueError("branch parallelism (bp=2) is for the AF2 Parallel Evoformer; "
+                             "AF3 takes DAP and data parallelism")
+        if cfg.dap == 1:
+            return []
+        model.set_comm(DapComm(ctx.groups.dap_group))
+        return [m for m in (model.msa_module, model.pairformer, model.template_embedder)
+                if m is not None]
     handles = []
     stacks = [model.evoformer]
     if model.config.extra_msa.enabled:
