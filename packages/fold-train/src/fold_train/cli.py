@@ -79,7 +79,6 @@ def run_training(args: argparse.Namespace) -> tuple[object, list[dict]]:
     from fold_train.config import apply_overrides, preset
     from fold_train.data import SampleStream, open_cache
     from fold_train.distributed import model_parallel, setup
-    from fold_train.loop import Trainer
 
     cfg = apply_overrides(preset(args.preset), _train_overrides(args))
     if args.data is None and args.cache is None:
@@ -114,6 +113,22 @@ def run_training(args: argparse.Namespace) -> tuple[object, list[dict]]:
     stream = SampleStream(cache_dir, train_chains, data_preset, seed=cfg.seed,
                           batch_size=cfg.batch_size, rank=ctx.dp_rank, world_size=ctx.dp_size,
                           workers=cfg.loader_workers, prefetch=cfg.prefetch)
+    trainer = _start_trainer(args, cfg, ctx, stream, eval_set, lambda n_params: (
+        f"preset {cfg.preset}, {n_params} parameters on {ctx.device} x {ctx.world_size} (DP "
+        f"{ctx.dp_size} x BP {cfg.bp} x DAP {cfg.dap}), {len(train_chains)} training chains"
+        f"{_held_text(held)}"))
+    return trainer, trainer.fit()
+
+
+def _held_text(held: list[str]) -> str:
+    return f", held out: {', '.join(held)}" if held else ""
+
+
+def _start_trainer(args: argparse.Namespace, cfg, ctx, stream, eval_set, describe):
+    """The Trainer of either model family, resumed when asked; rank 0 prints ``describe(n)``
+    (n: the parameter count) and the run directory."""
+    from fold_train.loop import Trainer
+
     trainer = Trainer(cfg, args.run_dir, stream, ctx=ctx, eval_set=eval_set,
                       progress=not args.no_progress)
     if args.resume or args.resume_from:
@@ -122,12 +137,8 @@ def run_training(args: argparse.Namespace) -> tuple[object, list[dict]]:
             print(f"fold-train: resumed at step {step} from {args.run_dir}")
     if ctx.is_main:
         n_params = sum(p.numel() for p in trainer.model.parameters())
-        held_text = f", held out: {', '.join(held)}" if held else ""
-        print(f"fold-train: preset {cfg.preset}, {n_params} parameters on {ctx.device} x "
-              f"{ctx.world_size} (DP {ctx.dp_size} x BP {cfg.bp} x DAP {cfg.dap}), "
-              f"{len(train_chains)} training chains{held_text}; run directory {args.run_dir}")
-    records = trainer.fit()
-    return trainer, records
+        print(f"fold-train: {describe(n_params)}; run directory {args.run_dir}")
+    return trainer
 
 
 def _run_af3_training(args: argparse.Namespace, cfg) -> tuple[object, list[dict]]:
@@ -147,7 +158,6 @@ def _run_af3_training(args: argparse.Namespace, cfg) -> tuple[object, list[dict]
     from fold_train.af3_data import af3_cache_dir
     from fold_train.data import SampleStream
     from fold_train.distributed import model_parallel, setup
-    from fold_train.loop import Trainer
 
     data_preset = cfg.data_preset()
     if cfg.dap > 1:
@@ -171,19 +181,10 @@ def _run_af3_training(args: argparse.Namespace, cfg) -> tuple[object, list[dict]
     stream = SampleStream(cache_dir, train, data_preset, seed=cfg.seed,
                           batch_size=cfg.batch_size, rank=ctx.dp_rank, world_size=ctx.dp_size,
                           workers=cfg.loader_workers, prefetch=cfg.prefetch, family="af3")
-    trainer = Trainer(cfg, args.run_dir, stream, ctx=ctx, eval_set=eval_set,
-                      progress=not args.no_progress)
-    if args.resume or args.resume_from:
-        step = trainer.resume(args.resume_from)
-        if ctx.is_main:
-            print(f"fold-train: resumed at step {step} from {args.run_dir}")
-    if ctx.is_main:
-        n_params = sum(p.numel() for p in trainer.model.parameters())
-        held_text = f", held out: {', '.join(held)}" if held else ""
-        print(f"fold-train: AF3 preset {cfg.preset}, {n_params} parameters on {ctx.device} x "
-              f"{ctx.world_size} (DP {ctx.dp_size} x DAP {cfg.dap}), {len(train)} training "
-              f"complexes"
-              f"{held_text}; run directory {args.run_dir}")
+    trainer = _start_trainer(args, cfg, ctx, stream, eval_set, lambda n_params: (
+        f"AF3 preset {cfg.preset}, {n_params} parameters on {ctx.device} x {ctx.world_size} "
+        f"(DP {ctx.dp_size} x DAP {cfg.dap}), {len(train)} training complexes"
+        f"{_held_text(held)}"))
     return trainer, trainer.fit()
 
 
