@@ -34,6 +34,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 
+from _memory import saved_bytes  # noqa: E402
 from fold_model.af3.diffusion import centre_random_augmentation  # noqa: E402
 from fold_model.af3.loss import (  # noqa: E402
     atom_of_tokens,
@@ -63,29 +64,6 @@ def load_batch(args, device: torch.device) -> tuple[dict[str, torch.Tensor], str
         name = "synthetic_af3_initial"
     feats = {k: torch.as_tensor(np.array(sample[k]))[None].to(device) for k in KEYS}
     return feats, name
-
-
-def saved_bytes(fn, keep: list[torch.Tensor]) -> int:
-    """Bytes of the tensors autograd saves while ``fn()`` runs (each storage once; meta tensors,
-    which have no storage address, each counted)."""
-    seen = {t.untyped_storage().data_ptr() for t in keep if t.device.type != "meta"}
-    total = 0
-
-    def pack(t: torch.Tensor) -> torch.Tensor:
-        nonlocal total
-        if t.device.type == "meta":
-            total += t.numel() * t.element_size()
-            return t
-        ptr = t.untyped_storage().data_ptr()
-        if ptr not in seen:
-            seen.add(ptr)
-            total += t.untyped_storage().nbytes()
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        out = fn()
-    del out
-    return total
 
 
 def _sync(device: torch.device) -> None:

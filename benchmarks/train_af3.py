@@ -81,6 +81,7 @@ import json
 import math
 import os
 import statistics
+import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -96,6 +97,9 @@ from fold_model.af3 import AlphaFold3, config
 from fold_train.optim import AdamConfig, FlatAdam, FlatParams, learning_rate
 from torch import nn
 from torch.utils.checkpoint import checkpoint
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _memory import saved_bytes  # noqa: E402
 
 _BACKEND_ENV = "FOLD_OPS_BACKEND"  # read on every dispatch, also by autograd's device threads
 GAP = 31  # fold-data's AF3 gap / padding restype
@@ -450,26 +454,6 @@ class Runner:
 
 
 # -- checkpointing plan ------------------------------------------------------------------------
-def _saved_bytes(fn: Callable[[], Any], keep: list[torch.Tensor]) -> int:
-    """Bytes of the tensors autograd saves while ``fn()`` runs, counting each storage once and
-    leaving out those of ``keep`` (inputs, parameters: resident anyway)."""
-    seen = {t.untyped_storage().data_ptr() for t in keep}
-    total = 0
-
-    def pack(t: torch.Tensor) -> torch.Tensor:
-        nonlocal total
-        ptr = t.untyped_storage().data_ptr()
-        if ptr not in seen:
-            seen.add(ptr)
-            total += t.untyped_storage().nbytes()
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        out = fn()
-    del out
-    return total
-
-
 def _block_cost(block: nn.Module, args: tuple, device: torch.device, backend: str
                 ) -> tuple[int, float]:
     """(saved-activation bytes without checkpointing, forward ms) of one block call."""
@@ -479,7 +463,7 @@ def _block_cost(block: nn.Module, args: tuple, device: torch.device, backend: st
         block.use_checkpoint = False
     try:
         with _ops_backend(backend), torch.autocast(device.type, dtype=torch.bfloat16):
-            nbytes = _saved_bytes(lambda: block(*args), keep)
+            nbytes = saved_bytes(lambda: block(*args), keep)
             times = []
             with torch.no_grad():
                 for _ in range(3):

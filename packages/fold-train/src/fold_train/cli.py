@@ -97,17 +97,7 @@ def run_training(args: argparse.Namespace) -> tuple[object, list[dict]]:
         dist.barrier()  # rank 0 built the cache; the others read its index
         if not ctx.is_main:
             all_chains = open_cache(None, cache_dir, chains=args.chains)
-    missing = sorted(set(held) - {n for n, _ in all_chains})
-    if missing:
-        from fold_data.errors import InputError
-
-        raise InputError(cache_dir, ", ".join(missing), "held-out chains are not in the cache")
-    train_chains = [c for c in all_chains if c[0] not in held]
-    if not train_chains:
-        from fold_data.errors import InputError
-
-        raise InputError(cache_dir, None, "expected at least one training chain besides the "
-                                          "held-out ones")
+    train_chains = _training_entries(all_chains, held, cache_dir, "chain")
     data_preset = cfg.data_preset()
     eval_set = _eval_set(cache_dir, [c for c in all_chains if c[0] in held], data_preset)
     stream = SampleStream(cache_dir, train_chains, data_preset, seed=cfg.seed,
@@ -118,6 +108,23 @@ def run_training(args: argparse.Namespace) -> tuple[object, list[dict]]:
         f"{ctx.dp_size} x BP {cfg.bp} x DAP {cfg.dap}), {len(train_chains)} training chains"
         f"{_held_text(held)}"))
     return trainer, trainer.fit()
+
+
+def _training_entries(entries: list[tuple[str, str]], held: list[str], cache_dir: str,
+                      kind: str) -> list[tuple[str, str]]:
+    """The cache's ``(name, key)`` entries less the held-out ones; a held-out name missing from
+    the cache, or nothing left to train on, is a clear error."""
+    from fold_data.errors import InputError
+
+    plural = "complexes" if kind == "complex" else f"{kind}s"
+    missing = sorted(set(held) - {n for n, _ in entries})
+    if missing:
+        raise InputError(cache_dir, ", ".join(missing), f"held-out {plural} are not in the cache")
+    train = [e for e in entries if e[0] not in held]
+    if not train:
+        raise InputError(cache_dir, None, f"expected at least one training {kind} besides the "
+                                          f"held-out ones")
+    return train
 
 
 def _held_text(held: list[str]) -> str:
@@ -153,7 +160,6 @@ def _run_af3_training(args: argparse.Namespace, cfg) -> tuple[object, list[dict]
     and template embedder split along the tokens / MSA rows (FastFold's DAP)."""
     from fold_data.af3 import af3_cache
     from fold_data.af3 import make_sample as make_af3_sample
-    from fold_data.errors import InputError
 
     from fold_train.af3_data import af3_cache_dir
     from fold_train.data import SampleStream
@@ -166,13 +172,7 @@ def _run_af3_training(args: argparse.Namespace, cfg) -> tuple[object, list[dict]
     cache_dir = args.cache or str(Path(args.run_dir) / "cache")
     held = list(args.hold_out or [])
     entries = _open_af3_cache_once(ctx, args, cache_dir)
-    missing = sorted(set(held) - {n for n, _ in entries})
-    if missing:
-        raise InputError(cache_dir, ", ".join(missing), "held-out complexes are not in the cache")
-    train = [e for e in entries if e[0] not in held]
-    if not train:
-        raise InputError(cache_dir, None, "expected at least one training complex besides the "
-                                          "held-out ones")
+    train = _training_entries(entries, held, cache_dir, "complex")
     cache = af3_cache(af3_cache_dir(cache_dir))
     # rank 0 evaluates an EMA snapshot; under DAP every rank of the replica takes part
     evaluates = ctx.is_main or ctx.groups is not None
