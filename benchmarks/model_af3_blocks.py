@@ -46,6 +46,7 @@ from fold_model.af3.diffusion import DiffusionTransformerBlock
 from fold_model.af3.pairformer import PairformerBlock
 
 sys.path.insert(0, str(Path(__file__).parent))
+from _backends import ensure_kernels  # noqa: E402
 from _graphs import capture, grad_body  # noqa: E402
 
 # shared/TARGETS.md, H100, bf16, forward + backward ms (faster of Protenix and Boltz).
@@ -184,6 +185,8 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     device = torch.device(args.device)
     dtype = getattr(torch, args.dtype) if args.dtype else (
         torch.bfloat16 if device.type == "cuda" else torch.float32)
+    found = ensure_kernels(device, needed=args.backend in ("auto", "triton"))
+    print(f"attention backends: {found}", flush=True)
     backends = [args.backend] + (["torch"] if args.compare and args.backend != "torch" else [])
     results: list[dict[str, Any]] = []
     selected = rows(args.tiny)

@@ -32,6 +32,7 @@ from fold_model.af2 import config
 from fold_model.af2.evoformer import make_block
 
 sys.path.insert(0, str(Path(__file__).parent))
+from _backends import ensure_kernels  # noqa: E402
 from _graphs import capture, grad_body  # noqa: E402
 
 SHAPES = [(128, 256), (512, 384), (512, 512), (1024, 384)]  # (N_seq, N_res)
@@ -142,6 +143,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     shapes = TINY_SHAPES if args.tiny else SHAPES
     if args.shapes:
         shapes = [tuple(int(v) for v in pair.split(",")) for pair in args.shapes.split(";")]
+    found = ensure_kernels(device, needed=args.backend in (None, "auto", "triton"))
     rows = []
     with ops.use_backend(args.backend) if args.backend else contextlib.nullcontext():
         for order in args.orders.split(","):
@@ -152,7 +154,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
                 rows.append(row)
     meta = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
             "torch": torch.__version__, "backend": args.backend or "auto",
-            "graphs": args.graphs}
+            "graphs": args.graphs, "attention_backends": found}
     if args.out is not None:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps({"meta": meta, "rows": rows}, indent=2))

@@ -28,6 +28,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, str(Path(__file__).parent))
+from _backends import ensure_kernels  # noqa: E402
 
 
 def _evoformer(n_seq: int, n_res: int, device, dtype):
@@ -143,7 +144,8 @@ def main(argv: list[str] | None = None) -> str:
     from fold_model import ops
 
     device, dtype = torch.device("cuda"), torch.bfloat16
-    report = [f"# {torch.cuda.get_device_name()}, torch {torch.__version__}"]
+    found = ensure_kernels(device, needed=any(b != "torch" for b in args.backends))
+    report = [f"# {torch.cuda.get_device_name()}, torch {torch.__version__}, attention backends {found}"]
     for target in args.targets:
         for backend in args.backends:
             ctx = contextlib.nullcontext() if backend == "auto" else ops.use_backend(backend)

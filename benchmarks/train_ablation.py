@@ -61,6 +61,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _backends import ensure_kernels  # noqa: E402
 from fold_model.af2 import AlphaFold2, config  # noqa: E402
 from fold_model.af2.loss import AlphaFold2Loss  # noqa: E402
 from fold_train.cuda_graphs import CudaGraphBackend, GraphedStep  # noqa: E402
@@ -157,6 +158,7 @@ class Runner:
                                          eps=adam.eps)
             self.ema = [p.detach().clone() for p in self.params]
         self.adam_cfg, self.n_updates = adam, 0
+        self.max_cycle = int(batch["aatype"].shape[1])  # R: the warm-up's recycling count
         self.graphed = (GraphedStep(self._body, CudaGraphBackend(device, warmup=2))
                         if sw.cuda_graphs else None)
 
@@ -200,7 +202,7 @@ class Runner:
         with _ops_backend(self.backend):
             if self.graphed is not None:
                 self.graphed.load(self.batch)
-                loss = self.graphed(n_cycle)["loss"]
+                loss = self.graphed(n_cycle, warmup_n_cycle=self.max_cycle)["loss"]
             else:
                 loss = self._body(n_cycle, self.batch)["loss"]
             self._update()
@@ -317,14 +319,25 @@ def _versions(device: torch.device) -> dict:
 
 def ablate(device: torch.device, tiny: bool, reps: int, rows: list[str],
            log: Callable[[str], None] = print,
-           on_row: Callable[[dict], None] | None = None) -> dict:
+           on_row: Callable[[dict], None] | None = None,
+           assume: tuple[str, ...] = (), uncheckpointed: int | None = None) -> dict:
+    """Time ``rows`` cumulatively. ``assume``: rows whose switches are applied without timing
+    them (a sweep continued in another process); an assumed ``no_ckpt`` keeps checkpointing
+    on the first blocks when ``uncheckpointed`` (the k an earlier plan found) is given."""
     sizes = TINY if tiny else FULL
+    found = ensure_kernels(device, needed="kernels" in rows)
     batch, truth = synthetic_batch(**sizes, device=device)
     sw = Switches()
     results, base_ms, prev_ms = [], None, None
     header = {**_versions(device), "preset": "tiny" if tiny else "af2_initial", **sizes,
-              "n_cycle": sizes["r"], "reps": reps}
+              "n_cycle": sizes["r"], "reps": reps,
+              "attention_backends": found, "assumed": list(assume)}
     for key, label, change in ROWS:
+        if key in assume and key not in rows:
+            if key == "no_ckpt" and uncheckpointed is not None:
+                change = {"uncheckpointed": uncheckpointed}
+            sw = dataclasses.replace(sw, **change)
+            continue
         if key not in rows:
             continue
         trial = dataclasses.replace(sw, **change)
@@ -383,7 +396,9 @@ def to_markdown(result: dict) -> str:
         f"Device: {result['device']}, PyTorch {result['torch']}, Triton {result['triton']}, "
         f"{result['date']}. N_res {result['n_res']}, N_clust {result['n_clust']}, N_extra "
         f"{result['n_extra']}, {result['n_templ']} templates, N_cycle {result['n_cycle']} "
-        f"(timed), median of {result['reps']} steps; each row adds its switch to the rows above.",
+        f"(timed), median of {result['reps']} steps; each row adds its switch to the rows above"
+        + (f" (switches on from the start, untimed here: {', '.join(result['assumed'])})"
+           if result.get("assumed") else "") + ".",
         "",
         "| row | step ms | speedup vs baseline | vs previous | peak alloc MiB | reserved MiB "
         "| loss | note |",
@@ -410,6 +425,12 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--rows", default=",".join(k for k, _, _ in ROWS),
                         help="comma-separated subset of rows (default all): "
                              + ", ".join(k for k, _, _ in ROWS))
+    parser.add_argument("--assume", default="",
+                        help="rows whose switches are on without being timed (continue a sweep "
+                             "in another process), e.g. kernels,flat,fused_adam,bf16,no_ckpt")
+    parser.add_argument("--uncheckpointed", type=int, default=None,
+                        help="with --assume no_ckpt: the Evoformer's last K blocks without "
+                             "checkpointing (the rest keep it), as an earlier plan found")
     parser.add_argument("--out", type=Path, default=None, help="JSON here, Markdown beside it")
     args = parser.parse_args(argv)
     device = torch.device(args.device)
@@ -425,7 +446,12 @@ def main(argv: list[str] | None = None) -> dict:
             _write_atomic(args.out, json.dumps(result, indent=2))
             _write_atomic(args.out.with_suffix(".md"), to_markdown(result))
 
-    result = ablate(device, args.tiny, args.reps, rows, on_row=save)
+    assume = tuple(r.strip() for r in args.assume.split(",") if r.strip())
+    unknown = sorted(set(assume) - {k for k, _, _ in ROWS})
+    if unknown:
+        raise SystemExit(f"train_ablation: unknown rows in --assume {unknown}")
+    result = ablate(device, args.tiny, args.reps, rows, on_row=save, assume=assume,
+                    uncheckpointed=args.uncheckpointed)
     print(to_markdown(result))
     save(result)
     return result

@@ -99,6 +99,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _backends import ensure_kernels  # noqa: E402
 from _memory import saved_bytes  # noqa: E402
 
 _BACKEND_ENV = "FOLD_OPS_BACKEND"  # read on every dispatch, also by autograd's device threads
@@ -313,19 +314,6 @@ def _ops_backend(name: str):
             os.environ.pop(_BACKEND_ENV, None)
         else:
             os.environ[_BACKEND_ENV] = old
-
-
-def _ensure_triton_registered() -> None:
-    """fold-kernels registers through an entry point; from a source tree on PYTHONPATH (no
-    install) that is missing, so register it directly."""
-    if "triton" in ops.backends("attention"):
-        return
-    try:
-        from fold_kernels import registration
-        from fold_model.ops import registry
-    except Exception:  # no triton: "auto" is the torch reference
-        return
-    registration.register(registry)
 
 
 def _sync(device: torch.device) -> None:
@@ -791,7 +779,7 @@ def run(device: torch.device, tiny: bool, reps: int, warmup: int, rows: list[str
         log: Callable[[str], None] = print) -> dict:
     t_start = time.perf_counter()
     if device.type == "cuda":
-        _ensure_triton_registered()
+        ensure_kernels(device)
     preset = "tiny" if tiny else "af3"
     cfg = config(preset, checkpoint=True)  # the af3 preset's checkpointing (tiny: off by default)
     torch.manual_seed(0)

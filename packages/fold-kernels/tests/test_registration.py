@@ -8,7 +8,7 @@ import pytest
 import torch
 from fold_kernels import registration
 
-OPS = ("attention", "layer_norm", "layer_norm_linear", "softmax_mask_bias", "swiglu",
+OPS = ("linear", "attention", "layer_norm", "layer_norm_linear", "softmax_mask_bias", "swiglu",
        "bias_sigmoid_gate", "bias_dropout_residual")
 
 
@@ -75,3 +75,9 @@ def test_fold_model_registry_sees_triton_and_falls_back_on_cpu():
     q = torch.randn(1, 2, 2, 8, 16)
     fn = registry.resolve("attention", q, q, q)
     assert fn is not registration.SUPPORTS["attention"][0]  # CPU -> the torch reference
+
+
+def test_linear_is_supported_only_with_a_bias_of_one_dtype():
+    x, w, b = torch.randn(3, 4, 8), torch.randn(5, 8), torch.randn(5)
+    assert not registration.supports_linear(x, w, b)  # CPU tensors
+    assert not registration.supports_linear(x, w)  # no bias: nothing to gain

@@ -170,3 +170,36 @@ def test_fx_tracing_resolves_to_the_reference(fake_backend):
     targets = {str(n.target) for n in gm.graph.nodes}
     assert not any("fake" in t or "dispatch" in t for t in targets)
     assert rel_err(gm(q, k, v, mask), _naive_attention(q, k, v, None, mask, 0.5, None)) < 1e-5
+
+
+def test_linear_with_a_bias_goes_through_the_registry():
+    """``Linear`` with a bias dispatches ``ops.linear`` (a kernel backend replaces its backward);
+    without a bias it calls ``F.linear`` directly; the reference equals the float64 formula, and
+    fx traces plain ``F.linear`` (what AutoChunk rewrites)."""
+    from fold_model.primitives import Linear
+
+    calls = []
+
+    def fake_linear(*args, **kwargs):
+        calls.append(1)
+        return reference.linear(*args, **kwargs)
+
+    ops.register("linear", "fake", fake_linear, supports=lambda *a, **k: True, priority=10_000)
+    try:
+        torch.manual_seed(0)
+        with_bias, no_bias = Linear(7, 5, init="relu"), Linear(7, 5, bias=False, init="relu")
+        with torch.no_grad():
+            with_bias.bias.normal_()
+        x = torch.randn(2, 3, 7, dtype=torch.float64)
+        out = with_bias.double()(x)
+        assert len(calls) == 1
+        ref = x @ with_bias.weight.double().T + with_bias.bias.double()
+        assert rel_err(out, ref) < 1e-12
+        no_bias.double()(x)
+        assert len(calls) == 1  # no dispatch without a bias
+        gm = torch.fx.symbolic_trace(with_bias)
+        assert len(calls) == 1
+        assert any(n.target is F.linear for n in gm.graph.nodes)
+    finally:
+        del registry._STATE.impls["linear"]["fake"]
+        registry._SORTED.clear()

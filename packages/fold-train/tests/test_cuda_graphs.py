@@ -21,9 +21,13 @@ class FakeCapture:
 
     def __init__(self) -> None:
         self.captures = 0
+        self.warmups = 0
 
-    def capture(self, fn):
+    def capture(self, fn, warmup_fn=None):
         self.captures += 1
+        if warmup_fn is not None:
+            self.warmups += 1
+            warmup_fn()
         outputs = fn()
 
         def replay() -> None:
@@ -89,6 +93,26 @@ def test_one_graph_per_n_cycle_built_lazily_and_replayed():
         graphed.load({"x": torch.randn(2, 3, 8)})
     with pytest.raises(CudaGraphError, match="differ from the captured step"):
         graphed.load({"x": batches[0], "extra": batches[0]})
+
+
+def test_only_the_first_capture_warms_up_with_the_largest_count():
+    """One eager warm-up, before the first capture and with the largest recycling count (it runs
+    every kernel the others do); later captures add none, so no eager step competes with the
+    graphs' pool for memory."""
+    calls: list[int] = []
+
+    def body(n_cycle: int) -> dict[str, torch.Tensor]:
+        calls.append(n_cycle)
+        return {"y": graphed.static_inputs["x"].sum() * n_cycle}
+
+    backend = FakeCapture()
+    graphed = GraphedStep(body, backend)
+    graphed.load({"x": torch.arange(3.0)})
+    assert graphed(2, warmup_n_cycle=4)["y"] == 6.0
+    assert graphed(1, warmup_n_cycle=4)["y"] == 3.0
+    assert graphed(3, warmup_n_cycle=4)["y"] == 9.0
+    assert backend.captures == 3 and backend.warmups == 1
+    assert calls[0] == 4 and calls.count(4) == 1
 
 
 def _trainer(cache, run_dir, extra=(), *, dropout: bool = False, **kw) -> Trainer:

@@ -1,6 +1,7 @@
 """fold-kernels: portable Triton kernels for AlphaFold-style models.
 
-EvoAttention (forward + backward with the pair-bias gradient), LayerNorm, fused LayerNorm+Linear,
+EvoAttention (forward + backward with the pair-bias gradient), LayerNorm, Linear (bias gradient
+as a deterministic column sum), fused LayerNorm+Linear,
 SwiGLU, the AF2 gating fusions, fused softmax with mask and bias, and fused Adam+EMA over flat
 buffers. Each op has a plain PyTorch twin in :mod:`fold_kernels.reference`.
 
@@ -14,6 +15,7 @@ from fold_kernels.elementwise import bias_dropout_residual, bias_sigmoid_gate
 from fold_kernels.evo_attention import evo_attention
 from fold_kernels.fused_linear import layer_norm_linear, swiglu
 from fold_kernels.layer_norm import layer_norm
+from fold_kernels.linear import linear
 from fold_kernels.optim import clip_coefficient, fused_adam_ema_, global_grad_norm, swa_decay
 from fold_kernels.softmax import softmax_mask_bias
 
@@ -21,6 +23,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "__version__",
+    "linear",
     "evo_attention",
     "layer_norm",
     "layer_norm_linear",

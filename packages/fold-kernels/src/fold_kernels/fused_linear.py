@@ -20,6 +20,7 @@ import triton.language as tl
 
 from fold_kernels import tuning
 from fold_kernels.layer_norm import check_layer_norm, ln_backward, ln_forward
+from fold_kernels.reduce import column_sum
 
 __all__ = ["layer_norm_linear", "swiglu"]
 
@@ -166,6 +167,7 @@ class _LayerNormLinear(torch.autograd.Function):
         ctx.save_for_backward(x2, ln_weight, ln_bias, w)
         ctx.eps = eps
         ctx.has_bias = bias is not None
+        ctx.bias_dtype = bias.dtype if bias is not None else None
         return y.reshape(*x.shape[:-1], nout)
 
     @staticmethod
@@ -174,7 +176,7 @@ class _LayerNormLinear(torch.autograd.Function):
         dy2 = dy.reshape(-1, w.shape[0])  # [M, N_out]
         xn, mean, rstd = ln_forward(x2, ln_weight, ln_bias, ctx.eps)  # recompute, not stored
         dw = dy2.t().mm(xn)
-        dbias = dy2.sum(0) if ctx.has_bias else None
+        dbias = column_sum(dy2, ctx.bias_dtype) if ctx.has_bias else None
         dxn = dy2.mm(w)
         dx, dlw, dlb = ln_backward(dxn, x2, ln_weight, mean, rstd, ln_weight.dtype,
                                    ln_bias.dtype)
@@ -232,7 +234,7 @@ class _SwiGLU(torch.autograd.Function):
             hab, dy.reshape(m, nh).contiguous(), dh, m, nh, BLOCK_R=block_r, BLOCK_C=block_c)
         dx = dh.mm(w)
         dw = dh.t().mm(x2)
-        dbias = dh.sum(0) if bias is not None else None
+        dbias = column_sum(dh, bias.dtype) if bias is not None else None
         return dx.reshape(*dy.shape[:-1], x2.shape[1]), dw, dbias
 
 

@@ -1,9 +1,18 @@
-"""Second stage of the deterministic two-stage reductions: sum fp32 partials over their first
-dim, in a fixed order, and store the result directly in the parameter's dtype.
+"""Deterministic reductions over the first dim: fp32 accumulation in a fixed order, the result
+stored directly in the wanted dtype.
 
-The LayerNorm backward (weight and bias gradients) and EvoAttention's bias gradient (split over
-rows) write one fp32 partial sum per program; ``torch.sum(0)`` then ``.to(dtype)`` would be two
-more launches (a reduction and a cast copy) per gradient. Here it is one launch for both.
+``sum_partials``: the second stage of the two-stage reductions. The LayerNorm backward (weight
+and bias gradients) and EvoAttention's bias gradient (split over rows) write one fp32 partial sum
+per program; ``torch.sum(0)`` then ``.to(dtype)`` would be two more launches per gradient.
+
+``column_sum``: ``x [M, C] -> x.sum(0)``, the bias gradient of a linear layer (``dy`` summed over
+its rows). PyTorch's reduction over the outer dim of a ``[65536, 128]`` bf16 tensor runs near
+0.3 TB/s on an H100 (55 us, 27 of them per Evoformer block); here a fixed grid of programs each
+walks a strided set of ``[BLOCK_M, BLOCK_C]`` tiles, keeps fp32 sums in registers and writes one
+partial row, and ``sum_partials`` adds the rows in order.
+
+Both stages read tiles of many rows at once: a loop that adds one row per iteration is bound by
+load latency (a single program summing 528 partial rows of 512 took 60 us).
 """
 
 from __future__ import annotations
@@ -14,19 +23,32 @@ import triton.language as tl
 
 from fold_kernels import tuning
 
-__all__ = ["sum_partials"]
+__all__ = ["sum_partials", "column_sum"]
 
 
 @triton.jit
-def _sum_partials(P, Out, S, M, BLOCK: tl.constexpr):
-    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    valid = offs < M
-    acc = tl.zeros([BLOCK], tl.float32)
-    ptrs = P + offs  # pointer arithmetic is 64-bit: no overflow for S * M >= 2**31
-    for _ in range(0, S):  # fixed order: deterministic
-        acc += tl.load(ptrs, mask=valid, other=0.0)
-        ptrs += M
-    tl.store(Out + offs, acc.to(Out.dtype.element_ty), mask=valid)
+def _sum_partials(P, Out, S, M, BLOCK_S: tl.constexpr, BLOCK_M: tl.constexpr):
+    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    m_valid = offs_m < M
+    offs_s = tl.arange(0, BLOCK_S)
+    acc = tl.zeros([BLOCK_S, BLOCK_M], tl.float32)
+    for s0 in range(0, S, BLOCK_S):  # fixed order: deterministic
+        rows = s0 + offs_s
+        mask = (rows < S)[:, None] & m_valid[None, :]
+        # 64-bit row offsets: no overflow for S * M >= 2**31
+        acc += tl.load(P + rows.to(tl.int64)[:, None] * M + offs_m[None, :], mask=mask,
+                       other=0.0)
+    tl.store(Out + offs_m, tl.sum(acc, 0).to(Out.dtype.element_ty), mask=m_valid)
+
+
+def _partial_blocks(s: int, m: int) -> tuple[int, int]:
+    """(BLOCK_S, BLOCK_M) with about 4K fp32 values a tile: many rows per load when there are
+    many partial rows (the LayerNorm's 4 x SMs), wide tiles when there are few (EvoAttention)."""
+    if tuning.interpreting():
+        return 4, 64
+    block_s = min(64, triton.next_power_of_2(max(s, 1)))
+    block_m = max(64, min(1024, 4096 // block_s))
+    return block_s, block_m
 
 
 def sum_partials(partials: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -36,7 +58,54 @@ def sum_partials(partials: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     s = partials.shape[0]
     m = partials[0].numel()
     out = torch.empty(partials.shape[1:], device=partials.device, dtype=dtype)
-    block = 64 if tuning.interpreting() else 1024
-    _sum_partials[(triton.cdiv(m, block),)](partials, out, s, m, BLOCK=block,
-                                            num_warps=1 if tuning.interpreting() else 4)
+    block_s, block_m = _partial_blocks(s, m)
+    _sum_partials[(triton.cdiv(m, block_m),)](partials, out, s, m, BLOCK_S=block_s,
+                                              BLOCK_M=block_m,
+                                              num_warps=1 if tuning.interpreting() else 4)
     return out
+
+
+@triton.jit
+def _column_partials(X, P, M, C, sxm, sxc, BLOCK_M: tl.constexpr, BLOCK_C: tl.constexpr):
+    """Program (p, j) sums row blocks p, p + P, p + 2P, ... of columns block j into P[p, cols]."""
+    pid = tl.program_id(0)
+    n_prog = tl.num_programs(0)
+    offs_c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
+    c_valid = offs_c < C
+    acc = tl.zeros([BLOCK_M, BLOCK_C], tl.float32)
+    for blk in range(pid, tl.cdiv(M, BLOCK_M), n_prog):  # fixed order per program
+        offs_m = blk * BLOCK_M + tl.arange(0, BLOCK_M)
+        mask = (offs_m < M)[:, None] & c_valid[None, :]
+        ptrs = X + offs_m.to(tl.int64)[:, None] * sxm + offs_c[None, :] * sxc
+        acc += tl.load(ptrs, mask=mask, other=0.0).to(tl.float32)
+    tl.store(P + pid * C + offs_c, tl.sum(acc, 0), mask=c_valid)
+
+
+def column_sum(x: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """``x [M, C]`` (any strides) -> ``x.sum(0)`` ``[C]`` accumulated in fp32, stored in ``dtype``
+    (default x's). Deterministic: the same bits on every call."""
+    if x.dim() != 2:
+        raise ValueError(f"column_sum: x must be [M, C], got shape {tuple(x.shape)}")
+    if not (x.is_cuda or tuning.interpreting()):
+        raise RuntimeError("fold_kernels.column_sum needs CUDA/ROCm tensors (or "
+                           "TRITON_INTERPRET=1)")
+    dtype = x.dtype if dtype is None else dtype
+    m, c = x.shape
+    if m == 0:
+        return torch.zeros(c, device=x.device, dtype=dtype)
+    if tuning.interpreting():
+        block_c, block_m = min(16, triton.next_power_of_2(c)), 4
+    else:
+        block_c = min(128, triton.next_power_of_2(c))
+        block_m = max(8, 4096 // block_c)  # 32 rows of 128 columns: an 8 KB bf16 tile
+    n_cblk = triton.cdiv(c, block_c)
+    n_mblk = triton.cdiv(m, block_m)
+    if tuning.interpreting() or not x.is_cuda:
+        n_prog = min(n_mblk, 3)
+    else:  # about 4 programs per SM in all: enough loads in flight to reach bandwidth
+        n_prog = min(n_mblk, max(1, 4 * tuning.multiprocessors(x.device) // n_cblk))
+    partials = torch.empty((n_prog, c), device=x.device, dtype=torch.float32)
+    _column_partials[(n_prog, n_cblk)](x, partials, m, c, x.stride(0), x.stride(1),
+                                       BLOCK_M=block_m, BLOCK_C=block_c,
+                                       num_warps=1 if tuning.interpreting() else 4)
+    return sum_partials(partials, dtype)

@@ -88,6 +88,15 @@ def supports_attention(q, k, v, bias=None, mask=None, scale=None, gate=None) -> 
     return True
 
 
+def supports_linear(x, weight, bias=None) -> bool:
+    """Only with a bias of the weight's dtype: the kernel's gain is the bias gradient."""
+    if bias is None or not _common(x, weight, bias):
+        return False
+    return (weight.dim() == 2 and weight.shape[1] == x.shape[-1] and x.dim() >= 2
+            and weight.dtype == x.dtype and bias.dtype == x.dtype
+            and bias.shape == (weight.shape[0],))
+
+
 def supports_layer_norm(x, weight, bias, eps=1e-5) -> bool:
     if not _common(x, weight, bias) or weight is None or bias is None:
         return False
@@ -133,6 +142,7 @@ def supports_softmax_mask_bias(logits, mask=None, bias=None) -> bool:
 
 # op name -> (implementation, supports)
 SUPPORTS: dict[str, tuple[Callable, Callable[..., bool]]] = {
+    "linear": (kernels.linear, supports_linear),
     "attention": (kernels.evo_attention, supports_attention),
     "layer_norm": (kernels.layer_norm, supports_layer_norm),
     "layer_norm_linear": (kernels.layer_norm_linear,

@@ -51,16 +51,20 @@ class CudaGraphError(RuntimeError):
 
 class CaptureBackend(Protocol):
     """Captures ``fn`` (no arguments, returns a dict of tensors) and returns ``(replay,
-    outputs)``: ``replay()`` re-runs the captured work, refreshing ``outputs`` in place."""
+    outputs)``: ``replay()`` re-runs the captured work, refreshing ``outputs`` in place.
+    ``warmup_fn``, when given, runs eagerly first (lazy initializations); None: no warm-up."""
 
-    def capture(self, fn: Callable[[], StepOutputs]) -> tuple[Callable[[], None], StepOutputs]:
+    def capture(self, fn: Callable[[], StepOutputs],
+                warmup_fn: Callable[[], object] | None = None
+                ) -> tuple[Callable[[], None], StepOutputs]:
         ...
 
 
 class CudaGraphBackend:
-    """Capture with ``torch.cuda.CUDAGraph`` on ``device``: ``warmup`` eager runs on a side stream
-    (autotuners, lazy initializations, cuBLAS workspaces and ``torch.compile`` happen there, not
-    during capture), then one capture into a memory pool shared by every graph of this backend.
+    """Capture with ``torch.cuda.CUDAGraph`` on ``device``: ``warmup`` eager runs of ``warmup_fn``
+    on a side stream (autotuners, lazy initializations, cuBLAS workspaces and ``torch.compile``
+    happen there, not during capture), then one capture into a memory pool shared by every graph
+    of this backend.
 
     Raises :class:`CudaGraphError` when ``device`` is not a usable CUDA device.
     """
@@ -85,14 +89,20 @@ class CudaGraphBackend:
         self.pool = torch.cuda.graph_pool_handle()
         self.graphs: list[torch.cuda.CUDAGraph] = []  # kept alive: replays need them
 
-    def capture(self, fn: Callable[[], StepOutputs]) -> tuple[Callable[[], None], StepOutputs]:
+    def capture(self, fn: Callable[[], StepOutputs],
+                warmup_fn: Callable[[], object] | None = None
+                ) -> tuple[Callable[[], None], StepOutputs]:
         side = torch.cuda.Stream(self.device)
         side.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(side):
-            for _ in range(self.warmup):
-                fn()
+            for _ in range(self.warmup if warmup_fn is not None else 0):
+                warmup_fn()
         torch.cuda.current_stream(self.device).wait_stream(side)
         torch.cuda.synchronize(self.device)
+        # The warm-up ran eagerly: its freed activations stay cached in the default pool, and
+        # the capture needs the same peak again in the graphs' private pool. Without this the
+        # step needs about twice its memory (a no-checkpointing step ran out of memory here).
+        torch.cuda.empty_cache()
         graph = torch.cuda.CUDAGraph()
         for gen in self.generators:
             register = getattr(graph, "register_generator_state", None)
@@ -159,13 +169,25 @@ class GraphedStep:
                     "shapes (the same data.n_res, n_clust, n_extra, n_templ and batch size)")
             dst.copy_(v, non_blocking=True)
 
-    def __call__(self, n_cycle: int) -> StepOutputs:
+    def __call__(self, n_cycle: int, warmup_n_cycle: int | None = None) -> StepOutputs:
         """Run the step for ``n_cycle`` passes; returns copies of its outputs (they must survive
-        the replay of another graph of the shared pool)."""
+        the replay of another graph of the shared pool).
+
+        Only the first capture is preceded by eager warm-up steps, of ``warmup_n_cycle`` passes
+        (the largest count that will be drawn; default ``n_cycle``): they run every kernel
+        that any count runs (no-gradient passes and the gradient pass). Later captures skip
+        it: an eager step allocates outside the graphs' pool, which by then holds a whole
+        step's activations, so a warm-up per count needed twice the step's memory (the
+        af2_initial step without checkpointing ran out of memory on an 80 GB H100 that way).
+        """
         if not self.static_inputs:
             raise CudaGraphError("GraphedStep: load(batch) before the first step")
         if n_cycle not in self._graphs:
-            replay, outputs = self.backend.capture(lambda: self.body(n_cycle))
+            warm = None
+            if not self._graphs:
+                n_warm = max(n_cycle, warmup_n_cycle or n_cycle)
+                warm = lambda: self.body(n_warm)  # noqa: E731
+            replay, outputs = self.backend.capture(lambda: self.body(n_cycle), warmup_fn=warm)
             self._graphs[n_cycle] = (replay, outputs)
         replay, outputs = self._graphs[n_cycle]
         replay()  # capturing does not run the work: replay also right after the capture

@@ -200,7 +200,7 @@ class Trainer:
         batch = _to_device(batch, self.device)
         if self._graphed is not None:
             self._graphed.load(batch)
-            outs = self._graphed(n_cycle)
+            outs = self._graphed(n_cycle, warmup_n_cycle=self.family.n_cycle_max(batch))
             loss = outs["loss"]
             aux = {"final_atom_positions": outs["final_atom_positions"]}
             terms = {k.removeprefix("term/"): v for k, v in outs.items() if k.startswith("term/")}

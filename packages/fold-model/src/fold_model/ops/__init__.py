@@ -27,6 +27,7 @@ __all__ = [
     "register",
     "resolve",
     "use_backend",
+    "linear",
     "attention",
     "layer_norm",
     "layer_norm_linear",
@@ -35,6 +36,17 @@ __all__ = [
     "bias_sigmoid_gate",
     "bias_dropout_residual",
 ]
+
+
+def linear(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    *,
+    backend: str | None = None,
+) -> torch.Tensor:
+    """``F.linear(x, weight, bias)``; x ``[*, K]``, weight ``[N_out, K]``."""
+    return dispatch("linear", x, weight, bias, backend=backend)
 
 
 def attention(

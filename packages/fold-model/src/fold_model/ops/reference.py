@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from fold_model.ops.registry import register
 
 __all__ = [
+    "linear",
     "attention",
     "layer_norm",
     "layer_norm_linear",
@@ -45,6 +46,12 @@ def _upcast(x: torch.Tensor) -> torch.Tensor:
 def _keep(mask: torch.Tensor) -> torch.Tensor:
     """Boolean 'attend' mask from a bool or 0/1 float mask (no dtype branch: fx-traceable)."""
     return mask != 0
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
+           ) -> torch.Tensor:
+    """``x @ weight^T + bias``."""
+    return F.linear(x, weight, bias)
 
 
 def attention(

@@ -22,6 +22,8 @@ Op signatures (all backends implement exactly these):
     None); mask: ``[*, R, N_k]``, bool or float, true/1 = attend (or None); scale defaults to
     ``D**-0.5``. A query whose keys are all masked gets the mean of v (uniform weights), as a
     masked softmax with a large negative bias gives.
+``linear(x, weight, bias=None) -> y``                ``F.linear``; a backend may compute the
+    backward differently (fold-kernels: the bias gradient as a fast deterministic column sum).
 ``layer_norm(x, weight, bias, eps=1e-5) -> y``        over the last dim, like F.layer_norm.
 ``layer_norm_linear(x, ln_weight, ln_bias, weight, bias=None, eps=1e-5) -> y``
     ``F.linear(F.layer_norm(x), weight, bias)``.
@@ -54,6 +56,7 @@ __all__ = [
 ]
 
 OPS = (
+    "linear",
     "attention",
     "layer_norm",
     "layer_norm_linear",
