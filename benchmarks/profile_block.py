@@ -145,7 +145,8 @@ def main(argv: list[str] | None = None) -> str:
 
     device, dtype = torch.device("cuda"), torch.bfloat16
     found = ensure_kernels(device, needed=any(b != "torch" for b in args.backends))
-    report = [f"# {torch.cuda.get_device_name()}, torch {torch.__version__}, attention backends {found}"]
+    report = [f"# {torch.cuda.get_device_name()}, torch {torch.__version__}, "
+              f"attention backends {found}"]
     for target in args.targets:
         for backend in args.backends:
             ctx = contextlib.nullcontext() if backend == "auto" else ops.use_backend(backend)

@@ -92,7 +92,6 @@ from typing import Any
 import numpy as np
 import torch
 from fold_data.residue_constants import residue_atoms, restype_1to3, restypes
-from fold_model import ops
 from fold_model.af3 import AlphaFold3, config
 from fold_train.optim import AdamConfig, FlatAdam, FlatParams, learning_rate
 from torch import nn
