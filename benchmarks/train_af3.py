@@ -880,7 +880,7 @@ def run(device: torch.device, tiny: bool, reps: int, warmup: int, rows: list[str
     for key in switches:
         if key in entries:
             continue
-        spent = [e["row_s"] for e in entries.values()]
+        spent = [e["row_s"] for e in entries.values() if "row_s" in e]  # skipped: none
         need = max(spent) if spent else 0.0
         if time.perf_counter() + need > t_start + budget_s:
             entries[key] = {"row": key, "label": labels[key],

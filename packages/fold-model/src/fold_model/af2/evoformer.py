@@ -205,11 +205,15 @@ class OuterProductMean(nn.Module):
             b = comm.all_gather_for_outer_product(b)  # [*, N_seq, N_res, c]
             mask_b = comm.all_gather_for_outer_product(mask)  # [*, N_seq, N_res, 1]
 
-            def mean_then_project(a_i: torch.Tensor, mask_i: torch.Tensor) -> torch.Tensor:
+            def project_then_mean(a_i: torch.Tensor, mask_i: torch.Tensor) -> torch.Tensor:
                 norm = self._outer_sum(mask_i, mask_b)  # [*, I, N_res, 1]
-                return self.linear_out(self._outer_sum(a_i, b) / (self.eps + norm))
+                # Linear(x / n) = (W x) / n + bias: the division acts on the [*, I, J, C_z]
+                # projection instead of the [*, I, J, c * c] outer sum (8x fewer elements at
+                # c = 32, C_z = 128, in the forward and the backward)
+                proj = nn.functional.linear(self._outer_sum(a_i, b), self.linear_out.weight)
+                return proj / (self.eps + norm) + self.linear_out.bias
 
-            return chunked_rows(mean_then_project, chunk_size, ((a, -2), (mask, -2)), out_dim=-3)
+            return chunked_rows(project_then_mean, chunk_size, ((a, -2), (mask, -2)), out_dim=-3)
         if layout != "row":
             raise ValueError(f"layout must be 'row' or 'col', got {layout!r}")
 
