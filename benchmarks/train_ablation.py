@@ -65,6 +65,7 @@ from _backends import ensure_kernels  # noqa: E402
 from fold_model.af2 import AlphaFold2, config  # noqa: E402
 from fold_model.af2.loss import AlphaFold2Loss  # noqa: E402
 from fold_train.cuda_graphs import CudaGraphBackend, GraphedStep  # noqa: E402
+from fold_train.family import AF2Family  # noqa: E402
 from fold_train.optim import AdamConfig, FlatAdam, FlatParams, learning_rate  # noqa: E402
 from model_full import FULL, TINY, synthetic_batch  # noqa: E402
 
@@ -136,12 +137,8 @@ class Runner:
         cfg = config("tiny" if tiny else "af2_initial", checkpoint_blocks=sw.checkpointing,
                      uncheckpointed_blocks=sw.uncheckpointed)
         self.model = AlphaFold2(cfg).to(device).train()
-        if sw.bf16_params:
-            self.model.to(torch.bfloat16)
-            # fold-model runs the structure module in fp32 and feeds its fp32 single to the
-            # pLDDT head's LayerNorm: these keep fp32 weights (a second flat group)
-            self.model.structure_module.float()
-            self.model.aux_heads.float()
+        if sw.bf16_params:  # as fold-train's bf16_weights=true (structure module, heads: fp32)
+            AF2Family().to_bf16_weights(self.model)
         if sw.compile_sm:
             self.model.structure_module.compile()
         self.loss_fn = AlphaFold2Loss(cfg.loss)

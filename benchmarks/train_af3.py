@@ -93,6 +93,7 @@ import numpy as np
 import torch
 from fold_data.residue_constants import residue_atoms, restype_1to3, restypes
 from fold_model.af3 import AlphaFold3, config
+from fold_train.family import AF3Family
 from fold_train.optim import AdamConfig, FlatAdam, FlatParams, learning_rate
 from torch import nn
 from torch.utils.checkpoint import checkpoint
@@ -369,11 +370,8 @@ class Runner:
             self.notes.append("kernels: torch reference on CPU")
         self.model = copy.deepcopy(base).to(device).train()
         m = self.model
-        if sw.bf16_params:
-            for stack in (m.pairformer, m.msa_module, m.template_embedder,
-                          m.diffusion.transformer):
-                if stack is not None:
-                    stack.to(torch.bfloat16)
+        if sw.bf16_params:  # as fold-train's bf16_weights=true
+            AF3Family(m.config).to_bf16_weights(m)
         self.cfg = m.config
         if sw.flat_adam:
             self.flat = FlatParams(m)

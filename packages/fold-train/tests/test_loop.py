@@ -192,6 +192,52 @@ def test_bf16_autocast_step_is_close_to_fp32(demo_cache, tmp_path):
     assert rel < 3e-2, rel
 
 
+def test_bf16_weights_train_from_fp32_masters_and_resume_exactly(demo_cache, tmp_path):
+    """bf16_weights=true: the trunk's weights are bf16 and are the rounding of FlatAdam's fp32
+    masters after every update; the structure module and heads stay fp32; the step is close to
+    the fp32-weight bf16-autocast step; and a resume continues exactly (the masters are in the
+    checkpoint)."""
+    args = [*NO_DROPOUT, "precision=bf16", "bf16_weights=true", "steps=3",
+            "checkpoint_every=2"]
+    trainer = _trainer(demo_cache, tmp_path / "full", args)
+    model = trainer.model
+    assert model.evoformer.blocks[0].msa_transition.linear_1.weight.dtype == torch.bfloat16
+    assert all(p.dtype == torch.float32 for p in model.structure_module.parameters())
+    assert all(p.dtype == torch.float32 for p in model.aux_heads.parameters())
+    dtypes = [g.param.dtype for g in trainer.flat.groups]
+    assert sorted(map(str, dtypes)) == ["torch.bfloat16", "torch.float32"]
+    full = trainer.fit()
+    assert all(math.isfinite(r["loss"]) and not r.get("skipped") for r in full)
+    for g, master in zip(trainer.flat.groups, trainer.opt.master):
+        if g.param.dtype == torch.bfloat16:
+            assert master is not None and master.dtype == torch.float32
+            assert torch.equal(g.param, master.to(torch.bfloat16))  # rounded from the master
+            assert not torch.equal(master, master.to(torch.bfloat16).float())  # finer than bf16
+        else:
+            assert master is None
+
+    reference = _trainer(demo_cache, tmp_path / "fp32w", [*NO_DROPOUT, "precision=bf16",
+                                                            "steps=1"])
+    batch, _ = next(reference.stream.batches(1))
+    ref = reference.train_step(batch)["loss"]
+    assert abs(full[0]["loss"] - ref) / abs(ref) < 2e-2  # bf16-rounded weights, same batch
+
+    first = _trainer(demo_cache, tmp_path / "cut", args)
+    first.fit(stop_at=2)
+    del first
+    resumed = _trainer(demo_cache, tmp_path / "cut", args)
+    assert resumed.resume() == 2
+    rest = resumed.fit()
+    assert [r["loss"] for r in rest] == [r["loss"] for r in full[2:]]
+
+
+def test_bf16_weights_need_bf16_precision():
+    from fold_train.config import ConfigError
+
+    with pytest.raises(ConfigError, match="bf16_weights=true needs precision=bf16"):
+        apply_overrides(preset("tiny"), ["bf16_weights=true"])
+
+
 def test_non_blocking_loader_gives_the_in_process_batches(demo_cache):
     cache_dir, chains = demo_cache
     cfg = apply_overrides(preset("tiny"), SMALL)

@@ -63,6 +63,10 @@ class TrainConfig:
     batch_size: int = 1  # samples per step per data-parallel rank
     seed: int = 0
     precision: Precision = "fp32"  # "bf16": autocast with fp32 master weights
+    # the trunk's weights in bf16 (precision=bf16 only): FlatAdam keeps fp32 masters and rounds
+    # them into the weights after each update; the AF2 structure module and heads (AF3: the
+    # embedders, conditioning, atom encoder/decoder and heads) keep fp32 weights
+    bf16_weights: bool = False
     max_recycling_iters: int | None = None  # N_cycle drawn from 1..this+1; None: data preset's
     checkpoint_every: int = 10
     keep_checkpoints: int = 2
@@ -96,6 +100,9 @@ class TrainConfig:
             raise ConfigError(f"dap must be >= 1 and bp 1 or 2, got dap={self.dap}, bp={self.bp}")
         if self.precision not in ("fp32", "bf16"):
             raise ConfigError(f"precision must be 'fp32' or 'bf16', got {self.precision!r}")
+        if self.bf16_weights and self.precision != "bf16":
+            raise ConfigError("bf16_weights=true needs precision=bf16 (bf16 weights are used "
+                              "under bf16 autocast, with fp32 masters in the optimizer)")
         if self.max_recycling_iters is not None and self.max_recycling_iters < 0:
             raise ConfigError("max_recycling_iters must be >= 0")
         if self.family not in ("af2", "af3"):

@@ -5,6 +5,7 @@ seeded recycling draws, non-finite step skipping, checkpoints, metrics); a famil
 rest:
 
 * ``build_model(model_config)`` and ``make_loss(model, model_config)``;
+* ``to_bf16_weights(model)``: the modules whose weights may be bf16 (``bf16_weights=true``) cast;
 * ``n_cycle_max(batch)``: the largest number of trunk passes a step may draw (``N_cycle`` is
   drawn uniformly from ``1..n_cycle_max`` by the loop, seeded by ``(seed, step)``);
 * ``forward_loss(model, loss_fn, batch, n_cycle)``: ``(loss, {term: tensor}, aux)``, every loss
@@ -48,6 +49,14 @@ class AF2Family:
         from fold_model.af2 import AlphaFold2
 
         return AlphaFold2(model_config)
+
+    def to_bf16_weights(self, model) -> None:
+        """Embedders and the Evoformer / extra MSA / template stacks in bf16; the structure
+        module and the heads stay fp32 (fold-model runs the structure module in fp32 and feeds
+        its fp32 single to the pLDDT head)."""
+        model.to(torch.bfloat16)
+        model.structure_module.float()
+        model.aux_heads.float()
 
     def make_loss(self, model, model_config):
         from fold_model.af2.loss import AlphaFold2Loss
@@ -104,6 +113,15 @@ class AF3Family:
         from fold_model.af3 import AlphaFold3
 
         return AlphaFold3(model_config)
+
+    def to_bf16_weights(self, model) -> None:
+        """The Pairformer, MSA module, template embedder and diffusion transformer in bf16; the
+        embedders, conditioning, atom encoder/decoder and heads keep fp32 weights, so the
+        single/pair streams and every coordinate stay fp32."""
+        for stack in (model.pairformer, model.msa_module, model.template_embedder,
+                      model.diffusion.transformer):
+            if stack is not None:
+                stack.to(torch.bfloat16)
 
     def make_loss(self, model, model_config):
         return _AF3Loss(model)

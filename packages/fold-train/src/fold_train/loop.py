@@ -165,6 +165,8 @@ class Trainer:
         self.model_config = cfg.model_config()
         self.family = model_family(cfg.family, self.model_config)
         self.model = self.family.build_model(self.model_config).to(self.device)
+        if cfg.bf16_weights:  # before the flat buffers: one group per dtype, fp32 masters
+            self.family.to_bf16_weights(self.model)
         self._parallel_handles = enable_model_parallel(self.model, self.ctx)  # DAP / BP
         if cfg.compile_structure_module:
             # memory-bound: many small elementwise ops that fuse well (ScaleFold 3.3)
