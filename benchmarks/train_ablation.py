@@ -155,7 +155,7 @@ class Runner:
                                          eps=adam.eps)
             self.ema = [p.detach().clone() for p in self.params]
         self.adam_cfg, self.n_updates = adam, 0
-        self.max_cycle = int(batch["aatype"].shape[1])  # R: the warm-up's recycling count
+        self.max_cycle = AF2Family().n_cycle_max(batch)  # R: the graphs' warm-up count
         self.graphed = (GraphedStep(self._body, CudaGraphBackend(device, warmup=2))
                         if sw.cuda_graphs else None)
 

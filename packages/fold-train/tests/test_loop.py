@@ -23,6 +23,17 @@ def _trainer(cache, run_dir, extra=(), **stream_kw) -> Trainer:
     return Trainer(cfg, run_dir, stream, progress=False)
 
 
+def _stop_and_resume(cache, run_dir, args, stop_at: int = 2) -> list[dict]:
+    """Train to ``stop_at``, drop the trainer, resume a new one from its checkpoint in
+    ``run_dir`` and train to the end: the records after the resume."""
+    first = _trainer(cache, run_dir, args)
+    first.fit(stop_at=stop_at)
+    del first
+    resumed = _trainer(cache, run_dir, args)
+    assert resumed.resume() == stop_at
+    return resumed.fit()
+
+
 def test_a_few_tiny_steps_end_to_end(demo_cache, tmp_path):
     trainer = _trainer(demo_cache, tmp_path, ["steps=3", "checkpoint_every=2",
                                               "keep_checkpoints=1"])
@@ -55,13 +66,7 @@ def test_resume_continues_exactly(demo_cache, tmp_path):
     part of the checkpoint)."""
     args = ["steps=4", "checkpoint_every=2"]
     full = _trainer(demo_cache, tmp_path / "full", args).fit()
-
-    first = _trainer(demo_cache, tmp_path / "cut", args)
-    first.fit(stop_at=2)
-    del first
-    resumed = _trainer(demo_cache, tmp_path / "cut", args)
-    assert resumed.resume() == 2
-    rest = resumed.fit()
+    rest = _stop_and_resume(demo_cache, tmp_path / "cut", args)
     assert [r["step"] for r in rest] == [3, 4]
     for a, b in zip(full[2:], rest):
         assert a["loss"] == b["loss"] and a["chains"] == b["chains"]
@@ -222,12 +227,7 @@ def test_bf16_weights_train_from_fp32_masters_and_resume_exactly(demo_cache, tmp
     ref = reference.train_step(batch)["loss"]
     assert abs(full[0]["loss"] - ref) / abs(ref) < 2e-2  # bf16-rounded weights, same batch
 
-    first = _trainer(demo_cache, tmp_path / "cut", args)
-    first.fit(stop_at=2)
-    del first
-    resumed = _trainer(demo_cache, tmp_path / "cut", args)
-    assert resumed.resume() == 2
-    rest = resumed.fit()
+    rest = _stop_and_resume(demo_cache, tmp_path / "cut", args)
     assert [r["loss"] for r in rest] == [r["loss"] for r in full[2:]]
 
 

@@ -110,12 +110,6 @@ def _grid(dims, c, block_r, block_c):
     return (triton.cdiv(dims[0] * dims[1] * dims[2], block_r), triton.cdiv(c, block_c))
 
 
-def _require_device(name: str, x: torch.Tensor) -> None:
-    if not (x.is_cuda or tuning.interpreting()):
-        raise RuntimeError(f"fold_kernels.{name} needs CUDA/ROCm tensors (or "
-                           f"TRITON_INTERPRET=1); fold_kernels.reference.{name} is the CPU path")
-
-
 def _broadcast(name: str, *tensors: torch.Tensor | None) -> tuple[int, ...]:
     shapes = [tuple(t.shape) for t in tensors if t is not None]
     shape = broadcast_shape(*shapes)
@@ -168,7 +162,7 @@ class _BiasSigmoidGate(torch.autograd.Function):
 def bias_sigmoid_gate(x: torch.Tensor, gate: torch.Tensor,
                       bias: torch.Tensor | None = None) -> torch.Tensor:
     """``x * sigmoid(gate + bias)``; operands broadcast (e.g. bias ``[C]``), y in x's dtype."""
-    _require_device("bias_sigmoid_gate", x)
+    tuning.require_device("bias_sigmoid_gate", x, "fold_kernels.reference.bias_sigmoid_gate")
     return _BiasSigmoidGate.apply(x, gate, bias)
 
 
@@ -216,5 +210,6 @@ def bias_dropout_residual(x: torch.Tensor, residual: torch.Tensor,
 
     The mask gets no gradient; y is in residual's dtype.
     """
-    _require_device("bias_dropout_residual", x)
+    tuning.require_device("bias_dropout_residual", x,
+                          "fold_kernels.reference.bias_dropout_residual")
     return _BiasDropoutResidual.apply(x, residual, bias, dropout_mask)

@@ -458,10 +458,7 @@ def _check(q, k, v, bias, mask, gate) -> None:
                          f"got {tuple(bias.shape)}")
     if mask is not None and mask.shape[-1] != n:
         raise ValueError(f"evo_attention: mask must be [*, R, N={n}], got {tuple(mask.shape)}")
-    if not (q.is_cuda or tuning.interpreting()):
-        raise RuntimeError("fold_kernels.evo_attention needs CUDA/ROCm tensors (or "
-                           "TRITON_INTERPRET=1 with CPU tensors); fold_kernels.reference."
-                           "evo_attention is the CPU path")
+    tuning.require_device("evo_attention", q, "fold_kernels.reference.evo_attention")
 
 
 def _bias_view(bias: torch.Tensor, batch: tuple[int, ...]) -> tuple[torch.Tensor, int]:

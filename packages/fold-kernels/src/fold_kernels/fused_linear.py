@@ -166,8 +166,7 @@ class _LayerNormLinear(torch.autograd.Function):
         launch(_gemm_cfg("ln_linear", (m // 4096, k, nout, x.dtype, bias is not None), launch))
         ctx.save_for_backward(x2, ln_weight, ln_bias, w)
         ctx.eps = eps
-        ctx.has_bias = bias is not None
-        ctx.bias_dtype = bias.dtype if bias is not None else None
+        ctx.bias_dtype = bias.dtype if bias is not None else None  # None: no bias
         return y.reshape(*x.shape[:-1], nout)
 
     @staticmethod
@@ -176,7 +175,7 @@ class _LayerNormLinear(torch.autograd.Function):
         dy2 = dy.reshape(-1, w.shape[0])  # [M, N_out]
         xn, mean, rstd = ln_forward(x2, ln_weight, ln_bias, ctx.eps)  # recompute, not stored
         dw = dy2.t().mm(xn)
-        dbias = column_sum(dy2, ctx.bias_dtype) if ctx.has_bias else None
+        dbias = column_sum(dy2, ctx.bias_dtype) if ctx.bias_dtype is not None else None
         dxn = dy2.mm(w)
         dx, dlw, dlb = ln_backward(dxn, x2, ln_weight, mean, rstd, ln_weight.dtype,
                                    ln_bias.dtype)
@@ -250,6 +249,5 @@ def swiglu(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
         raise ValueError(f"swiglu: weight dtype {weight.dtype} != x dtype {x.dtype}")
     if bias is not None and bias.shape != (weight.shape[0],):
         raise ValueError(f"swiglu: bias must be [{weight.shape[0]}], got {tuple(bias.shape)}")
-    if not (x.is_cuda or tuning.interpreting()):
-        raise RuntimeError("fold_kernels.swiglu needs CUDA/ROCm tensors (or TRITON_INTERPRET=1)")
+    tuning.require_device("swiglu", x, "fold_kernels.reference.swiglu")
     return _SwiGLU.apply(x, weight, bias)

@@ -180,9 +180,7 @@ def check_layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) 
                          f"{None if bias is None else tuple(bias.shape)}")
     if c > MAX_HIDDEN:
         raise ValueError(f"layer_norm: hidden size {c} > {MAX_HIDDEN}")
-    if not (x.is_cuda or tuning.interpreting()):
-        raise RuntimeError("fold_kernels.layer_norm needs CUDA/ROCm tensors (or "
-                           "TRITON_INTERPRET=1); fold_kernels.reference.layer_norm is the CPU path")
+    tuning.require_device("layer_norm", x, "fold_kernels.reference.layer_norm")
 
 
 def layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,

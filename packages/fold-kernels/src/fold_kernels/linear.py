@@ -58,7 +58,5 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     if x.dtype != weight.dtype or bias.dtype != weight.dtype:
         raise ValueError(f"linear: x, weight and bias must share a dtype, got {x.dtype}, "
                          f"{weight.dtype}, {bias.dtype}")
-    if not (x.is_cuda or tuning.interpreting()):
-        raise RuntimeError("fold_kernels.linear needs CUDA/ROCm tensors (or TRITON_INTERPRET=1);"
-                           " torch.nn.functional.linear is the CPU path")
+    tuning.require_device("linear", x, "torch.nn.functional.linear")
     return _Linear.apply(x, weight, bias)

@@ -70,8 +70,7 @@ def _check_flat(name: str, ref: torch.Tensor, **bufs: torch.Tensor | None) -> No
             raise ValueError(f"{name}: {key} must be a contiguous buffer like param "
                              f"{tuple(ref.shape)} on {ref.device}, got {tuple(t.shape)} "
                              f"on {t.device}")
-    if not (ref.is_cuda or tuning.interpreting()):
-        raise RuntimeError(f"fold_kernels.{name} needs CUDA/ROCm tensors (or TRITON_INTERPRET=1)")
+    tuning.require_device(name, ref)
 
 
 @torch.no_grad()
@@ -121,8 +120,7 @@ def global_grad_norm(grads: list[torch.Tensor] | torch.Tensor) -> torch.Tensor:
     block = _block()
     iters = 1 if tuning.interpreting() else 8
     for g in grads:
-        if not (g.is_cuda or tuning.interpreting()):
-            raise RuntimeError("fold_kernels.global_grad_norm needs CUDA/ROCm tensors")
+        tuning.require_device("global_grad_norm", g)
         g = g.reshape(-1)
         if not g.is_contiguous():
             g = g.contiguous()

@@ -86,26 +86,22 @@ def column_sum(x: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tenso
     (default x's). Deterministic: the same bits on every call."""
     if x.dim() != 2:
         raise ValueError(f"column_sum: x must be [M, C], got shape {tuple(x.shape)}")
-    if not (x.is_cuda or tuning.interpreting()):
-        raise RuntimeError("fold_kernels.column_sum needs CUDA/ROCm tensors (or "
-                           "TRITON_INTERPRET=1)")
+    tuning.require_device("column_sum", x)
     dtype = x.dtype if dtype is None else dtype
     m, c = x.shape
     if m == 0:
         return torch.zeros(c, device=x.device, dtype=dtype)
-    if tuning.interpreting():
-        block_c, block_m = min(16, triton.next_power_of_2(c)), 4
-    else:
-        block_c = min(128, triton.next_power_of_2(c))
-        block_m = max(8, 4096 // block_c)  # 32 rows of 128 columns: an 8 KB bf16 tile
+    interpreting = tuning.interpreting()
+    # compiled: 32 rows of 128 columns (an 8 KB bf16 tile); interpreter: small tiles
+    block_c = min(16 if interpreting else 128, triton.next_power_of_2(c))
+    block_m = 4 if interpreting else max(8, 4096 // block_c)
     n_cblk = triton.cdiv(c, block_c)
-    n_mblk = triton.cdiv(m, block_m)
-    if tuning.interpreting() or not x.is_cuda:
-        n_prog = min(n_mblk, 3)
-    else:  # about 4 programs per SM in all: enough loads in flight to reach bandwidth
-        n_prog = min(n_mblk, max(1, 4 * tuning.multiprocessors(x.device) // n_cblk))
+    # programs per column block: 3 in the interpreter (the strided loop and several partial
+    # rows are exercised), else about 4 programs per SM in all
+    per_cblk = 3 if interpreting else max(1, 4 * tuning.multiprocessors(x.device) // n_cblk)
+    n_prog = min(triton.cdiv(m, block_m), per_cblk)
     partials = torch.empty((n_prog, c), device=x.device, dtype=torch.float32)
     _column_partials[(n_prog, n_cblk)](x, partials, m, c, x.stride(0), x.stride(1),
                                        BLOCK_M=block_m, BLOCK_C=block_c,
-                                       num_warps=1 if tuning.interpreting() else 4)
+                                       num_warps=1 if interpreting else 4)
     return sum_partials(partials, dtype)

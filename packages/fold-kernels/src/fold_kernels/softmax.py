@@ -137,7 +137,5 @@ def softmax_mask_bias(logits: torch.Tensor, mask: torch.Tensor | None = None,
     if logits.shape[-1] > MAX_ROW:
         raise ValueError(f"softmax_mask_bias: rows longer than {MAX_ROW} are not supported, "
                          f"got {logits.shape[-1]}")
-    if not (logits.is_cuda or tuning.interpreting()):
-        raise RuntimeError("fold_kernels.softmax_mask_bias needs CUDA/ROCm tensors (or "
-                           "TRITON_INTERPRET=1); fold_kernels.reference is the CPU path")
+    tuning.require_device("softmax_mask_bias", logits, "fold_kernels.reference.softmax_mask_bias")
     return _SoftmaxMaskBias.apply(logits, mask, bias)

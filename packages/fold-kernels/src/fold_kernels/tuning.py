@@ -74,6 +74,15 @@ def interpreting() -> bool:
     return _INTERPRET.get()
 
 
+def require_device(op: str, x: torch.Tensor, cpu_path: str | None = None) -> None:
+    """Refuse a tensor the Triton kernels cannot run on: CUDA/ROCm, or any tensor under the
+    interpreter. ``cpu_path`` names what to call on CPU instead."""
+    if not (x.is_cuda or interpreting()):
+        hint = f"; {cpu_path} is the CPU path" if cpu_path else ""
+        raise RuntimeError(f"fold_kernels.{op} needs CUDA/ROCm tensors (or TRITON_INTERPRET=1)"
+                           f"{hint}")
+
+
 _ARCH: dict[tuple[bool, int | None], str] = {}
 
 
