@@ -11,7 +11,8 @@ above the kernels' sum).
     python benchmarks/profile_block.py pairformer:256 --out /tmp/profile.txt
     python benchmarks/profile_block.py evoformer:128,256 --graphs   # replays: kernels only
 
-Targets: ``evoformer:N_seq,N_res``, ``pairformer:N_token``, ``attention:R,N,H,D`` (bias with
+Targets: ``evoformer:N_seq,N_res``, ``pairformer:N_token``, ``diffusion:N_token,samples``
+(one diffusion transformer block), ``attention:R,N,H,D`` (bias with
 gradient, key mask with holes). bf16 weights and inputs, training mode, after ``--warmup`` steps
 (kernel compilation and autotuning happen there).
 """
@@ -57,6 +58,14 @@ def _pairformer(n: int, device, dtype):
     return (lambda: _loss(block, args)), tensors
 
 
+def _diffusion(n: int, samples: int, device, dtype):
+    from model_af3_blocks import _loss, build
+
+    block, args = build("diffusion_transformer", n, samples, False, device, dtype)
+    tensors = [a for a in args if isinstance(a, torch.Tensor)] + list(block.parameters())
+    return (lambda: _loss(block, args)), tensors
+
+
 def _attention(r: int, n: int, h: int, d: int, device, dtype):
     from fold_model import ops
 
@@ -79,7 +88,7 @@ def build(target: str, device, dtype, graphs: bool = False):
     kind, _, dims = target.partition(":")
     sizes = [int(x) for x in dims.split(",")]
     loss, tensors = {"evoformer": _evoformer, "pairformer": _pairformer,
-                     "attention": _attention}[kind](*sizes, device, dtype)
+                     "diffusion": _diffusion, "attention": _attention}[kind](*sizes, device, dtype)
     if graphs:
         return capture(grad_body(loss, tensors), device)[0]
 

@@ -178,6 +178,17 @@ def test_strided_heads_layout_read_in_place(dtype):
         assert t.grad.stride() == qd.stride() and torch.isfinite(t.grad).all()
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_head_last_bias_view(dtype):
+    """The model's pair bias is a projection ``[*, N, N, H]`` viewed as ``[*, H, N, N]``
+    (movedim): read as given (the kernel copies it to a contiguous layout once), it agrees with
+    the fp64 reference in the output and every gradient, the bias's included."""
+    q, k, v, bias, mask, gate = _inputs((1, 5, 3, 23, 16), 3, 23, dtype, seed=13)
+    bias = bias.movedim(-3, -1).contiguous().movedim(-1, -3)
+    assert bias.stride(-1) == 3
+    _check(_heads_view(q), _heads_view(k), _heads_view(v), bias, mask, _heads_view(gate), dtype)
+
+
 def test_mixed_and_non_dense_layouts_fall_back_to_copies():
     """k contiguous while q is a transposed view, v a strided slice (not dense), the output
     gradient a broadcast (stride 0): still equal to the reference."""

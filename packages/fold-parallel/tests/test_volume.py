@@ -64,7 +64,8 @@ def test_volume_matches_papers():
     assert abs(a2a - (4 * k_m + 8 * k_z) * (P - 1) / P**2) < 1e-6
     # Outer product mean and triangle updates: one all-gather each of the right projection.
     opm = [s for op, s in f_records if op == "all_gather" and s[-1] == c_opm]
-    tri = [s for op, s in f_records if op == "all_gather" and s[-1] == c_mul]
+    # the triangle updates gather a channel-first projection [*, c, rows, cols]
+    tri = [s for op, s in f_records if op == "all_gather" and len(s) > 3 and s[-3] == c_mul]
     assert len(opm) == 1 and len(tri) == 2
     k_opm = S * N * c_opm * 8
     k_tri = N * N * c_mul * 8

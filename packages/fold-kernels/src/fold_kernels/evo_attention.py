@@ -498,6 +498,11 @@ class _Launch:
         self.bias_shape = None if bias is None else bias.shape
         if bias is not None:
             self.bias, self.Bb = _bias_view(bias, self.batch)
+            if self.bias.stride(-1) != 1:
+                # The model's bias is a head-last projection viewed [H, N, N] (movedim): its
+                # tiles would be read H elements apart, once per row and query block (3x
+                # slower kernels at N 768); one copy of H x N x N costs far less.
+                self.bias = self.bias.contiguous()
             self.bias_strides = list(self.bias.stride())
             if self.Bb == 1:
                 self.bias_strides[0] = 0

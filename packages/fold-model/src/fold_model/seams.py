@@ -75,10 +75,11 @@ class AxialComm:
         (the right operand of the outer product mean)."""
         return self.gather(x, -2)
 
-    def all_gather_for_triangle(self, x: torch.Tensor) -> torch.Tensor:
-        """Row-layout pair projection ``[*, N_i/P, N_k, c]`` -> ``[*, N_i, N_k, c]`` (the
-        right operand of triangle multiplication, in the frame where the pair is row-split)."""
-        return self.gather(x, -3)
+    def all_gather_for_triangle(self, x: torch.Tensor, dim: int = -3) -> torch.Tensor:
+        """The split operand of triangle multiplication, whole along ``dim``: its channel-first
+        projection ``[*, c, N_i/P, N_k]`` along -2 (outgoing) or ``[*, c, N_k, N_j/P]`` along -1
+        (incoming); the default -3 gathers a channel-last ``[*, N_i/P, N_k, c]``."""
+        return self.gather(x, dim)
 
     def row_to_col_async(self, x: torch.Tensor) -> Any:
         """Start :meth:`row_to_col`; returns a handle for :meth:`wait`."""

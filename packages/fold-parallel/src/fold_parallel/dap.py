@@ -86,8 +86,8 @@ class DapComm(AxialComm):
     def all_gather_for_outer_product(self, x: torch.Tensor) -> torch.Tensor:
         return self.gather(x, -2)  # [*, N_seq, N_res/P, c] -> [*, N_seq, N_res, c]
 
-    def all_gather_for_triangle(self, x: torch.Tensor) -> torch.Tensor:
-        return self.gather(x, -3)  # [*, N_i/P, N_k, c] -> [*, N_i, N_k, c]
+    def all_gather_for_triangle(self, x: torch.Tensor, dim: int = -3) -> torch.Tensor:
+        return self.gather(x, dim)  # e.g. [*, c, N_i/P, N_k] -> [*, c, N_i, N_k] (dim -2)
 
     def _start(self, x: torch.Tensor, split_dim: int, cat_dim: int) -> Any:
         # Also without overlap: a DAO pair that launches in `wait` is skipped by a checkpoint's
