@@ -9,7 +9,7 @@ import torch
 from fold_kernels import registration
 
 OPS = ("linear", "attention", "layer_norm", "layer_norm_linear", "softmax_mask_bias", "swiglu",
-       "bias_sigmoid_gate", "bias_dropout_residual")
+       "bias_sigmoid_gate", "bias_dropout_residual", "triangle_projection_gate")
 
 
 def _fake_registry():

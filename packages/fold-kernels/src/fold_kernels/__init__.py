@@ -2,7 +2,7 @@
 
 EvoAttention (forward + backward with the pair-bias gradient), LayerNorm, Linear (bias gradient
 as a deterministic column sum), fused LayerNorm+Linear,
-SwiGLU, the AF2 gating fusions, fused softmax with mask and bias, and fused Adam+EMA over flat
+SwiGLU, the AF2 gating fusions, the gated projections of triangle multiplication, fused softmax with mask and bias, and fused Adam+EMA over flat
 buffers. Each op has a plain PyTorch twin in :mod:`fold_kernels.reference`.
 
 Triton decides when a kernel is defined (at import) whether it runs compiled or in its CPU
@@ -18,6 +18,7 @@ from fold_kernels.layer_norm import layer_norm
 from fold_kernels.linear import linear
 from fold_kernels.optim import clip_coefficient, fused_adam_ema_, global_grad_norm, swa_decay
 from fold_kernels.softmax import softmax_mask_bias
+from fold_kernels.triangle_gate import triangle_projection_gate
 
 __version__ = "0.1.0"
 
@@ -30,6 +31,7 @@ __all__ = [
     "swiglu",
     "bias_sigmoid_gate",
     "bias_dropout_residual",
+    "triangle_projection_gate",
     "softmax_mask_bias",
     "fused_adam_ema_",
     "global_grad_norm",

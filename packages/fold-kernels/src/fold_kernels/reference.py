@@ -71,6 +71,14 @@ def bias_sigmoid_gate(x, gate, bias=None):
     return x * torch.sigmoid(gate if bias is None else gate + bias)
 
 
+def triangle_projection_gate(proj, bias, mask):
+    """``a = (p_a + bias_pa) * sigmoid(g_a + bias_ga) * mask`` and likewise b, from channel-first
+    ``proj [*, 4c, I, J]`` = rows ``(p_a, g_a, p_b, g_b)``, ``bias [4c]``, ``mask [*, I, J]``."""
+    p_a, g_a, p_b, g_b = (proj + bias.to(proj.dtype)[:, None, None]).chunk(4, dim=-3)
+    keep = mask.unsqueeze(-3).to(proj.dtype)
+    return p_a * torch.sigmoid(g_a) * keep, p_b * torch.sigmoid(g_b) * keep
+
+
 def bias_dropout_residual(x, residual, bias=None, dropout_mask=None):
     """``residual + (x + bias) * dropout_mask`` (mask pre-scaled by 1/(1-p), broadcast)."""
     y = x if bias is None else x + bias

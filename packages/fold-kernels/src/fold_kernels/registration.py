@@ -130,6 +130,13 @@ def supports_bias_sigmoid_gate(x, gate, bias=None) -> bool:
     return _common(x, gate, bias) and _broadcasts(x, gate, bias)
 
 
+def supports_triangle_projection_gate(proj, bias, mask) -> bool:
+    if not _common(proj, bias, mask) or proj.dim() < 3 or proj.shape[-3] % 4:
+        return False
+    return (bias.shape == (proj.shape[-3],) and tuple(mask.shape[-2:]) == tuple(proj.shape[-2:])
+            and mask.dim() <= proj.dim() - 1)
+
+
 def supports_bias_dropout_residual(x, residual, bias=None, dropout_mask=None) -> bool:
     return _common(x, residual, bias, dropout_mask) and _broadcasts(x, residual, bias,
                                                                      dropout_mask)
@@ -154,6 +161,8 @@ SUPPORTS: dict[str, tuple[Callable, Callable[..., bool]]] = {
                           supports_bias_sigmoid_gate),
     "bias_dropout_residual": (kernels.bias_dropout_residual,
                               supports_bias_dropout_residual),
+    "triangle_projection_gate": (kernels.triangle_projection_gate,
+                                 supports_triangle_projection_gate),
 }
 
 

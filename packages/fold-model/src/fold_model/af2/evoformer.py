@@ -259,21 +259,16 @@ class TriangleMultiplication(nn.Module):
         self, z_ln: torch.Tensor, pair_mask: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """``a = (z W_ap + b_ap) * sigmoid(z W_ag + b_ag) * mask`` and likewise b, channel-first
-        ``[*, c, rows, cols]`` from ``z_ln [*, rows, cols, C_z]``: one GEMM for all four."""
+        ``[*, c, rows, cols]`` from ``z_ln [*, rows, cols, C_z]``: one GEMM for all four
+        projections, then one fused gate (``ops.triangle_projection_gate``)."""
         layers = (self.linear_a_p, self.linear_a_g, self.linear_b_p, self.linear_b_g)
         weight = torch.cat([lin.weight for lin in layers])  # [4c, C_z]
+        bias = torch.cat([lin.bias for lin in layers])  # [4c]
         # one GEMM over the merged (rows, cols) dims writing the transposed layout; einsum keeps
         # rows a dim of its own (AutoChunk follows it through); under autocast it runs in the
-        # autocast dtype, and the biases follow the product's dtype
+        # autocast dtype
         proj = torch.einsum("oc,...ijc->...oij", weight, z_ln)  # [*, 4c, rows, cols]
-        bias = torch.cat([lin.bias for lin in layers]).to(proj.dtype)[:, None, None]
-        a_p, a_g, b_p, b_g = proj.split(self.linear_a_p.out_features, dim=-3)
-        bias_ap, bias_ag, bias_bp, bias_bg = bias.split(self.linear_a_p.out_features, dim=0)
-        # the 0/1 mask in the projections' dtype (bf16 under autocast): no promotion to fp32
-        mask = pair_mask.unsqueeze(-3).to(proj.dtype)  # [*, 1, rows, cols]
-        a = ops.bias_sigmoid_gate(a_p + bias_ap, a_g, bias_ag) * mask
-        b = ops.bias_sigmoid_gate(b_p + bias_bp, b_g, bias_bg) * mask
-        return a, b
+        return ops.triangle_projection_gate(proj, bias, pair_mask)
 
     def forward(
         self,

@@ -35,6 +35,7 @@ __all__ = [
     "swiglu",
     "bias_sigmoid_gate",
     "bias_dropout_residual",
+    "triangle_projection_gate",
 ]
 
 
@@ -134,3 +135,15 @@ def bias_dropout_residual(
 ) -> torch.Tensor:
     """``residual + (x + bias) * dropout_mask``."""
     return dispatch("bias_dropout_residual", x, residual, bias, dropout_mask, backend=backend)
+
+
+def triangle_projection_gate(
+    proj: torch.Tensor,
+    bias: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    backend: str | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``a, b`` of triangle multiplication from channel-first ``proj [*, 4c, I, J]`` (rows
+    ``p_a, g_a, p_b, g_b``): ``a = (p_a + bias_pa) * sigmoid(g_a + bias_ga) * mask``."""
+    return dispatch("triangle_projection_gate", proj, bias, mask, backend=backend)

@@ -29,6 +29,7 @@ __all__ = [
     "swiglu",
     "bias_sigmoid_gate",
     "bias_dropout_residual",
+    "triangle_projection_gate",
     "MASKED_LOGIT",
 ]
 
@@ -147,6 +148,19 @@ def bias_dropout_residual(
     if dropout_mask is not None:
         x = x * dropout_mask
     return residual + x
+
+
+def triangle_projection_gate(
+    proj: torch.Tensor, bias: torch.Tensor, mask: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The gated, masked operands of triangle multiplication (Alg. 11/12 lines 2-3) from the
+    channel-first projections ``proj [*, 4c, I, J]`` (rows ``p_a, g_a, p_b, g_b``), their
+    biases ``[4c]`` and ``mask [*, I, J]``: ``a = (p_a + bias_pa) * sigmoid(g_a + bias_ga) *
+    mask``, likewise b, each ``[*, c, I, J]``. The biases and the 0/1 mask are cast to proj's
+    dtype (bf16 under autocast: no promotion of the products to fp32)."""
+    p_a, g_a, p_b, g_b = (proj + bias.to(proj.dtype)[:, None, None]).chunk(4, dim=-3)
+    keep = mask.unsqueeze(-3).to(proj.dtype)  # [*, 1, I, J]
+    return p_a * torch.sigmoid(g_a) * keep, p_b * torch.sigmoid(g_b) * keep
 
 
 for _name in __all__:

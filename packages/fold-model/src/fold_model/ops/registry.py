@@ -64,6 +64,7 @@ OPS = (
     "swiglu",
     "bias_sigmoid_gate",
     "bias_dropout_residual",
+    "triangle_projection_gate",
 )
 ENV_VAR = "FOLD_OPS_BACKEND"
 ENTRY_POINT_GROUP = "fold_model.ops"

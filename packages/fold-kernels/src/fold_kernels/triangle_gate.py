@@ -1,0 +1,186 @@
+"""The gated projections of triangle multiplication (AF2 Alg. 11/12, AF3 Alg. 12/13), fused.
+
+``a = (p_a + bias_pa) * sigmoid(g_a + bias_ga) * mask`` and ``b`` likewise, from the four
+projections of the normalized pair computed channel-first in one GEMM,
+``proj = [p_a; g_a; p_b; g_b] = W z^T``, ``[*, 4c, I, J]``. In PyTorch this is two bias adds,
+two gates and two mask products per operand, each a pass over ``[*, c, I, J]`` (the broadcast
+ones in non-vectorized kernels), and the backward concatenates the four projection gradients;
+here the forward reads ``proj`` once and writes a and b, and the backward writes the gradient of
+``proj`` directly (one ``[*, 4c, I, J]`` tensor: no concatenation). The bias gradient is the
+sum of that gradient over the batch and (I, J).
+
+Each program handles one channel of a and b (the same channel of the four projections) on an
+``[BLOCK_I, BLOCK_J]`` tile, every tensor read through its strides (the incoming update's
+gradients arrive transposed).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from fold_kernels import tuning
+
+__all__ = ["triangle_projection_gate"]
+
+
+@triton.jit
+def _tile(I, J, BLOCK_I: tl.constexpr, BLOCK_J: tl.constexpr):
+    n_j = tl.cdiv(J, BLOCK_J)
+    offs_i = (tl.program_id(0) // n_j) * BLOCK_I + tl.arange(0, BLOCK_I)
+    offs_j = (tl.program_id(0) % n_j) * BLOCK_J + tl.arange(0, BLOCK_J)
+    valid = (offs_i < I)[:, None] & (offs_j < J)[None, :]
+    return offs_i, offs_j, valid
+
+
+@triton.jit
+def _at(base, offs_i, offs_j, si, sj):
+    return base + offs_i.to(tl.int64)[:, None] * si + offs_j.to(tl.int64)[None, :] * sj
+
+
+@triton.jit
+def _fwd(P, Bias, Mask, A, B, C, I, J,
+         spb, spc, spi, spj, smb, smi, smj,
+         BLOCK_I: tl.constexpr, BLOCK_J: tl.constexpr):
+    offs_i, offs_j, valid = _tile(I, J, BLOCK_I, BLOCK_J)
+    ch = tl.program_id(1)
+    bt = tl.program_id(2).to(tl.int64)
+    p0 = P + bt * spb + ch.to(tl.int64) * spc
+    cstride = C.to(tl.int64) * spc  # from one projection to the next
+    pa = tl.load(_at(p0, offs_i, offs_j, spi, spj), mask=valid, other=0.0).to(tl.float32)
+    ga = tl.load(_at(p0 + cstride, offs_i, offs_j, spi, spj), mask=valid, other=0.0)
+    pb = tl.load(_at(p0 + 2 * cstride, offs_i, offs_j, spi, spj), mask=valid, other=0.0)
+    gb = tl.load(_at(p0 + 3 * cstride, offs_i, offs_j, spi, spj), mask=valid, other=0.0)
+    keep = tl.load(_at(Mask + bt * smb, offs_i, offs_j, smi, smj), mask=valid, other=0.0)
+    keep = keep.to(tl.float32)
+    a = (pa + tl.load(Bias + ch).to(tl.float32)) * keep
+    a *= tl.sigmoid(ga.to(tl.float32) + tl.load(Bias + C + ch).to(tl.float32))
+    b = (pb.to(tl.float32) + tl.load(Bias + 2 * C + ch).to(tl.float32)) * keep
+    b *= tl.sigmoid(gb.to(tl.float32) + tl.load(Bias + 3 * C + ch).to(tl.float32))
+    out = (bt * C + ch) * I * J  # a, b: contiguous [Bt, C, I, J]
+    tl.store(_at(A + out, offs_i, offs_j, J, 1), a.to(A.dtype.element_ty), mask=valid)
+    tl.store(_at(B + out, offs_i, offs_j, J, 1), b.to(B.dtype.element_ty), mask=valid)
+
+
+@triton.jit
+def _gate_grads(dy, p, g, bias_p, bias_g, keep):
+    """d(p) and d(g) of ``(p + bias_p) * sigmoid(g + bias_g) * keep``, fp32."""
+    sig = tl.sigmoid(g.to(tl.float32) + bias_g)
+    dy = dy.to(tl.float32) * keep
+    dp = dy * sig
+    dg = dy * (p.to(tl.float32) + bias_p) * sig * (1.0 - sig)
+    return dp, dg
+
+
+@triton.jit
+def _bwd(P, Bias, Mask, DA, DB, DP, C, I, J,
+         spb, spc, spi, spj, smb, smi, smj, sab, sac, sai, saj, sbb, sbc, sbi, sbj,
+         BLOCK_I: tl.constexpr, BLOCK_J: tl.constexpr):
+    offs_i, offs_j, valid = _tile(I, J, BLOCK_I, BLOCK_J)
+    ch = tl.program_id(1)
+    bt = tl.program_id(2).to(tl.int64)
+    ch64 = ch.to(tl.int64)
+    p0 = P + bt * spb + ch64 * spc
+    cstride = C.to(tl.int64) * spc
+    pa = tl.load(_at(p0, offs_i, offs_j, spi, spj), mask=valid, other=0.0)
+    ga = tl.load(_at(p0 + cstride, offs_i, offs_j, spi, spj), mask=valid, other=0.0)
+    pb = tl.load(_at(p0 + 2 * cstride, offs_i, offs_j, spi, spj), mask=valid, other=0.0)
+    gb = tl.load(_at(p0 + 3 * cstride, offs_i, offs_j, spi, spj), mask=valid, other=0.0)
+    keep = tl.load(_at(Mask + bt * smb, offs_i, offs_j, smi, smj), mask=valid, other=0.0)
+    keep = keep.to(tl.float32)
+    da = tl.load(_at(DA + bt * sab + ch64 * sac, offs_i, offs_j, sai, saj), mask=valid,
+                 other=0.0)
+    db = tl.load(_at(DB + bt * sbb + ch64 * sbc, offs_i, offs_j, sbi, sbj), mask=valid,
+                 other=0.0)
+    dpa, dga = _gate_grads(da, pa, ga, tl.load(Bias + ch).to(tl.float32),
+                           tl.load(Bias + C + ch).to(tl.float32), keep)
+    dpb, dgb = _gate_grads(db, pb, gb, tl.load(Bias + 2 * C + ch).to(tl.float32),
+                           tl.load(Bias + 3 * C + ch).to(tl.float32), keep)
+    ij = I.to(tl.int64) * J
+    out = DP + (bt * 4 * C + ch64) * ij  # DP: contiguous [Bt, 4C, I, J]
+    ty = DP.dtype.element_ty
+    tl.store(_at(out, offs_i, offs_j, J, 1), dpa.to(ty), mask=valid)
+    tl.store(_at(out + C * ij, offs_i, offs_j, J, 1), dga.to(ty), mask=valid)
+    tl.store(_at(out + 2 * C * ij, offs_i, offs_j, J, 1), dpb.to(ty), mask=valid)
+    tl.store(_at(out + 3 * C * ij, offs_i, offs_j, J, 1), dgb.to(ty), mask=valid)
+
+
+def _blocks() -> tuple[int, int, int]:
+    """(BLOCK_I, BLOCK_J, num_warps)."""
+    return (4, 8, 1) if tuning.interpreting() else (16, 128, 4)
+
+
+def _flat(x: torch.Tensor, lead: tuple[int, ...]) -> torch.Tensor:
+    """``x [*lead, ...]`` as ``[prod(lead), ...]`` (a view when the batch dims merge)."""
+    return x.reshape(math.prod(lead), *x.shape[len(lead):])
+
+
+class _TriangleProjectionGate(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, proj, bias, mask):
+        *lead, c4, n_i, n_j = proj.shape
+        lead = tuple(lead)
+        c = c4 // 4
+        p = _flat(proj, lead)  # [Bt, 4c, I, J]
+        m = mask.view(torch.uint8) if mask.dtype == torch.bool else mask
+        m = _flat(m.expand(*lead, n_i, n_j), lead)  # [Bt, I, J], broadcast dims stride 0
+        a = torch.empty((*lead, c, n_i, n_j), device=proj.device, dtype=proj.dtype)
+        b = torch.empty_like(a)
+        bi, bj, warps = _blocks()
+        grid = (triton.cdiv(n_i, bi) * triton.cdiv(n_j, bj), c, p.shape[0])
+        _fwd[grid](p, bias, m, a, b, c, n_i, n_j, *p.stride(), *m.stride(),
+                   BLOCK_I=bi, BLOCK_J=bj, num_warps=warps)
+        ctx.save_for_backward(p, bias, m)
+        ctx.shape = proj.shape
+        return a, b
+
+    @staticmethod
+    def backward(ctx, da, db):
+        p, bias, m = ctx.saved_tensors
+        bt, c4, n_i, n_j = p.shape
+        c = c4 // 4
+        lead = tuple(ctx.shape[:-3])
+        if da is None:
+            da = torch.zeros((bt, c, n_i, n_j), device=p.device, dtype=p.dtype)
+        if db is None:
+            db = torch.zeros((bt, c, n_i, n_j), device=p.device, dtype=p.dtype)
+        da, db = _flat(da, lead), _flat(db, lead)  # read through their strides
+        dp = torch.empty((bt, c4, n_i, n_j), device=p.device, dtype=p.dtype)
+        bi, bj, warps = _blocks()
+        grid = (triton.cdiv(n_i, bi) * triton.cdiv(n_j, bj), c, bt)
+        _bwd[grid](p, bias, m, da, db, dp, c, n_i, n_j, *p.stride(), *m.stride(),
+                   *da.stride(), *db.stride(), BLOCK_I=bi, BLOCK_J=bj, num_warps=warps)
+        dbias = None
+        if ctx.needs_input_grad[1]:
+            dbias = dp.sum(dim=(0, 2, 3), dtype=torch.float32).to(bias.dtype)
+        return dp.reshape(ctx.shape), dbias, None
+
+
+def triangle_projection_gate(proj: torch.Tensor, bias: torch.Tensor,
+                             mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The gated, masked operands of triangle multiplication from channel-first projections.
+
+    Args:
+        proj: ``[*, 4c, I, J]``, the rows ``(p_a, g_a, p_b, g_b)`` of ``W z^T`` (any strides).
+        bias: ``[4c]``, the four projections' biases (fp32 or proj's dtype).
+        mask: ``[*, I, J]`` (broadcasts to proj's batch dims), bool or float; no gradient.
+
+    Returns:
+        ``a, b`` contiguous ``[*, c, I, J]`` in proj's dtype, ``a = (p_a + bias_pa) *
+        sigmoid(g_a + bias_ga) * mask``. Differentiable in proj and bias.
+    """
+    if proj.dim() < 3 or proj.shape[-3] % 4:
+        raise ValueError(f"triangle_projection_gate: proj must be [*, 4c, I, J], got "
+                         f"{tuple(proj.shape)}")
+    if bias.shape != (proj.shape[-3],):
+        raise ValueError(f"triangle_projection_gate: bias must be [{proj.shape[-3]}], got "
+                         f"{tuple(bias.shape)}")
+    if tuple(mask.shape[-2:]) != tuple(proj.shape[-2:]) or mask.dim() > proj.dim() - 1:
+        raise ValueError(f"triangle_projection_gate: mask must be [*, I, J] = "
+                         f"[*, {proj.shape[-2]}, {proj.shape[-1]}], got {tuple(mask.shape)}")
+    tuning.require_device("triangle_projection_gate", proj,
+                          "fold_kernels.reference.triangle_projection_gate")
+    return _TriangleProjectionGate.apply(proj, bias, mask)
