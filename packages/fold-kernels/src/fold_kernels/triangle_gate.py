@@ -42,7 +42,7 @@ def _at(base, offs_i, offs_j, si, sj):
 
 
 @triton.jit
-def _fwd(P, Bias, Mask, A, B, C, I, J,
+def _tri_gate_fwd(P, Bias, Mask, A, B, C, I, J,
          spb, spc, spi, spj, smb, smi, smj,
          BLOCK_I: tl.constexpr, BLOCK_J: tl.constexpr):
     offs_i, offs_j, valid = _tile(I, J, BLOCK_I, BLOCK_J)
@@ -76,7 +76,7 @@ def _gate_grads(dy, p, g, bias_p, bias_g, keep):
 
 
 @triton.jit
-def _bwd(P, Bias, Mask, DA, DB, DP, C, I, J,
+def _tri_gate_bwd(P, Bias, Mask, DA, DB, DP, C, I, J,
          spb, spc, spi, spj, smb, smi, smj, sab, sac, sai, saj, sbb, sbc, sbi, sbj,
          BLOCK_I: tl.constexpr, BLOCK_J: tl.constexpr):
     offs_i, offs_j, valid = _tile(I, J, BLOCK_I, BLOCK_J)
@@ -131,7 +131,7 @@ class _TriangleProjectionGate(torch.autograd.Function):
         b = torch.empty_like(a)
         bi, bj, warps = _blocks()
         grid = (triton.cdiv(n_i, bi) * triton.cdiv(n_j, bj), c, p.shape[0])
-        _fwd[grid](p, bias, m, a, b, c, n_i, n_j, *p.stride(), *m.stride(),
+        _tri_gate_fwd[grid](p, bias, m, a, b, c, n_i, n_j, *p.stride(), *m.stride(),
                    BLOCK_I=bi, BLOCK_J=bj, num_warps=warps)
         ctx.save_for_backward(p, bias, m)
         ctx.shape = proj.shape
@@ -151,7 +151,7 @@ class _TriangleProjectionGate(torch.autograd.Function):
         dp = torch.empty((bt, c4, n_i, n_j), device=p.device, dtype=p.dtype)
         bi, bj, warps = _blocks()
         grid = (triton.cdiv(n_i, bi) * triton.cdiv(n_j, bj), c, bt)
-        _bwd[grid](p, bias, m, da, db, dp, c, n_i, n_j, *p.stride(), *m.stride(),
+        _tri_gate_bwd[grid](p, bias, m, da, db, dp, c, n_i, n_j, *p.stride(), *m.stride(),
                    *da.stride(), *db.stride(), BLOCK_I=bi, BLOCK_J=bj, num_warps=warps)
         dbias = None
         if ctx.needs_input_grad[1]:
