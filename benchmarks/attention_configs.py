@@ -21,6 +21,7 @@ D 48: the diffusion transformer), ``single:N`` (R 1, H 16, D 24: Pairformer sing
 from __future__ import annotations
 
 import argparse
+import importlib
 import itertools
 import json
 import sys
@@ -77,11 +78,8 @@ def grid(kernel: str) -> list:
 
 
 def sweep(target: str, layout: str, budget_s: float) -> dict:
-    from triton.testing import do_bench
-
-    import importlib
-
     from fold_kernels import tuning
+    from triton.testing import do_bench
 
     ea = importlib.import_module("fold_kernels.evo_attention")  # the module, not the function
 
@@ -91,10 +89,10 @@ def sweep(target: str, layout: str, budget_s: float) -> dict:
     lp = ea._Launch(q, bias, mask, d ** -0.5)
     flat = (lp.B, lp.R, lp.H, lp.N, lp.D)
     q_, k_, v_, g_ = lp.set_layout(*(t.reshape(flat) for t in (q, k, v, gate)))
-    o, o_pre, lse = ea._forward(q_, k_, v_, g_, lp)
     captured = {}
 
-    # intercept tuning.pick: collect each kernel's launch function, run the default once
+    # one forward and backward with tuning.pick intercepted: each kernel's launch function is
+    # kept (and run once with the default configuration)
     real_pick = tuning.pick
 
     def grab(name, key, cands, launch):
@@ -103,7 +101,7 @@ def sweep(target: str, layout: str, budget_s: float) -> dict:
 
     tuning.pick = grab
     try:
-        ea._forward(q_, k_, v_, g_, lp)
+        _, o_pre, lse = ea._forward(q_, k_, v_, g_, lp)
         ea._backward(do.reshape(flat), q_, k_, v_, g_, o_pre, lse, lp, need_dbias=True)
     finally:
         tuning.pick = real_pick
@@ -117,7 +115,7 @@ def sweep(target: str, layout: str, budget_s: float) -> dict:
             if time.time() > t_end:
                 break
             try:
-                ms = do_bench(lambda cfg=cfg: launch(cfg), warmup=3, rep=10,
+                ms = do_bench(lambda cfg=cfg, launch=launch: launch(cfg), warmup=3, rep=10,
                               return_mode="median")
             except Exception as e:  # out of shared memory / registers
                 ms = None
@@ -142,7 +140,8 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("targets", nargs="+")
     ap.add_argument("--layouts", nargs="+", default=["model", "contig"])
-    ap.add_argument("--budget-s", type=float, default=120.0, help="per target and layout, split evenly over the kernels")
+    ap.add_argument("--budget-s", type=float, default=120.0,
+                    help="per target and layout, split evenly over the kernels")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args(argv)
     ensure_kernels("cuda")

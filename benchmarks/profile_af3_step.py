@@ -58,7 +58,7 @@ def memory_at_peak(step, device: torch.device, top: int) -> str:
             cur += e["size"]
             if cur > peak:
                 peak, peak_at = cur, i
-        elif e["action"] in ("free_completed",) and e["addr"] in live:
+        elif e["action"] == "free_completed" and e["addr"] in live:
             cur -= live.pop(e["addr"])
     # pass 2: the blocks alive at the peak, grouped by where they were allocated
     alive: dict[int, dict] = {}
@@ -124,7 +124,7 @@ def main(argv: list[str] | None = None) -> None:
     for key, sw in T.cumulative(args.rows).items():
         runner = T.Runner(sw, base, device)
 
-        def step() -> None:
+        def step(runner: T.Runner = runner) -> None:
             runner.step(batch, sizes["cycles"], seed=0)
 
         step()  # warm-up: compilation, autotuning, allocator

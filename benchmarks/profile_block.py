@@ -50,20 +50,20 @@ def _evoformer(n_seq: int, n_res: int, device, dtype):
     return loss, [m, z, *block.parameters()]
 
 
-def _pairformer(n: int, device, dtype):
+def _af3_block(kind: str, n: int, samples: int, device, dtype):
     from model_af3_blocks import _loss, build
 
-    block, args = build("pairformer", n, 1, False, device, dtype)
+    block, args = build(kind, n, samples, False, device, dtype)
     tensors = [a for a in args if isinstance(a, torch.Tensor)] + list(block.parameters())
     return (lambda: _loss(block, args)), tensors
+
+
+def _pairformer(n: int, device, dtype):
+    return _af3_block("pairformer", n, 1, device, dtype)
 
 
 def _diffusion(n: int, samples: int, device, dtype):
-    from model_af3_blocks import _loss, build
-
-    block, args = build("diffusion_transformer", n, samples, False, device, dtype)
-    tensors = [a for a in args if isinstance(a, torch.Tensor)] + list(block.parameters())
-    return (lambda: _loss(block, args)), tensors
+    return _af3_block("diffusion_transformer", n, samples, device, dtype)
 
 
 def _attention(r: int, n: int, h: int, d: int, device, dtype):

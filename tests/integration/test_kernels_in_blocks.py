@@ -14,9 +14,15 @@ CPU tensors are fine.
 from __future__ import annotations
 
 import copy
+import sys
+from pathlib import Path
 
 import pytest
 import torch
+
+# fold-model's test helpers: parameter re-draw, masks with holes, NaN-refusing relative error
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "packages" / "fold-model" / "tests"))
+from _trunk_helpers import holes, randomize_, rel_err  # noqa: E402
 
 fold_kernels = pytest.importorskip("fold_kernels")
 from fold_kernels import registration  # noqa: E402
@@ -45,35 +51,9 @@ def triton_backend(monkeypatch):
         fold_kernels.triangle_projection_gate
 
 
-def _randomize(module: torch.nn.Module, seed: int = 0) -> torch.nn.Module:
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in module.named_parameters():
-            r = torch.randn(p.shape, generator=gen, dtype=torch.float64)
-            if p.dim() >= 2:
-                p.copy_(r / p.shape[-1] ** 0.5)
-            elif name.endswith("weight"):
-                p.copy_(1.0 + 0.2 * r)
-            else:
-                p.copy_(0.2 * r)
-    return module
-
-
-def _mask(shape, seed):
-    m = (torch.rand(shape, generator=torch.Generator().manual_seed(seed)) > 0.3).float()
-    m[..., 0] = 1.0
-    return m
-
-
-def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
-    a, b = a.detach().double().cpu(), b.detach().double().cpu()
-    assert torch.isfinite(a).all(), "NaN/inf on the Triton path"
-    return ((a - b).norm() / b.norm().clamp_min(1e-30)).item()
-
-
 def _compare(block: torch.nn.Module, inputs: list, float_inputs: list[int]) -> None:
     """fp32 block on the Triton backend vs its fp64 copy on torch: outputs and every grad."""
-    block = _randomize(block).eval()  # eval: no dropout, the two paths see the same function
+    block = randomize_(block).eval()  # eval: no dropout, the two paths see the same function
     ref = copy.deepcopy(block).double()
     block = block.to(DEVICE)
 
@@ -98,9 +78,9 @@ def _compare(block: torch.nn.Module, inputs: list, float_inputs: list[int]) -> N
     torch.autograd.backward(ref_outs, gens)
 
     for o, r in zip(outs, ref_outs):
-        assert _rel(o, r) < TOL
+        assert rel_err(o.cpu(), r) < TOL
     for i in float_inputs:
-        assert _rel(ins[i].grad, ref_ins[i].grad) < TOL, f"input {i}"
+        assert rel_err(ins[i].grad.cpu(), ref_ins[i].grad) < TOL, f"input {i}"
     for (name, p), (_, q) in zip(block.named_parameters(), ref.named_parameters()):
         assert p.grad is not None, name
         if q.grad.norm() < 1e-9:
@@ -108,7 +88,7 @@ def _compare(block: torch.nn.Module, inputs: list, float_inputs: list[int]) -> N
             # projection shifts every logit of a row alike): fp32 rounding noise only
             assert torch.isfinite(p.grad).all() and p.grad.norm() < 1e-4, name
             continue
-        assert _rel(p.grad, q.grad) < TOL, name
+        assert rel_err(p.grad.cpu(), q.grad) < TOL, name
 
 
 N = 13  # odd: no kernel block divides it
@@ -123,8 +103,8 @@ def test_evoformer_block(triton_backend):
     g = torch.Generator().manual_seed(1)
     m = torch.randn(1, 5, N, cfg.c_m, generator=g)
     z = torch.randn(1, N, N, cfg.c_z, generator=g)
-    seq = _mask((1, N), 2)
-    msa_mask = _mask((1, 5, N), 3) * seq[:, None]
+    seq = holes((1, N), seed=2)
+    msa_mask = holes((1, 5, N), seed=3) * seq[:, None]
     _compare(block, [m, z, msa_mask, seq[:, :, None] * seq[:, None]], [0, 1])
 
 
@@ -139,7 +119,7 @@ def test_pairformer_block(triton_backend):
     g = torch.Generator().manual_seed(4)
     s = torch.randn(1, N, cfg.c_s, generator=g)
     z = torch.randn(1, N, N, cfg.c_z, generator=g)
-    mask = _mask((1, N), 5)
+    mask = holes((1, N), seed=5)
     _compare(block, [s, z, mask, mask[:, :, None] * mask[:, None]], [0, 1])
 
 
@@ -154,4 +134,4 @@ def test_diffusion_transformer_block(triton_backend):
     a = torch.randn(1, 3, N, d.c_token, generator=g)
     s = torch.randn(1, 3, N, cfg.c_s, generator=g)
     z = torch.randn(1, N, N, cfg.c_z, generator=g)
-    _compare(block, [a, s, z, _mask((1, N), 7)], [0, 1, 2])
+    _compare(block, [a, s, z, holes((1, N), seed=7)], [0, 1, 2])

@@ -1,9 +1,9 @@
 """fold-kernels: portable Triton kernels for AlphaFold-style models.
 
 EvoAttention (forward + backward with the pair-bias gradient), LayerNorm, Linear (bias gradient
-as a deterministic column sum), fused LayerNorm+Linear,
-SwiGLU, the AF2 gating fusions, the gated projections of triangle multiplication, fused softmax with mask and bias, and fused Adam+EMA over flat
-buffers. Each op has a plain PyTorch twin in :mod:`fold_kernels.reference`.
+as a deterministic column sum), fused LayerNorm+Linear, SwiGLU, the AF2 gating fusions, the gated
+projections of triangle multiplication, fused softmax with mask and bias, and fused Adam+EMA over
+flat buffers. Each op has a plain PyTorch twin in :mod:`fold_kernels.reference`.
 
 Triton decides when a kernel is defined (at import) whether it runs compiled or in its CPU
 interpreter: set ``TRITON_INTERPRET=1`` before importing this package to run on CPU tensors.

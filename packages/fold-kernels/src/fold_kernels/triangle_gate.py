@@ -143,10 +143,7 @@ class _TriangleProjectionGate(torch.autograd.Function):
         bt, c4, n_i, n_j = p.shape
         c = c4 // 4
         lead = tuple(ctx.shape[:-3])
-        if da is None:
-            da = torch.zeros((bt, c, n_i, n_j), device=p.device, dtype=p.dtype)
-        if db is None:
-            db = torch.zeros((bt, c, n_i, n_j), device=p.device, dtype=p.dtype)
+        # autograd materializes the gradient of an unused output as zeros: never None here
         da, db = _flat(da, lead), _flat(db, lead)  # read through their strides
         dp = torch.empty((bt, c4, n_i, n_j), device=p.device, dtype=p.dtype)
         bi, bj, warps = _blocks()
