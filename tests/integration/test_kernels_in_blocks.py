@@ -135,3 +135,52 @@ def test_diffusion_transformer_block(triton_backend):
     s = torch.randn(1, 3, N, cfg.c_s, generator=g)
     z = torch.randn(1, N, N, cfg.c_z, generator=g)
     _compare(block, [a, s, z, holes((1, N), seed=7)], [0, 1, 2])
+
+
+def _saved_bytes_outside_checkpoints(block, inputs, backend: str) -> int:
+    """Bytes autograd keeps for backward after one training-mode forward under bf16 autocast
+    (each storage once, inputs and parameters left out): with per-sub-layer checkpointing,
+    what stays between the forward and the backward of a whole stack."""
+    keep = {t.untyped_storage().data_ptr() for t in [*inputs, *block.parameters()]}
+    seen: set[int] = set()
+    total = 0
+
+    def pack(t):
+        nonlocal total
+        ptr = t.untyped_storage().data_ptr()
+        if ptr not in keep and ptr not in seen:
+            seen.add(ptr)
+            total += t.untyped_storage().nbytes()
+        return t
+
+    with ops.use_backend(backend), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        with torch.autocast(DEVICE, dtype=torch.bfloat16):
+            out = block(*[x.clone().requires_grad_(x.is_floating_point()) for x in inputs])
+    del out
+    return total
+
+
+def test_pairformer_block_saves_no_more_than_torch(triton_backend):
+    """The kernel path must not keep more activations alive than eager PyTorch: with
+    checkpointing per sub-layer, only the sub-layer inputs and the (broadcast) dropout masks.
+    The fused bias-dropout-residual once saved its update operand for its shape alone, which
+    pinned one pair-sized tensor per sub-layer (about 8 GiB of an AF3 step at 384 tokens)."""
+    from fold_model.af3.config import config
+    from fold_model.af3.pairformer import PairformerBlock
+
+    cfg = config("tiny")
+    p = cfg.pairformer
+    block = PairformerBlock(cfg.c_s, cfg.c_z, p.c_hidden_mul, p.c_hidden_tri_att,
+                            p.no_heads_tri_att, p.no_heads_single, p.transition_n, 0.25,
+                            use_checkpoint=True)
+    block = randomize_(block).to(DEVICE).train()  # train: dropout masks are saved too
+    g = torch.Generator().manual_seed(8)
+    mask = holes((1, N), seed=9)
+    inputs = [torch.randn(1, N, cfg.c_s, generator=g), torch.randn(1, N, N, cfg.c_z, generator=g),
+              mask, mask[:, :, None] * mask[:, None]]
+    inputs = [x.to(DEVICE) for x in inputs]
+    torch_bytes = _saved_bytes_outside_checkpoints(block, inputs, "torch")
+    kernel_bytes = _saved_bytes_outside_checkpoints(block, inputs, "auto")
+    pair_bytes = N * N * cfg.c_z * 4
+    assert torch_bytes >= 5 * pair_bytes  # the five pair sub-layers' inputs, at least
+    assert kernel_bytes <= torch_bytes, (kernel_bytes, torch_bytes)
