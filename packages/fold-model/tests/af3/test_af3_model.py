@@ -127,12 +127,15 @@ def test_chunked_trunk_equals_unchunked():
     assert rel_err(got[1], ref[1]) < 1e-12 and rel_err(got[2], ref[2]) < 1e-12
 
 
-def test_checkpointing_same_loss_and_grads():
+@pytest.mark.parametrize("blocks,atoms", [(False, False), (True, True)],
+                         ids=["sublayers", "blocks+atoms"])
+def test_checkpointing_same_loss_and_grads(blocks, atoms):
     plain = _model(confidence__enabled=False).double()
     ckpt = copy.deepcopy(plain)
-    for m in ckpt.modules():
-        if hasattr(m, "use_checkpoint"):
-            m.use_checkpoint = True
+    ckpt.set_checkpointing(True, blocks=blocks, atoms=atoms)
+    d = ckpt.diffusion
+    assert d.encoder.transformer.use_checkpoint == d.decoder.transformer.use_checkpoint == atoms
+    assert all(b.checkpoint_blocks == blocks for b in ckpt.pairformer.blocks)
     f = _f64(random_features(n_token=7, batch=1, seed=5))
     res = []
     for model in (plain, ckpt):

@@ -192,6 +192,12 @@ class AlphaFold3Config:
     loss: LossConfig = field(default_factory=LossConfig)
     no_cycles: int = 4  # trunk passes at inference; drawn from 1..no_cycles in training
     checkpoint: bool = True  # activation checkpointing per sub-layer while training
+    # With checkpoint: recompute whole trunk blocks (Pairformer, MSA module, template and
+    # confidence blocks) instead of sub-layers: one saved pair per block instead of five.
+    checkpoint_blocks: bool = False
+    # Recompute the diffusion module's atom transformer blocks (their activations carry the
+    # 48 samples) in backward while training.
+    checkpoint_atoms: bool = False
     chunk_size: int | None = None  # inference-only chunking of the pair updates
 
     @property

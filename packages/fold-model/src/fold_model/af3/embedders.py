@@ -14,8 +14,11 @@ Shapes: ``B`` batch, ``S`` diffusion samples, ``N`` tokens, ``A`` atoms, ``K`` w
 
 from __future__ import annotations
 
+import functools
+
 import torch
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from fold_model.af3.layers import AttentionPairBias, ConditionedTransitionBlock
 from fold_model.primitives import LayerNorm, Linear
@@ -162,7 +165,8 @@ class AtomTransformer(nn.Module):
     ``q += ConditionedTransitionBlock(q, c)``.
     """
 
-    def __init__(self, c_atom: int, c_atompair: int, no_blocks: int, no_heads: int) -> None:
+    def __init__(self, c_atom: int, c_atompair: int, no_blocks: int, no_heads: int,
+                 use_checkpoint: bool = False) -> None:
         super().__init__()
         self.attention = nn.ModuleList(
             AttentionPairBias(c_atom, c_atompair, no_heads, c_s=c_atom) for _ in range(no_blocks)
@@ -170,6 +174,10 @@ class AtomTransformer(nn.Module):
         self.transition = nn.ModuleList(
             ConditionedTransitionBlock(c_atom, c_atom, 2) for _ in range(no_blocks)
         )
+        # Recompute each block in backward while training. In the diffusion module the atom
+        # activations carry all S samples ([B, S, A, C]): at 48 samples they, not the trunk,
+        # are the largest saved term below ~300 tokens.
+        self.use_checkpoint = use_checkpoint
 
     def forward(
         self, q: torch.Tensor, c: torch.Tensor, p: torch.Tensor, win: AtomWindows
@@ -177,15 +185,24 @@ class AtomTransformer(nn.Module):
         c_q = win.queries(c).unsqueeze(-3)  # [B, K, 1, n_q, C]: shared by the samples
         c_all = c.unsqueeze(1)  # [B, 1, A, C]
         mask = win.key_valid.unsqueeze(-2).expand(-1, -1, q.shape[1], -1)  # [B, K, S, n_k]
+        recompute = self.use_checkpoint and self.training and torch.is_grad_enabled()
         for attn, trans in zip(self.attention, self.transition):
-            bias = attn.bias_from_pair(p)  # [B, K, H, n_q, n_k]
-            x = attn.normalize(q, c_all)  # [B, S, A, C]
-            x_q = win.queries(x).transpose(1, 2)  # [B, K, S, n_q, C]
-            x_k = win.keys(x).transpose(1, 2)  # [B, K, S, n_k, C]
-            out = attn.attend(x_q, x_k, mask, bias, c_q)  # [B, K, S, n_q, C]
-            q = q + win.unwindow(out.transpose(1, 2))  # [B, S, A, C]
-            q = q + trans(q, c_all)
+            block = functools.partial(self._block, attn, trans, win)
+            if recompute:
+                q = checkpoint(block, q, c_q, c_all, mask, p, use_reentrant=False)
+            else:
+                q = block(q, c_q, c_all, mask, p)
         return q
+
+    @staticmethod
+    def _block(attn, trans, win: AtomWindows, q, c_q, c_all, mask, p) -> torch.Tensor:
+        bias = attn.bias_from_pair(p)  # [B, K, H, n_q, n_k]
+        x = attn.normalize(q, c_all)  # [B, S, A, C]
+        x_q = win.queries(x).transpose(1, 2)  # [B, K, S, n_q, C]
+        x_k = win.keys(x).transpose(1, 2)  # [B, K, S, n_k, C]
+        out = attn.attend(x_q, x_k, mask, bias, c_q)  # [B, K, S, n_q, C]
+        q = q + win.unwindow(out.transpose(1, 2))  # [B, S, A, C]
+        return q + trans(q, c_all)
 
 
 class AtomAttentionEncoder(nn.Module):

@@ -29,7 +29,7 @@ from fold_model.af3.diffusion import (
 from fold_model.af3.embedders import InputFeatureEmbedder, RelativePositionEncoding
 from fold_model.af3.loss import diffusion_loss, distogram_loss
 from fold_model.af3.msa_module import MSAModule, msa_features
-from fold_model.af3.pairformer import PairformerStack
+from fold_model.af3.pairformer import PairformerStack, SubLayers
 from fold_model.af3.template import TemplateEmbedder
 from fold_model.primitives import LayerNorm, Linear
 from fold_model.seams import IDENTITY_COMM, AxialComm
@@ -65,6 +65,20 @@ class AlphaFold3(nn.Module):
         self.confidence_head = ConfidenceHead(cfg) if cfg.confidence.enabled else None
         if cfg.chunk_size is not None:
             self.set_chunk_size(cfg.chunk_size)
+        self.set_checkpointing(cfg.checkpoint, cfg.checkpoint_blocks, cfg.checkpoint_atoms)
+
+    def set_checkpointing(self, sublayers: bool, blocks: bool = False, atoms: bool = False
+                          ) -> None:
+        """Activation checkpointing while training: ``sublayers`` recomputes the trunk blocks'
+        sub-layers and the diffusion transformer's blocks; with ``blocks`` the trunk recomputes
+        whole blocks instead (:class:`~fold_model.af3.pairformer.SubLayers`); ``atoms``
+        recomputes the diffusion module's atom transformer blocks."""
+        for m in self.modules():
+            if isinstance(m, SubLayers):
+                m.use_checkpoint, m.checkpoint_blocks = sublayers, blocks
+        self.diffusion.transformer.use_checkpoint = sublayers
+        for coder in (self.diffusion.encoder, self.diffusion.decoder):
+            coder.transformer.use_checkpoint = atoms
 
     def _trunk_stacks(self) -> list[nn.Module]:
         stacks: list[nn.Module] = [self.msa_module, self.pairformer]

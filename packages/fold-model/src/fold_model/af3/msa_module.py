@@ -103,6 +103,9 @@ class MSAModuleBlock(PairUpdates):
         pair_mask: torch.Tensor,
         token_mask: torch.Tensor,
     ) -> tuple[torch.Tensor, torch.Tensor]:
+        return self._block(self._forward, m, z, msa_mask, pair_mask, token_mask)
+
+    def _forward(self, m, z, msa_mask, pair_mask, token_mask):
         comm, chunk = self.comm, self.chunk_size
         mask_row = comm.scatter(msa_mask, -2)  # [*, N_seq/P, N]
         z = z + self._run(self.outer_product_mean, m, mask_row, comm, chunk, "row")

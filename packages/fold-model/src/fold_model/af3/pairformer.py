@@ -39,18 +39,35 @@ class SubLayers(nn.Module):
     """What every AF3 trunk block shares: the DAP comm, the chunk size, per-sub-layer activation
     checkpointing and the residual with AF2's shared dropout."""
 
-    def __init__(self, comm: AxialComm = IDENTITY_COMM, use_checkpoint: bool = False) -> None:
+    def __init__(self, comm: AxialComm = IDENTITY_COMM, use_checkpoint: bool = False,
+                 checkpoint_blocks: bool = False) -> None:
         super().__init__()
         self.comm = comm
         self.use_checkpoint = use_checkpoint
+        # With use_checkpoint: recompute the whole block (one saved input per block) instead of
+        # each sub-layer (one saved pair per sub-layer: 5 per Pairformer block, the largest
+        # term of a training step's memory at long crops). Same recompute, 5x fewer saved pairs;
+        # the recompute of one block holds that block's activations.
+        self.checkpoint_blocks = checkpoint_blocks
         self.chunk_size: int | None = None
 
     def set_chunk_size(self, chunk_size: int | None) -> None:
         self.chunk_size = chunk_size
 
+    def _recompute(self) -> bool:
+        return self.use_checkpoint and self.training and torch.is_grad_enabled()
+
     def _run(self, fn: Callable[..., torch.Tensor], *args) -> torch.Tensor:
-        """``fn(*args)``, recomputed in backward when checkpointing is on while training."""
-        if self.use_checkpoint and self.training and torch.is_grad_enabled():
+        """``fn(*args)`` (a sub-layer), recomputed in backward when per-sub-layer checkpointing
+        is on while training."""
+        if self._recompute() and not self.checkpoint_blocks:
+            return checkpoint(fn, *args, use_reentrant=False)
+        return fn(*args)
+
+    def _block(self, fn: Callable, *args):
+        """``fn(*args)`` (a whole block), recomputed in backward when block checkpointing is on
+        while training."""
+        if self._recompute() and self.checkpoint_blocks:
             return checkpoint(fn, *args, use_reentrant=False)
         return fn(*args)
 
@@ -102,7 +119,7 @@ class PairUpdates(SubLayers):
         return comm.col_to_row(z)  # [*, N/P, N, C_z]
 
     def forward(self, z: torch.Tensor, pair_mask: torch.Tensor) -> torch.Tensor:
-        return self.pair_stack(z, pair_mask)
+        return self._block(self.pair_stack, z, pair_mask)
 
 
 class PairformerBlock(PairUpdates):
@@ -148,6 +165,9 @@ class PairformerBlock(PairUpdates):
         single_mask: torch.Tensor,
         pair_mask: torch.Tensor,
     ) -> tuple[torch.Tensor, torch.Tensor]:
+        return self._block(self._forward, s, z, single_mask, pair_mask)
+
+    def _forward(self, s, z, single_mask, pair_mask):
         z = self.pair_stack(z, pair_mask)
         s = s + self._run(self._single_attention, s, z, single_mask)
         s = s + self._run(self.single_transition, s, self.chunk_size, -2)
