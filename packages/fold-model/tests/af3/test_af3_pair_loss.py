@@ -14,6 +14,7 @@ from _af3_helpers import random_features, rel_err
 from fold_model.af3.config import config
 from fold_model.af3.diffusion import noisy_training_samples, random_rotation
 from fold_model.af3.loss import (
+    LossPairs,
     atom_of_tokens,
     bond_loss,
     bond_loss_dense,
@@ -21,11 +22,13 @@ from fold_model.af3.loss import (
     diffusion_loss,
     lddt,
     lddt_dense,
+    loss_pair_lists,
     smooth_lddt_loss,
     smooth_lddt_loss_dense,
     weighted_mse_loss,
 )
 from fold_model.af3.pair_loss import bond_pair_list, lddt_pair_list
+from torch.utils._python_dispatch import TorchDispatchMode
 
 G = lambda seed: torch.Generator().manual_seed(seed)  # noqa: E731
 B, S, A = 2, 3, 61
@@ -221,3 +224,32 @@ def test_diffusion_loss_equals_dense_terms_on_augmented_copies():
     assert rel_err(out, ref) < 1e-12 and rel_err(g, g_ref) < 1e-10
     parts = diffusion_loss(x, gt_aug, sigma, f, cfg, 16.0)
     assert parts["bond"] > 0 and parts["smooth_lddt"] > 0
+    # Pair lists built beforehand and padded to fixed lengths (CUDA graphs): same value and
+    # gradient, and no data-dependent op (nonzero) inside the loss.
+    pairs = loss_pair_lists(f, cfg, torch.float64)
+    assert pairs.bond is not None and pairs.bond.n_pairs > 0
+    lddt_cap, bond_cap = pairs.capacities()
+    assert lddt_cap >= 1.25 * pairs.lddt.n_pairs and lddt_cap % (1 << 14) == 0
+    padded = LossPairs.from_tensors(pairs.padded(lddt_cap + 3, bond_cap + 5).tensors())
+    assert padded.lddt.n_pairs == lddt_cap + 3 and padded.bond.n_pairs == bond_cap + 5
+    ops_called = []
+
+    class Ops(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            ops_called.append(func.overloadpacket.__name__)
+            return func(*args, **(kwargs or {}))
+
+    with Ops():
+        out_p, g_p = _value_and_grad(lambda y: diffusion_loss(
+            y, gt_aug, sigma, f, cfg, 16.0, pairs=padded)["diffusion"].reshape(1), x)
+    assert "nonzero" not in ops_called and "index_add" in ops_called
+    assert rel_err(out_p, out) < 1e-12 and rel_err(g_p, g) < 1e-12
+
+
+def test_padded_pair_list_refuses_to_truncate():
+    _, x_gt, nuc, mask = _case()
+    pairs = lddt_pair_list(x_gt[:, 0], nuc, mask)
+    with pytest.raises(ValueError, match=f"{pairs.n_pairs} pairs, more than the capacity"):
+        pairs.padded(pairs.n_pairs - 1)
+    with pytest.raises(KeyError, match="pairs/lddt"):
+        LossPairs.from_tensors({})

@@ -8,6 +8,8 @@ Shapes: ``B`` batch, ``S`` diffusion samples, ``A`` atoms, ``N`` tokens.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 from torch import nn
 
@@ -19,11 +21,14 @@ from fold_model.af3.pair_loss import (
     bond_pair_list,
     lddt_pair_list,
     lddt_sum,
+    pair_capacity,
     pair_distances,
     smooth_lddt_sum,
 )
 
 __all__ = [
+    "LossPairs",
+    "loss_pair_lists",
     "atom_of_tokens",
     "diffusion_atom_weights",
     "weighted_mse_loss",
@@ -187,6 +192,65 @@ def distogram_loss(
     return (ce * pair).sum((-1, -2)) / pair.sum((-1, -2)).clamp_min(1.0)
 
 
+class LossPairs(NamedTuple):
+    """The atom pairs of the diffusion loss's smooth lDDT (``lddt``) and bond (``bond``; None
+    when the bond loss is off) terms: functions of the ground truth alone, so they can be built
+    before the step (:func:`loss_pair_lists`), e.g. outside a captured CUDA graph."""
+
+    lddt: PairList
+    bond: PairList | None
+
+    def padded(self, lddt_capacity: int, bond_capacity: int | None = None) -> LossPairs:
+        """Both lists at fixed lengths (:meth:`PairList.padded`)."""
+        bond = self.bond
+        if bond is not None:
+            bond = bond.padded(bond_capacity if bond_capacity is not None else bond.n_pairs)
+        return LossPairs(self.lddt.padded(lddt_capacity), bond)
+
+    def capacities(self, headroom: float = 1.25) -> tuple[int, int | None]:
+        """:func:`pair_capacity` of each list."""
+        return (pair_capacity(self.lddt.n_pairs, headroom),
+                None if self.bond is None else pair_capacity(self.bond.n_pairs, headroom, 256))
+
+    def tensors(self, prefix: str = "pairs") -> dict[str, torch.Tensor]:
+        """The lists as a flat dict (``{prefix}/lddt/batch`` ...), e.g. static graph inputs."""
+        out = {f"{prefix}/lddt/{k}": v for k, v in self.lddt._asdict().items()}
+        if self.bond is not None:
+            out.update({f"{prefix}/bond/{k}": v for k, v in self.bond._asdict().items()})
+        return out
+
+    @classmethod
+    def from_tensors(cls, d: dict[str, torch.Tensor], prefix: str = "pairs") -> LossPairs:
+        """Inverse of :meth:`tensors`."""
+        def one(name: str) -> PairList | None:
+            keys = [f"{prefix}/{name}/{k}" for k in PairList._fields]
+            return PairList(*(d[k] for k in keys)) if keys[0] in d else None
+
+        lddt = one("lddt")
+        if lddt is None:
+            raise KeyError(f"no {prefix}/lddt/* tensors in {sorted(d)}")
+        return cls(lddt, one("bond"))
+
+
+def _lddt_inputs(feats: dict[str, torch.Tensor], dtype: torch.dtype):
+    """Ground truth ``[B, 1, A, 3]`` in ``dtype``, nucleotide atoms and scored atoms ``[B, A]``."""
+    mask = feats["atom_mask"] * feats["atom_resolved"]  # [B, A]
+    tok = feats["atom_to_token"]
+    nucleotide = (atom_of_tokens(feats["is_dna"], tok) + atom_of_tokens(feats["is_rna"], tok)) > 0
+    return feats["atom_positions"].to(dtype)[:, None], nucleotide, mask
+
+
+def loss_pair_lists(feats: dict[str, torch.Tensor], cfg, dtype: torch.dtype = torch.float32
+                    ) -> LossPairs:
+    """The pair lists :func:`diffusion_loss` builds from ``feats`` (loss config ``cfg``; the
+    bond list only when ``cfg.bond_weight > 0``), for passing in as ``pairs``. ``dtype``: the
+    coordinates' (fp32, or fp64 in fp64 runs)."""
+    x_ref, nucleotide, mask = _lddt_inputs(feats, dtype)
+    lddt_pairs = lddt_pair_list(x_ref[:, 0], nucleotide, mask)
+    bond = bond_pair_list(feats, dtype) if cfg.bond_weight > 0 else None
+    return LossPairs(lddt_pairs, bond)
+
+
 def diffusion_loss(
     x_denoised: torch.Tensor,
     x_gt_aug: torch.Tensor,
@@ -194,6 +258,7 @@ def diffusion_loss(
     feats: dict[str, torch.Tensor],
     cfg,
     sigma_data: float,
+    pairs: LossPairs | None = None,
 ) -> dict[str, torch.Tensor]:
     """Eq. 6: ``EDM weight(sigma) (L_MSE + alpha_bond L_bond) + L_smooth_lddt``, mean over the
     samples and the batch. The EDM weight is ``(sigma^2 + sigma_data^2) / (sigma sigma_data)^2``
@@ -203,20 +268,21 @@ def diffusion_loss(
     The bond and smooth lDDT terms only need ground-truth distances, which the rigid augmentation
     leaves unchanged: they take them from ``feats["atom_positions"]`` in fp32 (one copy, sparse
     pair lists), not from the ``S`` augmented copies (which are fp32 too, also under autocast:
-    :mod:`fold_model.af3.diffusion`)."""
-    mask = feats["atom_mask"] * feats["atom_resolved"]  # [B, A]
+    :mod:`fold_model.af3.diffusion`).
+
+    ``pairs``: the pair lists of :func:`loss_pair_lists` (built here when None; given, e.g.
+    padded to a fixed length, the loss has no data-dependent shapes and no host sync)."""
+    x_ref, nucleotide, mask = _lddt_inputs(feats, _compute_dtype(x_denoised))
     weights = diffusion_atom_weights(feats, cfg).to(x_denoised.dtype)
     mse = weighted_mse_loss(x_denoised, x_gt_aug, weights, mask)  # [B, S]
     edm = (sigma.square() + sigma_data**2) / (sigma * sigma_data).square()
     structural = mse
-    x_ref = feats["atom_positions"].to(_compute_dtype(x_denoised))[:, None]  # [B, 1, A, 3]
     bond = torch.zeros_like(mse)
     if cfg.bond_weight > 0:
-        bond = bond_loss(x_denoised, x_ref, feats)
+        bond = bond_loss(x_denoised, x_ref, feats, None if pairs is None else pairs.bond)
         structural = mse + cfg.bond_weight * bond
-    tok = feats["atom_to_token"]
-    nucleotide = (atom_of_tokens(feats["is_dna"], tok) + atom_of_tokens(feats["is_rna"], tok)) > 0
-    smooth = smooth_lddt_loss(x_denoised, x_ref, nucleotide, mask)
+    smooth = smooth_lddt_loss(x_denoised, x_ref, nucleotide, mask,
+                              pairs=None if pairs is None else pairs.lddt)
     total = (edm * structural).mean() + cfg.smooth_lddt_weight * smooth.mean()
     return {"diffusion": total, "mse": mse.mean(), "bond": bond.mean(),
             "smooth_lddt": smooth.mean()}

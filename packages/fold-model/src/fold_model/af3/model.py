@@ -27,7 +27,7 @@ from fold_model.af3.diffusion import (
     sample_diffusion,
 )
 from fold_model.af3.embedders import InputFeatureEmbedder, RelativePositionEncoding
-from fold_model.af3.loss import diffusion_loss, distogram_loss
+from fold_model.af3.loss import LossPairs, diffusion_loss, distogram_loss
 from fold_model.af3.msa_module import MSAModule, msa_features
 from fold_model.af3.pairformer import PairformerStack, SubLayers
 from fold_model.af3.template import TemplateEmbedder
@@ -199,14 +199,17 @@ class AlphaFold3(nn.Module):
         return out
 
     def loss(
-        self, out: dict[str, torch.Tensor], feats: dict[str, torch.Tensor]
+        self, out: dict[str, torch.Tensor], feats: dict[str, torch.Tensor],
+        pairs: LossPairs | None = None,
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """``alpha_diffusion L_diffusion + alpha_distogram L_distogram + alpha_confidence
-        L_confidence`` (section 4) and the parts (detached)."""
+        L_confidence`` (section 4) and the parts (detached). ``pairs``: the diffusion loss's
+        atom-pair lists (:func:`~fold_model.af3.loss.loss_pair_lists`), built from ``feats``
+        when None."""
         cfg = self.config
         lc = cfg.loss
         parts = diffusion_loss(out["x_denoised"], out["x_gt_augmented"], out["sigma"], feats, lc,
-                               cfg.diffusion.sigma_data)
+                               cfg.diffusion.sigma_data, pairs)
         parts["distogram"] = distogram_loss(out["distogram_logits"], feats, lc.distogram_min_bin,
                                             lc.distogram_max_bin).mean()
         total = lc.diffusion_weight * parts["diffusion"] + lc.distogram_weight * parts["distogram"]

@@ -23,6 +23,7 @@ import torch
 __all__ = [
     "LDDT_THRESHOLDS",
     "PairList",
+    "pair_capacity",
     "lddt_pair_list",
     "bond_pair_list",
     "smooth_lddt_sum",
@@ -44,6 +45,31 @@ class PairList(NamedTuple):
     m: torch.Tensor
     weight: torch.Tensor
     count: torch.Tensor
+
+    @property
+    def n_pairs(self) -> int:
+        return self.batch.shape[0]
+
+    def padded(self, capacity: int) -> PairList:
+        """The same list with ``capacity`` entries: the pairs, then entries of weight 0 for
+        ``(batch 0, atom 0, atom 0)``, which add nothing to any sum (and no gradient: their
+        distances are 0). A list of fixed length lets a CUDA graph replay the losses for
+        any batch whose list fits. Raises ``ValueError`` when the list is longer."""
+        n = self.n_pairs
+        if n > capacity:
+            raise ValueError(f"pair list has {n} pairs, more than the capacity {capacity}")
+        pad = capacity - n
+
+        def ext(x: torch.Tensor) -> torch.Tensor:
+            return torch.cat([x, x.new_zeros(pad)])
+
+        return PairList(ext(self.batch), ext(self.l), ext(self.m), ext(self.weight), self.count)
+
+
+def pair_capacity(n_pairs: int, headroom: float = 1.25, quantum: int = 1 << 14) -> int:
+    """A fixed pair-list length for ``n_pairs`` pairs with ``headroom`` for later batches,
+    rounded up to a multiple of ``quantum`` (for :meth:`PairList.padded` under CUDA graphs)."""
+    return max(quantum, -(-int(n_pairs * headroom) // quantum) * quantum)
 
 
 def _compute_dtype(x: torch.Tensor) -> torch.dtype:
