@@ -93,6 +93,8 @@ import numpy as np
 import torch
 from fold_data.residue_constants import residue_atoms, restype_1to3, restypes
 from fold_model.af3 import AlphaFold3, config
+from fold_model.af3.loss import LossPairs, loss_pair_lists
+from fold_train.cuda_graphs import CudaGraphBackend, GraphedStep
 from fold_train.family import AF3Family
 from fold_train.optim import AdamConfig, FlatAdam, FlatParams, learning_rate
 from torch import nn
@@ -280,8 +282,10 @@ class Switches:
     backend: str = "torch"
     flat_adam: bool = False
     bf16_params: bool = False
+    lean_ckpt: bool = False
     ckpt_plan: bool = False
     gc_off: bool = False
+    graphs: bool = False
 
 
 ROWS: list[tuple[str, str, dict]] = [
@@ -289,8 +293,11 @@ ROWS: list[tuple[str, str, dict]] = [
     ("kernels", "+ fused kernels (Triton where supported)", {"backend": "auto"}),
     ("flat_adam", "+ flat buffers + fused Adam+EMA", {"flat_adam": True}),
     ("bf16", "+ bf16 weights of the stacks (fp32 master)", {"bf16_params": True}),
+    ("lean_ckpt", "+ whole-block checkpointing (trunk blocks, atom transformer blocks)",
+     {"lean_ckpt": True}),
     ("ckpt_plan", "+ checkpointing only where needed", {"ckpt_plan": True}),
     ("gc_off", "+ GC off", {"gc_off": True}),
+    ("graphs", "+ CUDA graphs (forward + losses + backward replayed)", {"graphs": True}),
 ]
 
 
@@ -358,6 +365,22 @@ def apply_ckpt_plan(model: nn.Module, n_pairformer: int, n_diffusion: int) -> No
                               for i, b in enumerate(plain))
 
 
+class _EagerReplay:
+    """CPU stand-in for CUDA graph capture (the smoke test): 'replay' runs the step's body
+    again and refreshes the outputs in place."""
+
+    def capture(self, fn, warmup_fn=None):
+        outputs = fn()
+
+        def replay() -> None:
+            fresh = fn()
+            with torch.no_grad():
+                for k, v in fresh.items():
+                    outputs[k].copy_(v)
+
+        return replay, outputs
+
+
 class Runner:
     """One configuration's model, optimizer and training iteration."""
 
@@ -370,6 +393,8 @@ class Runner:
             self.notes.append("kernels: torch reference on CPU")
         self.model = copy.deepcopy(base).to(device).train()
         m = self.model
+        if sw.lean_ckpt:
+            m.set_checkpointing(True, blocks=True, atoms=True)
         if sw.bf16_params:  # as fold-train's bf16_weights=true
             AF3Family(m.config).to_bf16_weights(m)
         self.cfg = m.config
@@ -386,6 +411,34 @@ class Runner:
             self.ema = [p.detach().clone() for p in self.params]
             self.n_updates = 0
         self.plan: dict[str, Any] | None = None
+        self.use_graphs = sw.graphs  # the crop probes turn it off (a probe asks: does it fit)
+        self.graphed: GraphedStep | None = None
+        if sw.graphs:
+            if not sw.flat_adam:
+                raise ValueError("the graphs row needs flat_adam (gradients at fixed addresses)")
+            backend = CudaGraphBackend(device, warmup=2) if cuda else _EagerReplay()
+            if not cuda:
+                self.notes.append("graphs: the captured body run eagerly on CPU")
+            self.graphed = GraphedStep(self._graph_body, backend)
+        self._pairs_of: tuple[int, LossPairs] | None = None
+
+    def _pairs(self, batch: dict[str, torch.Tensor]) -> LossPairs:
+        """The loss's pair lists of ``batch`` (built once per batch, before any capture)."""
+        if self._pairs_of is None or self._pairs_of[0] != id(batch):
+            self._pairs_of = (id(batch), loss_pair_lists(batch, self.cfg.loss))
+        return self._pairs_of[1]
+
+    def _graph_body(self, n_cycle: int) -> dict[str, torch.Tensor]:
+        """Forward + losses + backward on the static batch (captured, then replayed)."""
+        static = self.graphed.static_inputs
+        batch = {k: v for k, v in static.items() if not k.startswith("pairs/")}
+        self._zero_grad()
+        with torch.autocast(self.device.type, dtype=torch.bfloat16, cache_enabled=False):
+            out = self.model(batch, no_cycles=n_cycle)
+            loss, _ = self.model.loss(out, batch, LossPairs.from_tensors(static))
+        del out
+        loss.backward()
+        return {"loss": loss.detach()}
 
     def _zero_grad(self) -> None:
         if self.sw.flat_adam:
@@ -418,6 +471,16 @@ class Runner:
         """One training iteration; returns the loss. The RNG is reseeded with ``seed`` so every
         configuration draws the same noise, rotations and dropout."""
         torch.manual_seed(seed)
+        if self.use_graphs:
+            pairs = self._pairs(batch)
+            with _ops_backend(self.backend):
+                self.graphed.load({**batch, **pairs.padded(*pairs.capacities()).tensors()})
+                # replays draw from the default generator's seed and offset of the moment
+                value = self.graphed(n_cycle, before_replay=lambda: torch.manual_seed(seed))
+                self._update()
+            if self.sw.gc_off:
+                gc.collect(0)
+            return float(value["loss"])
         self._zero_grad()
         with _ops_backend(self.backend):
             with torch.autocast(self.device.type, dtype=torch.bfloat16):
@@ -531,6 +594,8 @@ def time_row(runner: Runner, batch: dict, sizes: dict, device: torch.device, war
             for attempt in range(3):
                 apply_ckpt_plan(runner.model, plan["no_ckpt_pairformer"],
                                 plan["no_ckpt_diffusion"])
+                if runner.graphed is not None:
+                    runner.graphed.reset()  # captured with the old checkpointing
                 failed = False
                 try:
                     loss = runner.step(batch, r, seed=0)
@@ -616,6 +681,9 @@ def crop_search(runner: Runner, sizes: dict, device: torch.device, deadline: flo
     probes: list[dict[str, Any]] = []
     if runner.sw.ckpt_plan:
         apply_ckpt_plan(runner.model, 0, 0)  # the memory-lean form: the preset's checkpointing
+    runner.use_graphs = False  # a probe only asks whether the step fits
+    if runner.graphed is not None:
+        runner.graphed.reset()
 
     def probe(n: int) -> bool:
         _free(device)
@@ -895,6 +963,80 @@ def run(device: torch.device, tiny: bool, reps: int, warmup: int, rows: list[str
     return result
 
 
+CROP_PATHS = {  # the configurations a --crop-only run can search
+    "eager": Switches(),
+    "eager_lean": Switches(lean_ckpt=True),  # eager with the optimized path's checkpointing
+    # every switch but ckpt_plan (no recompute where memory allows) and graphs (a probe asks
+    # whether one step fits, not how fast it is)
+    "optimized": Switches(backend="auto", flat_adam=True, bf16_params=True, lean_ckpt=True,
+                          gc_off=True),
+}
+
+
+def run_crops(device: torch.device, tiny: bool, paths: list[str], budget_s: float,
+              sizes: dict, out: Path | None, log: Callable[[str], None] = print) -> dict:
+    """Only the longest-crop searches, of ``paths`` (keys of :data:`CROP_PATHS`), the budget
+    split evenly."""
+    t_start = time.perf_counter()
+    if device.type == "cuda":
+        ensure_kernels(device)
+    preset = "tiny" if tiny else "af3"
+    torch.manual_seed(0)
+    base = AlphaFold3(config(preset, checkpoint=True))
+    result: dict[str, Any] = {**_versions(device), "preset": preset, "sizes": sizes,
+                              "budget_s": budget_s, "crop": {}}
+
+    def save() -> None:
+        e, o = result["crop"].get("eager", {}), result["crop"].get("optimized", {})
+        if e.get("longest") and o.get("longest"):
+            result["crop_ratio"] = o["longest"] / e["longest"]
+        if out is not None:
+            _write_atomic(out, json.dumps(result, indent=2))
+            _write_atomic(out.with_suffix(".md"), crop_markdown(result))
+
+    for i, name in enumerate(paths):
+        runner = Runner(CROP_PATHS[name], base, device)
+        deadline = t_start + budget_s * (i + 1) / len(paths)
+        try:
+            res = crop_search(runner, sizes, device, deadline,
+                              lambda p, name=name: log(json.dumps({"probe": name, **p})))
+        except Exception as e:
+            res = {"longest": None, "error": f"{type(e).__name__}: {e}"[:500], "probes": []}
+        res["switches"] = dataclasses.asdict(runner.sw)
+        result["crop"][name] = res
+        save()
+        runner.release()
+        del runner
+        _free(device)
+    result["total_s"] = time.perf_counter() - t_start
+    save()
+    return result
+
+
+def crop_markdown(result: dict) -> str:
+    lines = ["# AF3: the longest trainable crop on one GPU", "",
+             f"Device: {result['device']}, PyTorch {result['torch']}, Triton {result['triton']}, "
+             f"{result['date']}. Preset `{result['preset']}`, N_atom = 12 N_token, one trunk "
+             "pass, 48 diffusion samples; a probe is one training iteration (forward, losses, "
+             "backward, optimizer step) after freeing the cache.", "",
+             "| path | switches | longest N_token | first failing | complete | probes "
+             "(N_token: fit?) |", "|---|---|---|---|---|---|"]
+    for name, c in result["crop"].items():
+        sw = ", ".join(k for k, v in c.get("switches", {}).items()
+                       if v and k != "backend") or "-"
+        sw = f"backend {c.get('switches', {}).get('backend', '?')}; {sw}"
+        probes = ", ".join(f"{p['n_token']}:{'y' if p['fits'] else 'n'}" for p in c["probes"])
+        done = ("capped at --max-tokens" if c.get("capped") else
+                "yes" if c.get("complete") else "no (budget)")
+        longest = "-" if c.get("longest") is None else c["longest"]
+        first = "-" if c.get("first_fail") is None else c["first_fail"]
+        lines.append(f"| {name} | {sw} | {longest} | {first} | {done} | {probes} |")
+    if "crop_ratio" in result:
+        lines += ["", f"Optimized / eager: **{result['crop_ratio']:.2f}x** (goal "
+                  f"{GOALS['crop_ratio']}x, MegaFold {MEGAFOLD['crop_ratio']}x)."]
+    return "\n".join(lines) + "\n"
+
+
 def _schema_check(batch: dict[str, torch.Tensor], sizes: dict) -> bool:
     """Validate the batch against fold-data's AF3 SAMPLE_FEATURES where fold-data's AF3 package
     imports (it needs RDKit); False where it cannot be checked, raises where it is wrong."""
@@ -922,6 +1064,9 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--n-token", type=int, default=None, help="crop size of the timed rows")
     parser.add_argument("--cycles", type=int, default=None, help="trunk passes per timed step")
     parser.add_argument("--no-crop", action="store_true", help="skip the longest-crop searches")
+    parser.add_argument("--crop-only", default=None,
+                        help="only crop searches, of these comma-separated paths: "
+                             + ", ".join(CROP_PATHS))
     parser.add_argument("--crop-start", type=int, default=None)
     parser.add_argument("--crop-resolution", type=int, default=None)
     parser.add_argument("--max-tokens", type=int, default=None, help="largest crop probed")
@@ -942,6 +1087,14 @@ def main(argv: list[str] | None = None) -> dict:
             sizes[key] = getattr(args, key)
     if args.out is not None:
         args.out.parent.mkdir(parents=True, exist_ok=True)
+    if args.crop_only:
+        paths = [p.strip() for p in args.crop_only.split(",") if p.strip()]
+        unknown = sorted(set(paths) - set(CROP_PATHS))
+        if unknown:
+            raise SystemExit(f"train_af3: unknown crop paths {unknown}")
+        result = run_crops(device, args.tiny, paths, args.budget_seconds, sizes, args.out)
+        print(crop_markdown(result))
+        return result
     result = run(device, args.tiny, args.reps, args.warmup, rows, args.budget_seconds, sizes,
                  args.out, crop=not args.no_crop)
     print(to_markdown(result))

@@ -92,11 +92,14 @@ def test_cpu_smoke(bench, tmp_path):
     # the same training iteration (same seeds): fp32-weight rows agree, bf16 weights stay close
     fp32 = [rows[k]["loss"] for k in ("eager", "kernels", "flat_adam")]
     assert max(fp32) - min(fp32) < 1e-4 * abs(fp32[0])
-    for k in ("bf16", "ckpt_plan", "gc_off"):
+    for k in ("bf16", "lean_ckpt", "ckpt_plan", "gc_off", "graphs"):
         assert rows[k]["loss"] == pytest.approx(fp32[0], rel=1e-2)
+    # the graph body (static batch, padded pair lists) computes the eager step's loss
+    assert rows["graphs"]["loss"] == pytest.approx(rows["gc_off"]["loss"], rel=1e-5)
+    assert "run eagerly on CPU" in rows["graphs"]["note"]
     plan = rows["ckpt_plan"]["ckpt_plan"]
     assert plan["pairformer_block_mib"] > 0 and plan["diffusion_block_mib"] > 0
-    assert result["optimized_row"] == "gc_off" and "schema-checked" in result["batch"]
+    assert result["optimized_row"] == "graphs" and "schema-checked" in result["batch"]
     for name in ("eager", "optimized"):
         crop = result["crop"][name]
         assert crop["longest"] == 32 and all(p["fits"] for p in crop["probes"])
@@ -106,3 +109,18 @@ def test_cpu_smoke(bench, tmp_path):
     assert saved["rows"] == json.loads(json.dumps(result["rows"]))
     md = out.with_suffix(".md").read_text()
     assert "| eager (torch ops" in md and "## Against the goals" in md and "MegaFold" in md
+
+
+def test_crop_only_searches_the_named_paths(bench, tmp_path):
+    out = tmp_path / "crop.json"
+    result = bench.main(["--device", "cpu", "--tiny", "--max-tokens", "32", "--out", str(out),
+                         "--crop-only", "eager,eager_lean,optimized"])
+    assert list(result["crop"]) == ["eager", "eager_lean", "optimized"]
+    assert result["crop"]["eager_lean"]["switches"]["lean_ckpt"] is True
+    assert result["crop"]["optimized"]["switches"]["graphs"] is False  # probes: does it fit
+    for crop in result["crop"].values():
+        assert crop["longest"] == 32 and all(math.isfinite(p["loss"]) for p in crop["probes"])
+    assert result["crop_ratio"] == 1.0
+    assert "| eager_lean | backend torch; lean_ckpt | 32 |" in out.with_suffix(".md").read_text()
+    with pytest.raises(SystemExit, match="unknown crop paths"):
+        bench.main(["--device", "cpu", "--tiny", "--crop-only", "fastest"])

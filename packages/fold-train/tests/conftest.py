@@ -23,6 +23,19 @@ def demo_cache(tmp_path_factory) -> tuple[str, list[tuple[str, str]]]:
     return str(cache), chains
 
 
+@pytest.fixture(scope="session")
+def af3_cache_entries(tmp_path_factory) -> tuple[str, list[tuple[str, str]]]:
+    """``(cache dir, [(entry, key)])`` of the bundled 3O5R (built with the bundled CCD)."""
+    from _af3_helpers import AF3_DEMO, CCD, needs_af3_demo
+
+    needs_af3_demo()
+    from fold_data.af3 import Ccd
+    from fold_train.af3_data import open_af3_cache
+
+    cache = tmp_path_factory.mktemp("af3_cache")
+    return str(cache), open_af3_cache(AF3_DEMO, cache, ccd=Ccd([CCD], use_biotite=False))
+
+
 def pytest_configure(config):
     # also registered by the repository's conftest.py, which pytest may not load from here
     config.addinivalue_line("markers", "distributed: starts several processes (torch.distributed)")

@@ -24,17 +24,6 @@ pytestmark = pytest.mark.distributed
 SMALL = ["data.n_token=40", "data.n_atom=128", "data.n_msa=8", "steps=1", "loader_workers=0"]
 
 
-@pytest.fixture(scope="module")
-def af3_cache_entries(tmp_path_factory) -> tuple[str, list[tuple[str, str]]]:
-    """``(cache dir, [(entry, key)])`` of the bundled 3O5R (built with the bundled CCD)."""
-    from fold_data.af3 import Ccd
-    from fold_train.af3_data import open_af3_cache
-
-    needs_af3_demo()
-    cache = tmp_path_factory.mktemp("af3_cache")
-    return str(cache), open_af3_cache(AF3_DEMO, cache, ccd=Ccd([CCD], use_biotite=False))
-
-
 def _config(*extra: str):
     return apply_overrides(preset("af3_tiny"), [*NO_DROPOUT, *SMALL, *extra])
 

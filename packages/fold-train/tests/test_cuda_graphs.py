@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from _af3_helpers import NO_DROPOUT as AF3_NO_DROPOUT
 from _train_helpers import NO_DROPOUT, SMALL
 from fold_train.config import apply_overrides, preset
 from fold_train.cuda_graphs import CudaGraphBackend, CudaGraphError, GraphedStep, host_syncs
@@ -153,6 +154,62 @@ def test_training_step_has_no_host_synchronization(demo_cache, tmp_path):
     x = torch.randn(6)
     found = host_syncs(lambda: (x.sum().item(), x[x > 0], torch.nonzero(x), x.new_tensor([1.0])))
     assert "_local_scalar_dense" in found and "nonzero" in found and "lift_fresh" in found
+
+
+# -- AF3 ------------------------------------------------------------------------------------------
+
+# The distributed tests' small crops: a tiny AF3 step is about a second on one core.
+AF3_SMALL = ["data.n_token=40", "data.n_atom=128", "data.n_msa=8", "loader_workers=0"]
+
+
+def _af3_trainer(af3_cache_entries, run_dir, extra, dropout=False, **kw) -> Trainer:
+    cache_dir, entries = af3_cache_entries
+    cfg = apply_overrides(preset("af3_tiny"), [*AF3_SMALL, *([] if dropout else AF3_NO_DROPOUT),
+                                               *extra])
+    stream = SampleStream(cache_dir, entries, cfg.data_preset(), seed=cfg.seed, workers=0,
+                          family="af3")
+    return Trainer(cfg, run_dir, stream, progress=False, **kw)
+
+
+def test_af3_training_step_has_no_host_synchronization(af3_cache_entries, tmp_path):
+    """With the loss's pair lists built beforehand and padded (as the captured step gets
+    them), the AF3 forward + loss + backward never reads a device value on the host (dropout
+    and the mini-rollout included); the lists built inside the loss would (nonzero)."""
+    trainer = _af3_trainer(af3_cache_entries, tmp_path, ["steps=1"], dropout=True)
+    batch, _ = next(iter(trainer.stream.batches(1)))
+    pairs = trainer.family.loss_inputs(batch)
+    pairs = pairs.padded(*pairs.capacities())
+    trainer._noise_gen.manual_seed(1)
+    trainer._forward_backward(batch, 2, pairs=pairs)  # constant tables cached on first use
+    assert host_syncs(lambda: trainer._forward_backward(batch, 2, pairs=pairs)) == []
+    assert "nonzero" in host_syncs(lambda: trainer._forward_backward(batch, 2))
+
+
+def test_af3_trainer_with_captured_steps_equals_eager(af3_cache_entries, tmp_path, capsys):
+    """AF3 through the graphed path (static batch and padded pair lists, the noise generator
+    reseeded before each replay) trains like the eager one; pair lists that outgrow the
+    captured capacity make it capture again instead of truncating them. No dropout: the fake
+    capture runs the step eagerly several times, each drawing from the global generator."""
+    eager = _af3_trainer(af3_cache_entries, tmp_path / "eager", ["steps=3"])
+    backend = FakeCapture()
+    graphed = _af3_trainer(af3_cache_entries, tmp_path / "graphed",
+                           ["steps=3", "cuda_graphs=true"], graph_backend=backend)
+    a = eager.fit()
+    b = graphed.fit(stop_at=2)
+    static = graphed._graphed.static_inputs
+    assert {"loss_pairs/lddt/l", "loss_pairs/lddt/weight", "token_mask"} <= set(static)
+    captures = backend.captures
+    graphed._pair_caps = (16, None)  # as if the next batch had more pairs than captured
+    b += graphed.fit()
+    assert "outgrew the captured capacities (16, None); capturing the step again" in \
+        capsys.readouterr().out
+    assert backend.captures == captures + 1 and graphed._pair_caps[0] > 16
+    assert len(b) == 3 and [r["n_cycle"] for r in a] == [r["n_cycle"] for r in b]
+    for ra, rb in zip(a, b):
+        for key in ("loss", "diffusion", "smooth_lddt", "distogram", "confidence", "grad_norm"):
+            assert rb[key] == pytest.approx(ra[key], rel=1e-5, abs=1e-7), key
+    torch.testing.assert_close(graphed.flat.groups[0].param, eager.flat.groups[0].param,
+                               rtol=1e-5, atol=1e-6)
 
 
 # -- on a GPU (nox -s gpu) ---------------------------------------------------------------------

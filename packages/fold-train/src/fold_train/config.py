@@ -112,7 +112,6 @@ class TrainConfig:
                 raise ConfigError(f"AF3 preset {self.preset!r} unknown; AF3 presets are "
                                   f"{sorted(AF3_PRESETS)}")
             unsupported = [n for n, bad in (("bp", self.bp > 1),
-                                            ("cuda_graphs", self.cuda_graphs),
                                             ("compile_structure_module",
                                              self.compile_structure_module)) if bad]
             if unsupported:

@@ -114,6 +114,8 @@ class CudaGraphBackend:
         try:
             with torch.cuda.graph(graph, pool=self.pool):
                 outputs = fn()
+        except torch.cuda.OutOfMemoryError:
+            raise  # the step does not fit: not a capture problem
         except RuntimeError as e:
             raise CudaGraphError(
                 f"capturing the training step failed: {e}. A captured step must not synchronize "
@@ -123,6 +125,12 @@ class CudaGraphBackend:
                 "activation_checkpointing=false)") from e
         self.graphs.append(graph)
         return graph.replay, outputs
+
+    def reset(self) -> None:
+        """Drop every captured graph (their memory returns to PyTorch's caching allocator) and
+        start a new pool."""
+        self.graphs.clear()
+        self.pool = torch.cuda.graph_pool_handle()
 
 
 class GraphedStep:
@@ -148,6 +156,15 @@ class GraphedStep:
         """The recycling counts with a captured graph, in capture order."""
         return list(self._graphs)
 
+    def reset(self) -> None:
+        """Forget the captured graphs and the static inputs (the next :meth:`load` may have
+        other shapes; graphs are captured again, the first after a warm-up)."""
+        self._graphs.clear()
+        self.static_inputs = {}
+        reset = getattr(self.backend, "reset", None)
+        if reset is not None:
+            reset()
+
     @torch.no_grad()
     def load(self, batch: dict[str, torch.Tensor]) -> None:
         """Copy ``batch`` into the static input buffers (allocated from the first batch, on its
@@ -169,9 +186,12 @@ class GraphedStep:
                     "shapes (the same data.n_res, n_clust, n_extra, n_templ and batch size)")
             dst.copy_(v, non_blocking=True)
 
-    def __call__(self, n_cycle: int, warmup_n_cycle: int | None = None) -> StepOutputs:
+    def __call__(self, n_cycle: int, warmup_n_cycle: int | None = None,
+                 before_replay: Callable[[], object] | None = None) -> StepOutputs:
         """Run the step for ``n_cycle`` passes; returns copies of its outputs (they must survive
-        the replay of another graph of the shared pool).
+        the replay of another graph of the shared pool). ``before_replay`` runs right before
+        the replay, after any capture (e.g. reseeding a generator that the warm-up and the
+        capture advanced).
 
         Only the first capture is preceded by eager warm-up steps, of ``warmup_n_cycle`` passes
         (the largest count that will be drawn; default ``n_cycle``): they run every kernel
@@ -190,6 +210,8 @@ class GraphedStep:
             replay, outputs = self.backend.capture(lambda: self.body(n_cycle), warmup_fn=warm)
             self._graphs[n_cycle] = (replay, outputs)
         replay, outputs = self._graphs[n_cycle]
+        if before_replay is not None:
+            before_replay()
         replay()  # capturing does not run the work: replay also right after the capture
         self.replays += 1
         return {k: v.detach().clone() for k, v in outputs.items()}

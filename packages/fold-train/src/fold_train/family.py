@@ -95,8 +95,8 @@ class _AF3Loss(torch.nn.Module):
         super().__init__()
         self._model = [model]  # not a submodule: its parameters belong to the model
 
-    def forward(self, out, batch):
-        return self._model[0].loss(out, batch)
+    def forward(self, out, batch, pairs=None):
+        return self._model[0].loss(out, batch, pairs)
 
 
 class AF3Family:
@@ -129,9 +129,16 @@ class AF3Family:
     def n_cycle_max(self, batch: dict[str, torch.Tensor]) -> int:
         return int(self.model_config.no_cycles)
 
-    def forward_loss(self, model, loss_fn, batch, n_cycle: int, generator=None):
+    def loss_inputs(self, batch: dict[str, torch.Tensor]):
+        """The loss's atom-pair lists (``fold_model.af3.loss.LossPairs``): functions of the
+        ground truth, built before a captured step (their length depends on the data)."""
+        from fold_model.af3.loss import loss_pair_lists
+
+        return loss_pair_lists(batch, self.model_config.loss)
+
+    def forward_loss(self, model, loss_fn, batch, n_cycle: int, generator=None, pairs=None):
         out = model(batch, no_cycles=n_cycle, generator=generator)
-        loss, parts = loss_fn(out, batch)
+        loss, parts = loss_fn(out, batch, pairs)
         terms = {k: v for k, v in parts.items() if k != "loss"}
         terms["loss"] = loss
         return loss, terms, {}

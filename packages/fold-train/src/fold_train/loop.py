@@ -128,6 +128,9 @@ def evaluate_model(
     return result
 
 
+_PAIRS = "loss_pairs"  # prefix of the AF3 loss's pair lists among the static graph inputs
+
+
 def _autocast(device: torch.device, precision: str, *, cache: bool = True):
     """bf16 autocast for ``precision="bf16"``. ``cache=False`` under CUDA Graphs: the autocast
     cache of cast weights is cleared when the context exits, so a captured graph must not read
@@ -174,12 +177,17 @@ class Trainer:
         self.loss_fn = self.family.make_loss(self.model, self.model_config)
         self.flat = FlatParams(self.model)
         self.opt = FlatAdam(self.flat, cfg.optim, use_kernels=cfg.use_kernels)
+        # AF3: the diffusion noise's generator, reseeded every step (noise_seed); one object, so
+        # that captured steps can register it and draw fresh noise on every replay.
+        self._noise_gen = torch.Generator(self.device) if self.family.seeded_noise else None
+        self._pair_caps: tuple | None = None  # AF3 under CUDA graphs: the pair-list lengths
         self._graphed: GraphedStep | None = None
         if cfg.cuda_graphs:
             if cfg.dap > 1 or cfg.bp > 1:
                 raise ConfigError("cuda_graphs=true with dap/bp > 1 is not supported: the DAP/BP "
                                   "collectives inside the step are not captured")
-            backend = graph_backend or CudaGraphBackend(self.device)
+            backend = graph_backend or CudaGraphBackend(
+                self.device, generators=[self._noise_gen] if self._noise_gen is not None else [])
             self._graphed = GraphedStep(self._graph_body, backend)
         elif graph_backend is not None:
             raise ValueError("graph_backend given but cfg.cuda_graphs is false")
@@ -200,11 +208,19 @@ class Trainer:
         self.model.train()
         n_cycle = draw_n_cycle(cfg.seed, self.step, self.family.n_cycle_max(batch))
         batch = _to_device(batch, self.device)
+        reseed = None
+        if self._noise_gen is not None:
+            seed = noise_seed(cfg.seed, self.step, self.ctx.dp_rank)
+            reseed = lambda: self._noise_gen.manual_seed(seed)  # noqa: E731
+            reseed()
         if self._graphed is not None:
-            self._graphed.load(batch)
-            outs = self._graphed(n_cycle, warmup_n_cycle=self.family.n_cycle_max(batch))
+            self._graphed.load({**batch, **self._static_loss_inputs(batch)})
+            # a registered generator's replay starts at its seed and offset of the moment, so
+            # reseeding first replays the eager step's noise (warm-up and capture advance it)
+            outs = self._graphed(n_cycle, warmup_n_cycle=self.family.n_cycle_max(batch),
+                                 before_replay=reseed)
             loss = outs["loss"]
-            aux = {"final_atom_positions": outs["final_atom_positions"]}
+            aux = {k.removeprefix("aux/"): v for k, v in outs.items() if k.startswith("aux/")}
             terms = {k.removeprefix("term/"): v for k, v in outs.items() if k.startswith("term/")}
         else:
             loss, terms, aux = self._forward_backward(batch, n_cycle)
@@ -242,15 +258,17 @@ class Trainer:
 
     def _forward_backward(
         self, batch: dict[str, torch.Tensor], n_cycle: int, *, autocast_cache: bool = True,
+        pairs=None,
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor], dict[str, torch.Tensor]]:
         """Zero the flat gradient, forward with ``n_cycle`` passes, the family's loss (AF2: on
         the last pass's truth), backward. Returns ``(loss, loss terms, aux)`` (detached; AF2's
         aux: ``final_atom_positions [B, N_res, 37, 3]``)."""
         self.flat.zero_grad()
         kwargs = {}
-        if self.family.seeded_noise:  # AF3: the step's diffusion noise from its own generator
-            kwargs["generator"] = torch.Generator(self.device).manual_seed(
-                noise_seed(self.cfg.seed, self.step, self.ctx.dp_rank))
+        if self._noise_gen is not None:  # AF3: the step's diffusion noise (seeded by train_step)
+            kwargs["generator"] = self._noise_gen
+        if pairs is not None:
+            kwargs["pairs"] = pairs
         with _autocast(self.device, self.cfg.precision, cache=autocast_cache):
             loss, terms, aux = self.family.forward_loss(self.model, self.loss_fn, batch, n_cycle,
                                                         **kwargs)
@@ -259,12 +277,43 @@ class Trainer:
         return loss.detach(), terms, aux
 
     def _graph_body(self, n_cycle: int) -> dict[str, torch.Tensor]:
-        """The captured work of a step: :meth:`_forward_backward` on the static batch."""
+        """The captured work of a step: :meth:`_forward_backward` on the static batch (AF3:
+        with the static, padded pair lists of the loss)."""
         assert self._graphed is not None
-        loss, terms, aux = self._forward_backward(
-            self._graphed.static_inputs, n_cycle, autocast_cache=False)
-        return {"loss": loss, "final_atom_positions": aux["final_atom_positions"],
+        static = self._graphed.static_inputs
+        batch = {k: v for k, v in static.items() if not k.startswith(_PAIRS + "/")}
+        pairs = None
+        if len(batch) < len(static):
+            from fold_model.af3.loss import LossPairs
+
+            pairs = LossPairs.from_tensors(static, _PAIRS)
+        loss, terms, aux = self._forward_backward(batch, n_cycle, autocast_cache=False,
+                                                  pairs=pairs)
+        return {"loss": loss, **{f"aux/{k}": v for k, v in aux.items()},
                 **{f"term/{k}": v for k, v in terms.items()}}
+
+    def _static_loss_inputs(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """AF3 under CUDA graphs: the loss's atom-pair lists (data-dependent lengths), built
+        outside the graph and padded to fixed capacities, as static inputs. A batch whose lists
+        outgrow the capacities drops the captured graphs: they are captured again for larger
+        ones (with 25% headroom, so this is rare)."""
+        loss_inputs = getattr(self.family, "loss_inputs", None)
+        if loss_inputs is None:
+            return {}
+        assert self._graphed is not None
+        pairs = loss_inputs(batch)
+        need = pairs.capacities()
+        if self._pair_caps is None or any(n is not None and n > c
+                                          for n, c in zip(need, self._pair_caps)):
+            if self._pair_caps is not None:
+                print(f"fold-train: step {self.step + 1}: the loss's pair lists "
+                      f"({pairs.lddt.n_pairs} lDDT pairs) outgrew the captured capacities "
+                      f"{self._pair_caps}; capturing the step again")
+                self._graphed.reset()
+                need = tuple(None if n is None else max(n, c)
+                             for n, c in zip(need, self._pair_caps))
+            self._pair_caps = need
+        return pairs.padded(*self._pair_caps).tensors(_PAIRS)
 
     # -- the run --------------------------------------------------------------------------------
     def fit(self, *, stop_at: int | None = None) -> list[dict[str, Any]]:

@@ -135,8 +135,10 @@ def token_frame_atoms(feats: dict[str, torch.Tensor], x_gt: torch.Tensor
     frame = torch.stack([center - 1, center, center + 1], -1).clamp(0, A - 1)  # amino acids
     # Nucleotides: find C1', C3', C4' among each token's atoms.
     names = feats["ref_atom_name_chars"].long()  # [B, A, 4]
+    # Compared character by character with Python ints: no host-to-device copy (a step
+    # captured in a CUDA graph cannot make one).
     nuc = torch.stack([
-        (names == torch.tensor(code, device=names.device)).all(-1)
+        torch.stack([names[..., k] == c for k, c in enumerate(code)], -1).all(-1)
         for code in _name_codes(_NUCLEOTIDE_FRAME)
     ], -1)  # [B, A, 3]
     ar = torch.arange(A, device=names.device)[None, :, None].expand(B, A, 3)

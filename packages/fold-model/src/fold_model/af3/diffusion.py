@@ -281,12 +281,12 @@ def sample_diffusion(
     (its output is cast back to the coordinate dtype)."""
     B, A = atom_mask.shape
     dtype, device = coordinate_dtype(torch.get_default_dtype()), atom_mask.device
-    c = noise_schedule(cfg, sigma_data, no_steps, torch.float64)
+    c = noise_schedule(cfg, sigma_data, no_steps, torch.float64).tolist()  # host floats
     with _exact(device):
-        x = c[0].item() * torch.randn(B, no_samples, A, 3, generator=generator,
+        x = c[0] * torch.randn(B, no_samples, A, 3, generator=generator,
                                       dtype=torch.float64, device=device).to(dtype)
         w = atom_mask.to(dtype)[:, None, :, None]
-    for prev, cur in zip(c[:-1].tolist(), c[1:].tolist()):
+    for prev, cur in zip(c[:-1], c[1:]):
         with _exact(device):
             if augment is None:
                 x = centre_random_augmentation(x, atom_mask, s_trans, generator)
