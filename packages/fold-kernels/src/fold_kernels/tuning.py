@@ -212,6 +212,10 @@ def _save_disk() -> None:
         pass
 
 
+def _capturing() -> bool:
+    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+
+
 def pick(kernel: str, key: tuple, candidates: Sequence[Config],
          launch: Callable[[Config], None]) -> Config:
     """The fastest of ``candidates`` for ``key``; ``launch(cfg)`` runs the kernel once.
@@ -230,6 +234,10 @@ def pick(kernel: str, key: tuple, candidates: Sequence[Config],
         if full_key in _MEMORY and _MEMORY[full_key] in candidates:
             _PICKED[(kernel, name, key)] = _MEMORY[full_key]
             return _MEMORY[full_key]
+    if _capturing():
+        # Timing launches synchronizes, which invalidates a CUDA graph capture (and the error
+        # would surface later, far from here): take the default, without caching it.
+        return candidates[0]
     from triton.testing import do_bench
 
     best, best_ms = candidates[0], float("inf")
