@@ -64,3 +64,19 @@ def test_env_var_cache_sees_monkeypatch(monkeypatch):
     assert tuning._AUTOTUNE.get()  # unset: autotuning on (the default)
     monkeypatch.setenv("FOLD_KERNELS_AUTOTUNE", "0")
     assert not tuning._AUTOTUNE.get()
+
+
+def test_no_timing_while_a_cuda_graph_is_captured(tmp_path, monkeypatch):
+    """Timing synchronizes, which would invalidate a capture far from the cause: during a
+    capture an untuned key takes the default configuration and is not cached."""
+    monkeypatch.setenv("FOLD_KERNELS_CACHE", str(tmp_path / "tuning.json"))
+    monkeypatch.setenv("FOLD_KERNELS_AUTOTUNE", "1")
+    monkeypatch.setattr(tuning, "_MEMORY", {})
+    monkeypatch.setattr(tuning, "_PICKED", {})
+    monkeypatch.setattr(tuning, "_DISK_LOADED", False)
+    monkeypatch.setattr(tuning, "arch", lambda device=None: "sm90")
+    monkeypatch.setattr(tuning, "_capturing", lambda: True)
+    monkeypatch.setattr(triton.testing, "do_bench", lambda *a, **k: pytest.fail("timed"))
+    cands = [tuning.Config(64, 64), tuning.Config(32, 32)]
+    assert tuning.pick("k", (7,), cands, lambda cfg: pytest.fail("launched")) == cands[0]
+    assert tuning._MEMORY == {} and tuning._PICKED == {}
