@@ -36,7 +36,8 @@ def test_af3_presets_follow_the_supplement():
                                                 "data.n_token=40", "max_recycling_iters=0"])
     assert tiny.model_config().pairformer.no_blocks == 1 and tiny.model_config().c_z == 16
     assert tiny.model_config().no_cycles == 1 and tiny.data_preset().n_token == 40
-    for bad in (["bp=2"], ["cuda_graphs=true"], ["family=af2"], ["data.p_spatial=0.5"],
+    assert apply_overrides(preset("af3_tiny"), ["cuda_graphs=true"]).cuda_graphs  # AF3 too
+    for bad in (["bp=2"], ["family=af2"], ["data.p_spatial=0.5"],
                 ["model.pairformer.no_such_field=1"]):
         with pytest.raises(ConfigError):
             apply_overrides(preset("af3_tiny"), bad)
