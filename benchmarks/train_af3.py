@@ -43,7 +43,7 @@ ckpt_plan   checkpointing only where needed: the peak of a fully checkpointed st
 gc_off      Python garbage collection off during steps
 graphs      forward + losses + backward captured in one CUDA graph per N_cycle (fold-train's
             GraphedStep) and replayed; the loss's pair lists built before the step and padded;
-            without ckpt_plan (a capture after the plan changed the checkpointing failed)
+            without ckpt_plan (see ROWS)
 ==========  ===========================================================================
 
 "optimized" is the last row that ran. Reported per row: median step ms over ``--reps`` after
@@ -303,8 +303,9 @@ ROWS: list[tuple[str, str, dict]] = [
      {"lean_ckpt": True}),
     ("ckpt_plan", "+ checkpointing only where needed", {"ckpt_plan": True}),
     ("gc_off", "+ GC off", {"gc_off": True}),
-    # without ckpt_plan: capturing again after the plan changed the checkpointing failed on the
-    # H100 (cudaErrorStreamCaptureImplicit); the graphed step keeps whole-block checkpointing
+    # without ckpt_plan (whose change of checkpointing forces a second capture): captures in this
+    # loop failed on the H100 until it was dropped and GC off moved after the capturing steps;
+    # the graphed step keeps whole-block checkpointing
     ("graphs", "+ CUDA graphs (forward + losses + backward replayed), full lean checkpointing",
      {"graphs": True, "ckpt_plan": False}),
 ]
@@ -617,9 +618,10 @@ def time_row(runner: Runner, batch: dict, sizes: dict, device: torch.device, war
                 plan["no_ckpt_diffusion"] //= 2
                 plan["oom_retries"] = attempt + 1
             runner.plan = plan
-        # GC off only now: the graphs row captures in the steps above, and a capture with GC
-        # off failed on the H100 (cudaErrorStreamCaptureInvalidated) where one with GC on did
-        # not; the timed steps below are what the switch is about.
+        # GC off only now, after the graphs row's capturing steps above: on the H100 its
+        # captures failed (cudaErrorStreamCaptureInvalidated) until this moved here and the row
+        # dropped ckpt_plan (which change mattered is not isolated); the timed steps below are
+        # what the switch is about.
         if runner.sw.gc_off:
             gc.disable()
         for _ in range(max(warmup - 1, 0)):
