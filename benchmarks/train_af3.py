@@ -100,7 +100,7 @@ import torch
 from fold_data.residue_constants import residue_atoms, restype_1to3, restypes
 from fold_model.af3 import AlphaFold3, config
 from fold_model.af3.loss import LossPairs, loss_pair_lists
-from fold_train.cuda_graphs import CudaGraphBackend, GraphedStep
+from fold_train.cuda_graphs import CudaGraphBackend, EagerCapture, GraphedStep
 from fold_train.family import AF3Family
 from fold_train.optim import AdamConfig, FlatAdam, FlatParams, learning_rate
 from torch import nn
@@ -375,22 +375,6 @@ def apply_ckpt_plan(model: nn.Module, n_pairformer: int, n_diffusion: int) -> No
                               for i, b in enumerate(plain))
 
 
-class _EagerReplay:
-    """CPU stand-in for CUDA graph capture (the smoke test): 'replay' runs the step's body
-    again and refreshes the outputs in place."""
-
-    def capture(self, fn, warmup_fn=None):
-        outputs = fn()
-
-        def replay() -> None:
-            fresh = fn()
-            with torch.no_grad():
-                for k, v in fresh.items():
-                    outputs[k].copy_(v)
-
-        return replay, outputs
-
-
 class Runner:
     """One configuration's model, optimizer and training iteration."""
 
@@ -426,26 +410,27 @@ class Runner:
         if sw.graphs:
             if not sw.flat_adam:
                 raise ValueError("the graphs row needs flat_adam (gradients at fixed addresses)")
-            backend = CudaGraphBackend(device, warmup=2) if cuda else _EagerReplay()
+            backend = CudaGraphBackend(device, warmup=2) if cuda else EagerCapture()
             if not cuda:
                 self.notes.append("graphs: the captured body run eagerly on CPU")
             self.graphed = GraphedStep(self._graph_body, backend)
-        self._pairs_of: tuple[int, LossPairs] | None = None
+        self._pairs_of: tuple[dict, dict[str, torch.Tensor]] | None = None
 
-    def _pairs(self, batch: dict[str, torch.Tensor]) -> LossPairs:
-        """The loss's pair lists of ``batch`` (built once per batch, before any capture)."""
-        if self._pairs_of is None or self._pairs_of[0] != id(batch):
-            self._pairs_of = (id(batch), loss_pair_lists(batch, self.cfg.loss))
+    def _static_pairs(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """The loss's pair lists of ``batch``, padded, as static inputs: built once per batch
+        (outside the timed replays and any capture)."""
+        if self._pairs_of is None or self._pairs_of[0] is not batch:
+            pairs = loss_pair_lists(batch, self.cfg.loss)
+            self._pairs_of = (batch, pairs.padded(*pairs.capacities()).tensors())
         return self._pairs_of[1]
 
     def _graph_body(self, n_cycle: int) -> dict[str, torch.Tensor]:
         """Forward + losses + backward on the static batch (captured, then replayed)."""
-        static = self.graphed.static_inputs
-        batch = {k: v for k, v in static.items() if not k.startswith("pairs/")}
+        batch, pairs = LossPairs.split(self.graphed.static_inputs)
         self._zero_grad()
         with torch.autocast(self.device.type, dtype=torch.bfloat16, cache_enabled=False):
             out = self.model(batch, no_cycles=n_cycle)
-            loss, _ = self.model.loss(out, batch, LossPairs.from_tensors(static))
+            loss, _ = self.model.loss(out, batch, pairs)
         del out
         loss.backward()
         return {"loss": loss.detach()}
@@ -482,9 +467,8 @@ class Runner:
         configuration draws the same noise, rotations and dropout."""
         torch.manual_seed(seed)
         if self.use_graphs:
-            pairs = self._pairs(batch)
             with _ops_backend(self.backend):
-                self.graphed.load({**batch, **pairs.padded(*pairs.capacities()).tensors()})
+                self.graphed.load({**batch, **self._static_pairs(batch)})
                 # replays draw from the default generator's seed and offset of the moment
                 value = self.graphed(n_cycle, before_replay=lambda: torch.manual_seed(seed))
                 self._update()

@@ -9,16 +9,20 @@ import torch
 from _af3_helpers import NO_DROPOUT as AF3_NO_DROPOUT
 from _train_helpers import NO_DROPOUT, SMALL
 from fold_train.config import apply_overrides, preset
-from fold_train.cuda_graphs import CudaGraphBackend, CudaGraphError, GraphedStep, host_syncs
+from fold_train.cuda_graphs import (
+    CudaGraphBackend,
+    CudaGraphError,
+    EagerCapture,
+    GraphedStep,
+    host_syncs,
+)
 from fold_train.data import SampleStream
 from fold_train.distributed import DistContext
 from fold_train.loop import Trainer
 
 
-class FakeCapture:
-    """Stands in for CUDA capture on CPU: 'capturing' runs ``fn`` once (the real backend's
-    warm-up), and a replay runs it again and writes its results into the captured outputs in
-    place, as a graph replay refreshes its static outputs."""
+class FakeCapture(EagerCapture):
+    """The eager stand-in for CUDA capture, counting captures and warm-ups."""
 
     def __init__(self) -> None:
         self.captures = 0
@@ -26,18 +30,8 @@ class FakeCapture:
 
     def capture(self, fn, warmup_fn=None):
         self.captures += 1
-        if warmup_fn is not None:
-            self.warmups += 1
-            warmup_fn()
-        outputs = fn()
-
-        def replay() -> None:
-            fresh = fn()
-            with torch.no_grad():
-                for k, v in fresh.items():
-                    outputs[k].copy_(v)
-
-        return replay, outputs
+        self.warmups += warmup_fn is not None
+        return super().capture(fn, warmup_fn)
 
 
 def test_cuda_graphs_on_cpu_is_a_clear_error(demo_cache, tmp_path):

@@ -21,8 +21,8 @@ The optimizer update runs outside the graphs (its learning rate changes every st
 of a non-finite step needs the host); with flat buffers it is a few launches.
 
 The capture itself is behind :class:`CaptureBackend`: :class:`CudaGraphBackend` is the real one
-(warm-up on a side stream, then ``torch.cuda.graph``); tests inject a small fake backend to check
-the keying logic on CPU.
+(warm-up on a side stream, then ``torch.cuda.graph``); :class:`EagerCapture` runs the same body
+eagerly, so tests and CPU smoke runs check the keying logic and the body without CUDA.
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ import torch
 __all__ = [
     "CaptureBackend",
     "CudaGraphBackend",
+    "EagerCapture",
     "CudaGraphError",
     "GraphedStep",
     "host_syncs",
@@ -58,6 +59,27 @@ class CaptureBackend(Protocol):
                 warmup_fn: Callable[[], object] | None = None
                 ) -> tuple[Callable[[], None], StepOutputs]:
         ...
+
+
+class EagerCapture:
+    """A :class:`CaptureBackend` without CUDA (CPU smoke tests and benchmarks): 'capturing' runs
+    the warm-up and ``fn`` once, a replay runs ``fn`` again and writes its results into the
+    captured outputs in place, as a graph replay refreshes its static outputs."""
+
+    def capture(self, fn: Callable[[], StepOutputs],
+                warmup_fn: Callable[[], object] | None = None
+                ) -> tuple[Callable[[], None], StepOutputs]:
+        if warmup_fn is not None:
+            warmup_fn()
+        outputs = fn()
+
+        def replay() -> None:
+            fresh = fn()
+            with torch.no_grad():
+                for k, v in fresh.items():
+                    outputs[k].copy_(v)
+
+        return replay, outputs
 
 
 class CudaGraphBackend:

@@ -280,13 +280,11 @@ class Trainer:
         """The captured work of a step: :meth:`_forward_backward` on the static batch (AF3:
         with the static, padded pair lists of the loss)."""
         assert self._graphed is not None
-        static = self._graphed.static_inputs
-        batch = {k: v for k, v in static.items() if not k.startswith(_PAIRS + "/")}
-        pairs = None
-        if len(batch) < len(static):
+        batch, pairs = self._graphed.static_inputs, None
+        if hasattr(self.family, "loss_inputs"):  # AF3: the padded pair lists are static inputs
             from fold_model.af3.loss import LossPairs
 
-            pairs = LossPairs.from_tensors(static, _PAIRS)
+            batch, pairs = LossPairs.split(batch, _PAIRS)
         loss, terms, aux = self._forward_backward(batch, n_cycle, autocast_cache=False,
                                                   pairs=pairs)
         return {"loss": loss, **{f"aux/{k}": v for k, v in aux.items()},
@@ -302,17 +300,15 @@ class Trainer:
             return {}
         assert self._graphed is not None
         pairs = loss_inputs(batch)
-        need = pairs.capacities()
-        if self._pair_caps is None or any(n is not None and n > c
-                                          for n, c in zip(need, self._pair_caps)):
-            if self._pair_caps is not None:
+        counts = (pairs.lddt.n_pairs, None if pairs.bond is None else pairs.bond.n_pairs)
+        caps = self._pair_caps
+        if caps is None or any(n is not None and n > c for n, c in zip(counts, caps)):
+            if caps is not None:
                 print(f"fold-train: step {self.step + 1}: the loss's pair lists "
                       f"({pairs.lddt.n_pairs} lDDT pairs) outgrew the captured capacities "
-                      f"{self._pair_caps}; capturing the step again")
+                      f"{caps}; capturing the step again")
                 self._graphed.reset()
-                need = tuple(None if n is None else max(n, c)
-                             for n, c in zip(need, self._pair_caps))
-            self._pair_caps = need
+            self._pair_caps = pairs.capacities()
         return pairs.padded(*self._pair_caps).tensors(_PAIRS)
 
     # -- the run --------------------------------------------------------------------------------

@@ -231,6 +231,13 @@ class LossPairs(NamedTuple):
             raise KeyError(f"no {prefix}/lddt/* tensors in {sorted(d)}")
         return cls(lddt, one("bond"))
 
+    @classmethod
+    def split(cls, d: dict[str, torch.Tensor], prefix: str = "pairs"
+              ) -> tuple[dict[str, torch.Tensor], LossPairs | None]:
+        """``d`` without the :meth:`tensors` entries, and the lists they hold (None if none)."""
+        rest = {k: v for k, v in d.items() if not k.startswith(prefix + "/")}
+        return rest, (cls.from_tensors(d, prefix) if len(rest) < len(d) else None)
+
 
 def _lddt_inputs(feats: dict[str, torch.Tensor], dtype: torch.dtype):
     """Ground truth ``[B, 1, A, 3]`` in ``dtype``, nucleotide atoms and scored atoms ``[B, A]``."""
