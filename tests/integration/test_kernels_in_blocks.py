@@ -49,6 +49,10 @@ def triton_backend(monkeypatch):
     p = torch.randn(1, 8, 3, 3, device=DEVICE)
     assert ops.resolve("triangle_projection_gate", p, p[0, :, 0, 0], p[:, 0]) is \
         fold_kernels.triangle_projection_gate
+    x = torch.randn(1, 3, 3, 4, device=DEVICE)
+    assert ops.resolve("linear_channel_first", x, x[0, 0]) is fold_kernels.linear_channel_first
+    proj = torch.randn(1, 2, 5, 4 * 2 * 8, device=DEVICE)
+    assert ops.resolve("attention_packed", proj, 2) is fold_kernels.evo_attention_packed
 
 
 def _compare(block: torch.nn.Module, inputs: list, float_inputs: list[int]) -> None:

@@ -206,3 +206,92 @@ def test_mixed_and_non_dense_layouts_fall_back_to_copies():
     q64 = q.detach().double().requires_grad_()
     ref.evo_attention(q64, k.double(), v.double(), bias.double(), mask).sum().backward()
     assert rel_err(qd.grad.cpu(), q64.grad) < TOL[torch.float32]
+
+
+# ---------------------------------------------------------------- packed q | k | v | gate
+
+
+def _check_packed(batch, r, n, h, d, dtype, *, gated=True, with_gate_bias=True, bias_lead=None,
+                  seed=0):
+    """evo_attention_packed: the output [*, R, N, H*D] and the gradients of proj, bias and
+    gate_bias vs the float64 reference."""
+    from fold_kernels import evo_attention_packed
+
+    parts = 4 if gated else 3
+    g = torch.Generator().manual_seed(seed)
+    proj = torch.randn(*batch, r, n, parts * h * d, generator=g).to(dtype)
+    lead = batch if bias_lead is None else bias_lead
+    bias = torch.randn(*lead, h, n, n, generator=g).to(dtype)
+    mask = torch.rand(*batch, r, n, generator=g) > 0.25  # holes
+    mask[..., 0, :] = False  # a fully masked row
+    gate_bias = (torch.randn(h * d, generator=g) if gated and with_gate_bias else None)
+
+    ins = [t.detach().to(DEVICE).clone().requires_grad_() if t is not None else None
+           for t in (proj, bias, gate_bias)]
+    o = evo_attention_packed(ins[0], h, ins[1], mask.to(DEVICE), gate_bias=ins[2], gated=gated)
+    assert o.shape == (*batch, r, n, h * d) and o.dtype == dtype
+    do = torch.randn(o.shape, generator=torch.Generator().manual_seed(11)).to(dtype).to(DEVICE)
+    o.backward(do)
+
+    ref_ins = [t.detach().double().requires_grad_() if t is not None else None
+               for t in (proj, bias, gate_bias)]
+    o_ref = ref.evo_attention_packed(ref_ins[0], h, ref_ins[1], mask, gate_bias=ref_ins[2],
+                                     gated=gated)
+    o_ref.backward(do.double().cpu())
+    tol = TOL[dtype]
+    assert rel_err(o.cpu(), o_ref) < tol
+    for name, a, b in zip(("proj", "bias", "gate_bias"), ins, ref_ins):
+        if a is not None:
+            assert a.grad is not None and a.grad.shape == a.shape, name
+            assert rel_err(a.grad.cpu(), b.grad) < tol, name
+    # the packed gradient is one dense tensor in proj's layout (no concatenation of parts)
+    assert ins[0].grad.is_contiguous()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("d", [8, 32])
+def test_packed_matches_reference(dtype, d):
+    _check_packed((1,), 3, 37, 2, d, dtype, seed=d)
+
+
+def test_packed_without_gate_bias_and_ungated():
+    _check_packed((1,), 2, 13, 3, 16, torch.float32, with_gate_bias=False, seed=1)
+    _check_packed((1,), 2, 13, 3, 16, torch.float32, gated=False, seed=2)
+
+
+def test_packed_batch_dims_and_shared_bias():
+    # bias [1, H, N, N] shared by two batch entries: its gradient sums over batch and rows
+    _check_packed((2,), 3, 19, 2, 16, torch.float32, bias_lead=(1,), seed=3)
+
+
+def test_packed_equals_separate_projections():
+    """The packed op is the plain op on the four parts: same output and gradients."""
+    from fold_kernels import evo_attention, evo_attention_packed
+
+    g = torch.Generator().manual_seed(5)
+    r, n, h, d = 3, 21, 2, 16
+    proj = torch.randn(1, r, n, 4 * h * d, generator=g).to(DEVICE).requires_grad_()
+    bias = torch.randn(1, h, n, n, generator=g).to(DEVICE)
+    mask = (torch.rand(1, r, n, generator=g) > 0.2).to(DEVICE)
+    out = evo_attention_packed(proj, h, bias, mask)
+    q, k, v, gate = (proj.detach()[..., i * h * d:(i + 1) * h * d].unflatten(-1, (h, d))
+                     .transpose(-2, -3).requires_grad_() for i in range(4))
+    sep = evo_attention(q, k, v, bias, mask, gate=gate).transpose(-2, -3).flatten(-2)
+    assert rel_err(out, sep) < 1e-6
+    dy = torch.randn(out.shape, generator=g).to(DEVICE)
+    out.backward(dy)
+    sep.backward(dy)
+    grads = torch.cat([t.grad.transpose(-2, -3).flatten(-2) for t in (q, k, v, gate)], -1)
+    assert rel_err(proj.grad, grads) < 1e-6
+
+
+def test_packed_bad_input_errors():
+    from fold_kernels import evo_attention_packed
+
+    proj = torch.randn(1, 2, 5, 4 * 2 * 8, device=DEVICE)
+    with pytest.raises(ValueError, match="not 4 x H=3"):
+        evo_attention_packed(proj, 3)
+    with pytest.raises(ValueError, match="gate_bias must be"):
+        evo_attention_packed(proj, 2, gate_bias=torch.zeros(7, device=DEVICE))
+    with pytest.raises(ValueError, match="bias must be"):
+        evo_attention_packed(proj, 2, torch.zeros(1, 2, 5, 4, device=DEVICE))

@@ -27,7 +27,7 @@ def test_broadcast_shape_matches_torch():
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("s", [1, 3, 7])
+@pytest.mark.parametrize("s", [1, 3, 7, 20, 600])  # 20, 600: a tree of groups (8 / 256 rows)
 def test_sum_partials_fixed_order_and_dtype(dtype, s):
     g = torch.Generator().manual_seed(s)
     p = torch.randn(s, 2, 37, generator=g, dtype=torch.float64)  # odd size, several blocks

@@ -8,8 +8,9 @@ import pytest
 import torch
 from fold_kernels import registration
 
-OPS = ("linear", "attention", "layer_norm", "layer_norm_linear", "softmax_mask_bias", "swiglu",
-       "bias_sigmoid_gate", "bias_dropout_residual", "triangle_projection_gate")
+OPS = ("linear", "attention", "attention_packed", "layer_norm", "layer_norm_linear",
+       "softmax_mask_bias", "swiglu", "bias_sigmoid_gate", "bias_dropout_residual",
+       "triangle_projection_gate", "linear_channel_first")
 
 
 def _fake_registry():
@@ -34,6 +35,8 @@ def test_cpu_tensors_are_not_supported():
     x = torch.randn(4, 8)
     assert not registration.supports_layer_norm(x, torch.ones(8), torch.zeros(8))
     assert not registration.supports_softmax_mask_bias(x)
+    assert not registration.supports_linear_channel_first(torch.randn(2, 3, 8), torch.randn(5, 8))
+    assert not registration.supports_attention_packed(torch.randn(1, 2, 5, 64), 2)
 
 
 def test_not_supported_while_fx_traces():
@@ -63,6 +66,19 @@ def test_gpu_shapes_and_dtypes():
     assert registration.supports_layer_norm(x, torch.ones(8, device=dev),
                                             torch.zeros(8, device=dev))
     assert not registration.supports_layer_norm(x, None, None)
+    pair, w = torch.randn(2, 3, 8, device=dev), torch.randn(5, 8, device=dev)
+    assert registration.supports_linear_channel_first(pair, w)
+    assert not registration.supports_linear_channel_first(x, w)  # [I, J, C] at least
+    assert not registration.supports_linear_channel_first(pair, w[:, :7])
+    assert not registration.supports_linear_channel_first(pair, w.bfloat16())
+    proj = torch.randn(1, 2, 8, 4 * 2 * 16, device=dev)
+    assert registration.supports_attention_packed(proj, 2, torch.randn(1, 2, 8, 8, device=dev),
+                                                  mask, gate_bias=torch.zeros(32, device=dev))
+    assert not registration.supports_attention_packed(proj, 3)  # 128 is not 4 x 3 x D
+    assert not registration.supports_attention_packed(proj, 2, torch.randn(1, 2, 7, 8,
+                                                                           device=dev))
+    assert not registration.supports_attention_packed(proj, 2, gate_bias=torch.zeros(31,
+                                                                                     device=dev))
 
 
 def test_fold_model_registry_sees_triton_and_falls_back_on_cpu():

@@ -3,8 +3,10 @@
 Odd sizes (I, J and c not multiples of any block), masks with holes (bool and float, shared by
 the batch or per entry), projections with permuted batch strides (what the channel-first einsum
 returns for several templates) and output gradients arriving transposed (the incoming update's
-``a.mT @ b``). Tolerances as for the other elementwise kernels: fp32 1e-6, bf16 8e-3 (one
-rounding of each output; the bias gradient sums over I x J in fp32 before one rounding).
+``a.mT @ b``). The bias gradient (one fp32 partial row per batch entry and tile, summed in a
+fixed order) is checked over several tiles and batch entries, in fp32 and bf16. Tolerances as
+for the other elementwise kernels: fp32 1e-6, bf16 8e-3 (one rounding of each output; the bias
+gradient sums over I x J in fp32 before one rounding).
 """
 
 from __future__ import annotations
@@ -32,9 +34,10 @@ def _inputs(lead, c, n_i, n_j, *, mask_lead, bool_mask, seed):
     return proj, bias, mask if bool_mask else mask.float()
 
 
-def _check(proj, bias, mask, dtype, transpose_grads=False):
+def _check(proj, bias, mask, dtype, transpose_grads=False, bias_dtype=torch.float32):
     p = proj.to(dtype).to(DEVICE).clone().requires_grad_()
-    b = bias.to(DEVICE).clone().requires_grad_()  # fp32, as the model's parameters under autocast
+    # fp32 by default, as the model's parameters under autocast
+    b = bias.to(bias_dtype).to(DEVICE).clone().requires_grad_()
     a_out, b_out = fk.triangle_projection_gate(p, b, mask.to(DEVICE))
     assert a_out.dtype == dtype and a_out.shape == proj.shape[:-3] + (proj.shape[-3] // 4,
                                                                      *proj.shape[-2:])
@@ -46,14 +49,15 @@ def _check(proj, bias, mask, dtype, transpose_grads=False):
     torch.autograd.backward((a_out, b_out), (da.to(DEVICE), db.to(DEVICE)))
 
     p64 = proj.to(dtype).double().requires_grad_()
-    b64 = bias.double().requires_grad_()
+    b64 = bias.to(bias_dtype).double().requires_grad_()
     m64 = mask.double() if mask.is_floating_point() else mask
     ra, rb = ref.triangle_projection_gate(p64, b64, m64)
     torch.autograd.backward((ra, rb), (da.double(), db.double()))
     tol = TOL[dtype]
     assert rel_err(a_out, ra) < tol and rel_err(b_out, rb) < tol
     assert rel_err(p.grad, p64.grad) < tol
-    assert b.grad.dtype == torch.float32 and rel_err(b.grad, b64.grad) < tol
+    assert b.grad.dtype == bias_dtype and rel_err(b.grad, b64.grad) < TOL[bias_dtype]
+    return b.grad
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -65,6 +69,27 @@ def test_matches_reference_odd_sizes(dtype):
 def test_batch_dims_shared_float_mask_and_transposed_gradients():
     proj, bias, mask = _inputs((2, 3), 5, 9, 6, mask_lead=(), bool_mask=False, seed=2)
     _check(proj, bias, mask, torch.float32, transpose_grads=True)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_bias_gradient_over_many_tiles_and_batch_entries(dtype):
+    """The bias gradient's partial rows: several tiles in I and in J (odd sizes, partial edge
+    tiles), three batch entries under one broadcast mask; the same bits on a second call."""
+    proj, bias, mask = _inputs((3,), 3, 13, 19, mask_lead=(1,), bool_mask=True, seed=6)
+    first = _check(proj, bias, mask, dtype, bias_dtype=dtype)
+    assert torch.equal(first, _check(proj, bias, mask, dtype, bias_dtype=dtype))
+
+
+def test_bias_without_gradient():
+    """Only proj needs a gradient: the kernel skips the partial sums."""
+    proj, bias, mask = _inputs((2,), 2, 9, 10, mask_lead=(), bool_mask=False, seed=7)
+    p = proj.to(DEVICE).clone().requires_grad_()
+    a_out, b_out = fk.triangle_projection_gate(p, bias.to(DEVICE), mask.to(DEVICE))
+    (a_out.square().sum() + b_out.sum()).backward()
+    p64 = proj.double().requires_grad_()
+    ra, rb = ref.triangle_projection_gate(p64, bias.double(), mask.double())
+    (ra.square().sum() + rb.sum()).backward()
+    assert rel_err(p.grad, p64.grad) < 1e-6
 
 
 def test_permuted_batch_strides_and_per_entry_mask():

@@ -78,6 +78,55 @@ def test_attention_module_against_float64(chunk_size):
         assert rel_err(p.grad, p64.grad) < 1e-5, n
 
 
+@pytest.mark.parametrize("chunk_size", [None, 3])
+def test_self_attention_packed_path_against_float64(chunk_size):
+    """q_x is kv_x: the four projections run as one GEMM through ops.attention_packed; the
+    output and every gradient (input, bias, each projection's weight, the gate bias) match the
+    float64 reference of separate projections."""
+    torch.manual_seed(2)
+    mod = randomize_(Attention(10, 10, 4, 3))
+    x, bias = torch.randn(2, 5, 7, 10), torch.randn(2, 3, 7, 7)
+    mask = holes((2, 5, 7), seed=3)
+    leaves = [t.clone().requires_grad_() for t in (x, bias)]
+    out = mod(leaves[0], leaves[0], mask, leaves[1], chunk_size=chunk_size)
+    mod64 = randomize_(Attention(10, 10, 4, 3)).double()
+    mod64.load_state_dict({k: v.double() for k, v in mod.state_dict().items()})
+    leaves64 = [t.double().requires_grad_() for t in (x, bias)]
+    ref = _attention_ref(mod64, leaves64[0], leaves64[0], mask.double(), leaves64[1])
+    assert rel_err(out, ref) < 1e-5
+    w = torch.randn(out.shape, dtype=torch.float64)
+    (out * w.float()).sum().backward()
+    (ref * w).sum().backward()
+    for a, b in zip(leaves, leaves64):
+        assert rel_err(a.grad, b.grad) < 1e-5
+    for (n, p), p64 in zip(mod.named_parameters(), mod64.parameters()):
+        assert rel_err(p.grad, p64.grad) < 1e-5, n
+
+
+def test_self_attention_dispatches_packed_cross_attention_does_not():
+    from fold_model import ops
+
+    calls = {"attention": 0, "attention_packed": 0}
+
+    def counting(name):
+        from fold_model.ops import reference
+
+        def fn(*args, **kwargs):
+            calls[name] += 1
+            return getattr(reference, name)(*args, **kwargs)
+        return fn
+
+    for name in calls:
+        ops.register(name, "prim_counting", counting(name), priority=-1)
+    mod = randomize_(Attention(6, 6, 4, 2))
+    x, y = torch.randn(1, 3, 5, 6), torch.randn(1, 3, 5, 6)
+    with ops.use_backend({name: "prim_counting" for name in calls}):
+        mod(x, x)
+        assert calls == {"attention": 0, "attention_packed": 1}
+        mod(x, y)
+        assert calls == {"attention": 1, "attention_packed": 1}
+
+
 def test_global_attention_alg19():
     torch.manual_seed(2)
     mod = randomize_(GlobalAttention(10, 4, 3)).double()

@@ -2,7 +2,8 @@
 
 EvoAttention (forward + backward with the pair-bias gradient), LayerNorm, Linear (bias gradient
 as a deterministic column sum), fused LayerNorm+Linear, SwiGLU, the AF2 gating fusions, the gated
-projections of triangle multiplication, fused softmax with mask and bias, and fused Adam+EMA over
+projections of triangle multiplication (and their channel-first GEMM, cuBLAS with a channel-last
+input gradient), fused softmax with mask and bias, and fused Adam+EMA over
 flat buffers. Each op has a plain PyTorch twin in :mod:`fold_kernels.reference`.
 
 Triton decides when a kernel is defined (at import) whether it runs compiled or in its CPU
@@ -11,8 +12,9 @@ interpreter: set ``TRITON_INTERPRET=1`` before importing this package to run on 
 
 from __future__ import annotations
 
+from fold_kernels.channel_first import linear_channel_first
 from fold_kernels.elementwise import bias_dropout_residual, bias_sigmoid_gate
-from fold_kernels.evo_attention import evo_attention
+from fold_kernels.evo_attention import evo_attention, evo_attention_packed
 from fold_kernels.fused_linear import layer_norm_linear, swiglu
 from fold_kernels.layer_norm import layer_norm
 from fold_kernels.linear import linear
@@ -26,12 +28,14 @@ __all__ = [
     "__version__",
     "linear",
     "evo_attention",
+    "evo_attention_packed",
     "layer_norm",
     "layer_norm_linear",
     "swiglu",
     "bias_sigmoid_gate",
     "bias_dropout_residual",
     "triangle_projection_gate",
+    "linear_channel_first",
     "softmax_mask_bias",
     "fused_adam_ema_",
     "global_grad_norm",

@@ -43,9 +43,9 @@ import triton.language as tl
 
 from fold_kernels import tuning
 from fold_kernels.broadcast import broadcast_shape
-from fold_kernels.reduce import sum_partials
+from fold_kernels.reduce import column_sum, sum_partials
 
-__all__ = ["evo_attention", "SUPPORTED_DTYPES", "MAX_HEAD_DIM"]
+__all__ = ["evo_attention", "evo_attention_packed", "SUPPORTED_DTYPES", "MAX_HEAD_DIM"]
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 MAX_HEAD_DIM = 128
@@ -76,8 +76,9 @@ def _bias_tile(Bias, b, h, offs_m, offs_n, m_valid, n_valid, sbb, sbh, sbi, sbj)
 
 @triton.jit
 def _base(b, r, h, sqb, sqr, sqh):
-    """Offset of the [N, D] matrix (b, r, h) in a q-layout tensor (strides sqb, sqr, sqh over
-    [B, R, H]; rows sqn apart, D contiguous): every q/k/v/gate/o/dO/dq/dk/dv shares it."""
+    """Offset of the [N, D] matrix (b, r, h) in a tensor with strides sqb, sqr, sqh over
+    [B, R, H] (rows sqn apart, D contiguous). Two layouts exist: q's (q, k, v, gate and their
+    gradients) and the output's (o, dY, dO), the same unless the inputs are packed."""
     h64 = h.to(tl.int64)
     return (h64 * 0 + b) * sqb + (h64 * 0 + r) * sqr + h64 * sqh
 
@@ -115,8 +116,8 @@ def _fwd_step(q, K, V, base, offs_n, offs_d, nd, bias2, keep, n_valid, acc, m_i,
 
 
 @triton.jit
-def _fwd_store(acc, m_i, l_i, G, O, OPre, LSE, slab, base, offs_m, offs_d, m_valid, md, N, SN,
-               HAS_GATE: tl.constexpr):
+def _fwd_store(acc, m_i, l_i, G, GB, O, OPre, LSE, slab, base, obase, h, offs_m, offs_d, m_valid,
+               md, N, D, SN, SON, HAS_GATE: tl.constexpr, HAS_GATE_BIAS: tl.constexpr):
     # LSE[.., 0, :] = log2-sum-exp; LSE[.., 1, :] = 1/l for a fully masked row (else 0): its
     # keys all sit at -1e30, where m + log2(l) would lose log2(l), so the backward uses 1/l.
     all_masked = m_i < -1.0e29
@@ -124,21 +125,25 @@ def _fwd_store(acc, m_i, l_i, G, O, OPre, LSE, slab, base, offs_m, offs_d, m_val
     tl.store(LSE + slab * 2 * N + offs_m, lse, mask=m_valid)
     tl.store(LSE + slab * 2 * N + N + offs_m, tl.where(all_masked, 1.0 / l_i, 0.0), mask=m_valid)
     o = acc / l_i[:, None]
-    optrs = base + offs_m[:, None] * SN + offs_d[None, :]
+    optrs = obase + offs_m[:, None] * SON + offs_d[None, :]  # the output layout
     if HAS_GATE:
         tl.store(OPre + optrs, o.to(OPre.dtype.element_ty), mask=md)
-        g = tl.load(G + optrs, mask=md, other=0.0).to(tl.float32)
+        g = tl.load(G + base + offs_m[:, None] * SN + offs_d[None, :], mask=md, other=0.0)
+        g = g.to(tl.float32)
+        if HAS_GATE_BIAS:
+            g += tl.load(GB + h * D + offs_d, mask=offs_d < D, other=0.0).to(tl.float32)[None, :]
         o = o * tl.sigmoid(g)
     tl.store(O + optrs, o.to(O.dtype.element_ty), mask=md)
 
 
 @triton.jit
-def _fwd(Q, K, V, G, Bias, Mask, O, OPre, LSE,
-         sbb, sbh, sbi, sbj, smb, smr, smj, sqb, sqr, sqh, sqn,
+def _fwd(Q, K, V, G, GB, Bias, Mask, O, OPre, LSE,
+         sbb, sbh, sbi, sbj, smb, smr, smj, sqb, sqr, sqh, sqn, sob, sor, soh, son,
          R, H, N, D, qk_scale,
          HAS_BIAS: tl.constexpr, HAS_MASK: tl.constexpr, HAS_GATE: tl.constexpr,
-         TWO_ROWS: tl.constexpr, EVEN: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-         BLOCK_D: tl.constexpr, PRECISION: tl.constexpr):
+         HAS_GATE_BIAS: tl.constexpr, TWO_ROWS: tl.constexpr, EVEN: tl.constexpr,
+         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+         PRECISION: tl.constexpr):
     mb = tl.program_id(0)
     rp = tl.program_id(1)
     bh = tl.program_id(2)
@@ -182,20 +187,23 @@ def _fwd(Q, K, V, G, Bias, Mask, O, OPre, LSE,
             acc1, m1, l1 = _fwd_step(q1, K, V, base1, offs_n, offs_d, nd, bias2, keep1,
                                      n_valid, acc1, m1, l1, qk_scale, sqn, HAS_BIAS, HAS_MASK,
                                      EVEN, PRECISION)
-    _fwd_store(acc0, m0, l0, G, O, OPre, LSE, slab0, base0, offs_m, offs_d, m_valid, md, N, sqn,
-               HAS_GATE)
+    obase0 = _base(b, r0, h, sob, sor, soh)
+    _fwd_store(acc0, m0, l0, G, GB, O, OPre, LSE, slab0, base0, obase0, h, offs_m, offs_d,
+               m_valid, md, N, D, sqn, son, HAS_GATE, HAS_GATE_BIAS)
     if TWO_ROWS:
-        _fwd_store(acc1, m1, l1, G, O, OPre, LSE, slab1, base1, offs_m, offs_d, m_valid, md,
-                   N, sqn, HAS_GATE)
+        obase1 = _base(b, r1, h, sob, sor, soh)
+        _fwd_store(acc1, m1, l1, G, GB, O, OPre, LSE, slab1, base1, obase1, h, offs_m, offs_d,
+                   m_valid, md, N, D, sqn, son, HAS_GATE, HAS_GATE_BIAS)
 
 
 @triton.jit
-def _bwd_pre(DY, OPre, G, DO, DG, Delta, rows, R, H, N, D, sqb, sqr, sqh, sqn,
-             HAS_GATE: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr):
+def _bwd_pre(DY, OPre, G, GB, DO, DG, Delta, rows, R, H, N, D, sqb, sqr, sqh, sqn,
+             sob, sor, soh, son, HAS_GATE: tl.constexpr, HAS_GATE_BIAS: tl.constexpr,
+             BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr):
     """delta = rowsum(dO * O); with a gate, dO = dY * sigmoid(g), dg = dY * O * sig'(g).
 
-    Rows are logical (b, r, h, n) rows in slab order (Delta's layout); the [N, D] tensors are
-    read in q's layout."""
+    Rows are logical (b, r, h, n) rows in slab order (Delta's layout); dY, O and dO are read in
+    the output layout, the gate and its gradient in q's."""
     offs_r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     offs_d = tl.arange(0, BLOCK_D)
     rd = (offs_r < rows)[:, None] & (offs_d < D)[None, :]
@@ -205,14 +213,18 @@ def _bwd_pre(DY, OPre, G, DO, DG, Delta, rows, R, H, N, D, sqb, sqr, sqh, sqn,
     h = slab % H
     r = (slab // H) % R
     b = slab // (H * R)
-    ptrs = (b * sqb + r * sqr + h * sqh + n * sqn)[:, None] + offs_d[None, :]
-    dy = tl.load(DY + ptrs, mask=rd, other=0.0).to(tl.float32)
-    o = tl.load(OPre + ptrs, mask=rd, other=0.0).to(tl.float32)
+    optrs = (b * sob + r * sor + h * soh + n * son)[:, None] + offs_d[None, :]
+    dy = tl.load(DY + optrs, mask=rd, other=0.0).to(tl.float32)
+    o = tl.load(OPre + optrs, mask=rd, other=0.0).to(tl.float32)
     if HAS_GATE:
-        sig = tl.sigmoid(tl.load(G + ptrs, mask=rd, other=0.0).to(tl.float32))
-        tl.store(DG + ptrs, (dy * o * sig * (1.0 - sig)).to(DG.dtype.element_ty), mask=rd)
+        gptrs = (b * sqb + r * sqr + h * sqh + n * sqn)[:, None] + offs_d[None, :]
+        g = tl.load(G + gptrs, mask=rd, other=0.0).to(tl.float32)
+        if HAS_GATE_BIAS:
+            g += tl.load(GB + h[:, None] * D + offs_d[None, :], mask=rd, other=0.0).to(tl.float32)
+        sig = tl.sigmoid(g)
+        tl.store(DG + gptrs, (dy * o * sig * (1.0 - sig)).to(DG.dtype.element_ty), mask=rd)
         do = dy * sig
-        tl.store(DO + ptrs, do.to(DO.dtype.element_ty), mask=rd)
+        tl.store(DO + optrs, do.to(DO.dtype.element_ty), mask=rd)
     else:
         do = dy
     tl.store(Delta + offs_r, tl.sum(do * o, 1), mask=offs_r < rows)
@@ -233,11 +245,11 @@ def _ds_tile(q, k, do, v, lse, delta, bias2, keep, qk_scale, HAS_BIAS: tl.conste
 
 
 @triton.jit
-def _dkdv_step(Q, DO, LSE, Delta, slab, base, offs_m, offs_d, md, m_valid, k, v, bias2, keep,
-               n_valid, dk, dv, qk_scale, N, SN, HAS_BIAS: tl.constexpr, HAS_MASK: tl.constexpr,
-               EVEN: tl.constexpr, PRECISION: tl.constexpr):
+def _dkdv_step(Q, DO, LSE, Delta, slab, base, obase, offs_m, offs_d, md, m_valid, k, v, bias2,
+               keep, n_valid, dk, dv, qk_scale, N, SN, SON, HAS_BIAS: tl.constexpr,
+               HAS_MASK: tl.constexpr, EVEN: tl.constexpr, PRECISION: tl.constexpr):
     q = tl.load(Q + base + offs_m[:, None] * SN + offs_d[None, :], mask=md, other=0.0)
-    do = tl.load(DO + base + offs_m[:, None] * SN + offs_d[None, :], mask=md, other=0.0)
+    do = tl.load(DO + obase + offs_m[:, None] * SON + offs_d[None, :], mask=md, other=0.0)
     lse = tl.load(LSE + slab * 2 * N + offs_m, mask=m_valid, other=float("inf"))
     delta = tl.load(Delta + slab * N + offs_m, mask=m_valid, other=0.0)
     p, ds = _ds_tile(q, k, do, v, lse, delta, bias2, keep, qk_scale, HAS_BIAS,
@@ -253,7 +265,7 @@ def _dkdv_step(Q, DO, LSE, Delta, slab, base, offs_m, offs_d, md, m_valid, k, v,
 
 @triton.jit
 def _bwd_dkdv(Q, K, V, Bias, Mask, DO, LSE, Delta, DK, DV,
-              sbb, sbh, sbi, sbj, smb, smr, smj, sqb, sqr, sqh, sqn,
+              sbb, sbh, sbi, sbj, smb, smr, smj, sqb, sqr, sqh, sqn, sob, sor, soh, son,
               R, H, N, D, qk_scale, scale,
               HAS_BIAS: tl.constexpr, HAS_MASK: tl.constexpr, TWO_ROWS: tl.constexpr,
               EVEN: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -276,6 +288,7 @@ def _bwd_dkdv(Q, K, V, Bias, Mask, DO, LSE, Delta, DK, DV,
     kv_off = offs_n[:, None] * sqn + offs_d[None, :]
     slab0 = ((b * R + r0) * H + h).to(tl.int64)
     base0 = _base(b, r0, h, sqb, sqr, sqh)
+    obase0 = _base(b, r0, h, sob, sor, soh)
     k0 = tl.load(K + base0 + kv_off, mask=nd, other=0.0)
     v0 = tl.load(V + base0 + kv_off, mask=nd, other=0.0)
     keep0 = _keep(Mask, b, r0, offs_n, n_valid, smb, smr, smj, HAS_MASK)
@@ -284,6 +297,7 @@ def _bwd_dkdv(Q, K, V, Bias, Mask, DO, LSE, Delta, DK, DV,
     if TWO_ROWS:
         slab1 = ((b * R + r1) * H + h).to(tl.int64)
         base1 = _base(b, r1, h, sqb, sqr, sqh)
+        obase1 = _base(b, r1, h, sob, sor, soh)
         k1 = tl.load(K + base1 + kv_off, mask=nd, other=0.0)
         v1 = tl.load(V + base1 + kv_off, mask=nd, other=0.0)
         keep1 = _keep(Mask, b, r1, offs_n, n_valid, smb, smr, smj, HAS_MASK)
@@ -297,13 +311,13 @@ def _bwd_dkdv(Q, K, V, Bias, Mask, DO, LSE, Delta, DK, DV,
             bias2 = _bias_tile(Bias, b, h, offs_m, offs_n, m_valid, n_valid, sbb, sbh, sbi, sbj)
         else:
             bias2 = 0.0
-        dk0, dv0 = _dkdv_step(Q, DO, LSE, Delta, slab0, base0, offs_m, offs_d, md, m_valid,
-                              k0, v0, bias2, keep0, n_valid, dk0, dv0, qk_scale, N, sqn,
-                              HAS_BIAS, HAS_MASK, EVEN, PRECISION)
+        dk0, dv0 = _dkdv_step(Q, DO, LSE, Delta, slab0, base0, obase0, offs_m, offs_d, md,
+                              m_valid, k0, v0, bias2, keep0, n_valid, dk0, dv0, qk_scale, N,
+                              sqn, son, HAS_BIAS, HAS_MASK, EVEN, PRECISION)
         if TWO_ROWS:
-            dk1, dv1 = _dkdv_step(Q, DO, LSE, Delta, slab1, base1, offs_m, offs_d, md, m_valid,
-                                  k1, v1, bias2, keep1, n_valid, dk1, dv1, qk_scale, N, sqn,
-                                  HAS_BIAS, HAS_MASK, EVEN, PRECISION)
+            dk1, dv1 = _dkdv_step(Q, DO, LSE, Delta, slab1, base1, obase1, offs_m, offs_d, md,
+                                  m_valid, k1, v1, bias2, keep1, n_valid, dk1, dv1, qk_scale, N,
+                                  sqn, son, HAS_BIAS, HAS_MASK, EVEN, PRECISION)
     tl.store(DK + base0 + kv_off, (dk0 * scale).to(DK.dtype.element_ty), mask=nd)
     tl.store(DV + base0 + kv_off, dv0.to(DV.dtype.element_ty), mask=nd)
     if TWO_ROWS:
@@ -323,7 +337,7 @@ def _dq_step(K, V, base, offs_n, offs_d, nd, q, do, lse, delta, bias2, keep, dq,
 
 @triton.jit
 def _bwd_dq(Q, K, V, Bias, Mask, DO, LSE, Delta, DQ,
-            sbb, sbh, sbi, sbj, smb, smr, smj, sqb, sqr, sqh, sqn,
+            sbb, sbh, sbi, sbj, smb, smr, smj, sqb, sqr, sqh, sqn, sob, sor, soh, son,
             R, H, N, D, qk_scale, scale,
             HAS_BIAS: tl.constexpr, HAS_MASK: tl.constexpr, TWO_ROWS: tl.constexpr,
             EVEN: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -344,10 +358,11 @@ def _bwd_dq(Q, K, V, Bias, Mask, DO, LSE, Delta, DQ,
     d_valid = offs_d < D
     md = m_valid[:, None] & d_valid[None, :]
     qo_off = offs_m[:, None] * sqn + offs_d[None, :]
+    do_off = offs_m[:, None] * son + offs_d[None, :]
     slab0 = ((b * R + r0) * H + h).to(tl.int64)
     base0 = _base(b, r0, h, sqb, sqr, sqh)
     q0 = tl.load(Q + base0 + qo_off, mask=md, other=0.0)
-    do0 = tl.load(DO + base0 + qo_off, mask=md, other=0.0)
+    do0 = tl.load(DO + _base(b, r0, h, sob, sor, soh) + do_off, mask=md, other=0.0)
     lse0 = tl.load(LSE + slab0 * 2 * N + offs_m, mask=m_valid, other=float("inf"))
     delta0 = tl.load(Delta + slab0 * N + offs_m, mask=m_valid, other=0.0)
     dq0 = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
@@ -355,7 +370,7 @@ def _bwd_dq(Q, K, V, Bias, Mask, DO, LSE, Delta, DQ,
         slab1 = ((b * R + r1) * H + h).to(tl.int64)
         base1 = _base(b, r1, h, sqb, sqr, sqh)
         q1 = tl.load(Q + base1 + qo_off, mask=md, other=0.0)
-        do1 = tl.load(DO + base1 + qo_off, mask=md, other=0.0)
+        do1 = tl.load(DO + _base(b, r1, h, sob, sor, soh) + do_off, mask=md, other=0.0)
         lse1 = tl.load(LSE + slab1 * 2 * N + offs_m, mask=m_valid, other=float("inf"))
         delta1 = tl.load(Delta + slab1 * N + offs_m, mask=m_valid, other=0.0)
         dq1 = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
@@ -381,7 +396,7 @@ def _bwd_dq(Q, K, V, Bias, Mask, DO, LSE, Delta, DQ,
 
 @triton.jit
 def _bwd_dbias(Q, K, V, Bias, Mask, DO, LSE, Delta, DBias,
-               sbb, sbh, sbi, sbj, smb, smr, smj, sqb, sqr, sqh, sqn,
+               sbb, sbh, sbi, sbj, smb, smr, smj, sqb, sqr, sqh, sqn, sob, sor, soh, son,
                R, H, N, D, qk_scale, rows_per_bias, rows_per_split, n_blocks_n,
                HAS_MASK: tl.constexpr,
                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
@@ -412,7 +427,8 @@ def _bwd_dbias(Q, K, V, Bias, Mask, DO, LSE, Delta, DBias,
         slab = ((b * R + r) * H + h).to(tl.int64)
         base = _base(b, r, h, sqb, sqr, sqh)
         q = tl.load(Q + base + offs_m[:, None] * sqn + offs_d[None, :], mask=md, other=0.0)
-        do = tl.load(DO + base + offs_m[:, None] * sqn + offs_d[None, :], mask=md, other=0.0)
+        obase = _base(b, r, h, sob, sor, soh)
+        do = tl.load(DO + obase + offs_m[:, None] * son + offs_d[None, :], mask=md, other=0.0)
         k = tl.load(K + base + offs_n[:, None] * sqn + offs_d[None, :], mask=nd, other=0.0)
         v = tl.load(V + base + offs_n[:, None] * sqn + offs_d[None, :], mask=nd, other=0.0)
         lse = tl.load(LSE + slab * 2 * N + offs_m, mask=m_valid, other=float("inf"))
@@ -453,12 +469,16 @@ def _check(q, k, v, bias, mask, gate) -> None:
     if q.shape[-1] > MAX_HEAD_DIM:
         raise ValueError(f"evo_attention: head dim {q.shape[-1]} > {MAX_HEAD_DIM}")
     *_, h, n, _ = q.shape
+    _check_bias_mask("evo_attention", h, n, bias, mask)
+    tuning.require_device("evo_attention", q, "fold_kernels.reference.evo_attention")
+
+
+def _check_bias_mask(op: str, h: int, n: int, bias, mask) -> None:
     if bias is not None and tuple(bias.shape[-3:]) != (h, n, n):
-        raise ValueError(f"evo_attention: bias must be [*, H={h}, N={n}, N={n}], "
+        raise ValueError(f"{op}: bias must be [*, H={h}, N={n}, N={n}], "
                          f"got {tuple(bias.shape)}")
     if mask is not None and mask.shape[-1] != n:
-        raise ValueError(f"evo_attention: mask must be [*, R, N={n}], got {tuple(mask.shape)}")
-    tuning.require_device("evo_attention", q, "fold_kernels.reference.evo_attention")
+        raise ValueError(f"{op}: mask must be [*, R, N={n}], got {tuple(mask.shape)}")
 
 
 def _bias_view(bias: torch.Tensor, batch: tuple[int, ...]) -> tuple[torch.Tensor, int]:
@@ -485,7 +505,13 @@ def _mask_view(mask: torch.Tensor, batch: tuple[int, ...], r: int, n: int) -> to
 
 
 class _Launch:
-    """Flattened tensors and the scalars shared by the forward and backward launches."""
+    """Flattened tensors and the scalars shared by the forward and backward launches.
+
+    Two layouts (strides of a [B, R, H, N, D] tensor): ``layout`` for q, k, v, gate and their
+    gradients, ``out_layout`` for o, dY and dO. They are the same for separate q/k/v; with
+    packed projections (:func:`evo_attention_packed`) the inputs are views of one
+    ``[B, R, N, P*H*D]`` tensor and the output is a dense ``[B, R, N, H*D]``.
+    """
 
     def __init__(self, q, bias, mask, scale):
         *batch, self.R, self.H, self.N, self.D = q.shape
@@ -514,7 +540,9 @@ class _Launch:
         else:
             self.mask, self.mask_strides = None, [0, 0, 0]
         self.dtype = q.dtype
-        self.layout: tuple[int, ...] = ()  # strides of every [B, R, H, N, D] tensor (set_layout)
+        self.layout: tuple[int, ...] = ()  # q's layout (set_layout / packed)
+        self.out_layout: tuple[int, ...] = ()  # o's layout
+        self.packed = False
 
     def set_layout(self, q, k, v, gate):
         """Adopt q's strides for q, k, v, gate, o, dO and the gradients when they share them and
@@ -526,18 +554,32 @@ class _Launch:
             q, k, v = (t.contiguous() for t in (q, k, v))
             gate = gate.contiguous() if gate is not None else None
             stride = q.stride()
-        self.layout = tuple(stride)
+        self.layout = self.out_layout = tuple(stride)
         return q, k, v, gate
 
+    def set_packed_layout(self, q):
+        """q, k, v, gate are views of one packed ``[B, R, N, P*H*D]`` projection (q's strides);
+        the output is a dense ``[B, R, N, H, D]`` seen as [B, R, H, N, D]."""
+        self.layout = tuple(q.stride())
+        n_hd = self.H * self.D
+        self.out_layout = (self.R * self.N * n_hd, self.N * n_hd, self.D, n_hd, 1)
+        self.packed = True
+
     def empty(self, like: torch.Tensor) -> torch.Tensor:
-        """A new [B, R, H, N, D] tensor in the shared layout."""
+        """A new [B, R, H, N, D] tensor in q's layout (separate q/k/v only)."""
         return torch.empty_strided(like.shape, self.layout, device=like.device, dtype=like.dtype)
 
+    def empty_out(self, like: torch.Tensor) -> torch.Tensor:
+        """A new [B, R, H, N, D] tensor in the output layout."""
+        return torch.empty_strided(like.shape, self.out_layout, device=like.device,
+                                   dtype=like.dtype)
+
     def conform(self, t: torch.Tensor) -> torch.Tensor:
-        """``t`` in the shared layout (a copy only when its strides differ)."""
-        if t.stride() == self.layout:
+        """``t`` (an output-side tensor: dY) in the output layout (a copy only when its strides
+        differ)."""
+        if t.stride() == self.out_layout:
             return t
-        out = self.empty(t)
+        out = self.empty_out(t)
         out.copy_(t)
         return out
 
@@ -546,11 +588,11 @@ class _Launch:
         return self.N % cfg.block_m == 0 and self.N % cfg.block_n == 0
 
     def strides(self):
-        return (*self.bias_strides, *self.mask_strides, *self.layout[:4])
+        return (*self.bias_strides, *self.mask_strides, *self.layout[:4], *self.out_layout[:4])
 
     def key(self, kernel: str) -> tuple:
         return (kernel, self.R, self.N, self.D, self.dtype, self.bias is not None,
-                self.mask is not None)
+                self.mask is not None, self.packed)
 
 
 def _dense(t: torch.Tensor) -> bool:
@@ -572,20 +614,22 @@ def _cfg(kernel: str, lp: _Launch, launch) -> tuning.Config:
     return tuning.pick(f"evo_{kernel}", lp.key(kernel), cands, launch)
 
 
-def _forward(q, k, v, gate, lp: _Launch):
-    o = lp.empty(q)
-    o_pre = lp.empty(q) if gate is not None else o
+def _forward(q, k, v, gate, gate_bias, lp: _Launch):
+    o = lp.empty_out(q)
+    o_pre = lp.empty_out(q) if gate is not None else o
     lse = torch.empty((lp.B, lp.R, lp.H, 2, lp.N), device=q.device, dtype=torch.float32)
     dummy = q
 
     def launch(cfg: tuning.Config):
         grid = (triton.cdiv(lp.N, cfg.block_m), triton.cdiv(lp.R, cfg.rows), lp.B * lp.H)
         _fwd[grid](q, k, v, gate if gate is not None else dummy,
+                   gate_bias if gate_bias is not None else dummy,
                    lp.bias if lp.bias is not None else dummy,
                    lp.mask if lp.mask is not None else dummy,
                    o, o_pre, lse, *lp.strides(), lp.R, lp.H, lp.N, lp.D, lp.qk_scale,
                    HAS_BIAS=lp.bias is not None, HAS_MASK=lp.mask is not None,
-                   HAS_GATE=gate is not None, TWO_ROWS=cfg.rows == 2, EVEN=lp.even(cfg),
+                   HAS_GATE=gate is not None, HAS_GATE_BIAS=gate_bias is not None,
+                   TWO_ROWS=cfg.rows == 2, EVEN=lp.even(cfg),
                    BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
                    BLOCK_D=lp.block_d, PRECISION=lp.precision,
                    num_warps=cfg.num_warps, num_stages=cfg.num_stages)
@@ -594,19 +638,24 @@ def _forward(q, k, v, gate, lp: _Launch):
     return o, o_pre, lse
 
 
-def _backward(dy, q, k, v, gate, o_pre, lse, lp: _Launch, need_dbias: bool):
+def _backward(dy, q, k, v, gate, gate_bias, o_pre, lse, lp: _Launch, need_dbias: bool,
+              grads=None):
+    """dq, dk, dv, dbias, dgate; ``grads`` = (dq, dk, dv, dgate) to write into (views of one
+    packed gradient), else they are allocated in q's layout."""
     dy = lp.conform(dy)
     rows = lp.B * lp.R * lp.H * lp.N
     delta = torch.empty((lp.B, lp.R, lp.H, lp.N), device=q.device, dtype=torch.float32)
-    if gate is not None:
-        do = lp.empty(q)
-        dgate = lp.empty(gate)
-    else:
-        do, dgate = dy, None
+    if grads is None:
+        grads = (lp.empty(q), lp.empty(k), lp.empty(v),
+                 lp.empty(gate) if gate is not None else None)
+    dq, dk, dv, dgate = grads
+    do = lp.empty_out(q) if gate is not None else dy
     block_r = 16 if tuning.interpreting() else 64
     _bwd_pre[(triton.cdiv(rows, block_r),)](
-        dy, o_pre, gate if gate is not None else dy, do, dgate if gate is not None else dy,
-        delta, rows, lp.R, lp.H, lp.N, lp.D, *lp.layout[:4], HAS_GATE=gate is not None,
+        dy, o_pre, gate if gate is not None else dy,
+        gate_bias if gate_bias is not None else dy, do, dgate if gate is not None else dy,
+        delta, rows, lp.R, lp.H, lp.N, lp.D, *lp.layout[:4], *lp.out_layout[:4],
+        HAS_GATE=gate is not None, HAS_GATE_BIAS=gate_bias is not None,
         BLOCK_R=block_r, BLOCK_D=lp.block_d)
 
     dummy = q
@@ -614,7 +663,6 @@ def _backward(dy, q, k, v, gate, o_pre, lse, lp: _Launch, need_dbias: bool):
     mask = lp.mask if lp.mask is not None else dummy
     flags = dict(HAS_BIAS=lp.bias is not None, HAS_MASK=lp.mask is not None,
                  BLOCK_D=lp.block_d, PRECISION=lp.precision)
-    dq, dk, dv = lp.empty(q), lp.empty(k), lp.empty(v)
 
     def launch_dkdv(cfg: tuning.Config):
         grid = (triton.cdiv(lp.N, cfg.block_n), triton.cdiv(lp.R, cfg.rows), lp.B * lp.H)
@@ -670,6 +718,16 @@ def _dbias_splits(tiles: int, rows: int, device: torch.device) -> int:
     return int(min(want, max(rows // 32, 1), 16))
 
 
+def _dbias_shape(dbias: torch.Tensor | None, lp: _Launch) -> torch.Tensor | None:
+    """The bias gradient ``[B_bias, H, N, N]`` in the bias's own shape."""
+    if dbias is None:
+        return None
+    if lp.Bb == 1:  # one bias for every batch entry: its leading dims are all 1
+        return dbias.reshape(lp.bias_shape)
+    # [B, H, N, N] -> [*batch, H, N, N], summed over the bias's broadcast dims
+    return dbias.reshape(*lp.batch, lp.H, lp.N, lp.N).sum_to_size(lp.bias_shape)
+
+
 class _EvoAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, bias, mask, gate, scale):
@@ -679,7 +737,7 @@ class _EvoAttention(torch.autograd.Function):
         q_, k_, v_ = (t.reshape(flat) for t in (q, k, v))  # views for the usual layouts
         g_ = gate.reshape(flat) if gate is not None else None
         q_, k_, v_, g_ = lp.set_layout(q_, k_, v_, g_)
-        o, o_pre, lse = _forward(q_, k_, v_, g_, lp)
+        o, o_pre, lse = _forward(q_, k_, v_, g_, None, lp)
         ctx.save_for_backward(q_, k_, v_, g_, o_pre, lse)
         ctx.lp = lp
         ctx.shape = shape
@@ -690,16 +748,65 @@ class _EvoAttention(torch.autograd.Function):
         q, k, v, g, o_pre, lse = ctx.saved_tensors
         lp: _Launch = ctx.lp
         need_dbias = ctx.needs_input_grad[3]
-        dq, dk, dv, dbias, dgate = _backward(dy.reshape(q.shape), q, k, v, g, o_pre, lse, lp,
-                                             need_dbias)
+        dq, dk, dv, dbias, dgate = _backward(dy.reshape(q.shape), q, k, v, g, None, o_pre, lse,
+                                             lp, need_dbias)
         shape = ctx.shape
-        if dbias is not None:
-            if lp.Bb == 1:  # one bias for every batch entry: its leading dims are all 1
-                dbias = dbias.reshape(lp.bias_shape)
-            else:  # [B, H, N, N] -> [*batch, H, N, N], summed over the bias's broadcast dims
-                dbias = dbias.reshape(*lp.batch, lp.H, lp.N, lp.N).sum_to_size(lp.bias_shape)
-        return (dq.reshape(shape), dk.reshape(shape), dv.reshape(shape), dbias, None,
-                None if dgate is None else dgate.reshape(shape), None)
+        return (dq.reshape(shape), dk.reshape(shape), dv.reshape(shape), _dbias_shape(dbias, lp),
+                None, None if dgate is None else dgate.reshape(shape), None)
+
+
+def _unpack(proj: torch.Tensor, parts: int, no_heads: int) -> list[torch.Tensor]:
+    """``proj [B, R, N, parts*H*D]`` -> ``parts`` views ``[B, R, H, N, D]`` (q, k, v[, gate]),
+    all with the same strides (rows ``parts*H*D`` apart)."""
+    n_hd = proj.shape[-1] // parts
+    return [proj[..., i * n_hd:(i + 1) * n_hd].unflatten(-1, (no_heads, -1)).transpose(2, 3)
+            for i in range(parts)]
+
+
+class _EvoAttentionPacked(torch.autograd.Function):
+    """Self-attention from one packed projection: the kernels read q, k, v and the gate in place
+    and write their gradients into one packed gradient, so the model's single GEMM for the four
+    projections needs no split in the forward and no concatenation (or gradient sum over four
+    GEMMs) in the backward."""
+
+    @staticmethod
+    def forward(ctx, proj, bias, mask, gate_bias, scale, no_heads, gated):
+        *batch, r, n, width = proj.shape
+        parts = 4 if gated else 3
+        flat = proj.reshape(math.prod(batch), r, n, width)  # [B, R, N, P*H*D]
+        if flat.stride(-1) != 1:
+            flat = flat.contiguous()
+        views = _unpack(flat, parts, no_heads)  # q, k, v[, gate]: [B, R, H, N, D]
+        q, k, v = views[:3]
+        g = views[3] if gated else None
+        lp = _Launch(q.reshape(*batch, *q.shape[1:]), bias, mask, scale)
+        lp.set_packed_layout(q)
+        o, o_pre, lse = _forward(q, k, v, g, gate_bias, lp)
+        ctx.save_for_backward(flat, gate_bias, o_pre, lse)
+        ctx.lp, ctx.parts, ctx.no_heads, ctx.shape = lp, parts, no_heads, proj.shape
+        # o is dense [B, R, N, H, D] seen as [B, R, H, N, D]: back to [*, R, N, H*D], a view
+        return o.transpose(2, 3).reshape(*batch, r, n, -1)
+
+    @staticmethod
+    def backward(ctx, dy):
+        flat, gate_bias, o_pre, lse = ctx.saved_tensors
+        lp: _Launch = ctx.lp
+        views = _unpack(flat, ctx.parts, ctx.no_heads)
+        q, k, v = views[:3]
+        g = views[3] if ctx.parts == 4 else None
+        dflat = torch.empty(flat.shape, device=flat.device, dtype=flat.dtype)  # [B, R, N, P*H*D]
+        grads = _unpack(dflat, ctx.parts, ctx.no_heads)
+        dy = dy.reshape(lp.B, lp.R, lp.N, lp.H, lp.D).transpose(2, 3)  # [B, R, H, N, D]
+        _, _, _, dbias, _ = _backward(dy, q, k, v, g, gate_bias, o_pre, lse, lp,
+                                      ctx.needs_input_grad[1],
+                                      grads=(*grads[:3], grads[3] if g is not None else None))
+        dgate_bias = None
+        if gate_bias is not None and ctx.needs_input_grad[3]:
+            n_hd = lp.H * lp.D
+            dg = dflat.view(-1, dflat.shape[-1])[:, 3 * n_hd:]  # [B*R*N, H*D], strided rows
+            dgate_bias = column_sum(dg, gate_bias.dtype)
+        return (dflat.reshape(ctx.shape), _dbias_shape(dbias, lp), None, dgate_bias, None, None,
+                None)
 
 
 def evo_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -721,3 +828,50 @@ def evo_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     if scale is None:
         scale = q.shape[-1] ** -0.5
     return _EvoAttention.apply(q, k, v, bias, mask, gate, scale)
+
+
+def evo_attention_packed(proj: torch.Tensor, no_heads: int, bias: torch.Tensor | None = None,
+                         mask: torch.Tensor | None = None, scale: float | None = None,
+                         gate_bias: torch.Tensor | None = None, gated: bool = True
+                         ) -> torch.Tensor:
+    """Self-attention whose q, k, v (and gate) come packed in one projection.
+
+    Args:
+        proj: ``[*, R, N, P*H*D]`` with P = 4 (``gated``: q | k | v | gate) or 3 (q | k | v),
+            each part head-major ``[H, D]``: the output of one linear layer with the four
+            weight matrices stacked.
+        no_heads: H.
+        bias, mask, scale: as :func:`evo_attention` (bias ``[*, H, N, N]``, mask ``[*, R, N]``).
+        gate_bias: ``[H*D]`` added to the gate before the sigmoid, or None.
+
+    Returns:
+        ``o [*, R, N, H*D]`` (heads merged, ready for the output projection), gated by
+        ``sigmoid(gate + gate_bias)`` when ``gated``. Differentiable in proj, bias and gate_bias.
+    """
+    _check_packed(proj, no_heads, bias, mask, gate_bias, gated)
+    d = proj.shape[-1] // ((4 if gated else 3) * no_heads)
+    if scale is None:
+        scale = d ** -0.5
+    return _EvoAttentionPacked.apply(proj, bias, mask, gate_bias, scale, no_heads, gated)
+
+
+def _check_packed(proj, no_heads, bias, mask, gate_bias, gated) -> None:
+    parts = 4 if gated else 3
+    if proj.dim() < 3:
+        raise ValueError(f"evo_attention_packed: proj must be [*, R, N, P*H*D], got shape "
+                         f"{tuple(proj.shape)}")
+    if no_heads < 1 or proj.shape[-1] % (parts * no_heads):
+        raise ValueError(f"evo_attention_packed: the last dim {proj.shape[-1]} of proj is not "
+                         f"{parts} x H={no_heads} x D")
+    d = proj.shape[-1] // (parts * no_heads)
+    if gate_bias is not None and (not gated or gate_bias.shape != (no_heads * d,)):
+        raise ValueError(f"evo_attention_packed: gate_bias must be [H*D={no_heads * d}] with "
+                         f"gated=True, got {tuple(gate_bias.shape)} (gated={gated})")
+    if proj.dtype not in SUPPORTED_DTYPES:
+        raise ValueError(f"evo_attention_packed: proj must be one of {SUPPORTED_DTYPES}, got "
+                         f"{proj.dtype}")
+    if d > MAX_HEAD_DIM:
+        raise ValueError(f"evo_attention_packed: head dim {d} > {MAX_HEAD_DIM}")
+    _check_bias_mask("evo_attention_packed", no_heads, proj.shape[-2], bias, mask)
+    tuning.require_device("evo_attention_packed", proj,
+                          "fold_kernels.reference.evo_attention_packed")

@@ -124,11 +124,31 @@ def ln_forward(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: f
     return y, mean, rstd
 
 
+def _bwd_configs(c: int) -> list[tuning.Config]:
+    """Candidates for the backward: ``block_m`` rows a program, ``num_warps``, and ``block_n``
+    programs per multiprocessor (each walks a strided set of row blocks). The first is the
+    default: about 4K elements a block, 4 programs a multiprocessor."""
+    block_r = _block_r(c)
+    warps = _num_warps(block_r, triton.next_power_of_2(c))
+    default = tuning.Config(block_m=block_r, block_n=4, num_warps=warps)
+    if tuning.interpreting():
+        return [default]
+    out = [default]
+    for rows_x, warps, per_sm in ((1, 8, 4), (2, 8, 4), (1, 4, 8), (0.5, 4, 8), (0.5, 2, 16),
+                                  (2, 8, 2), (1, 8, 8), (0.25, 2, 16)):
+        r = max(1, int(block_r * rows_x))
+        cfg = tuning.Config(block_m=r, block_n=per_sm, num_warps=warps)
+        if cfg not in out:
+            out.append(cfg)
+    return out
+
+
 def ln_backward(dy, x, weight, mean, rstd, dw_dtype=torch.float32, db_dtype=torch.float32):
     """Gradients ``(dx, dweight [C], dbias [C])`` of LayerNorm for ``x, dy [*, C]`` in any
     layouts (dx in x's layout when x is dense); two-stage dw/db, the second stage
     (:func:`fold_kernels.reduce.sum_partials`) one launch for both, writing ``dw_dtype`` /
-    ``db_dtype`` directly (no separate cast)."""
+    ``db_dtype`` directly (no separate cast). The launch configuration is autotuned per shape
+    and layout (:func:`fold_kernels.tuning.pick`)."""
     c = x.shape[-1]
     rows = x.numel() // max(c, 1)
     dx = torch.empty_like(x)  # keeps x's strides when x is dense: the caller's grad layout
@@ -137,21 +157,26 @@ def ln_backward(dy, x, weight, mean, rstd, dw_dtype=torch.float32, db_dtype=torc
         dx = torch.empty(x.shape, device=x.device, dtype=x.dtype)
         dims, (xv, dyv, dxv), (xs, ys, ds) = _layout(xv.contiguous(), dyv.contiguous(), dx)
     block_c = triton.next_power_of_2(c)
-    block_r = _block_r(c)
-    n_blocks = triton.cdiv(rows, block_r)
-    if tuning.interpreting() or not x.is_cuda:
-        n_prog = min(n_blocks, 3)
-    else:
-        sms = tuning.multiprocessors(x.device)
-        n_prog = min(n_blocks, 4 * sms)
-    partials = torch.empty((n_prog, 2, c), device=x.device, dtype=torch.float32)  # [dw | db]
-    _ln_bwd[(n_prog,)](xv, weight, dyv, mean, rstd, dxv, partials, partials[:, 1], 2 * c,
-                       rows, c, dims[1], dims[2], *xs, *ys, *ds,
-                       BLOCK_R=block_r, BLOCK_C=block_c, num_warps=_num_warps(block_r, block_c))
+    sms = None if tuning.interpreting() or not x.is_cuda else tuning.multiprocessors(x.device)
+    state = {}
+
+    def launch(cfg: tuning.Config):
+        n_blocks = triton.cdiv(rows, cfg.block_m)
+        n_prog = min(n_blocks, 3 if sms is None else cfg.block_n * sms)
+        partials = torch.empty((n_prog, 2, c), device=x.device, dtype=torch.float32)  # dw | db
+        _ln_bwd[(n_prog,)](xv, weight, dyv, mean, rstd, dxv, partials, partials[:, 1], 2 * c,
+                           rows, c, dims[1], dims[2], *xs, *ys, *ds,
+                           BLOCK_R=cfg.block_m, BLOCK_C=block_c, num_warps=cfg.num_warps)
+        state["partials"] = partials
+
+    # Only the first stage is timed: host overhead would swamp the few microseconds of the
+    # second, which stays short for any number of programs (sum_partials adds in a tree).
+    key = (rows, c, x.dtype, dy.dtype, tuple(xs), tuple(ys), tuple(ds))
+    launch(tuning.pick("ln_bwd", key, _bwd_configs(c), launch))
     if dw_dtype == db_dtype:
-        dwdb = sum_partials(partials, dw_dtype)  # [2, C]
+        dwdb = sum_partials(state["partials"], dw_dtype)  # [2, C]
         return dx, dwdb[0], dwdb[1]
-    dwdb = sum_partials(partials, torch.float32)
+    dwdb = sum_partials(state["partials"], torch.float32)
     return dx, dwdb[0].to(dw_dtype), dwdb[1].to(db_dtype)
 
 

@@ -14,12 +14,14 @@ import torch.nn.functional as F
 __all__ = [
     "MASK_VALUE",
     "evo_attention",
+    "evo_attention_packed",
     "layer_norm",
     "layer_norm_linear",
     "swiglu",
     "bias_sigmoid_gate",
     "bias_dropout_residual",
     "softmax_mask_bias",
+    "linear_channel_first",
     "adam_ema_step",
     "global_grad_norm",
 ]
@@ -50,6 +52,23 @@ def evo_attention(q, k, v, bias=None, mask=None, scale=None, gate=None):
     return o
 
 
+def evo_attention_packed(proj, no_heads, bias=None, mask=None, scale=None, gate_bias=None,
+                         gated=True):
+    """:func:`evo_attention` of the q, k, v (and gate) packed in ``proj [*, R, N, P*H*D]``
+    (P = 4 with the gate, else 3); returns ``[*, R, N, H*D]``."""
+    # [*, R, N, P, H, D]; parts picked by index (a fixed count: torch.fx traces it)
+    x = proj.unflatten(-1, (4 if gated else 3, no_heads, -1))
+    q, k, v = (x[..., i, :, :].transpose(-2, -3) for i in range(3))  # [*, R, H, N, D]
+    gate = None
+    if gated:
+        gate = x[..., 3, :, :]  # [*, R, N, H, D]
+        if gate_bias is not None:
+            gate = gate + gate_bias.view(no_heads, -1)
+        gate = gate.transpose(-2, -3)
+    o = evo_attention(q, k, v, bias, mask, scale, gate)  # [*, R, H, N, D]
+    return o.transpose(-2, -3).flatten(-2)
+
+
 def layer_norm(x, weight, bias, eps=1e-5):
     """``F.layer_norm`` over the last dim."""
     return F.layer_norm(x, (x.shape[-1],), weight, bias, eps)
@@ -77,6 +96,12 @@ def triangle_projection_gate(proj, bias, mask):
     p_a, g_a, p_b, g_b = (proj + bias.to(proj.dtype)[:, None, None]).chunk(4, dim=-3)
     keep = mask.unsqueeze(-3).to(proj.dtype)
     return p_a * torch.sigmoid(g_a) * keep, p_b * torch.sigmoid(g_b) * keep
+
+
+def linear_channel_first(x, weight):
+    """``y[..., o, i, j] = sum_c weight[o, c] x[..., i, j, c]``: ``x [*, I, J, C]``, ``weight
+    [O, C]`` -> ``[*, O, I, J]``."""
+    return torch.einsum("oc,...ijc->...oij", weight, x)
 
 
 def bias_dropout_residual(x, residual, bias=None, dropout_mask=None):

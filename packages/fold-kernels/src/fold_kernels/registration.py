@@ -88,6 +88,31 @@ def supports_attention(q, k, v, bias=None, mask=None, scale=None, gate=None) -> 
     return True
 
 
+def supports_attention_packed(proj, no_heads, bias=None, mask=None, scale=None, gate_bias=None,
+                              gated=True) -> bool:
+    if not _common(proj, bias, mask, gate_bias) or proj.dim() < 3:
+        return False
+    parts = 4 if gated else 3
+    if no_heads < 1 or proj.shape[-1] % (parts * no_heads):
+        return False
+    d = proj.shape[-1] // (parts * no_heads)
+    if d > 128 or (gate_bias is not None and (not gated or gate_bias.shape != (no_heads * d,))):
+        return False
+    n = proj.shape[-2]
+    if bias is not None and (bias.dim() < 3 or tuple(bias.shape[-3:]) != (no_heads, n, n)
+                             or bias.dtype not in _DTYPES):
+        return False
+    batch = tuple(proj.shape[:-3])
+    if bias is not None and bias.dim() > 3:
+        if broadcast_shape(tuple(bias.shape[:-3]), batch) != batch:
+            return False
+    if mask is not None:
+        if mask.shape[-1] != n or broadcast_shape(tuple(mask.shape),
+                                                  tuple(proj.shape[:-2]) + (n,)) is None:
+            return False
+    return True
+
+
 def supports_linear(x, weight, bias=None) -> bool:
     """Only with a bias of the weight's dtype: the kernel's gain is the bias gradient."""
     if bias is None or not _common(x, weight, bias):
@@ -137,6 +162,12 @@ def supports_triangle_projection_gate(proj, bias, mask) -> bool:
             and mask.dim() <= proj.dim() - 1)
 
 
+def supports_linear_channel_first(x, weight) -> bool:
+    if not _common(x, weight) or x.dim() < 3:
+        return False
+    return weight.dim() == 2 and weight.shape[1] == x.shape[-1] and weight.dtype == x.dtype
+
+
 def supports_bias_dropout_residual(x, residual, bias=None, dropout_mask=None) -> bool:
     return _common(x, residual, bias, dropout_mask) and _broadcasts(x, residual, bias,
                                                                      dropout_mask)
@@ -151,6 +182,7 @@ def supports_softmax_mask_bias(logits, mask=None, bias=None) -> bool:
 SUPPORTS: dict[str, tuple[Callable, Callable[..., bool]]] = {
     "linear": (kernels.linear, supports_linear),
     "attention": (kernels.evo_attention, supports_attention),
+    "attention_packed": (kernels.evo_attention_packed, supports_attention_packed),
     "layer_norm": (kernels.layer_norm, supports_layer_norm),
     "layer_norm_linear": (kernels.layer_norm_linear,
                           supports_layer_norm_linear),
@@ -163,6 +195,8 @@ SUPPORTS: dict[str, tuple[Callable, Callable[..., bool]]] = {
                               supports_bias_dropout_residual),
     "triangle_projection_gate": (kernels.triangle_projection_gate,
                                  supports_triangle_projection_gate),
+    "linear_channel_first": (kernels.linear_channel_first,
+                             supports_linear_channel_first),
 }
 
 

@@ -206,7 +206,7 @@ def test_attention_and_transitions_go_through_the_op_registry():
     from fold_model.af3.diffusion import DiffusionTransformerBlock
     from fold_model.ops import reference
 
-    calls = {"attention": 0, "swiglu": 0}
+    calls = {"attention": 0, "attention_packed": 0, "swiglu": 0}
 
     def counting(name):
         def fn(*args, **kwargs):
@@ -222,10 +222,12 @@ def test_attention_and_transitions_go_through_the_op_registry():
     a = torch.randn(1, 2, 5, 12, dtype=torch.float64)
     s2 = torch.randn(1, 2, 5, C_S, dtype=torch.float64)
     ref = stack(s, z, m, pm), dtb(a, s2, z[:1], m[:1])
-    with ops.use_backend({"attention": "af3_counting", "swiglu": "af3_counting"}):
+    with ops.use_backend({name: "af3_counting" for name in calls}):
         got = stack(s, z, m, pm), dtb(a, s2, z[:1], m[:1])
     n_blocks = CFG.pairformer.no_blocks
-    assert calls["attention"] == 3 * n_blocks + 1  # tri start, tri end, single; one DT block
+    # tri start, tri end, single; one DT block: all self-attention, so packed projections
+    assert calls["attention_packed"] == 3 * n_blocks + 1
+    assert calls["attention"] == 0
     assert calls["swiglu"] == 2 * n_blocks + 1  # pair and single transitions; DT transition
     assert rel_err(got[0][0], ref[0][0]) == 0 and rel_err(got[1], ref[1]) == 0
 

@@ -264,10 +264,12 @@ class TriangleMultiplication(nn.Module):
         layers = (self.linear_a_p, self.linear_a_g, self.linear_b_p, self.linear_b_g)
         weight = torch.cat([lin.weight for lin in layers])  # [4c, C_z]
         bias = torch.cat([lin.bias for lin in layers])  # [4c]
-        # one GEMM over the merged (rows, cols) dims writing the transposed layout; einsum keeps
-        # rows a dim of its own (AutoChunk follows it through); under autocast it runs in the
-        # autocast dtype
-        proj = torch.einsum("oc,...ijc->...oij", weight, z_ln)  # [*, 4c, rows, cols]
+        # one GEMM over the merged (rows, cols) dims writing the transposed layout. The torch
+        # reference is an einsum (rows stay a dim of its own: AutoChunk follows it through; under
+        # autocast it runs in the autocast dtype), whose backward returns d(z_ln) channel-first:
+        # adding that to linear_g's contiguous d(z_ln) is a slow strided add. The fold-kernels
+        # backend returns d(z_ln) channel-last.
+        proj = ops.linear_channel_first(z_ln, weight)  # [*, 4c, rows, cols]
         return ops.triangle_projection_gate(proj, bias, pair_mask)
 
     def forward(

@@ -29,6 +29,7 @@ __all__ = [
     "use_backend",
     "linear",
     "attention",
+    "attention_packed",
     "layer_norm",
     "layer_norm_linear",
     "softmax_mask_bias",
@@ -36,6 +37,7 @@ __all__ = [
     "bias_sigmoid_gate",
     "bias_dropout_residual",
     "triangle_projection_gate",
+    "linear_channel_first",
 ]
 
 
@@ -64,6 +66,23 @@ def attention(
     """``softmax(scale q k^T + bias + mask) v [* sigmoid(gate)]``; q/k/v/gate ``[*, R, H, N, D]``,
     bias ``[*, H, N_q, N_k]``, mask ``[*, R, N_k]``."""
     return dispatch("attention", q, k, v, bias, mask, scale, gate, backend=backend)
+
+
+def attention_packed(
+    proj: torch.Tensor,
+    no_heads: int,
+    bias: torch.Tensor | None = None,
+    mask: torch.Tensor | None = None,
+    scale: float | None = None,
+    gate_bias: torch.Tensor | None = None,
+    gated: bool = True,
+    *,
+    backend: str | None = None,
+) -> torch.Tensor:
+    """Gated self-attention from packed projections ``proj [*, R, N, P*H*D]`` (q | k | v | gate)
+    -> ``[*, R, N, H*D]``; bias ``[*, H, N, N]``, mask ``[*, R, N]``, gate_bias ``[H*D]``."""
+    return dispatch("attention_packed", proj, no_heads, bias, mask, scale, gate_bias, gated,
+                    backend=backend)
 
 
 def layer_norm(
@@ -147,3 +166,14 @@ def triangle_projection_gate(
     """``a, b`` of triangle multiplication from channel-first ``proj [*, 4c, I, J]`` (rows
     ``p_a, g_a, p_b, g_b``): ``a = (p_a + bias_pa) * sigmoid(g_a + bias_ga) * mask``."""
     return dispatch("triangle_projection_gate", proj, bias, mask, backend=backend)
+
+
+def linear_channel_first(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    *,
+    backend: str | None = None,
+) -> torch.Tensor:
+    """Channel-first projection ``x [*, I, J, C]``, ``weight [O, C]`` -> ``[*, O, I, J]``,
+    ``y[..., o, i, j] = sum_c weight[o, c] x[..., i, j, c]`` (no bias)."""
+    return dispatch("linear_channel_first", x, weight, backend=backend)

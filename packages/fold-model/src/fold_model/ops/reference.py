@@ -23,6 +23,7 @@ from fold_model.ops.registry import register
 __all__ = [
     "linear",
     "attention",
+    "attention_packed",
     "layer_norm",
     "layer_norm_linear",
     "softmax_mask_bias",
@@ -30,6 +31,7 @@ __all__ = [
     "bias_sigmoid_gate",
     "bias_dropout_residual",
     "triangle_projection_gate",
+    "linear_channel_first",
     "MASKED_LOGIT",
 ]
 
@@ -82,6 +84,30 @@ def attention(
     if gate is not None:
         o = o * torch.sigmoid(gate)
     return o
+
+
+def attention_packed(
+    proj: torch.Tensor,
+    no_heads: int,
+    bias: torch.Tensor | None = None,
+    mask: torch.Tensor | None = None,
+    scale: float | None = None,
+    gate_bias: torch.Tensor | None = None,
+    gated: bool = True,
+) -> torch.Tensor:
+    """:func:`attention` of the q, k, v (and gate) packed in ``proj [*, R, N, P*H*D]`` (P = 4
+    with the gate, else 3; each part head-major ``[H, D]``); returns ``[*, R, N, H*D]``."""
+    # [*, R, N, P, H, D]; parts picked by index (a fixed count: torch.fx traces it)
+    x = proj.unflatten(-1, (4 if gated else 3, no_heads, -1))
+    q, k, v = (x[..., i, :, :].transpose(-2, -3) for i in range(3))  # [*, R, H, N, D]
+    gate = None
+    if gated:
+        gate = x[..., 3, :, :]  # [*, R, N, H, D]
+        if gate_bias is not None:  # in proj's dtype (bf16 under autocast, as linear_g gave)
+            gate = gate + gate_bias.to(proj.dtype).view(no_heads, -1)
+        gate = gate.transpose(-2, -3)
+    o = attention(q, k, v, bias, mask, scale, gate)  # [*, R, H, N, D]
+    return o.transpose(-2, -3).flatten(-2)
 
 
 def layer_norm(
@@ -161,6 +187,14 @@ def triangle_projection_gate(
     p_a, g_a, p_b, g_b = (proj + bias.to(proj.dtype)[:, None, None]).chunk(4, dim=-3)
     keep = mask.unsqueeze(-3).to(proj.dtype)  # [*, 1, I, J]
     return p_a * torch.sigmoid(g_a) * keep, p_b * torch.sigmoid(g_b) * keep
+
+
+def linear_channel_first(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """``x [*, I, J, C]``, ``weight [O, C]`` -> ``[*, O, I, J]``: one GEMM over the merged
+    (I, J) dims writing the transposed layout. An einsum, not a reshape to ``[M, C]``: torch.fx
+    traces this path and AutoChunk follows the row dim I through it as a dim of its own. Under
+    autocast it runs in the autocast dtype."""
+    return torch.einsum("oc,...ijc->...oij", weight, x)
 
 
 for _name in __all__:

@@ -22,6 +22,12 @@ Op signatures (all backends implement exactly these):
     None); mask: ``[*, R, N_k]``, bool or float, true/1 = attend (or None); scale defaults to
     ``D**-0.5``. A query whose keys are all masked gets the mean of v (uniform weights), as a
     masked softmax with a large negative bias gives.
+``attention_packed(proj, no_heads, bias=None, mask=None, scale=None, gate_bias=None, gated=True)``
+    self-attention whose q, k, v (and gate) are packed in one projection ``proj [*, R, N,
+    P*H*D]`` (P = 4: q | k | v | gate, or 3 without ``gated``; each part head-major ``[H, D]``);
+    the gate is ``sigmoid(gate + gate_bias)``. Returns ``[*, R, N, H*D]``. One GEMM of the
+    stacked weights feeds it: a backend reads the parts in place and writes their gradients
+    into one packed gradient (no split, no concatenation, no gradient sum over four GEMMs).
 ``linear(x, weight, bias=None) -> y``                ``F.linear``; a backend may compute the
     backward differently (fold-kernels: the bias gradient as a fast deterministic column sum).
 ``layer_norm(x, weight, bias, eps=1e-5) -> y``        over the last dim, like F.layer_norm.
@@ -35,6 +41,10 @@ Op signatures (all backends implement exactly these):
 ``bias_dropout_residual(x, residual, bias=None, dropout_mask=None) -> y``
     ``residual + (x + bias) * dropout_mask``; the mask is pre-scaled by 1/(1-p) and broadcasts
     (AF2's shared row/column dropout).
+``linear_channel_first(x, weight) -> y``
+    ``y[..., o, i, j] = sum_c weight[o, c] x[..., i, j, c]``: x ``[*, I, J, C]``, weight
+    ``[O, C]``, y ``[*, O, I, J]`` (no bias; triangle multiplication's projections). The torch
+    reference is an einsum; fold-kernels returns ``d(x)`` in x's channel-last layout.
 """
 
 from __future__ import annotations
@@ -58,6 +68,7 @@ __all__ = [
 OPS = (
     "linear",
     "attention",
+    "attention_packed",
     "layer_norm",
     "layer_norm_linear",
     "softmax_mask_bias",
@@ -65,6 +76,7 @@ OPS = (
     "bias_sigmoid_gate",
     "bias_dropout_residual",
     "triangle_projection_gate",
+    "linear_channel_first",
 )
 ENV_VAR = "FOLD_OPS_BACKEND"
 ENTRY_POINT_GROUP = "fold_model.ops"
