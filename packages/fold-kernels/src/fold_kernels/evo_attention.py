@@ -27,6 +27,12 @@ Kernels (MegaFold III, FlashAttention-2), each program one tile of one or two ro
 The forward stores, per query, the log2-sum-exp and (for a fully masked query) 1/l in fp32;
 the backward rebuilds P = exp2(s - lse) tile by tile.
 
+Packed inputs (:func:`evo_attention_packed`): q, k, v and the gate may be views of one
+``[*, R, N, P*H*D]`` projection (the model's single GEMM of the stacked weights). The kernels take
+two stride sets, q's (q, k, v, gate and their gradients) and the output's (o, dY, dO), so the parts
+are read in place, the output is written dense ``[*, R, N, H*D]`` and the four gradients land in one
+packed gradient.
+
 Masked keys have their logit *replaced* by a large negative constant (not added): a query whose
 keys are all masked therefore gets uniform weights (the mean of v) in any precision, and no
 gradient flows to q, k or bias through a masked logit. Keys past N get ``-inf`` (weight 0).

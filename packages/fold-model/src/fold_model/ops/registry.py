@@ -41,6 +41,10 @@ Op signatures (all backends implement exactly these):
 ``bias_dropout_residual(x, residual, bias=None, dropout_mask=None) -> y``
     ``residual + (x + bias) * dropout_mask``; the mask is pre-scaled by 1/(1-p) and broadcasts
     (AF2's shared row/column dropout).
+``triangle_projection_gate(proj, bias, mask) -> (a, b)``
+    the gated, masked operands of triangle multiplication from the channel-first projections
+    ``proj [*, 4c, I, J]`` (rows ``p_a, g_a, p_b, g_b``), ``bias [4c]``, ``mask [*, I, J]``:
+    ``a = (p_a + bias_pa) * sigmoid(g_a + bias_ga) * mask``, likewise b, each ``[*, c, I, J]``.
 ``linear_channel_first(x, weight) -> y``
     ``y[..., o, i, j] = sum_c weight[o, c] x[..., i, j, c]``: x ``[*, I, J, C]``, weight
     ``[O, C]``, y ``[*, O, I, J]`` (no bias; triangle multiplication's projections). The torch
