@@ -22,7 +22,10 @@ block at least 2x.
 
 ``--graphs`` captures each forward + backward (gradients of the inputs and parameters as graph
 outputs) into a CUDA graph after warm-up and times the replay: the kernels without host overhead
-(benchmarks/_graphs.py); on CPU the same step runs eagerly (smoke).
+(benchmarks/_graphs.py); on CPU the same step runs eagerly (smoke). The backward starts from the
+fp32 loss ``sum_o mean(o^2)`` (its kernels are part of the timed step: about 0.4 ms of the
+Pairformer's at 384 tokens), or with ``--upstream random`` from fixed random output gradients
+(the block alone).
 
 Results are rewritten atomically after every row (JSON and a markdown table beside it).
 """
@@ -47,7 +50,7 @@ from fold_model.af3.pairformer import PairformerBlock
 
 sys.path.insert(0, str(Path(__file__).parent))
 from _backends import ensure_kernels  # noqa: E402
-from _graphs import capture, grad_body  # noqa: E402
+from _graphs import capture  # noqa: E402
 
 # shared/TARGETS.md, H100, bf16, forward + backward ms (faster of Protenix and Boltz).
 PEERS_MS = {
@@ -88,10 +91,33 @@ def build(kind: str, n: int, samples: int, tiny: bool, device: torch.device,
     return block.to(device, dtype).train(), args
 
 
-def _step(block: torch.nn.Module, args: tuple) -> None:
-    out = block(*args)
-    outs = out if isinstance(out, tuple) else (out,)
-    sum(o.float().square().mean() for o in outs).backward()
+def _upstream_grads(block: torch.nn.Module, args: tuple) -> tuple[torch.Tensor, ...]:
+    """Fixed random gradients for the block's outputs (``--upstream random``)."""
+    with torch.no_grad():
+        out = block(*args)
+    gen = torch.Generator().manual_seed(1)
+    return tuple(torch.randn(o.shape, generator=gen).to(o.device, o.dtype)
+                 for o in (out if isinstance(out, tuple) else (out,)))
+
+
+def _backward(block: torch.nn.Module, args: tuple, grads: tuple | None,
+              tensors: list[torch.Tensor] | None = None):
+    """Forward + backward: of the loss ``sum_o mean(o^2)`` (fp32) when ``grads`` is None, else
+    of the outputs with ``grads`` as their gradients (the block alone, no loss kernels). With
+    ``tensors``, returns their gradients instead of accumulating ``.grad``."""
+    if grads is None:
+        outs, seeds = (_loss(block, args),), None
+    else:
+        out = block(*args)
+        outs, seeds = (out if isinstance(out, tuple) else (out,)), grads
+    if tensors is not None:
+        return torch.autograd.grad(outs, tensors, seeds, allow_unused=True)
+    torch.autograd.backward(outs, seeds)
+    return None
+
+
+def _step(block: torch.nn.Module, args: tuple, grads: tuple | None = None) -> None:
+    _backward(block, args, grads)
     for a in args:
         if isinstance(a, torch.Tensor) and a.grad is not None:
             a.grad = None
@@ -105,14 +131,17 @@ def _loss(block: torch.nn.Module, args: tuple) -> torch.Tensor:
 
 
 def measure(block: torch.nn.Module, args: tuple, device: torch.device, warmup: int,
-            reps: int, graphs: bool = False) -> dict[str, Any]:
+            reps: int, graphs: bool = False, upstream: str = "loss") -> dict[str, Any]:
     cuda = device.type == "cuda"
+    grads = _upstream_grads(block, args) if upstream == "random" else None
     if graphs:  # replay a captured forward + backward; the peak is not measured
-        tensors = [a for a in args if isinstance(a, torch.Tensor)] + list(block.parameters())
-        step = capture(grad_body(lambda: _loss(block, args), tensors), device, max(warmup, 2))[0]
+        tensors = [a for a in args if isinstance(a, torch.Tensor) and a.requires_grad]
+        tensors += list(block.parameters())
+        step = capture(lambda: _backward(block, args, grads, tensors), device,
+                       max(warmup, 2))[0]
     else:
         def step():
-            _step(block, args)
+            _step(block, args, grads)
     for _ in range(0 if graphs else warmup):
         step()
     peak = None
@@ -162,6 +191,7 @@ def _markdown(results: list[dict[str, Any]]) -> str:
         ratio = f"{peer / r['ms']:.2f}" if peer and r.get("ms") else "-"
         peak = f"{r['peak_mib']:.0f}" if r.get("peak_mib") is not None else "-"
         backend = r["backend"] + (" (graph)" if r.get("graphs") else "")
+        backend += ", random dY" if r.get("upstream") == "random" else ""
         lines.append(f"| {r['block']} | {r['n_token']} | {r['samples']} | {backend} | "
                      f"{r.get('ms', float('nan')):.2f} | {peak} | {peer or '-'} | {ratio} |")
     return "\n".join(lines) + "\n"
@@ -179,6 +209,9 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--graphs", action="store_true",
                     help="time CUDA-graph replays of forward + backward (no host overhead)")
+    ap.add_argument("--upstream", choices=["loss", "random"], default="loss",
+                    help="backward from the loss sum(mean(o^2)) in fp32 (default), or from fixed "
+                         "random output gradients: the block alone, without the loss's kernels")
     ap.add_argument("--blocks", default=None,
                     help="only these rows, e.g. 'pairformer:256,diffusion_transformer:384:48'")
     args = ap.parse_args(argv)
@@ -197,7 +230,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
         for backend in backends:
             row: dict[str, Any] = {"block": kind, "n_token": n, "samples": samples,
                                    "backend": backend, "dtype": str(dtype),
-                                   "graphs": args.graphs,
+                                   "graphs": args.graphs, "upstream": args.upstream,
                                    "device": torch.cuda.get_device_name(device)
                                    if device.type == "cuda" else "cpu"}
             if not args.tiny:
@@ -206,7 +239,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
                 block, inputs = build(kind, n, samples, args.tiny, device, dtype)
                 with ops.use_backend(backend):
                     row.update(measure(block, inputs, device, args.warmup, args.reps,
-                                       args.graphs))
+                                       args.graphs, args.upstream))
             except torch.cuda.OutOfMemoryError:
                 row["error"] = "OOM"
             results.append(row)

@@ -8,8 +8,9 @@ products and runs the LayerNorm backward kernel.
 
 ``swiglu``: one GEMM program computes the tile of both halves ``a = x W_a^T`` and
 ``b = x W_b^T`` and writes only ``silu(a) * b``: the ``[M, 2 H]`` projection never reaches memory
-in the forward. Backward recomputes the projection (cuBLAS), a Triton kernel forms
-``d[a, b]`` from it, and cuBLAS does ``dx`` and ``dW``.
+in the forward. Backward recomputes the projection tile by tile in the same GEMM program and
+writes only ``d[a, b]`` from it (the projection never reaches memory there either); cuBLAS does
+``dx`` and ``dW``.
 """
 
 from __future__ import annotations
@@ -82,17 +83,12 @@ def _ln_linear_fwd(X, LW, LB, W, Bias, Y, Mean, Rstd, M, K, NOUT,
 
 
 @triton.jit
-def _swiglu_fwd(X, W, Bias, Y, M, K, NH,
-                HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                BLOCK_K: tl.constexpr, PRECISION: tl.constexpr):
-    pid_m = tl.program_id(0)
-    pid_n = tl.program_id(1)
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    m_valid = offs_m < M
-    n_valid = offs_n < NH
-    acc_a = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-    acc_b = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+def _swiglu_projection(X, W, Bias, offs_m, offs_n, m_valid, n_valid, K, NH,
+                       HAS_BIAS: tl.constexpr, BLOCK_K: tl.constexpr, PRECISION: tl.constexpr):
+    """The ``[BLOCK_M, BLOCK_N]`` tiles of ``a = x W_a^T + b_a`` and ``b = x W_b^T + b_b``
+    (fp32 accumulators) for x ``[M, K]`` and W ``[2 NH, K]`` (W_a its first NH rows)."""
+    acc_a = tl.zeros([offs_m.shape[0], offs_n.shape[0]], tl.float32)
+    acc_b = tl.zeros([offs_m.shape[0], offs_n.shape[0]], tl.float32)
     for k0 in range(0, K, BLOCK_K):
         offs_k = k0 + tl.arange(0, BLOCK_K)
         k_valid = offs_k < K
@@ -106,26 +102,45 @@ def _swiglu_fwd(X, W, Bias, Y, M, K, NH,
     if HAS_BIAS:
         acc_a += tl.load(Bias + offs_n, mask=n_valid, other=0.0).to(tl.float32)[None, :]
         acc_b += tl.load(Bias + NH + offs_n, mask=n_valid, other=0.0).to(tl.float32)[None, :]
-    y = acc_a * tl.sigmoid(acc_a) * acc_b
+    return acc_a, acc_b
+
+
+@triton.jit
+def _swiglu_fwd(X, W, Bias, Y, M, K, NH,
+                HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                BLOCK_K: tl.constexpr, PRECISION: tl.constexpr):
+    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    m_valid = offs_m < M
+    n_valid = offs_n < NH
+    a, b = _swiglu_projection(X, W, Bias, offs_m, offs_n, m_valid, n_valid, K, NH,
+                              HAS_BIAS, BLOCK_K, PRECISION)
+    y = a * tl.sigmoid(a) * b
     tl.store(Y + offs_m.to(tl.int64)[:, None] * NH + offs_n[None, :], y.to(Y.dtype.element_ty),
              mask=m_valid[:, None] & n_valid[None, :])
 
 
 @triton.jit
-def _swiglu_grad(Hab, DY, DH, M, NH, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
-    """From the projection [a, b] and dY: da = dY b silu'(a), db = dY silu(a)."""
-    offs_r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
-    offs_c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
-    rc = (offs_r < M)[:, None] & (offs_c < NH)[None, :]
-    row = offs_r.to(tl.int64)[:, None]
-    a = tl.load(Hab + row * 2 * NH + offs_c[None, :], mask=rc, other=0.0).to(tl.float32)
-    b = tl.load(Hab + row * 2 * NH + NH + offs_c[None, :], mask=rc, other=0.0).to(tl.float32)
-    dy = tl.load(DY + row * NH + offs_c[None, :], mask=rc, other=0.0).to(tl.float32)
+def _swiglu_bwd(X, W, Bias, DY, DH, M, K, NH,
+                HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                BLOCK_K: tl.constexpr, PRECISION: tl.constexpr):
+    """Recomputes the projection tile as the forward does and writes ``d[a, b]`` from it:
+    ``da = dY b silu'(a)``, ``db = dY silu(a)``. The ``[M, 2 NH]`` projection is never written
+    (recomputing it with cuBLAS and reading it back cost a third of the transition's backward)."""
+    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    m_valid = offs_m < M
+    n_valid = offs_n < NH
+    a, b = _swiglu_projection(X, W, Bias, offs_m, offs_n, m_valid, n_valid, K, NH,
+                              HAS_BIAS, BLOCK_K, PRECISION)
+    row = offs_m.to(tl.int64)[:, None]
+    mn = m_valid[:, None] & n_valid[None, :]
+    dy = tl.load(DY + row * NH + offs_n[None, :], mask=mn, other=0.0).to(tl.float32)
     sig = tl.sigmoid(a)
     da = dy * b * sig * (1.0 + a * (1.0 - sig))
     db = dy * a * sig
-    tl.store(DH + row * 2 * NH + offs_c[None, :], da.to(DH.dtype.element_ty), mask=rc)
-    tl.store(DH + row * 2 * NH + NH + offs_c[None, :], db.to(DH.dtype.element_ty), mask=rc)
+    tl.store(DH + row * 2 * NH + offs_n[None, :], da.to(DH.dtype.element_ty), mask=mn)
+    tl.store(DH + row * 2 * NH + NH + offs_n[None, :], db.to(DH.dtype.element_ty), mask=mn)
 
 
 def _precision(dtype: torch.dtype) -> str:
@@ -225,16 +240,23 @@ class _SwiGLU(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dy):
         x2, w, bias = ctx.saved_tensors
-        m, nh = x2.shape[0], w.shape[0] // 2
-        hab = torch.nn.functional.linear(x2, w, bias)  # [M, 2 NH] recomputed
-        dh = torch.empty_like(hab)
-        block_r, block_c = (4, 16) if tuning.interpreting() else (32, 64)
-        _swiglu_grad[(triton.cdiv(m, block_r), triton.cdiv(nh, block_c))](
-            hab, dy.reshape(m, nh).contiguous(), dh, m, nh, BLOCK_R=block_r, BLOCK_C=block_c)
+        m, k, nh = x2.shape[0], x2.shape[1], w.shape[0] // 2
+        dy2 = dy.reshape(m, nh).contiguous()
+        dh = torch.empty((m, 2 * nh), device=x2.device, dtype=x2.dtype)  # d[a, b]
+
+        def launch(cfg: tuning.Config):
+            grid = (triton.cdiv(m, cfg.block_m), triton.cdiv(nh, cfg.block_n))
+            _swiglu_bwd[grid](x2, w, bias if bias is not None else w, dy2, dh, m, k, nh,
+                              HAS_BIAS=bias is not None, BLOCK_M=cfg.block_m,
+                              BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
+                              PRECISION=_precision(x2.dtype), num_warps=cfg.num_warps,
+                              num_stages=cfg.num_stages)
+
+        launch(_gemm_cfg("swiglu_bwd", (m // 4096, k, nh, x2.dtype, bias is not None), launch))
         dx = dh.mm(w)
         dw = dh.t().mm(x2)
         dbias = column_sum(dh, bias.dtype) if bias is not None else None
-        return dx.reshape(*dy.shape[:-1], x2.shape[1]), dw, dbias
+        return dx.reshape(*dy.shape[:-1], k), dw, dbias
 
 
 def swiglu(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:

@@ -42,3 +42,28 @@ def test_benchmark_graphs_mode_smoke(tmp_path):
         ("pairformer", "auto", True), ("pairformer", "torch", True),
         ("diffusion_transformer", "auto", True), ("diffusion_transformer", "torch", True)]
     assert all(math.isfinite(r["ms"]) and r["ms"] > 0 for r in rows)
+
+
+def test_benchmark_random_upstream_gradients(tmp_path):
+    """--upstream random: the backward is seeded with fixed random output gradients (the block
+    alone); the gradients it returns are those of <out, dY>, unlike the loss mode's."""
+    if not SCRIPT.exists():
+        pytest.skip(f"{SCRIPT} not found")
+    import torch
+
+    spec = importlib.util.spec_from_file_location("model_af3_blocks", SCRIPT)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    rows = mod.main(["--device", "cpu", "--tiny", "--graphs", "--reps", "1", "--upstream",
+                     "random", "--blocks", "pairformer:13"])
+    assert rows[0]["upstream"] == "random" and math.isfinite(rows[0]["ms"])
+    block, args = mod.build("pairformer", 13, 1, True, torch.device("cpu"), torch.float64)
+    block.eval()  # no dropout: two forwards agree
+    grads = mod._upstream_grads(block, args)
+    assert all(g.dtype == torch.float64 and g.abs().sum() > 0 for g in grads)
+    got = mod._backward(block, args, grads, [args[1]])[0]
+    s, z = block(*args)
+    want = torch.autograd.grad((s * grads[0]).sum() + (z * grads[1]).sum(), args[1])[0]
+    torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
+    from_loss = mod._backward(block, args, None, [args[1]])[0]
+    assert not torch.allclose(from_loss, got)
