@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 from _trunk_helpers import holes, randomize_, rel_err
@@ -55,6 +57,22 @@ def _attention_ref(mod: Attention, q_x, kv_x, mask, bias):
     return mod.linear_o(o.flatten(-2))
 
 
+def _float64_copy(mod: Attention) -> Attention:
+    return copy.deepcopy(mod).double()
+
+
+def _assert_grads_match(out, ref, leaves, leaves64, mod, mod64) -> None:
+    """Backward of the same random projection of ``out`` and its float64 reference; every input
+    and parameter gradient within fp32 tolerance."""
+    w = torch.randn(out.shape, dtype=torch.float64)
+    (out * w.float()).sum().backward()
+    (ref * w).sum().backward()
+    for a, b in zip(leaves, leaves64):
+        assert rel_err(a.grad, b.grad) < 1e-5
+    for (n, p), p64 in zip(mod.named_parameters(), mod64.parameters()):
+        assert rel_err(p.grad, p64.grad) < 1e-5, n
+
+
 @pytest.mark.parametrize("chunk_size", [None, 2, 5])
 def test_attention_module_against_float64(chunk_size):
     torch.manual_seed(1)
@@ -63,19 +81,12 @@ def test_attention_module_against_float64(chunk_size):
     mask, bias = holes((2, 5, 7), seed=1), torch.randn(2, 3, 6, 7)
     leaves = [t.clone().requires_grad_() for t in (q_x, kv_x, bias)]
     out = mod(leaves[0], leaves[1], mask, leaves[2], chunk_size=chunk_size)
-    mod64 = randomize_(Attention(11, 9, 4, 3)).double()
-    mod64.load_state_dict({k: v.double() for k, v in mod.state_dict().items()})
+    mod64 = _float64_copy(mod)
     leaves64 = [t.double().requires_grad_() for t in (q_x, kv_x, bias)]
     ref = _attention_ref(mod64, leaves64[0], leaves64[1], mask.double(), leaves64[2])
     assert out.shape == (2, 5, 6, 11)
     assert rel_err(out, ref) < 1e-5
-    w = torch.randn(out.shape, dtype=torch.float64)
-    (out * w.float()).sum().backward()
-    (ref * w).sum().backward()
-    for a, b in zip(leaves, leaves64):
-        assert rel_err(a.grad, b.grad) < 1e-5
-    for (n, p), p64 in zip(mod.named_parameters(), mod64.parameters()):
-        assert rel_err(p.grad, p64.grad) < 1e-5, n
+    _assert_grads_match(out, ref, leaves, leaves64, mod, mod64)
 
 
 @pytest.mark.parametrize("chunk_size", [None, 3])
@@ -89,18 +100,11 @@ def test_self_attention_packed_path_against_float64(chunk_size):
     mask = holes((2, 5, 7), seed=3)
     leaves = [t.clone().requires_grad_() for t in (x, bias)]
     out = mod(leaves[0], leaves[0], mask, leaves[1], chunk_size=chunk_size)
-    mod64 = randomize_(Attention(10, 10, 4, 3)).double()
-    mod64.load_state_dict({k: v.double() for k, v in mod.state_dict().items()})
+    mod64 = _float64_copy(mod)
     leaves64 = [t.double().requires_grad_() for t in (x, bias)]
     ref = _attention_ref(mod64, leaves64[0], leaves64[0], mask.double(), leaves64[1])
     assert rel_err(out, ref) < 1e-5
-    w = torch.randn(out.shape, dtype=torch.float64)
-    (out * w.float()).sum().backward()
-    (ref * w).sum().backward()
-    for a, b in zip(leaves, leaves64):
-        assert rel_err(a.grad, b.grad) < 1e-5
-    for (n, p), p64 in zip(mod.named_parameters(), mod64.parameters()):
-        assert rel_err(p.grad, p64.grad) < 1e-5, n
+    _assert_grads_match(out, ref, leaves, leaves64, mod, mod64)
 
 
 def test_self_attention_dispatches_packed_cross_attention_does_not():

@@ -83,12 +83,17 @@ def _ln_linear_fwd(X, LW, LB, W, Bias, Y, Mean, Rstd, M, K, NOUT,
 
 
 @triton.jit
-def _swiglu_projection(X, W, Bias, offs_m, offs_n, m_valid, n_valid, K, NH,
-                       HAS_BIAS: tl.constexpr, BLOCK_K: tl.constexpr, PRECISION: tl.constexpr):
-    """The ``[BLOCK_M, BLOCK_N]`` tiles of ``a = x W_a^T + b_a`` and ``b = x W_b^T + b_b``
-    (fp32 accumulators) for x ``[M, K]`` and W ``[2 NH, K]`` (W_a its first NH rows)."""
-    acc_a = tl.zeros([offs_m.shape[0], offs_n.shape[0]], tl.float32)
-    acc_b = tl.zeros([offs_m.shape[0], offs_n.shape[0]], tl.float32)
+def _swiglu_projection(X, W, Bias, M, K, NH, HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr,
+                       BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PRECISION: tl.constexpr):
+    """This program's ``[BLOCK_M, BLOCK_N]`` tiles of ``a = x W_a^T + b_a`` and
+    ``b = x W_b^T + b_b`` (fp32 accumulators) for x ``[M, K]`` and W ``[2 NH, K]`` (W_a its first
+    NH rows), with the tile's rows ``[BLOCK_M, 1]`` (int64), columns ``[1, BLOCK_N]`` and mask."""
+    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    m_valid = offs_m < M
+    n_valid = offs_n < NH
+    acc_a = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    acc_b = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     for k0 in range(0, K, BLOCK_K):
         offs_k = k0 + tl.arange(0, BLOCK_K)
         k_valid = offs_k < K
@@ -102,22 +107,18 @@ def _swiglu_projection(X, W, Bias, offs_m, offs_n, m_valid, n_valid, K, NH,
     if HAS_BIAS:
         acc_a += tl.load(Bias + offs_n, mask=n_valid, other=0.0).to(tl.float32)[None, :]
         acc_b += tl.load(Bias + NH + offs_n, mask=n_valid, other=0.0).to(tl.float32)[None, :]
-    return acc_a, acc_b
+    return (acc_a, acc_b, offs_m.to(tl.int64)[:, None], offs_n[None, :],
+            m_valid[:, None] & n_valid[None, :])
 
 
 @triton.jit
 def _swiglu_fwd(X, W, Bias, Y, M, K, NH,
                 HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                 BLOCK_K: tl.constexpr, PRECISION: tl.constexpr):
-    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    m_valid = offs_m < M
-    n_valid = offs_n < NH
-    a, b = _swiglu_projection(X, W, Bias, offs_m, offs_n, m_valid, n_valid, K, NH,
-                              HAS_BIAS, BLOCK_K, PRECISION)
+    a, b, row, col, mn = _swiglu_projection(X, W, Bias, M, K, NH, HAS_BIAS, BLOCK_M, BLOCK_N,
+                                            BLOCK_K, PRECISION)
     y = a * tl.sigmoid(a) * b
-    tl.store(Y + offs_m.to(tl.int64)[:, None] * NH + offs_n[None, :], y.to(Y.dtype.element_ty),
-             mask=m_valid[:, None] & n_valid[None, :])
+    tl.store(Y + row * NH + col, y.to(Y.dtype.element_ty), mask=mn)
 
 
 @triton.jit
@@ -127,20 +128,14 @@ def _swiglu_bwd(X, W, Bias, DY, DH, M, K, NH,
     """Recomputes the projection tile as the forward does and writes ``d[a, b]`` from it:
     ``da = dY b silu'(a)``, ``db = dY silu(a)``. The ``[M, 2 NH]`` projection is never written
     (recomputing it with cuBLAS and reading it back cost a third of the transition's backward)."""
-    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    m_valid = offs_m < M
-    n_valid = offs_n < NH
-    a, b = _swiglu_projection(X, W, Bias, offs_m, offs_n, m_valid, n_valid, K, NH,
-                              HAS_BIAS, BLOCK_K, PRECISION)
-    row = offs_m.to(tl.int64)[:, None]
-    mn = m_valid[:, None] & n_valid[None, :]
-    dy = tl.load(DY + row * NH + offs_n[None, :], mask=mn, other=0.0).to(tl.float32)
+    a, b, row, col, mn = _swiglu_projection(X, W, Bias, M, K, NH, HAS_BIAS, BLOCK_M, BLOCK_N,
+                                            BLOCK_K, PRECISION)
+    dy = tl.load(DY + row * NH + col, mask=mn, other=0.0).to(tl.float32)
     sig = tl.sigmoid(a)
     da = dy * b * sig * (1.0 + a * (1.0 - sig))
     db = dy * a * sig
-    tl.store(DH + row * 2 * NH + offs_n[None, :], da.to(DH.dtype.element_ty), mask=mn)
-    tl.store(DH + row * 2 * NH + NH + offs_n[None, :], db.to(DH.dtype.element_ty), mask=mn)
+    tl.store(DH + row * 2 * NH + col, da.to(DH.dtype.element_ty), mask=mn)
+    tl.store(DH + row * 2 * NH + NH + col, db.to(DH.dtype.element_ty), mask=mn)
 
 
 def _precision(dtype: torch.dtype) -> str:
@@ -215,6 +210,22 @@ def layer_norm_linear(x: torch.Tensor, ln_weight: torch.Tensor, ln_bias: torch.T
     return _LayerNormLinear.apply(x, ln_weight, ln_bias, weight, bias, eps)
 
 
+def _run_swiglu(kernel, name: str, x2: torch.Tensor, w: torch.Tensor,
+                bias: torch.Tensor | None, *io: torch.Tensor) -> None:
+    """Launch ``kernel`` (``_swiglu_fwd`` or ``_swiglu_bwd``: x ``[M, K]``, w ``[2 NH, K]``, then
+    ``io``) over the ``[M, NH]`` tiles with the autotuned GEMM configuration for ``name``."""
+    (m, k), nh = x2.shape, w.shape[0] // 2
+
+    def launch(cfg: tuning.Config):
+        grid = (triton.cdiv(m, cfg.block_m), triton.cdiv(nh, cfg.block_n))
+        kernel[grid](x2, w, bias if bias is not None else w, *io, m, k, nh,
+                     HAS_BIAS=bias is not None, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
+                     BLOCK_K=cfg.block_k, PRECISION=_precision(x2.dtype),
+                     num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+
+    launch(_gemm_cfg(name, (m // 4096, k, nh, x2.dtype, bias is not None), launch))
+
+
 class _SwiGLU(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, bias):
@@ -224,16 +235,7 @@ class _SwiGLU(torch.autograd.Function):
         m = x2.shape[0]
         w = weight.contiguous()
         y = torch.empty((m, nh), device=x.device, dtype=x.dtype)
-
-        def launch(cfg: tuning.Config):
-            grid = (triton.cdiv(m, cfg.block_m), triton.cdiv(nh, cfg.block_n))
-            _swiglu_fwd[grid](x2, w, bias if bias is not None else w, y, m, k, nh,
-                              HAS_BIAS=bias is not None, BLOCK_M=cfg.block_m,
-                              BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
-                              PRECISION=_precision(x.dtype), num_warps=cfg.num_warps,
-                              num_stages=cfg.num_stages)
-
-        launch(_gemm_cfg("swiglu", (m // 4096, k, nh, x.dtype, bias is not None), launch))
+        _run_swiglu(_swiglu_fwd, "swiglu", x2, w, bias, y)
         ctx.save_for_backward(x2, w, bias)
         return y.reshape(*x.shape[:-1], nh)
 
@@ -243,16 +245,7 @@ class _SwiGLU(torch.autograd.Function):
         m, k, nh = x2.shape[0], x2.shape[1], w.shape[0] // 2
         dy2 = dy.reshape(m, nh).contiguous()
         dh = torch.empty((m, 2 * nh), device=x2.device, dtype=x2.dtype)  # d[a, b]
-
-        def launch(cfg: tuning.Config):
-            grid = (triton.cdiv(m, cfg.block_m), triton.cdiv(nh, cfg.block_n))
-            _swiglu_bwd[grid](x2, w, bias if bias is not None else w, dy2, dh, m, k, nh,
-                              HAS_BIAS=bias is not None, BLOCK_M=cfg.block_m,
-                              BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
-                              PRECISION=_precision(x2.dtype), num_warps=cfg.num_warps,
-                              num_stages=cfg.num_stages)
-
-        launch(_gemm_cfg("swiglu_bwd", (m // 4096, k, nh, x2.dtype, bias is not None), launch))
+        _run_swiglu(_swiglu_bwd, "swiglu_bwd", x2, w, bias, dy2, dh)
         dx = dh.mm(w)
         dw = dh.t().mm(x2)
         dbias = column_sum(dh, bias.dtype) if bias is not None else None

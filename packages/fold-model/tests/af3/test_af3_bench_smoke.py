@@ -13,12 +13,17 @@ import pytest
 SCRIPT = Path(__file__).resolve().parents[4] / "benchmarks" / "model_af3_blocks.py"
 
 
-def test_benchmark_smoke(tmp_path):
+def _load_benchmark():
     if not SCRIPT.exists():
         pytest.skip(f"{SCRIPT} not found")
     spec = importlib.util.spec_from_file_location("model_af3_blocks", SCRIPT)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
+    return mod
+
+
+def test_benchmark_smoke(tmp_path):
+    mod = _load_benchmark()
     out = tmp_path / "res" / "af3.json"
     rows = mod.main(["--device", "cpu", "--tiny", "--compare", "--reps", "1", "--warmup", "0",
                      "--out", str(out)])
@@ -31,11 +36,7 @@ def test_benchmark_smoke(tmp_path):
 
 def test_benchmark_graphs_mode_smoke(tmp_path):
     """--graphs (CUDA-graph replay on a GPU) takes the same autograd.grad body eagerly on CPU."""
-    if not SCRIPT.exists():
-        pytest.skip(f"{SCRIPT} not found")
-    spec = importlib.util.spec_from_file_location("model_af3_blocks", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = _load_benchmark()
     rows = mod.main(["--device", "cpu", "--tiny", "--compare", "--graphs", "--reps", "1",
                      "--blocks", "pairformer:13,diffusion_transformer:13:3"])
     assert [(r["block"], r["backend"], r["graphs"]) for r in rows] == [
@@ -47,13 +48,9 @@ def test_benchmark_graphs_mode_smoke(tmp_path):
 def test_benchmark_random_upstream_gradients(tmp_path):
     """--upstream random: the backward is seeded with fixed random output gradients (the block
     alone); the gradients it returns are those of <out, dY>, unlike the loss mode's."""
-    if not SCRIPT.exists():
-        pytest.skip(f"{SCRIPT} not found")
     import torch
 
-    spec = importlib.util.spec_from_file_location("model_af3_blocks", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = _load_benchmark()
     rows = mod.main(["--device", "cpu", "--tiny", "--graphs", "--reps", "1", "--upstream",
                      "random", "--blocks", "pairformer:13"])
     assert rows[0]["upstream"] == "random" and math.isfinite(rows[0]["ms"])
