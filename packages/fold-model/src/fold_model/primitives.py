@@ -160,18 +160,25 @@ class Attention(nn.Module):
         o = o.transpose(-2, -3).flatten(-2)  # [*, R, N_q, H * D]
         return self.linear_o(o)
 
-    def _self_attend(
-        self, x: torch.Tensor, mask: torch.Tensor | None, bias: torch.Tensor | None
-    ) -> torch.Tensor:
-        """Self-attention: q, k, v and the gate from one GEMM of the stacked weights, handed to
-        ``ops.attention_packed`` whole (a kernel backend reads the four parts in place and writes
-        their gradients into one tensor: one GEMM each way instead of four, and no sum of four
-        input gradients)."""
+    def _packed_weight(self) -> torch.Tensor:
+        """The q, k, v (and gate) weights stacked: ``[P * H * D, C]``, P = 4 when gated."""
         layers = [self.linear_q, self.linear_k, self.linear_v]
-        gated = self.linear_g is not None
-        if gated:
+        if self.linear_g is not None:
             layers.append(self.linear_g)
-        weight = torch.cat([lin.weight for lin in layers])  # [P * H * D, C]
+        return torch.cat([lin.weight for lin in layers])
+
+    def _self_attend(
+        self,
+        x: torch.Tensor,
+        mask: torch.Tensor | None,
+        bias: torch.Tensor | None,
+        weight: torch.Tensor,
+    ) -> torch.Tensor:
+        """Self-attention: q, k, v and the gate from one GEMM of the stacked ``weight``, handed
+        to ``ops.attention_packed`` whole (a kernel backend reads the four parts in place and
+        writes their gradients into one tensor: one GEMM each way instead of four, and no sum of
+        four input gradients)."""
+        gated = self.linear_g is not None
         proj = F.linear(x, weight)  # [*, R, N, P * H * D]
         gate_bias = self.linear_g.bias if gated else None
         o = ops.attention_packed(
@@ -188,8 +195,10 @@ class Attention(nn.Module):
         chunk_size: int | None = None,
     ) -> torch.Tensor:
         if q_x is kv_x:
+            # weights stacked once, not once per chunk
+            shared = (bias, self._packed_weight())
             return chunked_rows(
-                self._self_attend, chunk_size, ((q_x, -3), (mask, -2)), (bias,), out_dim=-3
+                self._self_attend, chunk_size, ((q_x, -3), (mask, -2)), shared, out_dim=-3
             )
         return chunked_rows(
             self._attend, chunk_size, ((q_x, -3), (kv_x, -3), (mask, -2)), (bias,), out_dim=-3
