@@ -110,9 +110,13 @@ def host_profile(step, top: int) -> str:
     step()
     prof.disable()
     torch.cuda.synchronize()
-    buf = io.StringIO()
-    pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(top)
-    return "\n".join(line for line in buf.getvalue().splitlines() if line.strip())
+    out = []
+    for order in ("tottime", "cumulative"):  # own time per function, then time under it
+        buf = io.StringIO()
+        pstats.Stats(prof, stream=buf).sort_stats(order).print_stats(top)
+        out += [f"-- host profile by {order}"]
+        out += [line for line in buf.getvalue().splitlines() if line.strip()]
+    return "\n".join(out)
 
 
 def profile_step(step, warmup: int, top: int, host: bool = False) -> str:

@@ -80,3 +80,53 @@ def test_no_timing_while_a_cuda_graph_is_captured(tmp_path, monkeypatch):
     cands = [tuning.Config(64, 64), tuning.Config(32, 32)]
     assert tuning.pick("k", (7,), cands, lambda cfg: pytest.fail("launched")) == cands[0]
     assert tuning._MEMORY == {} and tuning._PICKED == {}
+
+
+def test_buckets():
+    assert [tuning.bucket(n) for n in (1, 17, 64, 65, 96, 97, 128, 129, 300, 384, 385, 768)] == \
+        [1, 17, 64, 96, 96, 128, 128, 192, 384, 384, 512, 768]
+    assert tuning.bucket_key((300, True, "bf16", 1)) == (384, True, "bf16", 1)
+
+
+def _fresh_tuner(monkeypatch, cache):
+    monkeypatch.setenv("FOLD_KERNELS_CACHE", str(cache))
+    monkeypatch.setenv("FOLD_KERNELS_AUTOTUNE", "1")
+    monkeypatch.setattr(tuning, "_MEMORY", {})
+    monkeypatch.setattr(tuning, "_PICKED", {})
+    monkeypatch.setattr(tuning, "_DISK_LOADED", False)
+    monkeypatch.setattr(tuning, "arch", lambda device=None: "sm90")
+
+
+def test_sizes_of_one_bucket_share_a_search(tmp_path, monkeypatch):
+    _fresh_tuner(monkeypatch, tmp_path / "tuning.json")
+    cands = [tuning.Config(64, 64), tuning.Config(32, 32)]
+    calls = []
+    monkeypatch.setattr(triton.testing, "do_bench",
+                        lambda fn, **kw: (fn(), {cands[0]: 2.0, cands[1]: 1.0}[calls[-1]])[1])
+    assert tuning.pick("k", (300, 128), cands, calls.append) == cands[1]
+    assert len(calls) == 2
+    assert tuning.pick("k", (320, 128), cands, calls.append) == cands[1]  # bucket 384 too
+    assert len(calls) == 2
+    tuning.pick("k", (400, 128), cands, calls.append)  # bucket 512: a new search
+    assert len(calls) == 4
+
+
+def test_corrupt_cache_is_ignored_with_a_warning_and_rewritten(tmp_path, monkeypatch):
+    cache = tmp_path / "tuning.json"
+    cache.write_text('{"k|sm90|1": {"block_m": 64, "blo')  # cut short by a crash
+    _fresh_tuner(monkeypatch, cache)
+    cands = [tuning.Config(64, 64), tuning.Config(32, 32)]
+    calls = []
+    monkeypatch.setattr(triton.testing, "do_bench",
+                        lambda fn, **kw: (fn(), {cands[0]: 2.0, cands[1]: 1.0}[calls[-1]])[1])
+    with pytest.warns(RuntimeWarning, match="unreadable autotune cache .*tuning.json"):
+        assert tuning.pick("k", (1,), cands, calls.append) == cands[1]
+    assert len(calls) == 2  # tuned again
+    data = json.loads(cache.read_text())  # rewritten whole and valid
+    assert data == {"k|sm90|1": {"block_m": 32, "block_n": 32, "num_warps": 4, "num_stages": 2,
+                                 "block_k": 32, "rows": 1}}
+    for bad in ("[1, 2]", '{"k|sm90|1": {"no_such_field": 1}}'):
+        cache.write_text(bad)
+        _fresh_tuner(monkeypatch, cache)
+        with pytest.warns(RuntimeWarning, match="unreadable autotune cache"):
+            tuning.pick("k", (1,), cands, calls.append)

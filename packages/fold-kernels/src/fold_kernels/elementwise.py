@@ -14,6 +14,7 @@ import triton.language as tl
 
 from fold_kernels import tuning
 from fold_kernels.broadcast import broadcast_shape, reduce_to, row_layout, row_offsets
+from fold_kernels.launch import fast
 
 __all__ = ["bias_sigmoid_gate", "bias_dropout_residual"]
 
@@ -31,6 +32,7 @@ def _ptrs(P, rows, cols, d1, d2, s0, s1, s2, sc):
     return P + row_offsets(rows, d1, d2, s0, s1, s2)[:, None] + cols.to(tl.int64)[None, :] * sc
 
 
+@fast
 @triton.jit
 def _gate_fwd(X, G, Bias, Y, d0, d1, d2, C,
               xs0, xs1, xs2, xsc, gs0, gs1, gs2, gsc, bs0, bs1, bs2, bsc,
@@ -47,6 +49,7 @@ def _gate_fwd(X, G, Bias, Y, d0, d1, d2, C,
     tl.store(Y + out, y.to(Y.dtype.element_ty), mask=valid)
 
 
+@fast
 @triton.jit
 def _gate_bwd(X, G, Bias, DY, DX, DZ, d0, d1, d2, C,
               xs0, xs1, xs2, xsc, gs0, gs1, gs2, gsc, bs0, bs1, bs2, bsc, ys0, ys1, ys2, ysc,
@@ -67,6 +70,7 @@ def _gate_bwd(X, G, Bias, DY, DX, DZ, d0, d1, d2, C,
     tl.store(DZ + out, dz.to(DZ.dtype.element_ty), mask=valid)
 
 
+@fast
 @triton.jit
 def _bdr_fwd(X, Res, Bias, Mask, Y, d0, d1, d2, C,
              xs0, xs1, xs2, xsc, rs0, rs1, rs2, rsc, bs0, bs1, bs2, bsc,
@@ -88,6 +92,7 @@ def _bdr_fwd(X, Res, Bias, Mask, Y, d0, d1, d2, C,
     tl.store(Y + out, y.to(Y.dtype.element_ty), mask=valid)
 
 
+@fast
 @triton.jit
 def _bdr_bwd(DY, Mask, DX, d0, d1, d2, C, ms0, ms1, ms2, msc, ys0, ys1, ys2, ysc,
              BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):

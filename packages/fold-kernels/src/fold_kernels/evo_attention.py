@@ -49,6 +49,7 @@ import triton.language as tl
 
 from fold_kernels import tuning
 from fold_kernels.broadcast import broadcast_shape
+from fold_kernels.launch import fast
 from fold_kernels.reduce import column_sum, sum_partials
 
 __all__ = ["evo_attention", "evo_attention_packed", "SUPPORTED_DTYPES", "MAX_HEAD_DIM"]
@@ -142,6 +143,7 @@ def _fwd_store(acc, m_i, l_i, G, GB, O, OPre, LSE, slab, base, obase, h, offs_m,
     tl.store(O + optrs, o.to(O.dtype.element_ty), mask=md)
 
 
+@fast
 @triton.jit
 def _fwd(Q, K, V, G, GB, Bias, Mask, O, OPre, LSE,
          sbb, sbh, sbi, sbj, smb, smr, smj, sqb, sqr, sqh, sqn, sob, sor, soh, son,
@@ -202,6 +204,7 @@ def _fwd(Q, K, V, G, GB, Bias, Mask, O, OPre, LSE,
                    m_valid, md, N, D, sqn, son, HAS_GATE, HAS_GATE_BIAS)
 
 
+@fast
 @triton.jit
 def _bwd_pre(DY, OPre, G, GB, DO, DG, Delta, rows, R, H, N, D, sqb, sqr, sqh, sqn,
              sob, sor, soh, son, HAS_GATE: tl.constexpr, HAS_GATE_BIAS: tl.constexpr,
@@ -269,6 +272,7 @@ def _dkdv_step(Q, DO, LSE, Delta, slab, base, obase, offs_m, offs_d, md, m_valid
     return dk, dv
 
 
+@fast
 @triton.jit
 def _bwd_dkdv(Q, K, V, Bias, Mask, DO, LSE, Delta, DK, DV,
               sbb, sbh, sbi, sbj, smb, smr, smj, sqb, sqr, sqh, sqn, sob, sor, soh, son,
@@ -341,6 +345,7 @@ def _dq_step(K, V, base, offs_n, offs_d, nd, q, do, lse, delta, bias2, keep, dq,
     return dq + _mm(ds.to(k.dtype), k, PRECISION)
 
 
+@fast
 @triton.jit
 def _bwd_dq(Q, K, V, Bias, Mask, DO, LSE, Delta, DQ,
             sbb, sbh, sbi, sbj, smb, smr, smj, sqb, sqr, sqh, sqn, sob, sor, soh, son,
@@ -400,6 +405,7 @@ def _bwd_dq(Q, K, V, Bias, Mask, DO, LSE, Delta, DQ,
         tl.store(DQ + base1 + qo_off, (dq1 * scale).to(DQ.dtype.element_ty), mask=md)
 
 
+@fast
 @triton.jit
 def _bwd_dbias(Q, K, V, Bias, Mask, DO, LSE, Delta, DBias,
                sbb, sbh, sbi, sbj, smb, smr, smj, sqb, sqr, sqh, sqn, sob, sor, soh, son,

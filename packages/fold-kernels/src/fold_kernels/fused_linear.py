@@ -20,6 +20,7 @@ import triton
 import triton.language as tl
 
 from fold_kernels import tuning
+from fold_kernels.launch import fast
 from fold_kernels.layer_norm import check_layer_norm, ln_backward, ln_forward
 from fold_kernels.reduce import column_sum
 
@@ -34,6 +35,7 @@ def _mm(a, b, PRECISION: tl.constexpr):
         return tl.dot(a, b, input_precision=PRECISION)
 
 
+@fast
 @triton.jit
 def _row_stats(X, Mean, Rstd, M, K, eps, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr):
     """Mean and 1/std of each row of x [M, K], rows held whole in registers (K <= 8192)."""
@@ -49,6 +51,7 @@ def _row_stats(X, Mean, Rstd, M, K, eps, BLOCK_R: tl.constexpr, BLOCK_K: tl.cons
     tl.store(Rstd + offs_r, 1.0 / tl.sqrt(tl.sum(xc * xc, 1) / K + eps), mask=r_valid)
 
 
+@fast
 @triton.jit
 def _ln_linear_fwd(X, LW, LB, W, Bias, Y, Mean, Rstd, M, K, NOUT,
                    HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -111,6 +114,7 @@ def _swiglu_projection(X, W, Bias, M, K, NH, HAS_BIAS: tl.constexpr, BLOCK_M: tl
             m_valid[:, None] & n_valid[None, :])
 
 
+@fast
 @triton.jit
 def _swiglu_fwd(X, W, Bias, Y, M, K, NH,
                 HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -121,6 +125,7 @@ def _swiglu_fwd(X, W, Bias, Y, M, K, NH,
     tl.store(Y + row * NH + col, y.to(Y.dtype.element_ty), mask=mn)
 
 
+@fast
 @triton.jit
 def _swiglu_bwd(X, W, Bias, DY, DH, M, K, NH,
                 HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,

@@ -19,6 +19,7 @@ import triton.language as tl
 
 from fold_kernels import tuning
 from fold_kernels.broadcast import row_layout, row_offsets
+from fold_kernels.launch import fast
 from fold_kernels.reduce import sum_partials
 
 __all__ = ["layer_norm", "ln_forward", "ln_backward", "MAX_HIDDEN"]
@@ -26,6 +27,7 @@ __all__ = ["layer_norm", "ln_forward", "ln_backward", "MAX_HIDDEN"]
 MAX_HIDDEN = 8192
 
 
+@fast
 @triton.jit
 def _ln_fwd(X, W, B, Y, Mean, Rstd, rows, C, eps, d1, d2, xs0, xs1, xs2, xsc,
             BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
@@ -48,6 +50,7 @@ def _ln_fwd(X, W, B, Y, Mean, Rstd, rows, C, eps, d1, d2, xs0, xs1, xs2, xsc,
     tl.store(Rstd + offs_r, rstd, mask=r_valid)
 
 
+@fast
 @triton.jit
 def _ln_bwd(X, W, DY, Mean, Rstd, DX, DWp, DBp, sp, rows, C, d1, d2,
             xs0, xs1, xs2, xsc, ys0, ys1, ys2, ysc, ds0, ds1, ds2, dsc,

@@ -18,10 +18,12 @@ import triton
 import triton.language as tl
 
 from fold_kernels import tuning
+from fold_kernels.launch import fast
 
 __all__ = ["fused_adam_ema_", "global_grad_norm", "clip_coefficient", "swa_decay"]
 
 
+@fast
 @triton.jit
 def _adam_ema(P, G, M, V, E, Scale, n, lr, beta1, beta2, eps, weight_decay,
               bias_corr1, bias_corr2, ema_decay,
@@ -47,6 +49,7 @@ def _adam_ema(P, G, M, V, E, Scale, n, lr, beta1, beta2, eps, weight_decay,
         tl.store(E + offs, e.to(E.dtype.element_ty), mask=valid)
 
 
+@fast
 @triton.jit
 def _sumsq(G, Partial, n, BLOCK: tl.constexpr, ITERS: tl.constexpr):
     pid = tl.program_id(0)

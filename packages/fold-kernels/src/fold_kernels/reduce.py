@@ -22,10 +22,12 @@ import triton
 import triton.language as tl
 
 from fold_kernels import tuning
+from fold_kernels.launch import fast
 
 __all__ = ["sum_partials", "column_sum"]
 
 
+@fast
 @triton.jit
 def _sum_partials(P, Out, S, M, rows_per_group, BLOCK_S: tl.constexpr, BLOCK_M: tl.constexpr):
     """Program (j, g) sums rows [g * rows_per_group, (g + 1) * rows_per_group) of column block j
@@ -88,6 +90,7 @@ def sum_partials(partials: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return out
 
 
+@fast
 @triton.jit
 def _column_partials(X, P, M, C, sxm, sxc, BLOCK_M: tl.constexpr, BLOCK_C: tl.constexpr):
     """Program (p, j) sums row blocks p, p + P, p + 2P, ... of columns block j into P[p, cols]."""

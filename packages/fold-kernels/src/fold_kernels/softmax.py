@@ -20,12 +20,14 @@ import triton.language as tl
 
 from fold_kernels import tuning
 from fold_kernels.broadcast import broadcast_shape, reduce_to, row_layout, row_offsets
+from fold_kernels.launch import fast
 
 __all__ = ["softmax_mask_bias", "MAX_ROW"]
 
 MAX_ROW = 16384
 
 
+@fast
 @triton.jit
 def _softmax_fwd(Z, Bias, Mask, P, d0, d1, d2, L,
                  zs0, zs1, zs2, zsc, bs0, bs1, bs2, bsc, ms0, ms1, ms2, msc,
@@ -51,6 +53,7 @@ def _softmax_fwd(Z, Bias, Mask, P, d0, d1, d2, L,
     tl.store(P + out, p.to(P.dtype.element_ty), mask=valid)
 
 
+@fast
 @triton.jit
 def _softmax_bwd(P, DP, Mask, DZ, d0, d1, d2, L, ms0, ms1, ms2, msc,
                  HAS_MASK: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_L: tl.constexpr):

@@ -26,6 +26,7 @@ import triton
 import triton.language as tl
 
 from fold_kernels import tuning
+from fold_kernels.launch import fast
 from fold_kernels.reduce import sum_partials
 
 __all__ = ["triangle_projection_gate"]
@@ -45,6 +46,7 @@ def _at(base, offs_i, offs_j, si, sj):
     return base + offs_i.to(tl.int64)[:, None] * si + offs_j.to(tl.int64)[None, :] * sj
 
 
+@fast
 @triton.jit
 def _tri_gate_fwd(P, Bias, Mask, A, B, C, I, J,
          spb, spc, spi, spj, smb, smi, smj,
@@ -97,6 +99,7 @@ def _store_bias_partials(Partials, bt, C, ch, dpa, dga, dpb, dgb, valid):
     tl.store(out + 3 * C, _tile_sum(dgb, valid))
 
 
+@fast
 @triton.jit
 def _tri_gate_bwd(P, Bias, Mask, DA, DB, DP, Partials, C, I, J,
          spb, spc, spi, spj, smb, smi, smj, sab, sac, sai, saj, sbb, sbc, sbi, sbj,

@@ -3,9 +3,11 @@
 One Triton source serves NVIDIA and AMD; what differs per architecture is the list of candidate
 launch configurations (block sizes, ``num_warps``, ``num_stages``). :func:`arch` names the device
 (``sm80``, ``sm90``, ``gfx942``, ...; ``interpreter`` under ``TRITON_INTERPRET=1``), and
-:func:`pick` times each candidate once per (kernel, architecture, shape key) and remembers the
+:func:`pick` times each candidate once per (kernel, architecture, shape bucket) and remembers the
 fastest, in memory and in a JSON file (``$FOLD_KERNELS_CACHE`` or
 ``~/.cache/fold_kernels/tuning.json``) written atomically, so later processes skip the search.
+Sizes in a key are bucketed (:func:`bucket`), so training with varying crops tunes a handful of
+keys; an unreadable cache file is ignored with a warning and rewritten by the next search.
 ``FOLD_KERNELS_AUTOTUNE=0`` skips the search and takes the first (default) candidate.
 """
 
@@ -24,7 +26,7 @@ import torch
 
 __all__ = [
     "Config", "arch", "interpreting", "pick", "attention_configs", "gemm_configs", "cache_path",
-    "multiprocessors", "EnvVar",
+    "multiprocessors", "EnvVar", "bucket", "bucket_key",
 ]
 
 
@@ -87,23 +89,26 @@ _ARCH: dict[tuple[bool, int | None], str] = {}
 
 
 def arch(device: torch.device | None = None) -> str:
-    """A short name of the architecture that kernels will run on (memoised per device)."""
+    """A short name of the architecture that kernels will run on (memoised per device; the
+    current device when ``device`` is None or has no index)."""
     interp = interpreting()
     index = device.index if isinstance(device, torch.device) else device
+    if index is None and not interp and torch.cuda.is_available():
+        # Memoised under the current device's index: reading the device's properties costs
+        # tens of microseconds, and arch() is asked on every kernel launch of an eager step.
+        index = torch.cuda.current_device()
     name = _ARCH.get((interp, index))
     if name is not None:
         return name
     if interp or not torch.cuda.is_available():
         name = "interpreter"
     else:
-        props = torch.cuda.get_device_properties(
-            torch.cuda.current_device() if index is None else index)
+        props = torch.cuda.get_device_properties(index)
         if torch.version.hip:  # ROCm: CDNA / RDNA names like gfx90a, gfx942
             name = str(getattr(props, "gcnArchName", "gfx")).split(":")[0]
         else:
             name = f"sm{props.major}{props.minor}"
-    if index is not None or interp or not torch.cuda.is_available():
-        _ARCH[(interp, index)] = name  # the current device can change: not memoised as None
+    _ARCH[(interp, index)] = name
     return name
 
 
@@ -194,10 +199,19 @@ def _load_disk() -> None:
     _DISK_LOADED = True
     try:
         data = json.loads(cache_path().read_text())
-        for key, cfg in data.items():
-            _MEMORY.setdefault(key, Config(**cfg))
-    except (OSError, ValueError, TypeError):
-        pass  # a missing or unreadable cache only costs a re-tune
+        loaded = {key: Config(**cfg) for key, cfg in data.items()}
+    except FileNotFoundError:
+        return  # no cache yet
+    except (OSError, ValueError, TypeError, AttributeError) as exc:
+        import warnings
+
+        # the file is rewritten whole by the next search; until then kernels are re-tuned
+        warnings.warn(f"fold_kernels: ignoring the unreadable autotune cache {cache_path()} "
+                      f"({type(exc).__name__}: {exc}); kernels will be tuned again",
+                      RuntimeWarning, stacklevel=3)
+        return
+    for key, cfg in loaded.items():
+        _MEMORY.setdefault(key, cfg)
 
 
 def _save_disk() -> None:
@@ -210,6 +224,24 @@ def _save_disk() -> None:
         os.replace(tmp, path)  # atomic: readers see the old or the new file, never half
     except OSError:
         pass
+
+
+def bucket(n: int) -> int:
+    """The shape bucket of a size in an autotune key: ``n`` up to 64, else ``n`` rounded up to
+    the next ``2^k`` or ``3 * 2^(k-1)`` (64, 96, 128, 192, 256, 384, 512, 768, ...). A crop of 300
+    or 320 tokens reuses the choice timed for 384: the best tiles change with the order of
+    magnitude of a size, not with every size, and a run with varying crops tunes a handful of
+    keys instead of one per crop."""
+    if n <= 64:
+        return n
+    p = 1 << (n - 1).bit_length()  # next power of two >= n
+    return p * 3 // 4 if n <= p * 3 // 4 else p
+
+
+def bucket_key(key: tuple) -> tuple:
+    """``key`` with every int (sizes, strides) replaced by its :func:`bucket` (bools and
+    other values unchanged)."""
+    return tuple(bucket(v) if type(v) is int else v for v in key)
 
 
 def _capturing() -> bool:
@@ -228,7 +260,7 @@ def pick(kernel: str, key: tuple, candidates: Sequence[Config],
     fast = _PICKED.get((kernel, name, key))
     if fast is not None and fast in candidates:
         return fast  # this process already chose: no string key, lock or disk cache
-    full_key = f"{kernel}|{name}|{'|'.join(map(str, key))}"
+    full_key = f"{kernel}|{name}|{'|'.join(map(str, bucket_key(key)))}"
     with _LOCK:
         _load_disk()
         if full_key in _MEMORY and _MEMORY[full_key] in candidates:

@@ -1,0 +1,172 @@
+"""Cached kernel launchers: a Triton kernel launched through its compiled handle.
+
+``kernel[grid](*args, **meta)`` runs Triton's JIT path on every call: it binds the arguments to
+the signature, computes the specialization of each one, builds a cache key from them and the
+options, looks the compiled kernel up, and only then calls the C launcher. For the small, many
+launches of an eager AlphaFold block (hundreds per forward+backward) that path is a large share
+of the host time per launch. :func:`fast` wraps a ``@triton.jit`` kernel so that the first call
+of each specialization goes through Triton (which compiles and returns the compiled kernel), and
+later calls go straight to the compiled kernel's launcher, keyed by fold's own specialization
+key (:func:`spec_key`).
+
+The key must distinguish every pair of calls that Triton would compile differently, or a kernel
+compiled for one set of assumptions would run on arguments that break them. It is deliberately
+finer than Triton's own rules (a finer key only costs a cache entry):
+
+* a tensor: its dtype and whether its data pointer is 16-byte aligned (Triton's pointer
+  alignment specialization);
+* an int: whether it equals 1, whether it is divisible by 16, and whether it fits in int32
+  (Triton specializes ``== 1`` to a constant, ``% 16 == 0`` to a divisibility attribute, and
+  types ints as i32 / i64 / u64 by range);
+* bool, float and None by type; any other argument type is not cached (Triton's path runs);
+* the keyword arguments (the ``tl.constexpr`` meta-parameters, ``num_warps``, ``num_stages``)
+  by value, and the current device.
+
+Under ``TRITON_INTERPRET=1`` (CPU tests) and with ``FOLD_KERNELS_FAST_LAUNCH=0`` every call takes
+Triton's path unchanged.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import torch
+
+from fold_kernels.tuning import EnvVar, interpreting
+
+__all__ = ["FastKernel", "fast", "spec_key", "enabled"]
+
+_ENABLED = EnvVar("FOLD_KERNELS_FAST_LAUNCH", lambda v: (v if v is not None else "1") != "0")
+_INT32 = (-(2**31), 2**31)
+_LAUNCH_OPTIONS = ("num_warps", "num_stages", "num_ctas", "maxnreg")
+
+
+def enabled() -> bool:
+    """The cached launch path is in use (not under the interpreter, not switched off)."""
+    return _ENABLED.get() and not interpreting()
+
+
+def _arg_key(a) -> object:
+    t = type(a)
+    if t is int:
+        return (a == 1, a % 16 == 0, _INT32[0] <= a < _INT32[1])
+    if isinstance(a, torch.Tensor):
+        return (a.dtype, a.data_ptr() % 16 == 0)
+    if t is float:
+        return "f"
+    if t is bool:
+        return "b"
+    if a is None:
+        return None
+    raise TypeError(t)  # not a type the key understands: Triton's own path decides
+
+
+def spec_key(args: Sequence[object]) -> tuple:
+    """fold's specialization key of positional kernel arguments (see the module docstring).
+
+    Raises ``TypeError`` for an argument type the key does not cover."""
+    return tuple(map(_arg_key, args))
+
+
+def _raw_stream(device: int) -> int:
+    """The current CUDA stream's handle (what Triton's own launch path reads)."""
+    return _RAW_STREAM(device)
+
+
+_RAW_STREAM = getattr(torch._C, "_cuda_getCurrentRawStream", None) or (
+    lambda device: torch.cuda.current_stream(device).cuda_stream)
+
+
+class _Launch:
+    """One compiled specialization: the launcher, its handles and the trailing arguments
+    (the meta-parameters, in signature order) appended to every call."""
+
+    __slots__ = ("compiled", "run", "function", "metadata", "tail")
+
+    def __init__(self, compiled, tail: tuple) -> None:
+        self.compiled = compiled
+        self.run = compiled.run  # loads the module on first access
+        self.function = compiled.function
+        self.metadata = compiled.packed_metadata
+        self.tail = tail
+
+
+class FastKernel:
+    """A ``@triton.jit`` kernel whose launches after the first of each specialization skip
+    Triton's argument binding (``kernel[grid](*args, **meta)``, same call as the JIT kernel).
+
+    Attributes not defined here are the wrapped JIT function's (``fn``, ``src``, ...)."""
+
+    def __init__(self, jit_fn) -> None:
+        self.jit = jit_fn
+        self._cache: dict[tuple, _Launch] = {}
+        params = getattr(jit_fn, "params", None)
+        self._params = [(p.name, p.default) for p in params] if params else None
+        self.misses = 0  # calls that went through Triton's path (compile, cache fill, refusal)
+
+    def __getattr__(self, name: str):
+        return getattr(self.jit, name)
+
+    def __getitem__(self, grid) -> Callable[..., object]:
+        return lambda *args, **kwargs: self.launch(grid, args, kwargs)
+
+    def _tail(self, n_args: int, kwargs: dict) -> tuple | None:
+        if self._params is None or n_args > len(self._params):
+            return None
+        tail = []
+        for name, default in self._params[n_args:]:
+            if name in kwargs:
+                tail.append(kwargs[name])
+            elif default is not _EMPTY and default is not None:
+                tail.append(default)
+            else:
+                return None  # a parameter we cannot fill: let Triton bind it
+        return tuple(tail)
+
+    def launch(self, grid, args: tuple, kwargs: dict):
+        if callable(grid) or not enabled():
+            return self.jit[grid](*args, **kwargs)
+        try:
+            key = (torch.cuda.current_device(), tuple(kwargs.items()), *map(_arg_key, args))
+        except TypeError:
+            return self.jit[grid](*args, **kwargs)  # an argument type the key does not cover
+        entry = self._cache.get(key)
+        if entry is None:
+            return self._miss(key, grid, args, kwargs)
+        n = len(grid)
+        stream = _raw_stream(key[0])
+        full = args + entry.tail
+        from triton import knobs
+
+        rt = knobs.runtime
+        entry.run(grid[0], grid[1] if n > 1 else 1, grid[2] if n > 2 else 1, stream,
+                  entry.function, entry.metadata, entry.compiled.launch_metadata(grid, stream,
+                                                                                *full),
+                  rt.launch_enter_hook, rt.launch_exit_hook, *full)
+        return entry.compiled
+
+    def _miss(self, key: tuple, grid, args: tuple, kwargs: dict):
+        self.misses += 1
+        compiled = self.jit[grid](*args, **kwargs)
+        tail = self._tail(len(args), {k: v for k, v in kwargs.items()
+                                      if k not in _LAUNCH_OPTIONS})
+        if compiled is not None and tail is not None and hasattr(compiled, "packed_metadata"):
+            try:
+                self._cache[key] = _Launch(compiled, tail)
+            except AttributeError:
+                pass  # a Triton without these handles: keep its own path
+        return compiled
+
+
+try:  # inspect.Parameter.empty: "no default" in Triton's KernelParam.default
+    import inspect
+
+    _EMPTY = inspect.Parameter.empty
+except ImportError:  # pragma: no cover
+    _EMPTY = object()
+
+
+def fast(jit_fn) -> FastKernel:
+    """Wrap a ``@triton.jit`` kernel in a :class:`FastKernel` (use as a decorator above
+    ``@triton.jit``)."""
+    return FastKernel(jit_fn)

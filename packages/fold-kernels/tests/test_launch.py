@@ -1,0 +1,84 @@
+"""The cached launch path (fold_kernels.launch): its specialization key on CPU, and on a GPU the
+cached launches against Triton's own path, bit for bit, across the specializations that the key
+must tell apart (pointer alignment, ints equal to 1 / divisible by 16, dtypes)."""
+
+import pytest
+import torch
+from fold_kernels import launch
+
+GPU = torch.cuda.is_available()
+
+
+def test_key_separates_what_triton_specializes():
+    x = torch.zeros(64)
+    k = launch.spec_key
+    assert k([x]) != k([x[1:]])  # 16-byte aligned pointer vs not
+    assert k([x]) != k([x.to(torch.float64)])  # dtype
+    assert k([1]) != k([2])  # == 1 is a constant in Triton
+    assert k([32]) != k([33])  # divisible by 16
+    assert k([2**31 - 16]) != k([2**31 + 16])  # int32 vs int64
+    assert k([3]) == k([5])  # same specialization, same compiled kernel
+    assert k([x[4:]]) == k([x[8:]])  # both 16-byte aligned
+    assert k([None, 1.5, True]) == k([None, 2.5, False])
+    with pytest.raises(TypeError):
+        k(["a string"])
+
+
+def test_interpreter_and_off_switch_take_tritons_path(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    assert not launch.enabled()
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    monkeypatch.setenv("FOLD_KERNELS_FAST_LAUNCH", "0")
+    assert not launch.enabled()
+
+
+def _ops_cases(device):
+    import importlib
+
+    from fold_kernels.elementwise import bias_sigmoid_gate
+
+    # the modules (fold_kernels re-exports functions of the same names)
+    evo_attention = importlib.import_module("fold_kernels.evo_attention")
+    layer_norm = importlib.import_module("fold_kernels.layer_norm")
+
+    g = torch.Generator(device="cpu").manual_seed(0)
+
+    def rnd(*shape, dtype=torch.bfloat16, offset=0):
+        t = torch.randn(int(torch.tensor(shape).prod()) + offset, generator=g)
+        return t[offset:].view(*shape).to(device=device, dtype=dtype).requires_grad_()
+
+    cases = []
+    for dtype in (torch.bfloat16, torch.float32):
+        for offset in (0, 1):  # an unaligned base pointer after an aligned one
+            x = rnd(3, 17, 48, dtype=dtype, offset=offset)
+            w, b = rnd(48, dtype=dtype), rnd(48, dtype=dtype)
+            cases.append(("layer_norm", lambda x=x, w=w, b=b: layer_norm.layer_norm(x, w, b),
+                          [x, w, b]))
+            gate = rnd(3, 17, 48, dtype=dtype, offset=offset)
+            cases.append(("gate", lambda x=x, gt=gate: bias_sigmoid_gate(x, gt), [x, gate]))
+    q, k, v = (rnd(1, 3, 2, 33, 16) for _ in range(3))
+    bias = rnd(1, 2, 33, 33)
+    mask = torch.rand(1, 3, 33, generator=g).to(device) > 0.3
+    cases.append(("evo_attention",
+                  lambda: evo_attention.evo_attention(q, k, v, bias, mask), [q, k, v, bias]))
+    return cases
+
+
+@pytest.mark.skipif(not GPU, reason="the cached path launches compiled CUDA kernels")
+def test_cached_launches_equal_tritons_path(monkeypatch):
+    device = torch.device("cuda")
+    results = {}
+    for mode in ("0", "1"):
+        monkeypatch.setenv("FOLD_KERNELS_FAST_LAUNCH", mode)
+        out = []
+        for _, fn, leaves in _ops_cases(device):
+            for _ in range(2):  # the second call of each specialization is a cached launch
+                y = fn()
+                dy = torch.ones_like(y)
+                grads = torch.autograd.grad(y, leaves, dy)
+            out.append([y.detach().clone(), *[g.clone() for g in grads]])
+        results[mode] = out
+    for (name, _, _), a, b in zip(_ops_cases(device), results["0"], results["1"]):
+        for ta, tb in zip(a, b):
+            assert torch.isfinite(tb).all(), name
+            assert torch.equal(ta, tb), name
