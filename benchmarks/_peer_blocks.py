@@ -295,7 +295,8 @@ def build_boltz(shape: Shape, sizes, x, device, weights, kernels: bool) -> Case:
     def forward():
         with _autocast(device):
             return (block(args[0], args[1], args[2], mask, multiplicity=s),)
-    return Case(block, args, forward, "pair bias precomputed (as Boltz-2 does once per trunk)")
+    return Case(block, args, forward, "pair bias precomputed (as Boltz-2 does once per trunk); "
+                "its transition has one more c_token x 2c_token projection (a_to_b)")
 
 
 def build_openfold(shape: Shape, sizes, x, device, weights, kernels: bool) -> Case:

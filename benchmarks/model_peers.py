@@ -21,7 +21,9 @@ mode gets its error text in that place, never a number.
       python3 benchmarks/model_peers.py --out benchmarks/results/model_peers.json
     python benchmarks/model_peers.py --device cpu --tiny --reps 1 --warmup 0   # smoke, fold only
 
-Results (JSON and a markdown table beside it) are rewritten after every contender.
+Results (JSON and a markdown table beside it) are rewritten after every contender; ``--append``
+keeps what ``--out`` already holds and measures only the rows missing or failed there (a run split
+over several calls).
 """
 
 from __future__ import annotations
@@ -208,6 +210,7 @@ def run_one(name: str, kernels: bool | None, shape: pb.Shape, sizes, device,
         row["error"] = f"build failed: {_error(e)}"
         return row
     row["note"] = case.note
+    row["params"] = sum(p.numel() for p in case.params)  # same sizes, peers' own layouts
     row.update(measure(case, device, args.modes, args.warmup, args.reps))
     del case
     return row
@@ -261,14 +264,14 @@ def markdown(meta: dict[str, Any], rows: list[dict[str, Any]], modes: tuple[str,
              "gradients.", "",
              "| row | contender | kernels | " + " | ".join(m.replace("_", " ") + " ms"
                                                           for m in modes)
-             + " | train peak MiB | note / error |",
-             "|---|---|---|" + "---|" * len(modes) + "---|---|"]
+             + " | train peak MiB | params | note / error |",
+             "|---|---|---|" + "---|" * len(modes) + "---|---|---|"]
     for r in rows:
         peak = f"{r['train_peak_mib']:.0f}" if r.get("train_peak_mib") is not None else "-"
         note = r.get("error") or r.get("note") or ""
         lines.append(f"| {_shape_label(r)} | {r['contender']} {r.get('version', '')} | "
                      f"{r['kernels']} | " + " | ".join(_cell(r, m) for m in modes)
-                     + f" | {peak} | {note[:160]} |")
+                     + f" | {peak} | {r.get('params', '-')} | {note[:160]} |")
     lines += ["", "fold / best peer (< 1: fold faster):", "",
               "| row | mode | fold ms | best peer | peer ms | fold/peer |",
               "|---|---|---|---|---|---|"]
@@ -315,6 +318,10 @@ def _versions(names: list[str]) -> dict[str, str]:
     return out
 
 
+def _key(r: dict[str, Any]) -> tuple:
+    return (r["block"], r["n"], r["n_seq"], r["samples"], r["contender"], r["kernels"])
+
+
 def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -335,6 +342,9 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
                     help="Protenix's LAYERNORM_TYPE (default: fast_layernorm on CUDA, its "
                          "default, built by .whl/setup.sh; torch on CPU)")
     ap.add_argument("--out", type=Path, default=None, help="JSON path (markdown beside it)")
+    ap.add_argument("--append", action="store_true",
+                    help="keep --out's rows, measure only those missing or failed there (a run "
+                         "split over several calls; meta is this call's)")
     args = ap.parse_args(argv)
 
     device = torch.device(args.device)
@@ -354,8 +364,9 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     args.fold_dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     args.peer_dtype = torch.float32 if (args.peer_weights == "fp32" or device.type != "cuda") \
         else torch.bfloat16
-    if args.protenix_layernorm is None:
-        args.protenix_layernorm = "fast_layernorm" if device.type == "cuda" else "torch"
+    if args.protenix_layernorm is None:  # .whl/setup.sh sets the env after its build
+        args.protenix_layernorm = os.environ.get("PEERS_PROTENIX_LAYERNORM") or (
+            "fast_layernorm" if device.type == "cuda" else "torch")
     shapes = parse_rows(args.blocks) if args.blocks else (TINY_ROWS if args.tiny else ROWS)
 
     backends = ensure_kernels(device, needed=device.type == "cuda")
@@ -363,15 +374,26 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
             "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
             "versions": _versions(names), "fold_attention_backends": backends,
             "fold_dtype": str(args.fold_dtype), "peer_weights": str(args.peer_dtype),
-            "protenix_layernorm": args.protenix_layernorm, "warmup": args.warmup,
+            "protenix_layernorm": args.protenix_layernorm,
+            "protenix_layernorm_build_error": os.environ.get("PEERS_PROTENIX_LAYERNORM_ERROR"),
+            "warmup": args.warmup,
             "reps": args.reps, "modes": list(args.modes), "tiny": args.tiny,
             "graphs": "CUDA-graph replay" if device.type == "cuda"
             else "no graphs on CPU: the graph modes run the same step eagerly"}
     print(json.dumps(meta), flush=True)
     sizes = pb.fold_sizes(args.tiny)
     rows: list[dict[str, Any]] = []
+    if args.append and args.out is not None and args.out.exists():
+        rows = json.loads(args.out.read_text())["rows"]
+        print(f"--append: {len(rows)} rows from {args.out}", flush=True)
+    done = {_key(r) for r in rows if "error" not in r and not r.get("errors")}
     for shape in shapes:
         for name, kernels in contenders(names, shape, kernel_settings):
+            key = (shape.block, shape.n, shape.n_seq, shape.samples, name,
+                   "-" if kernels is None else ("on" if kernels else "off"))
+            if key in done:
+                continue
+            rows = [r for r in rows if _key(r) != key]  # a new try replaces a failed one
             row = run_one(name, kernels, shape, sizes, device, args)
             rows.append(row)
             print(json.dumps(row), flush=True)

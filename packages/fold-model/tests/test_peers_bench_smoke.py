@@ -84,3 +84,14 @@ def test_block_spec_parsing(bench):
                       bench.pb.Shape("diffusion", 768, samples=48)]
     with pytest.raises(SystemExit):
         bench.parse_rows("msa:12")
+
+
+def test_append_keeps_measured_rows(bench, tmp_path):
+    out = tmp_path / "peers.json"
+    common = ["--device", "cpu", "--tiny", "--reps", "1", "--warmup", "0", "--modes",
+              "fwd_eager", "--out", str(out)]
+    first = bench.main(common + ["--blocks", "pairformer:13"])
+    rows = bench.main(common + ["--append", "--blocks", "pairformer:13,diffusion:13x3"])
+    assert [r["block"] for r in rows] == ["pairformer", "diffusion"]
+    assert rows[0] == first[0]  # kept, not measured again
+    assert json.loads(out.read_text())["rows"] == rows
