@@ -245,6 +245,11 @@ class Trainer:
         self._eval_pool: concurrent.futures.ThreadPoolExecutor | None = None
         self._eval_futures: list[tuple[int, concurrent.futures.Future]] = []
 
+    @property
+    def captured_graphs(self) -> list[int]:
+        """With ``cuda_graphs``: the ``N_cycle`` values whose step has been captured."""
+        return [] if self._graphed is None else self._graphed.captured
+
     # -- one step -------------------------------------------------------------------------------
     def train_step(self, batch: dict[str, torch.Tensor], *, n_cycle: int | None = None
                    ) -> dict[str, Any]:
