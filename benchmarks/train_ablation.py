@@ -130,6 +130,7 @@ def overrides(sw: Switches, cuda: bool) -> list[str]:
             "use_kernels=" + (("true" if cuda else "none") if sw.fused_adam else "false"),
             f"bf16_weights={_flag(sw.bf16_params)}",
             f"activation_checkpointing={_flag(sw.checkpointing)}",
+            "model.checkpoint_blocks=true",  # what auto plans from (tiny: off in the preset)
             f"ckpt_memory_fraction={PLAN_FILL}",
             f"model.uncheckpointed_blocks={sw.uncheckpointed}",
             f"model.uncheckpointed_extra_msa_blocks={sw.uncheckpointed_extra}",
