@@ -90,18 +90,26 @@ class SavedTensorMemory:
 
     def measure(self, step: Callable[[], Any]) -> int:
         seen: set[int] = set()
+        # the counted storages stay referenced until the step ends: a storage freed early (a
+        # branch of the graph dropped in forward) cannot lend its address to a later one,
+        # which would then be taken for the same storage and not counted
+        alive: list[torch.UntypedStorage] = []
         total = 0
 
         def pack(t: torch.Tensor) -> torch.Tensor:
             nonlocal total
-            ptr = t.untyped_storage().data_ptr()
-            if ptr not in seen:
-                seen.add(ptr)
-                total += t.untyped_storage().nbytes()
+            storage = t.untyped_storage()
+            if storage.data_ptr() not in seen:
+                seen.add(storage.data_ptr())
+                alive.append(storage)
+                total += storage.nbytes()
             return t
 
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-            step()
+        try:
+            with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+                step()
+        finally:
+            alive.clear()
         return total
 
 
