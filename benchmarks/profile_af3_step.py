@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import collections
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -115,35 +116,31 @@ def main(argv: list[str] | None = None) -> None:
     device = torch.device("cuda")
     T.ensure_kernels(device)
     sizes = dict(T.FULL, n_token=args.n_token, cycles=args.cycles)
-    cfg = T.config("af3", checkpoint=True)
-    torch.manual_seed(0)
-    base = T.AlphaFold3(cfg)
     batch = T.make_batch(sizes["n_token"], sizes, device)
     report = [f"# {torch.cuda.get_device_name()}, torch {torch.__version__}, N_token "
               f"{args.n_token}, N_cycle {args.cycles}"]
     for key, sw in T.cumulative(args.rows).items():
-        runner = T.Runner(sw, base, device)
+        with tempfile.TemporaryDirectory(prefix="profile_af3_") as run_dir:
+            trainer, _ = T.make_trainer(sw, False, device, run_dir, sizes["cycles"])
 
-        def step(runner: T.Runner = runner) -> None:
-            runner.step(batch, sizes["cycles"], seed=0)
+            def step(trainer=trainer) -> None:  # one fold-train Trainer step, as train_af3
+                T.train_iteration(trainer, batch, sizes["cycles"], seed=0)
 
-        step()  # warm-up: compilation, autotuning, allocator
-        if args.time:
-            report.append(f"\n## {key}: time\n{time_profile(step, args.top)}")
-            print(report[-1], flush=True)
-        if args.memory:
-            try:
-                text = memory_at_peak(step, device, args.top)
-            except Exception as e:  # e.g. out of memory with the allocator history on
-                text = f"failed: {type(e).__name__}: {str(e)[:300]}"
-            report.append(f"\n## {key}: memory at the peak\n{text}")
-            print(report[-1], flush=True)
-        if args.out:
-            args.out.write_text("\n".join(report) + "\n")
-        runner.release()
-        del runner
+            step()  # warm-up: compilation, autotuning, allocator (and the checkpointing plan)
+            if args.time:
+                report.append(f"\n## {key}: time\n{time_profile(step, args.top)}")
+                print(report[-1], flush=True)
+            if args.memory:
+                try:
+                    text = memory_at_peak(step, device, args.top)
+                except Exception as e:  # e.g. out of memory with the allocator history on
+                    text = f"failed: {type(e).__name__}: {str(e)[:300]}"
+                report.append(f"\n## {key}: memory at the peak\n{text}")
+                print(report[-1], flush=True)
+            if args.out:
+                args.out.write_text("\n".join(report) + "\n")
+            del trainer, step
         T._free(device)
-
 
 if __name__ == "__main__":
     main()

@@ -19,24 +19,40 @@ row   switch                      what changes
                                   weights (fold-model runs them in fp32)
 5     no checkpointing            activation checkpointing off; if that runs out of memory or
                                   peaks over 60% of the device (the CUDA-graph rows need the
-                                  rest), the Evoformer's last k blocks without it, k planned
-                                  from the measured memory of one step (``plan_uncheckpointed``)
+                                  rest), ``activation_checkpointing=auto`` with
+                                  ``ckpt_memory_fraction=0.6``: the last blocks of the Evoformer
+                                  (and extra MSA stack) that fit run without it, planned by
+                                  ``fold_train.ckpt_plan`` from the measured memory of one step;
+                                  the later rows keep the counts it found
 6     CUDA Graphs                 forward + loss + backward replayed from one graph per N_cycle
                                   (``fold_train.cuda_graphs``; every N_cycle in 1..R captured)
 7     torch.compile SM            ``torch.compile`` of the structure module
 8     GC off                      Python garbage collection off during steps
 ====  ==========================  =============================================================
 
-Every row times steps of N_cycle = R (R - 1 passes without gradients, one with, as
-``model_full.py``) on the same synthetic batch (``model_full.synthetic_batch``: needs numpy and
+Every row is a ``fold_train.TrainConfig`` (the ``af2_initial`` training preset with
+``key=value`` overrides, listed per row in the JSON as ``overrides``: ``fold-train train
+--preset af2_initial <overrides>`` trains with the same switches) and its timed steps are
+``fold_train.loop.Trainer`` steps (``Trainer.run_steps``, the steps of ``fit`` on batches given
+by the caller): the product's step, no private copy. The switches are the options
+``ops_backend``, ``tensor_fusion``, ``use_kernels``, ``bf16_weights``,
+``activation_checkpointing`` (true / false / auto), ``model.uncheckpointed_blocks``,
+``cuda_graphs``, ``compile_structure_module`` and ``gc_off``. Every row times steps of N_cycle = R
+(R - 1 passes without gradients, one with, as ``model_full.py``) on the same synthetic batch
+(``model_full.synthetic_batch`` with its ground truth copied over the R passes: needs numpy and
 fold-data's ground-truth builder, not gemmi/RDKit), after warm-up steps (with CUDA Graphs: one
-per N_cycle, which captures the whole cache). Reported per row: median step time, peak allocated
+per N_cycle, which captures the whole cache); the RNG is reseeded before every step so that the
+rows draw the same dropout. Reported per row: median step time, peak allocated
 and reserved memory (the graphs' private pool shows in the latter), the loss, speedup over the
 baseline and over the previous row. A row that fails (out of memory, a capture error) is
 recorded with its error and its switch is left off for the rows after it.
 
     python benchmarks/train_ablation.py --out benchmarks/results/train_ablation.json   # CUDA
     python benchmarks/train_ablation.py --device cpu --tiny                             # smoke
+    python benchmarks/train_ablation.py --rows baseline,graphs \
+        --assume kernels,flat,fused_adam,bf16,no_ckpt --out $OUT/ablation.json
+        # the eager baseline and the graphed step; the assumed no_ckpt is
+        # activation_checkpointing=auto unless --uncheckpointed K fixes the plan
 
 One H100: about 5-7 minutes with the default 3 timed steps per row (a step is 2-5 s; the
 compile row compiles for about a minute). The CPU smoke mode runs the tiny model and skips the
@@ -53,35 +69,33 @@ import json
 import os
 import statistics
 import sys
+import tempfile
 import time
 from collections.abc import Callable
-from contextlib import contextmanager
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _backends import ensure_kernels  # noqa: E402
-from fold_model.af2 import AlphaFold2, config  # noqa: E402
-from fold_model.af2.loss import AlphaFold2Loss  # noqa: E402
-from fold_train.cuda_graphs import CudaGraphBackend, GraphedStep  # noqa: E402
-from fold_train.family import AF2Family  # noqa: E402
-from fold_train.optim import AdamConfig, FlatAdam, FlatParams, learning_rate  # noqa: E402
+from fold_train.config import apply_overrides, preset  # noqa: E402
+from fold_train.loop import Trainer  # noqa: E402
 from model_full import FULL, TINY, synthetic_batch  # noqa: E402
-
-_BACKEND_ENV = "FOLD_OPS_BACKEND"  # read on every dispatch, also by autograd's device threads
 
 
 @dataclasses.dataclass(frozen=True)
 class Switches:
-    backend: str = "torch"
-    flat: bool = False
-    fused_adam: bool = False
-    bf16_params: bool = False
-    checkpointing: bool = True
-    uncheckpointed: int = 0  # with checkpointing: the Evoformer's last blocks that run without
+    """One row's switches; :func:`overrides` turns them into fold-train options."""
+
+    backend: str = "torch"  # ops_backend
+    flat: bool = False  # tensor_fusion
+    fused_adam: bool = False  # use_kernels
+    bf16_params: bool = False  # bf16_weights
+    checkpointing: bool | str = True  # activation_checkpointing: true / false / "auto"
+    uncheckpointed: int = 0  # with checkpointing: model.uncheckpointed_blocks (Evoformer)
+    uncheckpointed_extra: int = 0  # model.uncheckpointed_extra_msa_blocks
     cuda_graphs: bool = False
-    compile_sm: bool = False
+    compile_sm: bool = False  # compile_structure_module
     gc_off: bool = False
 
 
@@ -96,116 +110,57 @@ ROWS: list[tuple[str, str, dict]] = [
     ("compile", "+ torch.compile structure module", {"compile_sm": True}),
     ("gc_off", "+ GC off", {"gc_off": True}),
 ]
+PLAN_FILL = 0.6  # ckpt_memory_fraction: of the device's memory, for the step; graphs need the rest
 
 
 class RowSkipped(Exception):
     """The row cannot run on this device (said in the table)."""
 
 
-@contextmanager
-def _ops_backend(name: str):
-    old = os.environ.get(_BACKEND_ENV)
-    os.environ[_BACKEND_ENV] = name
-    try:
-        yield
-    finally:
-        if old is None:
-            os.environ.pop(_BACKEND_ENV, None)
-        else:
-            os.environ[_BACKEND_ENV] = old
+def _flag(x: bool | str) -> str:
+    return x if isinstance(x, str) else str(x).lower()
 
 
-class Runner:
-    """One configuration's training step: ``step(n_cycle) -> loss``."""
+def overrides(sw: Switches, cuda: bool) -> list[str]:
+    """The ``key=value`` options of fold-train's ``af2_initial`` (or ``tiny``) preset that make
+    ``sw``'s training step. bf16 autocast on every row (the preset's precision); the fused Adam
+    is fold-kernels' on CUDA and the PyTorch path on CPU."""
+    backend = sw.backend if cuda or sw.backend == "torch" else "auto"  # CPU: the reference
+    return ["precision=bf16", f"ops_backend={backend}", f"tensor_fusion={_flag(sw.flat)}",
+            "use_kernels=" + (("true" if cuda else "none") if sw.fused_adam else "false"),
+            f"bf16_weights={_flag(sw.bf16_params)}",
+            f"activation_checkpointing={_flag(sw.checkpointing)}",
+            "model.checkpoint_blocks=true",  # what auto plans from (tiny: off in the preset)
+            f"ckpt_memory_fraction={PLAN_FILL}",
+            f"model.uncheckpointed_blocks={sw.uncheckpointed}",
+            f"model.uncheckpointed_extra_msa_blocks={sw.uncheckpointed_extra}",
+            f"cuda_graphs={_flag(sw.cuda_graphs)}",
+            f"compile_structure_module={_flag(sw.compile_sm)}", f"gc_off={_flag(sw.gc_off)}",
+            "loader_workers=0"]
 
-    def __init__(self, sw: Switches, batch: dict, truth: dict, device: torch.device,
-                 tiny: bool) -> None:
-        self.sw, self.device = sw, device
-        cuda = device.type == "cuda"
-        if sw.cuda_graphs and not cuda:
-            raise RowSkipped("CUDA Graphs need a CUDA device")
-        if sw.compile_sm and not cuda:
-            raise RowSkipped("torch.compile takes minutes on CPU; GPU only")
-        # on CPU the Triton kernels do not apply: "auto" falls back to the torch reference
-        self.backend = sw.backend if cuda or sw.backend == "torch" else "auto"
-        self.notes = []
-        if self.backend != sw.backend:
-            self.notes.append("kernels: torch reference on CPU")
-        if sw.fused_adam and not cuda:
-            self.notes.append("Adam: PyTorch path on CPU")
-        torch.manual_seed(0)
-        cfg = config("tiny" if tiny else "af2_initial", checkpoint_blocks=sw.checkpointing,
-                     uncheckpointed_blocks=sw.uncheckpointed)
-        self.model = AlphaFold2(cfg).to(device).train()
-        if sw.bf16_params:  # as fold-train's bf16_weights=true (structure module, heads: fp32)
-            AF2Family().to_bf16_weights(self.model)
-        if sw.compile_sm:
-            self.model.structure_module.compile()
-        self.loss_fn = AlphaFold2Loss(cfg.loss)
-        self.batch, self.truth = batch, truth
-        adam = AdamConfig()
-        if sw.flat:
-            self.flat = FlatParams(self.model)
-            # fused: fold-kernels on CUDA (None falls back to the PyTorch path on CPU)
-            use = (True if cuda else None) if sw.fused_adam else False
-            self.opt = FlatAdam(self.flat, adam, use_kernels=use)
-        else:
-            self.params = [p for p in self.model.parameters() if p.requires_grad]
-            self.adam = torch.optim.Adam(self.params, lr=adam.lr, betas=(adam.beta1, adam.beta2),
-                                         eps=adam.eps)
-            self.ema = [p.detach().clone() for p in self.params]
-        self.adam_cfg, self.n_updates = adam, 0
-        self.max_cycle = AF2Family().n_cycle_max(batch)  # R: the graphs' warm-up count
-        self.graphed = (GraphedStep(self._body, CudaGraphBackend(device, warmup=2))
-                        if sw.cuda_graphs else None)
 
-    def _zero_grad(self) -> None:
-        if self.sw.flat:
-            self.flat.zero_grad()
-        else:
-            for p in self.params:
-                p.grad = None
+def training_batch(sizes: dict, device: torch.device) -> dict[str, torch.Tensor]:
+    """``model_full.synthetic_batch`` in the Trainer's layout: features and ground truth with
+    the recycling dimension ``[1, R, ...]`` (the truth the same for every pass)."""
+    batch, truth = synthetic_batch(**sizes, device=device)
+    r = sizes["r"]
+    for k, v in truth.items():
+        if k not in batch:
+            batch[k] = v[:, None].expand(v.shape[0], r, *v.shape[1:]).contiguous()
+    return batch
 
-    def _body(self, n_cycle: int, batch: dict | None = None) -> dict[str, torch.Tensor]:
-        """Forward + loss + backward (what CUDA Graphs capture)."""
-        batch = self.graphed.static_inputs if batch is None else batch
-        self._zero_grad()
-        with torch.autocast(self.device.type, dtype=torch.bfloat16,
-                            cache_enabled=not self.sw.cuda_graphs):
-            out = self.model(batch, num_recycles=n_cycle)
-            loss, _ = self.loss_fn(out, self.truth)
-        loss.backward()
-        return {"loss": loss.detach()}
 
-    def _update(self) -> None:
-        """Clip to global norm 0.1, Adam, EMA 0.999; skipped when the norm is not finite (the
-        host check every real step makes)."""
-        if self.sw.flat:
-            norm = self.opt.grad_norm()
-            if bool(torch.isfinite(norm)):
-                self.opt.step(norm)
-            return
-        norm = torch.nn.utils.clip_grad_norm_(self.params, 0.1)
-        if bool(torch.isfinite(norm)):
-            self.n_updates += 1  # AF2's warm-up schedule, as FlatAdam applies it
-            for group in self.adam.param_groups:
-                group["lr"] = learning_rate(self.n_updates, self.adam_cfg)
-            self.adam.step()
-            with torch.no_grad():
-                for e, p in zip(self.ema, self.params):
-                    e.lerp_(p, 1 - 0.999)
+def make_trainer(sw: Switches, tiny: bool, device: torch.device, run_dir: str) -> Trainer:
+    """The fold-train Trainer of a row (no data stream: the benchmark gives the batch)."""
+    cuda = device.type == "cuda"
+    if sw.cuda_graphs and not cuda:
+        raise RowSkipped("CUDA Graphs need a CUDA device")
+    if sw.compile_sm and not cuda:
+        raise RowSkipped("torch.compile takes minutes on CPU; GPU only")
+    cfg = apply_overrides(preset("tiny" if tiny else "af2_initial"), overrides(sw, cuda))
+    from fold_train.distributed import DistContext
 
-    def step(self, n_cycle: int) -> float:
-        with _ops_backend(self.backend):
-            if self.graphed is not None:
-                self.graphed.load(self.batch)
-                loss = self.graphed(n_cycle, warmup_n_cycle=self.max_cycle)["loss"]
-            else:
-                loss = self._body(n_cycle, self.batch)["loss"]
-            self._update()
-        if self.sw.gc_off:
-            gc.collect(0)  # the young generation, between steps (as fold-train's loop)
-        return float(loss)
+    return Trainer(cfg, run_dir, None, ctx=DistContext(device=device), progress=False)
 
 
 def _sync(device: torch.device) -> None:
@@ -213,87 +168,52 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def run_row(sw: Switches, batch: dict, truth: dict, device: torch.device, tiny: bool,
-            r: int, reps: int) -> dict:
-    runner = Runner(sw, batch, truth, device, tiny)
+def run_row(sw: Switches, batch: dict, device: torch.device, tiny: bool, r: int,
+            reps: int) -> dict:
     cuda = device.type == "cuda"
-    gc_was = gc.isenabled()
-    if sw.gc_off:
-        gc.disable()
-    try:
+    notes = []
+    if sw.backend != "torch" and not cuda:
+        notes.append("kernels: torch reference on CPU")
+    if sw.fused_adam and not cuda:
+        notes.append("Adam: PyTorch path on CPU")
+    with tempfile.TemporaryDirectory(prefix="train_ablation_") as run_dir:
+        trainer = make_trainer(sw, tiny, device, run_dir)
+        step = 0
+
+        def one(n_cycle: int) -> dict:
+            nonlocal step
+            torch.manual_seed(1000 + step)  # the same dropout in every row
+            step += 1
+            return trainer.run_steps([batch], n_cycle=n_cycle)[0]
+
         warm = list(range(1, r + 1)) if sw.cuda_graphs else [r]  # graphs: the whole cache
         for n in warm:
-            loss = runner.step(n)
+            record = one(n)
         _sync(device)
         if cuda:
             torch.cuda.reset_peak_memory_stats(device)
         times = []
         for _ in range(reps):
             t0 = time.perf_counter()
-            loss = runner.step(r)
+            record = one(r)
             _sync(device)
             times.append((time.perf_counter() - t0) * 1e3)
-    finally:
-        if sw.gc_off and gc_was:
-            gc.enable()
-    row = {"step_ms": statistics.median(times), "times_ms": times, "loss": loss,
-           "peak_alloc_mib": torch.cuda.max_memory_allocated(device) / 2**20 if cuda else None,
-           "reserved_mib": torch.cuda.memory_reserved(device) / 2**20 if cuda else None}
-    if runner.graphed is not None:
-        row["graphs_captured"] = runner.graphed.captured
-    if not torch.isfinite(torch.tensor(loss)):
-        runner.notes.append(f"non-finite loss {loss}")
-    if runner.notes:
-        row["note"] = "; ".join(runner.notes)
-    return row
-
-
-def _step_peak(sw: Switches, batch: dict, truth: dict, device: torch.device, tiny: bool,
-               r: int) -> float:
-    """Peak allocated bytes of one training step at N_cycle ``r``."""
-    runner = Runner(sw, batch, truth, device, tiny)
-    try:
-        runner.step(r)
-        _sync(device)
-        torch.cuda.reset_peak_memory_stats(device)
-        runner.step(r)
-        _sync(device)
-        return float(torch.cuda.max_memory_allocated(device))
-    finally:
-        del runner
-        _free(device)
-
-
-PLAN_FILL = 0.6  # of the device's memory, for the training step without checkpointing
-
-
-def plan_uncheckpointed(sw: Switches, batch: dict, truth: dict, device: torch.device,
-                        tiny: bool, r: int, fill: float = PLAN_FILL) -> tuple[Switches, dict]:
-    """How many of the Evoformer's last blocks can skip checkpointing: the step's peak with none
-    and with ``probe`` blocks uncheckpointed gives the bytes one block keeps; ``k`` blocks fill
-    ``fill`` of the device's memory (headroom for the CUDA-graph pools of the later rows). Halved
-    while the step runs out of memory."""
-    n_blocks = config("tiny" if tiny else "af2_initial").evoformer.no_blocks
-    probe = max(1, n_blocks // 12)
-    p0 = _step_peak(sw, batch, truth, device, tiny, r)
-    p1 = _step_peak(dataclasses.replace(sw, uncheckpointed=probe), batch, truth, device, tiny, r)
-    per_block = max((p1 - p0) / probe, 1.0)
-    total = torch.cuda.get_device_properties(device).total_memory
-    k = int(min(n_blocks, max(0, (fill * total - p0) // per_block)))
-    tried = []
-    while k > 0:
-        tried.append(k)
-        try:
-            _step_peak(dataclasses.replace(sw, uncheckpointed=k), batch, truth, device, tiny, r)
-            break
-        except torch.cuda.OutOfMemoryError:
-            pass
-        _free(device)  # after the except block: its traceback held the failed step's tensors
-        k //= 2
-    plan = {"n_blocks": n_blocks, "peak_none_mib": p0 / 2**20, "probe_blocks": probe,
-            "peak_probe_mib": p1 / 2**20, "per_block_mib": per_block / 2**20, "fill": fill,
-            "tried": tried, "uncheckpointed": k}
-    return dataclasses.replace(sw, uncheckpointed=k), plan
+        loss = record["loss"]
+        row = {"step_ms": statistics.median(times), "times_ms": times, "loss": loss,
+               "peak_alloc_mib": torch.cuda.max_memory_allocated(device) / 2**20 if cuda
+               else None,
+               "reserved_mib": torch.cuda.memory_reserved(device) / 2**20 if cuda else None,
+               "overrides": overrides(sw, cuda)}
+        if sw.cuda_graphs:
+            row["graphs_captured"] = trainer.captured_graphs
+        if trainer.ckpt_plan is not None:
+            row["plan"] = trainer.ckpt_plan.to_dict()
+        row["uncheckpointed"] = trainer.model.uncheckpointed_blocks()
+        if record.get("skipped") or not torch.isfinite(torch.tensor(loss)):
+            notes.append(f"non-finite loss {loss}")
+        if notes:
+            row["note"] = "; ".join(notes)
+    return row  # the trainer (model, optimizer, graphs) is released with this frame
 
 
 def _free(device: torch.device) -> None:
@@ -314,25 +234,37 @@ def _versions(device: torch.device) -> dict:
             "date": datetime.date.today().isoformat()}
 
 
+def _planned(sw: Switches, row: dict) -> Switches:
+    """The switches with an auto plan's counts fixed (the rows after it reuse them)."""
+    k = row.get("uncheckpointed", {})
+    return dataclasses.replace(sw, checkpointing=True, uncheckpointed=k.get("evoformer", 0),
+                               uncheckpointed_extra=k.get("extra_msa", 0))
+
+
 def ablate(device: torch.device, tiny: bool, reps: int, rows: list[str],
            log: Callable[[str], None] = print,
            on_row: Callable[[dict], None] | None = None,
-           assume: tuple[str, ...] = (), uncheckpointed: int | None = None) -> dict:
+           assume: tuple[str, ...] = (), uncheckpointed: int | None = None,
+           uncheckpointed_extra: int = 0) -> dict:
     """Time ``rows`` cumulatively. ``assume``: rows whose switches are applied without timing
-    them (a sweep continued in another process); an assumed ``no_ckpt`` keeps checkpointing
-    on the first blocks when ``uncheckpointed`` (the k an earlier plan found) is given."""
+    them (a sweep continued in another process); an assumed ``no_ckpt`` is
+    ``activation_checkpointing=auto`` (planned by the first timed row), or, with
+    ``uncheckpointed`` (the k an earlier plan found), checkpointing on all but the last k
+    Evoformer blocks (and ``uncheckpointed_extra`` extra MSA blocks)."""
     sizes = TINY if tiny else FULL
     found = ensure_kernels(device, needed="kernels" in rows)
-    batch, truth = synthetic_batch(**sizes, device=device)
+    batch = training_batch(sizes, device)
     sw = Switches()
     results, base_ms, prev_ms = [], None, None
     header = {**_versions(device), "preset": "tiny" if tiny else "af2_initial", **sizes,
-              "n_cycle": sizes["r"], "reps": reps,
+              "n_cycle": sizes["r"], "reps": reps, "path": "fold_train.loop.Trainer",
               "attention_backends": found, "assumed": list(assume)}
     for key, label, change in ROWS:
         if key in assume and key not in rows:
-            if key == "no_ckpt" and uncheckpointed is not None:
-                change = {"uncheckpointed": uncheckpointed}
+            if key == "no_ckpt":
+                change = ({"checkpointing": "auto"} if uncheckpointed is None else
+                          {"uncheckpointed": uncheckpointed,
+                           "uncheckpointed_extra": uncheckpointed_extra})
             sw = dataclasses.replace(sw, **change)
             continue
         if key not in rows:
@@ -343,7 +275,7 @@ def ablate(device: torch.device, tiny: bool, reps: int, rows: list[str],
         try:
             why = None
             try:
-                entry.update(run_row(trial, batch, truth, device, tiny, sizes["r"], reps))
+                entry.update(run_row(trial, batch, device, tiny, sizes["r"], reps))
             except torch.cuda.OutOfMemoryError:
                 if key != "no_ckpt":
                     raise
@@ -355,13 +287,16 @@ def ablate(device: torch.device, tiny: bool, reps: int, rows: list[str],
                            f"of the device")
             if why is not None:
                 _free(device)
-                trial, plan = plan_uncheckpointed(sw, batch, truth, device, tiny, sizes["r"])
-                entry.update(label="- activation checkpointing (partly: memory)",
-                             switches=dataclasses.asdict(trial), plan=plan)
-                entry.update(run_row(trial, batch, truth, device, tiny, sizes["r"], reps))
-                entry["note"] = (f"all blocks uncheckpointed {why}; the last "
-                                 f"{trial.uncheckpointed} of {plan['n_blocks']} Evoformer blocks "
-                                 f"run without checkpointing")
+                trial = dataclasses.replace(sw, checkpointing="auto")
+                entry.update(label="- activation checkpointing (partly: auto, memory)",
+                             switches=dataclasses.asdict(trial))
+                entry.update(run_row(trial, batch, device, tiny, sizes["r"], reps))
+                k = entry["uncheckpointed"]
+                entry["note"] = (f"all blocks uncheckpointed {why}; activation_checkpointing="
+                                 f"auto: the last {k.get('evoformer', 0)} Evoformer and "
+                                 f"{k.get('extra_msa', 0)} extra MSA blocks without it")
+            if trial.checkpointing == "auto":
+                trial = _planned(trial, entry)  # the following rows reuse the plan
             sw = trial  # kept for the following rows
         except RowSkipped as e:
             entry["skipped"] = str(e)
@@ -377,7 +312,7 @@ def ablate(device: torch.device, tiny: bool, reps: int, rows: list[str],
             entry["speedup_vs_previous"] = (prev_ms or entry["step_ms"]) / entry["step_ms"]
             prev_ms = entry["step_ms"]
         results.append(entry)
-        log(json.dumps({k: v for k, v in entry.items() if k != "switches"}))
+        log(json.dumps({k: v for k, v in entry.items() if k not in ("switches", "overrides")}))
         if on_row is not None:  # a sweep cut short by a time limit keeps the rows it made
             on_row(header | {"rows": results})
     return header | {"rows": results}
@@ -393,7 +328,8 @@ def to_markdown(result: dict) -> str:
         f"Device: {result['device']}, PyTorch {result['torch']}, Triton {result['triton']}, "
         f"{result['date']}. N_res {result['n_res']}, N_clust {result['n_clust']}, N_extra "
         f"{result['n_extra']}, {result['n_templ']} templates, N_cycle {result['n_cycle']} "
-        f"(timed), median of {result['reps']} steps; each row adds its switch to the rows above"
+        f"(timed), median of {result['reps']} steps of fold-train's Trainer; each row adds its "
+        "switch to the rows above"
         + (f" (switches on from the start, untimed here: {', '.join(result['assumed'])})"
            if result.get("assumed") else "") + ".",
         "",
@@ -403,6 +339,11 @@ def to_markdown(result: dict) -> str:
     ]
     for e in result["rows"]:
         note = e.get("skipped") or e.get("error") or e.get("note") or ""
+        plan = e.get("plan")
+        if plan and "activation_checkpointing=auto" not in note:
+            note = (note + f" activation_checkpointing=auto: the last "
+                    f"{plan.get('no_ckpt_evoformer', 0)} Evoformer, "
+                    f"{plan.get('no_ckpt_extra_msa', 0)} extra MSA blocks without it").strip()
         if "graphs_captured" in e:
             note = (note + f" graphs for N_cycle {e['graphs_captured']}").strip()
         lines.append(
@@ -411,6 +352,10 @@ def to_markdown(result: dict) -> str:
             f"{num(e.get('speedup_vs_previous'), '.2f')} | "
             f"{num(e.get('peak_alloc_mib'), '.0f')} | {num(e.get('reserved_mib'), '.0f')} | "
             f"{num(e.get('loss'), '.4f')} | {note.replace('|', '/')} |")
+    last = [e for e in result["rows"] if "overrides" in e]
+    if last:
+        lines += ["", "The last row as a training run: `fold-train train --preset "
+                  f"{result['preset']} --data DATA {' '.join(last[-1]['overrides'])}`"]
     return "\n".join(lines) + "\n"
 
 
@@ -427,7 +372,10 @@ def main(argv: list[str] | None = None) -> dict:
                              "in another process), e.g. kernels,flat,fused_adam,bf16,no_ckpt")
     parser.add_argument("--uncheckpointed", type=int, default=None,
                         help="with --assume no_ckpt: the Evoformer's last K blocks without "
-                             "checkpointing (the rest keep it), as an earlier plan found")
+                             "checkpointing (the rest keep it), as an earlier plan found; "
+                             "default: activation_checkpointing=auto plans it")
+    parser.add_argument("--uncheckpointed-extra", type=int, default=0,
+                        help="with --uncheckpointed: the extra MSA stack's last blocks without")
     parser.add_argument("--out", type=Path, default=None, help="JSON here, Markdown beside it")
     args = parser.parse_args(argv)
     device = torch.device(args.device)
@@ -437,6 +385,7 @@ def main(argv: list[str] | None = None) -> dict:
     unknown = sorted(set(rows) - {k for k, _, _ in ROWS})
     if unknown:
         raise SystemExit(f"train_ablation: unknown rows {unknown}")
+
     def save(result: dict) -> None:
         if args.out is not None:
             args.out.parent.mkdir(parents=True, exist_ok=True)
@@ -448,7 +397,8 @@ def main(argv: list[str] | None = None) -> dict:
     if unknown:
         raise SystemExit(f"train_ablation: unknown rows in --assume {unknown}")
     result = ablate(device, args.tiny, args.reps, rows, on_row=save, assume=assume,
-                    uncheckpointed=args.uncheckpointed)
+                    uncheckpointed=args.uncheckpointed,
+                    uncheckpointed_extra=args.uncheckpointed_extra)
     print(to_markdown(result))
     save(result)
     return result

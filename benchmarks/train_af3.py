@@ -79,7 +79,6 @@ Goals (issue 10): optimized at least 2x eager (MegaFold: 1.73x on an H200) and a
 from __future__ import annotations
 
 import argparse
-import copy
 import dataclasses
 import datetime
 import gc
@@ -91,26 +90,22 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 from fold_data.residue_constants import residue_atoms, restype_1to3, restypes
-from fold_model.af3 import AlphaFold3, config
-from fold_model.af3.loss import LossPairs, loss_pair_lists
-from fold_train.cuda_graphs import CudaGraphBackend, EagerCapture, GraphedStep
-from fold_train.family import AF3Family
-from fold_train.optim import AdamConfig, FlatAdam, FlatParams, learning_rate
-from torch import nn
-from torch.utils.checkpoint import checkpoint
+from fold_train.ckpt_plan import SavedTensorMemory
+from fold_train.config import apply_overrides
+from fold_train.config import preset as train_preset
+from fold_train.cuda_graphs import EagerCapture
+from fold_train.distributed import DistContext
+from fold_train.loop import Trainer
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _backends import ensure_kernels  # noqa: E402
-from _memory import saved_bytes  # noqa: E402
 
-_BACKEND_ENV = "FOLD_OPS_BACKEND"  # read on every dispatch, also by autograd's device threads
 GAP = 31  # fold-data's AF3 gap / padding restype
 DNA_CODES = {"A": 26, "G": 27, "C": 28, "T": 29}
 DNA_ATOMS = {  # heavy atoms of the DNA nucleotides (CCD DA/DG/DC/DT, no OP3)
@@ -121,9 +116,6 @@ DNA_ATOMS = {  # heavy atoms of the DNA nucleotides (CCD DA/DG/DC/DT, no OP3)
 }
 ELEMENT = {"C": 6, "N": 7, "O": 8, "P": 15, "S": 16}
 
-# AF3 supplement 5.4 (the optimizer of fold-train's ``af3`` preset).
-AF3_ADAM = AdamConfig(lr=1.8e-3, beta1=0.9, beta2=0.95, eps=1e-8, warmup_steps=1000,
-                      decay_factor=0.95, decay_every=50_000, clip_norm=10.0, ema_decay=0.999)
 FULL = {"n_token": 384, "n_msa": 1024, "n_templ": 4, "cycles": 4, "crop_start": 384,
         "crop_resolution": 32, "max_tokens": 4096}
 TINY = {"n_token": 24, "n_msa": 6, "n_templ": 2, "cycles": 2, "crop_start": 16,
@@ -320,19 +312,6 @@ def cumulative(rows: list[str]) -> dict[str, Switches]:
     return out
 
 
-@contextmanager
-def _ops_backend(name: str):
-    old = os.environ.get(_BACKEND_ENV)
-    os.environ[_BACKEND_ENV] = name
-    try:
-        yield
-    finally:
-        if old is None:
-            os.environ.pop(_BACKEND_ENV, None)
-        else:
-            os.environ[_BACKEND_ENV] = old
-
-
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -344,222 +323,85 @@ def _free(device: torch.device) -> None:
         torch.cuda.empty_cache()
 
 
-class _Checkpointed(nn.Module):
-    """A diffusion transformer block recomputed in backward (the per-block checkpointing that
-    ``DiffusionTransformer(use_checkpoint=True)`` applies to all of its blocks)."""
-
-    def __init__(self, block: nn.Module) -> None:
-        super().__init__()
-        self.block = block
-
-    def forward(self, *args):
-        if self.training and torch.is_grad_enabled():
-            return checkpoint(self.block, *args, use_reentrant=False)
-        return self.block(*args)
+PLAN_FILL = 0.9  # ckpt_memory_fraction of the ckpt_plan row (no CUDA graph pools beside it)
+CPU_PLAN_HEADROOM = 2**30  # CPU: the plan's budget is the checkpointed step's bytes + 1 GiB
 
 
-def apply_ckpt_plan(model: nn.Module, n_pairformer: int, n_diffusion: int) -> None:
-    """The first ``n_pairformer`` trunk Pairformer blocks and the first ``n_diffusion`` diffusion
-    transformer blocks run without activation checkpointing; every other block keeps the
-    preset's checkpointing. ``(0, 0)`` restores the preset."""
-    for i, block in enumerate(model.pairformer.blocks):
-        block.use_checkpoint = i >= n_pairformer
-    tr = model.diffusion.transformer
-    plain = [b.block if isinstance(b, _Checkpointed) else b for b in tr.blocks]
-    if n_diffusion == 0:
-        tr.blocks = nn.ModuleList(plain)
-        tr.use_checkpoint = True
-        return
-    tr.use_checkpoint = False
-    tr.blocks = nn.ModuleList(b if i < n_diffusion else _Checkpointed(b)
-                              for i, b in enumerate(plain))
+def _flag(x: bool) -> str:
+    return str(x).lower()
 
 
-class Runner:
-    """One configuration's model, optimizer and training iteration."""
-
-    def __init__(self, sw: Switches, base: nn.Module, device: torch.device) -> None:
-        self.sw, self.device = sw, device
-        cuda = device.type == "cuda"
-        self.notes: list[str] = []
-        self.backend = sw.backend
-        if sw.backend != "torch" and not cuda:
-            self.notes.append("kernels: torch reference on CPU")
-        self.model = copy.deepcopy(base).to(device).train()
-        m = self.model
-        if sw.lean_ckpt:
-            m.set_checkpointing(True, blocks=True, atoms=True)
-        if sw.bf16_params:  # as fold-train's bf16_weights=true
-            AF3Family(m.config).to_bf16_weights(m)
-        self.cfg = m.config
-        if sw.flat_adam:
-            self.flat = FlatParams(m)
-            self.opt = FlatAdam(self.flat, AF3_ADAM, use_kernels=True if cuda else None)
-            if not cuda:
-                self.notes.append("Adam: PyTorch path on CPU")
-        else:
-            self.params = [p for p in m.parameters() if p.requires_grad]
-            a = AF3_ADAM
-            self.adam = torch.optim.Adam(self.params, lr=a.lr, betas=(a.beta1, a.beta2),
-                                         eps=a.eps)
-            self.ema = [p.detach().clone() for p in self.params]
-            self.n_updates = 0
-        self.plan: dict[str, Any] | None = None
-        self.use_graphs = sw.graphs  # the crop probes turn it off (a probe asks: does it fit)
-        self.graphed: GraphedStep | None = None
-        if sw.graphs:
-            if not sw.flat_adam:
-                raise ValueError("the graphs row needs flat_adam (gradients at fixed addresses)")
-            backend = CudaGraphBackend(device, warmup=2) if cuda else EagerCapture()
-            if not cuda:
-                self.notes.append("graphs: the captured body run eagerly on CPU")
-            self.graphed = GraphedStep(self._graph_body, backend)
-        self._pairs_of: tuple[dict, dict[str, torch.Tensor]] | None = None
-
-    def _static_pairs(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """The loss's pair lists of ``batch``, padded, as static inputs: built once per batch
-        (outside the timed replays and any capture)."""
-        if self._pairs_of is None or self._pairs_of[0] is not batch:
-            pairs = loss_pair_lists(batch, self.cfg.loss)
-            self._pairs_of = (batch, pairs.padded(*pairs.capacities()).tensors())
-        return self._pairs_of[1]
-
-    def _graph_body(self, n_cycle: int) -> dict[str, torch.Tensor]:
-        """Forward + losses + backward on the static batch (captured, then replayed)."""
-        batch, pairs = LossPairs.split(self.graphed.static_inputs)
-        self._zero_grad()
-        with torch.autocast(self.device.type, dtype=torch.bfloat16, cache_enabled=False):
-            out = self.model(batch, no_cycles=n_cycle)
-            loss, _ = self.model.loss(out, batch, pairs)
-        del out
-        loss.backward()
-        return {"loss": loss.detach()}
-
-    def _zero_grad(self) -> None:
-        if self.sw.flat_adam:
-            self.flat.zero_grad()
-        else:
-            for p in self.params:
-                p.grad = None
-
-    def _update(self) -> bool:
-        """Clip to global norm 10, Adam, EMA 0.999; skipped when the norm is not finite."""
-        if self.sw.flat_adam:
-            norm = self.opt.grad_norm()
-            ok = bool(torch.isfinite(norm))
-            if ok:
-                self.opt.step(norm)
-            return ok
-        norm = torch.nn.utils.clip_grad_norm_(self.params, AF3_ADAM.clip_norm)
-        ok = bool(torch.isfinite(norm))
-        if ok:
-            self.n_updates += 1
-            for group in self.adam.param_groups:
-                group["lr"] = learning_rate(self.n_updates, AF3_ADAM)
-            self.adam.step()
-            with torch.no_grad():
-                for e, p in zip(self.ema, self.params):
-                    e.lerp_(p, 1 - AF3_ADAM.ema_decay)
-        return ok
-
-    def step(self, batch: dict[str, torch.Tensor], n_cycle: int, seed: int = 0) -> float:
-        """One training iteration; returns the loss. The RNG is reseeded with ``seed`` so every
-        configuration draws the same noise, rotations and dropout."""
-        torch.manual_seed(seed)
-        if self.use_graphs:
-            with _ops_backend(self.backend):
-                self.graphed.load({**batch, **self._static_pairs(batch)})
-                # replays draw from the default generator's seed and offset of the moment
-                value = self.graphed(n_cycle, before_replay=lambda: torch.manual_seed(seed))
-                self._update()
-            if self.sw.gc_off:
-                gc.collect(0)
-            return float(value["loss"])
-        self._zero_grad()
-        with _ops_backend(self.backend):
-            with torch.autocast(self.device.type, dtype=torch.bfloat16):
-                out = self.model(batch, no_cycles=n_cycle)
-                loss, _ = self.model.loss(out, batch)
-            del out
-            loss.backward()
-            value = loss.detach()
-            del loss
-            self._update()
-        if self.sw.gc_off:
-            gc.collect(0)  # the young generation, between steps (as fold-train's loop)
-        return float(value)
-
-    def release(self) -> None:
-        for name in ("model", "flat", "opt", "params", "adam", "ema"):
-            if hasattr(self, name):
-                delattr(self, name)
+def overrides(sw: Switches, cuda: bool, cycles: int) -> list[str]:
+    """The ``key=value`` options of fold-train's ``af3`` (or ``af3_tiny``) preset that make
+    ``sw``'s training iteration: bf16 autocast on every row, the preset's per-sub-layer
+    checkpointing (``lean_ckpt``: whole blocks and the atom transformers; ``ckpt_plan``:
+    ``activation_checkpointing=auto``), ``cycles`` trunk passes at most."""
+    backend = sw.backend if cuda or sw.backend == "torch" else "auto"  # CPU: the reference
+    return ["precision=bf16", f"ops_backend={backend}", f"tensor_fusion={_flag(sw.flat_adam)}",
+            "use_kernels=" + (("true" if cuda else "none") if sw.flat_adam else "false"),
+            f"bf16_weights={_flag(sw.bf16_params)}",
+            "activation_checkpointing=" + ("auto" if sw.ckpt_plan else "true"),
+            "model.checkpoint=true",  # what auto plans from (the tiny preset has it off)
+            f"ckpt_memory_fraction={PLAN_FILL}",
+            f"model.checkpoint_blocks={_flag(sw.lean_ckpt)}",
+            f"model.checkpoint_atoms={_flag(sw.lean_ckpt)}",
+            f"cuda_graphs={_flag(sw.graphs)}", f"gc_off={_flag(sw.gc_off)}",
+            f"max_recycling_iters={cycles - 1}", "loader_workers=0"]
 
 
-# -- checkpointing plan ------------------------------------------------------------------------
-def _block_cost(block: nn.Module, args: tuple, device: torch.device, backend: str
-                ) -> tuple[int, float]:
-    """(saved-activation bytes without checkpointing, forward ms) of one block call."""
-    keep = [a for a in args if isinstance(a, torch.Tensor)] + list(block.parameters())
-    flag = getattr(block, "use_checkpoint", None)
-    if flag is not None:
-        block.use_checkpoint = False
-    try:
-        with _ops_backend(backend), torch.autocast(device.type, dtype=torch.bfloat16):
-            nbytes = saved_bytes(lambda: block(*args), keep)
-            times = []
-            with torch.no_grad():
-                for _ in range(3):
-                    _sync(device)
-                    t0 = time.perf_counter()
-                    block(*args)
-                    _sync(device)
-                    times.append((time.perf_counter() - t0) * 1e3)
-    finally:
-        if flag is not None:
-            block.use_checkpoint = flag
-    return nbytes, statistics.median(times)
+class _HeadroomMemory(SavedTensorMemory):
+    """CPU: the bytes autograd saves during the step, against the fully checkpointed step's
+    bytes plus a fixed headroom (there is no device memory to plan against)."""
+
+    def __init__(self, headroom: int) -> None:
+        super().__init__(0)
+        self.headroom = headroom
+        self.first: int | None = None
+
+    def measure(self, step) -> int:
+        used = super().measure(step)
+        if self.first is None:
+            self.first = used
+            self.budget_bytes = used + self.headroom
+        return used
 
 
-def plan_checkpointing(runner: Runner, n_token: int, peak_bytes: int | None,
-                       device: torch.device) -> dict[str, Any]:
-    """How many Pairformer / diffusion transformer blocks can skip recompute within the
-    headroom left by a fully checkpointed step's peak (``peak_bytes``; None on CPU: 1 GiB)."""
-    m, cfg = runner.model, runner.cfg
-    g = torch.Generator().manual_seed(0)
+def make_trainer(sw: Switches, tiny: bool, device: torch.device, run_dir: str, cycles: int
+                 ) -> tuple[Trainer, list[str]]:
+    """The fold-train Trainer of a configuration (no data stream: the benchmark gives the
+    batch) and the notes of what the CPU cannot run."""
+    cuda = device.type == "cuda"
+    notes = []
+    if sw.backend != "torch" and not cuda:
+        notes.append("kernels: torch reference on CPU")
+    if sw.flat_adam and not cuda:
+        notes.append("Adam: PyTorch path on CPU")
+    if sw.graphs and not sw.flat_adam:
+        raise ValueError("the graphs row needs flat_adam (gradients at fixed addresses)")
+    graph_backend = None
+    if sw.graphs and not cuda:
+        graph_backend = EagerCapture()
+        notes.append("graphs: the captured body run eagerly on CPU")
+    memory = None
+    if sw.ckpt_plan and not cuda:
+        memory = _HeadroomMemory(CPU_PLAN_HEADROOM)
+        notes.append("checkpointing plan: saved-tensor bytes against 1 GiB of headroom on CPU")
+    cfg = apply_overrides(train_preset("af3_tiny" if tiny else "af3"),
+                          overrides(sw, cuda, cycles))
+    trainer = Trainer(cfg, run_dir, None, ctx=DistContext(device=device), progress=False,
+                      graph_backend=graph_backend, ckpt_memory=memory)
+    return trainer, notes
 
-    def rnd(*shape, dtype):
-        return torch.randn(*shape, generator=g).to(device, dtype).requires_grad_(True)
 
-    n, s_count = n_token, cfg.diffusion.no_samples
-    tmask = torch.ones(1, n, device=device)
-    pf_args = (rnd(1, n, cfg.c_s, dtype=torch.float32), rnd(1, n, n, cfg.c_z, dtype=torch.float32),
-               tmask, tmask[:, :, None] * tmask[:, None])
-    blk = m.diffusion.transformer.blocks[0]
-    blk = blk.block if isinstance(blk, _Checkpointed) else blk
-    df_args = (rnd(1, s_count, n, cfg.diffusion.c_token, dtype=torch.bfloat16),
-               rnd(1, s_count, n, cfg.c_s, dtype=torch.bfloat16),
-               rnd(1, n, n, cfg.c_z, dtype=torch.bfloat16), tmask)
-    pf_bytes, pf_ms = _block_cost(m.pairformer.blocks[0], pf_args, device, runner.backend)
-    df_bytes, df_ms = _block_cost(blk, df_args, device, runner.backend)
-    del pf_args, df_args
-    _free(device)
-    if device.type == "cuda" and peak_bytes is not None:
-        total = torch.cuda.get_device_properties(device).total_memory
-        headroom = int(0.92 * total) - peak_bytes - 2**30
-    else:
-        headroom = 2**30
-    counts = {"pairformer": 0, "diffusion": 0}
-    left = max(headroom, 0)
-    units = [("pairformer", pf_bytes, pf_ms, len(m.pairformer.blocks)),
-             ("diffusion", df_bytes, df_ms, len(m.diffusion.transformer.blocks))]
-    for name, nbytes, _ms, count in sorted(units, key=lambda u: -u[2] / max(u[1], 1)):
-        k = min(count, left // max(nbytes, 1))
-        counts[name] = int(k)
-        left -= k * nbytes
-    return {"headroom_mib": headroom / 2**20, "pairformer_block_mib": pf_bytes / 2**20,
-            "pairformer_block_fwd_ms": pf_ms, "diffusion_block_mib": df_bytes / 2**20,
-            "diffusion_block_fwd_ms": df_ms, "no_ckpt_pairformer": counts["pairformer"],
-            "no_ckpt_diffusion": counts["diffusion"]}
+def train_iteration(trainer: Trainer, batch: dict[str, torch.Tensor], n_cycle: int,
+                    seed: int) -> float:
+    """One training iteration through the Trainer (forward, losses, backward, clipping, Adam,
+    EMA; gc_off as in its loop); returns the loss. The global RNG (dropout) is reseeded with
+    ``seed`` so that every configuration draws the same masks; the diffusion noise is the
+    Trainer's, seeded by its step number."""
+    torch.manual_seed(seed)
+    record = trainer.run_steps([batch], n_cycle=n_cycle)[0]
+    return math.nan if record.get("skipped") else record["loss"]
 
 
 # -- one row -----------------------------------------------------------------------------------
@@ -567,71 +409,45 @@ def _mib(x: int | None) -> float | None:
     return None if x is None else x / 2**20
 
 
-def time_row(runner: Runner, batch: dict, sizes: dict, device: torch.device, warmup: int,
-             reps: int) -> dict[str, Any]:
-    """Warm-up (with the checkpointing plan made after the first step), then ``reps`` timed
-    iterations at ``sizes['cycles']`` trunk passes."""
+def time_row(sw: Switches, batch: dict, sizes: dict, device: torch.device, warmup: int,
+             reps: int, tiny: bool) -> dict[str, Any]:
+    """``warmup`` iterations (the first plans the checkpointing with ``ckpt_plan`` and captures
+    the graphs with ``graphs``), then ``reps`` timed iterations at ``sizes['cycles']`` trunk
+    passes, through a fresh Trainer."""
     cuda = device.type == "cuda"
     r = sizes["cycles"]
-    gc_was = gc.isenabled()
-    try:
+    with tempfile.TemporaryDirectory(prefix="train_af3_") as run_dir:
+        trainer, notes = make_trainer(sw, tiny, device, run_dir, r)
         if cuda:
             torch.cuda.reset_peak_memory_stats(device)
-        loss = runner.step(batch, r, seed=0)
-        _sync(device)
-
-        if runner.sw.ckpt_plan:
-            peak = torch.cuda.max_memory_allocated(device) if cuda else None
-            plan = plan_checkpointing(runner, sizes["n_token"], peak, device)
-            plan["full_ckpt_peak_mib"] = _mib(peak)
-            for attempt in range(3):
-                apply_ckpt_plan(runner.model, plan["no_ckpt_pairformer"],
-                                plan["no_ckpt_diffusion"])
-                if runner.graphed is not None:
-                    runner.graphed.reset()  # captured with the old checkpointing
-                failed = False
-                try:
-                    loss = runner.step(batch, r, seed=0)
-                    _sync(device)
-                except torch.cuda.OutOfMemoryError:
-                    failed = True
-                if not failed:
-                    break
-                _free(device)
-                plan["no_ckpt_pairformer"] //= 2
-                plan["no_ckpt_diffusion"] //= 2
-                plan["oom_retries"] = attempt + 1
-            runner.plan = plan
-        # GC off only now, after the graphs row's capturing steps above: on the H100 its
-        # captures failed (cudaErrorStreamCaptureInvalidated) until this moved here and the row
-        # dropped ckpt_plan (which change mattered is not isolated); the timed steps below are
-        # what the switch is about.
-        if runner.sw.gc_off:
-            gc.disable()
-        for _ in range(max(warmup - 1, 0)):
-            loss = runner.step(batch, r, seed=0)
+        for _ in range(max(warmup, 1)):
+            loss = train_iteration(trainer, batch, r, seed=0)
         _sync(device)
         if cuda:
             torch.cuda.reset_peak_memory_stats(device)
         times = []
         for i in range(reps):
             t0 = time.perf_counter()
-            loss = runner.step(batch, r, seed=i + 1)
+            loss = train_iteration(trainer, batch, r, seed=i + 1)
             _sync(device)
             times.append((time.perf_counter() - t0) * 1e3)
-    finally:
-        if runner.sw.gc_off and gc_was:
-            gc.enable()
-    row = {"step_ms": statistics.median(times), "times_ms": times, "loss": loss,
-           "peak_alloc_mib": _mib(torch.cuda.max_memory_allocated(device)) if cuda else None,
-           "reserved_mib": _mib(torch.cuda.max_memory_reserved(device)) if cuda else None}
-    if runner.plan is not None:
-        row["ckpt_plan"] = runner.plan
+        row = {"step_ms": statistics.median(times), "times_ms": times, "loss": loss,
+               "peak_alloc_mib": _mib(torch.cuda.max_memory_allocated(device)) if cuda
+               else None,
+               "reserved_mib": _mib(torch.cuda.max_memory_reserved(device)) if cuda else None,
+               "overrides": overrides(sw, cuda, r),
+               "params": sum(p.numel() for p in trainer.model.parameters())}
+        if trainer.ckpt_plan is not None:
+            row["ckpt_plan"] = trainer.ckpt_plan.to_dict()
+            row["ckpt_plan"]["full_ckpt_peak_mib"] = row["ckpt_plan"]["base_mib"]
+        if sw.graphs:
+            row["graphs_captured"] = trainer.captured_graphs
     if not math.isfinite(loss):
-        runner.notes.append(f"non-finite loss {loss}")
-    if runner.notes:
-        row["note"] = "; ".join(runner.notes)
+        notes.append(f"non-finite loss {loss}")
+    if notes:
+        row["note"] = "; ".join(notes)
     return row
+
 
 
 # -- longest trainable crop --------------------------------------------------------------------
@@ -673,16 +489,20 @@ def longest_crop(probe: Callable[[int], bool], start: int, resolution: int, cap:
     return {"longest": lo, "first_fail": hi, "complete": True}
 
 
-def crop_search(runner: Runner, sizes: dict, device: torch.device, deadline: float,
+def crop_switches(sw: Switches) -> Switches:
+    """The memory-lean form of a row for the crop search: no checkpointing plan (the preset's
+    checkpointing) and no CUDA graphs (a probe only asks whether the step fits)."""
+    return dataclasses.replace(sw, ckpt_plan=False, graphs=False)
+
+
+def crop_search(sw: Switches, tiny: bool, sizes: dict, device: torch.device, deadline: float,
                 on_probe: Callable[[dict], None]) -> dict[str, Any]:
-    """:func:`longest_crop` with real training iterations (one trunk pass) as probes."""
+    """:func:`longest_crop` with real training iterations (one trunk pass) of a Trainer with
+    switches ``sw`` as probes."""
     cuda = device.type == "cuda"
     probes: list[dict[str, Any]] = []
-    if runner.sw.ckpt_plan:
-        apply_ckpt_plan(runner.model, 0, 0)  # the memory-lean form: the preset's checkpointing
-    runner.use_graphs = False  # a probe only asks whether the step fits
-    if runner.graphed is not None:
-        runner.graphed.reset()
+    run_dir = tempfile.TemporaryDirectory(prefix="train_af3_crop_")
+    trainer, _ = make_trainer(sw, tiny, device, run_dir.name, sizes["cycles"])
 
     def probe(n: int) -> bool:
         _free(device)
@@ -693,7 +513,7 @@ def crop_search(runner: Runner, sizes: dict, device: torch.device, deadline: flo
         error = None
         try:
             batch = make_batch(n, sizes, device, seed=n)
-            loss = runner.step(batch, 1, seed=0)
+            loss = train_iteration(trainer, batch, 1, seed=0)
             _sync(device)
             entry["loss"] = loss
             fits = math.isfinite(loss)
@@ -704,7 +524,7 @@ def crop_search(runner: Runner, sizes: dict, device: torch.device, deadline: flo
         except ValueError as e:  # the synthetic batch cannot be built at this size
             fits, error = False, str(e)
         batch = None
-        runner._zero_grad()
+        trainer.flat.zero_grad()
         entry["fits"] = fits
         if error:
             entry["error"] = error
@@ -733,6 +553,8 @@ def crop_search(runner: Runner, sizes: dict, device: torch.device, deadline: flo
         else:
             os.environ["FOLD_KERNELS_AUTOTUNE"] = old
     result["probes"] = probes
+    trainer.model = trainer.opt = trainer.flat = None  # released before the next search
+    run_dir.cleanup()
     return result
 
 
@@ -800,8 +622,8 @@ def to_markdown(result: dict) -> str:
         note = e.get("skipped") or e.get("error") or e.get("note") or ""
         plan = e.get("ckpt_plan")
         if plan:
-            note = (note + f" no recompute: {plan['no_ckpt_pairformer']} Pairformer, "
-                    f"{plan['no_ckpt_diffusion']} diffusion blocks (headroom "
+            note = (note + f" no recompute: {plan.get('no_ckpt_pairformer', 0)} Pairformer, "
+                    f"{plan.get('no_ckpt_diffusion', 0)} diffusion blocks (headroom "
                     f"{plan['headroom_mib']:.0f} MiB)").strip()
         lines.append(
             f"| {e['label']} | {num(e.get('step_ms'), '.1f')} | "
@@ -845,14 +667,13 @@ def run(device: torch.device, tiny: bool, reps: int, warmup: int, rows: list[str
     if device.type == "cuda":
         ensure_kernels(device)
     preset = "tiny" if tiny else "af3"
-    cfg = config(preset, checkpoint=True)  # the af3 preset's checkpointing (tiny: off by default)
-    torch.manual_seed(0)
-    base = AlphaFold3(cfg)  # built once on the CPU, copied per configuration
+    train_cfg = train_preset("af3_tiny" if tiny else "af3")
+    cfg = train_cfg.model_config()
     batch = make_batch(sizes["n_token"], sizes, device)
     result: dict[str, Any] = {
         **_versions(device), "preset": preset, "sizes": sizes, "reps": reps, "warmup": warmup,
-        "samples": cfg.diffusion.no_samples, "params": sum(p.numel() for p in base.parameters()),
-        "adam": dataclasses.asdict(AF3_ADAM), "budget_s": budget_s,
+        "samples": cfg.diffusion.no_samples, "params": None, "path": "fold_train.loop.Trainer",
+        "adam": dataclasses.asdict(train_cfg.optim), "budget_s": budget_s,
         "batch": "synthetic SAMPLE_FEATURES (fold-data schema), 4 templates"
                  if sizes["n_templ"] == 4 else f"synthetic, {sizes['n_templ']} templates",
         "rows": [], "crop": {}, "optimized_row": None,
@@ -875,10 +696,9 @@ def run(device: torch.device, tiny: bool, reps: int, warmup: int, rows: list[str
         entry: dict[str, Any] = {"row": key, "label": labels[key],
                                  "switches": dataclasses.asdict(sw)}
         t0 = time.perf_counter()
-        runner = None
         try:
-            runner = Runner(sw, base, device)
-            entry.update(time_row(runner, batch, sizes, device, warmup, reps))
+            entry.update(time_row(sw, batch, sizes, device, warmup, reps, tiny))
+            result["params"] = entry.pop("params")
         except torch.cuda.OutOfMemoryError:
             entry["error"] = "out of memory"
         except Exception as e:  # a failing row is reported; the others go on
@@ -889,19 +709,17 @@ def run(device: torch.device, tiny: bool, reps: int, warmup: int, rows: list[str
         save()
         log(json.dumps({k: v for k, v in entry.items() if k not in ("switches", "times_ms")}))
         usable = "step_ms" in entry or entry.get("error") == "out of memory"
-        if search_until is not None and runner is not None and crop and usable:
+        _free(device)
+        if search_until is not None and crop and usable:
             name = "eager" if key == "eager" else "optimized"
             try:
-                res = crop_search(runner, sizes, device, search_until,
+                res = crop_search(crop_switches(sw), tiny, sizes, device, search_until,
                                   lambda p: (log(json.dumps({"probe": name, **p})), save()))
             except Exception as e:
                 res = {"longest": None, "error": f"{type(e).__name__}: {e}"[:500], "probes": []}
-            res["switches"] = dataclasses.asdict(runner.sw)
+            res["switches"] = dataclasses.asdict(crop_switches(sw))
             result["crop"][name] = res  # replaces the partial record that on_probe keeps
             save()
-        if runner is not None:
-            runner.release()
-        del runner
         _free(device)
 
     def _order_rows() -> None:
@@ -980,8 +798,6 @@ def run_crops(device: torch.device, tiny: bool, paths: list[str], budget_s: floa
     if device.type == "cuda":
         ensure_kernels(device)
     preset = "tiny" if tiny else "af3"
-    torch.manual_seed(0)
-    base = AlphaFold3(config(preset, checkpoint=True))
     result: dict[str, Any] = {**_versions(device), "preset": preset, "sizes": sizes,
                               "budget_s": budget_s, "crop": {}}
 
@@ -994,18 +810,15 @@ def run_crops(device: torch.device, tiny: bool, paths: list[str], budget_s: floa
             _write_atomic(out.with_suffix(".md"), crop_markdown(result))
 
     for i, name in enumerate(paths):
-        runner = Runner(CROP_PATHS[name], base, device)
         deadline = t_start + budget_s * (i + 1) / len(paths)
         try:
-            res = crop_search(runner, sizes, device, deadline,
+            res = crop_search(CROP_PATHS[name], tiny, sizes, device, deadline,
                               lambda p, name=name: log(json.dumps({"probe": name, **p})))
         except Exception as e:
             res = {"longest": None, "error": f"{type(e).__name__}: {e}"[:500], "probes": []}
-        res["switches"] = dataclasses.asdict(runner.sw)
+        res["switches"] = dataclasses.asdict(CROP_PATHS[name])
         result["crop"][name] = res
         save()
-        runner.release()
-        del runner
         _free(device)
     result["total_s"] = time.perf_counter() - t_start
     save()

@@ -94,3 +94,24 @@ def test_uncheckpointed_blocks_out_of_range_is_a_clear_error():
 
     with pytest.raises(ValueError, match="uncheckpointed_blocks must be in 0..48"):
         config("af2_initial", uncheckpointed_blocks=49)
+
+
+def test_model_exempts_the_last_blocks_of_each_stack():
+    import pytest
+    from fold_model.af2 import AlphaFold2
+
+    cfg = config("tiny", checkpoint_blocks=True, extra_msa__no_blocks=2, uncheckpointed_blocks=1,
+                 uncheckpointed_extra_msa_blocks=2)
+    model = AlphaFold2(cfg)
+    assert model.checkpointed_stacks() == {"evoformer": 2, "extra_msa": 2}
+    assert model.uncheckpointed_blocks() == {"evoformer": 1, "extra_msa": 2}
+    assert model.extra_msa_stack.uncheckpointed_blocks == 2
+    model.set_uncheckpointed_blocks(extra_msa=0)
+    assert model.uncheckpointed_blocks() == {"evoformer": 1, "extra_msa": 0}
+    assert AlphaFold2(config("tiny")).checkpointed_stacks() == {}  # tiny: no checkpointing
+    with pytest.raises(ValueError, match="'evoformer' must be in 0..2, got 3"):
+        model.set_uncheckpointed_blocks(evoformer=3)
+    with pytest.raises(ValueError, match="unknown stack 'pairformer'"):
+        model.set_uncheckpointed_blocks(pairformer=1)
+    with pytest.raises(ValueError, match="uncheckpointed_extra_msa_blocks must be in 0..4"):
+        config("af2_initial", uncheckpointed_extra_msa_blocks=5)

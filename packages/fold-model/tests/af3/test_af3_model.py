@@ -127,15 +127,22 @@ def test_chunked_trunk_equals_unchunked():
     assert rel_err(got[1], ref[1]) < 1e-12 and rel_err(got[2], ref[2]) < 1e-12
 
 
-@pytest.mark.parametrize("blocks,atoms", [(False, False), (True, True)],
-                         ids=["sublayers", "blocks+atoms"])
-def test_checkpointing_same_loss_and_grads(blocks, atoms):
+@pytest.mark.parametrize("blocks,atoms,plain_blocks", [(False, False, 0), (True, True, 0),
+                                                       (False, False, 1), (True, True, 1)],
+                         ids=["sublayers", "blocks+atoms", "sublayers-last1", "blocks+atoms-last1"])
+def test_checkpointing_same_loss_and_grads(blocks, atoms, plain_blocks):
     plain = _model(confidence__enabled=False).double()
     ckpt = copy.deepcopy(plain)
-    ckpt.set_checkpointing(True, blocks=blocks, atoms=atoms)
+    ckpt.set_uncheckpointed_blocks(pairformer=plain_blocks, diffusion=plain_blocks)
+    ckpt.set_checkpointing(True, blocks=blocks, atoms=atoms)  # keeps the exempt blocks
     d = ckpt.diffusion
     assert d.encoder.transformer.use_checkpoint == d.decoder.transformer.use_checkpoint == atoms
     assert all(b.checkpoint_blocks == blocks for b in ckpt.pairformer.blocks)
+    n = len(ckpt.pairformer.blocks)
+    assert [b.use_checkpoint for b in ckpt.pairformer.blocks] == [i < n - plain_blocks
+                                                                  for i in range(n)]
+    assert d.transformer.uncheckpointed_blocks == plain_blocks
+    assert ckpt.checkpointed_stacks() == {"pairformer": n, "diffusion": len(d.transformer.blocks)}
     f = _f64(random_features(n_token=7, batch=1, seed=5))
     res = []
     for model in (plain, ckpt):
@@ -148,6 +155,22 @@ def test_checkpointing_same_loss_and_grads(blocks, atoms):
     assert rel_err(res[1][0], res[0][0]) < 1e-12
     for n, g in res[0][1].items():
         assert rel_err(res[1][1][n], g) < 1e-9 or g.abs().max() == 0, n
+
+
+def test_uncheckpointed_blocks_from_the_config_and_their_errors():
+    model = _model(checkpoint=True, uncheckpointed_pairformer_blocks=1,
+                   uncheckpointed_diffusion_blocks=2)
+    assert model.uncheckpointed_blocks() == {"pairformer": 1, "diffusion": 2}
+    assert [b.use_checkpoint for b in model.pairformer.blocks] == [True, False]
+    model.set_checkpointing(False)
+    assert model.checkpointed_stacks() == {}
+    assert not any(b.use_checkpoint for b in model.pairformer.blocks)
+    with pytest.raises(ValueError, match="uncheckpointed_pairformer_blocks must be in 0..48"):
+        config("af3", uncheckpointed_pairformer_blocks=49)
+    with pytest.raises(ValueError, match="'diffusion' must be in 0..2, got 3"):
+        model.set_uncheckpointed_blocks(diffusion=3)
+    with pytest.raises(ValueError, match="unknown stack 'evoformer'"):
+        model.set_uncheckpointed_blocks(evoformer=1)
 
 
 def test_confidence_targets_of_a_perfect_prediction():

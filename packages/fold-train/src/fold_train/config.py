@@ -35,8 +35,8 @@ from typing import Any, Literal
 
 from fold_train.optim import AdamConfig
 
-__all__ = ["ConfigError", "PRESETS", "TrainConfig", "apply_overrides", "parse_overrides",
-           "preset"]
+__all__ = ["ConfigError", "PRESETS", "TrainConfig", "apply_overrides", "parse_ops_backend",
+           "parse_overrides", "preset"]
 
 Precision = Literal["fp32", "bf16"]
 Family = Literal["af2", "af3"]
@@ -47,6 +47,27 @@ AF3_PRESETS = {"af3": ("af3", "af3_initial"), "af3_tiny": ("tiny", "af3_tiny")}
 
 class ConfigError(ValueError):
     """A bad configuration key or value (the message names the key and the expected type)."""
+
+
+def parse_ops_backend(text: str) -> dict[str, str]:
+    """``ops_backend`` as ``{op or "*": backend}``: ``"auto"`` -> ``{"*": "auto"}``,
+    ``"attention=triton,layer_norm=torch"`` -> per op. Unknown op names are a
+    :class:`ConfigError` (whether a backend is installed is checked when the model runs)."""
+    from fold_model.ops.registry import OPS
+
+    mapping: dict[str, str] = {}
+    for part in (p.strip() for p in text.split(",")):
+        if not part:
+            continue
+        op, sep, name = part.partition("=")
+        op, name = (op.strip(), name.strip()) if sep else ("*", op.strip())
+        if not name or (op != "*" and op not in OPS):
+            raise ConfigError(f"ops_backend={text!r}: expected a backend (torch, auto, triton) or "
+                              f"op=backend pairs with ops among {list(OPS)}")
+        mapping[op] = name
+    if not mapping:
+        raise ConfigError(f"ops_backend={text!r}: expected a backend, e.g. auto")
+    return mapping
 
 
 @dataclass
@@ -75,7 +96,25 @@ class TrainConfig:
     max_nonfinite_steps: int = 10  # skipped steps (NaN/inf loss or gradient) before giving up
     loader_workers: int = 1  # NonBlockingLoader processes; 0: prepare in this process
     prefetch: int = 4
-    activation_checkpointing: bool | None = None  # None: the model preset's choice
+    # activation checkpointing of the model's blocks while training. None: the model preset's
+    # choice; true/false: every block / none; "auto": the preset's checkpointing minus the
+    # blocks that fit in ckpt_memory_fraction of the device's memory, planned from the first
+    # batch (fold_train.ckpt_plan; on CPU the preset's checkpointing is kept). A fixed partial
+    # plan is model.uncheckpointed_blocks=K (AF2 Evoformer; uncheckpointed_extra_msa_blocks)
+    # or model.uncheckpointed_pairformer_blocks / uncheckpointed_diffusion_blocks (AF3).
+    activation_checkpointing: bool | Literal["auto"] | None = None
+    # with activation_checkpointing=auto: the fraction of the memory this process can use
+    # (free + already cached) that a step may peak at; the rest is headroom for CUDA graphs'
+    # private pools and fragmentation
+    ckpt_memory_fraction: float = 0.6
+    # fold-model's op backends: "torch" (the PyTorch references), "auto" (fold-kernels'
+    # Triton ops where they support the call), "triton", or per op, e.g.
+    # "attention=triton,layer_norm=torch"; None: the environment's FOLD_OPS_BACKEND, else auto
+    ops_backend: str | None = None
+    # parameters, gradients and Adam/EMA state in flat buffers (HelixFold's tensor fusion,
+    # fold_train.optim); false: torch.optim.Adam over the parameter list with per-tensor
+    # clipping and EMA (fold_train.param_adam: the eager baseline; one process, fp32 weights)
+    tensor_fusion: bool = True
     use_kernels: bool | None = None  # fused optimizer: None = on CUDA when importable
     dap: int = 1  # Dynamic Axial Parallelism degree (ranks per replica sharing a sample)
     bp: int = 1  # Branch Parallelism degree (1 or 2; needs model.block_order=parallel)
@@ -103,6 +142,28 @@ class TrainConfig:
         if self.bf16_weights and self.precision != "bf16":
             raise ConfigError("bf16_weights=true needs precision=bf16 (bf16 weights are used "
                               "under bf16 autocast, with fp32 masters in the optimizer)")
+        if self.activation_checkpointing not in (None, True, False, "auto"):
+            raise ConfigError("activation_checkpointing must be true, false or auto, got "
+                              f"{self.activation_checkpointing!r}")
+        if not 0 < self.ckpt_memory_fraction <= 1:
+            raise ConfigError("ckpt_memory_fraction must be in (0, 1], got "
+                              f"{self.ckpt_memory_fraction}")
+        if self.activation_checkpointing == "auto" and (self.dap > 1 or self.bp > 1):
+            raise ConfigError("activation_checkpointing=auto with dap/bp > 1 is not supported: "
+                              "each rank would plan on its own, and the ranks of a replica must "
+                              "recompute the same blocks (their collectives run again in "
+                              "backward); set model.uncheckpointed_blocks explicitly")
+        if self.ops_backend is not None:
+            parse_ops_backend(self.ops_backend)
+        if not self.tensor_fusion:
+            bad = [n for n, on in (("bf16_weights", self.bf16_weights),
+                                   ("cuda_graphs", self.cuda_graphs),
+                                   ("use_kernels", self.use_kernels is True),
+                                   ("dap", self.dap > 1), ("bp", self.bp > 1)) if on]
+            if bad:
+                raise ConfigError(f"tensor_fusion=false does not go with {', '.join(bad)}: the "
+                                  "per-tensor optimizer keeps fp32 weights, frees gradients "
+                                  "between steps and runs in one process")
         if self.max_recycling_iters is not None and self.max_recycling_iters < 0:
             raise ConfigError("max_recycling_iters must be >= 0")
         if self.family not in ("af2", "af3"):
@@ -126,14 +187,14 @@ class TrainConfig:
         if self.family == "af3":
             from fold_model.af3 import config as af3_config
 
-            if self.activation_checkpointing is not None:
+            if isinstance(self.activation_checkpointing, bool):  # auto: the preset's, planned
                 overrides["checkpoint"] = self.activation_checkpointing
             if self.max_recycling_iters is not None:
                 overrides["no_cycles"] = self.max_recycling_iters + 1
             return af3_config(AF3_PRESETS[self.preset][0], **overrides)
         from fold_model.af2 import config
 
-        if self.activation_checkpointing is not None:
+        if isinstance(self.activation_checkpointing, bool):  # auto: the preset's, planned
             overrides["checkpoint_blocks"] = self.activation_checkpointing
         return config(self.preset, **overrides)
 
@@ -237,6 +298,14 @@ _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off"}
 
 
+def _describe(typ: Any) -> str:
+    """A type as the error messages name it."""
+    if typing.get_origin(typ) is Literal:
+        return " / ".join(str(c) for c in typing.get_args(typ))
+    return {bool: "true / false", int: "an integer", float: "a number", str: "a string",
+            type(None): "none"}.get(typ, str(typ))
+
+
 def _parse_value(key: str, text: str, typ: Any) -> Any:
     """``text`` parsed as ``typ`` (int, float, bool, str, Literal, X | None)."""
     origin = typing.get_origin(typ)
@@ -251,7 +320,7 @@ def _parse_value(key: str, text: str, typ: Any) -> Any:
                 return _parse_value(key, text, arg)
             except ConfigError:
                 continue
-        raise ConfigError(f"{key}={text!r}: expected {typ}")
+        raise ConfigError(f"{key}={text!r}: expected {' or '.join(map(_describe, args))}")
     if origin is Literal:
         choices = typing.get_args(typ)
         for c in choices:

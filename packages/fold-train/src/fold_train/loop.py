@@ -29,12 +29,14 @@ PNG of the loss terms and lDDT-Ca at the end.
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import copy
 import gc
 import json
 import math
+import os
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
@@ -44,6 +46,7 @@ import torch
 
 from fold_train import checkpoint as ckpt
 from fold_train import metrics
+from fold_train.ckpt_plan import CheckpointPlan, CudaMemory, MemorySource, plan_checkpointing
 from fold_train.config import ConfigError, TrainConfig
 from fold_train.cuda_graphs import CaptureBackend, CudaGraphBackend, GraphedStep
 from fold_train.data import SampleStream, collate
@@ -56,6 +59,7 @@ from fold_train.distributed import (
 )
 from fold_train.family import model_family
 from fold_train.optim import FlatAdam, FlatParams
+from fold_train.param_adam import ParamAdam, ParamList
 
 __all__ = ["NonFiniteError", "Trainer", "evaluate_model", "draw_n_cycle", "noise_seed"]
 
@@ -131,6 +135,29 @@ def evaluate_model(
 _PAIRS = "loss_pairs"  # prefix of the AF3 loss's pair lists among the static graph inputs
 
 
+_OPS_ENV = "FOLD_OPS_BACKEND"  # fold-model's op registry reads it on every dispatch
+
+
+@contextlib.contextmanager
+def _ops_backend(spec: str | None) -> Iterator[None]:
+    """fold-model's op backends ``spec`` (``ops_backend``) inside the block. Set through the
+    registry's environment variable, not its thread-local ``use_backend``: backward, and the
+    recompute of checkpointed blocks in it, runs in autograd's device threads, which see the
+    environment but not another thread's selection."""
+    if spec is None:
+        yield
+        return
+    old = os.environ.get(_OPS_ENV)
+    os.environ[_OPS_ENV] = spec
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop(_OPS_ENV, None)
+        else:
+            os.environ[_OPS_ENV] = old
+
+
 def _autocast(device: torch.device, precision: str, *, cache: bool = True):
     """bf16 autocast for ``precision="bf16"``. ``cache=False`` under CUDA Graphs: the autocast
     cache of cast weights is cleared when the context exits, so a captured graph must not read
@@ -144,17 +171,23 @@ class Trainer:
     """Train ``AlphaFold2(cfg.model_config())`` (``cfg.family="af3"``: ``AlphaFold3``; what
     differs lives in :mod:`fold_train.family`) on ``stream`` with outputs in ``run_dir``.
 
-    ``eval_set``: inference samples ``[(name, sample)]`` scored with the EMA weights every
-    ``cfg.eval_every`` steps and at the end. ``ctx``: the data-parallel context (single process
-    when None). With ``cfg.cuda_graphs`` the forward + loss + backward of a step is replayed from
-    a CUDA graph per ``N_cycle`` (:mod:`fold_train.cuda_graphs`); ``graph_backend`` replaces the
-    CUDA capture (tests).
+    ``stream``: the training samples of :meth:`fit` (None: the caller feeds batches to
+    :meth:`train_step` / :meth:`run_steps` itself, e.g. a benchmark's synthetic batch; no
+    :meth:`fit`, :meth:`save` or :meth:`resume` then). ``eval_set``: inference samples
+    ``[(name, sample)]`` scored with the EMA weights every ``cfg.eval_every`` steps and at the
+    end. ``ctx``: the data-parallel context (single process when None). With
+    ``cfg.cuda_graphs`` the forward + loss + backward of a step is replayed from a CUDA graph per
+    ``N_cycle`` (:mod:`fold_train.cuda_graphs`); ``graph_backend`` replaces the CUDA capture
+    (tests). With ``cfg.activation_checkpointing="auto"`` the first step plans the checkpointing
+    (:mod:`fold_train.ckpt_plan`, result in :attr:`ckpt_plan`) from ``ckpt_memory`` (default: the
+    CUDA device's memory; on CPU without it the preset's checkpointing is kept).
     """
 
     def __init__(
-        self, cfg: TrainConfig, run_dir: str | Path, stream: SampleStream, *,
+        self, cfg: TrainConfig, run_dir: str | Path, stream: SampleStream | None, *,
         ctx: DistContext | None = None, eval_set: Sequence[tuple[str, dict]] = (),
         progress: bool = True, graph_backend: CaptureBackend | None = None,
+        ckpt_memory: MemorySource | None = None,
     ) -> None:
         self.cfg = cfg
         self.ctx = ctx or DistContext()
@@ -175,8 +208,19 @@ class Trainer:
             # memory-bound: many small elementwise ops that fuse well (ScaleFold 3.3)
             self.model.structure_module.compile()
         self.loss_fn = self.family.make_loss(self.model, self.model_config)
-        self.flat = FlatParams(self.model)
-        self.opt = FlatAdam(self.flat, cfg.optim, use_kernels=cfg.use_kernels)
+        if cfg.tensor_fusion:
+            self.flat = FlatParams(self.model)
+            self.opt = FlatAdam(self.flat, cfg.optim, use_kernels=cfg.use_kernels)
+        else:  # the eager baseline: per-tensor Adam, clipping and EMA (one process only)
+            if self.ctx.distributed:
+                raise ConfigError("tensor_fusion=false runs in one process: the data-parallel "
+                                  "gradient average works on the flat gradient buffer")
+            self.flat = ParamList(self.model)
+            self.opt = ParamAdam(self.flat, cfg.optim)
+        # activation_checkpointing=auto: planned on the first batch (_plan_checkpointing)
+        self.ckpt_plan: CheckpointPlan | None = None
+        self._ckpt_memory = ckpt_memory
+        self._ckpt_pending = cfg.activation_checkpointing == "auto"
         # AF3: the diffusion noise's generator, reseeded every step (noise_seed); one object, so
         # that captured steps can register it and draw fresh noise on every replay.
         self._noise_gen = torch.Generator(self.device) if self.family.seeded_noise else None
@@ -201,13 +245,88 @@ class Trainer:
         self._eval_pool: concurrent.futures.ThreadPoolExecutor | None = None
         self._eval_futures: list[tuple[int, concurrent.futures.Future]] = []
 
+    @property
+    def captured_graphs(self) -> list[int]:
+        """With ``cuda_graphs``: the ``N_cycle`` values whose step has been captured."""
+        return [] if self._graphed is None else self._graphed.captured
+
     # -- one step -------------------------------------------------------------------------------
-    def train_step(self, batch: dict[str, torch.Tensor]) -> dict[str, Any]:
-        """One optimizer step on ``batch`` (``[B, R, ...]``); returns its metrics."""
+    def train_step(self, batch: dict[str, torch.Tensor], *, n_cycle: int | None = None
+                   ) -> dict[str, Any]:
+        """One optimizer step on ``batch`` (AF2 ``[B, R, ...]``, AF3 ``[B, ...]``); returns its
+        metrics. ``n_cycle``: the trunk passes of this step (default: drawn from
+        ``1..n_cycle_max`` seeded by ``(seed, step)``, as training does; a benchmark fixes it)."""
+        with _ops_backend(self.cfg.ops_backend):
+            return self._train_step(batch, n_cycle)
+
+    def run_steps(self, batches: Iterable[dict[str, torch.Tensor]], *,
+                  n_cycle: int | None = None) -> list[dict[str, Any]]:
+        """:meth:`train_step` on each of ``batches`` with the loop's per-step system switches
+        (``gc_off``: garbage collection off during the steps, the young generation collected
+        after each), without checkpoints, evaluation or logs: the steps of :meth:`fit` on
+        batches the caller provides. Returns their records."""
+        records = []
+        with self._gc_paused():
+            for batch in batches:
+                records.append(self.train_step(batch, n_cycle=n_cycle))
+                if self.cfg.gc_off:
+                    gc.collect(0)
+        return records
+
+    @contextlib.contextmanager
+    def _gc_paused(self) -> Iterator[None]:
+        """Garbage collection off inside the block when ``gc_off`` (ScaleFold 3.3: no
+        collection pauses inside a step)."""
+        was_enabled = gc.isenabled()
+        if self.cfg.gc_off:
+            gc.disable()
+        try:
+            yield
+        finally:
+            if self.cfg.gc_off and was_enabled:
+                gc.enable()
+
+    def _plan_checkpointing(self, batch: dict[str, torch.Tensor]) -> None:
+        """``activation_checkpointing=auto``: how many of each checkpointed stack's last blocks
+        run without recompute (:func:`fold_train.ckpt_plan.plan_checkpointing`), measured with
+        forward + backward passes of one trunk pass on ``batch`` (the no-gradient recycling
+        passes free their activations, so the peak is one pass's). The RNG streams and the
+        gradients are left as they were: the run trains as one given the plan as a setting."""
+        self._ckpt_pending = False
+        memory = self._ckpt_memory
+        if memory is None and self.device.type == "cuda":
+            memory = CudaMemory(self.device, self.cfg.ckpt_memory_fraction)
+        if memory is None:
+            return  # CPU: the preset's checkpointing
+        devices = [self.device] if self.device.type == "cuda" else []
+        noise_state = None if self._noise_gen is None else self._noise_gen.get_state()
+
+        def step() -> None:
+            self._forward_backward(batch, 1)
+
+        try:
+            with torch.random.fork_rng(devices=devices):
+                self.ckpt_plan = plan_checkpointing(self.model, step, memory,
+                                                    device_type=self.device.type)
+        finally:
+            if noise_state is not None:
+                self._noise_gen.set_state(noise_state)
+            self.flat.zero_grad()
+        if self.ctx.is_main:
+            print(f"fold-train: {self.ckpt_plan.describe()}")
+
+    def _train_step(self, batch: dict[str, torch.Tensor], n_cycle: int | None
+                    ) -> dict[str, Any]:
         cfg = self.cfg
         self.model.train()
-        n_cycle = draw_n_cycle(cfg.seed, self.step, self.family.n_cycle_max(batch))
+        if n_cycle is None:
+            n_cycle = draw_n_cycle(cfg.seed, self.step, self.family.n_cycle_max(batch))
+        elif not 1 <= n_cycle <= self.family.n_cycle_max(batch):
+            raise ValueError(f"n_cycle must be in 1..{self.family.n_cycle_max(batch)}, got "
+                             f"{n_cycle}")
         batch = _to_device(batch, self.device)
+        if self._ckpt_pending:
+            self._plan_checkpointing(batch)
         reseed = None
         if self._noise_gen is not None:
             seed = noise_seed(cfg.seed, self.step, self.ctx.dp_rank)
@@ -315,7 +434,14 @@ class Trainer:
     def fit(self, *, stop_at: int | None = None) -> list[dict[str, Any]]:
         """Train until ``cfg.steps`` (or ``stop_at``, to interrupt a run on purpose); returns the
         records of the steps run now."""
+        with _ops_backend(self.cfg.ops_backend):  # evaluation too (its thread included)
+            return self._fit(stop_at)
+
+    def _fit(self, stop_at: int | None) -> list[dict[str, Any]]:
         cfg = self.cfg
+        if self.stream is None:
+            raise ValueError("Trainer.fit needs a sample stream (this Trainer was built with "
+                             "stream=None: feed batches to train_step / run_steps)")
         end = min(cfg.steps, stop_at) if stop_at is not None else cfg.steps
         main = self.ctx.is_main
         if main:
@@ -325,11 +451,10 @@ class Trainer:
         bar = _progress_bar(total=cfg.steps, initial=self.step,
                             enabled=self.progress and main)
         records = []
-        gc_was_enabled = gc.isenabled()
-        if cfg.gc_off:
-            gc.disable()  # no collection pauses inside a step; collected between steps
         samples_per_step = cfg.batch_size * self.ctx.dp_size
-        try:
+        # no collection pauses inside a step; collected between steps
+        with self._gc_paused(), contextlib.ExitStack() as closing:
+            closing.callback(bar.close)
             t_prev = time.perf_counter()
             for batch, names in self.stream.batches(end - self.step):
                 t_data = time.perf_counter() - t_prev
@@ -353,10 +478,6 @@ class Trainer:
                     gc.collect(0)  # the young generation only: cheap, between steps
                 self._drain_eval(block=False)
                 t_prev = time.perf_counter()
-        finally:
-            bar.close()
-            if cfg.gc_off and gc_was_enabled:
-                gc.enable()
         if self.step == cfg.steps and self.eval_set:
             self._evaluate()
         self._drain_eval(block=True)
@@ -460,7 +581,9 @@ class Trainer:
             "model": {k: v.detach().cpu().clone() for k, v in self.model.state_dict().items()},
             "optimizer": self.opt.state_dict(),
             "rng": rng,
-            "data": gather_objects(self.stream.state_dict(), self.ctx),  # one per rank
+            # one per rank; None: a Trainer fed by its caller (stream=None) has no data position
+            "data": (gather_objects(self.stream.state_dict(), self.ctx)
+                     if self.stream is not None else None),
             "world_size": self.ctx.world_size,
         }
 
@@ -481,6 +604,8 @@ class Trainer:
     def resume(self, path: str | Path | None = None) -> int:
         """Load ``path`` (default: the latest checkpoint of the run directory) and continue from
         it; returns the step. Metrics logged after that step by the interrupted run are dropped."""
+        if self.stream is None:
+            raise ValueError("Trainer.resume needs the sample stream whose position it restores")
         path = Path(path) if path is not None else ckpt.find_latest(self.ckpt_dir)
         if path is None:
             raise ckpt.CheckpointError(self.ckpt_dir, "no checkpoint to resume from")

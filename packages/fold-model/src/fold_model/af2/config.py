@@ -134,8 +134,11 @@ class AlphaFold2Config:
     block_order: BlockOrder = "af2"
     checkpoint_blocks: bool = True  # activation checkpointing per block while training
     # with checkpoint_blocks: this many of the Evoformer stack's last blocks keep their
-    # activations (less recompute where memory allows; see benchmarks/train_ablation.py)
+    # activations (less recompute where memory allows; fold-train's
+    # activation_checkpointing=auto plans it from the device's memory)
     uncheckpointed_blocks: int = 0
+    # the same for the extra MSA stack's last blocks
+    uncheckpointed_extra_msa_blocks: int = 0
     chunk_size: int | None = None  # inference-only chunking of attention / OPM / triangle mult
     max_recycling_iters: int = 3  # N_cycle = 1 + iterations; drawn from 1..4 in training (1.10)
 
@@ -149,6 +152,10 @@ class AlphaFold2Config:
         if not 0 <= self.uncheckpointed_blocks <= self.evoformer.no_blocks:
             raise ValueError(f"uncheckpointed_blocks must be in 0..{self.evoformer.no_blocks} "
                              f"(the Evoformer's blocks), got {self.uncheckpointed_blocks}")
+        if not 0 <= self.uncheckpointed_extra_msa_blocks <= self.extra_msa.no_blocks:
+            raise ValueError(
+                f"uncheckpointed_extra_msa_blocks must be in 0..{self.extra_msa.no_blocks} (the "
+                f"extra MSA stack's blocks), got {self.uncheckpointed_extra_msa_blocks}")
 
 
 def _af2_initial() -> AlphaFold2Config:

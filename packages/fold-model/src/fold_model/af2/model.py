@@ -67,10 +67,42 @@ class AlphaFold2(nn.Module):
             self.extra_msa_embedder = ExtraMsaEmbedder(emb.extra_msa_dim, config.extra_msa.c_e)
             self.extra_msa_stack = ExtraMsaStack(config.extra_msa, evo.c_z, order, ckpt, comm)
         self.evoformer = EvoformerStack(evo, order, ckpt, comm)
-        self.evoformer.uncheckpointed_blocks = config.uncheckpointed_blocks
+        self.set_uncheckpointed_blocks(evoformer=config.uncheckpointed_blocks,
+                                       extra_msa=config.uncheckpointed_extra_msa_blocks)
         self.structure_module = StructureModule(config.structure_module, evo.c_s, evo.c_z)
         self.aux_heads = AuxiliaryHeads(config.heads, c_m=evo.c_m, c_z=evo.c_z, c_s=evo.c_s)
         self.set_chunk_size(config.chunk_size)
+
+    def _block_stacks(self) -> dict[str, nn.Module]:
+        stacks = {"evoformer": self.evoformer}
+        if self.config.extra_msa.enabled:
+            stacks["extra_msa"] = self.extra_msa_stack
+        return stacks
+
+    def checkpointed_stacks(self) -> dict[str, int]:
+        """``{stack: number of blocks}`` of the stacks that run their blocks under activation
+        checkpointing (``evoformer``, ``extra_msa``), the ones whose last blocks
+        :meth:`set_uncheckpointed_blocks` can exempt."""
+        return {name: len(s.blocks) for name, s in self._block_stacks().items()
+                if s.checkpoint_blocks}
+
+    def uncheckpointed_blocks(self) -> dict[str, int]:
+        """``{stack: k}``: the last ``k`` blocks of each stack run without checkpointing."""
+        return {name: s.uncheckpointed_blocks for name, s in self._block_stacks().items()}
+
+    def set_uncheckpointed_blocks(self, **counts: int) -> None:
+        """With checkpointing on, the last ``counts[stack]`` blocks of ``evoformer`` /
+        ``extra_msa`` keep their activations instead of being recomputed in backward (faster
+        where memory allows; every block of a stack saves the same bytes, so which ones does
+        not matter). 0 checkpoints every block; stacks not named keep their setting."""
+        stacks = self._block_stacks()
+        for name, k in counts.items():
+            if name not in stacks:
+                raise ValueError(f"unknown stack {name!r}; stacks are {sorted(stacks)}")
+            n = len(stacks[name].blocks)
+            if not 0 <= k <= n:
+                raise ValueError(f"uncheckpointed blocks of {name!r} must be in 0..{n}, got {k}")
+            stacks[name].uncheckpointed_blocks = int(k)
 
     def set_chunk_size(self, chunk_size: int | None) -> None:
         """Chunk attention rows, outer-product-mean rows and triangle-multiplication rows

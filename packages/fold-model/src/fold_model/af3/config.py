@@ -198,6 +198,11 @@ class AlphaFold3Config:
     # Recompute the diffusion module's atom transformer blocks (their activations carry the
     # 48 samples) in backward while training.
     checkpoint_atoms: bool = False
+    # With checkpoint: this many of the trunk Pairformer's last blocks, and of the diffusion
+    # transformer's last blocks, keep their activations instead of being recomputed (faster
+    # where memory allows; fold-train's activation_checkpointing=auto plans them).
+    uncheckpointed_pairformer_blocks: int = 0
+    uncheckpointed_diffusion_blocks: int = 0
     chunk_size: int | None = None  # inference-only chunking of the pair updates
 
     @property
@@ -208,6 +213,14 @@ class AlphaFold3Config:
     def __post_init__(self) -> None:
         if self.chunk_size is not None and self.chunk_size < 1:
             raise ValueError(f"chunk_size must be a positive int or None, got {self.chunk_size}")
+        for name, k, n in (
+            ("uncheckpointed_pairformer_blocks", self.uncheckpointed_pairformer_blocks,
+             self.pairformer.no_blocks),
+            ("uncheckpointed_diffusion_blocks", self.uncheckpointed_diffusion_blocks,
+             self.diffusion.no_blocks),
+        ):
+            if not 0 <= k <= n:
+                raise ValueError(f"{name} must be in 0..{n} (the stack's blocks), got {k}")
         if self.no_cycles < 1:
             raise ValueError(f"no_cycles must be >= 1, got {self.no_cycles}")
         if self.atom.n_keys < self.atom.n_queries or self.atom.n_keys % 2:

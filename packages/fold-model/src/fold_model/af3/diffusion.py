@@ -139,20 +139,24 @@ class DiffusionTransformerBlock(nn.Module):
 
 
 class DiffusionTransformer(nn.Module):
-    """Alg. 23 over tokens (24 blocks, 16 heads); each block optionally checkpointed."""
+    """Alg. 23 over tokens (24 blocks, 16 heads); each block optionally checkpointed (all but the
+    last ``uncheckpointed_blocks``)."""
 
     def __init__(self, c_a: int, c_s: int, c_z: int, no_blocks: int, no_heads: int,
                  transition_n: int = 2, use_checkpoint: bool = False) -> None:
         super().__init__()
         self.use_checkpoint = use_checkpoint
+        self.uncheckpointed_blocks = 0  # with use_checkpoint: the last blocks run without
         self.blocks = nn.ModuleList(
             DiffusionTransformerBlock(c_a, c_s, c_z, no_heads, transition_n)
             for _ in range(no_blocks)
         )
 
     def forward(self, a, s, z, mask):
-        for block in self.blocks:
-            if self.use_checkpoint and self.training and torch.is_grad_enabled():
+        recompute = self.use_checkpoint and self.training and torch.is_grad_enabled()
+        first_plain = len(self.blocks) - self.uncheckpointed_blocks
+        for i, block in enumerate(self.blocks):
+            if recompute and i < first_plain:
                 a = checkpoint(block, a, s, z, mask, use_reentrant=False)
             else:
                 a = block(a, s, z, mask)

@@ -65,20 +65,58 @@ class AlphaFold3(nn.Module):
         self.confidence_head = ConfidenceHead(cfg) if cfg.confidence.enabled else None
         if cfg.chunk_size is not None:
             self.set_chunk_size(cfg.chunk_size)
+        self._uncheckpointed = {"pairformer": 0, "diffusion": 0}
         self.set_checkpointing(cfg.checkpoint, cfg.checkpoint_blocks, cfg.checkpoint_atoms)
+        self.set_uncheckpointed_blocks(pairformer=cfg.uncheckpointed_pairformer_blocks,
+                                       diffusion=cfg.uncheckpointed_diffusion_blocks)
 
     def set_checkpointing(self, sublayers: bool, blocks: bool = False, atoms: bool = False
                           ) -> None:
         """Activation checkpointing while training: ``sublayers`` recomputes the trunk blocks'
         sub-layers and the diffusion transformer's blocks; with ``blocks`` the trunk recomputes
         whole blocks instead (:class:`~fold_model.af3.pairformer.SubLayers`); ``atoms``
-        recomputes the diffusion module's atom transformer blocks."""
+        recomputes the diffusion module's atom transformer blocks. The blocks exempted by
+        :meth:`set_uncheckpointed_blocks` stay exempt."""
         for m in self.modules():
             if isinstance(m, SubLayers):
                 m.use_checkpoint, m.checkpoint_blocks = sublayers, blocks
         self.diffusion.transformer.use_checkpoint = sublayers
         for coder in (self.diffusion.encoder, self.diffusion.decoder):
             coder.transformer.use_checkpoint = atoms
+        self._checkpointing = sublayers
+        self.set_uncheckpointed_blocks(**self._uncheckpointed)
+
+    def checkpointed_stacks(self) -> dict[str, int]:
+        """``{stack: number of blocks}`` of the stacks whose blocks run under activation
+        checkpointing (``pairformer``: the trunk's; ``diffusion``: the diffusion transformer),
+        the ones whose last blocks :meth:`set_uncheckpointed_blocks` can exempt."""
+        if not self._checkpointing:
+            return {}
+        return {"pairformer": len(self.pairformer.blocks),
+                "diffusion": len(self.diffusion.transformer.blocks)}
+
+    def uncheckpointed_blocks(self) -> dict[str, int]:
+        """``{stack: k}``: the last ``k`` blocks of each stack run without checkpointing."""
+        return dict(self._uncheckpointed)
+
+    def set_uncheckpointed_blocks(self, **counts: int) -> None:
+        """With checkpointing on, the last ``counts[stack]`` blocks of the trunk ``pairformer``
+        and of the ``diffusion`` transformer keep their activations instead of being recomputed
+        in backward (faster where memory allows; a stack's blocks all save the same bytes). 0
+        checkpoints every block; stacks not named keep their setting."""
+        sizes = {"pairformer": len(self.pairformer.blocks),
+                 "diffusion": len(self.diffusion.transformer.blocks)}
+        for name, k in counts.items():
+            if name not in sizes:
+                raise ValueError(f"unknown stack {name!r}; stacks are {sorted(sizes)}")
+            if not 0 <= k <= sizes[name]:
+                raise ValueError(f"uncheckpointed blocks of {name!r} must be in "
+                                 f"0..{sizes[name]}, got {k}")
+            self._uncheckpointed[name] = int(k)
+        first_plain = sizes["pairformer"] - self._uncheckpointed["pairformer"]
+        for i, block in enumerate(self.pairformer.blocks):
+            block.use_checkpoint = self._checkpointing and i < first_plain
+        self.diffusion.transformer.uncheckpointed_blocks = self._uncheckpointed["diffusion"]
 
     def _trunk_stacks(self) -> list[nn.Module]:
         stacks: list[nn.Module] = [self.msa_module, self.pairformer]
