@@ -262,7 +262,7 @@ def test_af3_padded_graphed_prediction_equals_unpadded(af3_raw, af3_model):
     graphed = AF3Predictor(af3_model, "cpu", backend=backend, policy=policy)
     out = graphed(batch, generator=torch.Generator().manual_seed(3), **run)
     assert dict(graphed.buckets[0][0]) == {"N_token": 96, "N_atom": 128, "N_msa": 1,
-                                           "N_templ": 0}
+                                           "N_templ": 4}  # 4 template slots, none used
     for k in ref:
         _close(out[k], ref[k], k)
     assert backend.syncs == []

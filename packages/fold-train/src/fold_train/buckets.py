@@ -20,11 +20,11 @@ rows, 4 templates; AF3 384/640/768 tokens with 12 atoms per token, 1024 MSA rows
 themselves, so fixed-size training pads nothing.
 
 Before padding, a batch is trimmed to its real extent (the last position any mask marks + 1;
-fold-data pads only at the end), so a 100-residue chain that fold-data padded to a 256-residue
-preset runs in the 128 bucket. Padded entries take the values fold-data's own padding uses
-(``fold_data.af2.transforms.PAD_VALUES`` / ``FRAME_FEATURES``, ``fold_data.af3.transforms
-.PAD_VALUES``; masks 0), and each feature's dimensions come from the feature contract
-(``SAMPLE_FEATURES`` of each family), so every feature is padded along the right axes.
+fold-data pads only at the end; template slots are kept), so a 100-residue chain that
+fold-data padded to a 256-residue preset runs in the 128 bucket. Padded entries take the values
+fold-data's own padding uses (``fold_data.af2.transforms.PAD_VALUES`` / ``FRAME_FEATURES``,
+``fold_data.af3.transforms.PAD_VALUES``; masks 0), and each feature's dimensions come from the
+feature contract (``SAMPLE_FEATURES`` of each family), so each is padded along the right axes.
 """
 
 from __future__ import annotations
@@ -187,7 +187,11 @@ def _resize_axis(t: torch.Tensor, axis: int, n: int, fill: float, *, identity: b
 def fit_to_bucket(batch: dict[str, torch.Tensor], family: str,
                   policy: BucketPolicy | None = None
                   ) -> tuple[dict[str, torch.Tensor], Bucket]:
-    """``(batch trimmed to its real extent and padded to its bucket, the bucket)``."""
+    """``(batch trimmed to its real extent and padded to its bucket, the bucket)``. Templates are
+    not trimmed (a batch's template slots are its preset's; all-masked slots stay, so the
+    template stack runs as it does unpadded), only rounded up."""
     policy = policy or BucketPolicy()
-    bucket = policy.bucket(real_extent(batch, family))
+    sizes = real_extent(batch, family)
+    sizes["N_templ"] = int(batch["template_mask"].shape[-1])
+    bucket = policy.bucket(sizes)
     return resize_batch(batch, family, dict(bucket)), bucket
