@@ -307,12 +307,15 @@ def run_prediction(args: argparse.Namespace) -> dict:
     name, raw, has_truth = make_raw_features(
         fasta=args.fasta, mmcif=args.mmcif, chain=args.chain, msas=args.msa or [],
         template_hits=args.templates, template_mmcif_dir=args.template_mmcif_dir)
+    # AutoChunk plans its chunks from the free memory of the first pass: no graphs with it
+    graphs = _cuda_graphs(args, device) and autochunk is None
     pred = predict_structure(model, raw, cfg.data_preset(), device=device,
-                             precision=cfg.precision, num_recycles=args.recycles)
+                             precision=cfg.precision, num_recycles=args.recycles,
+                             cuda_graphs=graphs)
     out = Path(args.out) if args.out else Path(f"{name}.cif")
     write_mmcif(prediction_to_structure(pred, name), out)
     summary: dict = {"name": name, "out": str(out), "n_res": len(pred.aatype),
-                     "mean_plddt": float(pred.plddt.mean())}
+                     "mean_plddt": float(pred.plddt.mean()), "cuda_graphs": graphs}
     if chunked:
         summary["autochunk"] = {
             name: {"budget_bytes": w.report.memory_budget,
@@ -323,6 +326,13 @@ def run_prediction(args: argparse.Namespace) -> dict:
     if has_truth:
         summary.update(score_against_truth(pred, raw))
     return summary
+
+
+def _cuda_graphs(args: argparse.Namespace, device: str) -> bool:
+    """CUDA graphs for prediction: on on CUDA devices unless ``--no-cuda-graphs``."""
+    from fold_train.predict_graphs import graphs_wanted
+
+    return graphs_wanted(False if getattr(args, "no_cuda_graphs", False) else None, device)
 
 
 def _run_af3_prediction(args: argparse.Namespace, device: str) -> dict:
@@ -337,7 +347,7 @@ def _run_af3_prediction(args: argparse.Namespace, device: str) -> dict:
     return predict_af3_file(args.checkpoint, args.json, args.out, device=device,
                             use_ema=not args.no_ema, ccd_files=args.ccd or [],
                             no_samples=args.samples, no_steps=args.sampler_steps,
-                            no_cycles=args.recycles)
+                            no_cycles=args.recycles, cuda_graphs=_cuda_graphs(args, device))
 
 
 def cmd_predict(args: argparse.Namespace) -> int:
@@ -410,6 +420,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         templates=None if entry.template_hits is None else str(entry.template_hits),
         template_mmcif_dir=str(data / "mmcifs"), out=str(run_dir / "predictions" / f"{held}.cif"),
         device=args.device, no_ema=False, recycles=None, chunk_size=None, autochunk=None,
+        no_cuda_graphs=False,
     )
     summary = run_prediction(pred_args)
     print(f"\nprediction of the held-back chain {held} ({summary['n_res']} residues, "
@@ -524,6 +535,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="smallest chunk AutoChunk may use (default 1; larger is faster but "
                         "reaches a higher memory floor)")
     p.add_argument("--no-ema", action="store_true", help="use the live weights, not the EMA")
+    p.add_argument("--no-cuda-graphs", action="store_true",
+                   help="run eagerly on the unpadded input. Default on CUDA: pad the input to its "
+                        "shape bucket (residues/tokens to a multiple of 64, of 128 above 512; "
+                        "atoms of 256; MSA depth to a power of two) and replay captured graphs "
+                        "of one recycling iteration (AF2) / trunk pass and sampler step (AF3); "
+                        "off with --autochunk")
     p.add_argument("--device", help="cpu or cuda")
     p.add_argument("--ccd", action="append", metavar="CCD.cif",
                    help="AF3: a CCD mmCIF file (or directory) searched before biotite's CCD; "

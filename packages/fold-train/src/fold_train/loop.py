@@ -47,6 +47,7 @@ import torch
 from fold_train import checkpoint as ckpt
 from fold_train import metrics
 from fold_train.ckpt_plan import CheckpointPlan, CudaMemory, MemorySource, plan_checkpointing
+from fold_train.buckets import Bucket, BucketPolicy, fit_to_bucket
 from fold_train.config import ConfigError, TrainConfig
 from fold_train.cuda_graphs import CaptureBackend, CudaGraphBackend, GraphedStep
 from fold_train.data import SampleStream, collate
@@ -224,15 +225,18 @@ class Trainer:
         # AF3: the diffusion noise's generator, reseeded every step (noise_seed); one object, so
         # that captured steps can register it and draw fresh noise on every replay.
         self._noise_gen = torch.Generator(self.device) if self.family.seeded_noise else None
-        self._pair_caps: tuple | None = None  # AF3 under CUDA graphs: the pair-list lengths
-        self._graphed: GraphedStep | None = None
+        # Under CUDA graphs: one GraphedStep (graphs per N_cycle, static inputs) per shape bucket
+        # (fold_train.buckets), all in one pool; AF3: the pair-list capacities of each bucket.
+        self._graphs: dict[Bucket, GraphedStep] = {}
+        self._pair_caps: dict[Bucket, tuple] = {}
+        self._graph_backend: CaptureBackend | None = None
+        self.bucket_policy = BucketPolicy()
         if cfg.cuda_graphs:
             if cfg.dap > 1 or cfg.bp > 1:
                 raise ConfigError("cuda_graphs=true with dap/bp > 1 is not supported: the DAP/BP "
                                   "collectives inside the step are not captured")
-            backend = graph_backend or CudaGraphBackend(
+            self._graph_backend = graph_backend or CudaGraphBackend(
                 self.device, generators=[self._noise_gen] if self._noise_gen is not None else [])
-            self._graphed = GraphedStep(self._graph_body, backend)
         elif graph_backend is not None:
             raise ValueError("graph_backend given but cfg.cuda_graphs is false")
         self.step = 0
@@ -247,8 +251,8 @@ class Trainer:
 
     @property
     def captured_graphs(self) -> list[int]:
-        """With ``cuda_graphs``: the ``N_cycle`` values whose step has been captured."""
-        return [] if self._graphed is None else self._graphed.captured
+        """With ``cuda_graphs``: the ``N_cycle`` values captured, over all shape buckets."""
+        return sorted({n for graphed in self._graphs.values() for n in graphed.captured})
 
     # -- one step -------------------------------------------------------------------------------
     def train_step(self, batch: dict[str, torch.Tensor], *, n_cycle: int | None = None
@@ -332,12 +336,16 @@ class Trainer:
             seed = noise_seed(cfg.seed, self.step, self.ctx.dp_rank)
             reseed = lambda: self._noise_gen.manual_seed(seed)  # noqa: E731
             reseed()
-        if self._graphed is not None:
-            self._graphed.load({**batch, **self._static_loss_inputs(batch)})
+        if self._graph_backend is not None:
+            # padded to its shape bucket: batches of other crop sizes / MSA depths in the same
+            # bucket replay the same graphs
+            batch, bucket = fit_to_bucket(batch, self.family.name, self.bucket_policy)
+            graphed = self._graph_for(bucket)
+            graphed.load({**batch, **self._static_loss_inputs(batch, bucket)})
             # a registered generator's replay starts at its seed and offset of the moment, so
             # reseeding first replays the eager step's noise (warm-up and capture advance it)
-            outs = self._graphed(n_cycle, warmup_n_cycle=self.family.n_cycle_max(batch),
-                                 before_replay=reseed)
+            outs = graphed(n_cycle, warmup_n_cycle=self.family.n_cycle_max(batch),
+                           before_replay=reseed)
             loss = outs["loss"]
             aux = {k.removeprefix("aux/"): v for k, v in outs.items() if k.startswith("aux/")}
             terms = {k.removeprefix("term/"): v for k, v in outs.items() if k.startswith("term/")}
@@ -395,11 +403,25 @@ class Trainer:
         terms = {k: v.detach() for k, v in terms.items()}
         return loss.detach(), terms, aux
 
-    def _graph_body(self, n_cycle: int) -> dict[str, torch.Tensor]:
+    @property
+    def graph_buckets(self) -> list[Bucket]:
+        """The shape buckets with captured steps (CUDA graphs), in first-use order."""
+        return list(self._graphs)
+
+    def _graph_for(self, bucket: Bucket) -> GraphedStep:
+        """The captured steps of ``bucket`` (created on its first batch)."""
+        graphed = self._graphs.get(bucket)
+        if graphed is None:
+            assert self._graph_backend is not None
+            graphed = GraphedStep(lambda n_cycle: self._graph_body(graphed, n_cycle),
+                                  self._graph_backend)
+            self._graphs[bucket] = graphed
+        return graphed
+
+    def _graph_body(self, graphed: GraphedStep, n_cycle: int) -> dict[str, torch.Tensor]:
         """The captured work of a step: :meth:`_forward_backward` on the static batch (AF3:
         with the static, padded pair lists of the loss)."""
-        assert self._graphed is not None
-        batch, pairs = self._graphed.static_inputs, None
+        batch, pairs = graphed.static_inputs, None
         if hasattr(self.family, "loss_inputs"):  # AF3: the padded pair lists are static inputs
             from fold_model.af3.loss import LossPairs
 
@@ -409,26 +431,28 @@ class Trainer:
         return {"loss": loss, **{f"aux/{k}": v for k, v in aux.items()},
                 **{f"term/{k}": v for k, v in terms.items()}}
 
-    def _static_loss_inputs(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    def _static_loss_inputs(self, batch: dict[str, torch.Tensor],
+                            bucket: Bucket) -> dict[str, torch.Tensor]:
         """AF3 under CUDA graphs: the loss's atom-pair lists (data-dependent lengths), built
-        outside the graph and padded to fixed capacities, as static inputs. A batch whose lists
-        outgrow the capacities drops the captured graphs: they are captured again for larger
-        ones (with 25% headroom, so this is rare)."""
+        outside the graph and padded to fixed capacities (one set per bucket), as static inputs.
+        A batch whose lists outgrow its bucket's capacities drops the captured graphs (of every
+        bucket: they share one pool, which is released): they are captured again, that bucket's
+        for larger lists (with 25% headroom, so this is rare)."""
         loss_inputs = getattr(self.family, "loss_inputs", None)
         if loss_inputs is None:
             return {}
-        assert self._graphed is not None
         pairs = loss_inputs(batch)
         counts = (pairs.lddt.n_pairs, None if pairs.bond is None else pairs.bond.n_pairs)
-        caps = self._pair_caps
+        caps = self._pair_caps.get(bucket)
         if caps is None or any(n is not None and n > c for n, c in zip(counts, caps)):
             if caps is not None:
                 print(f"fold-train: step {self.step + 1}: the loss's pair lists "
                       f"({pairs.lddt.n_pairs} lDDT pairs) outgrew the captured capacities "
                       f"{caps}; capturing the step again")
-                self._graphed.reset()
-            self._pair_caps = pairs.capacities()
-        return pairs.padded(*self._pair_caps).tensors(_PAIRS)
+                for graphed in self._graphs.values():
+                    graphed.reset()
+            self._pair_caps[bucket] = pairs.capacities()
+        return pairs.padded(*self._pair_caps[bucket]).tensors(_PAIRS)
 
     # -- the run --------------------------------------------------------------------------------
     def fit(self, *, stop_at: int | None = None) -> list[dict[str, Any]]:

@@ -124,21 +124,27 @@ def make_raw_features(
 def predict_structure(
     model, raw: dict[str, np.ndarray], data_preset, *, device: str | torch.device = "cpu",
     precision: str = "fp32", num_recycles: int | None = None, seed: int = 0,
+    cuda_graphs: bool | None = None, predictor=None,
 ) -> Prediction:
     """Run ``model`` on the inference sample of ``raw`` (all ``R`` recycling passes unless
-    ``num_recycles``) and return the chain's prediction (padding removed)."""
+    ``num_recycles``) and return the chain's prediction (padding removed).
+
+    ``cuda_graphs`` (None: on when ``device`` is CUDA): pad the sample to its shape bucket and
+    replay one captured recycling iteration per pass (:mod:`fold_train.predict_graphs`); off, the
+    same iterations run eagerly on the unpadded sample. ``predictor``: an
+    :class:`~fold_train.predict_graphs.AF2Predictor` to reuse (its graphs) across calls."""
     from fold_data.af2 import make_sample
 
     from fold_train.data import collate
+    from fold_train.predict_graphs import AF2Predictor
 
     device = torch.device(device)
     n = int(raw["seq_length"])
     sample = make_sample(raw, data_preset, seed=seed, training=False)
-    batch = {k: v.to(device) for k, v in collate([sample]).items()}
-    ctx = (torch.autocast(device.type, dtype=torch.bfloat16) if precision == "bf16"
-           else torch.autocast(device.type, enabled=False))
-    with ctx:
-        out = model(batch, num_recycles=num_recycles)
+    batch = collate([sample])
+    if predictor is None:
+        predictor = AF2Predictor(model, device, precision=precision, cuda_graphs=cuda_graphs)
+    out = predictor(batch, num_recycles=num_recycles)
     return Prediction(
         aatype=raw["aatype"].astype(np.int64)[:n],
         positions=out["final_atom_positions"][0, :n].float().cpu().numpy(),

@@ -55,32 +55,29 @@ def make_af3_inputs(source: str | os.PathLike, ccd=None):
 def predict_af3(
     model, raw: dict[str, np.ndarray], *, seed: int = 0, device: str | torch.device = "cpu",
     precision: str = "fp32", no_samples: int | None = None, no_steps: int | None = None,
-    no_cycles: int | None = None,
+    no_cycles: int | None = None, cuda_graphs: bool | None = None, predictor=None,
 ) -> AF3Prediction:
-    """Sample structures of ``raw`` with ``model`` (eval mode) and keep the most confident one."""
+    """Sample structures of ``raw`` with ``model`` (eval mode) and keep the most confident one.
+
+    ``cuda_graphs`` (None: on when ``device`` is CUDA): pad to the shape bucket and replay the
+    captured trunk pass and sampler step (:mod:`fold_train.predict_graphs`); off, the same pieces
+    run eagerly on the unpadded sample. ``predictor``: an
+    :class:`~fold_train.predict_graphs.AF3Predictor` to reuse (its graphs) across calls."""
     from fold_data.af3 import make_sample
 
     from fold_train.data import collate
+    from fold_train.predict_graphs import AF3Predictor
 
-    if model.confidence_head is None:
-        raise ValueError("this AF3 model has no confidence head (confidence.enabled=false): "
-                         "no pLDDT to write")
     device = torch.device(device)
     sample = make_sample(raw, "af3_predict", seed=seed)
-    batch = {k: v.to(device) for k, v in collate([sample]).items()}
+    batch = collate([sample])
     model.eval()
+    if predictor is None:
+        predictor = AF3Predictor(model, device, precision=precision, cuda_graphs=cuda_graphs)
     gen = torch.Generator(device).manual_seed(seed)
-    ctx = (torch.autocast(device.type, dtype=torch.bfloat16) if precision == "bf16"
-           else torch.autocast(device.type, enabled=False))
-    with ctx:
-        s_inputs, s, z = model.trunk(batch, no_cycles or model.config.no_cycles)
-        x = model.sample(batch, s_inputs, s, z, no_samples=no_samples, no_steps=no_steps,
-                         generator=gen)  # [1, S, N_atom, 3]
-        logits = model.confidence_head(batch, s_inputs, s, z, x)
-    from fold_model.af3.confidence import expected_value
-
-    plddt = expected_value(logits["plddt"].float(), 100.0)[0]  # [S, N_atom]
-    x = x[0].float()
+    out = predictor(batch, generator=gen, no_cycles=no_cycles, no_samples=no_samples,
+                    no_steps=no_steps)
+    plddt, x = out["plddt"][0], out["x"][0]  # [S, N_atom], [S, N_atom, 3]
     if not (torch.isfinite(x).all() and torch.isfinite(plddt).all()):
         raise FloatingPointError("the model produced non-finite coordinates or pLDDT")
     per_sample = plddt.mean(-1)  # [S]
@@ -163,16 +160,19 @@ def predict_af3_file(
     checkpoint: str | os.PathLike, source: str | os.PathLike, out: str | os.PathLike | None, *,
     device: str | torch.device = "cpu", use_ema: bool = True, ccd_files=(),
     no_samples: int | None = None, no_steps: int | None = None, no_cycles: int | None = None,
+    cuda_graphs: bool | None = None,
 ) -> dict:
     """The whole ``fold-train predict --json``: returns the printed JSON summary."""
     from fold_train.af3_data import make_ccd
     from fold_train.predict import load_trained_model, write_mmcif
+    from fold_train.predict_graphs import graphs_wanted
 
     model, cfg = load_trained_model(checkpoint, device, use_ema=use_ema, family="af3")
     entry, raw = make_af3_inputs(source, make_ccd(ccd_files))  # bad input: InputError
     seed = int(entry.seeds[0]) if entry.seeds else 0
     pred = predict_af3(model, raw, seed=seed, device=device, precision=cfg.precision,
-                       no_samples=no_samples, no_steps=no_steps, no_cycles=no_cycles)
+                       no_samples=no_samples, no_steps=no_steps, no_cycles=no_cycles,
+                       cuda_graphs=cuda_graphs)
     st = af3_prediction_to_structure(pred, raw, entry)
     path = Path(out) if out else Path(f"{entry.name}.cif")
     write_mmcif(st, path)
@@ -181,4 +181,5 @@ def predict_af3_file(
             "n_token": int(len(raw["asym_id"])), "n_atom": int(len(raw["atom_to_token"])),
             "chains": [c.chain_id for c in entry.chains], "ligand_chains": ligands,
             "mean_plddt": float(pred.plddt.mean()),
+            "cuda_graphs": graphs_wanted(cuda_graphs, device),
             "sample_mean_plddt": [float(v) for v in pred.sample_plddt]}

@@ -33,9 +33,11 @@ from .presets import DataPreset, get_preset
 from .schema import RAW_FEATURES, SAMPLE_FEATURES, validate
 
 __all__ = [
+    "FRAME_FEATURES",
     "GAP",
     "MASK_TOKEN",
     "NUM_MSA_CLASSES",
+    "PAD_VALUES",
     "assign_extra_to_clusters",
     "crop_features",
     "deletion_value",
@@ -374,15 +376,17 @@ def make_template_sample(
 # The sample
 # --------------------------------------------------------------------------------------------
 
-# Fill value of padded entries (everything else pads with 0); all masks pad with 0.
-_PAD_VALUE = {
+# Fill value of padded entries (everything else pads with 0); all masks pad with 0. Public so
+# that code padding batches further (fold-train's shape buckets) pads exactly as make_sample.
+PAD_VALUES = _PAD_VALUE = {
     "aatype": UNKNOWN,
     "true_msa": GAP,
     "extra_msa": GAP,
     "template_aatype": GAP,
 }
 # 4x4 frames pad with the identity so padded frames stay valid rigid transforms.
-_FRAMES = ("rigidgroups_gt_frames", "rigidgroups_alt_gt_frames", "backbone_rigid_tensor")
+FRAME_FEATURES = _FRAMES = (
+    "rigidgroups_gt_frames", "rigidgroups_alt_gt_frames", "backbone_rigid_tensor")
 
 
 def _padded(arr: np.ndarray, shape: tuple[int, ...], fill: float) -> np.ndarray:

@@ -24,7 +24,11 @@ from .presets import AF3DataPreset, get_preset
 from .schema import RAW_FEATURES, SAMPLE_FEATURES, validate
 from .tokenizer import GAP
 
-__all__ = ["make_sample", "random_rotation", "crop_indices"]
+__all__ = ["PAD_VALUES", "make_sample", "random_rotation", "crop_indices"]
+
+# Fill value of padded entries of a sample (everything else, masks included, pads with 0).
+# Public so that code padding batches further (fold-train's shape buckets) pads the same way.
+PAD_VALUES = {"restype": GAP, "msa": GAP, "template_restype": GAP}
 
 
 def random_rotation(rng: np.random.Generator) -> np.ndarray:

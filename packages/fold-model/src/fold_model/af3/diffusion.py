@@ -43,8 +43,12 @@ __all__ = [
     "coordinate_dtype",
     "noise_schedule",
     "random_rotation",
+    "apply_augmentation",
     "centre_random_augmentation",
+    "draw_sampler_noise",
     "sample_diffusion",
+    "sampler_schedule",
+    "sampler_step",
     "sample_training_noise",
     "noisy_training_samples",
 ]
@@ -254,16 +258,86 @@ def centre_random_augmentation(
     (the rotation einsum would otherwise run in bf16)."""
     dtype = coordinate_dtype(x.dtype)
     with _exact(x.device):
-        x = x.to(dtype)
-        w = atom_mask.to(dtype)[:, None, :, None]  # [B, 1, A, 1]
-        mean = (x * w).sum(-2, keepdim=True) / w.sum(-2, keepdim=True).clamp_min(1.0)
         rot = random_rotation(x.shape[:2], generator, dtype, x.device)  # [B, S, 3, 3]
         trans = s_trans * torch.randn(*x.shape[:2], 1, 3, generator=generator,
                                       dtype=torch.float64, device=x.device).to(dtype)
+    return apply_augmentation(x, atom_mask, rot, trans)
+
+
+def apply_augmentation(x: torch.Tensor, atom_mask: torch.Tensor, rot: torch.Tensor,
+                       trans: torch.Tensor) -> torch.Tensor:
+    """Alg. 19 with its random draws given: ``x [B, S, A, 3]`` centred on its masked mean,
+    rotated by ``rot [B, S, 3, 3]`` and moved by ``trans [B, S, 1, 3]``."""
+    dtype = coordinate_dtype(x.dtype)
+    with _exact(x.device):
+        x = x.to(dtype)
+        w = atom_mask.to(dtype)[:, None, :, None]  # [B, 1, A, 1]
+        mean = (x * w).sum(-2, keepdim=True) / w.sum(-2, keepdim=True).clamp_min(1.0)
         return torch.einsum("bsij,bsaj->bsai", rot, x - mean) + trans
 
 
 Denoiser = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def sampler_schedule(cfg, sigma_data: float, no_steps: int | None = None
+                     ) -> tuple[float, list[tuple[float, float, float]]]:
+    """The host-side numbers of Alg. 18: ``(c_0, [(t_hat, xi_scale, step_coef)] per step)`` with
+    ``t_hat = c_{tau-1} (gamma + 1)``, the noise scale ``xi_scale = lambda sqrt(t_hat^2 -
+    c_{tau-1}^2)`` and the update scale ``step_coef = eta (c_tau - t_hat)`` (Python floats, so
+    a step reads them as scalars or, in a captured graph, as tensors)."""
+    c = noise_schedule(cfg, sigma_data, no_steps, torch.float64).tolist()  # host floats
+    steps = []
+    for prev, cur in zip(c[:-1], c[1:]):
+        gamma = cfg.gamma_0 if cur > cfg.gamma_min else 0.0
+        t_hat = prev * (gamma + 1)
+        steps.append((t_hat, cfg.noise_scale * math.sqrt(max(t_hat**2 - prev**2, 0.0)),
+                      cfg.step_scale * (cur - t_hat)))
+    return c[0], steps
+
+
+def draw_sampler_noise(shape: tuple[int, int, int], generator: torch.Generator | None,
+                       device, s_trans: float = 1.0, augment: bool = True
+                       ) -> dict[str, torch.Tensor]:
+    """The random draws of one sampler step for ``x [B, S, A, 3]`` (``shape = (B, S, A)``), in the
+    order :func:`sample_diffusion` draws them: the augmentation's ``rot [B, S, 3, 3]`` and
+    ``trans [B, S, 1, 3]`` (when ``augment``), then ``noise [B, S, A, 3]``; coordinate dtype."""
+    dtype = coordinate_dtype(torch.get_default_dtype())
+    out = {}
+    with _exact(torch.device(device)):
+        if augment:
+            out["rot"] = random_rotation(shape[:2], generator, dtype, device)
+            out["trans"] = s_trans * torch.randn(*shape[:2], 1, 3, generator=generator,
+                                                 dtype=torch.float64, device=device).to(dtype)
+        out["noise"] = torch.randn(*shape, 3, generator=generator, dtype=torch.float64,
+                                   device=device).to(dtype)
+    return out
+
+
+def sampler_step(
+    denoise: Denoiser, x: torch.Tensor, atom_mask: torch.Tensor, noise: torch.Tensor,
+    t_hat, xi_scale, step_coef, rot: torch.Tensor | None = None,
+    trans: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """One step of Alg. 18 (lines 3-9) with its draws given: augment ``x [B, S, A, 3]`` (when
+    ``rot``/``trans`` are given; else ``x`` is used as is), add ``xi_scale noise``, denoise at
+    ``t_hat``, move by ``step_coef (x_noisy - x_denoised) / t_hat``. ``t_hat``, ``xi_scale``,
+    ``step_coef``: floats (:func:`sampler_schedule`) or 0-dim tensors (a captured step reads
+    them from static buffers). Padded atoms stay 0."""
+    B, S = x.shape[:2]
+    dtype, device = x.dtype, x.device
+    with _exact(device):
+        if rot is not None:
+            x = apply_augmentation(x, atom_mask, rot, trans).to(dtype)
+        w = atom_mask.to(dtype)[:, None, :, None]
+        x_noisy = (x + xi_scale * noise) * w
+        if isinstance(t_hat, torch.Tensor):
+            t = t_hat.to(dtype).expand(B, S)
+        else:
+            t = torch.full((B, S), t_hat, dtype=dtype, device=device)
+    x_denoised = denoise(x_noisy, t)
+    with _exact(device):
+        delta = (x_noisy - x_denoised.to(dtype)) / t_hat
+        return (x_noisy + step_coef * delta) * w
 
 
 def sample_diffusion(
@@ -282,30 +356,22 @@ def sample_diffusion(
     ``augment(x)`` replaces the centre-random augmentation of each step (tests). Returns
     ``[B, S, A, 3]`` (padded atoms 0) in ``coordinate_dtype`` of the default dtype: the noise,
     augmentation and updates run without autocast, only ``denoise`` under the caller's autocast
-    (its output is cast back to the coordinate dtype)."""
+    (its output is cast back to the coordinate dtype). Each step is :func:`sampler_step` on the
+    draws of :func:`draw_sampler_noise`."""
     B, A = atom_mask.shape
     dtype, device = coordinate_dtype(torch.get_default_dtype()), atom_mask.device
-    c = noise_schedule(cfg, sigma_data, no_steps, torch.float64).tolist()  # host floats
+    c0, steps = sampler_schedule(cfg, sigma_data, no_steps)
     with _exact(device):
-        x = c[0] * torch.randn(B, no_samples, A, 3, generator=generator,
-                                      dtype=torch.float64, device=device).to(dtype)
-        w = atom_mask.to(dtype)[:, None, :, None]
-    for prev, cur in zip(c[:-1], c[1:]):
-        with _exact(device):
-            if augment is None:
-                x = centre_random_augmentation(x, atom_mask, s_trans, generator)
-            else:
+        x = c0 * torch.randn(B, no_samples, A, 3, generator=generator,
+                             dtype=torch.float64, device=device).to(dtype)
+    for t_hat, xi_scale, step_coef in steps:
+        if augment is not None:
+            with _exact(device):
                 x = augment(x).to(dtype)
-            gamma = cfg.gamma_0 if cur > cfg.gamma_min else 0.0
-            t_hat = prev * (gamma + 1)
-            noise = torch.randn(x.shape, generator=generator, dtype=torch.float64, device=device)
-            xi = cfg.noise_scale * math.sqrt(max(t_hat**2 - prev**2, 0.0)) * noise.to(dtype)
-            x_noisy = (x + xi) * w
-            t = torch.full((B, no_samples), t_hat, dtype=dtype, device=device)
-        x_denoised = denoise(x_noisy, t)
-        with _exact(device):
-            delta = (x_noisy - x_denoised.to(dtype)) / t_hat
-            x = (x_noisy + cfg.step_scale * (cur - t_hat) * delta) * w
+        draws = draw_sampler_noise((B, no_samples, A), generator, device, s_trans,
+                                   augment=augment is None)
+        x = sampler_step(denoise, x, atom_mask, draws["noise"], t_hat, xi_scale, step_coef,
+                         draws.get("rot"), draws.get("trans"))
     return x
 
 

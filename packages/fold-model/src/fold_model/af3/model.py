@@ -142,11 +142,10 @@ class AlphaFold3(nn.Module):
         return int(torch.randint(1, n + 1, (1,), generator=generator).item())
 
     # -- trunk --------------------------------------------------------------------------------
-    def trunk(
-        self, feats: dict[str, torch.Tensor], no_cycles: int
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Alg. 1 lines 1-14: ``(s_inputs [B, N, C_si], s [B, N, C_s], z [B, N, N, C_z])``.
-        Only the last pass keeps gradients (the recycled ``s``, ``z`` are detached)."""
+    def trunk_inputs(self, feats: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Alg. 1 lines 1-5, what every trunk pass reads: ``s_inputs [B, N, C_si]``,
+        ``s_init [B, N, C_s]``, ``z_init [B, N, N, C_z]``, ``msa [B, N_msa, N, C_msa]`` (its
+        features), ``msa_mask [B, N_msa, N]``, ``token_mask [B, N]``, ``pair_mask [B, N, N]``."""
         dtype = self.linear_s_init.weight.dtype
         s_inputs = self.input_embedder(feats)  # [B, N, C_si]
         s_init = self.linear_s_init(s_inputs)
@@ -154,21 +153,39 @@ class AlphaFold3(nn.Module):
         z_init = z_init + self.relpos(feats).to(dtype)
         z_init = z_init + self.linear_token_bonds(feats["token_bonds"].to(dtype)[..., None])
         token_mask = feats["token_mask"].to(dtype)
-        pair_mask = token_mask[..., :, None] * token_mask[..., None, :]
         msa = msa_features(feats["msa"], feats["has_deletion"].to(dtype),
                            feats["deletion_value"].to(dtype))
-        msa_mask = feats["msa_mask"].to(dtype)
-        s, z = torch.zeros_like(s_init), torch.zeros_like(z_init)
+        return {"s_inputs": s_inputs, "s_init": s_init, "z_init": z_init, "msa": msa,
+                "msa_mask": feats["msa_mask"].to(dtype), "token_mask": token_mask,
+                "pair_mask": token_mask[..., :, None] * token_mask[..., None, :]}
+
+    def trunk_cycle(
+        self, feats: dict[str, torch.Tensor], inputs: dict[str, torch.Tensor],
+        s: torch.Tensor, z: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Alg. 1 lines 7-13, one trunk pass: the recycled ``s [B, N, C_s]``, ``z [B, N, N, C_z]``
+        (detached here) -> the new ``(s, z)``. ``inputs``: :meth:`trunk_inputs`."""
+        pair_mask, token_mask = inputs["pair_mask"], inputs["token_mask"]
+        z = inputs["z_init"] + self.linear_z_prev(self.layer_norm_z_prev(z.detach()))
+        if self.template_embedder is not None:
+            z = z + self.template_embedder(feats, z, pair_mask)
+        z = self.msa_module(inputs["msa"], z, inputs["s_inputs"], inputs["msa_mask"], pair_mask,
+                            token_mask)
+        s = inputs["s_init"] + self.linear_s_prev(self.layer_norm_s_prev(s.detach()))
+        return self.pairformer(s, z, token_mask, pair_mask)
+
+    def trunk(
+        self, feats: dict[str, torch.Tensor], no_cycles: int
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Alg. 1 lines 1-14: ``(s_inputs [B, N, C_si], s [B, N, C_s], z [B, N, N, C_z])``.
+        Only the last pass keeps gradients (the recycled ``s``, ``z`` are detached)."""
+        inputs = self.trunk_inputs(feats)
+        s, z = torch.zeros_like(inputs["s_init"]), torch.zeros_like(inputs["z_init"])
         for cycle in range(no_cycles):
             last = cycle == no_cycles - 1
             with torch.set_grad_enabled(last and torch.is_grad_enabled()):
-                z = z_init + self.linear_z_prev(self.layer_norm_z_prev(z.detach()))
-                if self.template_embedder is not None:
-                    z = z + self.template_embedder(feats, z, pair_mask)
-                z = self.msa_module(msa, z, s_inputs, msa_mask, pair_mask, token_mask)
-                s = s_init + self.linear_s_prev(self.layer_norm_s_prev(s.detach()))
-                s, z = self.pairformer(s, z, token_mask, pair_mask)
-        return s_inputs, s, z
+                s, z = self.trunk_cycle(feats, inputs, s, z)
+        return inputs["s_inputs"], s, z
 
     # -- diffusion ----------------------------------------------------------------------------
     def sample(

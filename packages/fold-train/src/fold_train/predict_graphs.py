@@ -1,0 +1,306 @@
+"""Prediction replayed from CUDA graphs, one set of graphs per shape bucket (ScaleFold 3.3's
+graphs, where users run: ``fold-train predict``).
+
+The input is padded to its bucket (:mod:`fold_train.buckets`), then each repeated piece of work
+is captured once per bucket and replayed:
+
+* AF2: one recycling iteration (embedding, templates, extra MSA stack, Evoformer, structure
+  module, heads: ``AlphaFold2.iteration``), replayed ``N_cycle`` times. Its inputs are static
+  buffers: the pass's features (each pass has its own MSA sample, copied in before the replay)
+  and the recycled ``m_1``, ``z``, ``x`` (zeros before the first pass, as the model's own).
+* AF3: the trunk's inputs (``AlphaFold3.trunk_inputs``) once, one trunk pass
+  (``trunk_cycle``) replayed ``N_cycle`` times, the diffusion conditioning's pair once, and one
+  step of the EDM sampler (``fold_model.af3.diffusion.sampler_step``) replayed per noise level.
+  The sampler's random draws (augmentation rotation and translation, noise) are drawn eagerly
+  from the seeded generator at the unpadded size, in the order ``sample_diffusion`` draws them,
+  padded with zeros and copied into static buffers with the step's noise level; so a padded,
+  graphed prediction draws exactly the unpadded eager prediction's numbers. The confidence head
+  runs once, eagerly.
+
+Graphs of every bucket share one memory pool. That is safe because a prediction replays one
+bucket's graphs in capture order, each reading only static buffers (allocated outside the pool)
+and outputs of graphs of the same bucket captured before it, which were alive when the later
+graphs were captured and so never overlap their memory.
+
+Without graphs (``cuda_graphs=False``, the default off CUDA) the same pieces run eagerly on the
+unpadded input: one code path, so the graphed prediction equals the eager one up to the padding.
+The capture mechanism is :mod:`fold_train.cuda_graphs`'s (:class:`CudaGraphBackend`; tests use
+:class:`EagerCapture`).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from contextlib import nullcontext
+
+import torch
+
+from fold_train.buckets import Bucket, BucketPolicy, fit_to_bucket, real_extent
+from fold_train.cuda_graphs import CaptureBackend, CudaGraphBackend, CudaGraphError
+
+__all__ = ["AF2Predictor", "AF3Predictor", "DirectRun", "graphs_wanted"]
+
+Outputs = dict[str, torch.Tensor]
+
+
+def graphs_wanted(cuda_graphs: bool | None, device: torch.device | str) -> bool:
+    """Whether prediction uses CUDA graphs: ``cuda_graphs`` when given, else on CUDA devices."""
+    if cuda_graphs is None:
+        return torch.device(device).type == "cuda"
+    return bool(cuda_graphs)
+
+
+class DirectRun:
+    """A :class:`~fold_train.cuda_graphs.CaptureBackend` that captures nothing: each 'replay'
+    runs ``fn`` eagerly and puts its results in the outputs (graphs off)."""
+
+    def capture(self, fn: Callable[[], Outputs], warmup_fn=None
+                ) -> tuple[Callable[[], None], Outputs]:
+        outputs: Outputs = {}
+
+        def replay() -> None:
+            outputs.clear()
+            outputs.update(fn())
+
+        return replay, outputs
+
+
+class _Predictor:
+    """What both families share: the backend, the per-bucket state and graphs, timings.
+
+    ``cuda_graphs``: None = on when ``device`` is CUDA. ``backend`` replaces the capture (tests:
+    ``EagerCapture``; it implies graphs and padding). ``pad``: pad to the bucket (default: when
+    graphs are on; graphs need it). ``timing``: record the wall time of each replay in
+    :attr:`timings` (synchronizing the device around it)."""
+
+    def __init__(self, model: torch.nn.Module, device: torch.device | str, *,
+                 precision: str = "fp32", cuda_graphs: bool | None = None,
+                 policy: BucketPolicy | None = None, backend: CaptureBackend | None = None,
+                 pad: bool | None = None, timing: bool = False) -> None:
+        self.model = model
+        self.device = torch.device(device)
+        self.precision = precision
+        self.policy = policy or BucketPolicy()
+        self.graphs = backend is not None or graphs_wanted(cuda_graphs, self.device)
+        if backend is None:
+            backend = (CudaGraphBackend(self.device, warmup=1) if self.graphs else DirectRun())
+        self.backend = backend
+        self.pad = self.graphs if pad is None else pad
+        if self.graphs and not self.pad:
+            raise CudaGraphError("CUDA graphs need the input padded to its bucket (pad=True)")
+        self.timing = timing
+        self.timings: dict[str, list[float]] = {}
+        self.captures = 0
+        self._states: dict[tuple, dict] = {}  # key -> static buffers and graphs of a bucket
+
+    @property
+    def buckets(self) -> list[tuple]:
+        """The keys (bucket and shape extras) with captured graphs, in capture order."""
+        return list(self._states)
+
+    def _autocast(self):
+        if self.precision != "bf16":
+            return nullcontext()
+        # no autocast weight cache: a captured graph must not read the cache of the capture
+        return torch.autocast(self.device.type, dtype=torch.bfloat16, cache_enabled=False)
+
+    def _fit(self, batch: dict[str, torch.Tensor], family: str
+             ) -> tuple[dict[str, torch.Tensor], Bucket]:
+        """The batch on the device, padded to its bucket (or as it is when not padding)."""
+        batch = {k: v.to(self.device) for k, v in batch.items()}
+        if self.pad:
+            return fit_to_bucket(batch, family, self.policy)
+        return batch, tuple(sorted(real_extent(batch, family).items()))
+
+    def _state(self, key: tuple) -> dict:
+        if not self.graphs:
+            self._states.clear()  # eager: nothing to keep between predictions
+        return self._states.setdefault(key, {"graphs": {}})
+
+    def _run(self, state: dict, name: str, fn: Callable[[], Outputs]) -> Outputs:
+        """Replay graph ``name`` of the bucket (captured on first use)."""
+        graphs = state["graphs"]
+        if name not in graphs:
+            graphs[name] = self.backend.capture(fn, warmup_fn=fn)
+            self.captures += self.graphs
+        replay, outputs = graphs[name]
+        if not self.timing:
+            replay()
+            return outputs
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        t0 = time.perf_counter()
+        replay()
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        self.timings.setdefault(name, []).append(time.perf_counter() - t0)
+        return outputs
+
+    @staticmethod
+    def _load(state: dict, name: str, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Copy ``tensors`` into the bucket's static buffers ``name`` (allocated on first use,
+        outside any graph pool)."""
+        static = state.get(name)
+        if static is None:
+            static = state[name] = {k: v.detach().clone() for k, v in tensors.items()}
+        else:
+            for k, v in tensors.items():
+                static[k].copy_(v)
+        return static
+
+
+class AF2Predictor(_Predictor):
+    """``AlphaFold2`` prediction, one captured recycling iteration per bucket."""
+
+    @torch.no_grad()
+    def __call__(self, batch: dict[str, torch.Tensor], num_recycles: int | None = None
+                 ) -> Outputs:
+        """Run ``num_recycles`` passes (default all ``R``) on a collated sample ``[B, R, ...]``;
+        returns the last pass's ``final_atom_positions [B, N, 37, 3]``, ``final_atom_mask [B, N,
+        37]``, ``plddt [B, N]``, ``distogram_logits [B, N, N, bins]`` with ``N`` the padded size
+        (the real residues first; fresh tensors, not graph outputs)."""
+        model = self.model
+        batch, bucket = self._fit(batch, "af2")
+        n_avail = batch["aatype"].shape[1]
+        n_cycle = n_avail if num_recycles is None else num_recycles
+        if not 1 <= n_cycle <= n_avail:
+            raise ValueError(f"num_recycles={n_cycle} passes requested but the batch has "
+                             f"R={n_avail} recycling copies of its features")
+        state = self._state((bucket,))
+        b, n = batch["aatype"].shape[0], batch["aatype"].shape[2]
+        c_m, c_z = model.config.evoformer.c_m, model.config.evoformer.c_z
+        dtype = model.dtype
+        prev = self._load(state, "prev", {  # zeros: the first pass recycles nothing
+            "m1": torch.zeros(b, n, c_m, dtype=dtype, device=self.device),
+            "z": torch.zeros(b, n, n, c_z, dtype=dtype, device=self.device),
+            "x": torch.zeros(b, n, 3, dtype=torch.float32, device=self.device)})
+
+        def iteration() -> Outputs:
+            with self._autocast():
+                out, (m1, z, x) = model.iteration(feats, (prev["m1"], prev["z"], prev["x"]))
+            return {"m1": m1, "z": z, "x": x, "plddt": out["plddt"],
+                    "distogram_logits": out["distogram_logits"],
+                    "final_atom_positions": out["final_atom_positions"],
+                    "final_atom_mask": out["final_atom_mask"]}
+
+        for cycle in range(n_cycle):
+            feats = self._load(state, "feats", {k: v[:, cycle] for k, v in batch.items()
+                                                if v.dim() >= 2})
+            out = self._run(state, "recycle", iteration)
+            if cycle < n_cycle - 1:
+                for k in ("m1", "z", "x"):
+                    prev[k].copy_(out[k])
+        return {k: out[k].clone() for k in ("final_atom_positions", "final_atom_mask", "plddt",
+                                            "distogram_logits")}
+
+
+class AF3Predictor(_Predictor):
+    """``AlphaFold3`` prediction: captured trunk inputs, trunk pass, conditioning pair and sampler
+    step per bucket (and number of samples)."""
+
+    @torch.no_grad()
+    def __call__(self, batch: dict[str, torch.Tensor], *, generator: torch.Generator,
+                 no_cycles: int | None = None, no_samples: int | None = None,
+                 no_steps: int | None = None) -> Outputs:
+        """Sample structures of a collated sample ``[B, ...]``. Returns ``x [B, S, A, 3]``,
+        ``plddt [B, S, A]`` (0-100) and ``distogram_logits [B, N, N, bins]`` at the real sizes."""
+        from fold_model.af3.confidence import expected_value
+        from fold_model.af3.diffusion import coordinate_dtype, sampler_schedule
+
+        model = self.model
+        cfg = model.config
+        if model.confidence_head is None:
+            raise ValueError("this AF3 model has no confidence head (confidence.enabled=false): "
+                             "no pLDDT to write")
+        real = real_extent(batch, "af3")
+        batch, bucket = self._fit(batch, "af3")
+        no_cycles = no_cycles or cfg.no_cycles
+        S = no_samples or cfg.sampler.no_samples
+        state = self._state((bucket, S))
+        feats = self._load(state, "feats", batch)
+        B, A = feats["atom_mask"].shape
+        a_real = real["N_atom"]
+        dtype = coordinate_dtype(torch.get_default_dtype())
+
+        def trunk_inputs() -> Outputs:
+            with self._autocast():
+                return model.trunk_inputs(feats)
+
+        inputs = self._run(state, "trunk_inputs", trunk_inputs)
+        shapes = {"s": inputs["s_init"], "z": inputs["z_init"]}
+        prev = self._load(state, "prev", {k: torch.zeros_like(v) for k, v in shapes.items()})
+        prev["s"].zero_(), prev["z"].zero_()
+
+        def trunk_cycle() -> Outputs:
+            with self._autocast():
+                s, z = model.trunk_cycle(feats, inputs, prev["s"], prev["z"])
+            return {"s": s, "z": z}
+
+        for _ in range(no_cycles):
+            out = self._run(state, "trunk_cycle", trunk_cycle)
+            prev["s"].copy_(out["s"]), prev["z"].copy_(out["z"])
+
+        def pair_conditioning() -> Outputs:
+            with self._autocast():
+                return {"z_cond": model.diffusion.conditioning.pair(feats, prev["z"]),
+                        "distogram_logits": model.distogram_head(
+                            prev["z"] + prev["z"].transpose(-2, -3))}
+
+        cond = self._run(state, "pair_conditioning", pair_conditioning)
+
+        # The sampler: host-side schedule, draws at the real atom count, padded into buffers.
+        c0, steps = sampler_schedule(cfg.sampler, cfg.diffusion.sigma_data, no_steps)
+        x0 = c0 * torch.randn(B, S, a_real, 3, generator=generator, dtype=torch.float64,
+                              device=self.device).to(dtype)
+        step_in = self._load(state, "sampler", {
+            "x": _pad_atoms(x0, A),
+            "rot": torch.zeros(B, S, 3, 3, dtype=dtype, device=self.device),
+            "trans": torch.zeros(B, S, 1, 3, dtype=dtype, device=self.device),
+            "noise": torch.zeros(B, S, A, 3, dtype=dtype, device=self.device),
+            **{k: torch.zeros((), dtype=dtype, device=self.device)
+               for k in ("t_hat", "xi_scale", "step_coef")}})
+        step_in["x"].copy_(_pad_atoms(x0, A))
+
+        def denoise(x_noisy: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+            return model.diffusion(x_noisy, t, feats, inputs["s_inputs"], prev["s"], prev["z"],
+                                   cond["z_cond"])
+
+        def sampler_step() -> Outputs:
+            from fold_model.af3.diffusion import sampler_step as step
+
+            with self._autocast():
+                return {"x": step(denoise, step_in["x"], feats["atom_mask"], step_in["noise"],
+                                  step_in["t_hat"], step_in["xi_scale"], step_in["step_coef"],
+                                  step_in["rot"], step_in["trans"])}
+
+        for t_hat, xi_scale, step_coef in steps:
+            self._draw_step(step_in, generator, (B, S, a_real), A, cfg.diffusion)
+            step_in["t_hat"].fill_(t_hat)
+            step_in["xi_scale"].fill_(xi_scale)
+            step_in["step_coef"].fill_(step_coef)
+            out = self._run(state, "sampler_step", sampler_step)
+            step_in["x"].copy_(out["x"])
+        x = step_in["x"]
+        with self._autocast():
+            logits = model.confidence_head(feats, inputs["s_inputs"], prev["s"], prev["z"], x)
+        plddt = expected_value(logits["plddt"].float(), 100.0)  # [B, S, A]
+        n_tok = real["N_token"]
+        return {"x": x[:, :, :a_real].float().clone(), "plddt": plddt[:, :, :a_real],
+                "distogram_logits": cond["distogram_logits"][:, :n_tok, :n_tok].float().clone()}
+
+    def _draw_step(self, step_in: dict, generator, shape: tuple[int, int, int], a_pad: int,
+                   diffusion_cfg) -> None:
+        from fold_model.af3.diffusion import draw_sampler_noise
+
+        draws = draw_sampler_noise(shape, generator, self.device,
+                                   diffusion_cfg.augment_translation)
+        step_in["rot"].copy_(draws["rot"])
+        step_in["trans"].copy_(draws["trans"])
+        step_in["noise"].copy_(_pad_atoms(draws["noise"], a_pad))
+
+
+def _pad_atoms(x: torch.Tensor, a_pad: int) -> torch.Tensor:
+    """``x [B, S, A, 3]`` with zero atoms appended up to ``a_pad``."""
+    return torch.nn.functional.pad(x, (0, 0, 0, a_pad - x.shape[-2]))
+
