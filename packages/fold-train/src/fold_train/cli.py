@@ -279,6 +279,7 @@ def run_prediction(args: argparse.Namespace) -> dict:
     """Predict one chain; write the mmCIF; returns the summary printed by ``predict``."""
     import torch
 
+    from fold_train.outputs import check_prediction, output_path
     from fold_train.predict import (
         load_trained_model,
         make_raw_features,
@@ -307,9 +308,10 @@ def run_prediction(args: argparse.Namespace) -> dict:
     name, raw, has_truth = make_raw_features(
         fasta=args.fasta, mmcif=args.mmcif, chain=args.chain, msas=args.msa or [],
         template_hits=args.templates, template_mmcif_dir=args.template_mmcif_dir)
+    out = output_path(args.out, name)  # checked before the model runs
     pred = predict_structure(model, raw, cfg.data_preset(), device=device,
                              precision=cfg.precision, num_recycles=args.recycles)
-    out = Path(args.out) if args.out else Path(f"{name}.cif")
+    check_prediction(pred.positions, pred.plddt, args.checkpoint, pred.atom_mask > 0.5)
     write_mmcif(prediction_to_structure(pred, name), out)
     summary: dict = {"name": name, "out": str(out), "n_res": len(pred.aatype),
                      "mean_plddt": float(pred.plddt.mean())}
@@ -337,7 +339,8 @@ def _run_af3_prediction(args: argparse.Namespace, device: str) -> dict:
     return predict_af3_file(args.checkpoint, args.json, args.out, device=device,
                             use_ema=not args.no_ema, ccd_files=args.ccd or [],
                             no_samples=args.samples, no_steps=args.sampler_steps,
-                            no_cycles=args.recycles)
+                            no_cycles=args.recycles,
+                            allow_outside_paths=getattr(args, "allow_outside_paths", False))
 
 
 def cmd_predict(args: argparse.Namespace) -> int:
@@ -528,6 +531,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ccd", action="append", metavar="CCD.cif",
                    help="AF3: a CCD mmCIF file (or directory) searched before biotite's CCD; "
                         "repeat for more")
+    p.add_argument("--allow-outside-paths", action="store_true",
+                   help="AF3: let the JSON's unpairedMsaPath/pairedMsaPath/userCCDPath/template "
+                        "paths point outside the JSON's directory (refused by default)")
     p.add_argument("--samples", type=int, help="AF3: diffusion samples (default: the model's)")
     p.add_argument("--sampler-steps", type=int,
                    help="AF3: EDM sampler steps (default: the model's, 200 for af3)")
