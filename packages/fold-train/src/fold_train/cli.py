@@ -83,6 +83,7 @@ def run_training(args: argparse.Namespace) -> tuple[object, list[dict]]:
     cfg = apply_overrides(preset(args.preset), _train_overrides(args))
     if args.data is None and args.cache is None:
         raise SystemExit("fold-train train: give --data DATA_DIR (and/or --cache CACHE_DIR)")
+    _check_run_dir(args)
     if cfg.family == "af3":
         return _run_af3_training(args, cfg)
     ctx = model_parallel(setup(args.device), dap=cfg.dap, bp=cfg.bp)
@@ -108,6 +109,18 @@ def run_training(args: argparse.Namespace) -> tuple[object, list[dict]]:
         f"{ctx.dp_size} x BP {cfg.bp} x DAP {cfg.dap}), {len(train_chains)} training chains"
         f"{_held_text(held)}"))
     return trainer, trainer.fit()
+
+
+def _check_run_dir(args: argparse.Namespace) -> None:
+    """Refuse a run directory holding another run unless --resume / --overwrite (every rank
+    checks; only rank 0 deletes for --overwrite)."""
+    import os
+
+    from fold_train.run_dir import prepare_run_dir
+
+    prepare_run_dir(args.run_dir, resume=bool(args.resume or args.resume_from),
+                    overwrite=bool(getattr(args, "overwrite", False)),
+                    remove=os.environ.get("RANK", "0") == "0")
 
 
 def _training_entries(entries: list[tuple[str, str]], held: list[str], cache_dir: str,
@@ -393,7 +406,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
     held = args.hold_out
     train_args = argparse.Namespace(
         preset="tiny", data=str(data), cache=args.cache, run_dir=str(run_dir),
-        resume=False, resume_from=None, chains=None, hold_out=[held], device=args.device,
+        resume=False, resume_from=None, overwrite=args.overwrite, chains=None, hold_out=[held],
+        device=args.device,
         no_progress=args.no_progress, cache_workers=args.cache_workers,
         overrides=[f"steps={args.steps}", *args.overrides],
     )
@@ -403,7 +417,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
     print("\ntraining losses (unweighted terms; 'loss' is the AF2-weighted total) and lDDT-Ca "
           "of the training batch:")
     _print_records(records, max(1, len(records) // 15))
-    ckpt = sorted((run_dir / "checkpoints").glob("step_*.ckpt"))[-1]
+    from fold_train.checkpoint import checkpoint_path
+
+    ckpt = checkpoint_path(run_dir / "checkpoints", trainer.step)  # the one this run wrote
     from fold_data.dataset import discover_chains
 
     entry = discover_chains(data, [held])[0]  # the same files, in the same order, as training
@@ -473,6 +489,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--resume", action="store_true",
                    help="continue from the run directory's latest checkpoint")
     p.add_argument("--resume-from", metavar="CKPT", help="continue from this checkpoint")
+    p.add_argument("--overwrite", action="store_true",
+                   help="delete an earlier run's outputs in --run-dir (config.json, "
+                        "metrics.jsonl, checkpoints/, ...) first; without it (or --resume) a "
+                        "run directory that holds a run is refused")
     p.add_argument("--print-config", action="store_true",
                    help="print the resolved configuration (preset + overrides) as JSON and exit")
     p.add_argument("--chains", type=_chain_list, metavar="A,B", help="only these chains")
@@ -567,6 +587,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--steps", type=int, default=150, help="training steps (default 150)")
     p.add_argument("--run-dir", default="runs/demo", help="outputs (default runs/demo)")
     p.add_argument("--cache", default=".fold_cache", help="feature cache (default .fold_cache)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace an earlier run in --run-dir (without it, a --run-dir that "
+                        "holds a run is refused)")
     p.add_argument("--cache-workers", type=int, default=2, help="featurizer processes")
     p.add_argument("--device", help="cpu or cuda (default: cuda when present)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -581,7 +604,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     from fold_train.checkpoint import CheckpointError
     from fold_train.config import ConfigError
-    from fold_train.loop import NonFiniteError
+    from fold_train.loop import NonFiniteError, TrainingInterrupted
 
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -593,6 +616,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (InputError, CheckpointError, NonFiniteError, MemoryBudgetError) as e:
         print(f"fold-train {args.command}: {e}", file=sys.stderr)
         return 1
+    except TrainingInterrupted as e:
+        print(f"fold-train {args.command}: {e}", file=sys.stderr)
+        return 128 + e.signum
 
 
 if __name__ == "__main__":
