@@ -156,10 +156,12 @@ def _worker_loop(
     started: Any,
     shm_prefix: str | None,
     shm_min_bytes: int,
+    parent: int,
 ) -> None:
-    """Worker process: take (epoch, pos, index, item, seed) tasks until the None sentinel."""
+    """Worker process: take (epoch, pos, index, item, seed) tasks until the None sentinel, or
+    until the consumer (pid ``parent``, passed in: it may die before this process starts) is
+    gone."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the consumer's to handle
-    parent = os.getppid()
     if worker_init_fn is not None:
         worker_init_fn(worker_id)
     count = 0
@@ -336,7 +338,7 @@ class NonBlockingLoader:
                 args=(wid, self.prepare_fn, self.pass_seed, self.worker_init_fn,
                       self._task_q, self._result_q, self._current, self._started,
                       self._shm_prefix,
-                      self.shm_min_bytes),
+                      self.shm_min_bytes, os.getpid()),
                 name=f"fold-data-loader-{wid}",
                 daemon=True,
             )
