@@ -53,3 +53,16 @@ def test_ambiguous_letters_in_an_af2_query_are_refused(letter):
 def test_x_stays_an_unknown_residue():
     raw = make_features_from_sequence("MKXLV")
     assert int(raw["seq_length"]) == 5
+
+
+def test_empty_mmcif_is_an_input_error(tmp_path):
+    from fold_data.af3 import Ccd
+    from fold_data.af3.inputs import parse_complex_mmcif
+    from fold_data.mmcif import parse_mmcif
+
+    empty = tmp_path / "empty.cif"
+    empty.write_text("")
+    for parse in (parse_mmcif, lambda p: parse_complex_mmcif(p, ccd=Ccd([], use_biotite=False))):
+        with pytest.raises(InputError) as err:  # was gemmi's IndexError vector::_M_range_check
+            parse(empty)
+        assert err.value.path == str(empty) and "empty file" in err.value.reason

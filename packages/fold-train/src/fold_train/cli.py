@@ -310,6 +310,11 @@ def run_prediction(args: argparse.Namespace) -> dict:
         from fold_train.config import ConfigError
 
         raise ConfigError("--autochunk and --chunk-size are alternatives: give one of them")
+    if args.templates and not args.template_mmcif_dir:
+        from fold_train.config import ConfigError
+
+        raise ConfigError(f"--templates {args.templates} needs --template-mmcif-dir (the "
+                          "directory of the hits' <pdb>.cif files)")
     model, cfg = load_trained_model(args.checkpoint, device, use_ema=not args.no_ema)
     if args.chunk_size:
         model.set_chunk_size(args.chunk_size)

@@ -471,9 +471,14 @@ def parse_complex_mmcif(path: str | os.PathLike, *, ccd: Ccd | None = None) -> E
     if not path.is_file():
         raise InputError(src, None, "mmCIF file not found")
     try:
-        block = gemmi.cif.read(src).sole_block()
+        doc = gemmi.cif.read(src)
+        if len(doc) == 0:  # sole_block() of an empty file is an IndexError from C++
+            raise InputError(src, None, "empty file: expected an mmCIF data block")
+        block = doc.sole_block()
         st = gemmi.make_structure_from_block(block)
     except (RuntimeError, ValueError) as err:
+        if isinstance(err, InputError):
+            raise
         raise InputError(src, None, f"not a readable mmCIF file: {err}") from None
     if len(st) == 0:
         raise InputError(src, "_atom_site", "no models (expected at least one)")
