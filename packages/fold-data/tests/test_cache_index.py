@@ -35,18 +35,20 @@ def _store(cache: FeatureCache, name: str, seed: int) -> str:
     return key
 
 
-def test_reconcile_adds_lost_entries_and_reports_missing_files(tmp_path):
+def test_reconcile_finds_unindexed_entries_and_missing_files(tmp_path):
     cache = FeatureCache(tmp_path)
     keys = {n: _store(cache, n, i) for i, n in enumerate(["a", "b", "c"])}
     cache.write_index({"a": keys["a"], "gone": "f" * 64})
     check = cache.reconcile_index()
-    assert check.added == {"b": keys["b"], "c": keys["c"]}
+    assert check.unindexed == {"b": keys["b"], "c": keys["c"]}
     assert check.missing == ["gone"]
+    assert cache.read_index() == {"a": keys["a"], "gone": "f" * 64}  # only reported
+    assert cache.reconcile_index(add=True).entries == {**keys, "gone": "f" * 64}
     assert cache.read_index() == {**keys, "gone": "f" * 64}  # written back, under the lock
     # an entry of another pipeline version is not taken for a lost one
     old = FeatureCache(tmp_path, version="older")
     _store(old, "d", 9)
-    assert "d" not in cache.reconcile_index().added
+    assert cache.reconcile_index().unindexed == {}
 
 
 def test_inspect_reports_an_index_that_disagrees_with_the_files(tmp_path, capsys):

@@ -328,10 +328,11 @@ class FeatureCache:
         doc = {"version": self.version, "entries": dict(sorted(entries.items()))}
         atomic_write_bytes(self.root / INDEX_NAME, json.dumps(doc, indent=1).encode())
 
-    def reconcile_index(self) -> IndexCheck:
-        """Compare the index with the entry files, under the index lock. A file of this version
-        whose name the index lacks (an interrupted or unlocked build) is added back; indexed
-        entries without a file are reported (nothing here can rebuild them)."""
+    def reconcile_index(self, *, add: bool = False) -> IndexCheck:
+        """Compare the index with the entry files, under the index lock: files of this version
+        whose name the index lacks (an interrupted or unlocked build, or an entry left out on
+        purpose) and indexed entries without a file (nothing here can rebuild them). ``add``:
+        write the unindexed entries into the index."""
         with self._index_lock():
             index = self.read_index()
             known = set(index.values())
@@ -346,20 +347,21 @@ class FeatureCache:
                 name = meta.get("name")
                 if meta.get("version") == self.version and name and name not in index:
                     added[name] = path.stem
-            if added:
+            if added and add:
                 index = {**index, **added}
                 self._write_index(index)
         missing = sorted(n for n, k in index.items() if not self.path(k).is_file())
-        return IndexCheck(entries=index, added=added, missing=missing)
+        return IndexCheck(entries=index, unindexed=added, missing=missing)
 
 
 @dataclass
 class IndexCheck:
     """What :meth:`FeatureCache.reconcile_index` found: the index after it (``{name: key}``),
-    the entries it added back, and the indexed names whose file is missing."""
+    the entries of this version the index lacked (``{name: key}``; written into it only with
+    ``add=True``), and the indexed names whose file is missing."""
 
     entries: dict[str, str]
-    added: dict[str, str]
+    unindexed: dict[str, str]
     missing: list[str]
 
 

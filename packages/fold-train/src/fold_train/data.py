@@ -68,14 +68,17 @@ def open_cache(
 
 
 def checked_index(cache: FeatureCache, what: str) -> dict[str, str]:
-    """A cache's index reconciled with its files (``--cache`` alone: nothing can rebuild): an
-    entry the index lost is added back with a warning, an indexed entry without its file is an
-    :class:`InputError` rather than a run on fewer {what} than the cache claims."""
+    """A cache's index checked against its files (``--cache`` alone: nothing can rebuild):
+    entries the index lacks are named in a warning (not trained on: the index may leave them out
+    on purpose), an indexed entry without its file is an :class:`InputError` rather than a run on
+    fewer {what} than the cache claims."""
     check = cache.reconcile_index()
-    if check.added:
-        warnings.warn(f"{cache.root}: {len(check.added)} cache entries were missing from "
-                      f"{INDEX_NAME} (an interrupted or concurrent build) and were added back: "
-                      f"{', '.join(sorted(check.added))}", CacheWarning, stacklevel=2)
+    if check.unindexed:
+        names = sorted(check.unindexed)
+        warnings.warn(f"{cache.root}: {len(names)} cache entries are not in {INDEX_NAME} and "
+                      f"are not trained on: {', '.join(names[:10])}"
+                      f"{' ...' if len(names) > 10 else ''} (an interrupted build? build the "
+                      "cache again with --data to index them)", CacheWarning, stacklevel=2)
     if check.missing:
         raise InputError(cache.root / INDEX_NAME, ", ".join(check.missing),
                          f"{len(check.missing)} indexed {what} have no entry file; rebuild the "
