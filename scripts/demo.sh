@@ -9,4 +9,5 @@ cd "$(dirname "$0")/.."
 # One intra-op thread: the tiny model's ops are too small to split, the loader worker uses the
 # other core, and extra threads only stall on a busy machine.
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
-fold-train demo --data data/demo --cache .fold_cache --run-dir runs/demo "$@"
+# --overwrite: each demo replaces the previous one's runs/demo (a run directory holds one run)
+fold-train demo --data data/demo --cache .fold_cache --run-dir runs/demo --overwrite "$@"

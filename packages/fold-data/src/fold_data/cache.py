@@ -23,6 +23,8 @@ once and stored; training then reads them back instead of re-parsing the inputs 
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import io
 import json
@@ -53,6 +55,7 @@ __all__ = [
     "CacheResult",
     "CacheWarning",
     "ChainResult",
+    "IndexCheck",
     "FeatureCache",
     "build_cache",
     "pipeline_version",
@@ -63,6 +66,7 @@ FEATURE_PIPELINE_VERSION = "af2-raw-1"
 
 META_NAME = "__meta__"
 INDEX_NAME = "index.json"
+INDEX_LOCK_NAME = ".index.lock"
 # dtype kinds np.load reads without pickle: bool, ints, floats, complex, bytes, str.
 _SAFE_KINDS = frozenset("biufcSU")
 _HASH_BLOCK = 1 << 20
@@ -74,7 +78,8 @@ def pipeline_version() -> str:
 
 
 class CacheWarning(UserWarning):
-    """A cache entry was corrupt or did not match its key; it was deleted and will be rebuilt."""
+    """A cache entry was corrupt or did not match its key (it was deleted: a build from its
+    inputs makes it again), or the index and the entry files disagreed."""
 
 
 def _payload_digest(arrays: Mapping[str, np.ndarray]) -> str:
@@ -219,7 +224,7 @@ class FeatureCache:
             return arrays, "ok"
         try:
             path.unlink(missing_ok=True)
-            action = "deleted; it will be rebuilt"
+            action = "deleted; the next build from its inputs makes it again"
         except OSError as e:  # e.g. a read-only shared cache: still never used
             action = f"could not delete it ({e}); ignoring it"
         warnings.warn(f"{path}: corrupt cache entry, {action}: {problem}", CacheWarning,
@@ -303,11 +308,61 @@ class FeatureCache:
             return {}
         return dict(index.get("entries", {}))
 
+    @contextlib.contextmanager
+    def _index_lock(self):
+        """An exclusive ``flock`` on ``.index.lock``: concurrent builders merge into the index
+        one at a time (read-merge-write without it lost entries)."""
+        with open(self.root / INDEX_LOCK_NAME, "a") as f:
+            fcntl.flock(f.fileno(), fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+
     def write_index(self, entries: Mapping[str, str]) -> None:
-        """Merge ``{name: key}`` into the index and write it atomically."""
-        merged = {**self.read_index(), **entries}
-        doc = {"version": self.version, "entries": dict(sorted(merged.items()))}
+        """Merge ``{name: key}`` into the index and write it atomically, under the index lock."""
+        with self._index_lock():
+            self._write_index({**self.read_index(), **entries})
+
+    def _write_index(self, entries: Mapping[str, str]) -> None:
+        doc = {"version": self.version, "entries": dict(sorted(entries.items()))}
         atomic_write_bytes(self.root / INDEX_NAME, json.dumps(doc, indent=1).encode())
+
+    def reconcile_index(self, *, add: bool = False) -> IndexCheck:
+        """Compare the index with the entry files, under the index lock: files of this version
+        whose name the index lacks (an interrupted or unlocked build, or an entry left out on
+        purpose) and indexed entries without a file (nothing here can rebuild them). ``add``:
+        write the unindexed entries into the index."""
+        with self._index_lock():
+            index = self.read_index()
+            known = set(index.values())
+            added: dict[str, str] = {}
+            for path in sorted(self.root.glob("*.npz")):
+                if path.stem in known:
+                    continue
+                try:
+                    meta = read_entry(path)[1]
+                except Exception:  # unreadable: load() reports it if it is ever used
+                    continue
+                name = meta.get("name")
+                if meta.get("version") == self.version and name and name not in index:
+                    added[name] = path.stem
+            if added and add:
+                index = {**index, **added}
+                self._write_index(index)
+        missing = sorted(n for n, k in index.items() if not self.path(k).is_file())
+        return IndexCheck(entries=index, unindexed=added, missing=missing)
+
+
+@dataclass
+class IndexCheck:
+    """What :meth:`FeatureCache.reconcile_index` found: the index after it (``{name: key}``),
+    the entries of this version the index lacked (``{name: key}``; written into it only with
+    ``add=True``), and the indexed names whose file is missing."""
+
+    entries: dict[str, str]
+    unindexed: dict[str, str]
+    missing: list[str]
 
 
 def read_entry(path: str | os.PathLike) -> tuple[dict[str, np.ndarray], dict[str, Any]]:

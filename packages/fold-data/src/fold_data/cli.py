@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import importlib
+import json
 import os
 import sys
 import time
@@ -127,14 +128,23 @@ def _describe(path: Path) -> bool:
 
 def cmd_inspect(args: argparse.Namespace) -> int:
     target = Path(args.path)
+    index = None
     if target.is_dir():
         files = sorted(target.glob("*.npz"))
         if not files:
             print(f"{target}: no cache files (*.npz)", file=sys.stderr)
             return 1
-        index = FeatureCache(target).read_index() if (target / INDEX_NAME).exists() else {}
-        if index:
+        index = _raw_index(target)
+        if index is not None:
             print(f"{target}: {len(files)} files, index lists {len(index)} chains")
+            unindexed = sorted({f.stem for f in files} - set(index.values()))
+            no_file = sorted(n for n, k in index.items() if not (target / f"{k}.npz").is_file())
+            if unindexed:  # an interrupted or concurrent build; training reconciles them
+                print(f"{target}: {len(unindexed)} files are not in {INDEX_NAME}: "
+                      f"{', '.join(unindexed[:5])}{' ...' if len(unindexed) > 5 else ''}")
+            if no_file:
+                print(f"{target}: {len(no_file)} indexed chains have no file: "
+                      f"{', '.join(no_file[:5])}{' ...' if len(no_file) > 5 else ''}")
     elif target.is_file():
         files = [target]
     else:
@@ -142,7 +152,19 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         return 2
     ok = [_describe(f) for f in files]
     print(f"{sum(ok)}/{len(ok)} valid")
-    return 0 if all(ok) else 1
+    consistent = index is None or (not unindexed and not no_file)
+    return 0 if all(ok) and consistent else 1
+
+
+def _raw_index(target: Path) -> dict[str, str] | None:
+    """``{name: key}`` of the directory's index whatever its pipeline version (None: none)."""
+    try:
+        return dict(json.loads((target / INDEX_NAME).read_text()).get("entries", {}))
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, AttributeError) as e:
+        raise InputError(target / INDEX_NAME, None,
+                         f"expected the cache index as JSON: {e}") from None
 
 
 def demo_sample(item: tuple[str, str, str, str], seed: int) -> tuple[dict[str, np.ndarray], float]:

@@ -156,14 +156,21 @@ def _worker_loop(
     started: Any,
     shm_prefix: str | None,
     shm_min_bytes: int,
+    parent: int,
 ) -> None:
-    """Worker process: take (epoch, pos, index, item, seed) tasks until the None sentinel."""
+    """Worker process: take (epoch, pos, index, item, seed) tasks until the None sentinel, or
+    until the consumer (pid ``parent``, passed in: it may die before this process starts) is
+    gone."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the consumer's to handle
     if worker_init_fn is not None:
         worker_init_fn(worker_id)
     count = 0
     while True:
-        raw = task_q.get()
+        raw = _next_task(task_q, parent)
+        if raw is _PARENT_GONE:  # killed consumer: free what it will never read, then exit
+            result_q.cancel_join_thread()
+            _unlink_matching(f"{shm_prefix}-{worker_id}-" if shm_prefix else None)
+            return
         if raw is None:
             result_q.cancel_join_thread()  # results nobody will read must not block the exit
             return
@@ -182,6 +189,31 @@ def _worker_loop(
             msg = (epoch, pos, False, detail)
         result_q.put(msg)
         current[2 * worker_id] = current[2 * worker_id + 1] = _IDLE
+
+
+_PARENT_GONE = object()
+_PARENT_POLL_S = 1.0
+
+
+def _next_task(task_q: Any, parent: int) -> Any:
+    """The next task, or ``_PARENT_GONE`` once the consumer process has died (re-parented), so
+    a worker never waits forever on a queue nobody will fill (SIGKILL of the consumer)."""
+    while True:
+        try:
+            return task_q.get(timeout=_PARENT_POLL_S)
+        except queue.Empty:
+            if os.getppid() != parent:
+                return _PARENT_GONE
+
+
+def _unlink_matching(prefix: str | None) -> None:
+    if prefix is None:
+        return
+    for path in glob.glob(glob.escape(prefix) + "*"):
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
 
 
 def _shutdown(
@@ -208,11 +240,7 @@ def _shutdown(
         q.cancel_join_thread()
         q.close()
     if shm_prefix is not None:  # results never consumed, or a worker killed mid-write
-        for path in glob.glob(glob.escape(shm_prefix) + "-*"):
-            try:
-                os.unlink(path)
-            except OSError:
-                pass
+        _unlink_matching(shm_prefix + "-")
 
 
 class NonBlockingLoader:
@@ -310,7 +338,7 @@ class NonBlockingLoader:
                 args=(wid, self.prepare_fn, self.pass_seed, self.worker_init_fn,
                       self._task_q, self._result_q, self._current, self._started,
                       self._shm_prefix,
-                      self.shm_min_bytes),
+                      self.shm_min_bytes, os.getpid()),
                 name=f"fold-data-loader-{wid}",
                 daemon=True,
             )

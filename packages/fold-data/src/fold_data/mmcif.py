@@ -145,8 +145,12 @@ def _read_block(path: Path) -> gemmi.cif.Block:
         raise InputError(path, None, "mmCIF file not found")
     try:
         doc = gemmi.cif.read(str(path))
+        if len(doc) == 0:  # sole_block() of an empty file is an IndexError from C++
+            raise InputError(path, None, "empty file: expected an mmCIF data block")
         block = doc.sole_block()
     except (RuntimeError, ValueError, OSError) as err:  # gemmi reports syntax errors so
+        if isinstance(err, InputError):
+            raise
         raise InputError(path, None, f"not a readable mmCIF file: {err}") from None
     for category, why in (
         ("_atom_site.", "coordinates"),

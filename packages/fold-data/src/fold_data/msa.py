@@ -185,8 +185,9 @@ def parse_fasta(text_or_path: str | os.PathLike) -> list[tuple[str, str]]:
         if not records:
             if line.startswith("#"):
                 continue
+            # the line's text is not echoed: the file may not be a FASTA at all
             raise InputError(path, f"line {line_no}",
-                             f"sequence before the first '>' header: {line[:40]!r}")
+                             "text before the first '>' header; expected a FASTA/a3m file")
         chunk = "".join(line.split())
         if not _FASTA_ALLOWED.fullmatch(chunk):
             bad = next(c for c in chunk if not _FASTA_ALLOWED.fullmatch(c))
@@ -283,7 +284,8 @@ def read_stockholm_alignment(
     if first is None:
         raise InputError(path, None, "empty file: expected a '# STOCKHOLM 1.0' alignment")
     if not lines[first].startswith("# STOCKHOLM"):
-        raise InputError(path, "line 1", f"expected '# STOCKHOLM 1.0', got {lines[first][:40]!r}")
+        raise InputError(path, f"line {first + 1}", "expected the header '# STOCKHOLM 1.0' "
+                         "(the line is not shown: the file may not be a Stockholm file)")
     parts: dict[str, list[str]] = {}
     gr_parts: dict[str, dict[str, list[str]]] = {}
     gc_parts: dict[str, list[str]] = {}
@@ -293,9 +295,11 @@ def read_stockholm_alignment(
     def keep(name: str) -> bool:
         return name in parts or max_sequences is None or len(parts) < max_sequences
 
+    closed = False
     for line_no, raw in enumerate(lines[first + 1:], start=first + 2):
         line = raw.rstrip()
         if line.startswith("//"):
+            closed = True
             break
         if not line.strip():
             continue
@@ -332,10 +336,13 @@ def read_stockholm_alignment(
             fields = line.split()
             if len(fields) != 2:
                 raise InputError(path, f"line {line_no}", "malformed sequence line: expected "
-                                 f"'<name> <aligned sequence>', got {line[:60]!r}")
+                                 f"'<name> <aligned sequence>', got {len(fields)} fields")
             name, chunk = fields
             if keep(name):
                 parts.setdefault(name, []).append(chunk)
+    if not closed:  # a truncated file would silently lose rows or columns
+        raise InputError(path, f"line {len(lines)}", "the alignment does not end with '//'; "
+                         "expected a complete Stockholm file (truncated?)")
     if not parts:
         raise InputError(path, None, "no sequences in the alignment")
     rows = {name: "".join(chunks) for name, chunks in parts.items()}

@@ -98,7 +98,9 @@ def open_af3_cache(
 
     cache = af3_cache(af3_cache_dir(cache_dir))
     if data_dir is None:
-        entries = cache.read_index()
+        from fold_train.data import checked_index
+
+        entries = checked_index(cache, "complexes")
         if names is not None:
             entries = {n: k for n, k in entries.items() if n in set(names)}
     else:

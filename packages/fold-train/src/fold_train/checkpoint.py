@@ -19,6 +19,7 @@ import io
 import os
 import re
 import tempfile
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -26,10 +27,13 @@ import torch
 
 __all__ = [
     "CheckpointError",
+    "CheckpointWarning",
     "MAGIC",
     "checkpoint_path",
+    "clean_stale_tmp",
     "find_latest",
     "load_checkpoint",
+    "load_latest_valid",
     "prune_checkpoints",
     "save_checkpoint",
     "write_atomic",
@@ -38,6 +42,11 @@ __all__ = [
 MAGIC = b"FOLDCKPT1\n"
 _DIGEST_LEN = 64
 _NAME = re.compile(r"^step_(\d{8,})\.ckpt$")
+_TMP = re.compile(r"^\.step_\d{8,}\.ckpt\..*\.tmp$")  # write_atomic's temporary names
+
+
+class CheckpointWarning(UserWarning):
+    """A checkpoint was skipped (unreadable, corrupt) and an older one used instead."""
 
 
 class CheckpointError(ValueError):
@@ -163,11 +172,52 @@ def find_latest(directory: str | os.PathLike) -> Path | None:
     return found[-1][1] if found else None
 
 
-def prune_checkpoints(directory: str | os.PathLike, keep: int) -> list[Path]:
-    """Delete all but the ``keep`` most recent checkpoints; returns the deleted paths."""
+def load_latest_valid(directory: str | os.PathLike,
+                      check: Callable[[Path, dict], None] | None = None,
+                      ) -> tuple[Path, dict, list[CheckpointError]]:
+    """``(path, state, rejected)``: the newest checkpoint of ``directory`` that loads (and passes
+    ``check``, which raises :class:`CheckpointError`), with the errors of the newer ones it
+    skipped. No loadable checkpoint is a :class:`CheckpointError` listing every reason."""
+    rejected: list[CheckpointError] = []
+    for _, path in reversed(_listed(Path(directory))):
+        try:
+            state = load_checkpoint(path)
+            if check is not None:
+                check(path, state)
+            return path, state, rejected
+        except CheckpointError as e:
+            rejected.append(e)
+    why = "; ".join(str(e) for e in rejected)
+    raise CheckpointError(directory, "no valid checkpoint to resume from" + (f" ({why})"
+                                                                            if why else ""))
+
+
+def clean_stale_tmp(directory: str | os.PathLike) -> list[Path]:
+    """Delete the temporary files of interrupted :func:`write_atomic` calls in ``directory``
+    (one writer per run directory, so any left when this is called are stale)."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        return []
+    stale = [p for p in directory.iterdir() if _TMP.match(p.name)]
+    for p in stale:
+        p.unlink(missing_ok=True)
+    return stale
+
+
+def prune_checkpoints(directory: str | os.PathLike, keep: int,
+                      own: Iterable[str | os.PathLike] | None = None) -> list[Path]:
+    """Delete all but the ``keep`` most recent checkpoints; returns the deleted paths.
+
+    ``own``: the checkpoints this run wrote (or resumed from), oldest first. Only those are
+    candidates, so another run's files are never deleted and the newest of this run always
+    stays. Stale temporary files of interrupted writes are deleted too."""
     if keep < 1:
         raise ValueError(f"keep must be >= 1, got {keep}")
-    old = [p for _, p in _listed(Path(directory))[:-keep]]
+    if own is None:
+        old = [p for _, p in _listed(Path(directory))[:-keep]]
+    else:
+        old = [Path(p) for p in own][:-keep]
     for p in old:
         p.unlink(missing_ok=True)
+    clean_stale_tmp(directory)
     return old

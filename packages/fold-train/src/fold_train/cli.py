@@ -83,6 +83,7 @@ def run_training(args: argparse.Namespace) -> tuple[object, list[dict]]:
     cfg = apply_overrides(preset(args.preset), _train_overrides(args))
     if args.data is None and args.cache is None:
         raise SystemExit("fold-train train: give --data DATA_DIR (and/or --cache CACHE_DIR)")
+    _check_run_dir(args)
     if cfg.family == "af3":
         return _run_af3_training(args, cfg)
     ctx = model_parallel(setup(args.device), dap=cfg.dap, bp=cfg.bp)
@@ -108,6 +109,18 @@ def run_training(args: argparse.Namespace) -> tuple[object, list[dict]]:
         f"{ctx.dp_size} x BP {cfg.bp} x DAP {cfg.dap}), {len(train_chains)} training chains"
         f"{_held_text(held)}"))
     return trainer, trainer.fit()
+
+
+def _check_run_dir(args: argparse.Namespace) -> None:
+    """Refuse a run directory holding another run unless --resume / --overwrite (every rank
+    checks; only rank 0 deletes for --overwrite)."""
+    import os
+
+    from fold_train.run_dir import prepare_run_dir
+
+    prepare_run_dir(args.run_dir, resume=bool(args.resume or args.resume_from),
+                    overwrite=bool(getattr(args, "overwrite", False)),
+                    remove=os.environ.get("RANK", "0") == "0")
 
 
 def _training_entries(entries: list[tuple[str, str]], held: list[str], cache_dir: str,
@@ -279,6 +292,7 @@ def run_prediction(args: argparse.Namespace) -> dict:
     """Predict one chain; write the mmCIF; returns the summary printed by ``predict``."""
     import torch
 
+    from fold_train.outputs import check_prediction, output_path
     from fold_train.predict import (
         load_trained_model,
         make_raw_features,
@@ -296,6 +310,11 @@ def run_prediction(args: argparse.Namespace) -> dict:
         from fold_train.config import ConfigError
 
         raise ConfigError("--autochunk and --chunk-size are alternatives: give one of them")
+    if args.templates and not args.template_mmcif_dir:
+        from fold_train.config import ConfigError
+
+        raise ConfigError(f"--templates {args.templates} needs --template-mmcif-dir (the "
+                          "directory of the hits' <pdb>.cif files)")
     model, cfg = load_trained_model(args.checkpoint, device, use_ema=not args.no_ema)
     if args.chunk_size:
         model.set_chunk_size(args.chunk_size)
@@ -307,12 +326,13 @@ def run_prediction(args: argparse.Namespace) -> dict:
     name, raw, has_truth = make_raw_features(
         fasta=args.fasta, mmcif=args.mmcif, chain=args.chain, msas=args.msa or [],
         template_hits=args.templates, template_mmcif_dir=args.template_mmcif_dir)
+    out = output_path(args.out, name)  # checked before the model runs
     # AutoChunk plans its chunks from the free memory of the first pass: no graphs with it
     graphs = _cuda_graphs(args, device) and autochunk is None
     pred = predict_structure(model, raw, cfg.data_preset(), device=device,
                              precision=cfg.precision, num_recycles=args.recycles,
                              cuda_graphs=graphs)
-    out = Path(args.out) if args.out else Path(f"{name}.cif")
+    check_prediction(pred.positions, pred.plddt, args.checkpoint, pred.atom_mask > 0.5)
     write_mmcif(prediction_to_structure(pred, name), out)
     summary: dict = {"name": name, "out": str(out), "n_res": len(pred.aatype),
                      "mean_plddt": float(pred.plddt.mean()), "cuda_graphs": graphs}
@@ -347,7 +367,8 @@ def _run_af3_prediction(args: argparse.Namespace, device: str) -> dict:
     return predict_af3_file(args.checkpoint, args.json, args.out, device=device,
                             use_ema=not args.no_ema, ccd_files=args.ccd or [],
                             no_samples=args.samples, no_steps=args.sampler_steps,
-                            no_cycles=args.recycles, cuda_graphs=_cuda_graphs(args, device))
+                            no_cycles=args.recycles, cuda_graphs=_cuda_graphs(args, device),
+                            allow_outside_paths=getattr(args, "allow_outside_paths", False))
 
 
 def cmd_predict(args: argparse.Namespace) -> int:
@@ -400,7 +421,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
     held = args.hold_out
     train_args = argparse.Namespace(
         preset="tiny", data=str(data), cache=args.cache, run_dir=str(run_dir),
-        resume=False, resume_from=None, chains=None, hold_out=[held], device=args.device,
+        resume=False, resume_from=None, overwrite=args.overwrite, chains=None, hold_out=[held],
+        device=args.device,
         no_progress=args.no_progress, cache_workers=args.cache_workers,
         overrides=[f"steps={args.steps}", *args.overrides],
     )
@@ -410,7 +432,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
     print("\ntraining losses (unweighted terms; 'loss' is the AF2-weighted total) and lDDT-Ca "
           "of the training batch:")
     _print_records(records, max(1, len(records) // 15))
-    ckpt = sorted((run_dir / "checkpoints").glob("step_*.ckpt"))[-1]
+    from fold_train.checkpoint import checkpoint_path
+
+    ckpt = checkpoint_path(run_dir / "checkpoints", trainer.step)  # the one this run wrote
     from fold_data.dataset import discover_chains
 
     entry = discover_chains(data, [held])[0]  # the same files, in the same order, as training
@@ -481,6 +505,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--resume", action="store_true",
                    help="continue from the run directory's latest checkpoint")
     p.add_argument("--resume-from", metavar="CKPT", help="continue from this checkpoint")
+    p.add_argument("--overwrite", action="store_true",
+                   help="delete an earlier run's outputs in --run-dir (config.json, "
+                        "metrics.jsonl, checkpoints/, ...) first; without it (or --resume) a "
+                        "run directory that holds a run is refused")
     p.add_argument("--print-config", action="store_true",
                    help="print the resolved configuration (preset + overrides) as JSON and exit")
     p.add_argument("--chains", type=_chain_list, metavar="A,B", help="only these chains")
@@ -545,6 +573,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ccd", action="append", metavar="CCD.cif",
                    help="AF3: a CCD mmCIF file (or directory) searched before biotite's CCD; "
                         "repeat for more")
+    p.add_argument("--allow-outside-paths", action="store_true",
+                   help="AF3: let the JSON's unpairedMsaPath/pairedMsaPath/userCCDPath/template "
+                        "paths point outside the JSON's directory (refused by default)")
     p.add_argument("--samples", type=int, help="AF3: diffusion samples (default: the model's)")
     p.add_argument("--sampler-steps", type=int,
                    help="AF3: EDM sampler steps (default: the model's, 200 for af3)")
@@ -578,6 +609,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--steps", type=int, default=150, help="training steps (default 150)")
     p.add_argument("--run-dir", default="runs/demo", help="outputs (default runs/demo)")
     p.add_argument("--cache", default=".fold_cache", help="feature cache (default .fold_cache)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace an earlier run in --run-dir (without it, a --run-dir that "
+                        "holds a run is refused)")
     p.add_argument("--cache-workers", type=int, default=2, help="featurizer processes")
     p.add_argument("--device", help="cpu or cuda (default: cuda when present)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -592,7 +626,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     from fold_train.checkpoint import CheckpointError
     from fold_train.config import ConfigError
-    from fold_train.loop import NonFiniteError
+    from fold_train.loop import NonFiniteError, TrainingInterrupted
 
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -604,6 +638,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (InputError, CheckpointError, NonFiniteError, MemoryBudgetError) as e:
         print(f"fold-train {args.command}: {e}", file=sys.stderr)
         return 1
+    except TrainingInterrupted as e:
+        print(f"fold-train {args.command}: {e}", file=sys.stderr)
+        return 128 + e.signum
 
 
 if __name__ == "__main__":

@@ -28,6 +28,7 @@ AlphaFold3 presets (``family="af3"``; model from ``fold_model.af3``, samples fro
 from __future__ import annotations
 
 import dataclasses
+import math
 import types
 import typing
 from dataclasses import dataclass, field
@@ -313,13 +314,16 @@ def _parse_value(key: str, text: str, typ: Any) -> Any:
         args = typing.get_args(typ)
         if type(None) in args and text.lower() in ("none", "null"):
             return None
+        errors = []
         for arg in args:
             if arg is type(None):
                 continue
             try:
                 return _parse_value(key, text, arg)
-            except ConfigError:
-                continue
+            except ConfigError as e:
+                errors.append(e)
+        if len(errors) == 1:  # X | None: X's reason (e.g. "expected a finite number")
+            raise ConfigError(f"{errors[0]} (or none)")
         raise ConfigError(f"{key}={text!r}: expected {' or '.join(map(_describe, args))}")
     if origin is Literal:
         choices = typing.get_args(typ)
@@ -340,9 +344,12 @@ def _parse_value(key: str, text: str, typ: Any) -> Any:
             raise ConfigError(f"{key}={text!r}: expected an integer") from None
     if typ is float:
         try:
-            return float(text)
+            value = float(text)
         except ValueError:
             raise ConfigError(f"{key}={text!r}: expected a number") from None
+        if not math.isfinite(value):  # nan passes every '<= 0' check: refuse it here
+            raise ConfigError(f"{key}={text!r}: expected a finite number")
+        return value
     if typ is str:
         return text
     raise ConfigError(f"{key}: fields of type {typ} cannot be set from the command line")

@@ -22,6 +22,7 @@ the recycling dimension, so batches are ``{name: [B, ...]}``.
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -29,7 +30,7 @@ from typing import Any
 import numpy as np
 import torch
 from fold_data.af2 import make_sample
-from fold_data.cache import FeatureCache
+from fold_data.cache import INDEX_NAME, CacheWarning, FeatureCache
 from fold_data.errors import InputError
 
 __all__ = ["SampleStream", "StreamItem", "collate", "open_cache", "prepare_item", "stream_seed"]
@@ -55,7 +56,7 @@ def open_cache(
             print(f"fold-train: skipping chain {r.name}: {(r.error or '').splitlines()[0]}")
         entries = {r.name: r.key for r in report.results if r.key is not None}
     else:
-        entries = FeatureCache(cache_dir).read_index()
+        entries = checked_index(FeatureCache(cache_dir), "chains")
         if chains is not None:
             entries = {n: k for n, k in entries.items() if n in set(chains)}
     out = sorted((n, k) for n, k in entries.items() if n not in set(exclude))
@@ -64,6 +65,25 @@ def open_cache(
         raise InputError(where, None, "expected at least one usable chain (none was cached, or "
                                       "all were excluded)")
     return out
+
+
+def checked_index(cache: FeatureCache, what: str) -> dict[str, str]:
+    """A cache's index checked against its files (``--cache`` alone: nothing can rebuild):
+    entries the index lacks are named in a warning (not trained on: the index may leave them out
+    on purpose), an indexed entry without its file is an :class:`InputError` rather than a run on
+    fewer {what} than the cache claims."""
+    check = cache.reconcile_index()
+    if check.unindexed:
+        names = sorted(check.unindexed)
+        warnings.warn(f"{cache.root}: {len(names)} cache entries are not in {INDEX_NAME} and "
+                      f"are not trained on: {', '.join(names[:10])}"
+                      f"{' ...' if len(names) > 10 else ''} (an interrupted build? build the "
+                      "cache again with --data to index them)", CacheWarning, stacklevel=2)
+    if check.missing:
+        raise InputError(cache.root / INDEX_NAME, ", ".join(check.missing),
+                         f"{len(check.missing)} indexed {what} have no entry file; rebuild the "
+                         "cache from the inputs (--data)")
+    return check.entries
 
 
 @dataclass(frozen=True)

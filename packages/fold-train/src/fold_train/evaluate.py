@@ -56,6 +56,13 @@ def evaluate_pair(pred_path: str | os.PathLike, true_path: str | os.PathLike, *,
                                           "the true structure; expected a full prediction")
     if mask_t.sum() < 3:
         raise InputError(true_path, true_chain, "fewer than 3 resolved CA atoms to score")
+    for path, chain, ca, mask in ((pred_path, pred_chain, ca_p, mask_t),
+                                  (true_path, true_chain, ca_t, mask_t)):
+        bad = ~np.isfinite(ca[mask > 0]).all(-1)
+        if bad.any():  # NaN would pass through every metric as a NaN score
+            raise InputError(path, f"chain {chain or '(only)'} _atom_site.Cartn_x/y/z",
+                             f"{int(bad.sum())} CA atoms have non-finite coordinates; expected "
+                             "numbers (a diverged prediction?)")
     return {
         "pred": os.fspath(pred_path),
         "true": os.fspath(true_path),

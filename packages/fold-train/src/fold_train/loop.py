@@ -35,7 +35,9 @@ import gc
 import json
 import math
 import os
+import signal
 import time
+import warnings
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import nullcontext
 from pathlib import Path
@@ -46,8 +48,8 @@ import torch
 
 from fold_train import checkpoint as ckpt
 from fold_train import metrics
-from fold_train.ckpt_plan import CheckpointPlan, CudaMemory, MemorySource, plan_checkpointing
 from fold_train.buckets import Bucket, BucketPolicy, fit_to_bucket
+from fold_train.ckpt_plan import CheckpointPlan, CudaMemory, MemorySource, plan_checkpointing
 from fold_train.config import ConfigError, TrainConfig
 from fold_train.cuda_graphs import CaptureBackend, CudaGraphBackend, GraphedStep
 from fold_train.data import SampleStream, collate
@@ -62,7 +64,8 @@ from fold_train.family import model_family
 from fold_train.optim import FlatAdam, FlatParams
 from fold_train.param_adam import ParamAdam, ParamList
 
-__all__ = ["NonFiniteError", "Trainer", "evaluate_model", "draw_n_cycle", "noise_seed"]
+__all__ = ["NonFiniteError", "Trainer", "TrainingInterrupted", "evaluate_model", "draw_n_cycle",
+           "noise_seed"]
 
 CHECKPOINT_FORMAT = "fold-train/1"
 _CA = 1  # atom37 index
@@ -242,6 +245,8 @@ class Trainer:
         self.step = 0
         self.consecutive_skips = 0
         self.skipped_total = 0
+        self._own_ckpts: list[Path] = []  # this run's checkpoints, oldest first (pruning)
+        self._stop_signal: int | None = None  # SIGTERM/SIGINT received during fit
         # Different dropout for each data-parallel replica, the same on the DAP/BP ranks of one
         # replica (DAP needs equal masks along a split axis), reproducible.
         torch.manual_seed(cfg.seed * 1000 + 1 + self.ctx.dp_rank)
@@ -365,6 +370,7 @@ class Trainer:
             info = self.opt.step(norm)
             self.consecutive_skips = 0
             record["lr"] = info["lr"]
+            self._check_parameters()
         else:
             self.consecutive_skips += 1
             self.skipped_total += 1
@@ -382,6 +388,16 @@ class Trainer:
                     f"gradient (limit max_nonfinite_steps={cfg.max_nonfinite_steps}); stopping "
                     f"at step {self.step}")
         return record
+
+    def _check_parameters(self) -> None:
+        """A finite loss and gradient can still leave non-finite weights (a huge learning rate):
+        stop before such weights reach a checkpoint."""
+        ok = all(bool(torch.isfinite(g.param).all()) for g in self.flat.groups)
+        if not all_true(ok, self.ctx):
+            raise NonFiniteError(
+                f"the parameters are non-finite after the update of step {self.step + 1} (loss "
+                "and gradient norm were finite; the learning rate is probably too large); no "
+                f"checkpoint written, the last good one is in {self.ckpt_dir}")
 
     def _forward_backward(
         self, batch: dict[str, torch.Tensor], n_cycle: int, *, autocast_cache: bool = True,
@@ -477,8 +493,10 @@ class Trainer:
         records = []
         samples_per_step = cfg.batch_size * self.ctx.dp_size
         # no collection pauses inside a step; collected between steps
+        restore_signals = _catch_stop_signals(self)
         with self._gc_paused(), contextlib.ExitStack() as closing:
             closing.callback(bar.close)
+            closing.callback(restore_signals)
             t_prev = time.perf_counter()
             for batch, names in self.stream.batches(end - self.step):
                 t_data = time.perf_counter() - t_prev
@@ -496,12 +514,18 @@ class Trainer:
                 bar.update()
                 if cfg.eval_every and self.step % cfg.eval_every == 0 and self.step < end:
                     self._evaluate()
-                if self.step % cfg.checkpoint_every == 0 or self.step == end:
+                stop = self._stop_requested()
+                if self.step % cfg.checkpoint_every == 0 or self.step == end or stop:
                     self.save()
+                if stop:
+                    break
                 if cfg.gc_off:
                     gc.collect(0)  # the young generation only: cheap, between steps
                 self._drain_eval(block=False)
                 t_prev = time.perf_counter()
+        if self._stop_signal is not None:
+            self._drain_eval(block=True)
+            raise TrainingInterrupted(self._stop_signal, self.step, self.ckpt_dir)
         if self.step == cfg.steps and self.eval_set:
             self._evaluate()
         self._drain_eval(block=True)
@@ -614,11 +638,18 @@ class Trainer:
     def save(self) -> Path | None:
         """Write ``checkpoints/step_<step>.ckpt`` and prune old ones (every rank calls this; rank
         0 writes)."""
+        if self.consecutive_skips:  # same on every rank: the skip decision is all-reduced
+            if self.ctx.is_main:
+                print(f"fold-train: step {self.step}: no checkpoint while updates are being "
+                      f"skipped ({self.consecutive_skips} in a row); the good ones are kept")
+            return None
         state = self.state_dict()
         path = None
         if self.ctx.is_main:
             path = ckpt.save_checkpoint(ckpt.checkpoint_path(self.ckpt_dir, self.step), state)
-            ckpt.prune_checkpoints(self.ckpt_dir, self.cfg.keep_checkpoints)
+            self._own_ckpts = [p for p in self._own_ckpts if p != path] + [path]
+            ckpt.prune_checkpoints(self.ckpt_dir, self.cfg.keep_checkpoints, own=self._own_ckpts)
+            self._own_ckpts = self._own_ckpts[-self.cfg.keep_checkpoints:]
         if self.ctx.distributed:
             import torch.distributed as dist
 
@@ -630,13 +661,17 @@ class Trainer:
         it; returns the step. Metrics logged after that step by the interrupted run are dropped."""
         if self.stream is None:
             raise ValueError("Trainer.resume needs the sample stream whose position it restores")
-        path = Path(path) if path is not None else ckpt.find_latest(self.ckpt_dir)
-        if path is None:
-            raise ckpt.CheckpointError(self.ckpt_dir, "no checkpoint to resume from")
-        state = ckpt.load_checkpoint(path, map_location="cpu")
-        if state.get("format") != CHECKPOINT_FORMAT:
-            raise ckpt.CheckpointError(path, f"expected checkpoint format {CHECKPOINT_FORMAT!r}, "
-                                             f"got {state.get('format')!r}")
+        if path is not None:  # named by the user: that one or an error
+            path = Path(path)
+            state = ckpt.load_checkpoint(path, map_location="cpu")
+            _check_format(path, state)
+        else:  # the newest checkpoint that loads; newer junk is skipped with a warning
+            path, state, rejected = ckpt.load_latest_valid(self.ckpt_dir, _check_format)
+            for err in rejected:
+                warnings.warn(f"skipping an unusable checkpoint: {err}; resuming from {path}",
+                              ckpt.CheckpointWarning, stacklevel=2)
+        if self.ctx.is_main:
+            ckpt.clean_stale_tmp(self.ckpt_dir)
         saved = TrainConfig.from_dict(state["config"])
         for field in ("family", "preset", "model_overrides", "data_overrides", "seed",
                       "batch_size", "dap", "bp"):
@@ -661,9 +696,58 @@ class Trainer:
         self.step = int(state["step"])
         self.consecutive_skips = int(state["consecutive_skips"])
         self.skipped_total = int(state["skipped_total"])
+        # this run's history: the checkpoints up to the one resumed from (pruned oldest first)
+        ours = path.resolve().parent == self.ckpt_dir.resolve()
+        self._own_ckpts = [p for p in sorted(self.ckpt_dir.glob("step_*.ckpt"))
+                           if p.name <= path.name] if ours else []
         if self.ctx.is_main:
             _truncate_metrics(self.run_dir / "metrics.jsonl", self.step)
         return self.step
+
+    def _stop_requested(self) -> bool:
+        """A SIGTERM/SIGINT on any rank stops every rank after the same step."""
+        return not all_true(self._stop_signal is None, self.ctx)
+
+
+class TrainingInterrupted(RuntimeError):
+    """SIGTERM/SIGINT during :meth:`Trainer.fit`: the step in progress finished, a checkpoint
+    was written (unless updates were being skipped), then training stopped."""
+
+    def __init__(self, signum: int, step: int, ckpt_dir: Path) -> None:
+        self.signum = signum
+        self.step = step
+        name = signal.Signals(signum).name
+        super().__init__(f"stopped by {name} after step {step}; checkpoint in {ckpt_dir} "
+                         "(continue with --resume)")
+
+
+def _catch_stop_signals(trainer: Trainer):
+    """Record SIGTERM/SIGINT on ``trainer`` instead of dying mid-step (main thread only; other
+    threads cannot set handlers). Returns the function that restores the old handlers; a
+    second signal of the same kind gets the old behaviour."""
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None
+    old = {}
+
+    def handler(signum, frame):
+        trainer._stop_signal = signum
+        signal.signal(signum, old[signum])  # a second one is not caught: the user insists
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        old[sig] = signal.signal(sig, handler)
+
+    def restore() -> None:
+        for sig, h in old.items():
+            signal.signal(sig, h)
+    return restore
+
+
+def _check_format(path: Path, state: dict) -> None:
+    if state.get("format") != CHECKPOINT_FORMAT:
+        raise ckpt.CheckpointError(path, f"expected checkpoint format {CHECKPOINT_FORMAT!r}, "
+                                         f"got {state.get('format')!r}")
 
 
 class _NoBar:

@@ -192,7 +192,11 @@ class AdamConfig:
     averaging: Literal["ema", "swa"] = "ema"
 
     def __post_init__(self) -> None:
-        if self.lr <= 0 or self.eps <= 0:
+        # comparisons with NaN are false: every float must be checked for finiteness first
+        for name, value in vars(self).items():
+            if isinstance(value, float) and not math.isfinite(value):
+                raise ValueError(f"{name} must be a finite number, got {value}")
+        if not (self.lr > 0 and self.eps > 0):
             raise ValueError(f"lr and eps must be > 0, got {self.lr}, {self.eps}")
         if not (0 <= self.beta1 < 1 and 0 <= self.beta2 < 1):
             raise ValueError(f"betas must be in [0, 1), got {self.beta1}, {self.beta2}")

@@ -113,7 +113,13 @@ def make_raw_features(
             raise InputError(fasta, None, "expected at least one FASTA record")
         description, sequence = records[0]
         name = (description.split() or [Path(fasta).stem])[0]
-        return name, make_features_from_sequence(sequence, list(msas), template_hits, **kw), False
+        try:
+            raw = make_features_from_sequence(sequence, list(msas), template_hits, **kw)
+        except InputError as e:
+            if e.path is not None:
+                raise
+            raise InputError(fasta, f"record {name}, {e.record}", e.reason) from None
+        return name, raw, False
     if chain is None:
         raise InputError(mmcif, None, "expected a chain ID (--chain) for an mmCIF input")
     raw = make_features(mmcif, chain, list(msas), template_hits, **kw)

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 import torch
@@ -40,14 +39,15 @@ class AF3Prediction:
     sample_plddt: np.ndarray
 
 
-def make_af3_inputs(source: str | os.PathLike, ccd=None):
-    """``(entry, raw features)`` of an AF3 input JSON / mmCIF complex (fold-data AF3)."""
+def make_af3_inputs(source: str | os.PathLike, ccd=None, *, allow_outside_paths: bool = False):
+    """``(entry, raw features)`` of an AF3 input JSON / mmCIF complex (fold-data AF3); the
+    JSON's file paths must stay in its directory unless ``allow_outside_paths``."""
     from fold_data.af3 import load_entry, make_features
 
     from fold_train.af3_data import make_ccd
 
     ccd = ccd or make_ccd()
-    entry = load_entry(source, ccd=ccd)
+    entry = load_entry(source, ccd=ccd, allow_outside_paths=allow_outside_paths)
     return entry, make_features(entry, ccd=ccd)
 
 
@@ -161,20 +161,32 @@ def predict_af3_file(
     device: str | torch.device = "cpu", use_ema: bool = True, ccd_files=(),
     no_samples: int | None = None, no_steps: int | None = None, no_cycles: int | None = None,
     cuda_graphs: bool | None = None,
+    allow_outside_paths: bool = False,
 ) -> dict:
-    """The whole ``fold-train predict --json``: returns the printed JSON summary."""
+    """The whole ``fold-train predict --json``: returns the printed JSON summary. Without
+    ``out`` the JSON's ``name``, made one safe file name, is written in the current directory;
+    a diverged checkpoint's non-finite or absurd structure is refused, not written."""
+    from fold_data.errors import InputError
+
     from fold_train.af3_data import make_ccd
+    from fold_train.outputs import check_prediction, output_path
     from fold_train.predict import load_trained_model, write_mmcif
     from fold_train.predict_graphs import graphs_wanted
 
     model, cfg = load_trained_model(checkpoint, device, use_ema=use_ema, family="af3")
-    entry, raw = make_af3_inputs(source, make_ccd(ccd_files))  # bad input: InputError
+    entry, raw = make_af3_inputs(source, make_ccd(ccd_files),  # bad input: InputError
+                                 allow_outside_paths=allow_outside_paths)
+    path = output_path(out, entry.name)  # checked before the model runs
     seed = int(entry.seeds[0]) if entry.seeds else 0
-    pred = predict_af3(model, raw, seed=seed, device=device, precision=cfg.precision,
-                       no_samples=no_samples, no_steps=no_steps, no_cycles=no_cycles,
-                       cuda_graphs=cuda_graphs)
+    try:
+        pred = predict_af3(model, raw, seed=seed, device=device, precision=cfg.precision,
+                           no_samples=no_samples, no_steps=no_steps, no_cycles=no_cycles,
+                           cuda_graphs=cuda_graphs)
+    except FloatingPointError as e:
+        raise InputError(checkpoint, "prediction", f"{e}; the checkpoint has probably "
+                         "diverged: predict with an earlier checkpoint") from None
+    check_prediction(pred.positions, pred.plddt, checkpoint)
     st = af3_prediction_to_structure(pred, raw, entry)
-    path = Path(out) if out else Path(f"{entry.name}.cif")
     write_mmcif(st, path)
     ligands = [c.chain_id for c in entry.chains if not c.is_polymer]
     return {"name": entry.name, "out": str(path), "seed": seed,

@@ -165,6 +165,9 @@ def make_features(
     return feats
 
 
+_QUERY_LETTERS = "ACDEFGHIKLMNPQRSTVWXY"
+
+
 def make_features_from_sequence(
     sequence: str,
     msa_paths: Sequence[PathLike] = (),
@@ -179,10 +182,13 @@ def make_features_from_sequence(
     ground-truth arrays zero and their masks zero (the per-residue-type arrays such as
     ``atom14_atom_exists`` are filled, since they depend on the sequence only)."""
     sequence = sequence.strip().upper()
-    bad = sorted({c for c in sequence if not ("A" <= c <= "Z")})
+    # B/J/O/U/Z are refused as the AF3 path does, not silently turned into UNK
+    bad = sorted(set(sequence) - set(_QUERY_LETTERS))
     if not sequence or bad:
         raise InputError(
-            None, "query sequence", f"got {bad or 'an empty sequence'}; expected letters A-Z"
+            None, "query sequence",
+            f"got {bad or 'an empty sequence'}; expected the letters {_QUERY_LETTERS} (20 amino "
+            "acids, X for unknown)",
         )
     feats = _sequence_features(
         sequence,

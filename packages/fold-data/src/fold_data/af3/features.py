@@ -29,14 +29,16 @@ __all__ = ["load_entry", "make_features"]
 PathLike = str | os.PathLike
 
 
-def load_entry(source: Entry | PathLike, *, ccd: Ccd | None = None) -> Entry:
-    """An :class:`Entry` from an entry or a file, chosen by the file's suffix."""
+def load_entry(source: Entry | PathLike, *, ccd: Ccd | None = None,
+               allow_outside_paths: bool = False) -> Entry:
+    """An :class:`Entry` from an entry or a file, chosen by the file's suffix. A JSON's file
+    paths must stay inside its directory unless ``allow_outside_paths``."""
     if isinstance(source, Entry):
         return source
     path = Path(source)
     suffix = "".join(path.suffixes[-2:]).lower() if path.suffix == ".gz" else path.suffix.lower()
     if suffix == ".json":
-        return parse_af3_json(path, ccd=ccd)
+        return parse_af3_json(path, ccd=ccd, allow_outside_paths=allow_outside_paths)
     if suffix in (".cif", ".mmcif", ".cif.gz"):
         return parse_complex_mmcif(path, ccd=ccd)
     if suffix in (".fasta", ".fa", ".faa"):

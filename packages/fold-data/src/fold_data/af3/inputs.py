@@ -143,10 +143,17 @@ _LETTERS = {"protein": set("ACDEFGHIKLMNPQRSTVWYX"), "rna": set("ACGUN"), "dna":
 
 
 class _Json:
-    """Field checks that raise :class:`InputError` naming the file, the record and the field."""
+    """Field checks that raise :class:`InputError` naming the file, the record and the field.
 
-    def __init__(self, path: str | None):
+    ``base`` is the JSON's directory: the files it names (MSAs, userCCDPath, templates) are read
+    relative to it and, unless ``allow_outside_paths``, must resolve inside it (symlinks
+    followed), so a JSON from elsewhere cannot make fold read any file it likes."""
+
+    def __init__(self, path: str | None, base: Path | None = None,
+                 allow_outside_paths: bool = False):
         self.path = path
+        self.base = base or Path.cwd()
+        self.allow_outside_paths = allow_outside_paths
 
     def fail(self, record: str | None, message: str) -> InputError:
         return InputError(self.path, record, message)
@@ -162,22 +169,34 @@ class _Json:
             raise self.fail(record, f"field {key!r} is {type(value).__name__}; expected {names}")
         return value
 
+    def file(self, name: str, record: str, fld: str) -> Path:
+        """The file a path field names, resolved under the JSON's directory."""
+        if not name or "\0" in name:
+            raise self.fail(record, f"field {fld!r}: expected a file path, got {name!r}")
+        p = Path(name)
+        p = (p if p.is_absolute() else self.base / p).resolve()
+        base = self.base.resolve()
+        if not self.allow_outside_paths and not p.is_relative_to(base):
+            raise self.fail(record, f"field {fld!r}: {name!r} resolves to {p}, outside the "
+                            f"JSON's directory {base}; move the file there or allow paths "
+                            "outside it (fold-train predict --allow-outside-paths)")
+        return p
+
+    def read_text(self, name: str, record: str, fld: str) -> str:
+        p = self.file(name, record, fld)
+        try:
+            return p.read_text()
+        except (OSError, UnicodeDecodeError) as err:
+            reason = err.strerror if isinstance(err, OSError) and err.strerror else "not text"
+            raise self.fail(record, f"field {fld!r}: cannot read {p}: {reason}") from None
+
 
 def _tuple(types: type | tuple) -> tuple:
     return types if isinstance(types, tuple) else (types,)
 
 
-def _read_text_file(path: str, base: Path, record: str, fld: str, src: str | None) -> str:
-    p = Path(path)
-    if not p.is_absolute():
-        p = base / p
-    try:
-        return p.read_text()
-    except OSError as err:
-        raise InputError(src, record, f"field {fld!r}: cannot read {p}: {err}") from None
-
-
-def parse_af3_json(path: str | os.PathLike, *, ccd: Ccd | None = None) -> Entry:
+def parse_af3_json(path: str | os.PathLike, *, ccd: Ccd | None = None,
+                   allow_outside_paths: bool = False) -> Entry:
     """Read an AlphaFold3 input JSON into an :class:`Entry` (schema checked, CCD codes resolved).
 
     Every problem raises :class:`InputError` naming the file, the entity and the field: a
@@ -185,6 +204,9 @@ def parse_af3_json(path: str | os.PathLike, *, ccd: Ccd | None = None) -> Entry:
     polymer's alphabet, an unknown CCD code, a modification outside the sequence or on a residue
     its CCD parent does not match, a bond naming an unknown chain / residue / atom. SMILES are
     checked later, when the molecule is built (:func:`fold_data.af3.molecules.mol_from_smiles`).
+    Files the JSON names (``unpairedMsaPath``, ``pairedMsaPath``, ``userCCDPath``, template
+    ``mmcifPath``) are read relative to its directory and must resolve inside it unless
+    ``allow_outside_paths``.
     """
     path = Path(path)
     src = os.fspath(path)
@@ -192,15 +214,19 @@ def parse_af3_json(path: str | os.PathLike, *, ccd: Ccd | None = None) -> Entry:
         doc = json.loads(path.read_text())
     except (OSError, ValueError) as err:
         raise InputError(src, None, f"not a readable JSON file: {err}") from None
-    return entry_from_af3_dict(doc, source=src, base=path.parent, ccd=ccd)
+    except RecursionError:
+        raise InputError(src, None, "JSON nested too deeply; expected an AlphaFold3 input "
+                         "(a few levels of objects and lists)") from None
+    return entry_from_af3_dict(doc, source=src, base=path.parent, ccd=ccd,
+                               allow_outside_paths=allow_outside_paths)
 
 
 def entry_from_af3_dict(
-    doc: Any, *, source: str | None = None, base: Path | None = None, ccd: Ccd | None = None
+    doc: Any, *, source: str | None = None, base: Path | None = None, ccd: Ccd | None = None,
+    allow_outside_paths: bool = False,
 ) -> Entry:
     """:func:`parse_af3_json` on an already-loaded JSON object."""
-    j = _Json(source)
-    base = base or Path.cwd()
+    j = _Json(source, base, allow_outside_paths)
     if not isinstance(doc, dict):
         raise j.fail(None, f"top level is {type(doc).__name__}; expected an object (one job)")
     unknown = sorted(set(doc) - _TOP_KEYS)
@@ -213,14 +239,16 @@ def entry_from_af3_dict(
     if not 1 <= version <= 4:
         raise j.fail("job", f"field 'version' is {version}; expected 1-4")
     seeds = j.get(doc, "modelSeeds", list, "job")
-    if not seeds or not all(isinstance(s, int) and not isinstance(s, bool) for s in seeds):
-        raise j.fail("job", "field 'modelSeeds' must be a non-empty list of integers")
+    if not seeds or not all(isinstance(s, int) and not isinstance(s, bool) and 0 <= s < 2**32
+                            for s in seeds):
+        raise j.fail("job", "field 'modelSeeds' must be a non-empty list of integers in "
+                     f"0..{2**32 - 1}, got {seeds!r}"[:200])
     user_ccd = j.get(doc, "userCCD", str, "job", required=False)
     ccd_path = j.get(doc, "userCCDPath", str, "job", required=False)
     if user_ccd is not None and ccd_path is not None:
         raise j.fail("job", "fields 'userCCD' and 'userCCDPath' are exclusive; give one")
     if ccd_path is not None:
-        user_ccd = _read_text_file(ccd_path, base, "job", "userCCDPath", source)
+        user_ccd = j.read_text(ccd_path, "job", "userCCDPath")
     ccd = (ccd or default_ccd()).with_text(user_ccd)
 
     sequences = j.get(doc, "sequences", list, "job")
@@ -240,10 +268,10 @@ def entry_from_af3_dict(
         ids = body.get("id")
         ids = [ids] if isinstance(ids, str) else ids
         if not ids or not isinstance(ids, list) or not all(
-            isinstance(x, str) and x.isalpha() and x.isupper() for x in ids
+            isinstance(x, str) and x.isascii() and x.isalpha() and x.isupper() for x in ids
         ):
-            raise j.fail(f"{rec} {kind}", "field 'id': expected an upper-case letter ID or a "
-                         f"non-empty list of them, got {body.get('id')!r}")
+            raise j.fail(f"{rec} {kind}", "field 'id': expected an upper-case ASCII letter "
+                         f"ID (A-Z) or a non-empty list of them, got {body.get('id')!r}")
         rec = f"{rec} {kind} {ids[0]}"
         unknown = sorted(set(body) - _ENTITY_KEYS[kind])
         if unknown:
@@ -253,7 +281,7 @@ def entry_from_af3_dict(
             if cid in seen_ids:
                 raise j.fail(rec, f"field 'id': chain ID {cid!r} is used twice")
             seen_ids.add(cid)
-        template = _json_entity(j, kind, body, rec, ccd, base)
+        template = _json_entity(j, kind, body, rec, ccd)
         key = json.dumps([kind, template.residues, template.smiles])
         entity_id = entity_keys.setdefault(key, len(entity_keys) + 1)
         for cid in ids:
@@ -268,7 +296,7 @@ def entry_from_af3_dict(
                  seeds=tuple(seeds))
 
 
-def _json_entity(j: _Json, kind: str, body: dict, rec: str, ccd: Ccd, base: Path) -> Chain:
+def _json_entity(j: _Json, kind: str, body: dict, rec: str, ccd: Ccd) -> Chain:
     if kind == "ligand":
         codes = j.get(body, "ccdCodes", list, rec, required=False)
         smiles = j.get(body, "smiles", str, rec, required=False)
@@ -319,29 +347,35 @@ def _json_entity(j: _Json, kind: str, body: dict, rec: str, ccd: Ccd, base: Path
         if msa_path is not None:
             if unpaired is not None:
                 raise j.fail(rec, "fields 'unpairedMsa' and 'unpairedMsaPath' are exclusive")
-            unpaired = _read_text_file(msa_path, base, rec, "unpairedMsaPath", j.path)
+            unpaired = j.read_text(msa_path, rec, "unpairedMsaPath")
         if kind == "protein":
             # Paired MSAs are concatenated to the unpaired rows (AF3 pairs them itself when
             # absent; here every chain's rows are stacked, see fold_data.af3.msa).
             paired = j.get(body, "pairedMsa", str, rec, required=False)
+            paired_path = j.get(body, "pairedMsaPath", str, rec, required=False)
+            if paired_path is not None:
+                if paired is not None:
+                    raise j.fail(rec, "fields 'pairedMsa' and 'pairedMsaPath' are exclusive")
+                paired = j.read_text(paired_path, rec, "pairedMsaPath")
             if paired is not None and paired.strip():
                 unpaired = paired if unpaired is None else unpaired + "\n" + paired
     templates = ()
     if kind == "protein":
-        templates = tuple(_json_templates(j, body, rec, base))
+        templates = tuple(_json_templates(j, body, rec))
     return Chain("", 0, kind, residues, sequence=sequence, unpaired_msa=unpaired,
                  templates=templates)
 
 
-def _json_templates(j: _Json, body: dict, rec: str, base: Path) -> list[TemplateSpec]:
+def _json_templates(j: _Json, body: dict, rec: str) -> list[TemplateSpec]:
     out = []
     for k, t in enumerate(j.get(body, "templates", list, rec, required=False) or []):
         fld = f"templates[{k}]"
         if not isinstance(t, dict):
             raise j.fail(rec, f"field {fld!r}: expected an object")
         if "mmcifPath" in t:
-            p = Path(t["mmcifPath"])
-            p = p if p.is_absolute() else base / p
+            if not isinstance(t["mmcifPath"], str):
+                raise j.fail(rec, f"field '{fld}.mmcifPath': expected a file path")
+            p = j.file(t["mmcifPath"], rec, f"{fld}.mmcifPath")
         elif "mmcif" in t:
             raise j.fail(rec, f"field '{fld}.mmcif': inline template mmCIF text is not read; "
                          "give 'mmcifPath' (templates are parsed from files)")
@@ -382,6 +416,9 @@ def _json_bonds(j: _Json, doc: dict, chains: list[Chain], ccd: Ccd) -> list[Bond
                     raise j.fail(fld, f"atom {name!r} is not in {comp.code} (chain {cid} residue "
                                  f"{res}); expected one of {', '.join(comp.atom_names)}")
             ends.append((cid, res - 1, name))
+        if ends[0] == ends[1]:
+            raise j.fail(rec, f"bonds atom {ends[0][2]!r} of chain {ends[0][0]} residue "
+                         f"{ends[0][1] + 1} to itself; expected two different atoms")
         bonds.append(Bond(ends[0], ends[1]))
     return bonds
 
@@ -434,9 +471,14 @@ def parse_complex_mmcif(path: str | os.PathLike, *, ccd: Ccd | None = None) -> E
     if not path.is_file():
         raise InputError(src, None, "mmCIF file not found")
     try:
-        block = gemmi.cif.read(src).sole_block()
+        doc = gemmi.cif.read(src)
+        if len(doc) == 0:  # sole_block() of an empty file is an IndexError from C++
+            raise InputError(src, None, "empty file: expected an mmCIF data block")
+        block = doc.sole_block()
         st = gemmi.make_structure_from_block(block)
     except (RuntimeError, ValueError) as err:
+        if isinstance(err, InputError):
+            raise
         raise InputError(src, None, f"not a readable mmCIF file: {err}") from None
     if len(st) == 0:
         raise InputError(src, "_atom_site", "no models (expected at least one)")

@@ -78,6 +78,10 @@ def _rigid_transform_svd(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     dtype = torch.promote_types(moving.dtype, torch.float32)
     mu_m, mu_f, h = _centroids_and_covariance(moving.to(dtype), fixed.to(dtype), weights.to(dtype))
+    # A diverged model's non-finite coordinates must reach the loss as NaN (the trainer's
+    # non-finite guard then skips the step), not stop it with a LinAlgError from the solver.
+    finite = torch.isfinite(h).all(-1).all(-1)[..., None, None]  # [*, 1, 1]; no host sync
+    h = torch.where(finite, h, torch.zeros_like(h))
     u, _, vh = torch.linalg.svd(h)
     v = vh.transpose(-1, -2)
     # Reflection fix: flip the axis of the smallest singular value when det(V U^T) < 0.
@@ -86,6 +90,7 @@ def _rigid_transform_svd(
     flip = torch.ones(*d.shape, 3, dtype=dtype, device=d.device)
     flip[..., 2] = d
     rot = (v * flip[..., None, :]) @ u.transpose(-1, -2)  # V diag(1, 1, d) U^T
+    rot = torch.where(finite, rot, torch.full_like(rot, float("nan")))
     return rot, mu_m, mu_f
 
 

@@ -212,15 +212,20 @@ def confidence_targets(
     atom_lddt = (score * pairf).sum(-1) / pairf.sum(-1).clamp_min(1e-8)  # [B, S, A]
     plddt_mask = res[:, None].expand(-1, S, -1) * (pairf.sum(-1) > 0).float()
     c = cfg.confidence
-    plddt_bin = (atom_lddt * c.plddt_no_bins).long().clamp_max(c.plddt_no_bins - 1)
+    plddt_bin = _bin(atom_lddt * c.plddt_no_bins, c.plddt_no_bins)
     # PDE: centre-atom distance errors.
     pde = (torch.cdist(cp, cp) - torch.cdist(cg, cg)).abs()
-    pde_bin = (pde / (c.pde_max / c.pde_no_bins)).long().clamp_max(c.pde_no_bins - 1)
+    pde_bin = _bin(pde / (c.pde_max / c.pde_no_bins), c.pde_no_bins)
     pair_mask = (c_ok[:, :, None] * c_ok[:, None, :])[:, None].expand(-1, S, -1, -1)
+    # A sample with non-finite coordinates (a diverged model) gets NaN masks: its loss is NaN,
+    # which the trainer's non-finite guard skips, instead of targets binned from garbage.
+    poison = torch.where(torch.isfinite(x_pred).all(-1).all(-1), 1.0, float("nan"))  # [B, S]
+    plddt_mask = plddt_mask * poison[:, :, None]
+    pair_mask = pair_mask * poison[:, :, None, None]
     # PAE: errors of centre atoms in each token's frame (ground-truth frame atoms must exist).
     frame, valid = token_frame_atoms(feats, x_gt)
     e = (_aligned_errors(x_pred, frame, center) - _aligned_errors(gt, frame, center)).norm(dim=-1)
-    pae_bin = (e / (c.pae_max / c.pae_no_bins)).long().clamp_max(c.pae_no_bins - 1)
+    pae_bin = _bin(e / (c.pae_max / c.pae_no_bins), c.pae_no_bins)
     pae_mask = pair_mask * valid.float()[:, None, :, None]
     return {
         "plddt": plddt_bin, "plddt_mask": plddt_mask,
@@ -229,6 +234,12 @@ def confidence_targets(
         "resolved": feats["atom_resolved"].long()[:, None].expand(-1, S, -1),
         "resolved_mask": feats["atom_mask"].float()[:, None].expand(-1, S, -1),
     }
+
+
+def _bin(x: torch.Tensor, n: int) -> torch.Tensor:
+    """Bin indices ``floor(x)`` in ``0..n-1``; NaN and infinities land in a valid bin (a NaN
+    cast to an integer is INT_MIN, an out-of-range class for the cross-entropy)."""
+    return x.nan_to_num(0.0, posinf=n - 1, neginf=0.0).clamp(0, n - 1).long()
 
 
 def _masked_ce(logits: torch.Tensor, target: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
