@@ -84,6 +84,22 @@ def cases(device: torch.device):
     xg, wg, bg = rnd(64, 128, grad=True), rnd(128, grad=True), rnd(128, grad=True)
     rows["ops.layer_norm fwd+bwd"] = lambda: _fb(ops.layer_norm(xg, wg, bg), (xg, wg, bg))
     rows["F.layer_norm fwd+bwd"] = lambda: _fb(F.layer_norm(xg, (128,), wg, bg), (xg, wg, bg))
+    class Identity(torch.autograd.Function):  # the autograd engine's cost of a Python backward
+        @staticmethod
+        def forward(ctx, t):
+            return t.view_as(t)
+
+        @staticmethod
+        def backward(ctx, g):
+            return g
+
+    rows["autograd.Function identity fwd+bwd (no launch)"] = lambda: _fb(Identity.apply(xg),
+                                                                         (xg,))
+    rows["torch x*2 fwd+bwd (one launch each way)"] = lambda: _fb(xg * 2, (xg,))
+    y0, mean0, rstd0 = ln.ln_forward(x, w, bb, 1e-5)
+    dy0 = torch.randn_like(y0)
+    rows["ln_backward called directly (2 launches)"] = lambda: ln.ln_backward(dy0, x, w, mean0,
+                                                                             rstd0)
     q, k, v, gt = (rnd(1, 4, 4, 32, 16) for _ in range(4))
     bias = rnd(1, 4, 32, 32)
     mask = torch.rand(1, 4, 32, generator=g).to(device) > 0.2
