@@ -92,10 +92,13 @@ def test_cpu_smoke(bench, tmp_path):
     # the same training iteration (same seeds): fp32-weight rows agree, bf16 weights stay close
     fp32 = [rows[k]["loss"] for k in ("eager", "kernels", "flat_adam")]
     assert max(fp32) - min(fp32) < 1e-4 * abs(fp32[0])
-    for k in ("bf16", "lean_ckpt", "ckpt_plan", "gc_off", "graphs"):
+    for k in ("bf16", "lean_ckpt", "ckpt_plan", "gc_off"):
         assert rows[k]["loss"] == pytest.approx(fp32[0], rel=1e-2)
-    # the graph body (static batch, padded pair lists) computes the eager step's loss
-    assert rows["graphs"]["loss"] == pytest.approx(rows["gc_off"]["loss"], rel=1e-5)
+    # The graphed trainer pads the batch to its shape bucket (192 -> 256 atoms here), so the
+    # diffusion noise is drawn over the padded atoms: another draw of the same loss, not the
+    # eager step's value (the graphed step equals the eager step on the same padded batch:
+    # packages/fold-train/tests/test_cuda_graphs.py).
+    assert rows["graphs"]["loss"] == pytest.approx(fp32[0], rel=5e-2)
     assert "run eagerly on CPU" in rows["graphs"]["note"]
     plan = rows["ckpt_plan"]["ckpt_plan"]
     assert plan["pairformer_block_mib"] > 0 and plan["diffusion_block_mib"] > 0
