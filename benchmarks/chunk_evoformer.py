@@ -74,7 +74,6 @@ from __future__ import annotations
 import argparse
 import gc
 import json
-import os
 import statistics
 import sys
 import time
@@ -86,6 +85,9 @@ from typing import Any
 
 import fold_chunk as fc
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _results import write_atomic  # noqa: E402
 from fold_model import ops
 from fold_model.af2.config import EvoformerConfig
 from fold_model.af2.evoformer import EvoformerStack
@@ -421,15 +423,11 @@ def _fmt(x: Any) -> str:
     return f"{x['ms']:.1f} ms / {x['peak_bytes'] / 2**20:.1f} MiB"
 
 
-def _write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
 
 
 def write_results(result: dict, out: Path) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
-    _write_atomic(out, json.dumps(result, indent=2))
+    write_atomic(out, json.dumps(result, indent=2))
     write_markdown(result, out.with_suffix(".md"))
 
 
@@ -451,7 +449,7 @@ def write_markdown(result: dict, path: Path) -> None:
         plan = [row.get("planner_s")] + [(row.get(k) or {}).get("plan_s") for k in MODES[2:]]
         cells.append("; ".join("-" if p is None else f"{p:.1f}" for p in plan))
         lines.append("| " + " | ".join(cells) + " |")
-    _write_atomic(path, "\n".join(lines) + "\n")
+    write_atomic(path, "\n".join(lines) + "\n")
 
 
 def row_order(n_res: list[int]) -> list[tuple[int, str]]:

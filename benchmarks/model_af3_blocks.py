@@ -34,10 +34,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -51,6 +49,7 @@ from fold_model.af3.pairformer import PairformerBlock
 sys.path.insert(0, str(Path(__file__).parent))
 from _backends import ensure_kernels  # noqa: E402
 from _graphs import capture  # noqa: E402
+from _results import write_atomic  # noqa: E402
 
 # shared/TARGETS.md, H100, bf16, forward + backward ms (faster of Protenix and Boltz).
 PEERS_MS = {
@@ -176,11 +175,6 @@ def rows(tiny: bool) -> list[tuple[str, int, int]]:
             ("diffusion_transformer", 768, 48), ("diffusion_transformer", 384, 16)]
 
 
-def _write_atomic(path: Path, text: str) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-    os.replace(tmp, path)
 
 
 def _markdown(results: list[dict[str, Any]]) -> str:
@@ -246,8 +240,8 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
             print(json.dumps(row), flush=True)
             if args.out is not None:
                 args.out.parent.mkdir(parents=True, exist_ok=True)
-                _write_atomic(args.out, json.dumps(results, indent=1))
-                _write_atomic(args.out.with_suffix(".md"), _markdown(results))
+                write_atomic(args.out, json.dumps(results, indent=1))
+                write_atomic(args.out.with_suffix(".md"), _markdown(results))
             if device.type == "cuda":
                 torch.cuda.empty_cache()
     return results

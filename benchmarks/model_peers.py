@@ -35,7 +35,6 @@ import os
 import platform
 import statistics
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -47,6 +46,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 import _peer_blocks as pb  # noqa: E402
 from _backends import ensure_kernels  # noqa: E402
 from _graphs import capture  # noqa: E402
+from _results import write_atomic  # noqa: E402
 
 ROWS = [pb.Shape("evoformer", 256, n_seq=128), pb.Shape("evoformer", 384, n_seq=512),
         pb.Shape("pairformer", 256), pb.Shape("pairformer", 384), pb.Shape("pairformer", 512),
@@ -284,18 +284,13 @@ def markdown(meta: dict[str, Any], rows: list[dict[str, Any]], modes: tuple[str,
     return "\n".join(lines) + "\n"
 
 
-def _write_atomic(path: Path, text: str) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-    os.replace(tmp, path)
 
 
 def save(out: Path, meta, rows, modes) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     doc = {"meta": meta, "rows": rows, "ratios": ratios(rows, modes)}
-    _write_atomic(out, json.dumps(doc, indent=1))
-    _write_atomic(out.with_suffix(".md"), markdown(meta, rows, modes))
+    write_atomic(out, json.dumps(doc, indent=1))
+    write_atomic(out.with_suffix(".md"), markdown(meta, rows, modes))
 
 
 def _versions(names: list[str]) -> dict[str, str]:

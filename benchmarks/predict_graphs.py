@@ -22,9 +22,7 @@ the smoke test checks the plumbing, not the speed. Writes ``predict_graphs.json`
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
-import os
 import statistics
 import sys
 import tempfile
@@ -34,27 +32,15 @@ from pathlib import Path
 import numpy as np
 import torch
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _results import versions, write_atomic  # noqa: E402
+
 REPO = Path(__file__).resolve().parents[1]
 AMINO = "ACDEFGHIKLMNPQRSTVWY"
 
 
-def _versions(device: torch.device) -> dict:
-    try:
-        import triton
-
-        triton_version = triton.__version__
-    except ImportError:
-        triton_version = None
-    return {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-            "torch": torch.__version__, "triton": triton_version,
-            "date": datetime.datetime.now().isoformat(timespec="minutes")}
 
 
-def _write_atomic(path: Path, text: str) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-    os.replace(tmp, path)
 
 
 def _checkpoint(preset: str, overrides: list[str], path: Path) -> Path:
@@ -241,15 +227,15 @@ def main(argv=None) -> int:
     out_dir = Path(args.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     steps = args.sampler_steps or (3 if args.tiny else 50)
-    result = {**_versions(device), "tiny": args.tiny, "rows": []}
+    result = {**versions(device), "tiny": args.tiny, "rows": []}
     with tempfile.TemporaryDirectory() as tmp:
         if args.only in (None, "af2"):
             result["rows"] += bench_af2(device, args.tiny, Path(tmp), args.chunk_size)
         if args.only in (None, "af3"):
             result["rows"] += bench_af3(device, args.tiny, Path(tmp), steps)
-    _write_atomic(out_dir / "predict_graphs.json", json.dumps(result, indent=2))
+    write_atomic(out_dir / "predict_graphs.json", json.dumps(result, indent=2))
     md = to_markdown(result)
-    _write_atomic(out_dir / "predict_graphs.md", md)
+    write_atomic(out_dir / "predict_graphs.md", md)
     print(md)
     return 0
 

@@ -63,10 +63,8 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import datetime
 import gc
 import json
-import os
 import statistics
 import sys
 import tempfile
@@ -78,6 +76,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _backends import ensure_kernels  # noqa: E402
+from _results import versions, write_atomic  # noqa: E402
 from fold_train.config import apply_overrides, preset  # noqa: E402
 from fold_train.loop import Trainer  # noqa: E402
 from model_full import FULL, TINY, synthetic_batch  # noqa: E402
@@ -222,16 +221,6 @@ def _free(device: torch.device) -> None:
         torch.cuda.empty_cache()
 
 
-def _versions(device: torch.device) -> dict:
-    try:
-        import triton
-
-        triton_version = triton.__version__
-    except ImportError:
-        triton_version = None
-    return {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-            "torch": torch.__version__, "triton": triton_version,
-            "date": datetime.date.today().isoformat()}
 
 
 def _planned(sw: Switches, row: dict) -> Switches:
@@ -256,7 +245,7 @@ def ablate(device: torch.device, tiny: bool, reps: int, rows: list[str],
     batch = training_batch(sizes, device)
     sw = Switches()
     results, base_ms, prev_ms = [], None, None
-    header = {**_versions(device), "preset": "tiny" if tiny else "af2_initial", **sizes,
+    header = {**versions(device), "preset": "tiny" if tiny else "af2_initial", **sizes,
               "n_cycle": sizes["r"], "reps": reps, "path": "fold_train.loop.Trainer",
               "attention_backends": found, "assumed": list(assume)}
     for key, label, change in ROWS:
@@ -389,8 +378,8 @@ def main(argv: list[str] | None = None) -> dict:
     def save(result: dict) -> None:
         if args.out is not None:
             args.out.parent.mkdir(parents=True, exist_ok=True)
-            _write_atomic(args.out, json.dumps(result, indent=2))
-            _write_atomic(args.out.with_suffix(".md"), to_markdown(result))
+            write_atomic(args.out, json.dumps(result, indent=2))
+            write_atomic(args.out.with_suffix(".md"), to_markdown(result))
 
     assume = tuple(r.strip() for r in args.assume.split(",") if r.strip())
     unknown = sorted(set(assume) - {k for k, _, _ in ROWS})
@@ -404,10 +393,6 @@ def main(argv: list[str] | None = None) -> dict:
     return result
 
 
-def _write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
 
 
 if __name__ == "__main__":

@@ -80,7 +80,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import datetime
 import gc
 import json
 import math
@@ -105,6 +104,7 @@ from fold_train.loop import Trainer
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _backends import ensure_kernels  # noqa: E402
+from _results import versions, write_atomic  # noqa: E402
 
 GAP = 31  # fold-data's AF3 gap / padding restype
 DNA_CODES = {"A": 26, "G": 27, "C": 28, "T": 29}
@@ -559,23 +559,8 @@ def crop_search(sw: Switches, tiny: bool, sizes: dict, device: torch.device, dea
 
 
 # -- output ------------------------------------------------------------------------------------
-def _versions(device: torch.device) -> dict:
-    try:
-        import triton
-
-        triton_version = triton.__version__
-    except ImportError:
-        triton_version = None
-    return {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-            "torch": torch.__version__, "triton": triton_version,
-            "date": datetime.datetime.now().isoformat(timespec="minutes")}
 
 
-def _write_atomic(path: Path, text: str) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-    os.replace(tmp, path)
 
 
 def summarize(result: dict) -> dict:
@@ -671,7 +656,7 @@ def run(device: torch.device, tiny: bool, reps: int, warmup: int, rows: list[str
     cfg = train_cfg.model_config()
     batch = make_batch(sizes["n_token"], sizes, device)
     result: dict[str, Any] = {
-        **_versions(device), "preset": preset, "sizes": sizes, "reps": reps, "warmup": warmup,
+        **versions(device), "preset": preset, "sizes": sizes, "reps": reps, "warmup": warmup,
         "samples": cfg.diffusion.no_samples, "params": None, "path": "fold_train.loop.Trainer",
         "adam": dataclasses.asdict(train_cfg.optim), "budget_s": budget_s,
         "batch": "synthetic SAMPLE_FEATURES (fold-data schema), 4 templates"
@@ -683,8 +668,8 @@ def run(device: torch.device, tiny: bool, reps: int, warmup: int, rows: list[str
     def save() -> None:
         result["summary"] = summarize(result)
         if out is not None:
-            _write_atomic(out, json.dumps(result, indent=2))
-            _write_atomic(out.with_suffix(".md"), to_markdown(result))
+            write_atomic(out, json.dumps(result, indent=2))
+            write_atomic(out.with_suffix(".md"), to_markdown(result))
 
     switches = cumulative(rows)
     labels = {k: label for k, label, _ in ROWS}
@@ -798,7 +783,7 @@ def run_crops(device: torch.device, tiny: bool, paths: list[str], budget_s: floa
     if device.type == "cuda":
         ensure_kernels(device)
     preset = "tiny" if tiny else "af3"
-    result: dict[str, Any] = {**_versions(device), "preset": preset, "sizes": sizes,
+    result: dict[str, Any] = {**versions(device), "preset": preset, "sizes": sizes,
                               "budget_s": budget_s, "crop": {}}
 
     def save() -> None:
@@ -806,8 +791,8 @@ def run_crops(device: torch.device, tiny: bool, paths: list[str], budget_s: floa
         if e.get("longest") and o.get("longest"):
             result["crop_ratio"] = o["longest"] / e["longest"]
         if out is not None:
-            _write_atomic(out, json.dumps(result, indent=2))
-            _write_atomic(out.with_suffix(".md"), crop_markdown(result))
+            write_atomic(out, json.dumps(result, indent=2))
+            write_atomic(out.with_suffix(".md"), crop_markdown(result))
 
     for i, name in enumerate(paths):
         deadline = t_start + budget_s * (i + 1) / len(paths)

@@ -28,6 +28,7 @@ Triton's path unchanged.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Sequence
 
 import torch
@@ -68,11 +69,7 @@ def spec_key(args: Sequence[object]) -> tuple:
     return tuple(map(_arg_key, args))
 
 
-def _raw_stream(device: int) -> int:
-    """The current CUDA stream's handle (what Triton's own launch path reads)."""
-    return _RAW_STREAM(device)
-
-
+# The current CUDA stream's handle for a device index (what Triton's own launch path reads).
 _RAW_STREAM = getattr(torch._C, "_cuda_getCurrentRawStream", None) or (
     lambda device: torch.cuda.current_stream(device).cuda_stream)
 
@@ -81,9 +78,12 @@ class _Launch:
     """One compiled specialization: the launcher, its handles and the trailing arguments
     (the meta-parameters, in signature order) appended to every call."""
 
-    __slots__ = ("compiled", "run", "function", "metadata", "tail")
+    __slots__ = ("compiled", "run", "function", "metadata", "tail", "knobs")
 
     def __init__(self, compiled, tail: tuple) -> None:
+        from triton import knobs
+
+        self.knobs = knobs.runtime
         self.compiled = compiled
         self.run = compiled.run  # loads the module on first access
         self.function = compiled.function
@@ -102,7 +102,6 @@ class FastKernel:
         self._cache: dict[tuple, _Launch] = {}
         params = getattr(jit_fn, "params", None)
         self._params = [(p.name, p.default) for p in params] if params else None
-        self.misses = 0  # calls that went through Triton's path (compile, cache fill, refusal)
 
     def __getattr__(self, name: str):
         return getattr(self.jit, name)
@@ -117,7 +116,7 @@ class FastKernel:
         for name, default in self._params[n_args:]:
             if name in kwargs:
                 tail.append(kwargs[name])
-            elif default is not _EMPTY and default is not None:
+            elif default is not inspect.Parameter.empty and default is not None:
                 tail.append(default)
             else:
                 return None  # a parameter we cannot fill: let Triton bind it
@@ -134,11 +133,9 @@ class FastKernel:
         if entry is None:
             return self._miss(key, grid, args, kwargs)
         n = len(grid)
-        stream = _raw_stream(key[0])
+        stream = _RAW_STREAM(key[0])
         full = args + entry.tail
-        from triton import knobs
-
-        rt = knobs.runtime
+        rt = entry.knobs  # Triton's launch hooks, read per launch as its own path does
         entry.run(grid[0], grid[1] if n > 1 else 1, grid[2] if n > 2 else 1, stream,
                   entry.function, entry.metadata, entry.compiled.launch_metadata(grid, stream,
                                                                                 *full),
@@ -146,7 +143,6 @@ class FastKernel:
         return entry.compiled
 
     def _miss(self, key: tuple, grid, args: tuple, kwargs: dict):
-        self.misses += 1
         compiled = self.jit[grid](*args, **kwargs)
         tail = self._tail(len(args), {k: v for k, v in kwargs.items()
                                       if k not in _LAUNCH_OPTIONS})
@@ -156,14 +152,6 @@ class FastKernel:
             except AttributeError:
                 pass  # a Triton without these handles: keep its own path
         return compiled
-
-
-try:  # inspect.Parameter.empty: "no default" in Triton's KernelParam.default
-    import inspect
-
-    _EMPTY = inspect.Parameter.empty
-except ImportError:  # pragma: no cover
-    _EMPTY = object()
 
 
 def fast(jit_fn) -> FastKernel:

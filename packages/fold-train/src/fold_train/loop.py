@@ -392,10 +392,8 @@ class Trainer:
     def _check_parameters(self) -> None:
         """A finite loss and gradient can still leave non-finite weights (a huge learning rate):
         stop before such weights reach a checkpoint."""
-        # FlatParams keeps its weights in groups of flat buffers, ParamList per tensor
-        tensors = ([g.param for g in self.flat.groups] if hasattr(self.flat, "groups")
-                   else self.flat.params)
-        ok = all(bool(torch.isfinite(t).all()) for t in tensors)
+        # one flag on the device, one read: not a host sync per weight tensor
+        ok = bool(torch.stack([torch.isfinite(t).all() for t in self.flat.tensors()]).all())
         if not all_true(ok, self.ctx):
             raise NonFiniteError(
                 f"the parameters are non-finite after the update of step {self.step + 1} (loss "

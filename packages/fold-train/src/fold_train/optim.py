@@ -102,6 +102,10 @@ class FlatParams:
     def numel(self) -> int:
         return sum(g.numel for g in self.groups)
 
+    def tensors(self) -> list[torch.Tensor]:
+        """The weights as tensors: the groups' flat buffers."""
+        return [g.param for g in self.groups]
+
     def zero_grad(self) -> None:
         for g in self.groups:
             g.grad.zero_()
@@ -215,6 +219,25 @@ def learning_rate(step: int, cfg: AdamConfig) -> float:
     ``warmup_steps``, then ``decay_factor ** (step // decay_every)``."""
     warm = min(1.0, step / cfg.warmup_steps) if cfg.warmup_steps > 0 else 1.0
     return cfg.lr * warm * cfg.decay_factor ** (step // cfg.decay_every)
+
+
+@contextlib.contextmanager
+def swapped_in(weights: list[torch.Tensor], values: list[torch.Tensor] | None) -> Iterator[None]:
+    """``values`` copied into ``weights`` inside the block, the weights restored after it (the
+    EMA swap of both optimizers); ``values=None``: the weights as they are."""
+    if values is None:
+        yield
+        return
+    with torch.no_grad():
+        saved = [w.clone() for w in weights]
+        for w, v in zip(weights, values):
+            w.copy_(v)
+    try:
+        yield
+    finally:
+        with torch.no_grad():
+            for w, v in zip(weights, saved):
+                w.copy_(v)
 
 
 def _fused_kernels():
@@ -356,22 +379,9 @@ class FlatAdam:
             raise RuntimeError("the EMA is off (ema_decay=None)")
         return self.flat.views(self.ema)
 
-    @contextlib.contextmanager
-    def swap_ema(self) -> Iterator[None]:
+    def swap_ema(self) -> contextlib.AbstractContextManager[None]:
         """Run the module with the averaged weights inside the block (evaluation, prediction)."""
-        if self.ema is None:
-            yield
-            return
-        with torch.no_grad():
-            saved = [g.param.clone() for g in self.flat.groups]
-            for g, e in zip(self.flat.groups, self.ema):
-                g.param.copy_(e)
-        try:
-            yield
-        finally:
-            with torch.no_grad():
-                for g, s in zip(self.flat.groups, saved):
-                    g.param.copy_(s)
+        return swapped_in(self.flat.tensors(), self.ema)
 
     # -- checkpoints --------------------------------------------------------------------------
     def state_dict(self) -> dict:

@@ -13,12 +13,11 @@ refuses the other combinations.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
 
 import torch
 from torch import nn
 
-from fold_train.optim import AdamConfig, learning_rate
+from fold_train.optim import AdamConfig, learning_rate, swapped_in
 
 __all__ = ["ParamAdam", "ParamList"]
 
@@ -30,6 +29,10 @@ class ParamList:
     def __init__(self, module: nn.Module) -> None:
         self.names = [n for n, p in module.named_parameters() if p.requires_grad]
         self.params = [p for p in module.parameters() if p.requires_grad]
+
+    def tensors(self) -> list[torch.Tensor]:
+        """The weights as tensors (one per parameter)."""
+        return self.params
 
     def zero_grad(self) -> None:
         for p in self.params:
@@ -97,22 +100,9 @@ class ParamAdam:
                 e.lerp_(p, 1.0 - decay)
         return {"lr": lr, "grad_norm": norm, "clip_coef": coef if coef is not None else 1.0}
 
-    @contextlib.contextmanager
-    def swap_ema(self) -> Iterator[None]:
+    def swap_ema(self) -> contextlib.AbstractContextManager[None]:
         """Run the module with the averaged weights inside the block."""
-        if self.ema is None:
-            yield
-            return
-        with torch.no_grad():
-            saved = [p.clone() for p in self.params.params]
-            for p, e in zip(self.params.params, self.ema):
-                p.copy_(e)
-        try:
-            yield
-        finally:
-            with torch.no_grad():
-                for p, s in zip(self.params.params, saved):
-                    p.copy_(s)
+        return swapped_in(self.params.tensors(), self.ema)
 
     def state_dict(self) -> dict:
         return {"format": "param_adam", "step": self.step_count, "names": self.params.names,
