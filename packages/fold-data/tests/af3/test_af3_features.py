@@ -5,8 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from fold_data import residue_constants as rc
-from fold_data.af3 import RAW_FEATURES, validate
+from fold_data.af3 import RAW_FEATURES
 from fold_data.af3.tokenizer import GAP
+from fold_data.schema import validate
 
 
 def _protein_atoms(sequence: str) -> int:

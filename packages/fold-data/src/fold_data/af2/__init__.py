@@ -22,9 +22,6 @@ _EXPORTS = {
     "get_preset": ".presets",
     "RAW_FEATURES": ".schema",
     "SAMPLE_FEATURES": ".schema",
-    "FeatureSpec": ".schema",
-    "SchemaError": ".schema",
-    "validate": ".schema",
     "make_sample": ".transforms",
 }
 
@@ -33,19 +30,16 @@ __all__ = [
     "RAW_FEATURES",
     "SAMPLE_FEATURES",
     "DataPreset",
-    "FeatureSpec",
-    "SchemaError",
     "get_preset",
     "make_features",
     "make_features_from_sequence",
     "make_sample",
-    "validate",
 ]
 
 if TYPE_CHECKING:
     from .features import make_features, make_features_from_sequence
     from .presets import PRESETS, DataPreset, get_preset
-    from .schema import RAW_FEATURES, SAMPLE_FEATURES, FeatureSpec, SchemaError, validate
+    from .schema import RAW_FEATURES, SAMPLE_FEATURES
     from .transforms import make_sample
 
 

@@ -26,10 +26,11 @@ from fold_data.msa import (
     parse_a3m,
     parse_stockholm,
 )
+from fold_data.schema import validate
 from fold_data.template_hits import TemplateHit, parse_hhr, parse_hmmsearch_sto
 
 from .ground_truth import make_ground_truth
-from .schema import RAW_FEATURES, validate
+from .schema import RAW_FEATURES
 from .templates import empty_template_features, make_template_features
 
 __all__ = ["make_features", "make_features_from_sequence", "load_msa", "load_template_hits"]

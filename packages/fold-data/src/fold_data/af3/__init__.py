@@ -13,7 +13,7 @@ from .features import load_entry, make_features
 from .inputs import Bond, Chain, Entry, parse_af3_json, parse_complex_mmcif, parse_fasta_entry
 from .molecules import RDKitUnavailable
 from .presets import PRESETS, AF3DataPreset, get_preset
-from .schema import RAW_FEATURES, SAMPLE_FEATURES, SchemaError, validate
+from .schema import RAW_FEATURES, SAMPLE_FEATURES
 from .transforms import make_sample
 
 __all__ = [
@@ -27,7 +27,6 @@ __all__ = [
     "Chain",
     "ChemComp",
     "Entry",
-    "SchemaError",
     "af3_cache",
     "af3_pipeline_version",
     "default_ccd",
@@ -39,5 +38,4 @@ __all__ = [
     "parse_af3_json",
     "parse_complex_mmcif",
     "parse_fasta_entry",
-    "validate",
 ]

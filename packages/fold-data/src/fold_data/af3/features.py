@@ -16,11 +16,12 @@ from pathlib import Path
 import numpy as np
 
 from fold_data.errors import InputError
+from fold_data.schema import validate
 
 from .ccd import Ccd, default_ccd
 from .inputs import Entry, parse_af3_json, parse_complex_mmcif, parse_fasta_entry
 from .msa import make_msa_features
-from .schema import RAW_FEATURES, validate
+from .schema import RAW_FEATURES
 from .templates import make_af3_template_features
 from .tokenizer import tokenize
 
