@@ -60,16 +60,16 @@ def _hhr(path, query_sequence):  # an .hhr file names its own query
 
 
 def _af3_json(path, *, ccd, allow_outside_paths):
-    return _imported("fold_data.af3.inputs:parse_af3_json")(
+    return _imported("fold_data.af3.parse:parse_af3_json")(
         path, ccd=ccd, allow_outside_paths=allow_outside_paths)
 
 
 def _af3_mmcif(path, *, ccd, allow_outside_paths):  # an mmCIF names no other file
-    return _imported("fold_data.af3.inputs:parse_complex_mmcif")(path, ccd=ccd)
+    return _imported("fold_data.af3.parse:parse_complex_mmcif")(path, ccd=ccd)
 
 
 def _af3_fasta(path, *, ccd, allow_outside_paths):  # sequences only: no CCD, no paths
-    return _imported("fold_data.af3.inputs:parse_fasta_entry")(path)
+    return _imported("fold_data.af3.parse:parse_fasta_entry")(path)
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ def _protein_atoms(sequence: str) -> int:
 # (file, tokens, atoms) computed independently of the tokenizer: standard residues one token,
 # ligand / modified-residue heavy atoms one token each (leaving atoms of bonded atoms removed).
 def test_token_and_atom_counts(raw_features, jsons, full_ccd):
-    from fold_data.af3.inputs import parse_af3_json
+    from fold_data.af3.parse import parse_af3_json
 
     strept = raw_features("streptavidin_biotin_smiles.json")
     seq = parse_af3_json(jsons / "streptavidin_biotin_smiles.json").chains[0].sequence

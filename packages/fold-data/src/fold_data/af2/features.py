@@ -15,8 +15,6 @@ from collections.abc import Sequence
 import numpy as np
 
 from fold_data import residue_constants as rc
-from fold_data.errors import InputError
-from fold_data.mmcif import parse_mmcif
 from fold_data.msa import load_msa
 from fold_data.schema import validate
 from fold_data.template_hits import TemplateHit
@@ -27,6 +25,7 @@ from fold_data.templates import (
 )
 
 from .ground_truth import make_ground_truth
+from .parse import parse_protein_chain, parse_query_sequence
 from .schema import RAW_FEATURES
 
 __all__ = ["make_features", "make_features_from_sequence"]
@@ -92,12 +91,7 @@ def make_features(
     atom37 coordinates; ``resolution`` is 0 when the method reports none (NMR).
     Raises :class:`InputError` naming the file and record on bad input.
     """
-    structure = parse_mmcif(mmcif_path)
-    chain = structure.get_chain(chain_id)
-    if chain.polymer_type != "protein":
-        raise InputError(
-            mmcif_path, f"chain {chain_id}", f"is {chain.polymer_type}; expected a protein chain"
-        )
+    structure, chain = parse_protein_chain(mmcif_path, chain_id)
     feats = _sequence_features(
         chain.sequence,
         msa_paths,
@@ -113,8 +107,6 @@ def make_features(
     return feats
 
 
-_QUERY_LETTERS = "ACDEFGHIKLMNPQRSTVWXY"
-
 
 def make_features_from_sequence(
     sequence: str,
@@ -129,15 +121,7 @@ def make_features_from_sequence(
     """Raw AF2 features of a query sequence for prediction: as :func:`make_features`, with the
     ground-truth arrays zero and their masks zero (the per-residue-type arrays such as
     ``atom14_atom_exists`` are filled, since they depend on the sequence only)."""
-    sequence = sequence.strip().upper()
-    # B/J/O/U/Z are refused as the AF3 path does, not silently turned into UNK
-    bad = sorted(set(sequence) - set(_QUERY_LETTERS))
-    if not sequence or bad:
-        raise InputError(
-            None, "query sequence",
-            f"got {bad or 'an empty sequence'}; expected the letters {_QUERY_LETTERS} (20 amino "
-            "acids, X for unknown)",
-        )
+    sequence = parse_query_sequence(sequence)
     feats = _sequence_features(
         sequence,
         msa_paths,

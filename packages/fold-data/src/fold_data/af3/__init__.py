@@ -10,8 +10,8 @@ consumes. Inputs: the AlphaFold3 input JSON, mmCIF complexes, FASTA.
 from .cache import af3_cache, af3_pipeline_version, fetch_af3_features
 from .ccd import Ccd, ChemComp, default_ccd
 from .features import load_entry, make_features
-from .inputs import Bond, Chain, Entry, parse_af3_json, parse_complex_mmcif, parse_fasta_entry
 from .molecules import RDKitUnavailable
+from .parse import Bond, Chain, Entry, parse_af3_json, parse_complex_mmcif, parse_fasta_entry
 from .presets import PRESETS, AF3DataPreset, get_preset
 from .schema import RAW_FEATURES, SAMPLE_FEATURES
 from .transforms import make_sample

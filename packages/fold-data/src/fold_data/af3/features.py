@@ -1,6 +1,6 @@
 """Deterministic AF3 features of one entry (the ``RAW_FEATURES`` schema).
 
-:func:`make_features` takes an :class:`~fold_data.af3.inputs.Entry` (or a path: ``.json`` AF3
+:func:`make_features` takes an :class:`~fold_data.af3.parse.Entry` (or a path: ``.json`` AF3
 input, ``.cif``/``.mmcif`` complex, ``.fasta``/``.fa`` proteins) and returns tokens, atoms,
 reference conformers, bonds, MSA and template features. It is a pure function of the inputs, the
 CCD and ``seed``, so its result is what :mod:`fold_data.af3.cache` stores; per-step randomness
@@ -19,8 +19,8 @@ from fold_data.readers import reader
 from fold_data.schema import validate
 
 from .ccd import Ccd, default_ccd
-from .inputs import Entry
 from .msa import make_msa_features
+from .parse import Entry
 from .schema import RAW_FEATURES
 from .templates import make_af3_template_features
 from .tokenizer import tokenize

@@ -24,7 +24,7 @@ from fold_data.errors import InputError
 from fold_data.msa import Msa, check_query, load_msa, parse_a3m
 from fold_data.msa import make_msa_features as protein_msa_features
 
-from .inputs import Chain, Entry
+from .parse import Chain, Entry
 from .tokenizer import GAP, NUM_RESTYPES, restype_of
 
 __all__ = ["make_msa_features", "chain_msa"]

@@ -23,7 +23,7 @@ from fold_data.errors import InputError
 from fold_data.mmcif import parse_mmcif
 from fold_data.templates import load_template_hits, make_template_features
 
-from .inputs import Chain, Entry
+from .parse import Chain, Entry
 from .tokenizer import GAP
 
 __all__ = ["make_af3_template_features", "empty_af3_templates"]

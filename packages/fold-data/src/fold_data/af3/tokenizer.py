@@ -27,8 +27,8 @@ from fold_data.errors import InputError
 
 from .ccd import Ccd, default_ccd
 from .conformers import Conformer, ccd_conformer, embed_conformer
-from .inputs import Bond, Chain, Entry
 from .molecules import mol_from_smiles
+from .parse import Bond, Chain, Entry
 
 __all__ = [
     "GAP",
