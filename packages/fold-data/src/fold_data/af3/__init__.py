@@ -1,10 +1,12 @@
 """AlphaFold3 data pipeline: CCD and RDKit molecules, tokens, atoms, reference conformers, MSA
-and template features, cropping, the ahead-of-time cache.
+and template features, cropping, the ahead-of-time cache, the mmCIF of a prediction.
 
-``make_features(path_or_entry)`` builds the deterministic raw features (schema
-``RAW_FEATURES``: what the cache stores, :func:`fetch_af3_features`); ``make_sample(raw,
-preset, seed=...)`` the per-step sample (schema ``SAMPLE_FEATURES``) that fold-model's AF3
-consumes. Inputs: the AlphaFold3 input JSON, mmCIF complexes, FASTA.
+As in :mod:`fold_data.af2`: ``parse`` reads an entry (the AlphaFold3 input JSON, mmCIF
+complexes, FASTA); ``features`` (``make_features(path_or_entry)``) builds the deterministic raw
+features (schema ``RAW_FEATURES``: what the cache stores, :func:`fetch_af3_features`);
+``transforms`` (``make_sample(raw, preset, seed=...)``) the per-step sample (schema
+``SAMPLE_FEATURES``) that fold-model's AF3 consumes; ``write`` builds the mmCIF structure of a
+prediction.
 """
 
 from .cache import af3_cache, af3_pipeline_version, fetch_af3_features
@@ -15,9 +17,12 @@ from .parse import Bond, Chain, Entry, parse_af3_json, parse_complex_mmcif, pars
 from .presets import PRESETS, AF3DataPreset, get_preset
 from .schema import RAW_FEATURES, SAMPLE_FEATURES
 from .transforms import make_sample
+from .write import SMILES_LIGAND_NAME, AF3Prediction, af3_prediction_to_structure
 
 __all__ = [
     "PRESETS",
+    "SMILES_LIGAND_NAME",
+    "AF3Prediction",
     "RDKitUnavailable",
     "RAW_FEATURES",
     "SAMPLE_FEATURES",
@@ -28,6 +33,7 @@ __all__ = [
     "ChemComp",
     "Entry",
     "af3_cache",
+    "af3_prediction_to_structure",
     "af3_pipeline_version",
     "default_ccd",
     "fetch_af3_features",
