@@ -838,7 +838,8 @@ def _schema_check(batch: dict[str, torch.Tensor], sizes: dict) -> bool:
     """Validate the batch against fold-data's AF3 SAMPLE_FEATURES where fold-data's AF3 package
     imports (it needs RDKit); False where it cannot be checked, raises where it is wrong."""
     try:
-        from fold_data.af3.schema import SAMPLE_FEATURES, validate
+        from fold_data.af3.schema import SAMPLE_FEATURES
+        from fold_data.schema import validate
     except ImportError:
         return False
     n = sizes["n_token"]

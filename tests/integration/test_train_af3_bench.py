@@ -33,7 +33,8 @@ def bench():
 
 
 def test_synthetic_sample_holds_the_af3_contract(bench):
-    from fold_data.af3.schema import SAMPLE_FEATURES, validate
+    from fold_data.af3.schema import SAMPLE_FEATURES
+    from fold_data.schema import validate
 
     n = 384
     f = bench.synthetic_sample(n, 12 * n, 9, 4, seed=3)

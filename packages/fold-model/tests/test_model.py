@@ -7,7 +7,8 @@ import math
 import pytest
 import torch
 from _trunk_helpers import MODEL_INPUTS, make_batch, randomize_
-from fold_data.af2.schema import SAMPLE_FEATURES, validate
+from fold_data.af2.schema import SAMPLE_FEATURES
+from fold_data.schema import validate
 from fold_model.af2 import AlphaFold2, config
 from fold_model.af2.model import pseudo_beta
 

@@ -291,15 +291,15 @@ def cmd_train(args: argparse.Namespace) -> int:
 def run_prediction(args: argparse.Namespace) -> dict:
     """Predict one chain; write the mmCIF; returns the summary printed by ``predict``."""
     import torch
+    from fold_data.af2.write import prediction_to_structure
+    from fold_data.write import write_mmcif
 
     from fold_train.outputs import check_prediction, output_path
     from fold_train.predict import (
         load_trained_model,
         make_raw_features,
         predict_structure,
-        prediction_to_structure,
         score_against_truth,
-        write_mmcif,
     )
 
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")

@@ -1,4 +1,6 @@
-"""Template features from template-search hits and the template mmCIFs (AF2 supplement 1.2.3).
+"""Template features from template-search hits and the template mmCIFs (AF2 supplement 1.2.3),
+shared by both families: AF2 uses them as they are, AF3 turns each chain's into token features
+(:mod:`fold_data.af3.templates`). :func:`load_template_hits` reads a hits file by suffix.
 
 For each hit, best first, until ``max_hits`` are accepted:
 
@@ -35,16 +37,33 @@ import numpy as np
 from fold_data import residue_constants as rc
 from fold_data.errors import InputError, InputWarning
 from fold_data.mmcif import MmcifChain, MmcifStructure, parse_mmcif
+from fold_data.readers import reader
 
 if TYPE_CHECKING:  # the dataclass lives in the hit parsers' module
     from fold_data.template_hits import TemplateHit
 
-__all__ = ["make_template_features", "empty_template_features", "realign_segment"]
+__all__ = [
+    "empty_template_features",
+    "load_template_hits",
+    "make_template_features",
+    "realign_segment",
+]
 
 MAX_SUBSEQUENCE_RATIO = 0.95  # hit covering more of the query than this is the query itself
 MIN_ALIGN_RATIO = 0.1  # hits aligning fewer query residues than this are too short
 MIN_REALIGN_IDENTITY = 0.9  # a realigned hit must agree this well with the mmCIF sequence
 _GAP_CODE = 21  # template_aatype of query residues without a template residue
+
+
+def load_template_hits(
+    sequence: str, template_hits: str | os.PathLike | Sequence[TemplateHit] | None
+) -> list[TemplateHit]:
+    """Template hits from a file (``.hhr`` HHsearch, ``.sto`` hmmsearch) or as given."""
+    if template_hits is None:
+        return []
+    if not isinstance(template_hits, str | os.PathLike):
+        return list(template_hits)
+    return reader(template_hits, "template_hits")(template_hits, sequence)
 
 
 def empty_template_features(num_res: int) -> dict[str, np.ndarray]:
