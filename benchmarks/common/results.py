@@ -3,6 +3,7 @@ mid-write) sees the old complete file or the new one, never half of one."""
 
 from __future__ import annotations
 
+import json
 import os
 import tempfile
 from pathlib import Path
@@ -27,3 +28,15 @@ def write_atomic(path: Path, text: str) -> None:
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
+
+
+def merged_rows(paths: list) -> tuple[list[dict], set[str]]:
+    """The ``rows`` of several JSON results of one benchmark (runs split over device calls) and
+    the set of ``"<device>, torch <v>, triton <v>"`` they ran on."""
+    rows: list[dict] = []
+    devices: set[str] = set()
+    for path in paths:
+        data = json.loads(Path(path).read_text())
+        devices.add(f"{data['device']}, torch {data['torch']}, triton {data['triton']}")
+        rows += data["rows"]
+    return rows, devices

@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 
 from benchmarks.common.machine import device_name, triton_version
-from benchmarks.common.results import write_atomic
+from benchmarks.common.results import merged_rows, write_atomic
 
 SHAPES = {
     # name: (R, N, H, D)
@@ -194,11 +194,7 @@ def run(groups, contenders, out_path):
 
 
 def to_markdown(files):
-    rows, devices = [], set()
-    for f in files:
-        data = json.loads(Path(f).read_text())
-        devices.add(f"{data['device']}, torch {data['torch']}, triton {data['triton']}")
-        rows += data["rows"]
+    rows, devices = merged_rows(files)
     names = ["eager", "sdpa", "flex", "trifast", "ours"]
     out = ["# EvoAttention benchmark (bf16, median ms; peak MiB of fwd+bwd above the inputs)",
            "", "Device: " + "; ".join(sorted(devices)), ""]

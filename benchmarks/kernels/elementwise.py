@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 
 from benchmarks.common.machine import device_name, triton_version
-from benchmarks.common.results import write_atomic
+from benchmarks.common.results import merged_rows, write_atomic
 
 BF16 = torch.bfloat16
 
@@ -135,11 +135,7 @@ def run(out_path, ops=None):
 
 
 def to_markdown(files):
-    rows, devices = [], set()
-    for f in files:
-        data = json.loads(Path(f).read_text())
-        devices.add(f"{data['device']}, torch {data['torch']}, triton {data['triton']}")
-        rows += data["rows"]
+    rows, devices = merged_rows(files)
     out = ["# Elementwise / LayerNorm / fused transition kernels (bf16, median ms, CUDA-graph "
            "replays)", "",
            "Device: " + "; ".join(sorted(devices)), "",

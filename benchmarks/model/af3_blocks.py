@@ -35,8 +35,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
-import time
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +47,7 @@ from benchmarks.common.blocks import step as block_step
 from benchmarks.common.graphs import capture
 from benchmarks.common.machine import device_name
 from benchmarks.common.results import write_atomic
+from benchmarks.common.timing import median_ms
 
 # shared/TARGETS.md, H100, bf16, forward + backward ms (faster of Protenix and Boltz).
 PEERS_MS = {
@@ -81,20 +80,7 @@ def measure(block: torch.nn.Module, args: tuple, device: torch.device, warmup: i
         step()
         torch.cuda.synchronize()
         peak = (torch.cuda.max_memory_allocated() - base) / 2**20
-    times = []
-    for _ in range(reps):
-        if cuda:
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            step()
-            end.record()
-            torch.cuda.synchronize()
-            times.append(start.elapsed_time(end))
-        else:
-            t0 = time.perf_counter()
-            step()
-            times.append((time.perf_counter() - t0) * 1e3)
-    return {"ms": statistics.median(times), "peak_mib": peak}
+    return {"ms": median_ms(step, device, reps, warmup=0), "peak_mib": peak}
 
 
 def rows(tiny: bool) -> list[tuple[str, int, int]]:

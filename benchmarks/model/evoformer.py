@@ -21,8 +21,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import statistics
-import time
 from pathlib import Path
 
 import torch
@@ -34,28 +32,10 @@ from benchmarks.common.backends import ensure_kernels
 from benchmarks.common.graphs import capture, grad_body
 from benchmarks.common.machine import device_name
 from benchmarks.common.results import write_atomic
+from benchmarks.common.timing import median_ms
 
 SHAPES = [(128, 256), (512, 384), (512, 512), (1024, 384)]  # (N_seq, N_res)
 TINY_SHAPES = [(5, 7), (8, 11)]
-
-
-def _time_ms(fn, device: torch.device, reps: int) -> float:
-    """Median milliseconds of ``fn`` (CUDA events on GPU, perf_counter on CPU)."""
-    fn()  # warm-up (kernel compilation / autotuning)
-    times = []
-    for _ in range(reps):
-        if device.type == "cuda":
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            end.record()
-            torch.cuda.synchronize()
-            times.append(start.elapsed_time(end))
-        else:
-            t0 = time.perf_counter()
-            fn()
-            times.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(times)
 
 
 def bench_block(order: str, n_seq: int, n_res: int, device: torch.device, dtype: torch.dtype,
@@ -95,7 +75,7 @@ def bench_block(order: str, n_seq: int, n_res: int, device: torch.device, dtype:
             if device.type == "cuda":
                 torch.cuda.empty_cache()
                 torch.cuda.reset_peak_memory_stats(device)
-            row[f"{name}_ms"] = _time_ms(fn, device, reps)
+            row[f"{name}_ms"] = median_ms(fn, device, reps)
             if device.type == "cuda":
                 row[f"{name}_peak_mib"] = torch.cuda.max_memory_allocated(device) / 2**20
         except torch.cuda.OutOfMemoryError:

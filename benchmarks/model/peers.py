@@ -33,9 +33,6 @@ import datetime
 import json
 import os
 import platform
-import statistics
-import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +43,7 @@ from benchmarks.common.backends import ensure_kernels
 from benchmarks.common.graphs import capture
 from benchmarks.common.machine import device_name, triton_version
 from benchmarks.common.results import write_atomic
+from benchmarks.common.timing import median_ms
 
 ROWS = [pb.Shape("evoformer", 256, n_seq=128), pb.Shape("evoformer", 384, n_seq=512),
         pb.Shape("pairformer", 256), pb.Shape("pairformer", 384), pb.Shape("pairformer", 512),
@@ -87,26 +85,6 @@ def output_grads(outs: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
                  for o in outs)
 
 
-def _median_ms(fn: Callable[[], object], device: torch.device, warmup: int, reps: int) -> float:
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(reps):
-        if device.type == "cuda":
-            start = torch.cuda.Event(enable_timing=True)
-            end = torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            end.record()
-            torch.cuda.synchronize(device)
-            times.append(start.elapsed_time(end))
-        else:
-            t0 = time.perf_counter()
-            fn()
-            times.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(times)
-
-
 def _error(e: BaseException) -> str:
     return f"{type(e).__name__}: {e}"[:600]
 
@@ -135,10 +113,10 @@ def measure(case: pb.Case, device: torch.device, modes: tuple[str, ...], warmup:
         try:
             if mode.endswith("graph"):
                 replay = capture(body, device, max(warmup, 2))[0]
-                res[f"{mode}_ms"] = _median_ms(replay, device, warmup, reps)
+                res[f"{mode}_ms"] = median_ms(replay, device, reps, warmup)
                 del replay
             else:
-                res[f"{mode}_ms"] = _median_ms(body, device, warmup, reps)
+                res[f"{mode}_ms"] = median_ms(body, device, reps, warmup)
                 if mode == "train_eager" and device.type == "cuda":
                     torch.cuda.synchronize(device)
                     torch.cuda.reset_peak_memory_stats(device)

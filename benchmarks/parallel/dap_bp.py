@@ -190,12 +190,7 @@ def bench_volume(args, device, shapes) -> dict:
             cfg.no_blocks = 1
             stack = EvoformerStack(cfg, _order(mode)).to(device).eval()
             _parallelize(stack, mode, [stack])
-            inputs = _evoformer_inputs(cfg, n_res, n_seq, device, grad=True)
-            with CommRecorder() as rec:
-                with torch.autocast(device.type, dtype=torch.bfloat16,
-                                    enabled=device.type == "cuda"):
-                    m, z, s = stack(*inputs)
-                (m.float().mean() + z.float().mean() + s.float().mean()).backward()
+            rec = _recorded_step(stack, cfg, n_res, n_seq, device)
             # The stack's entry/exit (gather of m and z, and their backward) is not per block.
             row[mode] = {"calls": rec.counts(), "sent_mib": {
                 k: v / 2**20 for k, v in rec.sent_by_op().items()}}
@@ -208,6 +203,16 @@ def bench_volume(args, device, shapes) -> dict:
             k: v / 2**20 for k, v in fastfold_table3(k_pair, p).items()}
         out[name] = row
     return out
+
+
+def _recorded_step(stack, cfg, n_res: int, n_seq: int, device) -> CommRecorder:
+    """The collectives of one forward (bf16 autocast on CUDA) + backward of ``stack``."""
+    inputs = _evoformer_inputs(cfg, n_res, n_seq, device, grad=True)
+    with CommRecorder() as rec:
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
+            m, z, s = stack(*inputs)
+        (m.float().mean() + z.float().mean() + s.float().mean()).backward()
+    return rec
 
 
 def _train_calls(args, device, n_res: int, n_seq: int) -> dict:
@@ -223,12 +228,7 @@ def _train_calls(args, device, n_res: int, n_seq: int) -> dict:
             torch.manual_seed(0)
             stack = EvoformerStack(cfg, _order(mode), checkpoint_blocks=True).to(device).train()
             _parallelize(stack, mode, [stack])
-            inputs = _evoformer_inputs(cfg, n_res, n_seq, device, grad=True)
-            with CommRecorder() as rec:
-                with torch.autocast(device.type, dtype=torch.bfloat16,
-                                    enabled=device.type == "cuda"):
-                    m, z, s = stack(*inputs)
-                (m.float().mean() + z.float().mean() + s.float().mean()).backward()
+            rec = _recorded_step(stack, cfg, n_res, n_seq, device)
             counts.append(rec.counts())
             stack.set_comm(IDENTITY_COMM)
         ops = set(counts[0]) | set(counts[1])
