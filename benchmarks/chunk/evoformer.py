@@ -38,7 +38,7 @@ fold-chunk's ``ChunkPlanner`` and search memo, under the same load).
 
 GPU time per call of the 2-block stack, from a roofline of the traced aten ops (FLOPs at 600
 TFLOP/s, bytes at 2.6 TB/s, 4 us per op) scaled by 1.76, the factor that matches the eager
-block measured on an H100 (``results/model_evoformer.md``: 6.9 ms at N_seq 128, N_res 256;
+block measured on an H100 (``results/model/model_evoformer.md``: 6.9 ms at N_seq 128, N_res 256;
 51.6 ms at 512, 512); per block that is about ``4.9e-10 s * N_seq * N_res^2 + 8.4e-11 s *
 N_res^3`` (the triangle attention logits, ``4 N_res^3`` per module, dominate at large N_res).
 Estimated peaks are AutoChunk's (FakeTensor) estimates:
@@ -101,7 +101,7 @@ SMALL_N_RES = [24, 37]
 MODES = ("none", "manual64", "auto_equal", "auto_min")
 MANUAL_CHUNK = 64
 # Per-block eager time on an H100 in seconds, bf16 no-grad: a * N_seq * N_res^2 + b * N_res^3
-# (roofline of the traced ops x 1.76, calibrated on results/model_evoformer.md; see the doc).
+# (roofline of the traced ops x 1.76, calibrated on results/model/model_evoformer.md; see the doc).
 H100_BLOCK_S = (4.9e-10, 8.4e-11)
 # Planning seconds per block before any is measured (planner; one plan): twice --plan-only's
 # first-in-process times on a shared 2-core CPU (see the doc).

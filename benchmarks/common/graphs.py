@@ -1,13 +1,13 @@
 """Capture a benchmark step (forward, or forward + backward) into a CUDA graph and replay it.
 
-Used by ``--graphs`` in model_evoformer.py, model_af3_blocks.py and profile_block.py: a replay
-launches the step's kernels without the Python/launch overhead, so a table can show what the
-kernels themselves cost, for the ``torch`` and the ``auto`` (Triton) backend alike. As in
-fold-train's CUDA-graph training step (``fold_train/cuda_graphs.py``): warm-up on a side stream
-(autotuning, lazy initialisation, cuBLAS workspaces happen there), then one capture; inputs are
-the benchmark's fixed tensors (static addresses) and gradients are the graph's outputs
-(``torch.autograd.grad``, static buffers of the graph's pool) instead of ``.grad`` fields that
-the eager step sets to None between calls. Dropout draws fresh masks on every replay (PyTorch's
+Used by ``--graphs`` in model/evoformer.py, model/af3_blocks.py, model/peers.py and
+tools/profile_block.py: a replay launches the step's kernels without the Python/launch overhead, so
+a table can show what the kernels themselves cost, for the ``torch`` and the ``auto`` (Triton)
+backend alike. As in fold-train's CUDA-graph training step (``fold_train/cuda_graphs.py``): warm-up
+on a side stream (autotuning, lazy initialisation, cuBLAS workspaces happen there), then one
+capture; inputs are the benchmark's fixed tensors (static addresses) and gradients are the graph's
+outputs (``torch.autograd.grad``, static buffers of the graph's pool) instead of ``.grad`` fields
+that the eager step sets to None between calls. Dropout draws fresh masks on every replay (PyTorch's
 Philox generator is graph-safe).
 
 On CPU there is no graph: :func:`capture` returns the same body, run eagerly (smoke tests).

@@ -1,5 +1,5 @@
 """Blocks of fold and of its peers (OpenFold, Protenix, Boltz) at matching sizes, for
-benchmarks/model_peers.py.
+benchmarks/model/peers.py.
 
 Each builder returns a :class:`Case`: the module, its leaf inputs (activations that require
 grad), and ``forward()`` that calls the block the way its users call it, flags included, and
@@ -135,7 +135,7 @@ def fold_sizes(tiny: bool) -> dict[str, int]:
 
 
 def build_fold(shape: Shape, sizes, x, device, dtype, tiny: bool) -> Case:
-    """fold's block as benchmarks/model_af3_blocks.py and model_evoformer.py build it."""
+    """fold's block as benchmarks/model/af3_blocks.py and model/evoformer.py build it."""
     torch.manual_seed(0)
     if shape.block == "evoformer":
         from fold_model.af2 import config as af2_config

@@ -3,12 +3,12 @@
 Rows (issue 20): the AF2 Evoformer block at (N_seq 128, N_res 256) and (512, 384) against
 OpenFold; the AF3 Pairformer block at 256, 384, 512 and 768 tokens and the AF3 diffusion
 transformer block with 48 samples at 384 and 768 tokens against Protenix and Boltz, each peer with
-its kernel flags on and off (benchmarks/_peer_blocks.py says how each is built and called).
+its kernel flags on and off (benchmarks/common/peer_blocks.py says how each is built and called).
 Training mode (dropout on), masks with ~5% holes, batch 1.
 
 Each contender is timed four ways: forward + backward from fixed random output gradients (the
 same seeded values for every contender: ``torch.randn(numel)`` from seed 1, per output, in its
-dtype), eagerly and as a CUDA-graph replay (benchmarks/_graphs.py), and forward alone under
+dtype), eagerly and as a CUDA-graph replay (benchmarks/common/graphs.py), and forward alone under
 ``no_grad``, eagerly and graphed. Each figure is the median of ``--reps`` (>= 20 on a GPU) calls
 after ``--warmup`` calls (CUDA events). The table gives, per row and mode, fold's ms over the best
 peer's (``fold/peer`` < 1: fold is faster).

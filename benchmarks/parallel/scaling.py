@@ -45,12 +45,12 @@ timeout (``--timeout-s``) ends the call: rows written so far stay, rerun with th
 
 GPU time on 4 H200s (planning estimates)
 ----------------------------------------
-From ``results/parallel_dap_bp.md`` (48-block Evoformer fwd+bwd, checkpointed, one H200: 1.8 s
-at the initial shapes, 6.6 s at fine-tuning) and ``results/model_full.json`` (full initial step
-4.8 s on one H100): a one-GPU full step is ~4 s (initial) and ~13 s (fine-tuning: the Evoformer
-fwd+bwd, three no-grad recycling passes of ~1.2 s, a 4-block extra MSA stack over 5120 sequences
-worth ~8 Evoformer blocks per pass, templates, structure module). A row costs (1 warm-up + reps)
-steps plus ~5-10 s of model build and NCCL communicator setup; startup ~30 s per call.
+From ``results/parallel/parallel_dap_bp.md`` (48-block Evoformer fwd+bwd, checkpointed, one H200:
+1.8 s at the initial shapes, 6.6 s at fine-tuning) and ``results/model/model_full.json`` (full
+initial step 4.8 s on one H100): a one-GPU full step is ~4 s (initial) and ~13 s (fine-tuning: the
+Evoformer fwd+bwd, three no-grad recycling passes of ~1.2 s, a 4-block extra MSA stack over 5120
+sequences worth ~8 Evoformer blocks per pass, templates, structure module). A row costs (1 warm-up +
+reps) steps plus ~5-10 s of model build and NCCL communicator setup; startup ~30 s per call.
 
 * train finetune, W=4, ``--reps 3``: steps ~ single 13 s, dap4 4.5, bp2_dap2 5.5, dap2 7.5, bp2
   9.5, the three DAO variants 17.5, single_parallel 13 -> ~70 s x 4 + ~70 s = ~6 min.
@@ -411,7 +411,7 @@ def markdown(results: dict) -> str:
         f"# fold-parallel scaling on {results['world_size']} x {results['device']}", "",
         f"Backend {results['backend']}, PyTorch {results['torch']}, Triton {results['triton']}, "
         f"world size {results['world_size']}, dates {', '.join(results['dates'])}. "
-        "Script: `benchmarks/parallel_scaling.py` (issue 8); calls:", "",
+        "Script: `benchmarks/parallel/scaling.py` (issue 8); calls:", "",
         *[f"* `{c}`" for c in results["commands"]], "",
         "## Published figures and goals", "", *[f"* {n}" for n in REFERENCE_NOTES], "",
     ]
