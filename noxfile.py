@@ -145,10 +145,15 @@ def bench(session: nox.Session) -> None:
     if unknown:
         session.error(f"unknown benchmarks {unknown}; choose from "
                       f"{BENCHMARKS + list(DISTRIBUTED_BENCHMARKS)}")
-    for entry in entries:
+    failed = []
+    for entry in entries:  # every one runs even when one fails; the session fails at the end
         module = f"benchmarks.{entry}"
+        launcher = ["python"]
         if entry in DISTRIBUTED_BENCHMARKS:
-            ranks = str(DISTRIBUTED_BENCHMARKS[entry])
-            session.run("torchrun", "--nproc_per_node", ranks, "-m", module, env=env)
-        else:
-            session.run("python", "-m", module, env=env)
+            launcher = ["torchrun", "--nproc_per_node", str(DISTRIBUTED_BENCHMARKS[entry])]
+        try:
+            session.run(*launcher, "-m", module, env=env)
+        except nox.command.CommandFailed:
+            failed.append(entry)
+    if failed:
+        session.error(f"benchmarks failed: {', '.join(failed)}")
