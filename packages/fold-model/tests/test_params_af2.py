@@ -15,7 +15,12 @@ import numpy as np
 import pytest
 import torch
 from fold_model.af2 import AlphaFold2, config
-from fold_model.af2.params_af2 import PREFIX, ParamsError, load_alphafold_params
+from fold_model.af2.params_af2 import (
+    PREFIX,
+    ParamsError,
+    alphafold_arrays,
+    load_alphafold_params,
+)
 
 C_M, C_Z, C_E, C_S, C_T = 256, 128, 64, 384, 64  # AF2 model config channel sizes
 
@@ -382,3 +387,16 @@ def test_not_a_parameter_file(tmp_path):
     np.save(tmp_path / "single.npy", np.zeros(3))
     with pytest.raises(ParamsError, match="got a single array"):
         load_alphafold_params(tmp_path / "single.npy")
+
+
+def test_export_round_trip(tmp_path):
+    """fold -> AF2 layout -> fold is the identity, and the export has AF2's names and shapes."""
+    cfg = config("af2_finetune", heads__tm_enabled=True, evoformer__no_blocks=2,
+                 extra_msa__no_blocks=1, template__no_blocks=1)
+    state = {k: torch.randn(v.shape) for k, v in AlphaFold2(cfg).state_dict().items()}
+    arrays = alphafold_arrays(cfg, state)
+    want = af2_shapes(True, True, n_evo=2, n_extra=1, n_templ=1)
+    assert {k[len(PREFIX):]: v.shape for k, v in arrays.items()} == want
+    np.savez(tmp_path / "params_model_1_ptm.npz", **arrays)
+    _, back = load_alphafold_params(tmp_path / "params_model_1_ptm.npz")
+    assert set(back) == set(state) and all(torch.equal(back[k], v) for k, v in state.items())

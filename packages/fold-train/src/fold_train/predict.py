@@ -40,12 +40,17 @@ _CA = rc.atom_order["CA"]
 @dataclass
 class Prediction:
     """One predicted chain: ``aatype [N]``, ``positions [N, 37, 3]`` (A), ``atom_mask [N, 37]``
-    (atoms that exist for the residue type), ``plddt [N]`` (0-100)."""
+    (atoms that exist for the residue type), ``plddt [N]`` (0-100); from models with the pTM
+    head (AF2's ``_ptm`` models) also ``pae [N, N]`` (expected aligned error of residue j in
+    the frame of residue i, A), ``max_pae`` (the largest value it can take) and ``ptm``."""
 
     aatype: np.ndarray
     positions: np.ndarray
     atom_mask: np.ndarray
     plddt: np.ndarray
+    pae: np.ndarray | None = None
+    max_pae: float | None = None
+    ptm: float | None = None
 
     @property
     def sequence(self) -> str:
@@ -156,7 +161,21 @@ def predict_structure(
         positions=out["final_atom_positions"][0, :n].float().cpu().numpy(),
         atom_mask=out["final_atom_mask"][0, :n].float().cpu().numpy(),
         plddt=out["plddt"][0, :n].float().cpu().numpy(),
+        **(_aligned_error(out["tm_logits"][0, :n, :n], model.config.heads)
+           if "tm_logits" in out else {}),
     )
+
+
+def _aligned_error(tm_logits: torch.Tensor, heads) -> dict:
+    """PAE, its maximum and pTM of the real residues from the pTM head's logits ``[N, N, bins]``
+    (AF2 supplement 1.9.7; the padding of a shape bucket sliced off first)."""
+    from fold_model.af2.heads import compute_predicted_aligned_error, compute_tm
+
+    logits = tm_logits.float().cpu()
+    pae = compute_predicted_aligned_error(logits, heads.tm_max_bin, heads.tm_no_bins)
+    return {"pae": pae["predicted_aligned_error"].numpy(),
+            "max_pae": float(pae["max_predicted_aligned_error"]),
+            "ptm": float(compute_tm(logits, None, heads.tm_max_bin, heads.tm_no_bins))}
 
 
 def prediction_to_structure(pred: Prediction, name: str, chain_id: str = "A"):

@@ -34,7 +34,8 @@ import torch
 
 from fold_model.af2.config import AlphaFold2Config, config
 
-__all__ = ["PREFIX", "ParamsError", "af2_key_map", "alphafold_config", "load_alphafold_params"]
+__all__ = ["PREFIX", "ParamsError", "af2_key_map", "alphafold_arrays", "alphafold_config",
+           "load_alphafold_params"]
 
 PREFIX = "alphafold/alphafold_iteration/"
 
@@ -49,31 +50,35 @@ class ParamsError(ValueError):
 
 @dataclass(frozen=True)
 class _Layout:
-    """How one AF2 array becomes one fold tensor (``to_fold``) and which AF2 shape a fold shape
-    implies (``af2_shape``: the expected shape in error messages)."""
+    """How one AF2 array becomes one fold tensor (``to_fold``), back (``to_af2``), and which AF2
+    shape a fold shape implies (``af2_shape``: the expected shape in error messages)."""
 
     to_fold: Callable[[np.ndarray], np.ndarray]
+    to_af2: Callable[[np.ndarray], np.ndarray]
     af2_shape: Callable[[tuple[int, ...]], tuple[int, ...]]
 
 
-_SAME = _Layout(lambda a: a, lambda s: s)
-_LINEAR = _Layout(lambda a: a.T, lambda s: s[::-1])  # [in, out] -> [out, in]
+_SAME = _Layout(lambda a: a, lambda a: a, lambda s: s)
+_LINEAR = _Layout(lambda a: a.T, lambda a: a.T, lambda s: s[::-1])  # [in, out] -> [out, in]
 
 
 def _heads_in(h: int) -> _Layout:  # [in, H, c] -> [H * c, in]
-    return _Layout(lambda a: a.reshape(a.shape[0], -1).T, lambda s: (s[1], h, s[0] // h))
+    return _Layout(lambda a: a.reshape(a.shape[0], -1).T,
+                   lambda a: a.T.reshape(a.shape[1], h, -1), lambda s: (s[1], h, s[0] // h))
 
 
 def _heads_out(h: int) -> _Layout:  # [H, c, out] -> [out, H * c]
-    return _Layout(lambda a: a.reshape(-1, a.shape[-1]).T, lambda s: (h, s[1] // h, s[0]))
+    return _Layout(lambda a: a.reshape(-1, a.shape[-1]).T,
+                   lambda a: a.T.reshape(h, -1, a.shape[0]), lambda s: (h, s[1] // h, s[0]))
 
 
 def _heads_bias(h: int) -> _Layout:  # [H, c] -> [H * c]
-    return _Layout(lambda a: a.reshape(-1), lambda s: (h, s[0] // h))
+    return _Layout(lambda a: a.reshape(-1), lambda a: a.reshape(h, -1), lambda s: (h, s[0] // h))
 
 
 def _opm_out(c: int) -> _Layout:  # [c, c, C_z] -> [C_z, c * c]
-    return _Layout(lambda a: a.reshape(-1, a.shape[-1]).T, lambda s: (c, c, s[0]))
+    return _Layout(lambda a: a.reshape(-1, a.shape[-1]).T,
+                   lambda a: a.T.reshape(c, c, a.shape[0]), lambda s: (c, c, s[0]))
 
 
 # An entry: AF2 key (without PREFIX) -> (fold key, layout); ``{i}`` in a fold key marks a
@@ -333,6 +338,24 @@ def _fold_shapes(cfg: AlphaFold2Config) -> dict[str, tuple[int, ...]]:
     with torch.device("meta"):  # shapes only: no memory, no initialisation cost
         model = AlphaFold2(cfg)
     return {k: tuple(v.shape) for k, v in model.state_dict().items()}
+
+
+def alphafold_arrays(
+    cfg: AlphaFold2Config, state: dict[str, torch.Tensor]
+) -> dict[str, np.ndarray]:
+    """A fold AF2 state dict in AF2's layout and names (``np.savez(path, **arrays)`` writes a
+    file :func:`load_alphafold_params` and AF2's own code read)."""
+    out = {}
+    for af2_key, (fold_key, layout) in af2_key_map(cfg).items():
+        if "{i}" in fold_key:
+            stack = fold_key.split("{i}")[0]
+            n = len({k[len(stack):].split(".")[0] for k in state if k.startswith(stack)})
+            blocks = [layout.to_af2(state[fold_key.format(i=i)].detach().cpu().numpy())
+                      for i in range(n)]
+            out[PREFIX + af2_key] = np.stack(blocks)
+        else:
+            out[PREFIX + af2_key] = layout.to_af2(state[fold_key].detach().cpu().numpy())
+    return {k: np.ascontiguousarray(v, dtype=np.float32) for k, v in out.items()}
 
 
 def load_alphafold_params(
