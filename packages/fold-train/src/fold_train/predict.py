@@ -137,7 +137,21 @@ def predict_structure(
         positions=out["final_atom_positions"][0, :n].float().cpu().numpy(),
         atom_mask=out["final_atom_mask"][0, :n].float().cpu().numpy(),
         plddt=out["plddt"][0, :n].float().cpu().numpy(),
+        **(_aligned_error(out["tm_logits"][0, :n, :n], model.config.heads)
+           if "tm_logits" in out else {}),
     )
+
+
+def _aligned_error(tm_logits: torch.Tensor, heads) -> dict:
+    """PAE, its maximum and pTM of the real residues from the pTM head's logits ``[N, N, bins]``
+    (AF2 supplement 1.9.7; the padding of a shape bucket sliced off first)."""
+    from fold_model.af2.heads import compute_predicted_aligned_error, compute_tm
+
+    logits = tm_logits.float().cpu()
+    pae = compute_predicted_aligned_error(logits, heads.tm_max_bin, heads.tm_no_bins)
+    return {"pae": pae["predicted_aligned_error"].numpy(),
+            "max_pae": float(pae["max_predicted_aligned_error"]),
+            "ptm": float(compute_tm(logits, None, heads.tm_max_bin, heads.tm_no_bins))}
 
 
 def score_against_truth(pred: Prediction, raw: dict[str, np.ndarray]) -> dict[str, float]:

@@ -22,12 +22,17 @@ __all__ = ["Prediction", "prediction_to_structure"]
 @dataclass
 class Prediction:
     """One predicted chain: ``aatype [N]``, ``positions [N, 37, 3]`` (A), ``atom_mask [N, 37]``
-    (atoms that exist for the residue type), ``plddt [N]`` (0-100)."""
+    (atoms that exist for the residue type), ``plddt [N]`` (0-100); from models with the pTM
+    head (AF2's ``_ptm`` models) also ``pae [N, N]`` (expected aligned error of residue j in
+    the frame of residue i, A), ``max_pae`` (the largest value it can take) and ``ptm``."""
 
     aatype: np.ndarray
     positions: np.ndarray
     atom_mask: np.ndarray
     plddt: np.ndarray
+    pae: np.ndarray | None = None
+    max_pae: float | None = None
+    ptm: float | None = None
 
     @property
     def sequence(self) -> str:
