@@ -29,6 +29,7 @@ import numpy as np
 
 from fold_data import residue_constants as rc
 from fold_data.errors import InputError
+from fold_data.mmcif_truncation import warn_if_truncated
 from fold_data.msa import parse_fasta
 
 from .ccd import Ccd, default_ccd
@@ -482,6 +483,7 @@ def parse_complex_mmcif(path: str | os.PathLike, *, ccd: Ccd | None = None) -> E
         raise InputError(src, None, f"not a readable mmCIF file: {err}") from None
     if len(st) == 0:
         raise InputError(src, "_atom_site", "no models (expected at least one)")
+    warn_if_truncated(path, block)  # a file cut inside _atom_site: TruncatedMmcifWarning
     st.remove_hydrogens()
     model = st[0]
     dates = sorted(gemmi.cif.as_string(d) for d in
