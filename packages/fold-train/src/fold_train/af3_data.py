@@ -100,9 +100,7 @@ def open_af3_cache(
     if data_dir is None:
         from fold_train.data import checked_index
 
-        entries = checked_index(cache, "complexes")
-        if names is not None:
-            entries = {n: k for n, k in entries.items() if n in set(names)}
+        entries = checked_index(cache, "complexes", family="af3", names=names)
     else:
         ccd = ccd or default_ccd()
         entries = {}
