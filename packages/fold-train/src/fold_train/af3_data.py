@@ -87,11 +87,13 @@ def _entry_name(path: Path) -> str:
 def open_af3_cache(
     data_dir: str | os.PathLike | None, cache_dir: str | os.PathLike, *,
     names: Sequence[str] | None = None, ccd: Ccd | None = None, progress: bool = False,
+    verify: bool = True,
 ) -> list[tuple[str, str]]:
     """``[(entry name, cache key)]``, sorted by name, of the usable complexes.
 
     With ``data_dir`` every complex is featurised (or found) in the AF3 cache; a complex that
-    fails is reported and skipped. Without it the cache's index is read. Raises
+    fails is reported and skipped. Without it the cache's index is read and, with ``verify``,
+    every entry to be used checked (:func:`fold_train.data.checked_index`). Raises
     :class:`InputError` when no entry is left.
     """
     from fold_data.af3 import af3_cache, fetch_af3_features
@@ -100,7 +102,7 @@ def open_af3_cache(
     if data_dir is None:
         from fold_train.data import checked_index
 
-        entries = checked_index(cache, "complexes", family="af3", names=names)
+        entries = checked_index(cache, "complexes", family="af3", names=names, verify=verify)
     else:
         ccd = ccd or default_ccd()
         entries = {}

@@ -79,6 +79,7 @@ def run_training(args: argparse.Namespace) -> tuple[object, list[dict]]:
     from fold_train.config import apply_overrides, preset
     from fold_train.data import SampleStream, open_cache
     from fold_train.distributed import model_parallel, setup
+    from fold_train.rank_sync import run_on_rank0
 
     cfg = apply_overrides(preset(args.preset), _train_overrides(args))
     if args.data is None and args.cache is None:
@@ -89,15 +90,12 @@ def run_training(args: argparse.Namespace) -> tuple[object, list[dict]]:
     ctx = model_parallel(setup(args.device), dap=cfg.dap, bp=cfg.bp)
     cache_dir = args.cache or str(Path(args.run_dir) / "cache")
     held = list(args.hold_out or [])
-    if ctx.is_main or not ctx.distributed:
-        all_chains = open_cache(args.data, cache_dir, chains=args.chains,
-                                workers=args.cache_workers, progress=not args.no_progress)
-    if ctx.distributed:
-        import torch.distributed as dist
-
-        dist.barrier()  # rank 0 built the cache; the others read its index
-        if not ctx.is_main:
-            all_chains = open_cache(None, cache_dir, chains=args.chains)
+    # rank 0 builds the cache, for as long as it takes; the others then read its index
+    all_chains = run_on_rank0(
+        ctx, "build the feature cache",
+        lambda: open_cache(args.data, cache_dir, chains=args.chains, workers=args.cache_workers,
+                           progress=not args.no_progress),
+        after=lambda: open_cache(None, cache_dir, chains=args.chains, verify=False))
     train_chains = _training_entries(all_chains, held, cache_dir, "chain")
     data_preset = cfg.data_preset()
     eval_set = _eval_set(cache_dir, [c for c in all_chains if c[0] in held], data_preset)
@@ -214,28 +212,17 @@ def _check_af3_dap_sizes(dap: int, data_preset) -> None:
 
 
 def _open_af3_cache_once(ctx, args: argparse.Namespace, cache_dir: str) -> list[tuple[str, str]]:
-    """``open_af3_cache`` built by rank 0 only; the other ranks wait, then read its index. A
-    failure on rank 0 is raised there and reported on every other rank (no rank hangs)."""
-    from fold_data.errors import InputError
+    """``open_af3_cache`` built by rank 0 only, for as long as it takes; the other ranks wait
+    (:func:`fold_train.rank_sync.run_on_rank0`), then read its index. A failure on rank 0 is
+    raised there and reported on every other rank; a stalled rank is named (no rank hangs)."""
+    from fold_train.af3_data import make_ccd, open_af3_cache
+    from fold_train.rank_sync import run_on_rank0
 
-    from fold_train.af3_data import af3_cache_dir, make_ccd, open_af3_cache
-    from fold_train.distributed import all_true
-
-    entries, error = None, None
-    if ctx.is_main:
-        try:
-            entries = open_af3_cache(args.data, cache_dir, names=args.chains,
-                                     ccd=make_ccd(args.ccd or []), progress=not args.no_progress)
-        except Exception as e:  # reported to the others below, then raised here
-            error = e
-    if not all_true(error is None, ctx):  # a barrier: rank 0 has written the cache and index
-        if error is not None:
-            raise error
-        raise InputError(af3_cache_dir(cache_dir), None,
-                         "rank 0 failed to build the AF3 cache (its error is in its output)")
-    if entries is None:
-        entries = open_af3_cache(None, cache_dir, names=args.chains)
-    return entries
+    return run_on_rank0(
+        ctx, "build the AF3 cache",
+        lambda: open_af3_cache(args.data, cache_dir, names=args.chains,
+                               ccd=make_ccd(args.ccd or []), progress=not args.no_progress),
+        after=lambda: open_af3_cache(None, cache_dir, names=args.chains, verify=False))
 
 
 def _asdict(obj) -> dict:
@@ -627,6 +614,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from fold_train.checkpoint import CheckpointError
     from fold_train.config import ConfigError
     from fold_train.loop import NonFiniteError, TrainingInterrupted
+    from fold_train.rank_sync import RankStalled
 
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -635,7 +623,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as e:
         print(f"fold-train {args.command}: {e}", file=sys.stderr)
         return 2
-    except (InputError, CheckpointError, NonFiniteError, MemoryBudgetError) as e:
+    except (InputError, CheckpointError, NonFiniteError, MemoryBudgetError, RankStalled) as e:
         print(f"fold-train {args.command}: {e}", file=sys.stderr)
         return 1
     except TrainingInterrupted as e:

@@ -39,12 +39,13 @@ __all__ = ["SampleStream", "StreamItem", "collate", "open_cache", "prepare_item"
 def open_cache(
     data_dir: str | os.PathLike | None, cache_dir: str | os.PathLike, *,
     chains: Sequence[str] | None = None, exclude: Sequence[str] = (), workers: int = 1,
-    progress: bool = False,
+    progress: bool = False, verify: bool = True,
 ) -> list[tuple[str, str]]:
     """``[(chain name, cache key)]``, sorted by name, of the usable chains.
 
     With ``data_dir`` the cache is built (or reused) from it with ``fold_data.cache.build_cache``;
-    otherwise the cache's index is read. ``exclude`` drops chains (a held-back chain).
+    otherwise the cache's index is read and, with ``verify``, every entry to be used checked
+    (:func:`checked_index`). ``exclude`` drops chains (a held-back chain).
     Raises :class:`InputError` if no chain is left.
     """
     if data_dir is not None:
@@ -56,7 +57,7 @@ def open_cache(
             print(f"fold-train: skipping chain {r.name}: {(r.error or '').splitlines()[0]}")
         entries = {r.name: r.key for r in report.results if r.key is not None}
     else:
-        entries = checked_index(FeatureCache(cache_dir), "chains", names=chains)
+        entries = checked_index(FeatureCache(cache_dir), "chains", names=chains, verify=verify)
     out = sorted((n, k) for n, k in entries.items() if n not in set(exclude))
     if not out:
         where = data_dir if data_dir is not None else cache_dir
@@ -66,13 +67,13 @@ def open_cache(
 
 
 def checked_index(cache: FeatureCache, what: str, family: str = "af2",
-                  names: Sequence[str] | None = None) -> dict[str, str]:
+                  names: Sequence[str] | None = None, verify: bool = True) -> dict[str, str]:
     """A cache's index checked against its files (``--cache`` alone: nothing can rebuild):
     entries the index lacks are named in a warning (not trained on: the index may leave them out
     on purpose), an indexed entry without its file is an :class:`InputError` rather than a run on
     fewer {what} than the cache claims, and every indexed entry to be used (``names``: only
     these) is read and checksummed up front (:func:`fold_train.cache_check.check_entries`), so a
-    bad one is refused before training."""
+    bad one is refused before training (``verify=False``: not again, on ranks whose rank 0 did)."""
     check = cache.reconcile_index()
     if check.unindexed:
         lost = sorted(check.unindexed)
@@ -89,7 +90,8 @@ def checked_index(cache: FeatureCache, what: str, family: str = "af2",
     entries = check.entries
     if names is not None:
         entries = {n: k for n, k in entries.items() if n in set(names)}
-    check_entries(cache, entries, family=family)
+    if verify:
+        check_entries(cache, entries, family=family)
     return entries
 
 
