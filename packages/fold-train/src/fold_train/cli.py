@@ -76,6 +76,8 @@ def _train_overrides(args: argparse.Namespace) -> list[str]:
 
 def run_training(args: argparse.Namespace) -> tuple[object, list[dict]]:
     """Build everything ``fold-train train`` needs and run it; returns (trainer, records)."""
+    from fold_data.limits import limits_from_args
+
     from fold_train.config import apply_overrides, preset
     from fold_train.data import SampleStream, open_cache
     from fold_train.distributed import model_parallel, setup
@@ -94,7 +96,7 @@ def run_training(args: argparse.Namespace) -> tuple[object, list[dict]]:
     all_chains = run_on_rank0(
         ctx, "build the feature cache",
         lambda: open_cache(args.data, cache_dir, chains=args.chains, workers=args.cache_workers,
-                           progress=not args.no_progress),
+                           progress=not args.no_progress, limits=limits_from_args(args)),
         after=lambda: open_cache(None, cache_dir, chains=args.chains, verify=False))
     train_chains = _training_entries(all_chains, held, cache_dir, "chain")
     data_preset = cfg.data_preset()
@@ -215,13 +217,16 @@ def _open_af3_cache_once(ctx, args: argparse.Namespace, cache_dir: str) -> list[
     """``open_af3_cache`` built by rank 0 only, for as long as it takes; the other ranks wait
     (:func:`fold_train.rank_sync.run_on_rank0`), then read its index. A failure on rank 0 is
     raised there and reported on every other rank; a stalled rank is named (no rank hangs)."""
+    from fold_data.limits import limits_from_args
+
     from fold_train.af3_data import make_ccd, open_af3_cache
     from fold_train.rank_sync import run_on_rank0
 
     return run_on_rank0(
         ctx, "build the AF3 cache",
         lambda: open_af3_cache(args.data, cache_dir, names=args.chains,
-                               ccd=make_ccd(args.ccd or []), progress=not args.no_progress),
+                               ccd=make_ccd(args.ccd or []), progress=not args.no_progress,
+                               limits=limits_from_args(args)),
         after=lambda: open_af3_cache(None, cache_dir, names=args.chains, verify=False))
 
 
@@ -278,6 +283,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 def run_prediction(args: argparse.Namespace) -> dict:
     """Predict one chain; write the mmCIF; returns the summary printed by ``predict``."""
     import torch
+    from fold_data.limits import limits_from_args, use_limits
 
     from fold_train.outputs import check_prediction, output_path
     from fold_train.predict import (
@@ -288,6 +294,7 @@ def run_prediction(args: argparse.Namespace) -> dict:
         score_against_truth,
         write_mmcif,
     )
+    from fold_train.predict_size import check_af2_input
 
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     if getattr(args, "json", None):
@@ -310,9 +317,18 @@ def run_prediction(args: argparse.Namespace) -> dict:
         from fold_train.autochunk import enable_autochunk
 
         chunked = enable_autochunk(model, autochunk, min_chunk=args.autochunk_min_chunk)
-    name, raw, has_truth = make_raw_features(
+    limits = limits_from_args(args)
+    # sized before any feature is made: too large for the limits or the device is refused
+    check_af2_input(
         fasta=args.fasta, mmcif=args.mmcif, chain=args.chain, msas=args.msa or [],
-        template_hits=args.templates, template_mmcif_dir=args.template_mmcif_dir)
+        model_config=cfg.model_config(), data_preset=cfg.data_preset(), precision=cfg.precision,
+        device=device, limits=limits, memory_limit=getattr(args, "memory_limit", None),
+        chunk_size=args.chunk_size or (args.autochunk_min_chunk if autochunk is not None
+                                       else None))
+    with use_limits(limits):
+        name, raw, has_truth = make_raw_features(
+            fasta=args.fasta, mmcif=args.mmcif, chain=args.chain, msas=args.msa or [],
+            template_hits=args.templates, template_mmcif_dir=args.template_mmcif_dir)
     out = output_path(args.out, name)  # checked before the model runs
     # AutoChunk plans its chunks from the free memory of the first pass: no graphs with it
     graphs = _cuda_graphs(args, device) and autochunk is None
@@ -343,6 +359,8 @@ def _cuda_graphs(args: argparse.Namespace, device: str) -> bool:
 
 
 def _run_af3_prediction(args: argparse.Namespace, device: str) -> dict:
+    from fold_data.limits import limits_from_args
+
     from fold_train.config import ConfigError
     from fold_train.predict_af3 import predict_af3_file
 
@@ -355,7 +373,9 @@ def _run_af3_prediction(args: argparse.Namespace, device: str) -> dict:
                             use_ema=not args.no_ema, ccd_files=args.ccd or [],
                             no_samples=args.samples, no_steps=args.sampler_steps,
                             no_cycles=args.recycles, cuda_graphs=_cuda_graphs(args, device),
-                            allow_outside_paths=getattr(args, "allow_outside_paths", False))
+                            allow_outside_paths=getattr(args, "allow_outside_paths", False),
+                            memory_limit=getattr(args, "memory_limit", None),
+                            limits=limits_from_args(args))
 
 
 def cmd_predict(args: argparse.Namespace) -> int:
@@ -446,6 +466,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 # -- parser -------------------------------------------------------------------------------------
 def build_parser() -> argparse.ArgumentParser:
+    from fold_data.limits import add_limit_options, parse_bytes
+
     parser = argparse.ArgumentParser(
         prog="fold-train",
         description="Train, run and score AlphaFold2- and AlphaFold3-style models (fold). "
@@ -504,6 +526,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", help="cpu, cuda, cuda:1 (default: cuda when present; torchrun "
                                     "sets the rank's GPU)")
     p.add_argument("--cache-workers", type=int, default=2, help="featurizer processes")
+    add_limit_options(p)  # size limits of the cache build (fold_data.limits)
     p.add_argument("--no-progress", action="store_true", help="no progress bar; print a table")
     p.add_argument("--dap", type=int, metavar="N",
                    help="Dynamic Axial Parallelism degree (FastFold): N ranks of each replica "
@@ -549,6 +572,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--autochunk-min-chunk", type=int, default=1, metavar="N",
                    help="smallest chunk AutoChunk may use (default 1; larger is faster but "
                         "reaches a higher memory floor)")
+    p.add_argument("--memory-limit", type=parse_bytes, metavar="BYTES",
+                   help="memory the prediction may use (e.g. 80GiB); default: what the device "
+                        "has free. The input is sized first and refused, with the numbers and "
+                        "the options, when it cannot fit")
+    add_limit_options(p)  # --max-tokens / --max-atoms / --max-msa-memory (fold_data.limits)
     p.add_argument("--no-ema", action="store_true", help="use the live weights, not the EMA")
     p.add_argument("--no-cuda-graphs", action="store_true",
                    help="run eagerly on the unpadded input. Default on CUDA: pad the input to its "

@@ -39,11 +39,12 @@ __all__ = ["SampleStream", "StreamItem", "collate", "open_cache", "prepare_item"
 def open_cache(
     data_dir: str | os.PathLike | None, cache_dir: str | os.PathLike, *,
     chains: Sequence[str] | None = None, exclude: Sequence[str] = (), workers: int = 1,
-    progress: bool = False, verify: bool = True,
+    progress: bool = False, verify: bool = True, limits=None,
 ) -> list[tuple[str, str]]:
     """``[(chain name, cache key)]``, sorted by name, of the usable chains.
 
-    With ``data_dir`` the cache is built (or reused) from it with ``fold_data.cache.build_cache``;
+    With ``data_dir`` the cache is built (or reused) from it with ``fold_data.cache.build_cache``
+    (chains over the size ``limits``, a ``fold_data.limits.SizeLimits``, are reported and skipped);
     otherwise the cache's index is read and, with ``verify``, every entry to be used checked
     (:func:`checked_index`). ``exclude`` drops chains (a held-back chain).
     Raises :class:`InputError` if no chain is left.
@@ -52,7 +53,7 @@ def open_cache(
         from fold_data.cache import build_cache
 
         report = build_cache(data_dir, cache_dir, workers=workers, chains=chains,
-                             progress=progress)
+                             progress=progress, limits=limits)
         for r in report.failed:
             print(f"fold-train: skipping chain {r.name}: {(r.error or '').splitlines()[0]}")
         entries = {r.name: r.key for r in report.results if r.key is not None}
