@@ -243,7 +243,7 @@ def train_row(args, device: torch.device, shape: str, layout: Layout,
     with tempfile.TemporaryDirectory(prefix="parallel_scaling_") as run_dir:  # stays empty
         trainer = Trainer(cfg, run_dir, None, ctx=ctx, progress=False)
 
-        def step() -> None:  # every recycling pass, as the step times count them
+        def step() -> None:  # N_cycle = R: R - 1 passes without gradients, one with
             trainer.run_steps([batch], n_cycle=sizes["r"])
 
         ms, peak, host_ms, syncs = timed(step, device, args.reps, count_syncs=args.count_syncs)
