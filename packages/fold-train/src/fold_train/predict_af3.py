@@ -169,19 +169,23 @@ def predict_af3_file(
     from fold_data.errors import InputError
 
     from fold_train.af3_data import make_ccd
+    from fold_train.families import make_family
     from fold_train.outputs import check_prediction, output_path
+    from fold_train.parallelize import Techniques, parallelize
     from fold_train.predict import load_trained_model, write_mmcif
     from fold_train.predict_graphs import graphs_wanted
 
     model, cfg = load_trained_model(checkpoint, device, use_ema=use_ema, family="af3")
+    done = parallelize(model, make_family(cfg.model.family, cfg.model_config()),
+                       Techniques(cuda_graphs=graphs_wanted(cuda_graphs, device)))
     entry, raw = make_af3_inputs(source, make_ccd(ccd_files),  # bad input: InputError
                                  allow_outside_paths=allow_outside_paths)
     path = output_path(out, entry.name)  # checked before the model runs
     seed = int(entry.seeds[0]) if entry.seeds else 0
     try:
-        pred = predict_af3(model, raw, seed=seed, device=device, precision=cfg.precision,
-                           no_samples=no_samples, no_steps=no_steps, no_cycles=no_cycles,
-                           cuda_graphs=cuda_graphs)
+        pred = predict_af3(model, raw, seed=seed, device=device,
+                           precision=cfg.system.precision, no_samples=no_samples,
+                           no_steps=no_steps, no_cycles=no_cycles, cuda_graphs=done.cuda_graphs)
     except FloatingPointError as e:
         raise InputError(checkpoint, "prediction", f"{e}; the checkpoint has probably "
                          "diverged: predict with an earlier checkpoint") from None
@@ -193,5 +197,5 @@ def predict_af3_file(
             "n_token": int(len(raw["asym_id"])), "n_atom": int(len(raw["atom_to_token"])),
             "chains": [c.chain_id for c in entry.chains], "ligand_chains": ligands,
             "mean_plddt": float(pred.plddt.mean()),
-            "cuda_graphs": graphs_wanted(cuda_graphs, device),
+            "cuda_graphs": done.cuda_graphs,
             "sample_mean_plddt": [float(v) for v in pred.sample_plddt]}
