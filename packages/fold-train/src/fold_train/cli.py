@@ -360,14 +360,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-progress", action="store_true", help="no progress bar; print a table")
     p.add_argument("--dap", type=int, metavar="N",
                    help="Dynamic Axial Parallelism degree (FastFold): N ranks of each replica "
-                        "share one sample, activations split along N_seq / N_res (= dap=N); "
-                        "AF3: the MSA module, Pairformer and template embedder, with "
-                        "data.n_token and data.n_msa multiples of N")
+                        "share one sample, activations split along N_seq / N_res "
+                        "(= parallel.dap=N); AF3: the MSA module, Pairformer and template "
+                        "embedder, with data.n_token and data.n_msa multiples of N")
     p.add_argument("--bp", type=int, choices=(1, 2), metavar="{1,2}",
                    help="Branch Parallelism degree (HelixFold): 2 runs the MSA and pair branches "
-                        "of each block on 2 ranks; needs model.block_order=parallel (= bp=2). "
-                        "World size = DP x BP x DAP under torchrun. AF3 presets: DP and DAP "
-                        "(no --bp)")
+                        "of each block on 2 ranks; needs model.block_order=parallel "
+                        "(= parallel.bp=2). World size = DP x BP x DAP under torchrun. AF3 "
+                        "presets: DP and DAP (no --bp)")
     p.add_argument("overrides", nargs="*", metavar="key=value")
     p.set_defaults(func=cmd_train)
 

@@ -4,16 +4,19 @@ predicting with AF2 and with AF3, so that the loop, the CLI and the config stay 
 A family is a class with:
 
 * class-level hooks of the configuration: its training ``presets`` (nested config dicts),
-  :meth:`model_config` / :meth:`data_preset` from a :class:`~fold_train.config.TrainConfig`, and
-  :meth:`check_config` (what the family does not support);
+  :meth:`model_config_of` / :meth:`data_preset` from a :class:`~fold_train.config.TrainConfig`,
+  :meth:`check_config` (what the family does not support) and :meth:`check_data`;
 * per-run hooks on an instance made with the run's model config: :meth:`build_model`,
   :meth:`make_loss`, :meth:`forward_loss`, :meth:`n_cycle_max`, :meth:`step_metrics`,
   :meth:`evaluate`, :meth:`to_bf16_weights`, and the parallelize hooks (:meth:`dap_stacks`,
-  :meth:`bp_stacks`, :meth:`compile`) that :func:`fold_train.parallelize.parallelize` calls;
+  :meth:`bp_stacks`, :meth:`compile`, :meth:`set_chunking`, ``autochunk_names``) that
+  :func:`fold_train.parallelize.parallelize` calls, and the static loss inputs of a captured
+  step (:meth:`static_loss_inputs`, :meth:`split_static_inputs`);
 * data hooks: :meth:`open_cache` (build / read the feature cache of a data directory),
   :meth:`load_sample` (a loader worker's sample of one cache entry), :meth:`eval_samples`;
-* prediction: :meth:`predict` (the ``fold-train predict`` of the family's input) and
-  ``input_hint`` (which input a checkpoint of the family needs);
+* prediction: :meth:`predict` (the ``fold-train predict`` of the family's input), the
+  ``input_args`` that name such an input and ``input_hint`` (which input a checkpoint of the
+  family needs);
 * shape buckets: ``extent_masks`` and :meth:`bucket_schema` (:mod:`fold_train.buckets`).
 
 :mod:`fold_train.families` registers the families by name (``af2``, ``af3``).
