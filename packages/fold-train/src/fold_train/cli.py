@@ -156,21 +156,16 @@ def _asdict(obj) -> dict:
     return dataclasses.asdict(obj)
 
 
-def _print_records(records: list[dict], every: int) -> None:
-    """A table of the step records: the loss, its terms (as the family logged them), the step's
-    metrics, N_cycle and the step time."""
-    if not records:
-        return
-    skip = {"step", "loss", "n_cycle", "step_time", "data_time", "samples_per_s", "chains",
-            "lr", "grad_norm", "skipped"}
-    cols = [k for k, v in records[0].items() if k not in skip and isinstance(v, float)]
-    width = {k: max(7, len(k)) for k in cols}
-    print(f"{'step':>5} {'loss':>8} " + " ".join(f"{k:>{width[k]}}" for k in cols)
+def _print_records(records: list[dict], every: int, columns) -> None:
+    """A table of the step records: the loss, the family's ``columns`` (``(key, title)``),
+    N_cycle and the step time."""
+    width = {title: max(7, len(title)) for _, title in columns}
+    print(f"{'step':>5} {'loss':>8} " + " ".join(f"{t:>{width[t]}}" for _, t in columns)
           + f" {'N_cycle':>7} {'s/step':>6}")
     for r in records:
         if r["step"] % every == 0 or r is records[-1] or r is records[0]:
             print(f"{r['step']:5d} {r['loss']:8.4f} "
-                  + " ".join(f"{r.get(k, float('nan')):{width[k]}.4f}" for k in cols)
+                  + " ".join(f"{r.get(k, float('nan')):{width[t]}.4f}" for k, t in columns)
                   + f" {r['n_cycle']:7d} {r['step_time']:6.2f}")
 
 
@@ -185,7 +180,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     trainer, records = run_training(args)
     if trainer.ctx.is_main:
         if args.no_progress and records:
-            _print_records(records, max(1, len(records) // 20))
+            _print_records(records, max(1, len(records) // 20), trainer.family.table_columns)
         print(f"fold-train: done at step {trainer.step}; metrics in "
               f"{Path(args.run_dir) / 'metrics.jsonl'}, plot {Path(args.run_dir) / 'training.png'}")
     from fold_train.distributed import teardown
@@ -268,7 +263,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     trainer, records = run_training(train_args)
     print("\ntraining losses (unweighted terms; 'loss' is the AF2-weighted total) and lDDT-Ca "
           "of the training batch:")
-    _print_records(records, max(1, len(records) // 15))
+    _print_records(records, max(1, len(records) // 15), trainer.family.table_columns)
     from fold_train.checkpoint import checkpoint_path
 
     ckpt = checkpoint_path(run_dir / "checkpoints", trainer.step)  # the one this run wrote

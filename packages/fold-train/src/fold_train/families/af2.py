@@ -101,6 +101,8 @@ class AF2Family(Family):
     extent_masks = {"N_res": "seq_mask", "N_clust": "msa_mask", "N_extra": "extra_msa_mask",
                     "N_templ": "template_mask"}
     autochunk_names = ("evoformer", "extra_msa_stack")
+    table_columns = (("fape", "fape"), ("aux", "aux"), ("distogram", "distogram"),
+                     ("masked_msa", "masked_msa"), ("plddt", "plddt"), ("lddt_ca", "lDDT-Ca"))
 
     # -- configuration --------------------------------------------------------------------------
     @classmethod

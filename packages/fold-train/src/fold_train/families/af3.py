@@ -68,6 +68,8 @@ class AF3Family(Family):
     unit = "complex"
     run_label = "AF3 preset"
     input_args = ("json",)
+    table_columns = (("diffusion", "diffusion"), ("distogram", "distogram"),
+                     ("confidence", "confidence"))
     extent_masks = {"N_token": "token_mask", "N_atom": "atom_mask", "N_msa": "msa_mask",
                     "N_templ": "template_mask"}
 

@@ -47,6 +47,8 @@ class Family:
     input_args: ClassVar[tuple[str, ...]] = ()
     # bucketed dimension -> the mask marking its real entries (fold_train.buckets)
     extent_masks: ClassVar[Mapping[str, str]] = {}
+    # (record key, column title) of the step table that `fold-train train --no-progress` prints
+    table_columns: ClassVar[tuple[tuple[str, str], ...]] = ()
     # attributes of the model naming the stacks AutoChunk may wrap (fold-train predict)
     autochunk_names: ClassVar[tuple[str, ...]] = ()
 
