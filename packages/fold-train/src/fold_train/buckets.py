@@ -40,6 +40,8 @@ Bucket = tuple[tuple[str, int], ...]
 
 _RESIDUE_DIMS = ("N_res", "N_token")
 _DEPTH_DIMS = ("N_clust", "N_extra", "N_msa", "N_templ")
+
+
 def _round_up(n: int, step: int) -> int:
     return -(-n // step) * step
 
