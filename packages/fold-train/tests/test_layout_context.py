@@ -25,7 +25,7 @@ def test_dap_layout_on_two_of_three_ranks_equals_one_process(demo_cache, tmp_pat
     cache_dir, chains = demo_cache
     overrides = [*SMALL, *NO_DROPOUT, "steps=1"]
     cfg = apply_overrides(preset("tiny"), overrides)
-    stream = SampleStream(cache_dir, chains, cfg.data_preset(), seed=cfg.seed, workers=0)
+    stream = SampleStream(cache_dir, chains, cfg.data_preset(), seed=cfg.run.seed, workers=0)
     batch, _ = next(stream.batches(1))
     n_cycle = batch["aatype"].shape[1]  # every recycling pass: DAP in the no-grad ones too
     torch.save(batch, tmp_path / "batch.pt")
