@@ -176,7 +176,7 @@ def test_linear_with_a_bias_goes_through_the_registry():
     """``Linear`` with a bias dispatches ``ops.linear`` (a kernel backend replaces its backward);
     without a bias it calls ``F.linear`` directly; the reference equals the float64 formula, and
     fx traces plain ``F.linear`` (what AutoChunk rewrites)."""
-    from fold_model.primitives import Linear
+    from fold_model.layers import Linear
 
     calls = []
 

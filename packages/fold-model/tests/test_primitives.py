@@ -7,7 +7,7 @@ import copy
 import pytest
 import torch
 from _trunk_helpers import holes, randomize_, rel_err
-from fold_model.primitives import (
+from fold_model.layers import (
     Attention,
     GlobalAttention,
     LayerNorm,

@@ -6,13 +6,13 @@ import math
 
 import pytest
 import torch
-from fold_model.af2.rigid import Rigid
 from fold_model.af2.structure_module import (
     BackboneUpdate,
     InvariantPointAttention,
     StructureModule,
     StructureModuleConfig,
 )
+from fold_model.geometry import Rigid
 
 C_S, C_Z = 20, 6
 

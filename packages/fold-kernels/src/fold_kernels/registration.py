@@ -183,6 +183,9 @@ SUPPORTS: dict[str, tuple[Callable, Callable[..., bool]]] = {
     "linear": (kernels.linear, supports_linear),
     "attention": (kernels.evo_attention, supports_attention),
     "attention_packed": (kernels.evo_attention_packed, supports_attention_packed),
+    # triangle attention is packed self-attention: EvoAttention serves it until a kernel of
+    # its own is registered here
+    "triangle_attention": (kernels.evo_attention_packed, supports_attention_packed),
     "layer_norm": (kernels.layer_norm, supports_layer_norm),
     "layer_norm_linear": (kernels.layer_norm_linear,
                           supports_layer_norm_linear),

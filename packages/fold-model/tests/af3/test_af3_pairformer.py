@@ -9,14 +9,10 @@ import copy
 import pytest
 import torch
 from _af3_helpers import grads, holes, randomize_, rel_err
+from fold_model.af3.conditioning import AdaLN, AttentionPairBias, ConditionedTransitionBlock
 from fold_model.af3.config import config
-from fold_model.af3.layers import (
-    AdaLN,
-    AttentionPairBias,
-    ConditionedTransitionBlock,
-    SwiGLUTransition,
-)
 from fold_model.af3.pairformer import PairformerBlock, PairformerStack
+from fold_model.layers import SwiGLUTransition
 
 CFG = config("tiny")
 C_S, C_Z = CFG.c_s, CFG.c_z

@@ -30,6 +30,7 @@ __all__ = [
     "linear",
     "attention",
     "attention_packed",
+    "triangle_attention",
     "layer_norm",
     "layer_norm_linear",
     "softmax_mask_bias",
@@ -82,6 +83,23 @@ def attention_packed(
     """Gated self-attention from packed projections ``proj [*, R, N, P*H*D]`` (q | k | v | gate)
     -> ``[*, R, N, H*D]``; bias ``[*, H, N, N]``, mask ``[*, R, N]``, gate_bias ``[H*D]``."""
     return dispatch("attention_packed", proj, no_heads, bias, mask, scale, gate_bias, gated,
+                    backend=backend)
+
+
+def triangle_attention(
+    proj: torch.Tensor,
+    no_heads: int,
+    bias: torch.Tensor | None = None,
+    mask: torch.Tensor | None = None,
+    scale: float | None = None,
+    gate_bias: torch.Tensor | None = None,
+    gated: bool = True,
+    *,
+    backend: str | None = None,
+) -> torch.Tensor:
+    """Triangle attention (AF2 Alg. 13-14) from packed projections: :func:`attention_packed`'s
+    shapes; its reference dispatches to ``attention_packed``."""
+    return dispatch("triangle_attention", proj, no_heads, bias, mask, scale, gate_bias, gated,
                     backend=backend)
 
 

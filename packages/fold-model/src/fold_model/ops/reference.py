@@ -18,12 +18,13 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from fold_model.ops.registry import register
+from fold_model.ops.registry import dispatch, register
 
 __all__ = [
     "linear",
     "attention",
     "attention_packed",
+    "triangle_attention",
     "layer_norm",
     "layer_norm_linear",
     "softmax_mask_bias",
@@ -108,6 +109,20 @@ def attention_packed(
         gate = gate.transpose(-2, -3)
     o = attention(q, k, v, bias, mask, scale, gate)  # [*, R, H, N, D]
     return o.transpose(-2, -3).flatten(-2)
+
+
+def triangle_attention(
+    proj: torch.Tensor,
+    no_heads: int,
+    bias: torch.Tensor | None = None,
+    mask: torch.Tensor | None = None,
+    scale: float | None = None,
+    gate_bias: torch.Tensor | None = None,
+    gated: bool = True,
+) -> torch.Tensor:
+    """Triangle attention falls back to the ``attention_packed`` op: dispatched, not called, so
+    whichever backend serves attention (fold-kernels' EvoAttention on a GPU) serves it too."""
+    return dispatch("attention_packed", proj, no_heads, bias, mask, scale, gate_bias, gated)
 
 
 def layer_norm(

@@ -28,6 +28,10 @@ Op signatures (all backends implement exactly these):
     the gate is ``sigmoid(gate + gate_bias)``. Returns ``[*, R, N, H*D]``. One GEMM of the
     stacked weights feeds it: a backend reads the parts in place and writes their gradients
     into one packed gradient (no split, no concatenation, no gradient sum over four GEMMs).
+``triangle_attention(proj, no_heads, bias=None, mask=None, scale=None, gate_bias=None, gated=True)``
+    triangle attention (AF2 Alg. 13-14): ``attention_packed``'s contract; the torch reference
+    dispatches to ``attention_packed`` (whichever backend serves it), so a kernel for triangle
+    attention alone is one registration of this op.
 ``linear(x, weight, bias=None) -> y``                ``F.linear``; a backend may compute the
     backward differently (fold-kernels: the bias gradient as a fast deterministic column sum).
 ``layer_norm(x, weight, bias, eps=1e-5) -> y``        over the last dim, like F.layer_norm.
@@ -73,6 +77,7 @@ OPS = (
     "linear",
     "attention",
     "attention_packed",
+    "triangle_attention",
     "layer_norm",
     "layer_norm_linear",
     "softmax_mask_bias",
