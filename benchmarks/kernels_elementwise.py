@@ -91,7 +91,7 @@ def measure(fn, op, grads, extra, dy):
 
 def run(out_path, ops=None):
     import fold_kernels
-    from fold_kernels import reference
+    from fold_ops import reference
 
     results = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
                "triton": __import__("triton").__version__, "rows": []}

@@ -8,7 +8,8 @@ import torch.fx
 import torch.nn.functional as F
 from _trunk_helpers import holes, rel_err
 from fold_model import ops
-from fold_model.ops import reference, registry
+from fold_model.ops import registry
+from fold_ops import reference
 
 
 def _naive_attention(q, k, v, bias, mask, scale, gate):

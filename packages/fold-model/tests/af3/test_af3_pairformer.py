@@ -200,7 +200,7 @@ def test_attention_and_transitions_go_through_the_op_registry():
     every SwiGLU transition dispatches through fold_model.ops, so fold-kernels serves them."""
     from fold_model import ops
     from fold_model.af3.diffusion import DiffusionTransformerBlock
-    from fold_model.ops import reference
+    from fold_ops import reference
 
     calls = {"attention": 0, "attention_packed": 0, "swiglu": 0}
 

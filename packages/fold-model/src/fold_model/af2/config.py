@@ -17,7 +17,6 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-from fold_model.af2.evoformer import BLOCK_ORDERS
 from fold_model.af2.heads import HeadsConfig
 from fold_model.af2.loss import LossConfig
 from fold_model.af2.structure_module import StructureModuleConfig
@@ -144,6 +143,8 @@ class AlphaFold2Config:
     max_recycling_iters: int = 3  # N_cycle = 1 + iterations; drawn from 1..4 in training (1.10)
 
     def __post_init__(self) -> None:
+        from fold_model.af2.evoformer import BLOCK_ORDERS  # here: the config imports no modules
+
         if self.block_order not in BLOCK_ORDERS:
             raise ValueError(
                 f"block_order must be one of {list(BLOCK_ORDERS)}, got {self.block_order!r}"

@@ -1,8 +1,8 @@
-"""Plain PyTorch implementations of every registry op (backend ``"torch"``).
+"""The PyTorch reference of every op of the contract (:mod:`fold_ops.contract`).
 
-These are the references that every optimized backend is tested against, and the path that
-runs when nothing faster is installed or when torch.fx traces a block. Signatures are fixed by
-:mod:`fold_model.ops.registry`.
+fold-model registers them as its backend ``"torch"``: the path that runs when nothing faster is
+installed or when torch.fx traces a block. They are also the ground truth that every optimized
+backend (fold-kernels' Triton ops) is tested against, on float64 copies.
 
 Precision and memory: attention and LayerNorm run in the input dtype, as OpenFold's eager path
 does. PyTorch's matmul, softmax and layer_norm kernels accumulate half-precision inputs in fp32
@@ -18,13 +18,10 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from fold_model.ops.registry import dispatch, register
-
 __all__ = [
     "linear",
     "attention",
     "attention_packed",
-    "triangle_attention",
     "layer_norm",
     "layer_norm_linear",
     "softmax_mask_bias",
@@ -109,20 +106,6 @@ def attention_packed(
         gate = gate.transpose(-2, -3)
     o = attention(q, k, v, bias, mask, scale, gate)  # [*, R, H, N, D]
     return o.transpose(-2, -3).flatten(-2)
-
-
-def triangle_attention(
-    proj: torch.Tensor,
-    no_heads: int,
-    bias: torch.Tensor | None = None,
-    mask: torch.Tensor | None = None,
-    scale: float | None = None,
-    gate_bias: torch.Tensor | None = None,
-    gated: bool = True,
-) -> torch.Tensor:
-    """Triangle attention falls back to the ``attention_packed`` op: dispatched, not called, so
-    whichever backend serves attention (fold-kernels' EvoAttention on a GPU) serves it too."""
-    return dispatch("attention_packed", proj, no_heads, bias, mask, scale, gate_bias, gated)
 
 
 def layer_norm(
@@ -211,7 +194,3 @@ def linear_channel_first(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     autocast it runs in the autocast dtype."""
     return torch.einsum("oc,...ijc->...oij", weight, x)
 
-
-for _name in __all__:
-    if _name != "MASKED_LOGIT":
-        register(_name, "torch", globals()[_name], priority=0)
