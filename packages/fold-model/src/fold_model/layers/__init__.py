@@ -1,19 +1,14 @@
 """Layers shared by AF2 and AF3: the families in :mod:`fold_model.af2` and :mod:`fold_model.af3`
-compose these.
+compose these (neither family imports the other).
 
-=========================  ===========================================================
-module                     contents
-=========================  ===========================================================
-``primitives``             Linear (AF2 inits), LayerNorm, gated / global attention, the
-                           pair bias, shared dropout and its residual, row chunking
-``msa_attention``          MSA row attention with pair bias, column, global column
-``triangle_attention``     triangle attention around the starting / ending node
-``triangle_multiplication`` triangle multiplicative update, outgoing / incoming
-``outer_product_mean``     the MSA's update of the pair
-``transitions``            AF2's ReLU transition, AF3's SwiGLU transition
-``stack``                  :class:`BlockStack`, the one stack runner (chunking, DAP,
-                           checkpointing)
-=========================  ===========================================================
+* ``primitives``: Linear (AF2 inits), LayerNorm, gated / global attention, the pair bias,
+  shared dropout and its residual, row chunking;
+* ``msa_attention``: MSA row attention with pair bias, column, global column;
+* ``triangle_attention``: around the starting / ending node (the ``triangle_attention`` op);
+* ``triangle_multiplication``: the multiplicative update, outgoing / incoming;
+* ``outer_product_mean``: the MSA's update of the pair;
+* ``transitions``: AF2's ReLU transition, AF3's SwiGLU transition;
+* ``stack``: :class:`BlockStack`, the one stack runner (chunking, DAP, checkpointing).
 """
 
 from __future__ import annotations
