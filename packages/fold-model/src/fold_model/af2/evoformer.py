@@ -152,8 +152,8 @@ class _EvoformerLayers(nn.Module):
 
 
 class EvoformerBlock(_EvoformerLayers):
-    """One Evoformer block (Alg. 6) with ``order`` ``"af2"`` or ``"multimer"`` (where the outer
-    product mean goes: :data:`_MSA_AND_OPM`).
+    """One Evoformer block (Alg. 6) in a sequential ``order`` of :data:`BLOCK_ORDERS` (``"af2"``
+    or ``"multimer"``: the row says where the outer product mean goes).
 
     ``forward(m, z, msa_mask, pair_mask) -> (m, z)`` with ``m: [*, N_seq/P, N_res, C_m]``,
     ``z: [*, N_res/P, N_res, C_z]`` (row layout; whole on one device), whole masks
@@ -162,9 +162,9 @@ class EvoformerBlock(_EvoformerLayers):
 
     def __init__(self, *args, order: str = "af2", **kwargs) -> None:
         super().__init__(*args, **kwargs)
-        if order not in _MSA_AND_OPM:
-            raise ValueError(f"EvoformerBlock order must be one of {list(_MSA_AND_OPM)}, "
-                             f"got {order!r}")
+        sequential = [name for name, row in BLOCK_ORDERS.items() if row.msa_and_opm is not None]
+        if order not in sequential:
+            raise ValueError(f"EvoformerBlock order must be one of {sequential}, got {order!r}")
         self.order = order
 
     def forward(
@@ -174,19 +174,11 @@ class EvoformerBlock(_EvoformerLayers):
         msa_mask: torch.Tensor,
         pair_mask: torch.Tensor,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        m_col, z = _MSA_AND_OPM[self.order](self, m, z, msa_mask)
+        m_col, z = BLOCK_ORDERS[self.order].msa_and_opm(self, m, z, msa_mask)
         # DAO: the MSA's way back to row layout overlaps the pair stack.
         handle = self.comm.col_to_row_async(m_col)
         z = self._pair_stack(z, pair_mask)
         return self.comm.wait(handle), z
-
-
-# The sequential orders: how a block runs its MSA stack and outer product mean before the pair
-# stack; returns the column-layout MSA and the pair.
-_MSA_AND_OPM: dict[str, Callable[..., tuple[torch.Tensor, torch.Tensor]]] = {
-    "af2": _EvoformerLayers._opm_after_msa,
-    "multimer": _EvoformerLayers._opm_before_msa,
-}
 
 
 class ParallelEvoformerBlock(_EvoformerLayers):
@@ -257,22 +249,31 @@ class ParallelExtraMsaBlock(ParallelEvoformerBlock):
 @dataclass(frozen=True)
 class BlockOrderSpec:
     """One row of :data:`BLOCK_ORDERS`: the block of the Evoformer and of the extra MSA stack (each
-    called with the sizes of :func:`make_block`) and where the order comes from."""
+    called with the sizes of :func:`make_block`), for a sequential order how the block runs its
+    MSA stack and outer product mean before the pair stack (returning the column-layout MSA and
+    the pair; None for the Parallel Evoformer's independent branches), and the source."""
 
     evoformer_block: Callable[..., _EvoformerLayers]
     extra_msa_block: Callable[..., _EvoformerLayers]
+    msa_and_opm: Callable[..., tuple[torch.Tensor, torch.Tensor]] | None
     source: str
 
 
-# A new block order is one row here (and its block class above).
+# The one table of block orders: a new order is one row here (and its block class above when
+# it is not sequential).
 BLOCK_ORDERS: dict[str, BlockOrderSpec] = {
-    "af2": BlockOrderSpec(partial(EvoformerBlock, order="af2"), partial(ExtraMsaBlock, order="af2"),
-                      "AF2 supplement Alg. 6"),
-    "multimer": BlockOrderSpec(partial(EvoformerBlock, order="multimer"),
-                           partial(ExtraMsaBlock, order="multimer"),
-                           "AlphaFold-Multimer (Evans et al. 2021)"),
-    "parallel": BlockOrderSpec(ParallelEvoformerBlock, ParallelExtraMsaBlock,
-                           "Parallel Evoformer (Wang et al. 2022)"),
+    "af2": BlockOrderSpec(
+        partial(EvoformerBlock, order="af2"), partial(ExtraMsaBlock, order="af2"),
+        _EvoformerLayers._opm_after_msa, "AF2 supplement Alg. 6",
+    ),
+    "multimer": BlockOrderSpec(
+        partial(EvoformerBlock, order="multimer"), partial(ExtraMsaBlock, order="multimer"),
+        _EvoformerLayers._opm_before_msa, "AlphaFold-Multimer (Evans et al. 2021)",
+    ),
+    "parallel": BlockOrderSpec(
+        ParallelEvoformerBlock, ParallelExtraMsaBlock, None,
+        "Parallel Evoformer (Wang et al. 2022)",
+    ),
 }
 
 
