@@ -40,6 +40,7 @@ from fold_model.layers import (
     TriangleMultiplicationIncoming,
     TriangleMultiplicationOutgoing,
     dropout_residual,
+    pair_stack,
 )
 from fold_model.seams import IDENTITY_COMM, AxialComm
 
@@ -118,19 +119,7 @@ class _EvoformerLayers(nn.Module):
 
     def _pair_stack(self, z: torch.Tensor, pair_mask: torch.Tensor) -> torch.Tensor:
         """``z [*, N_res/P, N_res, C_z]`` (row) -> same layout (Alg. 6 lines 5-9)."""
-        comm, chunk, p, train = self.comm, self.chunk_size, self.pair_dropout, self.training
-        mask_row = comm.scatter(pair_mask, -2)  # [*, N_res/P, N_res]
-        mask_col = comm.scatter(pair_mask, -1)  # [*, N_res, N_res/P]
-        z = dropout_residual(self.tri_mul_out(z, mask_row, comm, chunk), z, p, -3, train)
-        z = comm.row_to_col(z)  # [*, N_res, N_res/P, C_z]
-        z = dropout_residual(self.tri_mul_in(z, mask_col, comm, chunk), z, p, -3, train)
-        z = comm.col_to_row(z)  # [*, N_res/P, N_res, C_z]
-        z = dropout_residual(self.tri_att_start(z, mask_row, comm, chunk), z, p, -3, train)
-        z = comm.row_to_col(z)  # [*, N_res, N_res/P, C_z]
-        # DropoutColumnwise: one mask shared by all columns (dim -2).
-        z = dropout_residual(self.tri_att_end(z, mask_col, comm, chunk), z, p, -2, train)
-        z = z + self.pair_transition(z, chunk)
-        return comm.col_to_row(z)  # [*, N_res/P, N_res, C_z]
+        return pair_stack(self, z, pair_mask, self.comm, self.chunk_size, self.pair_dropout)
 
     def _opm_after_msa(
         self, m: torch.Tensor, z: torch.Tensor, msa_mask: torch.Tensor

@@ -30,6 +30,7 @@ from fold_model.layers import (
     TriangleMultiplicationIncoming,
     TriangleMultiplicationOutgoing,
     dropout_residual,
+    pair_stack,
 )
 from fold_model.seams import IDENTITY_COMM, AxialComm
 
@@ -104,19 +105,8 @@ class PairUpdates(SubLayers):
 
     def pair_stack(self, z: torch.Tensor, pair_mask: torch.Tensor) -> torch.Tensor:
         """``z [*, N/P, N, C_z]`` (row) -> same layout; ``pair_mask [*, N, N]`` whole."""
-        comm, chunk, p = self.comm, self.chunk_size, self.pair_dropout
-        mask_row = comm.scatter(pair_mask, -2)  # [*, N/P, N]
-        mask_col = comm.scatter(pair_mask, -1)  # [*, N, N/P]
-        z = self._residual(self._run(self.tri_mul_out, z, mask_row, comm, chunk), z, p, -3)
-        z = comm.row_to_col(z)  # [*, N, N/P, C_z]
-        z = self._residual(self._run(self.tri_mul_in, z, mask_col, comm, chunk), z, p, -3)
-        z = comm.col_to_row(z)  # [*, N/P, N, C_z]
-        z = self._residual(self._run(self.tri_att_start, z, mask_row, comm, chunk), z, p, -3)
-        z = comm.row_to_col(z)  # [*, N, N/P, C_z]
-        # DropoutColumnwise: one mask shared by all columns (dim -2).
-        z = self._residual(self._run(self.tri_att_end, z, mask_col, comm, chunk), z, p, -2)
-        z = z + self._run(self.pair_transition, z, chunk)
-        return comm.col_to_row(z)  # [*, N/P, N, C_z]
+        return pair_stack(self, z, pair_mask, self.comm, self.chunk_size, self.pair_dropout,
+                          self._run)
 
     def forward(self, z: torch.Tensor, pair_mask: torch.Tensor) -> torch.Tensor:
         return self._block(self.pair_stack, z, pair_mask)

@@ -7,6 +7,7 @@ compose these (neither family imports the other).
 * ``triangle_attention``: around the starting / ending node (the ``triangle_attention`` op);
 * ``triangle_multiplication``: the multiplicative update, outgoing / incoming;
 * ``outer_product_mean``: the MSA's update of the pair;
+* ``pair_stack``: the five pair updates of a block (both families' order);
 * ``transitions``: AF2's ReLU transition, AF3's SwiGLU transition;
 * ``stack``: :class:`BlockStack`, the one stack runner (chunking, DAP, checkpointing).
 """
@@ -19,6 +20,7 @@ from fold_model.layers.msa_attention import (
     MSARowAttentionWithPairBias,
 )
 from fold_model.layers.outer_product_mean import OuterProductMean
+from fold_model.layers.pair_stack import pair_stack
 from fold_model.layers.primitives import (
     Attention,
     GlobalAttention,
@@ -72,5 +74,6 @@ __all__ = [
     "chunked_rows",
     "dropout_residual",
     "pair_bias",
+    "pair_stack",
     "shared_dropout_mask",
 ]
