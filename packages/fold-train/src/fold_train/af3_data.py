@@ -24,6 +24,7 @@ from pathlib import Path
 from fold_data.af3 import AF3DataPreset, Ccd, default_ccd
 from fold_data.af3 import get_preset as get_af3_preset
 from fold_data.errors import InputError
+from fold_data.readers import MMCIF_SUFFIXES, file_suffix
 
 __all__ = ["AF3_TINY_DATA", "af3_cache_dir", "af3_data_preset", "discover_complexes", "make_ccd",
            "open_af3_cache"]
@@ -31,8 +32,6 @@ __all__ = ["AF3_TINY_DATA", "af3_cache_dir", "af3_data_preset", "discover_comple
 # The CPU preset of the AF3 tests: crops of 72 tokens / 192 atoms, so a ligand of up to ~60
 # heavy atoms fits whole with ~16 residues around it; 16 MSA rows, 2 templates.
 AF3_TINY_DATA = AF3DataPreset("af3_tiny", n_token=72, n_atom=192, n_msa=16, n_templ=2)
-
-_SUFFIXES = (".cif", ".mmcif", ".cif.gz")
 
 
 def af3_data_preset(name: str) -> AF3DataPreset:
@@ -61,7 +60,7 @@ def discover_complexes(data_dir: str | os.PathLike,
         raise InputError(root, None, "expected a data directory of mmCIF complexes")
     folder = root / "mmcifs" if (root / "mmcifs").is_dir() else root
     files = sorted(p for p in folder.iterdir()
-                   if p.is_file() and p.name.lower().endswith(_SUFFIXES))
+                   if p.is_file() and file_suffix(p) in MMCIF_SUFFIXES)
     if names is not None:
         wanted = set(names)
         files = [p for p in files if _entry_name(p) in wanted]
@@ -77,11 +76,8 @@ def discover_complexes(data_dir: str | os.PathLike,
 
 
 def _entry_name(path: Path) -> str:
-    name = path.name
-    for suffix in _SUFFIXES:
-        if name.lower().endswith(suffix):
-            return name[: -len(suffix)]
-    return path.stem
+    suffix = file_suffix(path)
+    return path.name[: -len(suffix)] if suffix in MMCIF_SUFFIXES else path.stem
 
 
 def open_af3_cache(

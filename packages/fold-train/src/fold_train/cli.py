@@ -7,6 +7,7 @@
                         [--out X.cif]
     fold-train predict  --checkpoint AF3_CKPT --json INPUT.json [--out X.cif]   (AlphaFold3)
     fold-train evaluate PRED TRUE [--chain C]          (files, or directories of predictions)
+    fold-train import-weights params_model_1_ptm.npz --out af2.ckpt   (AF2 / OpenFold weights)
     fold-train cache    DATA_DIR --out CACHE_DIR ...   (fold-data's cache builder)
     fold-train demo     [--data data/demo]             (the README's main job)
 
@@ -147,10 +148,17 @@ def _held_text(held: list[str]) -> str:
 def _start_trainer(args: argparse.Namespace, cfg, ctx, stream, eval_set, describe):
     """The Trainer of either model family, resumed when asked; rank 0 prints ``describe(n)``
     (n: the parameter count) and the run directory."""
+    from fold_train.config import ConfigError
     from fold_train.loop import Trainer
 
+    init_from = getattr(args, "init_from", None)
+    if init_from and (args.resume or args.resume_from):
+        raise ConfigError("--init-from starts a new run from weights only; --resume continues "
+                          "a run: give one of them")
     trainer = Trainer(cfg, args.run_dir, stream, ctx=ctx, eval_set=eval_set,
-                      progress=not args.no_progress)
+                      progress=not args.no_progress, init_from=init_from)
+    if init_from and ctx.is_main:
+        print(f"fold-train: weights from {init_from}; optimizer and step start fresh")
     if args.resume or args.resume_from:
         step = trainer.resume(args.resume_from)
         if ctx.is_main:
@@ -291,15 +299,15 @@ def cmd_train(args: argparse.Namespace) -> int:
 def run_prediction(args: argparse.Namespace) -> dict:
     """Predict one chain; write the mmCIF; returns the summary printed by ``predict``."""
     import torch
+    from fold_data.af2.write import prediction_to_structure
+    from fold_data.write import write_mmcif
 
     from fold_train.outputs import check_prediction, output_path
     from fold_train.predict import (
         load_trained_model,
         make_raw_features,
         predict_structure,
-        prediction_to_structure,
         score_against_truth,
-        write_mmcif,
     )
 
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
@@ -336,6 +344,8 @@ def run_prediction(args: argparse.Namespace) -> dict:
     write_mmcif(prediction_to_structure(pred, name), out)
     summary: dict = {"name": name, "out": str(out), "n_res": len(pred.aatype),
                      "mean_plddt": float(pred.plddt.mean()), "cuda_graphs": graphs}
+    if pred.ptm is not None:  # pTM models (AF2's _ptm): the values; PAE files are not written
+        summary.update(ptm=pred.ptm, mean_pae=float(pred.pae.mean()), max_pae=pred.max_pae)
     if chunked:
         summary["autochunk"] = {
             name: {"budget_bytes": w.report.memory_budget,
@@ -374,6 +384,14 @@ def _run_af3_prediction(args: argparse.Namespace, device: str) -> dict:
 def cmd_predict(args: argparse.Namespace) -> int:
     summary = run_prediction(args)
     print(json.dumps(summary))
+    return 0
+
+
+# -- import-weights -----------------------------------------------------------------------------
+def cmd_import_weights(args: argparse.Namespace) -> int:
+    from fold_train.init_from import import_weights
+
+    print(json.dumps(import_weights(args.params, args.out)))
     return 0
 
 
@@ -505,6 +523,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--resume", action="store_true",
                    help="continue from the run directory's latest checkpoint")
     p.add_argument("--resume-from", metavar="CKPT", help="continue from this checkpoint")
+    p.add_argument("--init-from", metavar="CKPT_OR_PARAMS",
+                   help="start from these weights only (fine-tuning): a fold checkpoint of any "
+                        "preset with the same modules (its EMA weights), AF2's "
+                        "params_model_*.npz or an OpenFold .pt; optimizer and step start fresh")
     p.add_argument("--overwrite", action="store_true",
                    help="delete an earlier run's outputs in --run-dir (config.json, "
                         "metrics.jsonl, checkpoints/, ...) first; without it (or --resume) a "
@@ -580,6 +602,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--sampler-steps", type=int,
                    help="AF3: EDM sampler steps (default: the model's, 200 for af3)")
     p.set_defaults(func=cmd_predict)
+
+    p = sub.add_parser(
+        "import-weights", help="AF2 / OpenFold parameters -> a fold checkpoint",
+        description="Convert AlphaFold2's params_model_{1..5}[_ptm].npz or an OpenFold AF2 "
+                    "checkpoint (.pt: plain, Lightning with EMA, DeepSpeed) into a fold "
+                    "checkpoint that predict reads and train --init-from starts from. Prints a "
+                    "JSON summary.")
+    p.add_argument("params", metavar="PARAMS", help="params_model_*.npz or an OpenFold .pt")
+    p.add_argument("--out", required=True, help="the fold checkpoint to write")
+    p.set_defaults(func=cmd_import_weights)
 
     p = sub.add_parser(
         "evaluate", help="score predictions against true structures",

@@ -79,6 +79,7 @@ class _EvoformerLayers(nn.Module):
         pair_dropout: float,
         global_column: bool = False,
         comm: AxialComm = IDENTITY_COMM,
+        opm_divide_bias: bool = True,
     ) -> None:
         super().__init__()
         self.msa_dropout = msa_dropout
@@ -93,7 +94,9 @@ class _EvoformerLayers(nn.Module):
         else:
             self.msa_att_col = MSAColumnAttention(c_m, c_hidden_msa_att, no_heads_msa)
         self.msa_transition = MSATransition(c_m, transition_n)
-        self.outer_product_mean = OuterProductMean(c_m, c_z, c_hidden_opm)
+        self.outer_product_mean = OuterProductMean(
+            c_m, c_z, c_hidden_opm, divide_bias=opm_divide_bias
+        )
         self.tri_mul_out = TriangleMultiplicationOutgoing(c_z, c_hidden_mul)
         self.tri_mul_in = TriangleMultiplicationIncoming(c_z, c_hidden_mul)
         self.tri_att_start = TriangleAttentionStartingNode(c_z, c_hidden_pair_att, no_heads_pair)
@@ -280,7 +283,7 @@ def make_block(
         c_hidden_opm=cfg.c_hidden_opm, c_hidden_mul=cfg.c_hidden_mul,
         c_hidden_pair_att=cfg.c_hidden_pair_att, no_heads_pair=cfg.no_heads_pair,
         transition_n=cfg.transition_n, msa_dropout=cfg.msa_dropout,
-        pair_dropout=cfg.pair_dropout, comm=comm,
+        pair_dropout=cfg.pair_dropout, comm=comm, opm_divide_bias=cfg.opm_divide_bias,
     )
 
 
