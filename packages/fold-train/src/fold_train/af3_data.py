@@ -24,6 +24,7 @@ from pathlib import Path
 from fold_data.af3 import AF3DataPreset, Ccd, default_ccd
 from fold_data.af3 import get_preset as get_af3_preset
 from fold_data.errors import InputError
+from fold_data.limits import use_limits
 from fold_data.readers import MMCIF_SUFFIXES, file_suffix
 
 __all__ = ["AF3_TINY_DATA", "af3_cache_dir", "af3_data_preset", "discover_complexes", "make_ccd",
@@ -83,11 +84,14 @@ def _entry_name(path: Path) -> str:
 def open_af3_cache(
     data_dir: str | os.PathLike | None, cache_dir: str | os.PathLike, *,
     names: Sequence[str] | None = None, ccd: Ccd | None = None, progress: bool = False,
+    verify: bool = True, limits=None,
 ) -> list[tuple[str, str]]:
     """``[(entry name, cache key)]``, sorted by name, of the usable complexes.
 
     With ``data_dir`` every complex is featurised (or found) in the AF3 cache; a complex that
-    fails is reported and skipped. Without it the cache's index is read. Raises
+    fails, or exceeds the size ``limits`` (``fold_data.limits.SizeLimits``), is reported and
+    skipped. Without it the cache's index is read and, with ``verify``,
+    every entry to be used checked (:func:`fold_train.data.checked_index`). Raises
     :class:`InputError` when no entry is left.
     """
     from fold_data.af3 import af3_cache, fetch_af3_features
@@ -96,9 +100,7 @@ def open_af3_cache(
     if data_dir is None:
         from fold_train.data import checked_index
 
-        entries = checked_index(cache, "complexes")
-        if names is not None:
-            entries = {n: k for n, k in entries.items() if n in set(names)}
+        entries = checked_index(cache, "complexes", family="af3", names=names, verify=verify)
     else:
         ccd = ccd or default_ccd()
         entries = {}
@@ -106,7 +108,8 @@ def open_af3_cache(
         for i, path in enumerate(files):
             name = _entry_name(path)
             try:
-                result = fetch_af3_features(cache, path, ccd=ccd)
+                with use_limits(limits):
+                    result = fetch_af3_features(cache, path, ccd=ccd)
             except InputError as e:
                 print(f"fold-train: skipping complex {name}: {str(e).splitlines()[0]}")
                 continue

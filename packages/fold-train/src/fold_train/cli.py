@@ -77,9 +77,12 @@ def _train_overrides(args: argparse.Namespace) -> list[str]:
 
 def run_training(args: argparse.Namespace) -> tuple[object, list[dict]]:
     """Build everything ``fold-train train`` needs and run it; returns (trainer, records)."""
+    from fold_data.limits import limits_from_args
+
     from fold_train.config import apply_overrides, preset
     from fold_train.data import SampleStream, open_cache
     from fold_train.distributed import model_parallel, setup
+    from fold_train.rank_sync import run_on_rank0
 
     cfg = apply_overrides(preset(args.preset), _train_overrides(args))
     if args.data is None and args.cache is None:
@@ -90,15 +93,12 @@ def run_training(args: argparse.Namespace) -> tuple[object, list[dict]]:
     ctx = model_parallel(setup(args.device), dap=cfg.dap, bp=cfg.bp)
     cache_dir = args.cache or str(Path(args.run_dir) / "cache")
     held = list(args.hold_out or [])
-    if ctx.is_main or not ctx.distributed:
-        all_chains = open_cache(args.data, cache_dir, chains=args.chains,
-                                workers=args.cache_workers, progress=not args.no_progress)
-    if ctx.distributed:
-        import torch.distributed as dist
-
-        dist.barrier()  # rank 0 built the cache; the others read its index
-        if not ctx.is_main:
-            all_chains = open_cache(None, cache_dir, chains=args.chains)
+    # rank 0 builds the cache, for as long as it takes; the others then read its index
+    all_chains = run_on_rank0(
+        ctx, "build the feature cache",
+        lambda: open_cache(args.data, cache_dir, chains=args.chains, workers=args.cache_workers,
+                           progress=not args.no_progress, limits=limits_from_args(args)),
+        after=lambda: open_cache(None, cache_dir, chains=args.chains, verify=False))
     train_chains = _training_entries(all_chains, held, cache_dir, "chain")
     data_preset = cfg.data_preset()
     eval_set = _eval_set(cache_dir, [c for c in all_chains if c[0] in held], data_preset)
@@ -222,28 +222,20 @@ def _check_af3_dap_sizes(dap: int, data_preset) -> None:
 
 
 def _open_af3_cache_once(ctx, args: argparse.Namespace, cache_dir: str) -> list[tuple[str, str]]:
-    """``open_af3_cache`` built by rank 0 only; the other ranks wait, then read its index. A
-    failure on rank 0 is raised there and reported on every other rank (no rank hangs)."""
-    from fold_data.errors import InputError
+    """``open_af3_cache`` built by rank 0 only, for as long as it takes; the other ranks wait
+    (:func:`fold_train.rank_sync.run_on_rank0`), then read its index. A failure on rank 0 is
+    raised there and reported on every other rank; a stalled rank is named (no rank hangs)."""
+    from fold_data.limits import limits_from_args
 
-    from fold_train.af3_data import af3_cache_dir, make_ccd, open_af3_cache
-    from fold_train.distributed import all_true
+    from fold_train.af3_data import make_ccd, open_af3_cache
+    from fold_train.rank_sync import run_on_rank0
 
-    entries, error = None, None
-    if ctx.is_main:
-        try:
-            entries = open_af3_cache(args.data, cache_dir, names=args.chains,
-                                     ccd=make_ccd(args.ccd or []), progress=not args.no_progress)
-        except Exception as e:  # reported to the others below, then raised here
-            error = e
-    if not all_true(error is None, ctx):  # a barrier: rank 0 has written the cache and index
-        if error is not None:
-            raise error
-        raise InputError(af3_cache_dir(cache_dir), None,
-                         "rank 0 failed to build the AF3 cache (its error is in its output)")
-    if entries is None:
-        entries = open_af3_cache(None, cache_dir, names=args.chains)
-    return entries
+    return run_on_rank0(
+        ctx, "build the AF3 cache",
+        lambda: open_af3_cache(args.data, cache_dir, names=args.chains,
+                               ccd=make_ccd(args.ccd or []), progress=not args.no_progress,
+                               limits=limits_from_args(args)),
+        after=lambda: open_af3_cache(None, cache_dir, names=args.chains, verify=False))
 
 
 def _asdict(obj) -> dict:
@@ -300,6 +292,7 @@ def run_prediction(args: argparse.Namespace) -> dict:
     """Predict one chain; write the mmCIF; returns the summary printed by ``predict``."""
     import torch
     from fold_data.af2.write import prediction_to_structure
+    from fold_data.limits import limits_from_args, use_limits
     from fold_data.write import write_mmcif
 
     from fold_train.outputs import check_prediction, output_path
@@ -309,6 +302,7 @@ def run_prediction(args: argparse.Namespace) -> dict:
         predict_structure,
         score_against_truth,
     )
+    from fold_train.predict_size import check_af2_input
 
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     if getattr(args, "json", None):
@@ -331,9 +325,18 @@ def run_prediction(args: argparse.Namespace) -> dict:
         from fold_train.autochunk import enable_autochunk
 
         chunked = enable_autochunk(model, autochunk, min_chunk=args.autochunk_min_chunk)
-    name, raw, has_truth = make_raw_features(
+    limits = limits_from_args(args)
+    # sized before any feature is made: too large for the limits or the device is refused
+    check_af2_input(
         fasta=args.fasta, mmcif=args.mmcif, chain=args.chain, msas=args.msa or [],
-        template_hits=args.templates, template_mmcif_dir=args.template_mmcif_dir)
+        model_config=cfg.model_config(), data_preset=cfg.data_preset(), precision=cfg.precision,
+        device=device, limits=limits, memory_limit=getattr(args, "memory_limit", None),
+        chunk_size=args.chunk_size or (args.autochunk_min_chunk if autochunk is not None
+                                       else None))
+    with use_limits(limits):
+        name, raw, has_truth = make_raw_features(
+            fasta=args.fasta, mmcif=args.mmcif, chain=args.chain, msas=args.msa or [],
+            template_hits=args.templates, template_mmcif_dir=args.template_mmcif_dir)
     out = output_path(args.out, name)  # checked before the model runs
     # AutoChunk plans its chunks from the free memory of the first pass: no graphs with it
     graphs = _cuda_graphs(args, device) and autochunk is None
@@ -366,6 +369,8 @@ def _cuda_graphs(args: argparse.Namespace, device: str) -> bool:
 
 
 def _run_af3_prediction(args: argparse.Namespace, device: str) -> dict:
+    from fold_data.limits import limits_from_args
+
     from fold_train.config import ConfigError
     from fold_train.predict_af3 import predict_af3_file
 
@@ -378,7 +383,9 @@ def _run_af3_prediction(args: argparse.Namespace, device: str) -> dict:
                             use_ema=not args.no_ema, ccd_files=args.ccd or [],
                             no_samples=args.samples, no_steps=args.sampler_steps,
                             no_cycles=args.recycles, cuda_graphs=_cuda_graphs(args, device),
-                            allow_outside_paths=getattr(args, "allow_outside_paths", False))
+                            allow_outside_paths=getattr(args, "allow_outside_paths", False),
+                            memory_limit=getattr(args, "memory_limit", None),
+                            limits=limits_from_args(args))
 
 
 def cmd_predict(args: argparse.Namespace) -> int:
@@ -477,6 +484,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 # -- parser -------------------------------------------------------------------------------------
 def build_parser() -> argparse.ArgumentParser:
+    from fold_data.limits import add_limit_options, parse_bytes
+
     parser = argparse.ArgumentParser(
         prog="fold-train",
         description="Train, run and score AlphaFold2- and AlphaFold3-style models (fold). "
@@ -539,6 +548,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", help="cpu, cuda, cuda:1 (default: cuda when present; torchrun "
                                     "sets the rank's GPU)")
     p.add_argument("--cache-workers", type=int, default=2, help="featurizer processes")
+    add_limit_options(p)  # size limits of the cache build (fold_data.limits)
     p.add_argument("--no-progress", action="store_true", help="no progress bar; print a table")
     p.add_argument("--dap", type=int, metavar="N",
                    help="Dynamic Axial Parallelism degree (FastFold): N ranks of each replica "
@@ -584,6 +594,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--autochunk-min-chunk", type=int, default=1, metavar="N",
                    help="smallest chunk AutoChunk may use (default 1; larger is faster but "
                         "reaches a higher memory floor)")
+    p.add_argument("--memory-limit", type=parse_bytes, metavar="BYTES",
+                   help="memory the prediction may use (e.g. 80GiB); default: what the device "
+                        "has free. The input is sized first and refused, with the numbers and "
+                        "the options, when it cannot fit")
+    add_limit_options(p)  # --max-tokens / --max-atoms / --max-msa-memory (fold_data.limits)
     p.add_argument("--no-ema", action="store_true", help="use the live weights, not the EMA")
     p.add_argument("--no-cuda-graphs", action="store_true",
                    help="run eagerly on the unpadded input. Default on CUDA: pad the input to its "
@@ -659,6 +674,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from fold_train.checkpoint import CheckpointError
     from fold_train.config import ConfigError
     from fold_train.loop import NonFiniteError, TrainingInterrupted
+    from fold_train.rank_sync import RankStalled
 
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -667,7 +683,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as e:
         print(f"fold-train {args.command}: {e}", file=sys.stderr)
         return 2
-    except (InputError, CheckpointError, NonFiniteError, MemoryBudgetError) as e:
+    except (InputError, CheckpointError, NonFiniteError, MemoryBudgetError, RankStalled) as e:
         print(f"fold-train {args.command}: {e}", file=sys.stderr)
         return 1
     except TrainingInterrupted as e:

@@ -119,6 +119,9 @@ class TrainConfig:
     use_kernels: bool | None = None  # fused optimizer: None = on CUDA when importable
     dap: int = 1  # Dynamic Axial Parallelism degree (ranks per replica sharing a sample)
     bp: int = 1  # Branch Parallelism degree (1 or 2; needs model.block_order=parallel)
+    # DAP's all-to-alls overlapped with compute (FastFold's Duality Async Operations); false:
+    # synchronous DAP
+    dao: bool = True
     # ScaleFold system switches (section 3.3)
     gc_off: bool = True  # garbage collection off during steps, collected between them
     overlap_clip: bool = True  # global-norm partials computed while the all-reduce runs

@@ -27,7 +27,7 @@ from torch import nn
 from fold_train.optim import FlatParams
 
 __all__ = ["DistContext", "all_reduce_gradients", "all_true", "enable_model_parallel",
-           "gather_objects", "model_parallel", "setup", "teardown"]
+           "gather_objects", "layout_context", "model_parallel", "setup", "teardown"]
 
 
 @dataclass
@@ -75,10 +75,34 @@ def model_parallel(ctx: DistContext, *, dap: int = 1, bp: int = 1) -> DistContex
                        dp_rank=groups.dp_index, dp_size=groups.config.dp, groups=groups)
 
 
-def enable_model_parallel(model: nn.Module, ctx: DistContext) -> list:
+def layout_context(ctx: DistContext, ranks: int, *, dap: int = 1, bp: int = 1
+                   ) -> DistContext | None:
+    """The context of a job on world ranks ``0 .. ranks - 1`` only, split into replicas of
+    ``dap x bp`` ranks as :func:`model_parallel` splits the world: gradients are averaged over
+    those ranks, DAP/BP run in fold-parallel's groups among them (a benchmark timing several
+    layouts in one world). Every rank of the world calls this in the same order (group creation
+    is collective); the ranks outside get ``None`` and must not train meanwhile."""
+    if ranks % (dap * bp) or not 1 <= ranks <= ctx.world_size:
+        raise ValueError(f"a layout of {ranks} ranks with dap x bp = {dap} x {bp} does not fit "
+                         f"a world of {ctx.world_size}")
+    if ranks == 1:  # no groups to create: rank 0 alone
+        return DistContext(0, 1, ctx.device, None) if ctx.rank == 0 else None
+    from fold_parallel import ParallelConfig, build_groups
+
+    groups = build_groups(ParallelConfig(dp=ranks // (dap * bp), bp=bp, dap=dap), subset=True)
+    if groups is None:
+        return None
+    return DistContext(ctx.rank, ranks, ctx.device, groups.world_group,
+                       dp_rank=groups.dp_index, dp_size=groups.config.dp,
+                       groups=groups if dap * bp > 1 else None)
+
+
+def enable_model_parallel(model: nn.Module, ctx: DistContext, *, dao: bool = True) -> list:
     """Put ``model``'s stacks under DAP (Evoformer, extra MSA, template pair stacks) and BP
     (Evoformer and extra MSA stacks; needs ``block_order='parallel'``) per ``ctx.groups``;
-    returns the fold-parallel handles. Parameters and state-dict keys are unchanged.
+    returns the fold-parallel handles. Parameters and state-dict keys are unchanged. ``dao``:
+    DAP's communication overlapped with compute (FastFold's Duality Async Operations; false:
+    synchronous DAP).
 
     AlphaFold3: DAP only, through ``AlphaFold3.set_comm`` (MSA module, Pairformer, template
     embedder; each scatters its inputs and gathers its output itself, so N_token and the MSA
@@ -95,7 +119,7 @@ def enable_model_parallel(model: nn.Module, ctx: DistContext) -> list:
                              "AF3 takes DAP and data parallelism")
         if cfg.dap == 1:
             return []
-        model.set_comm(DapComm(ctx.groups.dap_group))
+        model.set_comm(DapComm(ctx.groups.dap_group, overlap_forward=dao, overlap_backward=dao))
         return [m for m in (model.msa_module, model.pairformer, model.template_embedder)
                 if m is not None]
     handles = []
@@ -109,7 +133,7 @@ def enable_model_parallel(model: nn.Module, ctx: DistContext) -> list:
         coll = Collectives(ctx.groups.bp_group, name="BP group")
         handles += [enable_bp(s, coll) for s in stacks]
     if cfg.dap > 1:
-        comm = DapComm(ctx.groups.dap_group)
+        comm = DapComm(ctx.groups.dap_group, overlap_forward=dao, overlap_backward=dao)
         if model.template_embedder is not None:
             stacks.append(model.template_embedder.pair_stack)
         handles += [enable_dap(s, comm) for s in stacks]

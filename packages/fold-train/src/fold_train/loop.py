@@ -213,7 +213,8 @@ class Trainer:
             load_init_weights(self.model, init_from, cfg.family)
         if cfg.bf16_weights:  # before the flat buffers: one group per dtype, fp32 masters
             self.family.to_bf16_weights(self.model)
-        self._parallel_handles = enable_model_parallel(self.model, self.ctx)  # DAP / BP
+        self._parallel_handles = enable_model_parallel(self.model, self.ctx,  # DAP / BP
+                                                        dao=cfg.dao)
         if cfg.compile_structure_module:
             # memory-bound: many small elementwise ops that fuse well (ScaleFold 3.3)
             self.model.structure_module.compile()

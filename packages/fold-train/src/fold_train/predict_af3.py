@@ -79,22 +79,36 @@ def predict_af3_file(
     no_samples: int | None = None, no_steps: int | None = None, no_cycles: int | None = None,
     cuda_graphs: bool | None = None,
     allow_outside_paths: bool = False,
+    memory_limit: int | None = None,
+    limits=None,
 ) -> dict:
     """The whole ``fold-train predict --json``: returns the printed JSON summary. Without
     ``out`` the JSON's ``name``, made one safe file name, is written in the current directory;
-    a diverged checkpoint's non-finite or absurd structure is refused, not written."""
+    a diverged checkpoint's non-finite or absurd structure is refused, not written. The entry is
+    sized before it is featurised (:mod:`fold_train.predict_size`: ``limits``, a
+    ``fold_data.limits.SizeLimits``, and ``memory_limit`` bytes, default the device's free
+    memory): one too large is refused with the numbers and the options."""
+    from fold_data.af3 import load_entry, make_features
     from fold_data.af3.write import af3_prediction_to_structure
     from fold_data.errors import InputError
+    from fold_data.limits import use_limits
     from fold_data.write import write_mmcif
 
     from fold_train.af3_data import make_ccd
     from fold_train.outputs import check_prediction, output_path
     from fold_train.predict import load_trained_model
     from fold_train.predict_graphs import graphs_wanted
+    from fold_train.predict_size import check_af3_input
 
     model, cfg = load_trained_model(checkpoint, device, use_ema=use_ema, family="af3")
-    entry, raw = make_af3_inputs(source, make_ccd(ccd_files),  # bad input: InputError
-                                 allow_outside_paths=allow_outside_paths)
+    ccd = make_ccd(ccd_files)
+    entry = load_entry(source, ccd=ccd,  # bad input: InputError
+                       allow_outside_paths=allow_outside_paths)
+    check_af3_input(entry, ccd, model_config=cfg.model_config(), precision=cfg.precision,
+                    device=device, no_samples=no_samples, memory_limit=memory_limit,
+                    limits=limits)
+    with use_limits(limits):
+        raw = make_features(entry, ccd=ccd)
     path = output_path(out, entry.name)  # checked before the model runs
     seed = int(entry.seeds[0]) if entry.seeds else 0
     try:

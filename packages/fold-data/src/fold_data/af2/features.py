@@ -15,6 +15,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from fold_data import residue_constants as rc
+from fold_data.limits import check_size, sequence_size
 from fold_data.msa import load_msa
 from fold_data.schema import validate
 from fold_data.template_hits import TemplateHit
@@ -43,8 +44,12 @@ def _sequence_features(
     max_template_date: str | datetime.date | None,
     max_templates: int,
     max_msa_sequences: int | None,
+    source: PathLike | None = None,
 ) -> dict[str, np.ndarray]:
-    """Everything but the ground truth: sequence, MSA and template features."""
+    """Everything but the ground truth: sequence, MSA and template features (``source``: the
+    file named when the chain and its MSA exceed the size limits, ``InputTooLarge``)."""
+    check_size(sequence_size(source, sequence, msa_paths, max_rows=max_msa_sequences),
+               record="chain and MSA")
     n_res = len(sequence)
     feats: dict[str, np.ndarray] = {
         "aatype": rc.sequence_to_aatype(sequence).astype(np.int32),
@@ -100,6 +105,7 @@ def make_features(
         max_template_date=max_template_date,
         max_templates=max_templates,
         max_msa_sequences=max_msa_sequences,
+        source=mmcif_path,
     )
     feats.update(make_ground_truth(feats["aatype"], chain.atom37_positions, chain.atom37_mask))
     feats["resolution"] = np.asarray(structure.resolution, dtype=np.float32)

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
+from fold_data.limits import check_size, entry_size
 from fold_data.readers import reader
 from fold_data.schema import validate
 
@@ -58,10 +59,13 @@ def make_features(
     ``msa_paths`` / ``template_hits``: per author chain ID (the JSON ``id``, mmCIF
     ``auth_asym_id``) alignment files and a
     template-hits file (whose mmCIFs are read from ``template_mmcif_dir``). ``seed`` seeds the
-    ETKDGv3 reference conformers. Raises :class:`InputError` naming the file, entity and field.
+    ETKDGv3 reference conformers. Raises :class:`InputError` naming the file, entity and field,
+    and ``InputTooLarge`` for an entry over the size limits in force (:mod:`fold_data.limits`).
     """
     ccd = ccd or default_ccd()
     entry = load_entry(source, ccd=ccd)
+    # size limits (fold_data.limits) before tokens, conformers and MSAs are made: InputTooLarge
+    check_size(entry_size(entry, ccd, msa_paths), record=entry.name)
     feats = tokenize(entry, ccd, seed=seed, max_attempts=max_conformer_attempts)
     feats.update(make_msa_features(entry, feats, dict(msa_paths or {}), max_rows=max_msa_rows))
     feats.update(make_af3_template_features(

@@ -29,6 +29,8 @@ import numpy as np
 
 from fold_data import residue_constants as rc
 from fold_data.errors import InputError
+from fold_data.limits import check_mmcif
+from fold_data.mmcif_truncation import warn_if_truncated
 from fold_data.msa import parse_fasta
 
 from .ccd import Ccd, default_ccd
@@ -470,6 +472,7 @@ def parse_complex_mmcif(path: str | os.PathLike, *, ccd: Ccd | None = None) -> E
     ccd = ccd or default_ccd()
     if not path.is_file():
         raise InputError(src, None, "mmCIF file not found")
+    check_mmcif(path)  # size limits (fold_data.limits) before gemmi reads it: InputTooLarge
     try:
         doc = gemmi.cif.read(src)
         if len(doc) == 0:  # sole_block() of an empty file is an IndexError from C++
@@ -482,6 +485,7 @@ def parse_complex_mmcif(path: str | os.PathLike, *, ccd: Ccd | None = None) -> E
         raise InputError(src, None, f"not a readable mmCIF file: {err}") from None
     if len(st) == 0:
         raise InputError(src, "_atom_site", "no models (expected at least one)")
+    warn_if_truncated(path, block)  # a file cut inside _atom_site: TruncatedMmcifWarning
     st.remove_hydrogens()
     model = st[0]
     dates = sorted(gemmi.cif.as_string(d) for d in
