@@ -2,7 +2,7 @@
 
     nox -s tests        every package's tests + tests/integration + tests/benchmarks on CPU
                         (what CI runs)
-    nox -s data model kernels parallel chunk train   one package alone, installed alone
+    nox -s ops data model kernels parallel chunk train   one package alone, installed alone
                         (kernels: the Triton kernels under TRITON_INTERPRET=1 on CPU)
     nox -s gpu          GPU-marked tests in the *current* environment (no install step)
     nox -s lint         ruff
@@ -20,15 +20,19 @@ from pathlib import Path
 import nox
 
 ROOT = Path(__file__).parent
-PACKAGES = ["fold-data", "fold-kernels", "fold-model", "fold-chunk", "fold-parallel", "fold-train"]
-# Which siblings each package needs installed next to it (dependencies point one way).
+PACKAGES = ["fold-ops", "fold-data", "fold-kernels", "fold-model", "fold-chunk", "fold-parallel",
+            "fold-train"]
+# Which siblings each package needs installed next to it (dependencies point one way). fold-ops
+# is the op contract that fold-kernels and fold-model share (neither imports the other).
 SIBLINGS = {
+    "fold-ops": [],
     "fold-data": [],
-    "fold-kernels": [],
+    "fold-kernels": ["fold-ops"],
     "fold-chunk": [],
-    "fold-model": ["fold-data"],
-    "fold-parallel": ["fold-data", "fold-model"],
-    "fold-train": ["fold-data", "fold-kernels", "fold-model", "fold-chunk", "fold-parallel"],
+    "fold-model": ["fold-ops", "fold-data"],
+    "fold-parallel": ["fold-ops", "fold-data", "fold-model"],
+    "fold-train": ["fold-ops", "fold-data", "fold-kernels", "fold-model", "fold-chunk",
+                   "fold-parallel"],
 }
 TORCH_CPU = "torch==2.13.0"
 TEST_DEPS = ["pytest>=8", "pytest-xdist>=3"]

@@ -94,7 +94,7 @@ def measure(fn, op, grads, extra, dy):
 
 def run(out_path, ops=None):
     import fold_kernels
-    from fold_kernels import reference
+    from fold_ops import reference
 
     results = {"device": device_name(), "torch": torch.__version__,
                "triton": triton_version(), "rows": []}

@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 import torch
 from fold_kernels import linear_channel_first
-from fold_kernels import reference as ref
+from fold_ops import reference as ref
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 TOL = {torch.float32: 1e-5, torch.bfloat16: 1e-2}

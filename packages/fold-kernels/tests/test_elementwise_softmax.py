@@ -11,7 +11,7 @@ from __future__ import annotations
 import fold_kernels as fk
 import pytest
 import torch
-from fold_kernels import reference as ref
+from fold_ops import reference as ref
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 TOL = {torch.float32: 1e-6, torch.bfloat16: 8e-3, torch.float16: 1e-3}

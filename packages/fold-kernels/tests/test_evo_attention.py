@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from fold_kernels import reference as ref
+from fold_ops import reference as ref
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 TOL = {torch.float32: 1e-5, torch.bfloat16: 2.5e-2, torch.float16: 4e-3}
@@ -46,7 +46,7 @@ def _check(q, k, v, bias, mask, gate, dtype, scale=None):
 
     ref_ins = [t.detach().double().requires_grad_() if t is not None else None
                for t in (q, k, v, bias, gate)]
-    o_ref = ref.evo_attention(ref_ins[0], ref_ins[1], ref_ins[2], ref_ins[3], mask, scale=scale,
+    o_ref = ref.attention(ref_ins[0], ref_ins[1], ref_ins[2], ref_ins[3], mask, scale=scale,
                               gate=ref_ins[4])
     o_ref.backward(do.double().cpu())
     tol = TOL[dtype]
@@ -204,7 +204,7 @@ def test_mixed_and_non_dense_layouts_fall_back_to_copies():
     o = evo_attention(qd, k.to(DEVICE), v.to(DEVICE), bias.to(DEVICE), mask.to(DEVICE))
     o.sum().backward()  # dO = ones expanded: stride 0 everywhere
     q64 = q.detach().double().requires_grad_()
-    ref.evo_attention(q64, k.double(), v.double(), bias.double(), mask).sum().backward()
+    ref.attention(q64, k.double(), v.double(), bias.double(), mask).sum().backward()
     assert rel_err(qd.grad.cpu(), q64.grad) < TOL[torch.float32]
 
 
@@ -235,7 +235,7 @@ def _check_packed(batch, r, n, h, d, dtype, *, gated=True, with_gate_bias=True, 
 
     ref_ins = [t.detach().double().requires_grad_() if t is not None else None
                for t in (proj, bias, gate_bias)]
-    o_ref = ref.evo_attention_packed(ref_ins[0], h, ref_ins[1], mask, gate_bias=ref_ins[2],
+    o_ref = ref.attention_packed(ref_ins[0], h, ref_ins[1], mask, gate_bias=ref_ins[2],
                                      gated=gated)
     o_ref.backward(do.double().cpu())
     tol = TOL[dtype]

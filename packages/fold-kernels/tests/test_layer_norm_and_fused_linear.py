@@ -9,7 +9,7 @@ from __future__ import annotations
 import fold_kernels as fk
 import pytest
 import torch
-from fold_kernels import reference as ref
+from fold_ops import reference as ref
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 TOL = {torch.float32: 1e-5, torch.bfloat16: 1.5e-2, torch.float16: 3e-3}

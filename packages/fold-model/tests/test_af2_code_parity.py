@@ -14,10 +14,11 @@ import pytest
 import torch
 from _trunk_helpers import holes, randomize_
 from fold_model.af2 import config
-from fold_model.af2.evoformer import OuterProductMean, make_block
-from fold_model.af2.rigid import Rigid
+from fold_model.af2.evoformer import make_block
 from fold_model.af2.structure_module import InvariantPointAttention
 from fold_model.af2.template import build_template_pair_feat
+from fold_model.geometry import Rigid
+from fold_model.layers import OuterProductMean
 
 
 def _ln(x, scale, offset, eps=1e-5):

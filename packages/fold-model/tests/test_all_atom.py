@@ -14,7 +14,7 @@ from fold_model.af2.all_atom import (
     frames_to_atom14_positions,
     torsion_angles_to_frames,
 )
-from fold_model.af2.rigid import Rigid
+from fold_model.geometry import Rigid
 
 REPO = Path(__file__).resolve().parents[3]
 DEMO_4ZEY = REPO / "data" / "demo" / "mmcifs" / "4zey.cif"

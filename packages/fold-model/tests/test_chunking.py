@@ -6,14 +6,14 @@ import pytest
 import torch
 from _trunk_helpers import holes, make_batch, randomize_, rel_err
 from fold_model.af2 import AlphaFold2, config
-from fold_model.af2.evoformer import (
+from fold_model.af2.evoformer import make_block
+from fold_model.af2.template import TemplatePairBlock, TemplatePointwiseAttention
+from fold_model.layers import (
     OuterProductMean,
     TriangleAttentionEndingNode,
     TriangleMultiplicationIncoming,
     TriangleMultiplicationOutgoing,
-    make_block,
 )
-from fold_model.af2.template import TemplatePairBlock, TemplatePointwiseAttention
 
 CHUNKS = [1, 3, 4, 100]
 

@@ -10,16 +10,18 @@ from fold_model.af2 import config
 from fold_model.af2.evoformer import (
     EvoformerBlock,
     EvoformerStack,
+    ParallelEvoformerBlock,
+    make_block,
+)
+from fold_model.layers import (
     MSAColumnAttention,
     MSARowAttentionWithPairBias,
     MSATransition,
     OuterProductMean,
-    ParallelEvoformerBlock,
     TriangleAttentionEndingNode,
     TriangleAttentionStartingNode,
     TriangleMultiplicationIncoming,
     TriangleMultiplicationOutgoing,
-    make_block,
 )
 
 B, S, N, C_M, C_Z = 2, 5, 7, 16, 12  # odd, mutually distinct sizes

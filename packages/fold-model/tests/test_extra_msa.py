@@ -9,9 +9,9 @@ from fold_model.af2 import config
 from fold_model.af2.evoformer import (
     ExtraMsaBlock,
     ExtraMsaStack,
-    MSAColumnGlobalAttention,
     make_block,
 )
+from fold_model.layers import MSAColumnGlobalAttention
 
 
 def _inputs(seed=0, n_extra=9, n=7, c_e=8):

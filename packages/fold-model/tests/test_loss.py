@@ -27,8 +27,8 @@ from fold_model.af2.loss import (
     violation_loss,
 )
 from fold_model.af2.metrics import lddt, lddt_ca
-from fold_model.af2.rigid import Rigid
 from fold_model.af2.structure_module import StructureModule, StructureModuleConfig
+from fold_model.geometry import Rigid
 
 REPO = Path(__file__).resolve().parents[3]
 DEMO_4ZEY = REPO / "data" / "demo" / "mmcifs" / "4zey.cif"

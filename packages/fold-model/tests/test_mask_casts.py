@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from fold_model.af2.evoformer import OuterProductMean, TriangleMultiplication
+from fold_model.layers import OuterProductMean, TriangleMultiplication
 from torch.utils._python_dispatch import TorchDispatchMode
 
 

@@ -8,7 +8,8 @@ import torch.fx
 import torch.nn.functional as F
 from _trunk_helpers import holes, rel_err
 from fold_model import ops
-from fold_model.ops import reference, registry
+from fold_model.ops import registry
+from fold_ops import reference
 
 
 def _naive_attention(q, k, v, bias, mask, scale, gate):
@@ -176,7 +177,7 @@ def test_linear_with_a_bias_goes_through_the_registry():
     """``Linear`` with a bias dispatches ``ops.linear`` (a kernel backend replaces its backward);
     without a bias it calls ``F.linear`` directly; the reference equals the float64 formula, and
     fx traces plain ``F.linear`` (what AutoChunk rewrites)."""
-    from fold_model.primitives import Linear
+    from fold_model.layers import Linear
 
     calls = []
 
@@ -202,4 +203,50 @@ def test_linear_with_a_bias_goes_through_the_registry():
         assert any(n.target is F.linear for n in gm.graph.nodes)
     finally:
         del registry._STATE.impls["linear"]["fake"]
+        registry._SORTED.clear()
+
+
+def test_triangle_attention_is_one_registration():
+    """Triangle attention (both nodes) dispatches the ``triangle_attention`` op: one backend
+    registered for it serves every triangle attention and nothing else; its reference hands the
+    call to ``attention_packed`` (whichever backend serves attention)."""
+    from fold_model.layers import (
+        Attention,
+        TriangleAttentionEndingNode,
+        TriangleAttentionStartingNode,
+    )
+
+    calls = {"triangle_attention": 0, "attention_packed": 0}
+
+    def counting(name):
+        def fn(*args, **kwargs):
+            calls[name] += 1
+            return reference.attention_packed(*args, **kwargs)  # a kernel of its own
+        return fn
+
+    for name in calls:
+        ops.register(name, "fake", counting(name), supports=lambda *a, **k: True, priority=10_000)
+    try:
+        torch.manual_seed(0)
+        z = torch.randn(1, 5, 5, 8, dtype=torch.float64)
+        mask = holes((1, 5, 5), seed=3).double()
+        start = TriangleAttentionStartingNode(8, 4, 2).double()
+        end = TriangleAttentionEndingNode(8, 4, 2).double()
+        for p in (*start.parameters(), *end.parameters()):
+            torch.nn.init.normal_(p, std=0.3)
+        with ops.use_backend({"triangle_attention": "torch", "attention_packed": "torch"}):
+            ref = start(z, mask), end(z, mask)
+        got = start(z, mask), end(z, mask)
+        # auto: the fake triangle backend serves both nodes, attention_packed is not reached
+        assert calls == {"triangle_attention": 2, "attention_packed": 0}
+        assert torch.equal(got[0], ref[0]) and torch.equal(got[1], ref[1])
+        with ops.use_backend({"triangle_attention": "torch"}):
+            start(z, mask)
+        assert calls == {"triangle_attention": 2, "attention_packed": 1}  # the fallback
+        x = torch.randn(1, 2, 5, 8, dtype=torch.float64)
+        Attention(8, 8, 4, 2).double()(x, x)
+        assert calls == {"triangle_attention": 2, "attention_packed": 2}  # other attention
+    finally:
+        for name in calls:
+            del registry._STATE.impls[name]["fake"]
         registry._SORTED.clear()

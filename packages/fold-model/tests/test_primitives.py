@@ -7,7 +7,7 @@ import copy
 import pytest
 import torch
 from _trunk_helpers import holes, randomize_, rel_err
-from fold_model.primitives import (
+from fold_model.layers import (
     Attention,
     GlobalAttention,
     LayerNorm,
@@ -113,7 +113,7 @@ def test_self_attention_dispatches_packed_cross_attention_does_not():
     calls = {"attention": 0, "attention_packed": 0}
 
     def counting(name):
-        from fold_model.ops import reference
+        from fold_ops import reference
 
         def fn(*args, **kwargs):
             calls[name] += 1

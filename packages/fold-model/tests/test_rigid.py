@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-from fold_model.af2.rigid import Rigid, make_rot_x, quat_to_rot, rigid_from_3_points
+from fold_model.geometry import Rigid, make_rot_x, quat_to_rot, rigid_from_3_points
 
 
 def random_rigid(shape: tuple[int, ...], gen: torch.Generator) -> Rigid:

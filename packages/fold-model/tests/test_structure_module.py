@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import pytest
 import torch
-from fold_model.af2.rigid import Rigid
 from fold_model.af2.structure_module import (
     BackboneUpdate,
     InvariantPointAttention,
     StructureModule,
     StructureModuleConfig,
 )
+from fold_model.geometry import Rigid
 
 C_S, C_Z = 20, 6
 

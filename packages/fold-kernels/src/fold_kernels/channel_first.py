@@ -72,5 +72,5 @@ def linear_channel_first(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         raise ValueError(f"linear_channel_first: x and weight must share a dtype, got {x.dtype} "
                          f"and {weight.dtype}")
     tuning.require_device("linear_channel_first", x,
-                          "fold_kernels.reference.linear_channel_first")
+                          "fold_ops.reference.linear_channel_first")
     return _LinearChannelFirst.apply(x, weight)

@@ -167,7 +167,7 @@ class _BiasSigmoidGate(torch.autograd.Function):
 def bias_sigmoid_gate(x: torch.Tensor, gate: torch.Tensor,
                       bias: torch.Tensor | None = None) -> torch.Tensor:
     """``x * sigmoid(gate + bias)``; operands broadcast (e.g. bias ``[C]``), y in x's dtype."""
-    tuning.require_device("bias_sigmoid_gate", x, "fold_kernels.reference.bias_sigmoid_gate")
+    tuning.require_device("bias_sigmoid_gate", x, "fold_ops.reference.bias_sigmoid_gate")
     return _BiasSigmoidGate.apply(x, gate, bias)
 
 
@@ -222,5 +222,5 @@ def bias_dropout_residual(x: torch.Tensor, residual: torch.Tensor,
     The mask gets no gradient; y is in residual's dtype.
     """
     tuning.require_device("bias_dropout_residual", x,
-                          "fold_kernels.reference.bias_dropout_residual")
+                          "fold_ops.reference.bias_dropout_residual")
     return _BiasDropoutResidual.apply(x, residual, bias, dropout_mask)

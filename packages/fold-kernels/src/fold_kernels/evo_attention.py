@@ -482,7 +482,7 @@ def _check(q, k, v, bias, mask, gate) -> None:
         raise ValueError(f"evo_attention: head dim {q.shape[-1]} > {MAX_HEAD_DIM}")
     *_, h, n, _ = q.shape
     _check_bias_mask("evo_attention", h, n, bias, mask)
-    tuning.require_device("evo_attention", q, "fold_kernels.reference.evo_attention")
+    tuning.require_device("evo_attention", q, "fold_ops.reference.attention")
 
 
 def _check_bias_mask(op: str, h: int, n: int, bias, mask) -> None:
@@ -886,4 +886,4 @@ def _check_packed(proj, no_heads, bias, mask, gate_bias, gated) -> None:
         raise ValueError(f"evo_attention_packed: head dim {d} > {MAX_HEAD_DIM}")
     _check_bias_mask("evo_attention_packed", no_heads, proj.shape[-2], bias, mask)
     tuning.require_device("evo_attention_packed", proj,
-                          "fold_kernels.reference.evo_attention_packed")
+                          "fold_ops.reference.attention_packed")

@@ -269,5 +269,5 @@ def swiglu(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
         raise ValueError(f"swiglu: weight dtype {weight.dtype} != x dtype {x.dtype}")
     if bias is not None and bias.shape != (weight.shape[0],):
         raise ValueError(f"swiglu: bias must be [{weight.shape[0]}], got {tuple(bias.shape)}")
-    tuning.require_device("swiglu", x, "fold_kernels.reference.swiglu")
+    tuning.require_device("swiglu", x, "fold_ops.reference.swiglu")
     return _SwiGLU.apply(x, weight, bias)

@@ -32,8 +32,9 @@ import inspect
 from collections.abc import Callable, Sequence
 
 import torch
+from fold_ops.env import EnvVar
 
-from fold_kernels.tuning import EnvVar, interpreting
+from fold_kernels.tuning import interpreting
 
 __all__ = ["FastKernel", "fast", "spec_key", "enabled"]
 

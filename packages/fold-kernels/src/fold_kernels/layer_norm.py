@@ -216,7 +216,7 @@ def check_layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) 
                          f"{None if bias is None else tuple(bias.shape)}")
     if c > MAX_HIDDEN:
         raise ValueError(f"layer_norm: hidden size {c} > {MAX_HIDDEN}")
-    tuning.require_device("layer_norm", x, "fold_kernels.reference.layer_norm")
+    tuning.require_device("layer_norm", x, "fold_ops.reference.layer_norm")
 
 
 def layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,

@@ -1,11 +1,13 @@
 """Registers the Triton ops into fold-model's op registry (entry point ``fold_model.ops``).
 
 fold-model calls :func:`register` with its module ``fold_model.ops.registry``; fold-kernels never
-imports fold-model. Each op is registered as backend ``"triton"`` with priority 10 and a
-``supports`` predicate that accepts a call only when the Triton kernel can run it: CUDA/ROCm
-tensors of a supported dtype and shape, not while torch.fx traces (AutoChunk) or torch.compile
-captures the model (there the PyTorch path is traced and fused by the compiler), and not for
-fp32 inputs under autocast (the PyTorch path then computes in bf16/fp16, as the caller asked).
+imports fold-model. The ops and their signatures are the contract of :mod:`fold_ops.contract`
+(shared with fold-model); :data:`SUPPORTS` names a kernel for ops of it. Each is registered
+as backend ``"triton"`` with priority 10 and a ``supports`` predicate that accepts a call only
+when the Triton kernel can run it: CUDA/ROCm tensors of a supported dtype and shape, not while
+torch.fx traces (AutoChunk) or torch.compile captures the model (there the PyTorch path is
+traced and fused by the compiler), and not for fp32 inputs under autocast (the PyTorch path
+then computes in bf16/fp16, as the caller asked).
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ from collections.abc import Callable
 from types import ModuleType
 
 import torch
+from fold_ops.contract import OPS
+from fold_ops.tracing import compiling, fx_tracing
 
 import fold_kernels as kernels
 from fold_kernels.broadcast import broadcast_shape
@@ -24,24 +28,9 @@ PRIORITY = 10
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 
-_HOOKS: list = []  # [fx check, fx module, torch.compiler.is_compiling or None], bound once
-
-
 def _tracing() -> bool:
-    if not _HOOKS:
-        from torch.fx import _symbolic_trace
-
-        compiler = getattr(torch, "compiler", None)
-        _HOOKS[:] = [getattr(_symbolic_trace, "is_fx_symbolic_tracing", None), _symbolic_trace,
-                     getattr(compiler, "is_compiling", None)]
-    check, module, compiling = _HOOKS
-    # is_fx_symbolic_tracing where it exists (is_fx_tracing logs a warning on every call in
-    # newer PyTorch); the module's flag otherwise.
-    if check is not None and check():
-        return True
-    if check is None and getattr(module, "_is_fx_tracing_flag", False):
-        return True
-    return bool(compiling is not None and compiling())
+    """torch.fx traces or torch.compile captures: the PyTorch path is wanted there."""
+    return fx_tracing() or compiling()
 
 
 def _on_gpu(*tensors) -> bool:
@@ -183,6 +172,9 @@ SUPPORTS: dict[str, tuple[Callable, Callable[..., bool]]] = {
     "linear": (kernels.linear, supports_linear),
     "attention": (kernels.evo_attention, supports_attention),
     "attention_packed": (kernels.evo_attention_packed, supports_attention_packed),
+    # triangle attention is packed self-attention: EvoAttention serves it until a kernel of
+    # its own is registered here
+    "triangle_attention": (kernels.evo_attention_packed, supports_attention_packed),
     "layer_norm": (kernels.layer_norm, supports_layer_norm),
     "layer_norm_linear": (kernels.layer_norm_linear,
                           supports_layer_norm_linear),
@@ -198,6 +190,9 @@ SUPPORTS: dict[str, tuple[Callable, Callable[..., bool]]] = {
     "linear_channel_first": (kernels.linear_channel_first,
                              supports_linear_channel_first),
 }
+
+
+assert set(SUPPORTS) <= set(OPS), set(SUPPORTS) - set(OPS)  # kernels only for contract ops
 
 
 def register(registry: ModuleType) -> None:

@@ -140,5 +140,5 @@ def softmax_mask_bias(logits: torch.Tensor, mask: torch.Tensor | None = None,
     if logits.shape[-1] > MAX_ROW:
         raise ValueError(f"softmax_mask_bias: rows longer than {MAX_ROW} are not supported, "
                          f"got {logits.shape[-1]}")
-    tuning.require_device("softmax_mask_bias", logits, "fold_kernels.reference.softmax_mask_bias")
+    tuning.require_device("softmax_mask_bias", logits, "fold_ops.reference.softmax_mask_bias")
     return _SoftmaxMaskBias.apply(logits, mask, bias)

@@ -209,5 +209,5 @@ def triangle_projection_gate(proj: torch.Tensor, bias: torch.Tensor,
         raise ValueError(f"triangle_projection_gate: mask must be [*, I, J] = "
                          f"[*, {proj.shape[-2]}, {proj.shape[-1]}], got {tuple(mask.shape)}")
     tuning.require_device("triangle_projection_gate", proj,
-                          "fold_kernels.reference.triangle_projection_gate")
+                          "fold_ops.reference.triangle_projection_gate")
     return _TriangleProjectionGate.apply(proj, bias, mask)

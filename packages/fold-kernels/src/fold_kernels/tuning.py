@@ -23,10 +23,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
+from fold_ops.env import EnvVar
 
 __all__ = [
     "Config", "arch", "interpreting", "pick", "attention_configs", "gemm_configs", "cache_path",
-    "multiprocessors", "EnvVar", "bucket", "bucket_key",
+    "multiprocessors", "bucket", "bucket_key",
 ]
 
 
@@ -40,31 +41,6 @@ class Config:
     num_stages: int = 2
     block_k: int = 32
     rows: int = 1  # EvoAttention: rows of R per program (sharing each bias tile)
-
-
-class EnvVar:
-    """An environment variable read cheaply on every call: the raw value is looked up in
-    ``os.environ``'s backing dict and re-parsed only when that value object changes, so
-    ``monkeypatch.setenv`` / ``os.environ[...] = ...`` take effect at once while a hot path
-    pays a dict lookup instead of ``os.environ.get`` (a few microseconds: it encodes the key)."""
-
-    def __init__(self, name: str, parse: Callable[[str | None], object]) -> None:
-        self.name = name
-        self.parse = parse
-        data = getattr(os.environ, "_data", None)
-        encode = getattr(os.environ, "encodekey", None)
-        self._data = data if isinstance(data, dict) and encode is not None else None
-        self._key = encode(name) if self._data is not None else name
-        self._raw: object = object()  # matches nothing: the first get() parses
-        self._value: object = None
-
-    def get(self):
-        raw = self._data.get(self._key) if self._data is not None else os.environ.get(self.name)
-        if raw is not self._raw:
-            text = None if raw is None else (raw.decode() if isinstance(raw, bytes) else raw)
-            self._value = self.parse(text)
-            self._raw = raw
-        return self._value
 
 
 _INTERPRET = EnvVar("TRITON_INTERPRET", lambda v: (v or "0") not in ("", "0"))

@@ -9,14 +9,10 @@ import copy
 import pytest
 import torch
 from _af3_helpers import grads, holes, randomize_, rel_err
+from fold_model.af3.conditioning import AdaLN, AttentionPairBias, ConditionedTransitionBlock
 from fold_model.af3.config import config
-from fold_model.af3.layers import (
-    AdaLN,
-    AttentionPairBias,
-    ConditionedTransitionBlock,
-    SwiGLUTransition,
-)
 from fold_model.af3.pairformer import PairformerBlock, PairformerStack
+from fold_model.layers import SwiGLUTransition
 
 CFG = config("tiny")
 C_S, C_Z = CFG.c_s, CFG.c_z
@@ -204,7 +200,7 @@ def test_attention_and_transitions_go_through_the_op_registry():
     every SwiGLU transition dispatches through fold_model.ops, so fold-kernels serves them."""
     from fold_model import ops
     from fold_model.af3.diffusion import DiffusionTransformerBlock
-    from fold_model.ops import reference
+    from fold_ops import reference
 
     calls = {"attention": 0, "attention_packed": 0, "swiglu": 0}
 

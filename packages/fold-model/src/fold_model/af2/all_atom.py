@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from .rigid import Rigid, make_rot_x
+from fold_model.geometry import Rigid, make_rot_x
 
 __all__ = [
     "residue_constant_tensors",

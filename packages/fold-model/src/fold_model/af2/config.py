@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 from fold_model.af2.heads import HeadsConfig
 from fold_model.af2.loss import LossConfig
@@ -34,7 +34,7 @@ __all__ = [
     "config",
 ]
 
-BlockOrder = Literal["af2", "multimer", "parallel"]
+BlockOrder = str  # a key of fold_model.af2.evoformer.BLOCK_ORDERS
 
 
 @dataclass
@@ -151,9 +151,11 @@ class AlphaFold2Config:
     max_recycling_iters: int = 3  # N_cycle = 1 + iterations; drawn from 1..4 in training (1.10)
 
     def __post_init__(self) -> None:
-        if self.block_order not in ("af2", "multimer", "parallel"):
+        from fold_model.af2.evoformer import BLOCK_ORDERS  # here: the config imports no modules
+
+        if self.block_order not in BLOCK_ORDERS:
             raise ValueError(
-                f"block_order must be 'af2', 'multimer' or 'parallel', got {self.block_order!r}"
+                f"block_order must be one of {list(BLOCK_ORDERS)}, got {self.block_order!r}"
             )
         if self.chunk_size is not None and self.chunk_size < 1:
             raise ValueError(f"chunk_size must be a positive int or None, got {self.chunk_size}")

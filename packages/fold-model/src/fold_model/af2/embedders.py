@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fold_model.primitives import LayerNorm, Linear
+from fold_model.layers import LayerNorm, Linear
 
 __all__ = [
     "InputEmbedder",

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fold_model.primitives import LayerNorm
+from fold_model.layers import LayerNorm
 
 __all__ = [
     "HeadsConfig",

@@ -14,8 +14,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from fold_model.geometry import Rigid
+
 from .metrics import lddt
-from .rigid import Rigid
 
 __all__ = [
     "LossConfig",

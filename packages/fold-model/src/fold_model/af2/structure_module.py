@@ -15,7 +15,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from fold_model import ops
-from fold_model.primitives import LayerNorm
+from fold_model.geometry import Rigid
+from fold_model.layers import LayerNorm
 
 from .all_atom import (
     atom14_to_atom37,
@@ -23,7 +24,6 @@ from .all_atom import (
     frames_to_atom14_positions,
     torsion_angles_to_frames,
 )
-from .rigid import Rigid
 
 __all__ = [
     "StructureModuleConfig",

@@ -6,23 +6,26 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.utils.checkpoint import checkpoint
 
-from fold_model import ops
 from fold_model.af2.embedders import (
     TemplateAngleEmbedder,
     build_template_angle_feat,
     distogram_one_hot,
 )
-from fold_model.af2.evoformer import (
+from fold_model.geometry import rigid_from_3_points
+from fold_model.layers import (
+    Attention,
+    BlockStack,
+    LayerNorm,
+    Linear,
     PairTransition,
     TriangleAttentionEndingNode,
     TriangleAttentionStartingNode,
     TriangleMultiplicationIncoming,
     TriangleMultiplicationOutgoing,
+    chunked_rows,
+    dropout_residual,
 )
-from fold_model.af2.rigid import rigid_from_3_points
-from fold_model.primitives import Attention, LayerNorm, Linear, chunked_rows, shared_dropout_mask
 from fold_model.seams import IDENTITY_COMM, AxialComm
 
 __all__ = [
@@ -115,8 +118,7 @@ class TemplatePairBlock(nn.Module):
         self.chunk_size = chunk_size
 
     def _residual(self, update: torch.Tensor, t: torch.Tensor, shared_dim: int) -> torch.Tensor:
-        mask = shared_dropout_mask(update, self.dropout_rate, shared_dim, self.training)
-        return ops.bias_dropout_residual(update, t, None, mask)
+        return dropout_residual(update, t, self.dropout_rate, shared_dim, self.training)
 
     def forward(self, t: torch.Tensor, pair_mask: torch.Tensor) -> torch.Tensor:
         comm, chunk = self.comm, self.chunk_size
@@ -133,16 +135,14 @@ class TemplatePairBlock(nn.Module):
         return comm.col_to_row(t)
 
 
-class TemplatePairStack(nn.Module):
+class TemplatePairStack(BlockStack):
     """Alg. 16: ``no_blocks`` :class:`TemplatePairBlock` then LayerNorm. Whole tensors in and out:
     ``t: [*, N_templ, N_res, N_res, C_t]``, ``pair_mask: [*, N_res, N_res]``."""
 
     def __init__(
         self, cfg, checkpoint_blocks: bool = False, comm: AxialComm = IDENTITY_COMM
     ) -> None:
-        super().__init__()
-        self.checkpoint_blocks = checkpoint_blocks
-        self.comm = comm
+        super().__init__(comm, checkpoint_blocks)
         self.blocks = nn.ModuleList(
             TemplatePairBlock(
                 cfg.c_t, cfg.c_hidden_tri_att, cfg.no_heads_tri_att, cfg.c_hidden_tri_mul,
@@ -152,24 +152,9 @@ class TemplatePairStack(nn.Module):
         )
         self.layer_norm = LayerNorm(cfg.c_t)
 
-    def set_chunk_size(self, chunk_size: int | None) -> None:
-        for block in self.blocks:
-            block.set_chunk_size(chunk_size)
-
-    def set_comm(self, comm: AxialComm) -> None:
-        self.comm = comm
-        for block in self.blocks:
-            block.comm = comm
-
     def forward(self, t: torch.Tensor, pair_mask: torch.Tensor) -> torch.Tensor:
-        t = self.comm.scatter(t, -3)  # [*, N_templ, N_res/P, N_res, C_t]
-        use_ckpt = self.checkpoint_blocks and self.training and torch.is_grad_enabled()
-        for block in self.blocks:
-            if use_ckpt:
-                t = checkpoint(block, t, pair_mask, use_reentrant=False)
-            else:
-                t = block(t, pair_mask)
-        return self.layer_norm(self.comm.gather(t, -3))
+        (t,) = self.run((t,), (pair_mask,), split=(True,))  # t split over N_res_i (dim -3)
+        return self.layer_norm(t)
 
 
 class TemplatePointwiseAttention(nn.Module):

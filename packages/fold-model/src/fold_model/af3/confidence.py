@@ -17,10 +17,10 @@ import math
 import torch
 from torch import nn
 
-from fold_model.af2.rigid import rigid_from_3_points
 from fold_model.af3.config import PairformerConfig
 from fold_model.af3.pairformer import PairformerStack
-from fold_model.primitives import Linear
+from fold_model.geometry import rigid_from_3_points
+from fold_model.layers import Linear
 
 __all__ = [
     "token_atom_index",

@@ -26,13 +26,13 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from fold_model.af3.conditioning import AttentionPairBias, ConditionedTransitionBlock
 from fold_model.af3.embedders import (
     AtomAttentionDecoder,
     AtomAttentionEncoder,
     RelativePositionEncoding,
 )
-from fold_model.af3.layers import AttentionPairBias, ConditionedTransitionBlock, SwiGLUTransition
-from fold_model.primitives import LayerNorm, Linear
+from fold_model.layers import LayerNorm, Linear, SwiGLUTransition
 
 __all__ = [
     "FourierEmbedding",

@@ -20,8 +20,8 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from fold_model.af3.layers import AttentionPairBias, ConditionedTransitionBlock
-from fold_model.primitives import LayerNorm, Linear
+from fold_model.af3.conditioning import AttentionPairBias, ConditionedTransitionBlock
+from fold_model.layers import LayerNorm, Linear
 
 __all__ = [
     "ATOM_FEAT_DIM",

@@ -31,7 +31,7 @@ from fold_model.af3.loss import LossPairs, diffusion_loss, distogram_loss
 from fold_model.af3.msa_module import MSAModule, msa_features
 from fold_model.af3.pairformer import PairformerStack, SubLayers
 from fold_model.af3.template import TemplateEmbedder
-from fold_model.primitives import LayerNorm, Linear
+from fold_model.layers import LayerNorm, Linear
 from fold_model.seams import IDENTITY_COMM, AxialComm
 
 __all__ = ["AlphaFold3"]

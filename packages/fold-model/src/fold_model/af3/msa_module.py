@@ -13,10 +13,16 @@ import torch
 from torch import nn
 
 from fold_model import ops
-from fold_model.af2.evoformer import OuterProductMean
-from fold_model.af3.layers import SwiGLUTransition, pair_bias
 from fold_model.af3.pairformer import PairUpdates
-from fold_model.primitives import LayerNorm, Linear, chunked_rows
+from fold_model.layers import (
+    BlockStack,
+    LayerNorm,
+    Linear,
+    OuterProductMean,
+    SwiGLUTransition,
+    chunked_rows,
+    pair_bias,
+)
 from fold_model.seams import IDENTITY_COMM, AxialComm
 
 __all__ = ["MSA_FEAT_DIM", "msa_features", "MSAPairWeightedAveraging", "MSAModuleBlock",
@@ -67,7 +73,7 @@ class MSAPairWeightedAveraging(nn.Module):
         chunk_size: int | None = None,
     ) -> torch.Tensor:
         m = self.layer_norm_m(m)
-        b = pair_bias(z, self.layer_norm_z, self.linear_b, comm)  # [*, H, N_i, N_j]
+        b = pair_bias(self.layer_norm_z(z), self.linear_b, comm)  # [*, H, N_i, N_j]
         w = ops.softmax_mask_bias(b, token_mask[..., None, None, :])  # [*, H, N_i, N_j]
         return chunked_rows(self._average, chunk_size, ((m, -3),), (w,), out_dim=-3)
 
@@ -116,7 +122,7 @@ class MSAModuleBlock(PairUpdates):
         return m, self.pair_stack(z, pair_mask)
 
 
-class MSAModule(nn.Module):
+class MSAModule(BlockStack):
     """Alg. 8: embed the MSA (``LinearNoBias(msa_feat) + LinearNoBias(s_inputs)``), run the blocks,
     return the updated pair.
 
@@ -126,8 +132,7 @@ class MSAModule(nn.Module):
 
     def __init__(self, cfg, c_z: int, c_s_inputs: int, comm: AxialComm = IDENTITY_COMM,
                  use_checkpoint: bool = False) -> None:
-        super().__init__()
-        self.comm = comm
+        super().__init__(comm)  # checkpointing is the blocks' own
         self.linear_m = Linear(MSA_FEAT_DIM, cfg.c_m, bias=False)
         self.linear_s = Linear(c_s_inputs, cfg.c_m, bias=False)
         self.blocks = nn.ModuleList(
@@ -135,15 +140,6 @@ class MSAModule(nn.Module):
                            use_checkpoint=use_checkpoint)
             for i in range(cfg.no_blocks)
         )
-
-    def set_chunk_size(self, chunk_size: int | None) -> None:
-        for block in self.blocks:
-            block.set_chunk_size(chunk_size)
-
-    def set_comm(self, comm: AxialComm) -> None:
-        self.comm = comm
-        for block in self.blocks:
-            block.comm = comm
 
     def forward(
         self,
@@ -155,8 +151,7 @@ class MSAModule(nn.Module):
         token_mask: torch.Tensor,
     ) -> torch.Tensor:
         m = self.linear_m(msa_feat) + self.linear_s(s_inputs).unsqueeze(-3)  # [*, N_seq, N, C_m]
-        m = self.comm.scatter(m, -3)  # [*, N_seq/P, N, C_m]
-        z = self.comm.scatter(z, -3)  # [*, N/P, N, C_z]
-        for block in self.blocks:
-            m, z = block(m, z, msa_mask, pair_mask, token_mask)
-        return self.comm.gather(z, -3)
+        # both split over dim -3 (N_seq, N_i); only the pair leaves the module
+        _, z = self.run((m, z), (msa_mask, pair_mask, token_mask), split=(True, True),
+                        gather=(False, True))
+        return z

@@ -1,10 +1,10 @@
 """The Pairformer stack (AF3 supplement 3.6, Alg. 17) and the pair updates it shares with the MSA
 module and the template embedder.
 
-Triangle multiplication and triangle attention are AF2's modules
-(:mod:`fold_model.af2.evoformer`: same algorithms; AF3 drops some linear biases, which start at
-the AF2 inits here); the transitions are AF3's SwiGLU (:class:`~fold_model.af3.layers.
-SwiGLUTransition`); the single representation is updated by attention with pair bias.
+Triangle multiplication and triangle attention are the shared layers (:mod:`fold_model.layers`:
+the same algorithms as AF2's; AF3 drops some linear biases, which start at the AF2 inits here);
+the transitions are AF3's SwiGLU (:class:`~fold_model.layers.SwiGLUTransition`); the single
+representation is updated by attention with pair bias.
 
 Layouts follow the axial seam (:mod:`fold_model.seams`): blocks take the pair in row layout
 ``[*, N/P, N, C_z]`` (whole on one device) and whole masks; the single representation
@@ -21,15 +21,17 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from fold_model import ops
-from fold_model.af2.evoformer import (
+from fold_model.af3.conditioning import AttentionPairBias
+from fold_model.layers import (
+    BlockStack,
+    SwiGLUTransition,
     TriangleAttentionEndingNode,
     TriangleAttentionStartingNode,
     TriangleMultiplicationIncoming,
     TriangleMultiplicationOutgoing,
+    dropout_residual,
+    pair_stack,
 )
-from fold_model.af3.layers import AttentionPairBias, SwiGLUTransition
-from fold_model.primitives import shared_dropout_mask
 from fold_model.seams import IDENTITY_COMM, AxialComm
 
 __all__ = ["SubLayers", "PairUpdates", "PairformerBlock", "PairformerStack"]
@@ -74,8 +76,7 @@ class SubLayers(nn.Module):
     def _residual(
         self, update: torch.Tensor, x: torch.Tensor, rate: float, shared_dim: int
     ) -> torch.Tensor:
-        mask = shared_dropout_mask(update, rate, shared_dim, self.training)
-        return ops.bias_dropout_residual(update, x, None, mask)
+        return dropout_residual(update, x, rate, shared_dim, self.training)
 
 
 class PairUpdates(SubLayers):
@@ -104,19 +105,8 @@ class PairUpdates(SubLayers):
 
     def pair_stack(self, z: torch.Tensor, pair_mask: torch.Tensor) -> torch.Tensor:
         """``z [*, N/P, N, C_z]`` (row) -> same layout; ``pair_mask [*, N, N]`` whole."""
-        comm, chunk, p = self.comm, self.chunk_size, self.pair_dropout
-        mask_row = comm.scatter(pair_mask, -2)  # [*, N/P, N]
-        mask_col = comm.scatter(pair_mask, -1)  # [*, N, N/P]
-        z = self._residual(self._run(self.tri_mul_out, z, mask_row, comm, chunk), z, p, -3)
-        z = comm.row_to_col(z)  # [*, N, N/P, C_z]
-        z = self._residual(self._run(self.tri_mul_in, z, mask_col, comm, chunk), z, p, -3)
-        z = comm.col_to_row(z)  # [*, N/P, N, C_z]
-        z = self._residual(self._run(self.tri_att_start, z, mask_row, comm, chunk), z, p, -3)
-        z = comm.row_to_col(z)  # [*, N, N/P, C_z]
-        # DropoutColumnwise: one mask shared by all columns (dim -2).
-        z = self._residual(self._run(self.tri_att_end, z, mask_col, comm, chunk), z, p, -2)
-        z = z + self._run(self.pair_transition, z, chunk)
-        return comm.col_to_row(z)  # [*, N/P, N, C_z]
+        return pair_stack(self, z, pair_mask, self.comm, self.chunk_size, self.pair_dropout,
+                          self._run)
 
     def forward(self, z: torch.Tensor, pair_mask: torch.Tensor) -> torch.Tensor:
         return self._block(self.pair_stack, z, pair_mask)
@@ -174,10 +164,10 @@ class PairformerBlock(PairUpdates):
         return s, z
 
 
-class PairformerStack(nn.Module):
+class PairformerStack(BlockStack):
     """Alg. 17 repeated ``no_blocks`` times. ``forward(s [*, N, C_s], z [*, N, N, C_z],
     single_mask [*, N], pair_mask [*, N, N]) -> (s, z)``; whole tensors in and out (under DAP the
-    pair is scattered over i on the way in and gathered on the way out)."""
+    pair is scattered over i on the way in and gathered on the way out; s is replicated)."""
 
     def __init__(
         self,
@@ -187,8 +177,7 @@ class PairformerStack(nn.Module):
         comm: AxialComm = IDENTITY_COMM,
         use_checkpoint: bool = False,
     ) -> None:
-        super().__init__()
-        self.comm = comm
+        super().__init__(comm)  # checkpointing is the blocks' own (per sub-layer or per block)
         self.blocks = nn.ModuleList(
             PairformerBlock(
                 c_s, c_z, cfg.c_hidden_mul, cfg.c_hidden_tri_att, cfg.no_heads_tri_att,
@@ -197,15 +186,6 @@ class PairformerStack(nn.Module):
             for _ in range(cfg.no_blocks)
         )
 
-    def set_chunk_size(self, chunk_size: int | None) -> None:
-        for block in self.blocks:
-            block.set_chunk_size(chunk_size)
-
-    def set_comm(self, comm: AxialComm) -> None:
-        self.comm = comm
-        for block in self.blocks:
-            block.comm = comm
-
     def forward(
         self,
         s: torch.Tensor,
@@ -213,7 +193,5 @@ class PairformerStack(nn.Module):
         single_mask: torch.Tensor,
         pair_mask: torch.Tensor,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        z = self.comm.scatter(z, -3)  # [*, N/P, N, C_z]
-        for block in self.blocks:
-            s, z = block(s, z, single_mask, pair_mask)
-        return s, self.comm.gather(z, -3)
+        s, z = self.run((s, z), (single_mask, pair_mask), split=(False, True))
+        return s, z

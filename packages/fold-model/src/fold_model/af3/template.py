@@ -12,9 +12,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from fold_model.af2.rigid import rigid_from_3_points
 from fold_model.af3.pairformer import PairUpdates
-from fold_model.primitives import LayerNorm, Linear
+from fold_model.geometry import rigid_from_3_points
+from fold_model.layers import BlockStack, LayerNorm, Linear
 from fold_model.seams import IDENTITY_COMM, AxialComm
 
 __all__ = ["template_pair_features", "TemplateEmbedder"]
@@ -60,16 +60,15 @@ def template_pair_features(
     return torch.cat([a, rt_i, rt_j], dim=-1)
 
 
-class TemplateEmbedder(nn.Module):
+class TemplateEmbedder(BlockStack):
     """Alg. 16. ``forward(feats, z [*, N, N, C_z], pair_mask [*, N, N]) -> [*, N, N, C_z]`` with
     ``feats`` the AF3 sample's ``template_*`` features, ``template_mask [*, T]`` and
     ``asym_id [*, N]``."""
 
     def __init__(self, cfg, c_z: int, comm: AxialComm = IDENTITY_COMM,
                  use_checkpoint: bool = False) -> None:
-        super().__init__()
+        super().__init__(comm)  # checkpointing is the blocks' own
         self.cfg = cfg
-        self.comm = comm
         c_t = cfg.c_t
         self.layer_norm_z = LayerNorm(c_z)
         self.linear_z = Linear(c_z, c_t, bias=False)
@@ -81,15 +80,6 @@ class TemplateEmbedder(nn.Module):
         )
         self.layer_norm_v = LayerNorm(c_t)
         self.linear_out = Linear(c_t, c_z, bias=False)
-
-    def set_chunk_size(self, chunk_size: int | None) -> None:
-        for block in self.blocks:
-            block.set_chunk_size(chunk_size)
-
-    def set_comm(self, comm: AxialComm) -> None:
-        self.comm = comm
-        for block in self.blocks:
-            block.comm = comm
 
     def forward(
         self, feats: dict[str, torch.Tensor], z: torch.Tensor, pair_mask: torch.Tensor
@@ -110,10 +100,7 @@ class TemplateEmbedder(nn.Module):
         v = self.linear_z(self.layer_norm_z(z)).unsqueeze(-4)  # [*, 1, N, N, c_t]
         v = v + self.linear_a(a)  # [*, T, N, N, c_t]
         t_pair_mask = pair_mask.unsqueeze(-3).expand(v.shape[:-1])  # [*, T, N, N]
-        v = self.comm.scatter(v, -3)  # [*, T, N/P, N, c_t]
-        for block in self.blocks:
-            v = block(v, t_pair_mask)
-        v = self.comm.gather(v, -3)
+        (v,) = self.run((v,), (t_pair_mask,), split=(True,))  # split over N_i: [*, T, N/P, N, c_t]
         t_mask = feats["template_mask"].to(z.dtype)  # [*, T]
         u = (self.layer_norm_v(v) * t_mask[..., None, None, None]).sum(-4)  # [*, N, N, c_t]
         u = u / t_mask.sum(-1).clamp_min(1.0)[..., None, None, None]

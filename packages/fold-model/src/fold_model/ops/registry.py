@@ -2,7 +2,7 @@
 
 fold-model calls every attention, LayerNorm, softmax-with-bias and fused transition through
 :func:`dispatch`. Each op has a plain PyTorch implementation (backend ``"torch"``, always present,
-registered by :mod:`fold_model.ops.reference`). Other packages add backends without fold-model
+the references of :mod:`fold_ops.reference`). Other packages add backends without fold-model
 knowing them: a package exposes an entry point in the group ``fold_model.ops`` whose target is a
 function ``register(registry_module)``; fold-kernels registers its Triton ops this way.
 
@@ -14,50 +14,21 @@ Selection, per op:
   environment variable, e.g. ``FOLD_OPS_BACKEND=triton`` or ``attention=triton,layer_norm=torch``):
   if it is not registered or does not support the call, :class:`BackendUnavailable` is raised.
 
-Op signatures (all backends implement exactly these):
-
-``attention(q, k, v, bias=None, mask=None, scale=None, gate=None) -> o``
-    ``o = softmax(scale * q @ k^T + bias + mask_bias) @ v`` (then ``o * sigmoid(gate)`` if given).
-    q, k, v, gate: ``[*, R, H, N_q|N_k, D]``; bias: ``[*, H, N_q, N_k]`` shared by the R rows (or
-    None); mask: ``[*, R, N_k]``, bool or float, true/1 = attend (or None); scale defaults to
-    ``D**-0.5``. A query whose keys are all masked gets the mean of v (uniform weights), as a
-    masked softmax with a large negative bias gives.
-``attention_packed(proj, no_heads, bias=None, mask=None, scale=None, gate_bias=None, gated=True)``
-    self-attention whose q, k, v (and gate) are packed in one projection ``proj [*, R, N,
-    P*H*D]`` (P = 4: q | k | v | gate, or 3 without ``gated``; each part head-major ``[H, D]``);
-    the gate is ``sigmoid(gate + gate_bias)``. Returns ``[*, R, N, H*D]``. One GEMM of the
-    stacked weights feeds it: a backend reads the parts in place and writes their gradients
-    into one packed gradient (no split, no concatenation, no gradient sum over four GEMMs).
-``linear(x, weight, bias=None) -> y``                ``F.linear``; a backend may compute the
-    backward differently (fold-kernels: the bias gradient as a fast deterministic column sum).
-``layer_norm(x, weight, bias, eps=1e-5) -> y``        over the last dim, like F.layer_norm.
-``layer_norm_linear(x, ln_weight, ln_bias, weight, bias=None, eps=1e-5) -> y``
-    ``F.linear(F.layer_norm(x), weight, bias)``.
-``softmax_mask_bias(logits, mask=None, bias=None) -> p``
-    softmax over the last dim of ``logits + bias + (mask - 1) * inf``; mask/bias broadcast.
-``swiglu(x, weight, bias=None) -> y``
-    ``a, b = F.linear(x, weight, bias).chunk(2, -1); y = silu(a) * b`` (AF3 transition).
-``bias_sigmoid_gate(x, gate, bias=None) -> y``       ``x * sigmoid(gate + bias)``.
-``bias_dropout_residual(x, residual, bias=None, dropout_mask=None) -> y``
-    ``residual + (x + bias) * dropout_mask``; the mask is pre-scaled by 1/(1-p) and broadcasts
-    (AF2's shared row/column dropout).
-``triangle_projection_gate(proj, bias, mask) -> (a, b)``
-    the gated, masked operands of triangle multiplication from the channel-first projections
-    ``proj [*, 4c, I, J]`` (rows ``p_a, g_a, p_b, g_b``), ``bias [4c]``, ``mask [*, I, J]``:
-    ``a = (p_a + bias_pa) * sigmoid(g_a + bias_ga) * mask``, likewise b, each ``[*, c, I, J]``.
-``linear_channel_first(x, weight) -> y``
-    ``y[..., o, i, j] = sum_c weight[o, c] x[..., i, j, c]``: x ``[*, I, J, C]``, weight
-    ``[O, C]``, y ``[*, O, I, J]`` (no bias; triangle multiplication's projections). The torch
-    reference is an einsum; fold-kernels returns ``d(x)`` in x's channel-last layout.
+Ops, their signatures and their references are the contract of :mod:`fold_ops.contract`
+(shared with fold-kernels); the torch backend of each op is its reference there, or, for an op
+that falls back to another, a dispatch of that op.
 """
 
 from __future__ import annotations
 
 import contextlib
-import os
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+
+from fold_ops.contract import OPS as CONTRACT
+from fold_ops.env import EnvVar
+from fold_ops.tracing import fx_tracing
 
 __all__ = [
     "OPS",
@@ -69,19 +40,7 @@ __all__ = [
     "use_backend",
 ]
 
-OPS = (
-    "linear",
-    "attention",
-    "attention_packed",
-    "layer_norm",
-    "layer_norm_linear",
-    "softmax_mask_bias",
-    "swiglu",
-    "bias_sigmoid_gate",
-    "bias_dropout_residual",
-    "triangle_projection_gate",
-    "linear_channel_first",
-)
+OPS = tuple(CONTRACT)
 ENV_VAR = "FOLD_OPS_BACKEND"
 ENTRY_POINT_GROUP = "fold_model.ops"
 
@@ -108,34 +67,10 @@ _STATE = _State()
 _OVERRIDE = threading.local()
 
 
-class _EnvVar:
-    """An environment variable read cheaply on every call: the raw value is looked up in
-    ``os.environ``'s backing dict and re-parsed only when that value object changes (so
-    ``monkeypatch.setenv`` and ``os.environ[...] = ...`` take effect at once)."""
-
-    def __init__(self, name: str, parse: Callable[[str], object]) -> None:
-        self.name = name
-        self.parse = parse
-        data = getattr(os.environ, "_data", None)
-        encode = getattr(os.environ, "encodekey", None)
-        self._data = data if isinstance(data, dict) and encode is not None else None
-        self._key = encode(name) if self._data is not None else name
-        self._raw: object = object()  # matches nothing: the first get() parses
-        self._value: object = None
-
-    def get(self):
-        raw = self._data.get(self._key) if self._data is not None else os.environ.get(self.name)
-        if raw is not self._raw:
-            text = "" if raw is None else (raw.decode() if isinstance(raw, bytes) else raw)
-            self._value = self.parse(text)
-            self._raw = raw
-        return self._value
-
-
-def _parse_env(text: str) -> dict[str, str]:
+def _parse_env(text: str | None) -> dict[str, str]:
     """``"triton"`` -> {"*": "triton"}; ``"attention=triton,layer_norm=torch"`` -> per op."""
     mapping: dict[str, str] = {}
-    for p in (p.strip() for p in text.strip().split(",")):
+    for p in (p.strip() for p in (text or "").strip().split(",")):
         if not p:
             continue
         if "=" in p:
@@ -147,7 +82,7 @@ def _parse_env(text: str) -> dict[str, str]:
     return mapping
 
 
-_ENV = _EnvVar(ENV_VAR, _parse_env)
+_ENV = EnvVar(ENV_VAR, _parse_env)
 _SORTED: dict[str, list[str]] = {}  # op -> backends by priority (cleared by register)
 
 
@@ -180,8 +115,9 @@ def _load_plugins() -> None:
         import sys
         from importlib.metadata import entry_points
 
-        import fold_model.ops.reference  # noqa: F401  (registers the torch backend)
-
+        for op in CONTRACT.values():  # the torch backend: the contract's references
+            fn = op.reference if op.falls_back_to is None else _fallback(op.falls_back_to)
+            register(op.name, "torch", fn, priority=0)
         for ep in entry_points(group=ENTRY_POINT_GROUP):
             try:
                 ep.load()(sys.modules[__name__])
@@ -190,6 +126,17 @@ def _load_plugins() -> None:
 
                 warnings.warn(f"fold_model.ops: plugin {ep.name!r} failed to register: {exc}",
                               RuntimeWarning, stacklevel=2)
+
+
+def _fallback(target: str) -> Callable:
+    """The torch backend of an op that falls back to ``target``: whichever backend serves
+    ``target`` serves it (same signature)."""
+
+    def fallback(*args, **kwargs):
+        return dispatch(target, *args, **kwargs)
+
+    fallback.__name__ = f"fallback_to_{target}"
+    return fallback
 
 
 def backends(op: str) -> list[str]:
@@ -218,21 +165,6 @@ def _requested(op: str) -> str:
     return "auto"
 
 
-_FX_CHECK: list = []  # [is_fx_symbolic_tracing or None, the _symbolic_trace module], bound once
-
-
-def _fx_tracing() -> bool:
-    if not _FX_CHECK:
-        from torch.fx import _symbolic_trace
-
-        _FX_CHECK[:] = [getattr(_symbolic_trace, "is_fx_symbolic_tracing", None), _symbolic_trace]
-    check, module = _FX_CHECK
-    # is_fx_symbolic_tracing (no log warning) where it exists; the flag itself otherwise.
-    if check is not None:
-        return bool(check())
-    return bool(getattr(module, "_is_fx_tracing_flag", False))
-
-
 def resolve(op: str, *args, backend: str | None = None, **kwargs) -> Callable:
     """The implementation that :func:`dispatch` would run for this call.
 
@@ -244,7 +176,7 @@ def resolve(op: str, *args, backend: str | None = None, **kwargs) -> Callable:
     if op not in OPS:
         raise ValueError(f"unknown op {op!r}; ops are {OPS}")
     impls = _STATE.impls[op]
-    if _fx_tracing():
+    if fx_tracing():
         return impls["torch"].fn
     name = backend or _requested(op)
     if name == "auto":

@@ -1,5 +1,6 @@
-"""Building blocks shared by the AF2 modules: Linear with AF2 inits, LayerNorm, gated attention,
-global attention (Alg. 19), AF2's shared dropout and a row-chunking helper.
+"""Building blocks shared by every layer of both families: Linear with AF2 inits, LayerNorm, gated
+attention, global attention (Alg. 19), the per-head bias from the pair, AF2's shared dropout and
+its residual, and a row-chunking helper.
 
 Every LayerNorm, attention and gate goes through :mod:`fold_model.ops`, so a kernel backend
 replaces them without touching the modules.
@@ -16,13 +17,16 @@ import torch.nn.functional as F
 from torch import nn
 
 from fold_model import ops
+from fold_model.seams import IDENTITY_COMM, AxialComm
 
 __all__ = [
     "Linear",
     "LayerNorm",
     "Attention",
     "GlobalAttention",
+    "pair_bias",
     "shared_dropout_mask",
+    "dropout_residual",
     "chunked_rows",
     "InitName",
 ]
@@ -124,13 +128,22 @@ class Attention(nn.Module):
 
     Inputs ``q_x: [*, R, N_q, C_q]``, ``kv_x: [*, R, N_k, C_kv]``; ``bias: [*, H, N_q, N_k]``
     shared by the R rows; ``mask: [*, R, N_k]``. Output ``[*, R, N_q, C_q]``. With
-    ``chunk_size`` the R rows are processed in slices (inference memory saving).
+    ``chunk_size`` the R rows are processed in slices (inference memory saving). ``packed_op``
+    is the registry op of the self-attention path (signature of ``ops.attention_packed``):
+    triangle attention passes ``ops.triangle_attention``.
     """
 
     def __init__(
-        self, c_q: int, c_kv: int, c_hidden: int, no_heads: int, gating: bool = True
+        self,
+        c_q: int,
+        c_kv: int,
+        c_hidden: int,
+        no_heads: int,
+        gating: bool = True,
+        packed_op: Callable[..., torch.Tensor] = ops.attention_packed,
     ) -> None:
         super().__init__()
+        self.packed_op = packed_op
         self.c_hidden = c_hidden
         self.no_heads = no_heads
         hd = c_hidden * no_heads
@@ -181,7 +194,7 @@ class Attention(nn.Module):
         gated = self.linear_g is not None
         proj = F.linear(x, weight)  # [*, R, N, P * H * D]
         gate_bias = self.linear_g.bias if gated else None
-        o = ops.attention_packed(
+        o = self.packed_op(
             proj, self.no_heads, bias, mask, self.c_hidden**-0.5, gate_bias, gated
         )  # [*, R, N, H * D]
         return self.linear_o(o)
@@ -247,6 +260,16 @@ class GlobalAttention(nn.Module):
         return chunked_rows(self._attend, chunk_size, ((x, -3), (mask, -2)), out_dim=-3)
 
 
+def pair_bias(
+    z_ln: torch.Tensor, linear: Linear, comm: AxialComm = IDENTITY_COMM
+) -> torch.Tensor:
+    """Per-head bias from the (normalized) row-split pair: ``[*, N_i/P, N_j, C_z]`` ->
+    ``[*, H, N_i, N_j]`` (gathered: the bias of every query row needs all of i)."""
+    bias = linear(z_ln)  # [*, N_i/P, N_j, H]
+    bias = comm.gather(bias, -3)  # [*, N_i, N_j, H]
+    return bias.movedim(-1, -3)  # [*, H, N_i, N_j]
+
+
 def shared_dropout_mask(
     x: torch.Tensor, rate: float, shared_dim: int, training: bool
 ) -> torch.Tensor | None:
@@ -261,3 +284,12 @@ def shared_dropout_mask(
     keep = 1.0 - rate
     probs = torch.full_like(x.narrow(shared_dim, 0, 1), keep)  # size 1 along shared_dim
     return torch.bernoulli(probs) / keep
+
+
+def dropout_residual(
+    update: torch.Tensor, x: torch.Tensor, rate: float, shared_dim: int, training: bool
+) -> torch.Tensor:
+    """``x + dropout(update)`` with AF2's shared dropout along ``shared_dim`` (one fused
+    ``ops.bias_dropout_residual``)."""
+    mask = shared_dropout_mask(update, rate, shared_dim, training)
+    return ops.bias_dropout_residual(update, x, None, mask)

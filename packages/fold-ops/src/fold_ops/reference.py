@@ -1,8 +1,8 @@
-"""Plain PyTorch implementations of every registry op (backend ``"torch"``).
+"""The PyTorch reference of every op of the contract (:mod:`fold_ops.contract`).
 
-These are the references that every optimized backend is tested against, and the path that
-runs when nothing faster is installed or when torch.fx traces a block. Signatures are fixed by
-:mod:`fold_model.ops.registry`.
+fold-model registers them as its backend ``"torch"``: the path that runs when nothing faster is
+installed or when torch.fx traces a block. They are also the ground truth that every optimized
+backend (fold-kernels' Triton ops) is tested against, on float64 copies.
 
 Precision and memory: attention and LayerNorm run in the input dtype, as OpenFold's eager path
 does. PyTorch's matmul, softmax and layer_norm kernels accumulate half-precision inputs in fp32
@@ -17,8 +17,6 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-
-from fold_model.ops.registry import register
 
 __all__ = [
     "linear",
@@ -196,7 +194,3 @@ def linear_channel_first(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     autocast it runs in the autocast dtype."""
     return torch.einsum("oc,...ijc->...oij", weight, x)
 
-
-for _name in __all__:
-    if _name != "MASKED_LOGIT":
-        register(_name, "torch", globals()[_name], priority=0)

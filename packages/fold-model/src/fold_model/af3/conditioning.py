@@ -1,9 +1,11 @@
-"""AF3 layers that differ from AF2's: the SwiGLU transition (Alg. 11), adaptive LayerNorm
-(Alg. 26), attention with pair bias (Alg. 24) and the conditioned transition block (Alg. 25).
+"""AF3's conditioned layers: adaptive LayerNorm (Alg. 26), attention with pair bias (Alg. 24; the
+single representation's and the diffusion transformer's, conditioned on ``s`` there) and the
+conditioned transition block (Alg. 25).
 
-Attention runs through :class:`fold_model.primitives.Attention` (``ops.attention``: the registry's
-attention with a bias shared by rows, served by fold-kernels' EvoAttention); the transitions through
-``ops.layer_norm`` and ``ops.swiglu`` (MegaFold's DeepFusion ops).
+Attention runs through :class:`fold_model.layers.Attention` (``ops.attention``: the registry's
+attention with a bias shared by rows, served by fold-kernels' EvoAttention); the conditioned
+transition through ``ops.layer_norm`` and ``ops.swiglu`` (MegaFold's DeepFusion ops). The SwiGLU
+transition itself is :class:`fold_model.layers.SwiGLUTransition`.
 """
 
 from __future__ import annotations
@@ -12,36 +14,10 @@ import torch
 from torch import nn
 
 from fold_model import ops
-from fold_model.primitives import Attention, LayerNorm, Linear, chunked_rows
+from fold_model.layers import Attention, LayerNorm, Linear, pair_bias
 from fold_model.seams import IDENTITY_COMM, AxialComm
 
-__all__ = [
-    "SwiGLUTransition",
-    "AdaLN",
-    "AttentionPairBias",
-    "ConditionedTransitionBlock",
-    "pair_bias",
-]
-
-
-class SwiGLUTransition(nn.Module):
-    """Alg. 11: ``LinearNoBias(silu(a) * b)`` with ``a, b = LinearNoBias(LayerNorm(x))``, hidden
-    width ``n * c``. ``x: [*, C] -> [*, C]``; with ``chunk_size`` rows of ``row_dim`` in slices."""
-
-    def __init__(self, c: int, n: int) -> None:
-        super().__init__()
-        self.layer_norm = LayerNorm(c)
-        self.linear_ab = Linear(c, 2 * n * c, bias=False, init="relu")  # [a | b] stacked
-        self.linear_out = Linear(n * c, c, bias=False, init="final")
-
-    def _transition(self, x: torch.Tensor) -> torch.Tensor:
-        x = self.layer_norm(x)
-        return self.linear_out(ops.swiglu(x, self.linear_ab.weight))  # [*, n C] -> [*, C]
-
-    def forward(
-        self, x: torch.Tensor, chunk_size: int | None = None, row_dim: int = -3
-    ) -> torch.Tensor:
-        return chunked_rows(self._transition, chunk_size, ((x, row_dim),), out_dim=row_dim)
+__all__ = ["AdaLN", "AttentionPairBias", "ConditionedTransitionBlock"]
 
 
 class AdaLN(nn.Module):
@@ -58,16 +34,6 @@ class AdaLN(nn.Module):
         a = ops.layer_norm(a, None, None)
         s = ops.layer_norm(s, self.s_weight, None)
         return torch.sigmoid(self.linear_gate(s)) * a + self.linear_shift(s)
-
-
-def pair_bias(
-    z: torch.Tensor, layer_norm: LayerNorm, linear: Linear, comm: AxialComm = IDENTITY_COMM
-) -> torch.Tensor:
-    """Per-head bias ``LinearNoBias(LayerNorm(z))`` from the row-split pair ``[*, N_i/P, N_j, C_z]``
-    -> ``[*, H, N_i, N_j]`` (gathered over i: every query needs all of its rows)."""
-    b = linear(layer_norm(z))  # [*, N_i/P, N_j, H]
-    b = comm.gather(b, -3)  # [*, N_i, N_j, H]
-    return b.movedim(-1, -3)  # [*, H, N_i, N_j]
 
 
 class AttentionPairBias(nn.Module):
@@ -96,7 +62,7 @@ class AttentionPairBias(nn.Module):
 
     def bias_from_pair(self, z: torch.Tensor, comm: AxialComm = IDENTITY_COMM) -> torch.Tensor:
         """``z: [*, N_i/P, N_j, C_z]`` -> ``[*, H, N_i, N_j]``."""
-        return pair_bias(z, self.layer_norm_z, self.linear_z, comm)
+        return pair_bias(self.layer_norm_z(z), self.linear_z, comm)
 
     def normalize(self, a: torch.Tensor, s: torch.Tensor | None) -> torch.Tensor:
         if self.ada_ln is not None:

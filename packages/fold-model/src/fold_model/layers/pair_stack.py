@@ -1,0 +1,53 @@
+"""The pair stack of a block: AF2 Alg. 6 lines 5-9 and AF3 Alg. 17 lines 1-5 are the same five
+updates of the pair, each a residual with shared dropout; the Evoformer, the extra MSA stack, the
+Pairformer and the AF3 MSA module and template embedder run them through :func:`pair_stack`."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import nn
+
+from fold_model.layers.primitives import dropout_residual
+from fold_model.seams import AxialComm
+
+__all__ = ["pair_stack"]
+
+
+def _call(fn: Callable[..., torch.Tensor], *args) -> torch.Tensor:
+    return fn(*args)
+
+
+def pair_stack(
+    block: nn.Module,
+    z: torch.Tensor,
+    pair_mask: torch.Tensor,
+    comm: AxialComm,
+    chunk_size: int | None,
+    rate: float,
+    run: Callable[..., torch.Tensor] = _call,
+) -> torch.Tensor:
+    """Triangle multiplication outgoing, incoming, triangle attention starting, ending node,
+    transition: ``block``'s ``tri_mul_out``, ``tri_mul_in``, ``tri_att_start``, ``tri_att_end``,
+    ``pair_transition``, with dropout ``rate`` (row-wise, then column-wise for the ending node).
+
+    ``z [*, N/P, N, C_z]`` (row layout) -> same layout; ``pair_mask [*, N, N]`` whole. ``run(fn,
+    *args)`` calls a sub-layer (AF3 passes its per-sub-layer checkpointing).
+    """
+    train = block.training
+    mask_row = comm.scatter(pair_mask, -2)  # [*, N/P, N]
+    mask_col = comm.scatter(pair_mask, -1)  # [*, N, N/P]
+    z = dropout_residual(run(block.tri_mul_out, z, mask_row, comm, chunk_size), z, rate, -3,
+                         train)
+    z = comm.row_to_col(z)  # [*, N, N/P, C_z]
+    z = dropout_residual(run(block.tri_mul_in, z, mask_col, comm, chunk_size), z, rate, -3, train)
+    z = comm.col_to_row(z)  # [*, N/P, N, C_z]
+    z = dropout_residual(run(block.tri_att_start, z, mask_row, comm, chunk_size), z, rate, -3,
+                         train)
+    z = comm.row_to_col(z)  # [*, N, N/P, C_z]
+    # DropoutColumnwise: one mask shared by all columns (dim -2).
+    z = dropout_residual(run(block.tri_att_end, z, mask_col, comm, chunk_size), z, rate, -2,
+                         train)
+    z = z + run(block.pair_transition, z, chunk_size)
+    return comm.col_to_row(z)  # [*, N/P, N, C_z]

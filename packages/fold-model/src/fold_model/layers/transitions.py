@@ -1,0 +1,61 @@
+"""Transitions: the position-wise two-layer MLPs after each attention, AF2's ReLU transition
+(supplement Alg. 9 / 15) and AF3's SwiGLU transition (AF3 supplement Alg. 11)."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from fold_model import ops
+from fold_model.layers.primitives import LayerNorm, Linear, chunked_rows
+
+__all__ = ["Transition", "MSATransition", "PairTransition", "SwiGLUTransition"]
+
+
+class Transition(nn.Module):
+    """Alg. 9 / 15: ``Linear(relu(Linear(LayerNorm(x))))`` with an ``n``-fold hidden width.
+    ``x: [*, C] -> [*, C]``; LayerNorm + first Linear go through ``ops.layer_norm_linear``."""
+
+    def __init__(self, c: int, n: int) -> None:
+        super().__init__()
+        self.layer_norm = LayerNorm(c)
+        self.linear_1 = Linear(c, n * c, init="relu")
+        self.linear_2 = Linear(n * c, c, init="final")
+
+    def _transition(self, x: torch.Tensor) -> torch.Tensor:
+        h = ops.layer_norm_linear(
+            x, self.layer_norm.weight, self.layer_norm.bias, self.linear_1.weight,
+            self.linear_1.bias, self.layer_norm.eps,
+        )
+        return self.linear_2(torch.relu(h))
+
+    def forward(self, x: torch.Tensor, chunk_size: int | None = None) -> torch.Tensor:
+        return chunked_rows(self._transition, chunk_size, ((x, -3),), out_dim=-3)
+
+
+class MSATransition(Transition):
+    """Alg. 9 (n = 4)."""
+
+
+class PairTransition(Transition):
+    """Alg. 15 (n = 4 in the Evoformer, 2 in the template pair stack)."""
+
+
+class SwiGLUTransition(nn.Module):
+    """Alg. 11: ``LinearNoBias(silu(a) * b)`` with ``a, b = LinearNoBias(LayerNorm(x))``, hidden
+    width ``n * c``. ``x: [*, C] -> [*, C]``; with ``chunk_size`` rows of ``row_dim`` in slices."""
+
+    def __init__(self, c: int, n: int) -> None:
+        super().__init__()
+        self.layer_norm = LayerNorm(c)
+        self.linear_ab = Linear(c, 2 * n * c, bias=False, init="relu")  # [a | b] stacked
+        self.linear_out = Linear(n * c, c, bias=False, init="final")
+
+    def _transition(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.layer_norm(x)
+        return self.linear_out(ops.swiglu(x, self.linear_ab.weight))  # [*, n C] -> [*, C]
+
+    def forward(
+        self, x: torch.Tensor, chunk_size: int | None = None, row_dim: int = -3
+    ) -> torch.Tensor:
+        return chunked_rows(self._transition, chunk_size, ((x, row_dim),), out_dim=row_dim)

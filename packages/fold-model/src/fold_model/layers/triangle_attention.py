@@ -1,0 +1,61 @@
+"""Triangle attention (AF2 supplement 1.6.6, Alg. 13-14; AF3 Alg. 14-15): attention over the
+edges that share a node, with a bias from the third edge of each triangle.
+
+The attention itself is the registry op ``triangle_attention`` (:mod:`fold_model.ops`), whose
+reference hands the call to ``attention_packed``: a kernel written for triangle attention alone
+is one registration of that op.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from fold_model import ops
+from fold_model.layers.primitives import Attention, LayerNorm, Linear, pair_bias
+from fold_model.seams import IDENTITY_COMM, AxialComm
+
+__all__ = ["TriangleAttention", "TriangleAttentionStartingNode", "TriangleAttentionEndingNode"]
+
+
+class TriangleAttention(nn.Module):
+    """Alg. 13 (around the starting node: attention along j for each row i, bias ``b_jk``) and
+    Alg. 14 (ending node: along i for each column j, bias ``b_ki``; computed as Alg. 13 on the
+    transposed pair). Starting takes the row layout, ending the column layout; mask likewise.
+    """
+
+    def __init__(self, c_z: int, c_hidden: int, no_heads: int, starting: bool) -> None:
+        super().__init__()
+        self.starting = starting
+        self.layer_norm = LayerNorm(c_z)
+        self.linear_bias = Linear(c_z, no_heads, bias=False, init="default")
+        self.mha = Attention(c_z, c_z, c_hidden, no_heads, packed_op=ops.triangle_attention)
+
+    def forward(
+        self,
+        z: torch.Tensor,
+        pair_mask: torch.Tensor,
+        comm: AxialComm = IDENTITY_COMM,
+        chunk_size: int | None = None,
+    ) -> torch.Tensor:
+        if not self.starting:
+            z = z.transpose(-2, -3)  # [*, N_j/P, N_i, C_z]
+            pair_mask = pair_mask.transpose(-1, -2)
+        z = self.layer_norm(z)
+        bias = pair_bias(z, self.linear_bias, comm)  # [*, H, N, N]
+        out = self.mha(z, z, pair_mask, bias, chunk_size)
+        return out if self.starting else out.transpose(-2, -3)
+
+
+class TriangleAttentionStartingNode(TriangleAttention):
+    """Alg. 13."""
+
+    def __init__(self, c_z: int, c_hidden: int, no_heads: int) -> None:
+        super().__init__(c_z, c_hidden, no_heads, starting=True)
+
+
+class TriangleAttentionEndingNode(TriangleAttention):
+    """Alg. 14."""
+
+    def __init__(self, c_z: int, c_hidden: int, no_heads: int) -> None:
+        super().__init__(c_z, c_hidden, no_heads, starting=False)
