@@ -4,7 +4,7 @@
 # Without the install, fold-kernels' entry point is missing and fold-model's "auto" backend
 # would be the torch reference. Usage, from the repo root: source benchmarks/gpu_setup.sh
 python3 -m pip install -q --no-deps --no-build-isolation --no-index --no-compile \
-  packages/fold-data packages/fold-kernels packages/fold-model packages/fold-chunk \
+  packages/fold-ops packages/fold-data packages/fold-kernels packages/fold-model packages/fold-chunk \
   packages/fold-parallel packages/fold-train 2>&1 | grep -v -i "warning: running pip as" \
   || true
 python3 - <<'PY'
