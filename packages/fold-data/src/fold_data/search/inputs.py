@@ -1,0 +1,82 @@
+"""The chains to search: from a FASTA, an AlphaFold3 input JSON or an mmCIF.
+
+FASTA records are protein chains named A, B, ... unless the header says ``mol:rna`` or
+``mol:dna`` (the PDB SEQRES convention). JSON and mmCIF inputs go through fold-data's AF3 input
+readers; every polymer chain is searched (ligands are not), keyed by its author chain ID.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from fold_data.errors import InputError
+
+__all__ = ["SearchChain", "read_chains"]
+
+_LETTERS = {"protein": set("ACDEFGHIKLMNPQRSTVWYX"), "rna": set("ACGUTN"), "dna": set("ACGTUN")}
+_SAFE = re.compile(r"^[A-Za-z0-9]+$")
+
+
+@dataclass(frozen=True)
+class SearchChain:
+    chain_id: str
+    molecule: str   # 'protein' | 'rna' | 'dna'
+    sequence: str
+
+
+def check_chain(chain: SearchChain, source: str | None) -> SearchChain:
+    record = f"chain {chain.chain_id}"
+    if not _SAFE.match(chain.chain_id):
+        raise InputError(source, record, "chain ID; expected letters and digits only (it names "
+                         "the chain's output folder)")
+    if chain.molecule not in _LETTERS:
+        raise InputError(source, record, f"molecule {chain.molecule!r}; expected protein, rna "
+                         "or dna")
+    seq = chain.sequence.upper()
+    if not seq:
+        raise InputError(source, record, "empty query sequence; expected at least one residue")
+    bad = sorted(set(seq) - _LETTERS[chain.molecule])
+    if bad:
+        raise InputError(source, record, f"letters {bad} in the {chain.molecule} query; expected "
+                         f"{''.join(sorted(_LETTERS[chain.molecule]))}")
+    return SearchChain(chain.chain_id, chain.molecule, seq)
+
+
+def _fasta_chains(path: Path) -> list[SearchChain]:
+    from fold_data.af3.inputs import _chain_letter
+    from fold_data.msa import parse_fasta
+
+    chains = []
+    for i, (desc, seq) in enumerate(parse_fasta(path)):
+        mol = re.search(r"\bmol:(protein|rna|dna)\b", desc)
+        chains.append(SearchChain(_chain_letter(i), mol.group(1) if mol else "protein",
+                                  seq.replace("-", "").replace(".", "")))
+    return chains
+
+
+def read_chains(path: str | os.PathLike) -> tuple[str, list[SearchChain]]:
+    """``(entry name, polymer chains)`` of a ``.fasta``/``.fa``, ``.json`` or ``.cif`` file."""
+    path = Path(path)
+    src = os.fspath(path)
+    if not path.is_file():
+        raise InputError(src, None, "input not found; expected a FASTA, AF3 JSON or mmCIF file")
+    suffix = path.suffix.lower()
+    if suffix in (".fasta", ".fa", ".faa", ".fna"):
+        name, chains = path.stem, _fasta_chains(path)
+    elif suffix in (".json", ".cif", ".mmcif") or path.name.endswith(".cif.gz"):
+        from fold_data.af3.features import load_entry
+
+        entry = load_entry(path)
+        name = entry.name
+        chains = [SearchChain(c.author_id or c.chain_id, c.mol_type, c.sequence)
+                  for c in entry.chains if c.is_polymer]
+    else:
+        raise InputError(src, None, f"unknown input format {suffix!r}; expected .fasta, .json "
+                         "(AlphaFold3 input) or .cif (mmCIF)")
+    if not chains:
+        raise InputError(src, None, "no polymer chains to search")
+    name = re.sub(r"[^A-Za-z0-9]", "", name) or "query"
+    return name, [check_chain(c, src) for c in chains]

@@ -1,0 +1,51 @@
+"""Fixtures for the search tests: the small real databases bundled in ``data/`` (built by
+``scripts/make_search_test_data.py`` from /work/shared/data) and real query chains from the
+repository's demo mmCIFs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("pyhmmer")  # a declared dependency of fold-data; never missing after install
+
+HERE = Path(__file__).resolve().parent
+DATA = HERE / "data"
+REPO = HERE.parents[3]
+MMCIFS = REPO / "data" / "demo" / "mmcifs"
+UNIPROT = DATA / "uniprot_mini.fasta.gz"
+UNIREF = DATA / "uniref90_mini.fasta"
+SEQRES = DATA / "pdb_seqres_mini.txt"
+NUCLEIC = DATA / "rna_mini.fasta"
+
+
+def chain_sequence(pdb: str, chain: str) -> str:
+    from fold_data.mmcif import parse_mmcif
+
+    return parse_mmcif(MMCIFS / f"{pdb}.cif").get_chain(chain).sequence
+
+
+@pytest.fixture(scope="session")
+def nrbf2() -> str:
+    """4ZEY chain A, human NRBF2 MIT domain (84 residues)."""
+    return chain_sequence("4zey", "A")
+
+
+@pytest.fixture(scope="session")
+def par3() -> str:
+    """4I6P chain A, the Par-3 N-terminal domain (88 residues)."""
+    return chain_sequence("4i6p", "A")
+
+
+def write_config(tmp: Path, *, preset: str = "af3", templates: str = "",
+                 databases: dict[str, Path] | None = None) -> Path:
+    databases = databases or {"uniref90": UNIREF, "uniprot": UNIPROT}
+    lines = [f'preset = "{preset}"']
+    for name, path in databases.items():
+        lines += [f"[databases.{name}]", f'path = "{path}"']
+    if templates:
+        lines.append(templates)
+    path = tmp / "search.toml"
+    path.write_text("\n".join(lines) + "\n")
+    return path
