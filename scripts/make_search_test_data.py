@@ -7,7 +7,10 @@ Every sequence is real (see /work/shared/data/README.md for the sources and lice
 * ``uniprot_mini.fasta.gz``: UniProt hits of the jackhmmer runs that OpenFold ships for
   4ZEY chain A (NRBF2), 4I6P chain A (Par-3) and 3U8V chain A (SmbP), the residues of each
   Stockholm row (the hit's aligned segment), written as UniProt FASTA headers
-  (``>tr|ACC|NAME_SPECIES description OS=... OX=...``), gzipped.
+  (``>tr|ACC|NAME_SPECIES description OS=... OX=...``), gzipped. For 4ZEY and 4I6P: the first
+  15 hits and up to 2 more of each of 12 species that both chains' hits have (so that a
+  two-chain search has rows to pair); for 3U8V the first 40.
+* ``sources.tsv``: database, record name, the chain whose search found it.
 * ``uniref90_mini.fasta``: UniRef90 hits of the same runs for 4ZEY and 4I6P (UniRef headers,
   ``TaxID=``), plain FASTA.
 * ``pdb_seqres_mini.txt``: the full entity sequences of every polymer chain of the mmCIFs in
@@ -24,7 +27,7 @@ import sys
 from pathlib import Path
 
 import gemmi
-from fold_data.msa import read_stockholm_alignment
+from fold_data.msa import read_stockholm_alignment, species_id
 
 PER_CHAIN = 40  # hits kept per (chain, database)
 
@@ -60,13 +63,41 @@ def _dedup(records: list[tuple[str, str]]) -> list[tuple[str, str]]:
     return out
 
 
+def _pairable(ali: Path) -> dict[str, list[tuple[str, str]]]:
+    """For 4ZEY A and 4I6P A: the first 15 hits, then up to 2 hits of each of the first 12
+    species (in 4ZEY's hit order) that both chains' hits have."""
+    rows = {c: _rows(ali / c / "uniprot_hits.sto", 10_000) for c in ("4zey_A", "4i6p_A")}
+    in_b = {species_id(h) for h, _ in rows["4i6p_A"]} - {""}
+    chosen = list(dict.fromkeys(s for h, _ in rows["4zey_A"]
+                                if (s := species_id(h)) in in_b))[:12]
+    out = {}
+    for c, r in rows.items():
+        picked = r[:15]
+        for sp in chosen:
+            picked += [x for x in r[15:] if species_id(x[0]) == sp][:2]
+        out[c] = picked
+    return out
+
+
 def main(shared: Path, out: Path) -> None:
     ali = shared / "openfold-testdata" / "alignments"
-    uniprot = [r for c in ("4zey_A", "4i6p_A", "3u8v_A")
-               for r in _rows(ali / c / "uniprot_hits.sto", PER_CHAIN)]
+    picked = _pairable(ali)
+    picked["3u8v_A"] = _rows(ali / "3u8v_A" / "uniprot_hits.sto", PER_CHAIN)
+    sources = []
+    uniprot = []
+    for chain, records in picked.items():
+        for record in records:
+            uniprot.append(record)
+            sources.append(("uniprot_mini", record[0].split()[0], chain))
     _write_fasta(_dedup(uniprot), out / "uniprot_mini.fasta.gz")
-    uniref = [r for c in ("4zey_A", "4i6p_A") for r in _rows(ali / c / "uniref90_hits.sto", 30)]
+    uniref = []
+    for chain in ("4zey_A", "4i6p_A"):
+        for record in _rows(ali / chain / "uniref90_hits.sto", 30):
+            uniref.append(record)
+            sources.append(("uniref90_mini", record[0].split()[0], chain))
     _write_fasta(_dedup(uniref), out / "uniref90_mini.fasta")
+    (out / "sources.tsv").write_text("database\tname\tfound_for\n" + "".join(
+        f"{d}\t{n}\t{c}\n" for d, n, c in dict.fromkeys(sources)))
     seqres, nucleic = [], []
     cifs = sorted((shared / "openfold-testdata" / "mmcifs").glob("*.cif")) + sorted(
         (shared / "af3-examples" / "biotite-structures").glob("*.cif"))

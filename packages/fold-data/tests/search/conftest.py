@@ -20,6 +20,12 @@ SEQRES = DATA / "pdb_seqres_mini.txt"
 NUCLEIC = DATA / "rna_mini.fasta"
 
 
+def sources(database: str, chain: str) -> set[str]:
+    """Record names of a bundled database that OpenFold's search for ``chain`` found."""
+    lines = (DATA / "sources.tsv").read_text().splitlines()[1:]
+    return {n for d, n, c in (line.split("\t") for line in lines) if d == database and c == chain}
+
+
 def chain_sequence(pdb: str, chain: str) -> str:
     from fold_data.mmcif import parse_mmcif
 

@@ -119,7 +119,10 @@ class _Runner:
             rows = jackhmmer_rows(chain.sequence, database, params)
         else:
             rows = nhmmer_rows(chain.sequence, chain.molecule, database, params)
-        rows = dedup_and_cap(rows, db.max_hits, query=chain.sequence)
+        if db.pairing:  # AF3 keeps every pairing row (deduplicate=False): species matter
+            rows = rows[:db.max_hits] if db.max_hits is not None else rows
+        else:
+            rows = dedup_and_cap(rows, db.max_hits, query=chain.sequence)
         self.cache.put(key, "json", _rows_to_json(rows))
         return rows
 
