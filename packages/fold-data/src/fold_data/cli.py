@@ -3,6 +3,7 @@
     fold-data cache DATA_DIR --out CACHE_DIR [--workers N] [--chains 4zey_A,...]
     fold-data inspect CACHE_FILE_OR_DIR
     fold-data demo DATA_DIR [--cache CACHE_DIR] [--samples N] [--preset tiny]
+    fold-data msa INPUT --out DIR (--config TOML | --db NAME=PATH ...)   (fold_data.search.cli)
 
 Exit status: 0 on success, 1 if any chain failed or any cache file is invalid, 2 on bad usage.
 """
@@ -266,6 +267,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0, help="shuffle and sampling seed")
     _add_build_options(p)
     p.set_defaults(func=cmd_demo)
+
+    from fold_data.search.cli import add_msa_parser  # MSA / template search (pyhmmer)
+
+    add_msa_parser(sub)
     return parser
 
 

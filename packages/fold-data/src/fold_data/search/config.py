@@ -157,3 +157,38 @@ def load_config(path: str | os.PathLike) -> SearchConfig:
 
 def with_templates(config: SearchConfig, templates: TemplateConfig | None) -> SearchConfig:
     return replace(config, templates=templates)
+
+
+def build_config(config_path: str | os.PathLike | None = None, *, preset: str | None = None,
+                 databases: dict[str, str] | None = None, seqres: str | None = None,
+                 mmcif_dir: str | None = None, max_template_date: str | None = None
+                 ) -> SearchConfig:
+    """A config from a file and/or options: ``databases`` (name -> path, names the preset
+    knows) are added to the file's (replacing one of the same name); template options override
+    the file's ``[templates]``."""
+    if config_path is not None:
+        config = load_config(config_path)
+        if preset is not None and preset != config.preset.name:
+            raise InputError(config_path, "preset", f"{config.preset.name!r} in the file but "
+                             f"{preset!r} given; expected one preset")
+    else:
+        name = preset or "af3"
+        if name not in PRESETS:
+            raise InputError(None, "preset", f"{name!r}; expected one of {', '.join(PRESETS)}")
+        config = SearchConfig(PRESETS[name], ())
+    dbs = {d.name: d for d in config.databases}
+    for db_name, path in (databases or {}).items():
+        dbs[db_name] = make_database(db_name, path, config.preset)
+    if not dbs:
+        raise InputError(config_path, "databases", "no database: give --config or --db NAME=PATH")
+    templates = config.templates
+    if seqres is not None or mmcif_dir is not None or max_template_date is not None:
+        base = templates or TemplateConfig(Path(seqres) if seqres else None)
+        templates = TemplateConfig(
+            Path(seqres) if seqres else base.seqres,
+            Path(mmcif_dir) if mmcif_dir else base.mmcif_dir,
+            max_template_date or base.max_template_date)
+        if templates.seqres is None:
+            raise InputError(config_path, "templates", "--template-mmcif-dir / "
+                             "--max-template-date need a SEQRES database (--seqres)")
+    return SearchConfig(config.preset, tuple(dbs.values()), templates, config.source)

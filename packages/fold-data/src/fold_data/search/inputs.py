@@ -1,8 +1,11 @@
 """The chains to search: from a FASTA, an AlphaFold3 input JSON or an mmCIF.
 
 FASTA records are protein chains named A, B, ... unless the header says ``mol:rna`` or
-``mol:dna`` (the PDB SEQRES convention). JSON and mmCIF inputs go through fold-data's AF3 input
-readers; every polymer chain is searched (ligands are not), keyed by its author chain ID.
+``mol:dna`` (the PDB SEQRES convention). An AlphaFold3 input JSON gives its ``protein`` /
+``rna`` / ``dna`` sequences (every ID of a multi-copy entry; ligands are not searched, and
+modifications do not change the searched sequence, as in AF3). An mmCIF gives its polymer chains
+(fold-data's mmCIF reader: full ``_entity_poly_seq``, modified residues as their parents), keyed
+by author chain ID. No CCD is needed to search.
 """
 
 from __future__ import annotations
@@ -57,6 +60,36 @@ def _fasta_chains(path: Path) -> list[SearchChain]:
     return chains
 
 
+def _json_chains(path: Path) -> tuple[str, list[SearchChain]]:
+    import json
+
+    src = os.fspath(path)
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as err:
+        raise InputError(src, None, f"not a readable JSON file: {err}") from None
+    if not isinstance(doc, dict) or not isinstance(doc.get("sequences"), list):
+        raise InputError(src, "sequences", "expected an AlphaFold3 input JSON with a "
+                         "'sequences' list")
+    chains = []
+    for i, item in enumerate(doc["sequences"]):
+        record = f"sequences[{i}]"
+        if not isinstance(item, dict) or len(item) != 1:
+            raise InputError(src, record, "expected one of {'protein': ...}, {'rna': ...}, "
+                             "{'dna': ...}, {'ligand': ...}")
+        (kind, body), = item.items()
+        if kind not in _LETTERS:
+            continue  # ligands are not searched
+        if not isinstance(body, dict) or not isinstance(body.get("sequence"), str):
+            raise InputError(src, record, f"field '{kind}.sequence': expected a string")
+        ids = body.get("id")
+        ids = [ids] if isinstance(ids, str) else ids
+        if not isinstance(ids, list) or not ids or not all(isinstance(x, str) for x in ids):
+            raise InputError(src, record, f"field '{kind}.id': expected a chain ID or a list")
+        chains += [SearchChain(cid, kind, body["sequence"]) for cid in ids]
+    return str(doc.get("name") or path.stem), chains
+
+
 def read_chains(path: str | os.PathLike) -> tuple[str, list[SearchChain]]:
     """``(entry name, polymer chains)`` of a ``.fasta``/``.fa``, ``.json`` or ``.cif`` file."""
     path = Path(path)
@@ -66,13 +99,15 @@ def read_chains(path: str | os.PathLike) -> tuple[str, list[SearchChain]]:
     suffix = path.suffix.lower()
     if suffix in (".fasta", ".fa", ".faa", ".fna"):
         name, chains = path.stem, _fasta_chains(path)
-    elif suffix in (".json", ".cif", ".mmcif") or path.name.endswith(".cif.gz"):
-        from fold_data.af3.features import load_entry
+    elif suffix == ".json":
+        name, chains = _json_chains(path)
+    elif suffix in (".cif", ".mmcif") or path.name.endswith(".cif.gz"):
+        from fold_data.mmcif import parse_mmcif
 
-        entry = load_entry(path)
-        name = entry.name
-        chains = [SearchChain(c.author_id or c.chain_id, c.mol_type, c.sequence)
-                  for c in entry.chains if c.is_polymer]
+        structure = parse_mmcif(path)
+        name = structure.pdb_id or path.name.split(".")[0]
+        chains = [SearchChain(cid, c.polymer_type, c.sequence)
+                  for cid, c in structure.chains.items() if c.polymer_type in _LETTERS]
     else:
         raise InputError(src, None, f"unknown input format {suffix!r}; expected .fasta, .json "
                          "(AlphaFold3 input) or .cif (mmCIF)")
