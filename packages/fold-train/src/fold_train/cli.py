@@ -303,8 +303,13 @@ def run_prediction(args: argparse.Namespace) -> dict:
     )
 
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    searched = {}
+    if getattr(args, "search", None):  # fold-data msa first (fold_train.predict_search)
+        from fold_train.predict_search import apply_search
+
+        searched = apply_search(args)
     if getattr(args, "json", None):
-        return _run_af3_prediction(args, device)
+        return {**_run_af3_prediction(args, device, searched.pop("features", None)), **searched}
     autochunk = getattr(args, "autochunk", None)
     if autochunk is not None and args.chunk_size:
         from fold_train.config import ConfigError
@@ -345,7 +350,7 @@ def run_prediction(args: argparse.Namespace) -> dict:
             for name, w in zip(("evoformer", "extra_msa_stack"), chunked)}
     if has_truth:
         summary.update(score_against_truth(pred, raw))
-    return summary
+    return {**summary, **searched}
 
 
 def _cuda_graphs(args: argparse.Namespace, device: str) -> bool:
@@ -355,7 +360,7 @@ def _cuda_graphs(args: argparse.Namespace, device: str) -> bool:
     return graphs_wanted(False if getattr(args, "no_cuda_graphs", False) else None, device)
 
 
-def _run_af3_prediction(args: argparse.Namespace, device: str) -> dict:
+def _run_af3_prediction(args: argparse.Namespace, device: str, features=None) -> dict:
     from fold_train.config import ConfigError
     from fold_train.predict_af3 import predict_af3_file
 
@@ -368,7 +373,8 @@ def _run_af3_prediction(args: argparse.Namespace, device: str) -> dict:
                             use_ema=not args.no_ema, ccd_files=args.ccd or [],
                             no_samples=args.samples, no_steps=args.sampler_steps,
                             no_cycles=args.recycles, cuda_graphs=_cuda_graphs(args, device),
-                            allow_outside_paths=getattr(args, "allow_outside_paths", False))
+                            allow_outside_paths=getattr(args, "allow_outside_paths", False),
+                            features=features)
 
 
 def cmd_predict(args: argparse.Namespace) -> int:
@@ -549,6 +555,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--msa", nargs="*", help="MSA files of the query")
     p.add_argument("--templates", help="template hits (.hhr or hmm_output.sto)")
     p.add_argument("--template-mmcif-dir", help="directory of template <pdb>.cif files")
+    p.add_argument("--search", metavar="TOML", help="search MSAs (and templates) first with "
+                   "fold-data msa's config (databases, preset); when no --msa is given")
+    p.add_argument("--search-out", metavar="DIR",
+                   help="where --search writes (default: <output name>_search/)")
     p.add_argument("--out", help="output mmCIF (default <name>.cif)")
     p.add_argument("--recycles", type=int, help="forward passes (default: all, 1 + iterations)")
     p.add_argument("--chunk-size", type=int,

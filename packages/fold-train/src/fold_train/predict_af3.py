@@ -39,16 +39,18 @@ class AF3Prediction:
     sample_plddt: np.ndarray
 
 
-def make_af3_inputs(source: str | os.PathLike, ccd=None, *, allow_outside_paths: bool = False):
+def make_af3_inputs(source: str | os.PathLike, ccd=None, *, allow_outside_paths: bool = False,
+                    features: dict | None = None):
     """``(entry, raw features)`` of an AF3 input JSON / mmCIF complex (fold-data AF3); the
-    JSON's file paths must stay in its directory unless ``allow_outside_paths``."""
+    JSON's file paths must stay in its directory unless ``allow_outside_paths``. ``features``:
+    extra arguments of ``make_features`` (searched MSAs, paired rows, template hits)."""
     from fold_data.af3 import load_entry, make_features
 
     from fold_train.af3_data import make_ccd
 
     ccd = ccd or make_ccd()
     entry = load_entry(source, ccd=ccd, allow_outside_paths=allow_outside_paths)
-    return entry, make_features(entry, ccd=ccd)
+    return entry, make_features(entry, ccd=ccd, **(features or {}))
 
 
 @torch.no_grad()
@@ -161,7 +163,7 @@ def predict_af3_file(
     device: str | torch.device = "cpu", use_ema: bool = True, ccd_files=(),
     no_samples: int | None = None, no_steps: int | None = None, no_cycles: int | None = None,
     cuda_graphs: bool | None = None,
-    allow_outside_paths: bool = False,
+    allow_outside_paths: bool = False, features: dict | None = None,
 ) -> dict:
     """The whole ``fold-train predict --json``: returns the printed JSON summary. Without
     ``out`` the JSON's ``name``, made one safe file name, is written in the current directory;
@@ -175,7 +177,7 @@ def predict_af3_file(
 
     model, cfg = load_trained_model(checkpoint, device, use_ema=use_ema, family="af3")
     entry, raw = make_af3_inputs(source, make_ccd(ccd_files),  # bad input: InputError
-                                 allow_outside_paths=allow_outside_paths)
+                                 allow_outside_paths=allow_outside_paths, features=features)
     path = output_path(out, entry.name)  # checked before the model runs
     seed = int(entry.seeds[0]) if entry.seeds else 0
     try:
