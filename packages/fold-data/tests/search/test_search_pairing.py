@@ -58,3 +58,12 @@ def test_pairing_rules():
 def test_one_entity_is_not_paired():
     rows = [_row("a1", "HUMAN", 1e-9)]
     assert pair_by_species({"A": ("AAA", rows), "B": ("AAA", rows)}) == {"A": [], "B": []}
+
+
+def test_species_from_uniprot_uniref_and_bare_ox_headers():
+    from fold_data.search.species import hit_species
+
+    assert hit_species("tr|A0A2K5JW76|A0A2K5JW76_COLAP", "Nrbf2 OS=Colobus OX=336983") == "COLAP"
+    assert hit_species("MGYP000613015979", "PL=11 OX=10090") == "10090"
+    assert hit_species("UniRef90_Q96F24", "NRBF2 n=58 Tax=Simiiformes TaxID=314293") == "314293"
+    assert hit_species("MGYP000613015979", "PL=11 UP=0 BIOMES=0000000011000") == ""

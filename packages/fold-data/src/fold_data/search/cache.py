@@ -50,6 +50,7 @@ class ResultCache:
         self.root = None if root is None else Path(root)
         self.hits = 0
         self.misses = 0
+        self._count = threading.Lock()  # searches run on several threads
 
     @staticmethod
     def key(**parts) -> str:
@@ -70,9 +71,11 @@ class ResultCache:
         try:
             text = path.read_text(encoding="utf-8")
         except FileNotFoundError:
-            self.misses += 1
+            with self._count:
+                self.misses += 1
             return None
-        self.hits += 1
+        with self._count:
+            self.hits += 1
         return text
 
     def put(self, key: str, suffix: str, text: str) -> None:

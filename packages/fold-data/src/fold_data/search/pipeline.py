@@ -205,11 +205,14 @@ def run_search(
     if not tasks:
         raise InputError(config.source, "databases", "no database for the chains' molecule "
                          f"types ({', '.join(sorted({c.molecule for c in chains}))})")
+    searching_templates = templates and config.templates is not None
+    n_templates = sum(c.molecule == "protein" for c in unique.values()) if searching_templates \
+        else 0
     bar = None
     if progress is True:
         from tqdm import tqdm
 
-        bar = tqdm(total=len(tasks), unit="search", desc="msa")
+        bar = tqdm(total=len(tasks) + n_templates, unit="search", desc="msa")
 
     def done(key, label: str) -> None:
         chain_ids = ",".join(owners[key])
@@ -231,7 +234,7 @@ def run_search(
             for (key, db), rows in pool.map(run_task, tasks):
                 results[key][db.name] = rows
             template_jobs = {}
-            if templates and config.templates is not None:
+            if searching_templates:
                 for key, c in unique.items():
                     if c.molecule == "protein":
                         merged = _merged_unpaired(c, config, results[key])
