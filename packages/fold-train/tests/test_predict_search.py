@@ -85,8 +85,10 @@ def test_search_feeds_the_af3_featurizer_with_paired_rows(tmp_path):
     config.write_text(f'[databases.uniref90]\npath = "{SEARCH_DATA}/uniref90_mini.fasta"\n'
                       f'[databases.uniprot]\npath = "{SEARCH_DATA}/uniprot_mini.fasta.gz"\n')
     args = build_parser().parse_args(["predict", "--checkpoint", "unused.ckpt", "--json",
-                                      str(source), "--search", str(config)])
+                                      str(source), "--search", str(config),
+                                      "--out", str(tmp_path / "pair.cif")])
     report = apply_search(args)
+    assert report["search"]["out"] == str(tmp_path / "pair_search")
     features = report["features"]
     paired = parse_a3m(features["paired_msa_paths"]["A"])
     assert len(paired) > 1

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import write_config
+from _search_helpers import write_config
 from fold_data.af3.inputs import parse_fasta_entry
 from fold_data.af3.msa import make_msa_features
 from fold_data.af3.tokenizer import GAP, restype_of

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import shutil
 
-from conftest import UNIREF, write_config
+from _search_helpers import UNIREF, write_config
 from fold_data.search import SearchChain, load_config, run_search
 
 

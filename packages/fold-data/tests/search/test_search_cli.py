@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from conftest import MMCIFS, NUCLEIC, SEQRES, UNIPROT, UNIREF
+from _search_helpers import MMCIFS, NUCLEIC, SEQRES, UNIPROT, UNIREF
 from fold_data.cli import main
 from fold_data.msa import parse_a3m
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import gzip
 
 import pytest
-from conftest import MMCIFS, UNIREF, write_config
+from _search_helpers import MMCIFS, UNIREF, write_config
 from fold_data.errors import InputError
 from fold_data.search import SearchChain, load_config, run_search
 

@@ -8,7 +8,7 @@ import shutil
 
 import numpy as np
 import pytest
-from conftest import MMCIFS, NUCLEIC, UNIPROT, UNIREF, sources, write_config
+from _search_helpers import MMCIFS, NUCLEIC, UNIPROT, UNIREF, sources, write_config
 from fold_data.af2.features import load_msa
 from fold_data.msa import check_query, parse_a3m, read_stockholm_alignment
 from fold_data.search import PRESETS, SearchChain, load_config, run_search

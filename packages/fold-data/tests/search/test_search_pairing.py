@@ -3,7 +3,7 @@ many vertebrates in the bundled UniProt set)."""
 
 from __future__ import annotations
 
-from conftest import write_config
+from _search_helpers import write_config
 from fold_data.msa import parse_a3m
 from fold_data.search import SearchChain, load_config, run_search
 from fold_data.search.hits import A3mRow

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from conftest import MMCIFS, SEQRES, write_config
+from _search_helpers import MMCIFS, SEQRES, write_config
 from fold_data.errors import InputError
 from fold_data.search import SearchChain, load_config, run_search
 from fold_data.template_hits import parse_hmmsearch_sto

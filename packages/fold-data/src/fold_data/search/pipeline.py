@@ -23,7 +23,7 @@ import os
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from fold_data.errors import InputError
@@ -105,8 +105,6 @@ class _Runner:
         preset = self.config.preset
         params = preset.jackhmmer if db.molecule == "protein" else preset.nhmmer
         if db.z_value is not None:
-            from dataclasses import replace
-
             params = replace(params, z_value=db.z_value)
         key = self.cache.key(kind="msa", molecule=chain.molecule, sequence=chain.sequence,
                              database=self.signature(db.path), params=params,
@@ -150,7 +148,8 @@ class _Runner:
 
 
 def _check_databases(config: SearchConfig, chains: Sequence[SearchChain]) -> None:
-    """Fail before any search when a database is missing or unreadable (checked by loading)."""
+    """Fail before any search when a database file (or the template mmCIF folder) is missing;
+    a database that is not FASTA fails when it is first read, before anything is written."""
     molecules = {c.molecule for c in chains}
     for db in config.databases:
         if db.molecule in molecules or (db.molecule in ("rna", "dna")
