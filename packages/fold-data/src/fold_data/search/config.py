@@ -27,14 +27,15 @@ from __future__ import annotations
 import datetime as dt
 import os
 import tomllib
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 from fold_data.errors import InputError
 
 from .presets import PRESETS, DatabasePreset, Preset
 
-__all__ = ["DatabaseConfig", "SearchConfig", "TemplateConfig", "load_config"]
+__all__ = ["DatabaseConfig", "SearchConfig", "TemplateConfig", "build_config", "load_config",
+           "make_database"]
 
 _MOLECULES = ("protein", "rna", "dna")
 
@@ -153,10 +154,6 @@ def load_config(path: str | os.PathLike) -> SearchConfig:
             base / t["seqres"], base / t["mmcif_dir"] if "mmcif_dir" in t else None,
             _date(src, "templates", date) if date is not None else None)
     return SearchConfig(preset, tuple(dbs), templates, src)
-
-
-def with_templates(config: SearchConfig, templates: TemplateConfig | None) -> SearchConfig:
-    return replace(config, templates=templates)
 
 
 def build_config(config_path: str | os.PathLike | None = None, *, preset: str | None = None,
