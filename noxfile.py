@@ -1,12 +1,13 @@
 """Sessions that build, test, lint, benchmark and demo fold.
 
-    nox -s tests        every package's tests + tests/integration on CPU (what CI runs)
+    nox -s tests        every package's tests + tests/integration + tests/benchmarks on CPU
+                        (what CI runs)
     nox -s data model kernels parallel chunk train   one package alone, installed alone
                         (kernels: the Triton kernels under TRITON_INTERPRET=1 on CPU)
     nox -s gpu          GPU-marked tests in the *current* environment (no install step)
     nox -s lint         ruff
     nox -s demo         the main job: short training run + prediction on the bundled data
-    nox -s bench        the GPU benchmarks in the current environment
+    nox -s bench        the benchmark entry points of BENCHMARKS in the current environment
 
 CPU installs pin torch==2.13.0 (a CPU wheel; an unpinned torch would pull a multi-GB CUDA build).
 """
@@ -34,6 +35,20 @@ TEST_DEPS = ["pytest>=8", "pytest-xdist>=3"]
 # No GPU in CI: Triton kernels run in its interpreter on CPU tensors.
 CPU_ENV = {"TRITON_INTERPRET": "1", "OMP_NUM_THREADS": "1", "PYTHONHASHSEED": "0"}
 
+# What `nox -s bench` runs, each as `python -m benchmarks.<entry>` with its default options (one
+# GPU, or the CPU for data.*); `nox -s bench -- model.evoformer train.af3` runs the named ones.
+# Helpers (benchmarks/common) and one-off tools (benchmarks/tools) are not entry points here.
+BENCHMARKS = [
+    "kernels.attention", "kernels.elementwise", "kernels.launch_overhead",
+    "model.evoformer", "model.af3_blocks", "model.full", "model.loss_af3_pairs", "model.peers",
+    "train.ablation", "train.af3", "train.predict_graphs",
+    "chunk.evoformer",
+    "data.loader", "data.cache", "data.af3_cache", "data.search_msa",
+]
+# Multi-GPU entry points and their ranks: run under torchrun, only when named
+# (`nox -s bench -- parallel.dap_bp`), since they need that many GPUs.
+DISTRIBUTED_BENCHMARKS = {"parallel.dap_bp": 2, "parallel.scaling": 4}
+
 nox.options.sessions = ["tests"]
 nox.options.reuse_existing_virtualenvs = True
 
@@ -60,9 +75,10 @@ def _pytest(session: nox.Session, *paths: str, marker: str = "not gpu") -> None:
 
 @nox.session
 def tests(session: nox.Session) -> None:
-    """Everything on CPU: each package's tests and the cross-package integration tests."""
+    """Everything on CPU: each package's tests, the cross-package integration tests and the
+    benchmarks' smoke tests."""
     _install(session, *PACKAGES)
-    paths = [f"packages/{p}/tests" for p in PACKAGES] + ["tests/integration"]
+    paths = [f"packages/{p}/tests" for p in PACKAGES] + ["tests/integration", "tests/benchmarks"]
     _pytest(session, *paths)
 
 
@@ -120,8 +136,24 @@ def demo(session: nox.Session) -> None:
 
 @nox.session(python=False)
 def bench(session: nox.Session) -> None:
-    """GPU benchmarks in the current environment (results land in benchmarks/results/)."""
-    src = os.pathsep.join(str(ROOT / "packages" / p / "src") for p in PACKAGES)
+    """The benchmark entry points of BENCHMARKS (or those named after --) in the current
+    environment, from the repository root; see benchmarks/README.md for each one's options."""
+    src = os.pathsep.join([str(ROOT)] + [str(ROOT / "packages" / p / "src") for p in PACKAGES])
     env = {"PYTHONPATH": src + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    for script in session.posargs or sorted(p.name for p in (ROOT / "benchmarks").glob("*.py")):
-        session.run("python", str(ROOT / "benchmarks" / script), env=env)
+    entries = list(session.posargs) or BENCHMARKS
+    unknown = sorted(set(entries) - set(BENCHMARKS) - set(DISTRIBUTED_BENCHMARKS))
+    if unknown:
+        session.error(f"unknown benchmarks {unknown}; choose from "
+                      f"{BENCHMARKS + list(DISTRIBUTED_BENCHMARKS)}")
+    failed = []
+    for entry in entries:  # every one runs even when one fails; the session fails at the end
+        module = f"benchmarks.{entry}"
+        launcher = ["python"]
+        if entry in DISTRIBUTED_BENCHMARKS:
+            launcher = ["torchrun", "--nproc_per_node", str(DISTRIBUTED_BENCHMARKS[entry])]
+        try:
+            session.run(*launcher, "-m", module, env=env)
+        except nox.command.CommandFailed:
+            failed.append(entry)
+    if failed:
+        session.error(f"benchmarks failed: {', '.join(failed)}")

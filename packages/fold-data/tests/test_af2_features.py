@@ -14,10 +14,10 @@ from fold_data.af2 import (
     make_features,
     make_features_from_sequence,
     make_sample,
-    validate,
 )
 from fold_data.errors import InputError, InputWarning
 from fold_data.mmcif import parse_mmcif
+from fold_data.schema import validate
 
 DEMO = Path(__file__).resolve().parents[3] / "data" / "demo"
 pytestmark = pytest.mark.skipif(not DEMO.is_dir(), reason="bundled demo data not found")

@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from fold_data.af2 import PRESETS, make_sample
-from fold_data.af2.schema import RAW_FEATURES, SAMPLE_FEATURES, SchemaError, validate
+from fold_data.af2.schema import RAW_FEATURES, SAMPLE_FEATURES
+from fold_data.schema import SchemaError, validate
 
 SAMPLE_DIMS = {"R", "N_res", "N_clust", "N_extra", "N_templ"}
 RAW_DIMS = {"N_res", "N_msa", "N_templ"}

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from fold_data.af2.ground_truth import atom37_to_torsion_angles, make_pseudo_beta
 from fold_data.af2.presets import PRESETS, DataPreset, get_preset
-from fold_data.af2.schema import RAW_FEATURES, SAMPLE_FEATURES, SchemaError, validate
+from fold_data.af2.schema import RAW_FEATURES, SAMPLE_FEATURES
 from fold_data.af2.transforms import (
     GAP,
     MASK_TOKEN,
@@ -21,6 +21,7 @@ from fold_data.af2.transforms import (
     msa_profile,
     summarize_clusters,
 )
+from fold_data.schema import SchemaError, validate
 
 
 def synthetic_raw(

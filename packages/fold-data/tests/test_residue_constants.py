@@ -88,6 +88,28 @@ def test_literature_positions_agree_with_stereo_table():
     assert 2.4 < nc.length < 2.6 and 0 < nc.stddev < 0.1
 
 
+def test_virtual_bond_stddev_adds_in_quadrature_like_af2():
+    """AF2's load_stereo_chemical_props: c = sqrt(a^2 + b^2 - 2ab cos g), errors propagated as
+    uncorrelated (partials of c^2 / 2c, squared and summed), for every 1-3 pair of the table."""
+    bonds, virtual_bonds, angles = rc.load_stereo_chemical_props()
+    for resname, table in angles.items():
+        length = {frozenset((b.atom1_name, b.atom2_name)): b for b in bonds[resname]}
+        for ang, virtual in zip(table, virtual_bonds[resname]):
+            b1 = length[frozenset((ang.atom1_name, ang.atom2_name))]
+            b2 = length[frozenset((ang.atom2_name, ang.atom3_name))]
+            g = ang.angle_rad
+            c = np.sqrt(b1.length**2 + b2.length**2 - 2 * b1.length * b2.length * np.cos(g))
+            dl_outer = 0.5 / c
+            dl_dgamma = 2 * b1.length * b2.length * np.sin(g) * dl_outer
+            dl_db1 = (2 * b1.length - 2 * b2.length * np.cos(g)) * dl_outer
+            dl_db2 = (2 * b2.length - 2 * b1.length * np.cos(g)) * dl_outer
+            stddev = np.sqrt((dl_dgamma * ang.stddev) ** 2 + (dl_db1 * b1.stddev) ** 2
+                             + (dl_db2 * b2.stddev) ** 2)
+            assert (virtual.atom1_name, virtual.atom2_name) == (ang.atom1_name, ang.atom3_name)
+            assert virtual.length == pytest.approx(c, rel=1e-12)
+            assert virtual.stddev == pytest.approx(stddev, rel=1e-12)
+
+
 def test_every_bond_graph_angle_is_in_the_table():
     bonds, _, angles = rc.load_stereo_chemical_props()
     for resname in rc.residue_atoms:

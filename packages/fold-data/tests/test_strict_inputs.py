@@ -57,7 +57,7 @@ def test_x_stays_an_unknown_residue():
 
 def test_empty_mmcif_is_an_input_error(tmp_path):
     from fold_data.af3 import Ccd
-    from fold_data.af3.inputs import parse_complex_mmcif
+    from fold_data.af3.parse import parse_complex_mmcif
     from fold_data.mmcif import parse_mmcif
 
     empty = tmp_path / "empty.cif"

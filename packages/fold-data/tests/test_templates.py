@@ -9,11 +9,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 from fold_data import residue_constants as rc
-from fold_data.af2 import templates
-from fold_data.af2.templates import make_template_features, realign_segment
+from fold_data import templates
 from fold_data.errors import InputError, InputWarning
 from fold_data.mmcif import parse_mmcif
 from fold_data.template_hits import TemplateHit, parse_hhr, parse_hmmsearch_sto
+from fold_data.templates import make_template_features, realign_segment
 
 DEMO = Path(__file__).resolve().parents[3] / "data" / "demo"
 MMCIFS = DEMO / "mmcifs"

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import math
-
 import pytest
 import torch
 from _trunk_helpers import MODEL_INPUTS, make_batch, randomize_
-from fold_data.af2.schema import SAMPLE_FEATURES, validate
+from fold_data.af2.schema import SAMPLE_FEATURES
+from fold_data.schema import validate
 from fold_model.af2 import AlphaFold2, config
 from fold_model.af2.model import pseudo_beta
 
@@ -152,33 +151,3 @@ def test_config_presets_and_overrides():
     with pytest.raises(ValueError, match="no field|has no"):
         config("tiny", evoformer__c_q=3)
 
-
-def _load_benchmark(name: str):
-    import importlib.util
-    from pathlib import Path
-
-    path = Path(__file__).resolve().parents[3] / "benchmarks" / f"{name}.py"
-    if not path.exists():
-        pytest.skip(f"{path} not present")
-    spec = importlib.util.spec_from_file_location(f"_bench_{name}", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def test_benchmark_smoke_modes_on_cpu(tmp_path):
-    full = _load_benchmark("model_full").main(
-        ["--tiny", "--device", "cpu", "--reps", "1", "--out", str(tmp_path / "full.json")]
-    )
-    assert full["step_ms"] > 0 and math.isfinite(full["loss"])
-    assert (tmp_path / "full.md").exists()
-    rows = _load_benchmark("model_evoformer").main(
-        ["--tiny", "--device", "cpu", "--reps", "1", "--orders", "parallel",
-         "--out", str(tmp_path / "evo.json")]
-    )
-    assert len(rows) == 2 and all(r["fwd_bwd_ms"] > 0 for r in rows)
-    graphed = _load_benchmark("model_evoformer").main(
-        ["--tiny", "--device", "cpu", "--reps", "1", "--orders", "af2", "--shapes", "5,7",
-         "--graphs", "--backend", "torch"]
-    )
-    assert len(graphed) == 1 and graphed[0]["graphs"] and graphed[0]["fwd_bwd_ms"] > 0

@@ -29,7 +29,8 @@ def _rotation(seed):
 
 def test_pair_features_layout_and_rigid_invariance():
     feats = _templ_feats()
-    f = build_template_pair_feat(feats)
+    feats["template_all_atom_mask"][..., :3] = 1.0  # whole backbones: no channel masked
+    f = build_template_pair_feat(feats, use_unit_vector=True)
     assert f.shape == (2, 3, 9, 9, 88)
     pb_mask = feats["template_pseudo_beta_mask"]
     assert torch.equal(f[..., 39], pb_mask[..., :, None] * pb_mask[..., None, :])
@@ -45,7 +46,7 @@ def test_pair_features_layout_and_rigid_invariance():
     moved = dict(feats)
     moved["template_all_atom_positions"] = feats["template_all_atom_positions"] @ rot.T + shift
     moved["template_pseudo_beta"] = feats["template_pseudo_beta"] @ rot.T + shift
-    f2 = build_template_pair_feat(moved)
+    f2 = build_template_pair_feat(moved, use_unit_vector=True)
     # Distance bins are exact unless a distance sits within float noise of a bin edge.
     d = (feats["template_pseudo_beta"][..., :, None, :] - feats["template_pseudo_beta"][
         ..., None, :, :]).norm(dim=-1)
@@ -65,7 +66,7 @@ def test_unit_vector_in_backbone_frame():
     pos[..., 1, 1, :] = torch.tensor([0.0, 0.0, 2.0])
     feats["template_all_atom_positions"] = pos
     feats["template_all_atom_mask"] = torch.ones_like(feats["template_all_atom_mask"])
-    f = build_template_pair_feat(feats)
+    f = build_template_pair_feat(feats, use_unit_vector=True)
     assert torch.allclose(f[0, 0, 0, 1, 84:87], torch.tensor([0.0, 0.0, 1.0]), atol=1e-5)
     off = build_template_pair_feat(feats, use_unit_vector=False)
     assert torch.all(off[..., 84:87] == 0) and torch.equal(off[..., :84], f[..., :84])

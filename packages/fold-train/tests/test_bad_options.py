@@ -8,12 +8,13 @@ import math
 import numpy as np
 import pytest
 from _train_helpers import DEMO
+from fold_data.af2.write import Prediction, prediction_to_structure
 from fold_data.errors import InputError
 from fold_data.mmcif import parse_mmcif
+from fold_data.write import write_mmcif
 from fold_train.cli import main
 from fold_train.evaluate import evaluate_pair
 from fold_train.optim import AdamConfig
-from fold_train.predict import Prediction, prediction_to_structure, write_mmcif
 
 TRUE = DEMO / "mmcifs" / "4zey.cif"
 

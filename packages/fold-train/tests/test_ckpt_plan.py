@@ -86,13 +86,16 @@ def test_plan_for_a_given_budget():
     assert d["headroom_mib"] == 560 and "11 of 24 pairformer" in plan.describe()
 
 
-def test_plan_halves_when_the_step_overshoots_or_runs_out_of_memory():
+def test_plan_scales_down_by_the_overshoot_or_halves_after_out_of_memory():
     model = _FakeModel(extra=400 * MIB)  # exempting both stacks costs 400 MiB more
     memory = _FakeMemory(model, budget=1000 * MIB + 24 * 50 * MIB + 100 * MIB)
     plan = plan_checkpointing(model, lambda: None, memory, device_type="cpu")
-    assert plan.tried[0]["pairformer"] == 24 and plan.tried[0]["diffusion"] == 5
-    assert plan.uncheckpointed == {"pairformer": 12, "diffusion": 2}
-    assert plan.final_bytes <= plan.budget_bytes
+    # 24/5 measures 2700 MiB against 2300: room 1300 of 1700 used above the base -> x0.765:
+    # 18/3 (2360 MiB, over) -> x1300/1360: 17/2 (2290 MiB, fits). Halving would stop at 12/2.
+    assert [(t["pairformer"], t["diffusion"], t["mib"]) for t in plan.tried] == [
+        (24, 5, 2700), (18, 3, 2360), (17, 2, 2290)]
+    assert plan.uncheckpointed == {"pairformer": 17, "diffusion": 2}
+    assert plan.final_bytes == 2290 * MIB <= plan.budget_bytes
     model = _FakeModel()
     memory = _FakeMemory(model, budget=10_000 * MIB, oom_above=1000 * MIB + 300 * MIB)
     plan = plan_checkpointing(model, lambda: None, memory, device_type="cpu")

@@ -1,4 +1,5 @@
-"""mmCIF output (gemmi-readable, pLDDT in B-factors), evaluation of files, and the CLI."""
+"""Evaluation of written predictions (files and directories) and the CLI; the mmCIF writer
+itself is tested in fold-data (tests/test_af2_write.py)."""
 
 from __future__ import annotations
 
@@ -9,17 +10,14 @@ import numpy as np
 import pytest
 import torch
 from _train_helpers import DEMO, SMALL
+from fold_data.af2.write import Prediction, prediction_to_structure
 from fold_data.errors import InputError
 from fold_data.mmcif import parse_mmcif
+from fold_data.write import write_mmcif
 from fold_train.checkpoint import find_latest, load_checkpoint
 from fold_train.cli import build_parser, main
 from fold_train.evaluate import evaluate_pair
-from fold_train.predict import (
-    Prediction,
-    load_trained_model,
-    prediction_to_structure,
-    write_mmcif,
-)
+from fold_train.predict import load_trained_model
 
 TRUE = DEMO / "mmcifs" / "4zey.cif"
 
@@ -35,23 +33,6 @@ def truth() -> Prediction:
                       positions=chain.atom37_positions.astype(np.float32),
                       atom_mask=chain.atom37_mask.astype(np.float32),
                       plddt=np.linspace(20.0, 95.0, n).astype(np.float32))
-
-
-def test_written_mmcif_reads_back_with_plddt_in_b_factors(truth, tmp_path):
-    path = write_mmcif(prediction_to_structure(truth, "4zey_A"), tmp_path / "4zey_A.cif")
-    st = gemmi.read_structure(str(path))
-    residues = list(st[0]["A"])
-    resolved = np.nonzero(truth.atom_mask.sum(-1) > 0)[0]
-    assert len(residues) == len(resolved)
-    for res, i in zip(residues, resolved):
-        assert res.seqid.num == i + 1
-        assert len(res) == int(truth.atom_mask[i].sum())
-        for atom in res:
-            assert atom.b_iso == pytest.approx(float(truth.plddt[i]), abs=0.01)
-    back = parse_mmcif(path).get_chain("A")
-    assert back.sequence == truth.sequence
-    np.testing.assert_allclose(back.atom37_positions[truth.atom_mask > 0],
-                               truth.positions[truth.atom_mask > 0], atol=1e-3)
 
 
 def test_evaluate_pair_known_cases(truth, tmp_path):

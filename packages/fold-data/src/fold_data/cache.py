@@ -527,10 +527,14 @@ def _build_one(
     featurize: Callable[..., Mapping[str, np.ndarray]] | None,
     key_params: dict[str, Any],
     kwargs: dict[str, Any],
+    limits: Any = None,
 ) -> ChainResult:
-    """Fetch or build one chain (runs in a worker process; never raises for bad input)."""
+    """Fetch or build one chain (runs in a worker process; never raises for bad input).
+    ``limits``: the :class:`fold_data.limits.SizeLimits` in force while featurising."""
+    from fold_data.limits import use_limits
+
     t0 = time.perf_counter()
-    with warnings.catch_warnings(record=True) as caught:
+    with warnings.catch_warnings(record=True) as caught, use_limits(limits):
         # Input warnings (skipped template hits, ...) are reported per chain, not printed by
         # every worker; cache warnings (a corrupt entry) still reach the user.
         warnings.simplefilter("always")
@@ -579,6 +583,7 @@ def build_cache(
     rebuild: bool = False,
     version: str | None = None,
     featurize: Callable[..., Mapping[str, np.ndarray]] | None = None,
+    limits: Any = None,
     **make_features_kwargs: Any,
 ) -> CacheReport:
     """Featurize every chain of data directory ``root`` into ``cache_dir`` (reusing valid entries).
@@ -593,6 +598,9 @@ def build_cache(
     The key covers the chain's own files and ``make_features_kwargs`` except
     ``template_mmcif_dir``: template mmCIFs are archive files addressed by the PDB IDs in the
     (hashed) hit file and are taken as immutable; use ``rebuild=True`` after replacing them.
+
+    ``limits`` (a :class:`fold_data.limits.SizeLimits`; default: the limits in force) are
+    checked for each chain before it is featurised: a chain over them fails with the numbers.
     """
     from fold_data.dataset import discover_chains
 
@@ -607,7 +615,10 @@ def build_cache(
     fn = featurize or _default_featurizer()
     key_params["featurizer"] = f"{fn.__module__}:{fn.__qualname__}"
     json.dumps(key_params)  # fail here, not in a worker, on parameters that cannot key the cache
-    args = (str(cache.root), version, compress, rebuild, featurize, key_params, kwargs)
+    from fold_data.limits import current_limits
+
+    args = (str(cache.root), version, compress, rebuild, featurize, key_params, kwargs,
+            limits or current_limits())  # passed on: spawned workers do not inherit it
 
     workers = (os.cpu_count() or 1) if workers is None else workers
     workers = max(1, min(workers, len(entries)))

@@ -32,6 +32,7 @@ from fold_data.cache import (
     verify_entry,
 )
 from fold_data.errors import InputError
+from fold_data.limits import add_limit_options, limits_from_args
 from fold_data.loader import LoaderError, NonBlockingLoader
 
 __all__ = ["main"]
@@ -72,6 +73,7 @@ def _add_build_options(p: argparse.ArgumentParser) -> None:
                    help="no progress bar")
     p.add_argument("-v", "--verbose", action="store_true",
                    help="list the input warnings of each chain (e.g. skipped template hits)")
+    add_limit_options(p)  # --max-tokens / --max-atoms / --max-msa-memory (fold_data.limits)
     p.add_argument("--featurizer", type=_featurizer, default=None, metavar="MODULE:FUNCTION",
                    help="featurize with MODULE:FUNCTION(mmcif_path, chain_id, msa_paths, "
                         "template_hits, **kw) (default: fold_data.af2:make_features)")
@@ -99,7 +101,7 @@ def cmd_cache(args: argparse.Namespace) -> int:
     report = build_cache(
         args.data_dir, args.out, workers=args.workers, chains=args.chains,
         progress=args.progress, compress=args.compress, rebuild=args.rebuild,
-        featurize=args.featurizer, **_build_kwargs(args),
+        featurize=args.featurizer, limits=limits_from_args(args), **_build_kwargs(args),
     )
     _print_report(report, args.verbose)
     return 0 if report.ok else 1
@@ -186,7 +188,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     report = build_cache(
         args.data_dir, cache_dir, workers=args.workers, chains=args.chains,
         progress=args.progress, compress=args.compress, rebuild=args.rebuild,
-        featurize=args.featurizer, **_build_kwargs(args),
+        featurize=args.featurizer, limits=limits_from_args(args), **_build_kwargs(args),
     )
     _print_report(report, args.verbose)
     good = [r for r in report.results if r.status != "failed"]

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fold_data.errors import InputError, InputWarning
+from fold_data.readers import kinds_of
 
 __all__ = ["ChainEntry", "discover_chains", "parse_chain_name"]
 
@@ -38,7 +39,6 @@ __all__ = ["ChainEntry", "discover_chains", "parse_chain_name"]
 TEMPLATE_HIT_STO = "hmm_output.sto"
 # jackhmmer vs UniProt: used to pair MSAs across chains in multimer mode, not a per-chain MSA.
 PAIRING_MSA = "uniprot_hits.sto"
-_MSA_SUFFIXES = (".a3m", ".sto")
 # AF2 supplement 1.2.2 concatenation order, by file-name prefix.
 _MSA_ORDER = ("uniref90", "bfd", "uniclust", "uniref30", "mgnify")
 _CHAIN_NAME = re.compile(r"^(?P<pdb>[A-Za-z0-9]+)_(?P<chain>[A-Za-z0-9]+)$")
@@ -91,9 +91,10 @@ def _alignment_files(align_dir: Path) -> tuple[tuple[Path, ...], Path | None]:
     for path in align_dir.iterdir():
         if not path.is_file():
             continue
-        if path.name == TEMPLATE_HIT_STO or path.suffix == ".hhr":
+        kinds = kinds_of(path)  # a .sto is both kinds: the layout tells them apart by name
+        if path.name == TEMPLATE_HIT_STO or kinds == ("template_hits",):
             hits.append(path)
-        elif path.suffix in _MSA_SUFFIXES and path.name != PAIRING_MSA:
+        elif "msa" in kinds and path.name != PAIRING_MSA:
             msas.append(path)
     if len(hits) > 1:
         names = ", ".join(sorted(p.name for p in hits))

@@ -30,6 +30,8 @@ import numpy as np
 
 from fold_data import residue_constants as rc
 from fold_data.errors import InputError
+from fold_data.limits import check_mmcif
+from fold_data.mmcif_truncation import warn_if_truncated
 
 __all__ = ["MmcifChain", "MmcifStructure", "parse_mmcif", "residue_one_letter"]
 
@@ -284,10 +286,16 @@ def parse_mmcif(path: str | os.PathLike) -> MmcifStructure:
     """Parse an mmCIF file (optionally gzipped) into header facts and polymer chains.
 
     Raises :class:`InputError` naming the file for a missing, unreadable, malformed or truncated
-    file, and for a file without polymer chains in its first model.
+    file, and for a file without polymer chains in its first model. A file cut at a line
+    boundary inside ``_atom_site`` parses, with a ``TruncatedMmcifWarning``
+    (:mod:`fold_data.mmcif_truncation`). A file over the size limits in force
+    (:mod:`fold_data.limits`) is refused before it is parsed (``InputTooLarge``).
     """
     path = Path(path)
+    if path.is_file():
+        check_mmcif(path)  # size limits (fold_data.limits) before gemmi reads it: InputTooLarge
     block = _read_block(path)
+    warn_if_truncated(path, block)  # a file cut inside _atom_site: TruncatedMmcifWarning
     pdb_id, method, release_date = _header(block, path)
     try:
         structure = gemmi.make_structure_from_block(block)

@@ -1,4 +1,5 @@
-"""Multiple sequence alignments: FASTA / a3m / Stockholm parsing, merging and MSA features.
+"""Multiple sequence alignments: FASTA / a3m / Stockholm parsing, merging, MSA features, and
+:func:`load_msa`, which both families use to read a chain's alignment files.
 
 Every parser returns an :class:`Msa` in the AF2 convention (supplement 1.2.2 and Table 1): each row
 is aligned to the query, has exactly one character per query residue (upper case or ``-``), and
@@ -26,7 +27,12 @@ from pathlib import Path
 import numpy as np
 
 from fold_data.errors import InputError
-from fold_data.residue_constants import HHBLITS_AA_TO_ID, MAP_HHBLITS_AATYPE_TO_OUR_AATYPE
+from fold_data.readers import reader
+from fold_data.residue_constants import (
+    HHBLITS_AA_TO_ID,
+    MAP_HHBLITS_AATYPE_TO_OUR_AATYPE,
+    sequence_to_aatype,
+)
 
 __all__ = [
     "GAP_CODE",
@@ -34,6 +40,7 @@ __all__ = [
     "Msa",
     "StockholmAlignment",
     "check_query",
+    "load_msa",
     "make_msa_features",
     "merge_msas",
     "parse_a3m",
@@ -485,3 +492,34 @@ def make_msa_features(msa: Msa) -> dict[str, np.ndarray]:
     species = np.array([s.encode("ascii", "replace") for s in msa.species], dtype=np.bytes_)
     return {"msa": codes.astype(np.int32), "deletion_matrix": deletion_matrix,
             "msa_species": species}
+
+
+# --- loading ----------------------------------------------------------------------------------
+
+
+def load_msa(
+    sequence: str, msa_paths: Sequence[str | os.PathLike], *, max_msa_sequences: int | None = None
+) -> dict[str, np.ndarray]:
+    """MSA features of the query ``sequence`` from alignment files (AF2 supplement 1.2.2).
+
+    Files are read by suffix (:mod:`fold_data.readers`: ``.a3m`` HHblits, ``.sto`` jackhmmer
+    Stockholm), each one's query checked against ``sequence`` (:class:`InputError` naming the file
+    otherwise), merged in order and deduplicated, then cut to ``max_msa_sequences`` rows. With no
+    file, the MSA is the query alone. Returns ``msa`` / ``deletion_matrix`` ``[N_msa, N_res]``,
+    ``msa_species``.
+    """
+    if not msa_paths:
+        return {
+            "msa": sequence_to_aatype(sequence)[None].astype(np.int32),
+            "deletion_matrix": np.zeros((1, len(sequence)), dtype=np.float32),
+            "msa_species": np.array([b""], dtype=np.bytes_),
+        }
+    msas: list[Msa] = []
+    for path in msa_paths:
+        msa = reader(path, "msa")(path)
+        check_query(msa, sequence, path=path)
+        msas.append(msa)
+    merged = merge_msas(msas)
+    if max_msa_sequences is not None:
+        merged = merged.truncate(max_msa_sequences)
+    return make_msa_features(merged)

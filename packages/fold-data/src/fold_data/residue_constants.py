@@ -11,8 +11,10 @@ Sources
   - 1.8 and Table 2: the 8 rigid groups per residue (backbone, pre-omega, phi, psi, chi1-chi4),
     the atoms that define each chi angle and the idealized local atom positions;
   - 1.9.3: ambiguous (180-degree-symmetric) side chains and the atom renaming swaps;
-  - 1.9.11: stereochemical violation loss (bond lengths/angles with tolerance 12 sigma in the
-    paper text, 15 sigma in the released configuration; clashes from van der Waals radii).
+  - 1.9.11: stereochemical violation loss (bond lengths/angles with a tolerance of 12 sigma,
+    as the supplement and AF2's ``model/config.py``, ``violation_tolerance_factor: 12.0``;
+    clashes from van der Waals radii with ``clash_overlap_tolerance: 1.5``). The violation
+    constants, their sources and where they differ from AF2's code: ``docs/violation_constants.md``.
 * Idealized geometry: the bond lengths and angles of Engh & Huber (1991), "Accurate bond and
   angle parameters for X-ray protein structure refinement", Acta Cryst. A47, 392-400, as used by
   AF2 to build its literature positions (``rigid_group_atom_positions`` below) and, per residue, in
@@ -415,12 +417,15 @@ residue_atom_renaming_swaps: dict[str, dict[str, str]] = {
 # loss (supplement 1.9.11).
 van_der_waals_radius: dict[str, float] = {"C": 1.7, "N": 1.55, "O": 1.52, "S": 1.8}
 
-# Peptide bond geometry between residue i (C) and i+1 (N, CA) (Engh & Huber 1991), index 0 for
-# a non-proline next residue, 1 for proline.
+# Peptide bond geometry between residue i (C) and i+1 (N, CA), the values of AF2's
+# residue_constants.py (Engh & Huber 1991): index 0 for a non-proline next residue, 1 for
+# proline.
 between_res_bond_length_c_n: tuple[float, float] = (1.329, 1.341)
 between_res_bond_length_stddev_c_n: tuple[float, float] = (0.014, 0.016)
-# (mean, stddev) of the cosine of the C-N-CA and CA-C-N angles across the peptide bond
-# (cos(121.7 deg) and cos(116.2 deg) with their propagated spread).
+# (mean, stddev) of the cosine of the C-N-CA angle (121.352 +- 2.315 deg) and of the CA-C-N
+# angle (116.568 +- 1.995 deg) across the peptide bond (AF2's residue_constants.py). The loss
+# uses 0.0311 for CA-C-N as current AlphaFold does; AF2's code before that fix (v2.0, the one
+# the released weights were fine-tuned with) took the C-N length stddev, 0.014, there.
 between_res_cos_angles_c_n_ca: tuple[float, float] = (-0.5203, 0.0353)
 between_res_cos_angles_ca_c_n: tuple[float, float] = (-0.4473, 0.0311)
 
@@ -527,13 +532,15 @@ def load_stereo_chemical_props(
                 )
             l1, l2, g = bond1.length, bond2.length, ang.angle_rad
             outer = math.sqrt(l1 * l1 + l2 * l2 - 2.0 * l1 * l2 * math.cos(g))
-            # First-order error propagation of the law of cosines (partial derivatives of the
-            # outer length with respect to l1, l2 and gamma, weighted by their stddevs).
-            d_outer = (
-                (l1 - l2 * math.cos(g)) * bond1.stddev
-                + (l2 - l1 * math.cos(g)) * bond2.stddev
-                + l1 * l2 * math.sin(g) * ang.stddev
-            ) / outer
+            # First-order propagation of the law of cosines with uncorrelated errors: the
+            # partial derivatives times the stddevs added in quadrature, as AF2's
+            # residue_constants.load_stereo_chemical_props (a linear sum, the bound for fully
+            # correlated errors, would widen every 1-3 window of the violation loss).
+            d_outer = math.hypot(
+                (l1 - l2 * math.cos(g)) / outer * bond1.stddev,
+                (l2 - l1 * math.cos(g)) / outer * bond2.stddev,
+                l1 * l2 * math.sin(g) / outer * ang.stddev,
+            )
             residue_virtual_bonds.setdefault(resname, []).append(
                 Bond(ang.atom1_name, ang.atom3_name, outer, d_outer)
             )
@@ -742,7 +749,8 @@ def make_atom14_dists_bounds(
     return lower, upper, stddev
 
 
-# [21, 14, 14] float32: bounds with the AF2 defaults (overlap 1.5 A, 15 sigma).
+# [21, 14, 14] float32: bounds with the defaults of AF2's make_atom14_dists_bounds (overlap
+# 1.5 A, 15 sigma); the violation loss builds its own with LossConfig's 12 sigma.
 (
     restype_atom14_bond_lower_bound,
     restype_atom14_bond_upper_bound,

@@ -6,11 +6,12 @@ import warnings
 
 import numpy as np
 import pytest
-from fold_data.af3 import SAMPLE_FEATURES, af3_cache, fetch_af3_features, make_sample, validate
+from fold_data.af3 import SAMPLE_FEATURES, af3_cache, fetch_af3_features, make_sample
 from fold_data.af3.crop import contiguous_crop, crop_features, crop_units, spatial_crop
 from fold_data.af3.presets import AF3DataPreset
 from fold_data.af3.transforms import random_rotation
 from fold_data.cache import CacheWarning, FeatureCache
+from fold_data.schema import validate
 
 
 def _ligands_whole(raw, tokens) -> None:

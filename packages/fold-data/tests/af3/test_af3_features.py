@@ -5,8 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from fold_data import residue_constants as rc
-from fold_data.af3 import RAW_FEATURES, validate
+from fold_data.af3 import RAW_FEATURES
 from fold_data.af3.tokenizer import GAP
+from fold_data.schema import validate
 
 
 def _protein_atoms(sequence: str) -> int:
@@ -17,7 +18,7 @@ def _protein_atoms(sequence: str) -> int:
 # (file, tokens, atoms) computed independently of the tokenizer: standard residues one token,
 # ligand / modified-residue heavy atoms one token each (leaving atoms of bonded atoms removed).
 def test_token_and_atom_counts(raw_features, jsons, full_ccd):
-    from fold_data.af3.inputs import parse_af3_json
+    from fold_data.af3.parse import parse_af3_json
 
     strept = raw_features("streptavidin_biotin_smiles.json")
     seq = parse_af3_json(jsons / "streptavidin_biotin_smiles.json").chains[0].sequence

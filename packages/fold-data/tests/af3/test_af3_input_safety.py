@@ -9,8 +9,8 @@ import os
 
 import pytest
 from fold_data.af3 import Ccd
-from fold_data.af3.inputs import parse_af3_json
 from fold_data.af3.msa import chain_msa
+from fold_data.af3.parse import parse_af3_json
 from fold_data.errors import InputError
 
 SECRET = "root:x:0:0:do-not-show-me"

@@ -7,7 +7,7 @@ import json
 
 import pytest
 from fold_data.af3 import make_features
-from fold_data.af3.inputs import parse_af3_json, parse_complex_mmcif, parse_fasta_entry
+from fold_data.af3.parse import parse_af3_json, parse_complex_mmcif, parse_fasta_entry
 from fold_data.errors import InputError
 
 

@@ -12,9 +12,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 from fold_data import residue_constants as rc
-from fold_data.af2.templates import make_template_features
 from fold_data.msa import parse_fasta
 from fold_data.template_hits import parse_hhr
+from fold_data.templates import make_template_features
 
 pytest.importorskip("biotite")
 from fold_data.af3 import make_features  # noqa: E402  (needs the CCD from biotite)

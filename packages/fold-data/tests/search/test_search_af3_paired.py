@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from _search_helpers import write_config
-from fold_data.af3.inputs import parse_fasta_entry
 from fold_data.af3.msa import make_msa_features
+from fold_data.af3.parse import parse_fasta_entry
 from fold_data.af3.tokenizer import GAP, restype_of
 from fold_data.errors import InputError
 from fold_data.msa import parse_a3m

@@ -9,8 +9,7 @@ import shutil
 import numpy as np
 import pytest
 from _search_helpers import MMCIFS, NUCLEIC, UNIPROT, UNIREF, sources, write_config
-from fold_data.af2.features import load_msa
-from fold_data.msa import check_query, parse_a3m, read_stockholm_alignment
+from fold_data.msa import check_query, load_msa, parse_a3m, read_stockholm_alignment
 from fold_data.search import PRESETS, SearchChain, load_config, run_search
 from fold_data.search.database import load_database
 from fold_data.search.jackhmmer import jackhmmer_rows

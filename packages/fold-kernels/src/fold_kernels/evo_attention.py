@@ -622,7 +622,7 @@ def _dense(t: torch.Tensor) -> bool:
 
 
 def _cfg(kernel: str, lp: _Launch, launch) -> tuning.Config:
-    cands = tuning.attention_configs(kernel, tuning.arch(), lp.D)
+    cands = tuning._attention_configs(kernel, tuning.arch(), lp.D)  # memoised tuple
     return tuning.pick(f"evo_{kernel}", lp.key(kernel), cands, launch)
 
 

@@ -150,7 +150,7 @@ def _precision(dtype: torch.dtype) -> str:
 
 
 def _gemm_cfg(kernel: str, key: tuple, launch) -> tuning.Config:
-    return tuning.pick(kernel, key, tuning.gemm_configs(tuning.arch()), launch)
+    return tuning.pick(kernel, key, tuning._gemm_configs(tuning.arch()), launch)  # memoised
 
 
 class _LayerNormLinear(torch.autograd.Function):

@@ -136,10 +136,12 @@ class FastKernel:
         stream = _RAW_STREAM(key[0])
         full = args + entry.tail
         rt = entry.knobs  # Triton's launch hooks, read per launch as its own path does
+        enter, exit_ = rt.launch_enter_hook, rt.launch_exit_hook
+        # the launch metadata is only handed to the hooks (a profiler's): none set, none built
+        meta = (entry.compiled.launch_metadata(grid, stream, *full)
+                if enter is not None or exit_ is not None else None)
         entry.run(grid[0], grid[1] if n > 1 else 1, grid[2] if n > 2 else 1, stream,
-                  entry.function, entry.metadata, entry.compiled.launch_metadata(grid, stream,
-                                                                                *full),
-                  rt.launch_enter_hook, rt.launch_exit_hook, *full)
+                  entry.function, entry.metadata, meta, enter, exit_, *full)
         return entry.compiled
 
     def _miss(self, key: tuple, grid, args: tuple, kwargs: dict):

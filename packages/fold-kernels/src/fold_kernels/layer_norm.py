@@ -13,6 +13,8 @@ order: deterministic, no atomics.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
@@ -127,15 +129,21 @@ def ln_forward(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: f
     return y, mean, rstd
 
 
-def _bwd_configs(c: int) -> list[tuning.Config]:
+def _bwd_configs(c: int) -> tuple[tuning.Config, ...]:
+    """Candidates (memoised per hidden size: built on every backward they cost host time)."""
+    return _bwd_configs_for(c, tuning.interpreting())
+
+
+@functools.cache
+def _bwd_configs_for(c: int, interpreting: bool) -> tuple[tuning.Config, ...]:
     """Candidates for the backward: ``block_m`` rows a program, ``num_warps``, and ``block_n``
     programs per multiprocessor (each walks a strided set of row blocks). The first is the
     default: about 4K elements a block, 4 programs a multiprocessor."""
     block_r = _block_r(c)
     warps = _num_warps(block_r, triton.next_power_of_2(c))
     default = tuning.Config(block_m=block_r, block_n=4, num_warps=warps)
-    if tuning.interpreting():
-        return [default]
+    if interpreting:
+        return (default,)
     out = [default]
     for rows_x, warps, per_sm in ((1, 8, 4), (2, 8, 4), (1, 4, 8), (0.5, 4, 8), (0.5, 2, 16),
                                   (2, 8, 2), (1, 8, 8), (0.25, 2, 16)):
@@ -143,7 +151,7 @@ def _bwd_configs(c: int) -> list[tuning.Config]:
         cfg = tuning.Config(block_m=r, block_n=per_sm, num_warps=warps)
         if cfg not in out:
             out.append(cfg)
-    return out
+    return tuple(out)
 
 
 def ln_backward(dy, x, weight, mean, rstd, dw_dtype=torch.float32, db_dtype=torch.float32):

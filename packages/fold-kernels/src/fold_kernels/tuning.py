@@ -182,7 +182,8 @@ def _gemm_configs(name: str) -> tuple[Config, ...]:
 _LOCK = threading.Lock()
 _MEMORY: dict[str, Config] = {}
 _DISK_LOADED = False
-_PICKED: dict[tuple, Config] = {}  # (kernel, arch, key) -> choice, this process
+# (kernel, arch, key) -> (choice, the candidates it was chosen from), this process
+_PICKED: dict[tuple, tuple[Config, Sequence[Config]]] = {}
 
 
 def cache_path() -> Path:
@@ -257,14 +258,16 @@ def pick(kernel: str, key: tuple, candidates: Sequence[Config],
     if len(candidates) == 1 or not _AUTOTUNE.get():
         return candidates[0]  # FOLD_KERNELS_AUTOTUNE=0: the first (default) configuration
     name = arch()
-    fast = _PICKED.get((kernel, name, key))
-    if fast is not None and fast in candidates:
-        return fast  # this process already chose: no string key, lock or disk cache
+    hit = _PICKED.get((kernel, name, key))
+    # this process already chose: no string key, lock or disk cache; the callers pass memoised
+    # candidate tuples, so the identity test usually spares comparing configurations
+    if hit is not None and (hit[1] is candidates or hit[0] in candidates):
+        return hit[0]
     full_key = f"{kernel}|{name}|{'|'.join(map(str, bucket_key(key)))}"
     with _LOCK:
         _load_disk()
         if full_key in _MEMORY and _MEMORY[full_key] in candidates:
-            _PICKED[(kernel, name, key)] = _MEMORY[full_key]
+            _PICKED[(kernel, name, key)] = (_MEMORY[full_key], candidates)
             return _MEMORY[full_key]
     if _capturing():
         # Timing launches synchronizes, which invalidates a CUDA graph capture (and the error
@@ -282,6 +285,6 @@ def pick(kernel: str, key: tuple, candidates: Sequence[Config],
             best, best_ms = cfg, ms
     with _LOCK:
         _MEMORY[full_key] = best
-        _PICKED[(kernel, name, key)] = best
+        _PICKED[(kernel, name, key)] = (best, candidates)
         _save_disk()
     return best

@@ -24,6 +24,8 @@ from pathlib import Path
 from fold_data.af3 import AF3DataPreset, Ccd, default_ccd
 from fold_data.af3 import get_preset as get_af3_preset
 from fold_data.errors import InputError
+from fold_data.limits import use_limits
+from fold_data.readers import MMCIF_SUFFIXES, file_suffix
 
 __all__ = ["AF3_TINY_DATA", "af3_cache_dir", "af3_data_preset", "discover_complexes", "make_ccd",
            "open_af3_cache"]
@@ -31,8 +33,6 @@ __all__ = ["AF3_TINY_DATA", "af3_cache_dir", "af3_data_preset", "discover_comple
 # The CPU preset of the AF3 tests: crops of 72 tokens / 192 atoms, so a ligand of up to ~60
 # heavy atoms fits whole with ~16 residues around it; 16 MSA rows, 2 templates.
 AF3_TINY_DATA = AF3DataPreset("af3_tiny", n_token=72, n_atom=192, n_msa=16, n_templ=2)
-
-_SUFFIXES = (".cif", ".mmcif", ".cif.gz")
 
 
 def af3_data_preset(name: str) -> AF3DataPreset:
@@ -61,7 +61,7 @@ def discover_complexes(data_dir: str | os.PathLike,
         raise InputError(root, None, "expected a data directory of mmCIF complexes")
     folder = root / "mmcifs" if (root / "mmcifs").is_dir() else root
     files = sorted(p for p in folder.iterdir()
-                   if p.is_file() and p.name.lower().endswith(_SUFFIXES))
+                   if p.is_file() and file_suffix(p) in MMCIF_SUFFIXES)
     if names is not None:
         wanted = set(names)
         files = [p for p in files if _entry_name(p) in wanted]
@@ -77,21 +77,21 @@ def discover_complexes(data_dir: str | os.PathLike,
 
 
 def _entry_name(path: Path) -> str:
-    name = path.name
-    for suffix in _SUFFIXES:
-        if name.lower().endswith(suffix):
-            return name[: -len(suffix)]
-    return path.stem
+    suffix = file_suffix(path)
+    return path.name[: -len(suffix)] if suffix in MMCIF_SUFFIXES else path.stem
 
 
 def open_af3_cache(
     data_dir: str | os.PathLike | None, cache_dir: str | os.PathLike, *,
     names: Sequence[str] | None = None, ccd: Ccd | None = None, progress: bool = False,
+    verify: bool = True, limits=None,
 ) -> list[tuple[str, str]]:
     """``[(entry name, cache key)]``, sorted by name, of the usable complexes.
 
     With ``data_dir`` every complex is featurised (or found) in the AF3 cache; a complex that
-    fails is reported and skipped. Without it the cache's index is read. Raises
+    fails, or exceeds the size ``limits`` (``fold_data.limits.SizeLimits``), is reported and
+    skipped. Without it the cache's index is read and, with ``verify``,
+    every entry to be used checked (:func:`fold_train.data.checked_index`). Raises
     :class:`InputError` when no entry is left.
     """
     from fold_data.af3 import af3_cache, fetch_af3_features
@@ -100,9 +100,7 @@ def open_af3_cache(
     if data_dir is None:
         from fold_train.data import checked_index
 
-        entries = checked_index(cache, "complexes")
-        if names is not None:
-            entries = {n: k for n, k in entries.items() if n in set(names)}
+        entries = checked_index(cache, "complexes", family="af3", names=names, verify=verify)
     else:
         ccd = ccd or default_ccd()
         entries = {}
@@ -110,7 +108,8 @@ def open_af3_cache(
         for i, path in enumerate(files):
             name = _entry_name(path)
             try:
-                result = fetch_af3_features(cache, path, ccd=ccd)
+                with use_limits(limits):
+                    result = fetch_af3_features(cache, path, ccd=ccd)
             except InputError as e:
                 print(f"fold-train: skipping complex {name}: {str(e).splitlines()[0]}")
                 continue

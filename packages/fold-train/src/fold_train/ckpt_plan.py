@@ -10,8 +10,9 @@ can keep their activations instead. This module plans how many, from the device'
 3. greedily, stack by stack in the model's order (the most recompute saved per byte first: AF2
    the Evoformer, then the extra MSA stack; AF3 the Pairformer, then the diffusion transformer),
    as many blocks as fit in ``budget - M_0``;
-4. one step with the plan, which must fit the budget and not run out of memory; otherwise every
-   count is halved and the step tried again.
+4. one step with the plan, which must fit the budget and not run out of memory; otherwise the
+   counts are scaled down by the measured overshoot (halved after an out-of-memory error) and
+   the step tried again.
 
 "Memory" comes from a :class:`MemorySource`: :class:`CudaMemory` (the step's peak allocated
 bytes, against a fraction of the memory this process can use) on a GPU, or
@@ -171,6 +172,17 @@ def _free(device_type: str) -> None:
         torch.cuda.empty_cache()
 
 
+def _fewer(counts: dict[str, int], used: int | None, base: int, budget: int) -> dict[str, int]:
+    """The counts to try after ``counts`` did not fit: scaled by the room over what the step
+    measured above the fully checkpointed one (the probes' per-block bytes were an estimate; the
+    measured overshoot tells by how much), at least one block fewer per stack; halved after an
+    out-of-memory error, which says nothing about by how much."""
+    if used is None or used <= base:
+        return {name: k // 2 for name, k in counts.items()}
+    scale = max(0, budget - base) / (used - base)
+    return {name: min(k - 1, int(k * scale)) if k else 0 for name, k in counts.items()}
+
+
 def plan_checkpointing(model: torch.nn.Module, step: Callable[[], Any], memory: MemorySource,
                        *, device_type: str = "cuda") -> CheckpointPlan:
     """Plan (and set on ``model``) how many of each checkpointed stack's last blocks run without
@@ -214,6 +226,6 @@ def plan_checkpointing(model: torch.nn.Module, step: Callable[[], Any], memory: 
         if used is not None and used <= budget:
             plan.final_bytes = used
             break
-        counts = {name: k // 2 for name, k in counts.items()}
+        counts = _fewer(counts, used, base, budget)
     plan.uncheckpointed = dict(counts)
     return plan

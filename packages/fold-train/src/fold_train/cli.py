@@ -7,6 +7,7 @@
                         [--out X.cif]
     fold-train predict  --checkpoint AF3_CKPT --json INPUT.json [--out X.cif]   (AlphaFold3)
     fold-train evaluate PRED TRUE [--chain C]          (files, or directories of predictions)
+    fold-train import-weights params_model_1_ptm.npz --out af2.ckpt   (AF2 / OpenFold weights)
     fold-train cache    DATA_DIR --out CACHE_DIR ...   (fold-data's cache builder)
     fold-train demo     [--data data/demo]             (the README's main job)
 
@@ -76,9 +77,12 @@ def _train_overrides(args: argparse.Namespace) -> list[str]:
 
 def run_training(args: argparse.Namespace) -> tuple[object, list[dict]]:
     """Build everything ``fold-train train`` needs and run it; returns (trainer, records)."""
+    from fold_data.limits import limits_from_args
+
     from fold_train.config import apply_overrides, preset
     from fold_train.data import SampleStream, open_cache
     from fold_train.distributed import model_parallel, setup
+    from fold_train.rank_sync import run_on_rank0
 
     cfg = apply_overrides(preset(args.preset), _train_overrides(args))
     if args.data is None and args.cache is None:
@@ -89,15 +93,12 @@ def run_training(args: argparse.Namespace) -> tuple[object, list[dict]]:
     ctx = model_parallel(setup(args.device), dap=cfg.dap, bp=cfg.bp)
     cache_dir = args.cache or str(Path(args.run_dir) / "cache")
     held = list(args.hold_out or [])
-    if ctx.is_main or not ctx.distributed:
-        all_chains = open_cache(args.data, cache_dir, chains=args.chains,
-                                workers=args.cache_workers, progress=not args.no_progress)
-    if ctx.distributed:
-        import torch.distributed as dist
-
-        dist.barrier()  # rank 0 built the cache; the others read its index
-        if not ctx.is_main:
-            all_chains = open_cache(None, cache_dir, chains=args.chains)
+    # rank 0 builds the cache, for as long as it takes; the others then read its index
+    all_chains = run_on_rank0(
+        ctx, "build the feature cache",
+        lambda: open_cache(args.data, cache_dir, chains=args.chains, workers=args.cache_workers,
+                           progress=not args.no_progress, limits=limits_from_args(args)),
+        after=lambda: open_cache(None, cache_dir, chains=args.chains, verify=False))
     train_chains = _training_entries(all_chains, held, cache_dir, "chain")
     data_preset = cfg.data_preset()
     eval_set = _eval_set(cache_dir, [c for c in all_chains if c[0] in held], data_preset)
@@ -147,10 +148,17 @@ def _held_text(held: list[str]) -> str:
 def _start_trainer(args: argparse.Namespace, cfg, ctx, stream, eval_set, describe):
     """The Trainer of either model family, resumed when asked; rank 0 prints ``describe(n)``
     (n: the parameter count) and the run directory."""
+    from fold_train.config import ConfigError
     from fold_train.loop import Trainer
 
+    init_from = getattr(args, "init_from", None)
+    if init_from and (args.resume or args.resume_from):
+        raise ConfigError("--init-from starts a new run from weights only; --resume continues "
+                          "a run: give one of them")
     trainer = Trainer(cfg, args.run_dir, stream, ctx=ctx, eval_set=eval_set,
-                      progress=not args.no_progress)
+                      progress=not args.no_progress, init_from=init_from)
+    if init_from and ctx.is_main:
+        print(f"fold-train: weights from {init_from}; optimizer and step start fresh")
     if args.resume or args.resume_from:
         step = trainer.resume(args.resume_from)
         if ctx.is_main:
@@ -214,28 +222,20 @@ def _check_af3_dap_sizes(dap: int, data_preset) -> None:
 
 
 def _open_af3_cache_once(ctx, args: argparse.Namespace, cache_dir: str) -> list[tuple[str, str]]:
-    """``open_af3_cache`` built by rank 0 only; the other ranks wait, then read its index. A
-    failure on rank 0 is raised there and reported on every other rank (no rank hangs)."""
-    from fold_data.errors import InputError
+    """``open_af3_cache`` built by rank 0 only, for as long as it takes; the other ranks wait
+    (:func:`fold_train.rank_sync.run_on_rank0`), then read its index. A failure on rank 0 is
+    raised there and reported on every other rank; a stalled rank is named (no rank hangs)."""
+    from fold_data.limits import limits_from_args
 
-    from fold_train.af3_data import af3_cache_dir, make_ccd, open_af3_cache
-    from fold_train.distributed import all_true
+    from fold_train.af3_data import make_ccd, open_af3_cache
+    from fold_train.rank_sync import run_on_rank0
 
-    entries, error = None, None
-    if ctx.is_main:
-        try:
-            entries = open_af3_cache(args.data, cache_dir, names=args.chains,
-                                     ccd=make_ccd(args.ccd or []), progress=not args.no_progress)
-        except Exception as e:  # reported to the others below, then raised here
-            error = e
-    if not all_true(error is None, ctx):  # a barrier: rank 0 has written the cache and index
-        if error is not None:
-            raise error
-        raise InputError(af3_cache_dir(cache_dir), None,
-                         "rank 0 failed to build the AF3 cache (its error is in its output)")
-    if entries is None:
-        entries = open_af3_cache(None, cache_dir, names=args.chains)
-    return entries
+    return run_on_rank0(
+        ctx, "build the AF3 cache",
+        lambda: open_af3_cache(args.data, cache_dir, names=args.chains,
+                               ccd=make_ccd(args.ccd or []), progress=not args.no_progress,
+                               limits=limits_from_args(args)),
+        after=lambda: open_af3_cache(None, cache_dir, names=args.chains, verify=False))
 
 
 def _asdict(obj) -> dict:
@@ -291,16 +291,18 @@ def cmd_train(args: argparse.Namespace) -> int:
 def run_prediction(args: argparse.Namespace) -> dict:
     """Predict one chain; write the mmCIF; returns the summary printed by ``predict``."""
     import torch
+    from fold_data.af2.write import prediction_to_structure
+    from fold_data.limits import limits_from_args, use_limits
+    from fold_data.write import write_mmcif
 
     from fold_train.outputs import check_prediction, output_path
     from fold_train.predict import (
         load_trained_model,
         make_raw_features,
         predict_structure,
-        prediction_to_structure,
         score_against_truth,
-        write_mmcif,
     )
+    from fold_train.predict_size import check_af2_input
 
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     searched = {}
@@ -328,9 +330,18 @@ def run_prediction(args: argparse.Namespace) -> dict:
         from fold_train.autochunk import enable_autochunk
 
         chunked = enable_autochunk(model, autochunk, min_chunk=args.autochunk_min_chunk)
-    name, raw, has_truth = make_raw_features(
+    limits = limits_from_args(args)
+    # sized before any feature is made: too large for the limits or the device is refused
+    check_af2_input(
         fasta=args.fasta, mmcif=args.mmcif, chain=args.chain, msas=args.msa or [],
-        template_hits=args.templates, template_mmcif_dir=args.template_mmcif_dir)
+        model_config=cfg.model_config(), data_preset=cfg.data_preset(), precision=cfg.precision,
+        device=device, limits=limits, memory_limit=getattr(args, "memory_limit", None),
+        chunk_size=args.chunk_size or (args.autochunk_min_chunk if autochunk is not None
+                                       else None))
+    with use_limits(limits):
+        name, raw, has_truth = make_raw_features(
+            fasta=args.fasta, mmcif=args.mmcif, chain=args.chain, msas=args.msa or [],
+            template_hits=args.templates, template_mmcif_dir=args.template_mmcif_dir)
     out = output_path(args.out, name)  # checked before the model runs
     # AutoChunk plans its chunks from the free memory of the first pass: no graphs with it
     graphs = _cuda_graphs(args, device) and autochunk is None
@@ -341,6 +352,8 @@ def run_prediction(args: argparse.Namespace) -> dict:
     write_mmcif(prediction_to_structure(pred, name), out)
     summary: dict = {"name": name, "out": str(out), "n_res": len(pred.aatype),
                      "mean_plddt": float(pred.plddt.mean()), "cuda_graphs": graphs}
+    if pred.ptm is not None:  # pTM models (AF2's _ptm): the values; PAE files are not written
+        summary.update(ptm=pred.ptm, mean_pae=float(pred.pae.mean()), max_pae=pred.max_pae)
     if chunked:
         summary["autochunk"] = {
             name: {"budget_bytes": w.report.memory_budget,
@@ -361,6 +374,8 @@ def _cuda_graphs(args: argparse.Namespace, device: str) -> bool:
 
 
 def _run_af3_prediction(args: argparse.Namespace, device: str, features=None) -> dict:
+    from fold_data.limits import limits_from_args
+
     from fold_train.config import ConfigError
     from fold_train.predict_af3 import predict_af3_file
 
@@ -374,12 +389,21 @@ def _run_af3_prediction(args: argparse.Namespace, device: str, features=None) ->
                             no_samples=args.samples, no_steps=args.sampler_steps,
                             no_cycles=args.recycles, cuda_graphs=_cuda_graphs(args, device),
                             allow_outside_paths=getattr(args, "allow_outside_paths", False),
-                            features=features)
+                            memory_limit=getattr(args, "memory_limit", None),
+                            limits=limits_from_args(args), features=features)
 
 
 def cmd_predict(args: argparse.Namespace) -> int:
     summary = run_prediction(args)
     print(json.dumps(summary))
+    return 0
+
+
+# -- import-weights -----------------------------------------------------------------------------
+def cmd_import_weights(args: argparse.Namespace) -> int:
+    from fold_train.init_from import import_weights
+
+    print(json.dumps(import_weights(args.params, args.out)))
     return 0
 
 
@@ -465,6 +489,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 # -- parser -------------------------------------------------------------------------------------
 def build_parser() -> argparse.ArgumentParser:
+    from fold_data.limits import add_limit_options, parse_bytes
+
     parser = argparse.ArgumentParser(
         prog="fold-train",
         description="Train, run and score AlphaFold2- and AlphaFold3-style models (fold). "
@@ -511,6 +537,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--resume", action="store_true",
                    help="continue from the run directory's latest checkpoint")
     p.add_argument("--resume-from", metavar="CKPT", help="continue from this checkpoint")
+    p.add_argument("--init-from", metavar="CKPT_OR_PARAMS",
+                   help="start from these weights only (fine-tuning): a fold checkpoint of any "
+                        "preset with the same modules (its EMA weights), AF2's "
+                        "params_model_*.npz or an OpenFold .pt; optimizer and step start fresh")
     p.add_argument("--overwrite", action="store_true",
                    help="delete an earlier run's outputs in --run-dir (config.json, "
                         "metrics.jsonl, checkpoints/, ...) first; without it (or --resume) a "
@@ -523,6 +553,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", help="cpu, cuda, cuda:1 (default: cuda when present; torchrun "
                                     "sets the rank's GPU)")
     p.add_argument("--cache-workers", type=int, default=2, help="featurizer processes")
+    add_limit_options(p)  # size limits of the cache build (fold_data.limits)
     p.add_argument("--no-progress", action="store_true", help="no progress bar; print a table")
     p.add_argument("--dap", type=int, metavar="N",
                    help="Dynamic Axial Parallelism degree (FastFold): N ranks of each replica "
@@ -572,6 +603,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--autochunk-min-chunk", type=int, default=1, metavar="N",
                    help="smallest chunk AutoChunk may use (default 1; larger is faster but "
                         "reaches a higher memory floor)")
+    p.add_argument("--memory-limit", type=parse_bytes, metavar="BYTES",
+                   help="memory the prediction may use (e.g. 80GiB); default: what the device "
+                        "has free. The input is sized first and refused, with the numbers and "
+                        "the options, when it cannot fit")
+    add_limit_options(p)  # --max-tokens / --max-atoms / --max-msa-memory (fold_data.limits)
     p.add_argument("--no-ema", action="store_true", help="use the live weights, not the EMA")
     p.add_argument("--no-cuda-graphs", action="store_true",
                    help="run eagerly on the unpadded input. Default on CUDA: pad the input to its "
@@ -590,6 +626,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--sampler-steps", type=int,
                    help="AF3: EDM sampler steps (default: the model's, 200 for af3)")
     p.set_defaults(func=cmd_predict)
+
+    p = sub.add_parser(
+        "import-weights", help="AF2 / OpenFold parameters -> a fold checkpoint",
+        description="Convert AlphaFold2's params_model_{1..5}[_ptm].npz or an OpenFold AF2 "
+                    "checkpoint (.pt: plain, Lightning with EMA, DeepSpeed) into a fold "
+                    "checkpoint that predict reads and train --init-from starts from. Prints a "
+                    "JSON summary.")
+    p.add_argument("params", metavar="PARAMS", help="params_model_*.npz or an OpenFold .pt")
+    p.add_argument("--out", required=True, help="the fold checkpoint to write")
+    p.set_defaults(func=cmd_import_weights)
 
     p = sub.add_parser(
         "evaluate", help="score predictions against true structures",
@@ -637,6 +683,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from fold_train.checkpoint import CheckpointError
     from fold_train.config import ConfigError
     from fold_train.loop import NonFiniteError, TrainingInterrupted
+    from fold_train.rank_sync import RankStalled
 
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -645,7 +692,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as e:
         print(f"fold-train {args.command}: {e}", file=sys.stderr)
         return 2
-    except (InputError, CheckpointError, NonFiniteError, MemoryBudgetError) as e:
+    except (InputError, CheckpointError, NonFiniteError, MemoryBudgetError, RankStalled) as e:
         print(f"fold-train {args.command}: {e}", file=sys.stderr)
         return 1
     except TrainingInterrupted as e:

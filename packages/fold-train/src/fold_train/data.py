@@ -39,26 +39,26 @@ __all__ = ["SampleStream", "StreamItem", "collate", "open_cache", "prepare_item"
 def open_cache(
     data_dir: str | os.PathLike | None, cache_dir: str | os.PathLike, *,
     chains: Sequence[str] | None = None, exclude: Sequence[str] = (), workers: int = 1,
-    progress: bool = False,
+    progress: bool = False, verify: bool = True, limits=None,
 ) -> list[tuple[str, str]]:
     """``[(chain name, cache key)]``, sorted by name, of the usable chains.
 
-    With ``data_dir`` the cache is built (or reused) from it with ``fold_data.cache.build_cache``;
-    otherwise the cache's index is read. ``exclude`` drops chains (a held-back chain).
+    With ``data_dir`` the cache is built (or reused) from it with ``fold_data.cache.build_cache``
+    (chains over the size ``limits``, a ``fold_data.limits.SizeLimits``, are reported and skipped);
+    otherwise the cache's index is read and, with ``verify``, every entry to be used checked
+    (:func:`checked_index`). ``exclude`` drops chains (a held-back chain).
     Raises :class:`InputError` if no chain is left.
     """
     if data_dir is not None:
         from fold_data.cache import build_cache
 
         report = build_cache(data_dir, cache_dir, workers=workers, chains=chains,
-                             progress=progress)
+                             progress=progress, limits=limits)
         for r in report.failed:
             print(f"fold-train: skipping chain {r.name}: {(r.error or '').splitlines()[0]}")
         entries = {r.name: r.key for r in report.results if r.key is not None}
     else:
-        entries = checked_index(FeatureCache(cache_dir), "chains")
-        if chains is not None:
-            entries = {n: k for n, k in entries.items() if n in set(chains)}
+        entries = checked_index(FeatureCache(cache_dir), "chains", names=chains, verify=verify)
     out = sorted((n, k) for n, k in entries.items() if n not in set(exclude))
     if not out:
         where = data_dir if data_dir is not None else cache_dir
@@ -67,23 +67,33 @@ def open_cache(
     return out
 
 
-def checked_index(cache: FeatureCache, what: str) -> dict[str, str]:
+def checked_index(cache: FeatureCache, what: str, family: str = "af2",
+                  names: Sequence[str] | None = None, verify: bool = True) -> dict[str, str]:
     """A cache's index checked against its files (``--cache`` alone: nothing can rebuild):
     entries the index lacks are named in a warning (not trained on: the index may leave them out
     on purpose), an indexed entry without its file is an :class:`InputError` rather than a run on
-    fewer {what} than the cache claims."""
+    fewer {what} than the cache claims, and every indexed entry to be used (``names``: only
+    these) is read and checksummed up front (:func:`fold_train.cache_check.check_entries`), so a
+    bad one is refused before training (``verify=False``: not again, on ranks whose rank 0 did)."""
     check = cache.reconcile_index()
     if check.unindexed:
-        names = sorted(check.unindexed)
-        warnings.warn(f"{cache.root}: {len(names)} cache entries are not in {INDEX_NAME} and "
-                      f"are not trained on: {', '.join(names[:10])}"
-                      f"{' ...' if len(names) > 10 else ''} (an interrupted build? build the "
+        lost = sorted(check.unindexed)
+        warnings.warn(f"{cache.root}: {len(lost)} cache entries are not in {INDEX_NAME} and "
+                      f"are not trained on: {', '.join(lost[:10])}"
+                      f"{' ...' if len(lost) > 10 else ''} (an interrupted build? build the "
                       "cache again with --data to index them)", CacheWarning, stacklevel=2)
     if check.missing:
         raise InputError(cache.root / INDEX_NAME, ", ".join(check.missing),
                          f"{len(check.missing)} indexed {what} have no entry file; rebuild the "
                          "cache from the inputs (--data)")
-    return check.entries
+    from fold_train.cache_check import check_entries
+
+    entries = check.entries
+    if names is not None:
+        entries = {n: k for n, k in entries.items() if n in set(names)}
+    if verify:
+        check_entries(cache, entries, family=family)
+    return entries
 
 
 @dataclass(frozen=True)

@@ -184,14 +184,16 @@ class Trainer:
     ``N_cycle`` (:mod:`fold_train.cuda_graphs`); ``graph_backend`` replaces the CUDA capture
     (tests). With ``cfg.activation_checkpointing="auto"`` the first step plans the checkpointing
     (:mod:`fold_train.ckpt_plan`, result in :attr:`ckpt_plan`) from ``ckpt_memory`` (default: the
-    CUDA device's memory; on CPU without it the preset's checkpointing is kept).
+    CUDA device's memory; on CPU without it the preset's checkpointing is kept). ``init_from``:
+    start from the weights of a fold checkpoint, AF2 ``.npz`` or OpenFold ``.pt``
+    (:mod:`fold_train.init_from`); the optimizer and everything else start fresh.
     """
 
     def __init__(
         self, cfg: TrainConfig, run_dir: str | Path, stream: SampleStream | None, *,
         ctx: DistContext | None = None, eval_set: Sequence[tuple[str, dict]] = (),
         progress: bool = True, graph_backend: CaptureBackend | None = None,
-        ckpt_memory: MemorySource | None = None,
+        ckpt_memory: MemorySource | None = None, init_from: str | Path | None = None,
     ) -> None:
         self.cfg = cfg
         self.ctx = ctx or DistContext()
@@ -205,6 +207,10 @@ class Trainer:
         self.model_config = cfg.model_config()
         self.family = model_family(cfg.family, self.model_config)
         self.model = self.family.build_model(self.model_config).to(self.device)
+        if init_from is not None:  # weight-only start: before the flat buffers and the EMA copy
+            from fold_train.init_from import load_init_weights
+
+            load_init_weights(self.model, init_from, cfg.family)
         if cfg.bf16_weights:  # before the flat buffers: one group per dtype, fp32 masters
             self.family.to_bf16_weights(self.model)
         self._parallel_handles = enable_model_parallel(self.model, self.ctx)  # DAP / BP

@@ -3,53 +3,34 @@ mmCIF of the predicted all-atom structure, pLDDT in the B-factor column, out.
 
 Features come from fold-data (``make_features_from_sequence`` / ``make_features``, then
 ``make_sample(training=False)``: the whole chain, the top templates), the model and its averaged
-(EMA) weights from a fold-train checkpoint. The structure is written with gemmi (``_atom_site``
-with label and author numbering 1..N, one entity whose ``_entity_poly_seq`` is the query), so
-gemmi and ``fold_data.mmcif.parse_mmcif`` read it back. When the input is an mmCIF chain, the
-prediction is also scored against it (lDDT-Ca, TM-score, GDT, RMSD).
+(EMA) weights from a fold-train checkpoint. The structure is written by fold-data
+(``fold_data.af2.write.prediction_to_structure``, ``fold_data.write.write_mmcif``). When the
+input is an mmCIF chain, the prediction is also scored against it (lDDT-Ca, TM-score, GDT, RMSD).
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 from fold_data import residue_constants as rc
+from fold_data.af2.write import Prediction
 from fold_data.errors import InputError
 
 from fold_train import metrics
 from fold_train.config import TrainConfig
 
 __all__ = [
-    "Prediction",
     "load_trained_model",
     "make_raw_features",
     "predict_structure",
-    "prediction_to_structure",
     "score_against_truth",
-    "write_mmcif",
 ]
 
 _CA = rc.atom_order["CA"]
-
-
-@dataclass
-class Prediction:
-    """One predicted chain: ``aatype [N]``, ``positions [N, 37, 3]`` (A), ``atom_mask [N, 37]``
-    (atoms that exist for the residue type), ``plddt [N]`` (0-100)."""
-
-    aatype: np.ndarray
-    positions: np.ndarray
-    atom_mask: np.ndarray
-    plddt: np.ndarray
-
-    @property
-    def sequence(self) -> str:
-        return "".join(rc.restypes_with_x[a] for a in self.aatype)
 
 
 def load_trained_model(checkpoint: str | os.PathLike, device: str | torch.device = "cpu", *,
@@ -156,51 +137,21 @@ def predict_structure(
         positions=out["final_atom_positions"][0, :n].float().cpu().numpy(),
         atom_mask=out["final_atom_mask"][0, :n].float().cpu().numpy(),
         plddt=out["plddt"][0, :n].float().cpu().numpy(),
+        **(_aligned_error(out["tm_logits"][0, :n, :n], model.config.heads)
+           if "tm_logits" in out else {}),
     )
 
 
-def prediction_to_structure(pred: Prediction, name: str, chain_id: str = "A"):
-    """A ``gemmi.Structure`` of the prediction: residues numbered 1..N, pLDDT as B-factor."""
-    import gemmi
+def _aligned_error(tm_logits: torch.Tensor, heads) -> dict:
+    """PAE, its maximum and pTM of the real residues from the pTM head's logits ``[N, N, bins]``
+    (AF2 supplement 1.9.7; the padding of a shape bucket sliced off first)."""
+    from fold_model.af2.heads import compute_predicted_aligned_error, compute_tm
 
-    resnames = [rc.restype_1to3.get(rc.restypes_with_x[a], "UNK") for a in pred.aatype]
-    st = gemmi.Structure()
-    st.name = name
-    model = gemmi.Model(1)
-    chain = gemmi.Chain(chain_id)
-    for i, resname in enumerate(resnames):
-        res = gemmi.Residue()
-        res.name = resname
-        res.seqid = gemmi.SeqId(i + 1, " ")
-        res.subchain = chain_id
-        res.label_seq = i + 1
-        res.entity_id = "1"
-        res.entity_type = gemmi.EntityType.Polymer
-        for j in np.nonzero(pred.atom_mask[i] > 0.5)[0]:
-            atom = gemmi.Atom()
-            atom.name = rc.atom_types[j]
-            atom.element = gemmi.Element(rc.atom_types[j][0])  # C, N, O, S
-            atom.pos = gemmi.Position(*(float(x) for x in pred.positions[i, j]))
-            atom.occ = 1.0
-            atom.b_iso = float(pred.plddt[i])
-            res.add_atom(atom)
-        chain.add_residue(res)
-    model.add_chain(chain)
-    st.add_model(model)
-    entity = gemmi.Entity("1")
-    entity.entity_type = gemmi.EntityType.Polymer
-    entity.polymer_type = gemmi.PolymerType.PeptideL
-    entity.full_sequence = resnames
-    entity.subchains = [chain_id]
-    st.entities.append(entity)
-    return st
-
-
-def write_mmcif(structure, path: str | os.PathLike) -> Path:
-    """Write ``structure`` as mmCIF atomically (temporary file + fsync + rename)."""
-    from fold_train.checkpoint import write_atomic
-
-    return write_atomic(path, structure.make_mmcif_document().as_string().encode())
+    logits = tm_logits.float().cpu()
+    pae = compute_predicted_aligned_error(logits, heads.tm_max_bin, heads.tm_no_bins)
+    return {"pae": pae["predicted_aligned_error"].numpy(),
+            "max_pae": float(pae["max_predicted_aligned_error"]),
+            "ptm": float(compute_tm(logits, None, heads.tm_max_bin, heads.tm_no_bins))}
 
 
 def score_against_truth(pred: Prediction, raw: dict[str, np.ndarray]) -> dict[str, float]:

@@ -158,8 +158,9 @@ class AF2Predictor(_Predictor):
                  ) -> Outputs:
         """Run ``num_recycles`` passes (default all ``R``) on a collated sample ``[B, R, ...]``;
         returns the last pass's ``final_atom_positions [B, N, 37, 3]``, ``final_atom_mask [B, N,
-        37]``, ``plddt [B, N]``, ``distogram_logits [B, N, N, bins]`` with ``N`` the padded size
-        (the real residues first; fresh tensors, not graph outputs)."""
+        37]``, ``plddt [B, N]``, ``distogram_logits [B, N, N, bins]`` (and with the pTM head
+        ``tm_logits [B, N, N, bins]``) with ``N`` the padded size (the real residues first;
+        fresh tensors, not graph outputs)."""
         model = self.model
         batch, bucket = self._fit(batch, "af2")
         n_avail = batch["aatype"].shape[1]
@@ -176,13 +177,14 @@ class AF2Predictor(_Predictor):
             "z": torch.zeros(b, n, n, c_z, dtype=dtype, device=self.device),
             "x": torch.zeros(b, n, 3, dtype=torch.float32, device=self.device)})
 
+        returned = ["final_atom_positions", "final_atom_mask", "plddt", "distogram_logits"]
+        if model.config.heads.tm_enabled:  # pTM models: PAE and pTM come from these
+            returned.append("tm_logits")
+
         def iteration() -> Outputs:
             with self._autocast():
                 out, (m1, z, x) = model.iteration(feats, (prev["m1"], prev["z"], prev["x"]))
-            return {"m1": m1, "z": z, "x": x, "plddt": out["plddt"],
-                    "distogram_logits": out["distogram_logits"],
-                    "final_atom_positions": out["final_atom_positions"],
-                    "final_atom_mask": out["final_atom_mask"]}
+            return {"m1": m1, "z": z, "x": x, **{k: out[k] for k in returned}}
 
         for cycle in range(n_cycle):
             feats = self._load(state, "feats", {k: v[:, cycle] for k, v in batch.items()
@@ -191,8 +193,7 @@ class AF2Predictor(_Predictor):
             if cycle < n_cycle - 1:
                 for k in ("m1", "z", "x"):
                     prev[k].copy_(out[k])
-        return {k: out[k].clone() for k in ("final_atom_positions", "final_atom_mask", "plddt",
-                                            "distogram_logits")}
+        return {k: out[k].clone() for k in returned}
 
 
 class AF3Predictor(_Predictor):

@@ -11,80 +11,28 @@ from __future__ import annotations
 import datetime
 import os
 from collections.abc import Sequence
-from pathlib import Path
 
 import numpy as np
 
 from fold_data import residue_constants as rc
-from fold_data.errors import InputError
-from fold_data.mmcif import parse_mmcif
-from fold_data.msa import (
-    Msa,
-    check_query,
-    make_msa_features,
-    merge_msas,
-    parse_a3m,
-    parse_stockholm,
+from fold_data.limits import check_size, sequence_size
+from fold_data.msa import load_msa
+from fold_data.schema import validate
+from fold_data.template_hits import TemplateHit
+from fold_data.templates import (
+    empty_template_features,
+    load_template_hits,
+    make_template_features,
 )
-from fold_data.template_hits import TemplateHit, parse_hhr, parse_hmmsearch_sto
 
 from .ground_truth import make_ground_truth
-from .schema import RAW_FEATURES, validate
-from .templates import empty_template_features, make_template_features
+from .parse import parse_protein_chain, parse_query_sequence
+from .schema import RAW_FEATURES
 
-__all__ = ["make_features", "make_features_from_sequence", "load_msa", "load_template_hits"]
+__all__ = ["make_features", "make_features_from_sequence"]
 
 PathLike = str | os.PathLike
 TemplateHitsArg = PathLike | Sequence[TemplateHit] | None
-
-
-def load_msa(
-    sequence: str, msa_paths: Sequence[PathLike], *, max_msa_sequences: int | None = None
-) -> dict[str, np.ndarray]:
-    """MSA features of the query ``sequence`` from alignment files (AF2 supplement 1.2.2).
-
-    Files are read by extension (``.a3m`` HHblits, ``.sto`` jackhmmer Stockholm), each one's
-    query checked against ``sequence`` (:class:`InputError` naming the file otherwise), merged in
-    order and deduplicated, then cut to ``max_msa_sequences`` rows. With no file, the MSA is the
-    query alone. Returns ``msa`` / ``deletion_matrix`` ``[N_msa, N_res]``, ``msa_species``.
-    """
-    if not msa_paths:
-        return {
-            "msa": rc.sequence_to_aatype(sequence)[None].astype(np.int32),
-            "deletion_matrix": np.zeros((1, len(sequence)), dtype=np.float32),
-            "msa_species": np.array([b""], dtype=np.bytes_),
-        }
-    msas: list[Msa] = []
-    for path in msa_paths:
-        suffix = Path(path).suffix.lower()
-        if suffix == ".a3m":
-            msa = parse_a3m(path)
-        elif suffix == ".sto":
-            msa = parse_stockholm(path)
-        else:
-            raise InputError(path, None, f"unknown MSA format {suffix!r}; expected .a3m or .sto")
-        check_query(msa, sequence, path=path)
-        msas.append(msa)
-    merged = merge_msas(msas)
-    if max_msa_sequences is not None:
-        merged = merged.truncate(max_msa_sequences)
-    return make_msa_features(merged)
-
-
-def load_template_hits(sequence: str, template_hits: TemplateHitsArg) -> list[TemplateHit]:
-    """Template hits from a file (``.hhr`` HHsearch, ``.sto`` hmmsearch) or as given."""
-    if template_hits is None:
-        return []
-    if not isinstance(template_hits, str | os.PathLike):
-        return list(template_hits)
-    suffix = Path(template_hits).suffix.lower()
-    if suffix == ".hhr":
-        return parse_hhr(template_hits)
-    if suffix == ".sto":
-        return parse_hmmsearch_sto(template_hits, sequence)
-    raise InputError(
-        template_hits, None, f"unknown template hits format {suffix!r}; expected .hhr or .sto"
-    )
 
 
 def _sequence_features(
@@ -96,8 +44,12 @@ def _sequence_features(
     max_template_date: str | datetime.date | None,
     max_templates: int,
     max_msa_sequences: int | None,
+    source: PathLike | None = None,
 ) -> dict[str, np.ndarray]:
-    """Everything but the ground truth: sequence, MSA and template features."""
+    """Everything but the ground truth: sequence, MSA and template features (``source``: the
+    file named when the chain and its MSA exceed the size limits, ``InputTooLarge``)."""
+    check_size(sequence_size(source, sequence, msa_paths, max_rows=max_msa_sequences),
+               record="chain and MSA")
     n_res = len(sequence)
     feats: dict[str, np.ndarray] = {
         "aatype": rc.sequence_to_aatype(sequence).astype(np.int32),
@@ -144,12 +96,7 @@ def make_features(
     atom37 coordinates; ``resolution`` is 0 when the method reports none (NMR).
     Raises :class:`InputError` naming the file and record on bad input.
     """
-    structure = parse_mmcif(mmcif_path)
-    chain = structure.get_chain(chain_id)
-    if chain.polymer_type != "protein":
-        raise InputError(
-            mmcif_path, f"chain {chain_id}", f"is {chain.polymer_type}; expected a protein chain"
-        )
+    structure, chain = parse_protein_chain(mmcif_path, chain_id)
     feats = _sequence_features(
         chain.sequence,
         msa_paths,
@@ -158,14 +105,13 @@ def make_features(
         max_template_date=max_template_date,
         max_templates=max_templates,
         max_msa_sequences=max_msa_sequences,
+        source=mmcif_path,
     )
     feats.update(make_ground_truth(feats["aatype"], chain.atom37_positions, chain.atom37_mask))
     feats["resolution"] = np.asarray(structure.resolution, dtype=np.float32)
     validate(feats, RAW_FEATURES, where=f"{os.fspath(mmcif_path)} [chain {chain_id}]")
     return feats
 
-
-_QUERY_LETTERS = "ACDEFGHIKLMNPQRSTVWXY"
 
 
 def make_features_from_sequence(
@@ -181,15 +127,7 @@ def make_features_from_sequence(
     """Raw AF2 features of a query sequence for prediction: as :func:`make_features`, with the
     ground-truth arrays zero and their masks zero (the per-residue-type arrays such as
     ``atom14_atom_exists`` are filled, since they depend on the sequence only)."""
-    sequence = sequence.strip().upper()
-    # B/J/O/U/Z are refused as the AF3 path does, not silently turned into UNK
-    bad = sorted(set(sequence) - set(_QUERY_LETTERS))
-    if not sequence or bad:
-        raise InputError(
-            None, "query sequence",
-            f"got {bad or 'an empty sequence'}; expected the letters {_QUERY_LETTERS} (20 amino "
-            "acids, X for unknown)",
-        )
+    sequence = parse_query_sequence(sequence)
     feats = _sequence_features(
         sequence,
         msa_paths,

@@ -22,36 +22,9 @@ Residue type codes (``aatype``): 0-19 the 20 amino acids in ``residue_constants.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from fold_data.schema import FeatureSpec, feature_specs
 
-import numpy as np
-
-__all__ = [
-    "FeatureSpec",
-    "RAW_FEATURES",
-    "SAMPLE_FEATURES",
-    "SchemaError",
-    "validate",
-]
-
-
-class SchemaError(ValueError):
-    """A feature dict that breaks the schema (missing name, wrong dtype, wrong shape)."""
-
-
-@dataclass(frozen=True)
-class FeatureSpec:
-    """One named array: dtype, shape (symbolic dims as str, fixed sizes as int), meaning."""
-
-    name: str
-    dtype: str
-    shape: tuple[str | int, ...]
-    doc: str
-
-
-def _specs(*rows: tuple) -> dict[str, FeatureSpec]:
-    return {r[0]: FeatureSpec(*r) for r in rows}
-
+__all__ = ["RAW_FEATURES", "SAMPLE_FEATURES"]
 
 _F32, _I32 = "float32", "int32"
 
@@ -110,7 +83,7 @@ _TEMPLATE_RAW = (
     ("template_domain_names", "bytes", ("N_templ",), "'pdbid_chain' of each hit, ASCII"),
 )
 
-RAW_FEATURES: dict[str, FeatureSpec] = _specs(
+RAW_FEATURES: dict[str, FeatureSpec] = feature_specs(
     ("aatype", _I32, ("N_res",), "residue type 0-20 of the chain's full sequence"),
     ("residue_index", _I32, ("N_res",), "0-based position in the entity sequence"),
     ("seq_length", _I32, (), "N_res"),
@@ -122,7 +95,7 @@ RAW_FEATURES: dict[str, FeatureSpec] = _specs(
     *_GROUND_TRUTH,
 )
 
-SAMPLE_FEATURES: dict[str, FeatureSpec] = _specs(
+SAMPLE_FEATURES: dict[str, FeatureSpec] = feature_specs(
     ("aatype", _I32, ("R", "N_res"), "residue type 0-20; padding 20 with seq_mask 0"),
     ("residue_index", _I32, ("R", "N_res"), "position in the uncropped chain"),
     ("seq_mask", _F32, ("R", "N_res"), "1 for real residues, 0 for padding"),
@@ -173,59 +146,3 @@ SAMPLE_FEATURES: dict[str, FeatureSpec] = _specs(
     ("use_clamped_fape", _F32, ("R",), "1 for the 90% of samples that use clamped FAPE (1.11.5)"),
     *[(n, d, ("R", *s), doc) for n, d, s, doc in _GROUND_TRUTH],
 )
-
-
-def _dim_ok(expected: str | int, actual: int, sizes: dict[str, int]) -> bool:
-    if isinstance(expected, int):
-        return expected == actual
-    if expected in sizes:
-        return sizes[expected] == actual
-    sizes[expected] = actual
-    return True
-
-
-def validate(
-    features: dict[str, np.ndarray],
-    schema: dict[str, FeatureSpec],
-    *,
-    where: str = "features",
-    sizes: dict[str, int] | None = None,
-    batched: bool = False,
-    allow_extra: bool = True,
-) -> dict[str, int]:
-    """Check ``features`` against ``schema``; return the sizes bound to each symbolic dim.
-
-    ``sizes`` pre-binds dims (e.g. ``{"N_res": 256}``). ``batched`` allows one extra leading dim.
-    Works on numpy arrays and on torch tensors (anything with ``.shape`` and ``.dtype``).
-    Raises :class:`SchemaError` naming ``where`` and the feature.
-    """
-    sizes = dict(sizes or {})
-    for name, spec in schema.items():
-        if name not in features:
-            raise SchemaError(f"{where}: missing feature {name!r} ({spec.doc})")
-        arr = features[name]
-        shape = tuple(arr.shape)
-        if batched:
-            shape = shape[1:]
-        dtype = str(arr.dtype).replace("torch.", "")
-        if spec.dtype == "bytes":
-            ok_dtype = dtype.startswith("|S") or dtype.startswith("bytes") or dtype == "object"
-        else:
-            ok_dtype = dtype == spec.dtype
-        if not ok_dtype:
-            raise SchemaError(f"{where}: feature {name!r} has dtype {dtype}, expected {spec.dtype}")
-        if len(shape) != len(spec.shape) or not all(
-            _dim_ok(e, a, sizes) for e, a in zip(spec.shape, shape)
-        ):
-            raise SchemaError(
-                f"{where}: feature {name!r} has shape {shape}, expected {spec.shape} with {sizes}"
-            )
-        if spec.dtype == _F32:
-            a = arr.detach().cpu().numpy() if hasattr(arr, "detach") else np.asarray(arr)
-            if not np.all(np.isfinite(a)):
-                raise SchemaError(f"{where}: feature {name!r} has non-finite values")
-    if not allow_extra:
-        extra = sorted(set(features) - set(schema))
-        if extra:
-            raise SchemaError(f"{where}: unexpected features {extra}")
-    return sizes

@@ -29,8 +29,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from fold_data.schema import validate
+
 from .presets import DataPreset, get_preset
-from .schema import RAW_FEATURES, SAMPLE_FEATURES, validate
+from .schema import RAW_FEATURES, SAMPLE_FEATURES
 
 __all__ = [
     "FRAME_FEATURES",

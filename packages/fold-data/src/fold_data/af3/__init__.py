@@ -1,23 +1,28 @@
 """AlphaFold3 data pipeline: CCD and RDKit molecules, tokens, atoms, reference conformers, MSA
-and template features, cropping, the ahead-of-time cache.
+and template features, cropping, the ahead-of-time cache, the mmCIF of a prediction.
 
-``make_features(path_or_entry)`` builds the deterministic raw features (schema
-``RAW_FEATURES``: what the cache stores, :func:`fetch_af3_features`); ``make_sample(raw,
-preset, seed=...)`` the per-step sample (schema ``SAMPLE_FEATURES``) that fold-model's AF3
-consumes. Inputs: the AlphaFold3 input JSON, mmCIF complexes, FASTA.
+As in :mod:`fold_data.af2`: ``parse`` reads an entry (the AlphaFold3 input JSON, mmCIF
+complexes, FASTA); ``features`` (``make_features(path_or_entry)``) builds the deterministic raw
+features (schema ``RAW_FEATURES``: what the cache stores, :func:`fetch_af3_features`);
+``transforms`` (``make_sample(raw, preset, seed=...)``) the per-step sample (schema
+``SAMPLE_FEATURES``) that fold-model's AF3 consumes; ``write`` builds the mmCIF structure of a
+prediction.
 """
 
 from .cache import af3_cache, af3_pipeline_version, fetch_af3_features
 from .ccd import Ccd, ChemComp, default_ccd
 from .features import load_entry, make_features
-from .inputs import Bond, Chain, Entry, parse_af3_json, parse_complex_mmcif, parse_fasta_entry
 from .molecules import RDKitUnavailable
+from .parse import Bond, Chain, Entry, parse_af3_json, parse_complex_mmcif, parse_fasta_entry
 from .presets import PRESETS, AF3DataPreset, get_preset
-from .schema import RAW_FEATURES, SAMPLE_FEATURES, SchemaError, validate
+from .schema import RAW_FEATURES, SAMPLE_FEATURES
 from .transforms import make_sample
+from .write import SMILES_LIGAND_NAME, AF3Prediction, af3_prediction_to_structure
 
 __all__ = [
     "PRESETS",
+    "SMILES_LIGAND_NAME",
+    "AF3Prediction",
     "RDKitUnavailable",
     "RAW_FEATURES",
     "SAMPLE_FEATURES",
@@ -27,8 +32,8 @@ __all__ = [
     "Chain",
     "ChemComp",
     "Entry",
-    "SchemaError",
     "af3_cache",
+    "af3_prediction_to_structure",
     "af3_pipeline_version",
     "default_ccd",
     "fetch_af3_features",
@@ -39,5 +44,4 @@ __all__ = [
     "parse_af3_json",
     "parse_complex_mmcif",
     "parse_fasta_entry",
-    "validate",
 ]

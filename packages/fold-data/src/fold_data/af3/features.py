@@ -1,6 +1,6 @@
 """Deterministic AF3 features of one entry (the ``RAW_FEATURES`` schema).
 
-:func:`make_features` takes an :class:`~fold_data.af3.inputs.Entry` (or a path: ``.json`` AF3
+:func:`make_features` takes an :class:`~fold_data.af3.parse.Entry` (or a path: ``.json`` AF3
 input, ``.cif``/``.mmcif`` complex, ``.fasta``/``.fa`` proteins) and returns tokens, atoms,
 reference conformers, bonds, MSA and template features. It is a pure function of the inputs, the
 CCD and ``seed``, so its result is what :mod:`fold_data.af3.cache` stores; per-step randomness
@@ -15,12 +15,14 @@ from pathlib import Path
 
 import numpy as np
 
-from fold_data.errors import InputError
+from fold_data.limits import check_size, entry_size
+from fold_data.readers import reader
+from fold_data.schema import validate
 
 from .ccd import Ccd, default_ccd
-from .inputs import Entry, parse_af3_json, parse_complex_mmcif, parse_fasta_entry
 from .msa import make_msa_features
-from .schema import RAW_FEATURES, validate
+from .parse import Entry
+from .schema import RAW_FEATURES
 from .templates import make_af3_template_features
 from .tokenizer import tokenize
 
@@ -36,15 +38,7 @@ def load_entry(source: Entry | PathLike, *, ccd: Ccd | None = None,
     if isinstance(source, Entry):
         return source
     path = Path(source)
-    suffix = "".join(path.suffixes[-2:]).lower() if path.suffix == ".gz" else path.suffix.lower()
-    if suffix == ".json":
-        return parse_af3_json(path, ccd=ccd, allow_outside_paths=allow_outside_paths)
-    if suffix in (".cif", ".mmcif", ".cif.gz"):
-        return parse_complex_mmcif(path, ccd=ccd)
-    if suffix in (".fasta", ".fa", ".faa"):
-        return parse_fasta_entry(path)
-    raise InputError(path, None, f"unknown input format {suffix!r}; expected .json (AlphaFold3 "
-                     "input), .cif (mmCIF) or .fasta")
+    return reader(path, "af3_entry")(path, ccd=ccd, allow_outside_paths=allow_outside_paths)
 
 
 def make_features(
@@ -68,10 +62,13 @@ def make_features(
     template-hits file (whose mmCIFs are read from ``template_mmcif_dir``).
     ``paired_msa_paths``: per author chain ID the A3M of rows paired by species across chains
     (``fold-data msa`` writes ``paired/<name>_<chain>.a3m``). ``seed`` seeds the
-    ETKDGv3 reference conformers. Raises :class:`InputError` naming the file, entity and field.
+    ETKDGv3 reference conformers. Raises :class:`InputError` naming the file, entity and field,
+    and ``InputTooLarge`` for an entry over the size limits in force (:mod:`fold_data.limits`).
     """
     ccd = ccd or default_ccd()
     entry = load_entry(source, ccd=ccd)
+    # size limits (fold_data.limits) before tokens, conformers and MSAs are made: InputTooLarge
+    check_size(entry_size(entry, ccd, msa_paths), record=entry.name)
     feats = tokenize(entry, ccd, seed=seed, max_attempts=max_conformer_attempts)
     feats.update(make_msa_features(entry, feats, dict(msa_paths or {}), max_rows=max_msa_rows,
                                    paired_paths=dict(paired_msa_paths or {})))

@@ -1,7 +1,7 @@
 """AF3 MSA features per token (AF3 supplement 2.3 and Table 5), from per-chain MSAs.
 
 Each polymer chain has its own alignment (files ``.a3m`` / ``.sto`` read by
-:func:`fold_data.af2.features.load_msa` for proteins, A3M text from the AF3 JSON's
+:func:`fold_data.msa.load_msa` for proteins, A3M text from the AF3 JSON's
 ``unpairedMsa``, or only the query). The entry's MSA stacks them side by side: row 0 is every
 chain's query; row ``r > 0`` holds row ``r`` of each chain's own alignment, gaps where a chain has
 fewer rows (AF3's unpaired MSA layout; rows are not paired by species here). Ligand tokens have
@@ -26,12 +26,11 @@ from pathlib import Path
 
 import numpy as np
 
-from fold_data.af2.features import load_msa
 from fold_data.errors import InputError
-from fold_data.msa import Msa, check_query, parse_a3m
+from fold_data.msa import Msa, check_query, load_msa, parse_a3m
 from fold_data.msa import make_msa_features as protein_msa_features
 
-from .inputs import Chain, Entry
+from .parse import Chain, Entry
 from .tokenizer import GAP, NUM_RESTYPES, restype_of
 
 __all__ = ["make_msa_features", "chain_msa", "paired_chain_msa"]

@@ -1,6 +1,6 @@
 """The AlphaFold3 feature contract between fold-data and fold-model (AF3 supplement Table 5).
 
-Two stages, two schemas, checked with :func:`fold_data.af2.schema.validate`:
+Two stages, two schemas, checked with :func:`fold_data.schema.validate`:
 
 * ``RAW_FEATURES``: what :func:`fold_data.af3.make_features` returns for one entry. Deterministic
   (a pure function of the inputs, the CCD and the conformer seed), so it is what the ahead-of-time
@@ -21,9 +21,9 @@ and every ligand token, 21-24 RNA A G C U, 25 unknown RNA, 26-29 DNA A G C T, 30
 
 from __future__ import annotations
 
-from fold_data.af2.schema import FeatureSpec, SchemaError, _specs, validate
+from fold_data.schema import FeatureSpec, feature_specs
 
-__all__ = ["RAW_FEATURES", "SAMPLE_FEATURES", "FeatureSpec", "SchemaError", "validate"]
+__all__ = ["RAW_FEATURES", "SAMPLE_FEATURES"]
 
 _F32, _I32 = "float32", "int32"
 
@@ -61,7 +61,7 @@ _TEMPLATE = (
     ("template_backbone_mask", _F32, ("N_templ", "N_token"), "1 where N, CA and C exist"),
 )
 
-RAW_FEATURES: dict[str, FeatureSpec] = _specs(
+RAW_FEATURES: dict[str, FeatureSpec] = feature_specs(
     *_TOKEN,
     *_ATOM,
     ("atom_bonds", _I32, ("N_bond", 2), "bonded atom pairs (i < j), intra- and inter-residue"),
@@ -76,7 +76,7 @@ RAW_FEATURES: dict[str, FeatureSpec] = _specs(
     ("chain_ids", "bytes", ("N_chain",), "chain ID of each asym_id, ASCII"),
 )
 
-SAMPLE_FEATURES: dict[str, FeatureSpec] = _specs(
+SAMPLE_FEATURES: dict[str, FeatureSpec] = feature_specs(
     *_TOKEN,
     ("token_mask", _F32, ("N_token",), "1 for real tokens, 0 for padding"),
     *_ATOM,
@@ -92,6 +92,3 @@ SAMPLE_FEATURES: dict[str, FeatureSpec] = _specs(
     ("template_mask", _F32, ("N_templ",), "1 for real templates"),
     ("resolution", _F32, (), "as in RAW"),
 )
-
-# Re-exported for the tests of both sides of the contract.
-_ = (SchemaError, validate)

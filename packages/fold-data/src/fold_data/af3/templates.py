@@ -1,7 +1,7 @@
 """AF3 template features of protein chains (AF3 supplement 2.4 and Table 5).
 
 Templates are found per protein chain, as in AF2: from template-search hits (``.hhr`` / ``.sto``,
-featurized by :func:`fold_data.af2.templates.make_template_features`, which handles the release
+featurized by :func:`fold_data.templates.make_template_features`, which handles the release
 date filter, realignment and missing files) or from the AF3 JSON's user templates (an mmCIF and
 query/template index lists). Template ``t`` of every chain shares row ``t``; tokens of other
 chains, ligands and atomized residues are gaps with zero masks (AF3 masks template features
@@ -19,12 +19,11 @@ from collections.abc import Mapping
 import numpy as np
 
 from fold_data import residue_constants as rc
-from fold_data.af2.features import load_template_hits
-from fold_data.af2.templates import make_template_features
 from fold_data.errors import InputError
 from fold_data.mmcif import parse_mmcif
+from fold_data.templates import load_template_hits, make_template_features
 
-from .inputs import Chain, Entry
+from .parse import Chain, Entry
 from .tokenizer import GAP
 
 __all__ = ["make_af3_template_features", "empty_af3_templates"]

@@ -27,14 +27,15 @@ from fold_data.errors import InputError
 
 from .ccd import Ccd, default_ccd
 from .conformers import Conformer, ccd_conformer, embed_conformer
-from .inputs import Bond, Chain, Entry
 from .molecules import mol_from_smiles
+from .parse import Bond, Chain, Entry
 
 __all__ = [
     "GAP",
     "NUM_RESTYPES",
     "STANDARD_RESIDUES",
     "MAX_BOND_DISTANCE",
+    "atom_name_from_chars",
     "tokenize",
     "restype_of",
 ]
@@ -66,6 +67,11 @@ def _name_chars(name: str) -> list[int]:
     """AF3 ``ref_atom_name_chars``: 4 characters, each ``ord(c) - 32`` (0-63), space padded."""
     padded = name.upper()[:4].ljust(4)
     return [min(max(ord(c) - 32, 0), 63) for c in padded]
+
+
+def atom_name_from_chars(chars) -> str:
+    """The atom name of one ``ref_atom_name_chars`` row (the inverse of the encoding above)."""
+    return "".join(chr(int(c) + 32) for c in chars).strip()
 
 
 def _residue_bonds(entry: Entry, ccd: Ccd) -> list[Bond]:

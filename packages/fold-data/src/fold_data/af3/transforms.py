@@ -19,9 +19,11 @@ from __future__ import annotations
 
 import numpy as np
 
+from fold_data.schema import validate
+
 from .crop import contiguous_crop, crop_features, spatial_crop
 from .presets import AF3DataPreset, get_preset
-from .schema import RAW_FEATURES, SAMPLE_FEATURES, validate
+from .schema import RAW_FEATURES, SAMPLE_FEATURES
 from .tokenizer import GAP
 
 __all__ = ["PAD_VALUES", "make_sample", "random_rotation", "crop_indices"]

@@ -49,7 +49,7 @@ def check_chain(chain: SearchChain, source: str | None) -> SearchChain:
 
 
 def _fasta_chains(path: Path) -> list[SearchChain]:
-    from fold_data.af3.inputs import _chain_letter
+    from fold_data.af3.parse import _chain_letter
     from fold_data.msa import parse_fasta
 
     chains = []

@@ -29,6 +29,8 @@ __all__ = [
     "RecyclingConfig",
     "TemplateConfig",
     "config",
+    "load_alphafold_params",
+    "load_openfold_params",
 ]
 
 
@@ -37,4 +39,12 @@ def __getattr__(name: str) -> Any:
         from fold_model.af2.model import AlphaFold2
 
         return AlphaFold2
+    if name == "load_alphafold_params":  # AF2's params_model_*.npz
+        from fold_model.af2.params_af2 import load_alphafold_params
+
+        return load_alphafold_params
+    if name == "load_openfold_params":  # OpenFold's .pt checkpoints
+        from fold_model.af2.params_openfold import load_openfold_params
+
+        return load_openfold_params
     raise AttributeError(f"module 'fold_model.af2' has no attribute {name!r}")

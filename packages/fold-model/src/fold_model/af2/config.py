@@ -78,7 +78,9 @@ class TemplateConfig:
     distogram_min_bin: float = 3.25
     distogram_max_bin: float = 50.75
     distogram_no_bins: int = 39
-    use_unit_vector: bool = True  # supplement Table 1; the released AF2 weights zero these
+    # supplement Table 1 has the unit vector; AF2's released configuration
+    # (use_template_unit_vector=False) zeroes these 3 channels, and its weights expect zeros
+    use_unit_vector: bool = False
     eps: float = 1e-6
 
 
@@ -98,6 +100,9 @@ class ExtraMsaConfig:
     transition_n: int = 4
     msa_dropout: float = 0.15
     pair_dropout: float = 0.25
+    # outer product mean: AF2's code (and its released weights) divides the output bias by the
+    # pair count with the rest, (W o + b) / (eps + n); False: the supplement's Linear(mean)
+    opm_divide_bias: bool = True
 
 
 @dataclass
@@ -117,6 +122,9 @@ class EvoformerConfig:
     transition_n: int = 4
     msa_dropout: float = 0.15
     pair_dropout: float = 0.25
+    # outer product mean: AF2's code (and its released weights) divides the output bias by the
+    # pair count with the rest, (W o + b) / (eps + n); False: the supplement's Linear(mean)
+    opm_divide_bias: bool = True
 
 
 @dataclass

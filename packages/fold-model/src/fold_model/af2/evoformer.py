@@ -165,12 +165,19 @@ class OuterProductMean(nn.Module):
     sequences and the partial sums are reduce-scattered over i. Both return the row-layout pair
     update ``[*, N_res/P, N_res, C_z]``. With ``chunk_size`` the output rows i are computed in
     slices.
+
+    ``divide_bias``: ``(W o + b) / (eps + n)`` as AF2's code (and so its released weights; the
+    AF2 blocks switch it on from ``EvoformerConfig.opm_divide_bias``); off (the default here,
+    which AF3's MSA module keeps): ``W o / (eps + n) + b``, the supplement's ``Linear(mean)``.
     """
 
-    def __init__(self, c_m: int, c_z: int, c_hidden: int, eps: float = 1e-3) -> None:
+    def __init__(
+        self, c_m: int, c_z: int, c_hidden: int, eps: float = 1e-3, divide_bias: bool = False
+    ) -> None:
         super().__init__()
         self.c_hidden = c_hidden
         self.eps = eps
+        self.divide_bias = divide_bias
         self.layer_norm = LayerNorm(c_m)
         self.linear_1 = Linear(c_m, c_hidden)
         self.linear_2 = Linear(c_m, c_hidden)
@@ -207,11 +214,10 @@ class OuterProductMean(nn.Module):
 
             def project_then_mean(a_i: torch.Tensor, mask_i: torch.Tensor) -> torch.Tensor:
                 norm = self._outer_sum(mask_i, mask_b)  # [*, I, N_res, 1]
-                # Linear(x / n) = (W x) / n + bias: the division acts on the [*, I, J, C_z]
-                # projection instead of the [*, I, J, c * c] outer sum (8x fewer elements at
-                # c = 32, C_z = 128, in the forward and the backward)
+                # the division acts on the [*, I, J, C_z] projection instead of the
+                # [*, I, J, c * c] outer sum (8x fewer elements at c = 32, C_z = 128)
                 proj = nn.functional.linear(self._outer_sum(a_i, b), self.linear_out.weight)
-                return proj / (self.eps + norm) + self.linear_out.bias
+                return self._mean(proj, norm)
 
             return chunked_rows(project_then_mean, chunk_size, ((a, -2), (mask, -2)), out_dim=-3)
         if layout != "row":
@@ -226,7 +232,13 @@ class OuterProductMean(nn.Module):
         out = chunked_rows(partial, chunk_size, ((a, -2), (mask, -2)), out_dim=-3)
         out = comm.reduce_scatter(out, -3)  # [*, N_res/P, N_res, C_z + 1]
         proj, norm = out[..., :-1], out[..., -1:]
-        return proj / (self.eps + norm) + self.linear_out.bias
+        return self._mean(proj, norm)
+
+    def _mean(self, proj: torch.Tensor, norm: torch.Tensor) -> torch.Tensor:
+        bias = self.linear_out.bias
+        if self.divide_bias:  # AF2 code: the bias is divided by the pair count too
+            return (proj + bias) / (self.eps + norm)
+        return proj / (self.eps + norm) + bias
 
 
 class TriangleMultiplication(nn.Module):
@@ -376,6 +388,7 @@ class _EvoformerLayers(nn.Module):
         pair_dropout: float,
         global_column: bool = False,
         comm: AxialComm = IDENTITY_COMM,
+        opm_divide_bias: bool = True,
     ) -> None:
         super().__init__()
         self.msa_dropout = msa_dropout
@@ -390,7 +403,9 @@ class _EvoformerLayers(nn.Module):
         else:
             self.msa_att_col = MSAColumnAttention(c_m, c_hidden_msa_att, no_heads_msa)
         self.msa_transition = MSATransition(c_m, transition_n)
-        self.outer_product_mean = OuterProductMean(c_m, c_z, c_hidden_opm)
+        self.outer_product_mean = OuterProductMean(
+            c_m, c_z, c_hidden_opm, divide_bias=opm_divide_bias
+        )
         self.tri_mul_out = TriangleMultiplicationOutgoing(c_z, c_hidden_mul)
         self.tri_mul_in = TriangleMultiplicationIncoming(c_z, c_hidden_mul)
         self.tri_att_start = TriangleAttentionStartingNode(c_z, c_hidden_pair_att, no_heads_pair)
@@ -547,7 +562,7 @@ def make_block(
         c_hidden_opm=cfg.c_hidden_opm, c_hidden_mul=cfg.c_hidden_mul,
         c_hidden_pair_att=cfg.c_hidden_pair_att, no_heads_pair=cfg.no_heads_pair,
         transition_n=cfg.transition_n, msa_dropout=cfg.msa_dropout,
-        pair_dropout=cfg.pair_dropout, comm=comm,
+        pair_dropout=cfg.pair_dropout, comm=comm, opm_divide_bias=cfg.opm_divide_bias,
     )
     if order == "parallel":
         return (ParallelExtraMsaBlock if extra_msa else ParallelEvoformerBlock)(**sizes)

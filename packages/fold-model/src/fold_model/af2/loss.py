@@ -540,7 +540,10 @@ def between_residue_clash_loss(
     """Steric clashes between atoms of different residues (1.9.11).
 
     A pair clashes when closer than the sum of van der Waals radii minus the tolerance; the
-    peptide C-N bond and CYS SG-SG disulfides are exempt. Inputs ``[*, N, 14(, 3)]``,
+    peptide C-N bond and CYS SG-SG disulfides are exempt. AF2's code exempts atom14 slot 5
+    pairs of any two residues (its disulfide mask does not look at the residue types); fold
+    exempts only the cysteine pairs the supplement describes, so a clash between, e.g., two
+    leucine CG atoms is penalised (docs/violation_constants.md). Inputs ``[*, N, 14(, 3)]``,
     residue_index / aatype ``[*, N]``. Returns ``mean_loss`` ``[*]``, ``per_atom_loss_sum`` and
     ``per_atom_clash_mask`` ``[*, N, 14]``.
     """

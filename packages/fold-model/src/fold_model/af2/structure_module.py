@@ -62,6 +62,12 @@ def _final_init(linear: nn.Linear) -> nn.Linear:
     return linear
 
 
+def _zero_bias(linear: nn.Linear) -> nn.Linear:
+    # AF2's Linear starts its bias at 0
+    nn.init.zeros_(linear.bias)
+    return linear
+
+
 def _relu_init(linear: nn.Linear) -> nn.Linear:
     nn.init.kaiming_normal_(linear.weight, nonlinearity="relu")
     if linear.bias is not None:
@@ -76,6 +82,13 @@ class InvariantPointAttention(nn.Module):
     query and key points placed in the global frame; outputs are scalar values, value points
     brought back into each residue's local frame (with their norms) and the attended pair
     representation. The output is invariant to a global rigid motion of the frames.
+
+    The projections follow AF2's code (``folding.py``), so its parameters load as they are:
+    every linear layer has a bias (the supplement writes LinearNoBias; AF2's ``Linear`` has
+    one); k and v come from one projection (``kv_scalar``: per head ``[c_qk | c_v]``); the
+    points are laid out as x, y, z blocks of ``[H, P]`` (``q_point_local``, ``kv_point_local``
+    with per head ``[P_qk | P_v]``); the output concatenates scalars, the x, y, z blocks of the
+    value points, their norms and the attended pair, as ``output_projection`` expects.
     """
 
     def __init__(
@@ -94,17 +107,19 @@ class InvariantPointAttention(nn.Module):
         self.no_qk_points, self.no_v_points = no_qk_points, no_v_points
         self.inf, self.eps = inf, eps
         h = no_heads
-        self.linear_q = nn.Linear(c_s, h * c_ipa, bias=False)
-        self.linear_k = nn.Linear(c_s, h * c_ipa, bias=False)
-        self.linear_v = nn.Linear(c_s, h * c_ipa, bias=False)
-        self.linear_q_points = nn.Linear(c_s, h * no_qk_points * 3, bias=False)
-        self.linear_k_points = nn.Linear(c_s, h * no_qk_points * 3, bias=False)
-        self.linear_v_points = nn.Linear(c_s, h * no_v_points * 3, bias=False)
-        self.linear_b = nn.Linear(c_z, h, bias=False)
+        self.linear_q = _zero_bias(nn.Linear(c_s, h * c_ipa))
+        self.linear_kv = _zero_bias(nn.Linear(c_s, h * 2 * c_ipa))
+        self.linear_q_points = _zero_bias(nn.Linear(c_s, 3 * h * no_qk_points))
+        self.linear_kv_points = _zero_bias(nn.Linear(c_s, 3 * h * (no_qk_points + no_v_points)))
+        self.linear_b = _zero_bias(nn.Linear(c_z, h))
         # gamma^h = softplus(head_weights), initialised to 1 (softplus^-1(1) = log(e - 1)).
         self.head_weights = nn.Parameter(torch.full((h,), math.log(math.e - 1.0)))
         c_cat = h * (c_ipa + no_v_points * 4 + c_z)
         self.linear_out = _final_init(nn.Linear(c_cat, c_s))
+
+    def _points(self, linear: nn.Linear, s: torch.Tensor, n_points: int) -> torch.Tensor:
+        """AF2's point layout ``[*, N, 3 * H * P]`` (x, y, z blocks) -> ``[*, N, H, P, 3]``."""
+        return linear(s).unflatten(-1, (3, self.no_heads, n_points)).movedim(-3, -1)
 
     def forward(
         self, s: torch.Tensor, z: torch.Tensor, rigid: Rigid, mask: torch.Tensor
@@ -117,14 +132,13 @@ class InvariantPointAttention(nn.Module):
         p_qk, p_v = self.no_qk_points, self.no_v_points
         batch = s.shape[:-1]  # (*, N)
         q = self.linear_q(s).view(*batch, h, c)  # [*, N, H, C]
-        k = self.linear_k(s).view(*batch, h, c)
-        v = self.linear_v(s).view(*batch, h, c)
+        k, v = self.linear_kv(s).view(*batch, h, 2 * c).split(c, dim=-1)
 
         # Points in the local frames, moved to the global frame: [*, N, H, P, 3].
         frames = rigid.unsqueeze(-1).unsqueeze(-1)  # [*, N, 1, 1]
-        q_pts = frames.apply(self.linear_q_points(s).view(*batch, h, p_qk, 3))
-        k_pts = frames.apply(self.linear_k_points(s).view(*batch, h, p_qk, 3))
-        v_pts = frames.apply(self.linear_v_points(s).view(*batch, h, p_v, 3))
+        q_pts = frames.apply(self._points(self.linear_q_points, s, p_qk))
+        kv_pts = frames.apply(self._points(self.linear_kv_points, s, p_qk + p_v))
+        k_pts, v_pts = kv_pts.split([p_qk, p_v], dim=-2)
 
         w_c = math.sqrt(2.0 / (9.0 * p_qk))
         w_l = math.sqrt(1.0 / 3.0)
@@ -156,7 +170,7 @@ class InvariantPointAttention(nn.Module):
         cat = torch.cat(
             [
                 o,
-                o_pts.reshape(*batch, h * p_v * 3),
+                o_pts.movedim(-1, -3).reshape(*batch, 3 * h * p_v),  # x, y, z blocks of [H, P_v]
                 o_pts_norm.reshape(*batch, h * p_v),
                 o_pair.reshape(*batch, -1),
             ],

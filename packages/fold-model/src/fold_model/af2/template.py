@@ -42,21 +42,23 @@ def build_template_pair_feat(
     min_bin: float = 3.25,
     max_bin: float = 50.75,
     no_bins: int = 39,
-    use_unit_vector: bool = True,
+    use_unit_vector: bool = False,
     eps: float = 1e-6,
 ) -> torch.Tensor:
     """The 88 template pair channels (supplement Table 1) ``[*, N_templ, N_res, N_res, 88]``.
 
-    Distogram of the pseudo-beta atoms (39 bins, 3.25-50.75 A) masked by the pair mask, the
-    pseudo-beta pair mask (1), the template residue one-hot of j then of i (2 x 22), the unit
-    vector from residue i's backbone frame (Alg. 21 from N, CA, C) to CA_j (3), the backbone pair
-    mask (1). Reads ``template_pseudo_beta[_mask]``, ``template_aatype``,
-    ``template_all_atom_positions``, ``template_all_atom_mask`` (``[*, N_templ, N_res, ...]``).
+    Distogram of the pseudo-beta atoms (39 bins, 3.25-50.75 A), the pseudo-beta pair mask (1),
+    the template residue one-hot of j then of i (2 x 22), the unit vector from residue i's
+    backbone frame (Alg. 21 from N, CA, C) to CA_j (3), the backbone pair mask (1). As in AF2's
+    code (``SingleTemplateEmbedding``), all 88 channels are then multiplied by the backbone pair
+    mask (N, CA, C present at i and j), so unaligned positions are zero in every channel.
+    Reads ``template_pseudo_beta[_mask]``, ``template_aatype``, ``template_all_atom_positions``,
+    ``template_all_atom_mask`` (``[*, N_templ, N_res, ...]``).
     """
     pb = feats["template_pseudo_beta"].float()  # [*, T, N, 3]
     pb_mask = feats["template_pseudo_beta_mask"].float()  # [*, T, N]
     pb_mask_2d = pb_mask[..., :, None] * pb_mask[..., None, :]  # [*, T, N, N]
-    dgram = distogram_one_hot(pb, min_bin, max_bin, no_bins) * pb_mask_2d[..., None]
+    dgram = distogram_one_hot(pb, min_bin, max_bin, no_bins)
 
     n_res = pb.shape[-2]
     aatype = F.one_hot(feats["template_aatype"].long(), 22).float()  # [*, T, N, 22]
@@ -75,9 +77,10 @@ def build_template_pair_feat(
     else:
         unit = pos.new_zeros(*bb_mask_2d.shape, 3)
 
-    return torch.cat(
+    act = torch.cat(
         [dgram, pb_mask_2d[..., None], aatype_j, aatype_i, unit, bb_mask_2d[..., None]], dim=-1
     )
+    return act * bb_mask_2d[..., None]
 
 
 class TemplatePairBlock(nn.Module):

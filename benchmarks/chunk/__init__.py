@@ -1,0 +1,1 @@
+"""fold-chunk benchmark: AutoChunk against no chunking and manual chunks."""

@@ -1,0 +1,110 @@
+"""The blocks the model benchmarks and tools time or inspect, built one way for all of them: an
+AF3 Pairformer or diffusion transformer block with its inputs at a given size, its forward +
+backward step (from the fp32 loss ``sum_o mean(o^2)`` or from fixed random output gradients), and
+tiny AF2 Evoformer / AF3 Pairformer training steps for the CPU tools."""
+
+from __future__ import annotations
+
+import torch
+from fold_model.af3.config import config
+from fold_model.af3.diffusion import DiffusionTransformerBlock
+from fold_model.af3.pairformer import PairformerBlock
+
+
+def random_mask(n: int, gen: torch.Generator, device: torch.device) -> torch.Tensor:
+    """A ``[1, n]`` token mask with ~5% holes (the first token always present)."""
+    m = (torch.rand(1, n, generator=gen) > 0.05).float()
+    m[:, 0] = 1
+    return m.to(device)
+
+
+def build(kind: str, n: int, samples: int, tiny: bool, device: torch.device,
+          dtype: torch.dtype) -> tuple[torch.nn.Module, tuple]:
+    """The block and its inputs (activations require grad)."""
+    cfg = config("tiny" if tiny else "af3")
+    gen = torch.Generator().manual_seed(0)
+    torch.manual_seed(0)
+    mask = random_mask(n, gen, device)
+
+    def rnd(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, generator=gen).to(device, dtype).requires_grad_(True)
+
+    if kind == "pairformer":
+        p = cfg.pairformer
+        block = PairformerBlock(cfg.c_s, cfg.c_z, p.c_hidden_mul, p.c_hidden_tri_att,
+                                p.no_heads_tri_att, p.no_heads_single, p.transition_n, p.dropout)
+        args = (rnd(1, n, cfg.c_s), rnd(1, n, n, cfg.c_z), mask, mask[:, :, None] * mask[:, None])
+    else:
+        d = cfg.diffusion
+        block = DiffusionTransformerBlock(d.c_token, cfg.c_s, cfg.c_z, d.no_heads, d.transition_n)
+        args = (rnd(1, samples, n, d.c_token), rnd(1, samples, n, cfg.c_s), rnd(1, n, n, cfg.c_z),
+                mask)
+    return block.to(device, dtype).train(), args
+
+
+def upstream_grads(block: torch.nn.Module, args: tuple) -> tuple[torch.Tensor, ...]:
+    """Fixed random gradients for the block's outputs (``--upstream random``)."""
+    with torch.no_grad():
+        out = block(*args)
+    gen = torch.Generator().manual_seed(1)
+    return tuple(torch.randn(o.shape, generator=gen).to(o.device, o.dtype)
+                 for o in (out if isinstance(out, tuple) else (out,)))
+
+
+def backward(block: torch.nn.Module, args: tuple, grads: tuple | None,
+             tensors: list[torch.Tensor] | None = None):
+    """Forward + backward: of the loss ``sum_o mean(o^2)`` (fp32) when ``grads`` is None, else
+    of the outputs with ``grads`` as their gradients (the block alone, no loss kernels). With
+    ``tensors``, returns their gradients instead of accumulating ``.grad``."""
+    if grads is None:
+        outs, seeds = (loss(block, args),), None
+    else:
+        out = block(*args)
+        outs, seeds = (out if isinstance(out, tuple) else (out,)), grads
+    if tensors is not None:
+        return torch.autograd.grad(outs, tensors, seeds, allow_unused=True)
+    torch.autograd.backward(outs, seeds)
+    return None
+
+
+def step(block: torch.nn.Module, args: tuple, grads: tuple | None = None) -> None:
+    """One eager forward + backward (see :func:`backward`), gradients cleared afterwards."""
+    backward(block, args, grads)
+    for a in args:
+        if isinstance(a, torch.Tensor) and a.grad is not None:
+            a.grad = None
+    block.zero_grad(set_to_none=True)
+
+
+def loss(block: torch.nn.Module, args: tuple) -> torch.Tensor:
+    """The fp32 loss ``sum_o mean(o^2)`` over the block's outputs."""
+    out = block(*args)
+    outs = out if isinstance(out, tuple) else (out,)
+    return sum(o.float().square().mean() for o in outs)
+
+
+def evoformer_step(device, dtype, n_seq: int = 6, n_res: int = 10):
+    """One training step of a tiny AF2 Evoformer block (masks with ~10% holes)."""
+    from fold_model.af2 import config as af2_config
+    from fold_model.af2.evoformer import make_block
+
+    cfg = af2_config("tiny").evoformer
+    torch.manual_seed(0)
+    block = make_block(cfg, cfg.c_m, cfg.c_z, "af2").to(device=device, dtype=dtype).train()
+    m = torch.randn(1, n_seq, n_res, cfg.c_m, device=device, dtype=dtype, requires_grad=True)
+    z = torch.randn(1, n_res, n_res, cfg.c_z, device=device, dtype=dtype, requires_grad=True)
+    msa_mask = (torch.rand(1, n_seq, n_res, device=device) > 0.1).to(dtype)
+    pair_mask = (torch.rand(1, n_res, n_res, device=device) > 0.1).to(dtype)
+
+    def run():
+        m_out, z_out = block(m, z, msa_mask, pair_mask)
+        (m_out.float().sum() + z_out.float().sum()).backward()
+        block.zero_grad(set_to_none=True)
+        m.grad = z.grad = None
+    return run
+
+
+def pairformer_step(device, dtype, n: int = 10):
+    """One training step of a tiny AF3 Pairformer block."""
+    block, args = build("pairformer", n, 1, True, device, dtype)
+    return lambda: step(block, args)

@@ -1,0 +1,59 @@
+"""Capture a benchmark step (forward, or forward + backward) into a CUDA graph and replay it.
+
+Used by ``--graphs`` in model/evoformer.py, model/af3_blocks.py, model/peers.py and
+tools/profile_block.py: a replay launches the step's kernels without the Python/launch overhead, so
+a table can show what the kernels themselves cost, for the ``torch`` and the ``auto`` (Triton)
+backend alike. As in fold-train's CUDA-graph training step (``fold_train/cuda_graphs.py``): warm-up
+on a side stream (autotuning, lazy initialisation, cuBLAS workspaces happen there), then one
+capture; inputs are the benchmark's fixed tensors (static addresses) and gradients are the graph's
+outputs (``torch.autograd.grad``, static buffers of the graph's pool) instead of ``.grad`` fields
+that the eager step sets to None between calls. Dropout draws fresh masks on every replay (PyTorch's
+Philox generator is graph-safe).
+
+On CPU there is no graph: :func:`capture` returns the same body, run eagerly (smoke tests).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import torch
+
+
+def grad_body(loss_fn: Callable[[], torch.Tensor],
+              tensors: Sequence[torch.Tensor]) -> Callable[[], tuple]:
+    """A step whose outputs are ``d loss / d tensors`` (no ``.grad`` accumulation)."""
+    tensors = [t for t in tensors if t.requires_grad]
+
+    def body():
+        return torch.autograd.grad(loss_fn(), tensors, allow_unused=True)
+    return body
+
+
+def capture(body: Callable[[], object], device: torch.device,
+            warmup: int = 3) -> tuple[Callable[[], None], object]:
+    """``(replay, outputs)``: ``replay()`` re-runs ``body``'s kernels, refreshing ``outputs``."""
+    if device.type != "cuda":
+        out = body()
+        return body, out
+    side = torch.cuda.Stream(device)
+    side.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(side):
+        for _ in range(warmup):
+            body()
+    torch.cuda.current_stream(device).wait_stream(side)
+    torch.cuda.synchronize(device)
+    graph = torch.cuda.CUDAGraph()
+    try:
+        with torch.cuda.graph(graph):
+            out = body()
+    except RuntimeError as e:
+        raise RuntimeError(
+            f"CUDA graph capture of the benchmark step failed: {e}. Something in the step "
+            "synchronizes with the host (.item(), nonzero, a host-to-device copy); "
+            "fold_train.cuda_graphs.host_syncs(step) lists such ops") from e
+
+    def replay() -> None:
+        graph.replay()
+    replay.graph = graph  # type: ignore[attr-defined]  (kept alive with the replay)
+    return replay, out

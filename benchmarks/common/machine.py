@@ -1,0 +1,73 @@
+"""What a benchmark records about the machine it ran on: the device, the software versions and
+the date; for the CPU-bound data benchmarks, the host's CPU and core counts. Each script chooses
+the keys it writes (unchanged from when every script collected them itself); the values come
+from here."""
+
+from __future__ import annotations
+
+import datetime
+import os
+import platform
+from pathlib import Path
+
+import torch
+
+
+def device_name(device: torch.device | str | None = None) -> str:
+    """The CUDA device's name, or ``"cpu"``. ``None``: the current CUDA device."""
+    if device is None:
+        return torch.cuda.get_device_name()
+    device = torch.device(device)
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+
+
+def triton_version() -> str | None:
+    """Triton's version, or None where Triton is not installed."""
+    try:
+        import triton
+    except ImportError:
+        return None
+    return triton.__version__
+
+
+def versions(device: torch.device) -> dict:
+    """Device name, torch and triton versions and the date (minutes) of this run."""
+    return {"device": device_name(device), "torch": torch.__version__,
+            "triton": triton_version(),
+            "date": datetime.datetime.now().isoformat(timespec="minutes")}
+
+
+def cpu_model() -> str:
+    """The CPU's model name (``/proc/cpuinfo``), else what ``platform`` knows."""
+    model = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return model
+
+
+def host_info() -> dict:
+    """CPU model, core counts, OS, software versions and today's date (the data benchmarks)."""
+    import numpy as np
+
+    try:
+        usable = len(os.sched_getaffinity(0))
+    except AttributeError:
+        usable = os.cpu_count()
+    found = {"python": platform.python_version(), "numpy": np.__version__}
+    for mod in ("fold_data", "torch", "gemmi"):
+        try:
+            found[mod] = __import__(mod).__version__
+        except ImportError:
+            found[mod] = None
+    return {
+        "cpu": cpu_model(),
+        "logical_cpus": os.cpu_count(),
+        "usable_cpus": usable,
+        "os": platform.platform(),
+        "versions": found,
+        "date": datetime.date.today().isoformat(),
+    }

@@ -1,0 +1,1 @@
+"""Data-stage benchmarks of fold-data (loader, feature caches), CPU."""

@@ -1,0 +1,1 @@
+"""Kernel benchmarks: fold-kernels against eager, compiled and peer kernels, launch cost."""

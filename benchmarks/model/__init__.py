@@ -1,0 +1,1 @@
+"""Model benchmarks: fold-model blocks, the full AF2 step, AF3 losses, blocks against peers."""

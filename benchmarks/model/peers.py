@@ -1,0 +1,375 @@
+"""fold's blocks against its peers', in one process on one GPU (issues 20 and 21).
+
+Rows (issue 20): the AF2 Evoformer block at (N_seq 128, N_res 256) and (512, 384) against
+OpenFold; the AF3 Pairformer block at 256, 384, 512 and 768 tokens and the AF3 diffusion
+transformer block with 48 samples at 384 and 768 tokens against Protenix and Boltz, each peer with
+its kernel flags on and off (benchmarks/common/peer_blocks.py says how each is built and called).
+Training mode (dropout on), masks with ~5% holes, batch 1.
+
+Each contender is timed four ways: forward + backward from fixed random output gradients (the
+same seeded values for every contender: ``torch.randn(numel)`` from seed 1, per output, in its
+dtype), eagerly and as a CUDA-graph replay (benchmarks/common/graphs.py), and forward alone under
+``no_grad``, eagerly and graphed. Each figure is the median of ``--reps`` (>= 20 on a GPU) calls
+after ``--warmup`` calls (CUDA events). The table gives, per row and mode, fold's ms over the best
+peer's (``fold/peer`` < 1: fold is faster).
+
+Peers are imported when installed (see .whl/setup.sh in the lead's checkout: wheels carried to the
+GPU machine) and their versions recorded; a peer that is not installed, fails to build or fails a
+mode gets its error text in that place, never a number.
+
+    source .whl/setup.sh && source benchmarks/gpu_setup.sh && \\
+      python3 -m benchmarks.model.peers --out benchmarks/results/model/model_peers.json
+    python -m benchmarks.model.peers --device cpu --tiny --reps 1 --warmup 0   # smoke, fold only
+
+Results (JSON and a markdown table beside it) are rewritten after every contender; ``--append``
+keeps what ``--out`` already holds and measures only the rows missing or failed there (a run split
+over several calls).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from benchmarks.common import peer_blocks as pb
+from benchmarks.common.backends import ensure_kernels
+from benchmarks.common.graphs import capture
+from benchmarks.common.machine import device_name, triton_version
+from benchmarks.common.results import write_atomic
+from benchmarks.common.timing import median_ms
+
+ROWS = [pb.Shape("evoformer", 256, n_seq=128), pb.Shape("evoformer", 384, n_seq=512),
+        pb.Shape("pairformer", 256), pb.Shape("pairformer", 384), pb.Shape("pairformer", 512),
+        pb.Shape("pairformer", 768), pb.Shape("diffusion", 384, samples=48),
+        pb.Shape("diffusion", 768, samples=48)]
+TINY_ROWS = [pb.Shape("evoformer", 9, n_seq=4), pb.Shape("pairformer", 13),
+             pb.Shape("diffusion", 13, samples=3)]
+MODES = ("train_eager", "train_graph", "fwd_eager", "fwd_graph")
+
+
+def parse_rows(spec: str) -> list[pb.Shape]:
+    """``evoformer:128x256`` (N_seq x N_res), ``pairformer:384``, ``diffusion:384x48``
+    (N_token x samples), comma-separated."""
+    out = []
+    for item in spec.split(","):
+        block, _, size = item.strip().partition(":")
+        if block == "evoformer":
+            n_seq, n = (int(v) for v in size.split("x"))
+            out.append(pb.Shape("evoformer", n, n_seq=n_seq))
+        elif block == "pairformer":
+            out.append(pb.Shape("pairformer", int(size)))
+        elif block == "diffusion":
+            n, samples = (int(v) for v in size.split("x"))
+            out.append(pb.Shape("diffusion", n, samples=samples))
+        else:
+            raise SystemExit(f"--blocks: unknown block {block!r} in {item!r}")
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Timing
+
+
+def output_grads(outs: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
+    """Fixed random gradients for the outputs: the same values for every contender whose
+    outputs have the same sizes, whatever their layout (``randn(numel)`` from seed 1)."""
+    gen = torch.Generator().manual_seed(1)
+    return tuple(torch.randn(o.numel(), generator=gen).view(o.shape).to(o.device, o.dtype)
+                 for o in outs)
+
+
+def _error(e: BaseException) -> str:
+    return f"{type(e).__name__}: {e}"[:600]
+
+
+def measure(case: pb.Case, device: torch.device, modes: tuple[str, ...], warmup: int,
+            reps: int) -> dict[str, Any]:
+    """``{mode}_ms`` for each mode that ran, ``errors[mode]`` for each that did not, and the
+    activation peak of one eager training step (``train_peak_mib``, CUDA only)."""
+    try:
+        with torch.no_grad():
+            grads = output_grads(case.forward())
+    except Exception as e:  # noqa: BLE001  (a peer's failure is a result, not a crash)
+        return {"error": f"forward failed: {_error(e)}"}
+    wrt = list(case.inputs) + case.params
+
+    def train() -> tuple:
+        return torch.autograd.grad(case.forward(), wrt, grads, allow_unused=True)
+
+    def fwd() -> tuple:
+        with torch.no_grad():
+            return case.forward()
+
+    res: dict[str, Any] = {"errors": {}}
+    for mode in modes:
+        body = train if mode.startswith("train") else fwd
+        try:
+            if mode.endswith("graph"):
+                replay = capture(body, device, max(warmup, 2))[0]
+                res[f"{mode}_ms"] = median_ms(replay, device, reps, warmup)
+                del replay
+            else:
+                res[f"{mode}_ms"] = median_ms(body, device, reps, warmup)
+                if mode == "train_eager" and device.type == "cuda":
+                    torch.cuda.synchronize(device)
+                    torch.cuda.reset_peak_memory_stats(device)
+                    base = torch.cuda.memory_allocated(device)
+                    body()
+                    torch.cuda.synchronize(device)
+                    res["train_peak_mib"] = (torch.cuda.max_memory_allocated(device)
+                                             - base) / 2**20
+        except Exception as e:  # noqa: BLE001  (a peer's failure is a result, not a crash)
+            res["errors"][mode] = _error(e)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+            torch.cuda.empty_cache()
+    return res
+
+
+# ---------------------------------------------------------------------------------------------
+# Contenders
+
+
+def contenders(names: list[str], shape: pb.Shape, kernel_settings: list[bool]):
+    """``(contender, kernels)`` pairs that have ``shape.block``; kernels None for fold and for a
+    peer block without a kernel flag."""
+    out = []
+    for name in names:
+        if name == "fold":
+            out.append(("fold", None))
+            continue
+        _, blocks, flags = pb.PEERS[name]
+        if shape.block not in blocks:
+            continue
+        offered = flags[shape.block]
+        if offered == (False,):
+            out.append((name, None))
+        else:
+            out.extend((name, k) for k in kernel_settings if k in offered)
+    return out
+
+
+def build(name: str, kernels: bool | None, shape: pb.Shape, sizes, x, device, args) -> pb.Case:
+    if name == "fold":
+        return pb.build_fold(shape, sizes, x, device, args.fold_dtype, args.tiny)
+    if name == "protenix":
+        return pb.build_protenix(shape, sizes, x, device, args.peer_dtype, bool(kernels),
+                                 args.protenix_layernorm)
+    if name == "boltz":
+        return pb.build_boltz(shape, sizes, x, device, args.peer_dtype, bool(kernels))
+    return pb.build_openfold(shape, sizes, x, device, args.peer_dtype, bool(kernels))
+
+
+def run_one(name: str, kernels: bool | None, shape: pb.Shape, sizes, device,
+            args) -> dict[str, Any]:
+    row: dict[str, Any] = {"block": shape.block, "n": shape.n, "n_seq": shape.n_seq,
+                           "samples": shape.samples, "contender": name,
+                           "kernels": "-" if kernels is None else ("on" if kernels else "off")}
+    try:
+        row["version"] = "this tree" if name == "fold" else pb.peer_version(pb.PEERS[name][0])
+    except Exception as e:  # noqa: BLE001
+        row["error"] = f"not installed: {_error(e)}"
+        return row
+    row["weights"] = str(args.fold_dtype if name == "fold" else args.peer_dtype)
+    try:
+        case = build(name, kernels, shape, sizes, pb.base_inputs(shape, sizes), device, args)
+    except ImportError as e:
+        row["error"] = f"not installed: {_error(e)}"
+        return row
+    except Exception as e:  # noqa: BLE001
+        row["error"] = f"build failed: {_error(e)}"
+        return row
+    row["note"] = case.note
+    row["params"] = sum(p.numel() for p in case.params)  # same sizes, peers' own layouts
+    row.update(measure(case, device, args.modes, args.warmup, args.reps))
+    del case
+    return row
+
+
+# ---------------------------------------------------------------------------------------------
+# Results
+
+
+def ratios(rows: list[dict[str, Any]], modes: tuple[str, ...]) -> list[dict[str, Any]]:
+    """Per shape and mode: fold's ms, the best peer's ms and name, and fold/peer."""
+    out = []
+    shapes = dict.fromkeys((r["block"], r["n"], r["n_seq"], r["samples"]) for r in rows)
+    for key in shapes:  # in the order measured
+        same = [r for r in rows if (r["block"], r["n"], r["n_seq"], r["samples"]) == key]
+        fold = next((r for r in same if r["contender"] == "fold"), None)
+        for mode in modes:
+            peers = [r for r in same if r["contender"] != "fold" and f"{mode}_ms" in r]
+            best = min(peers, key=lambda r: r[f"{mode}_ms"]) if peers else None
+            entry = {"block": key[0], "n": key[1], "n_seq": key[2], "samples": key[3],
+                     "mode": mode, "fold_ms": fold.get(f"{mode}_ms") if fold else None,
+                     "best_peer": None, "peer_ms": None, "fold_over_peer": None}
+            if best is not None:
+                entry["best_peer"] = f"{best['contender']} (kernels {best['kernels']})"
+                entry["peer_ms"] = best[f"{mode}_ms"]
+                if entry["fold_ms"] is not None:
+                    entry["fold_over_peer"] = entry["fold_ms"] / entry["peer_ms"]
+            out.append(entry)
+    return out
+
+
+def _shape_label(r: dict[str, Any]) -> str:
+    return pb.Shape(r["block"], r["n"], r["n_seq"], r["samples"]).label()
+
+
+def _cell(r: dict[str, Any], mode: str) -> str:
+    if f"{mode}_ms" in r:
+        return f"{r[f'{mode}_ms']:.2f}"
+    if r.get("error"):
+        return "-"
+    err = r.get("errors", {}).get(mode)
+    return f"failed: {err[:60]}" if err else "-"
+
+
+def markdown(meta: dict[str, Any], rows: list[dict[str, Any]], modes: tuple[str, ...]) -> str:
+    vers = ", ".join(f"{k} {v}" for k, v in meta["versions"].items())
+    lines = [f"Blocks against peers, {meta['device']}, {meta['date']}; {vers}. fold: "
+             f"{meta['fold_dtype']} weights and inputs; peers: {meta['peer_weights']} weights and "
+             "inputs under bf16 autocast (CUDA). Median ms of "
+             f"{meta['reps']} after {meta['warmup']} warm-up; backward from fixed random output "
+             "gradients.", "",
+             "| row | contender | kernels | " + " | ".join(m.replace("_", " ") + " ms"
+                                                          for m in modes)
+             + " | train peak MiB | params | note / error |",
+             "|---|---|---|" + "---|" * len(modes) + "---|---|---|"]
+    for r in rows:
+        peak = f"{r['train_peak_mib']:.0f}" if r.get("train_peak_mib") is not None else "-"
+        note = r.get("error") or r.get("note") or ""
+        lines.append(f"| {_shape_label(r)} | {r['contender']} {r.get('version', '')} | "
+                     f"{r['kernels']} | " + " | ".join(_cell(r, m) for m in modes)
+                     + f" | {peak} | {r.get('params', '-')} | {note[:160]} |")
+    lines += ["", "fold / best peer (< 1: fold faster):", "",
+              "| row | mode | fold ms | best peer | peer ms | fold/peer |",
+              "|---|---|---|---|---|---|"]
+    for e in ratios(rows, modes):
+        def f(v):
+            return "-" if v is None else f"{v:.2f}"
+        lines.append(f"| {_shape_label(e)} | {e['mode']} | {f(e['fold_ms'])} | "
+                     f"{e['best_peer'] or 'none measured'} | {f(e['peer_ms'])} | "
+                     f"{f(e['fold_over_peer'])} |")
+    return "\n".join(lines) + "\n"
+
+
+
+
+def save(out: Path, meta, rows, modes) -> None:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    doc = {"meta": meta, "rows": rows, "ratios": ratios(rows, modes)}
+    write_atomic(out, json.dumps(doc, indent=1))
+    write_atomic(out.with_suffix(".md"), markdown(meta, rows, modes))
+
+
+def _versions(names: list[str]) -> dict[str, str]:
+    out = {"python": platform.python_version(), "torch": torch.__version__,
+           "triton": triton_version() or "not installed"}
+    dists = {n: pb.PEERS[n][0] for n in names if n != "fold"}
+    if "protenix" in dists or "boltz" in dists:
+        dists |= {"cuequivariance-torch": "cuequivariance_torch",
+                  "cuequivariance-ops-torch-cu13": "cuequivariance_ops_torch_cu13",
+                  "trifast": "trifast"}
+    for label, dist in dists.items():
+        try:
+            out[label] = pb.peer_version(dist)
+        except Exception:  # noqa: BLE001
+            out[label] = "not installed"
+    return out
+
+
+def _key(r: dict[str, Any]) -> tuple:
+    return (r["block"], r["n"], r["n_seq"], r["samples"], r["contender"], r["kernels"])
+
+
+def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--tiny", action="store_true",
+                    help="tiny presets and sizes (CPU smoke); contenders default to fold alone")
+    ap.add_argument("--blocks", default=None,
+                    help="rows, e.g. 'evoformer:128x256,pairformer:384,diffusion:384x48'")
+    ap.add_argument("--contenders", default=None,
+                    help="fold, protenix, boltz, openfold (default: all; with --tiny: fold)")
+    ap.add_argument("--kernels", default="on,off", help="peer kernel flags to run: on, off or both")
+    ap.add_argument("--modes", default=",".join(MODES), help=f"subset of {','.join(MODES)}")
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--peer-weights", choices=["fp32", "bf16"], default="fp32",
+                    help="peers' parameter and input dtype under bf16 autocast (fp32: bf16-mixed "
+                         "training; Boltz's fp32 regions reject bf16 LayerNorm weights)")
+    ap.add_argument("--protenix-layernorm", choices=["fast_layernorm", "torch"], default=None,
+                    help="Protenix's LAYERNORM_TYPE (default: fast_layernorm on CUDA, its "
+                         "default, built by .whl/setup.sh; torch on CPU)")
+    ap.add_argument("--out", type=Path, default=None, help="JSON path (markdown beside it)")
+    ap.add_argument("--append", action="store_true",
+                    help="keep --out's rows, measure only those missing or failed there (a run "
+                         "split over several calls; meta is this call's)")
+    args = ap.parse_args(argv)
+
+    device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("model_peers: --device cuda but CUDA is not available")
+    if device.type == "cuda" and args.reps < 20:
+        raise SystemExit("model_peers: issue 21 asks for the median of at least 20 replays")
+    names = (args.contenders or ("fold" if args.tiny else "fold,protenix,boltz,openfold"))
+    names = [n.strip() for n in names.split(",")]
+    unknown = set(names) - {"fold", *pb.PEERS}
+    if unknown:
+        raise SystemExit(f"--contenders: unknown {sorted(unknown)}")
+    args.modes = tuple(m.strip() for m in args.modes.split(","))
+    if set(args.modes) - set(MODES):
+        raise SystemExit(f"--modes: choose from {MODES}")
+    kernel_settings = [{"on": True, "off": False}[k.strip()] for k in args.kernels.split(",")]
+    args.fold_dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    args.peer_dtype = torch.float32 if (args.peer_weights == "fp32" or device.type != "cuda") \
+        else torch.bfloat16
+    if args.protenix_layernorm is None:  # .whl/setup.sh sets the env after its build
+        args.protenix_layernorm = os.environ.get("PEERS_PROTENIX_LAYERNORM") or (
+            "fast_layernorm" if device.type == "cuda" else "torch")
+    shapes = parse_rows(args.blocks) if args.blocks else (TINY_ROWS if args.tiny else ROWS)
+
+    backends = ensure_kernels(device, needed=device.type == "cuda")
+    meta = {"device": device_name(device),
+            "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+            "versions": _versions(names), "fold_attention_backends": backends,
+            "fold_dtype": str(args.fold_dtype), "peer_weights": str(args.peer_dtype),
+            "protenix_layernorm": args.protenix_layernorm,
+            "protenix_layernorm_build_error": os.environ.get("PEERS_PROTENIX_LAYERNORM_ERROR"),
+            "warmup": args.warmup,
+            "reps": args.reps, "modes": list(args.modes), "tiny": args.tiny,
+            "graphs": "CUDA-graph replay" if device.type == "cuda"
+            else "no graphs on CPU: the graph modes run the same step eagerly"}
+    print(json.dumps(meta), flush=True)
+    sizes = pb.fold_sizes(args.tiny)
+    rows: list[dict[str, Any]] = []
+    if args.append and args.out is not None and args.out.exists():
+        rows = json.loads(args.out.read_text())["rows"]
+        print(f"--append: {len(rows)} rows from {args.out}", flush=True)
+    done = {_key(r) for r in rows if "error" not in r and not r.get("errors")}
+    for shape in shapes:
+        for name, kernels in contenders(names, shape, kernel_settings):
+            key = (shape.block, shape.n, shape.n_seq, shape.samples, name,
+                   "-" if kernels is None else ("on" if kernels else "off"))
+            if key in done:
+                continue
+            rows = [r for r in rows if _key(r) != key]  # a new try replaces a failed one
+            row = run_one(name, kernels, shape, sizes, device, args)
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+            if args.out is not None:
+                save(args.out, meta, rows, args.modes)
+    print(markdown(meta, rows, args.modes), flush=True)
+    return rows
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""Multi-GPU benchmarks of fold-parallel (DAP, DAO, BP), run under torchrun."""

@@ -1,0 +1,1 @@
+"""One-off development tools: profiles, op censuses, launch-configuration sweeps."""

@@ -1,0 +1,238 @@
+"""``fold-train predict`` with CUDA graphs on and off (issue 20 section 2): wall time per recycling
+iteration (AF2, a 1024-residue chain) and per trunk pass / diffusion step (AF3, a 768-token
+protein), in one process on one GPU.
+
+Drives the functions ``fold-train predict`` calls: a checkpoint with random weights written by
+fold-train's ``save_checkpoint`` and read back by ``load_trained_model`` (the CLI's loader), the
+input featurized from files as the CLI does (AF2: a FASTA and an a3m MSA through
+``make_raw_features``; AF3: an AlphaFold3 input JSON through ``make_af3_inputs``), then
+``predict_structure`` / ``predict_af3`` with a predictor whose ``timing`` records each replayed
+piece (device synchronized around it). Each configuration runs twice; the second run is timed
+(the first captures the graphs and autotunes the kernels).
+
+    source benchmarks/gpu_setup.sh
+    python -m benchmarks.train.predict_graphs --out-dir benchmarks/results/train   # one H100
+    python -m benchmarks.train.predict_graphs --tiny --device cpu --out-dir /tmp/pg  # smoke (CPU)
+
+On CPU (``--tiny``) "graphs on" uses ``EagerCapture`` (fold-train's CPU stand-in for a capture):
+the smoke test checks the plumbing, not the speed. Writes ``predict_graphs.json`` and
+``predict_graphs.md`` (atomically) in ``--out-dir``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from benchmarks.common.machine import versions
+from benchmarks.common.results import REPO, RESULTS, write_atomic
+
+AMINO = "ACDEFGHIKLMNPQRSTVWY"
+
+
+def _checkpoint(preset: str, overrides: list[str], path: Path) -> Path:
+    """A fold-train checkpoint of ``preset`` with random (seeded) weights, as the CLI reads it."""
+    from fold_train.checkpoint import save_checkpoint
+    from fold_train.config import apply_overrides
+    from fold_train.config import preset as get_preset
+    from fold_train.family import model_family
+
+    cfg = apply_overrides(get_preset(preset), overrides)
+    torch.manual_seed(0)
+    mc = cfg.model_config()
+    model = model_family(cfg.family, mc).build_model(mc)
+    state = {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
+    return save_checkpoint(path, {"format": "fold-train/1", "config": cfg.to_dict(),
+                                  "model": state, "optimizer": {}})
+
+
+def _sequence(n: int, seed: int) -> str:
+    rng = np.random.default_rng(seed)
+    return "".join(AMINO[i] for i in rng.integers(0, 20, n))
+
+
+def _af2_files(n_res: int, n_msa: int, folder: Path) -> tuple[Path, Path]:
+    """A FASTA of ``n_res`` random residues and an a3m of ``n_msa`` rows mutated from it."""
+    rng = np.random.default_rng(1)
+    query = _sequence(n_res, 0)
+    rows = [query]
+    for _ in range(n_msa - 1):
+        row = np.array(list(query))
+        hit = rng.random(n_res) < 0.3
+        row[hit] = [AMINO[i] for i in rng.integers(0, 20, hit.sum())]
+        row[rng.random(n_res) < 0.05] = "-"
+        rows.append("".join(row))
+    fasta = folder / "query.fasta"
+    fasta.write_text(f">query\n{query}\n")
+    a3m = folder / "query.a3m"
+    a3m.write_text("".join(f">row{i}\n{r}\n" for i, r in enumerate(rows)))
+    return fasta, a3m
+
+
+def _summary(times: list[float]) -> dict:
+    return {"n": len(times), "median_s": statistics.median(times), "min_s": min(times),
+            "mean_s": statistics.fmean(times)}
+
+
+def _predictor_kwargs(graphs: bool, device: torch.device) -> dict:
+    if graphs and device.type != "cuda":
+        from fold_train.cuda_graphs import EagerCapture
+
+        return {"backend": EagerCapture()}  # CPU smoke: the capture's stand-in
+    return {"cuda_graphs": graphs}
+
+
+def bench_af2(device: torch.device, tiny: bool, folder: Path, chunk_size: int | None) -> list:
+    from fold_train.predict import load_trained_model, make_raw_features, predict_structure
+    from fold_train.predict_graphs import AF2Predictor
+
+    if tiny:
+        preset, overrides, n_res, n_msa = "tiny", ["data.n_res=24", "data.n_clust=6",
+                                                   "data.n_extra=8"], 40, 16
+    else:
+        preset, overrides, n_res, n_msa = "af2_initial", [], 1024, 512
+    ckpt = _checkpoint(preset, overrides, folder / "af2.ckpt")
+    model, cfg = load_trained_model(ckpt, device)
+    if chunk_size:
+        model.set_chunk_size(chunk_size)
+    fasta, a3m = _af2_files(n_res, n_msa, folder)
+    _, raw, _ = make_raw_features(fasta=fasta, msas=[a3m])
+    rows = []
+    for graphs in (False, True):
+        predictor = AF2Predictor(model, device, precision=cfg.precision, timing=True,
+                                 **_predictor_kwargs(graphs, device))
+        t0 = time.perf_counter()
+        predict_structure(model, raw, cfg.data_preset(), device=device,
+                          precision=cfg.precision, predictor=predictor)  # captures, autotunes
+        first = time.perf_counter() - t0
+        predictor.timings.clear()
+        t0 = time.perf_counter()
+        pred = predict_structure(model, raw, cfg.data_preset(), device=device,
+                                 precision=cfg.precision, predictor=predictor)
+        total = time.perf_counter() - t0
+        if not np.isfinite(pred.positions).all():
+            raise FloatingPointError("AF2 prediction is not finite")
+        rows.append({"family": "af2", "preset": preset, "n_res": n_res, "graphs": graphs,
+                     "precision": cfg.precision, "bucket": dict(predictor.buckets[-1][0]),
+                     "first_call_s": first, "total_s": total,
+                     "recycle": _summary(predictor.timings["recycle"]),
+                     "mean_plddt": float(pred.plddt.mean())})
+        del predictor
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    return rows
+
+
+def bench_af3(device: torch.device, tiny: bool, folder: Path, steps: int) -> list:
+    from fold_data.af3 import Ccd
+    from fold_train.predict import load_trained_model
+    from fold_train.predict_af3 import make_af3_inputs, predict_af3
+    from fold_train.predict_graphs import AF3Predictor
+
+    if tiny:
+        preset, n_token, samples = "af3_tiny", 30, 2
+    else:
+        preset, n_token, samples = "af3", 768, 5
+    ckpt = _checkpoint(preset, [], folder / "af3.ckpt")
+    model, cfg = load_trained_model(ckpt, device, family="af3")
+    doc = {"name": "bench", "modelSeeds": [0], "dialect": "alphafold3", "version": 4,
+           "sequences": [{"protein": {"id": "A", "sequence": _sequence(n_token, 2)}}]}
+    source = folder / "bench.json"
+    source.write_text(json.dumps(doc))
+    ccd = Ccd([REPO / "data" / "demo" / "af3" / "ccd.cif"], use_biotite=False)
+    _, raw = make_af3_inputs(source, ccd)
+    rows = []
+    for graphs in (False, True):
+        predictor = AF3Predictor(model, device, precision=cfg.precision, timing=True,
+                                 **_predictor_kwargs(graphs, device))
+        run = dict(seed=0, device=device, precision=cfg.precision, no_samples=samples,
+                   no_steps=steps, predictor=predictor)
+        t0 = time.perf_counter()
+        predict_af3(model, raw, **run)
+        first = time.perf_counter() - t0
+        predictor.timings.clear()
+        t0 = time.perf_counter()
+        pred = predict_af3(model, raw, **run)
+        total = time.perf_counter() - t0
+        rows.append({"family": "af3", "preset": preset, "n_token": n_token,
+                     "n_atom": int(len(raw["atom_to_token"])), "samples": samples,
+                     "sampler_steps": steps, "graphs": graphs, "precision": cfg.precision,
+                     "bucket": dict(predictor.buckets[-1][0]), "first_call_s": first,
+                     "total_s": total,
+                     "trunk_cycle": _summary(predictor.timings["trunk_cycle"]),
+                     "sampler_step": _summary(predictor.timings["sampler_step"]),
+                     "mean_plddt": float(pred.plddt.mean())})
+        del predictor
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    return rows
+
+
+def to_markdown(result: dict) -> str:
+    lines = [f"# fold-train predict: CUDA graphs on / off ({result['device']})", "",
+             f"torch {result['torch']}, triton {result['triton']}, {result['date']}. Median wall "
+             "time of each replayed piece in the second (timed) prediction; the first "
+             "prediction captures the graphs.", "",
+             "| input | graphs | bucket | per recycle / trunk pass (ms) | per diffusion step "
+             "(ms) | whole prediction (s) | first call (s) |",
+             "|---|---|---|---|---|---|---|"]
+    for r in result["rows"]:
+        if r["family"] == "af2":
+            what = f"AF2 {r['preset']}, {r['n_res']} residues"
+            cyc, step = r["recycle"]["median_s"] * 1e3, None
+        else:
+            what = (f"AF3 {r['preset']}, {r['n_token']} tokens / {r['n_atom']} atoms, "
+                    f"{r['samples']} samples x {r['sampler_steps']} steps")
+            cyc, step = r["trunk_cycle"]["median_s"] * 1e3, r["sampler_step"]["median_s"] * 1e3
+        bucket = ", ".join(f"{k} {v}" for k, v in r["bucket"].items())
+        lines.append(f"| {what} | {'on' if r['graphs'] else 'off'} | {bucket} | {cyc:.1f} | "
+                     f"{'' if step is None else f'{step:.2f}'} | {r['total_s']:.2f} | "
+                     f"{r['first_call_s']:.2f} |")
+    for fam, key in (("af2", "recycle"), ("af3", "trunk_cycle"), ("af3", "sampler_step")):
+        pair = {r["graphs"]: r[key]["median_s"] for r in result["rows"] if r["family"] == fam}
+        if len(pair) == 2:
+            lines.append(f"\n{fam.upper()} {key}: graphs on / off = "
+                         f"{pair[True] / pair[False]:.3f}")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--tiny", action="store_true", help="tiny presets and inputs (CPU smoke)")
+    p.add_argument("--out-dir", default=str(RESULTS / "train"))
+    p.add_argument("--only", choices=("af2", "af3"), help="one family only")
+    p.add_argument("--sampler-steps", type=int, default=None,
+                   help="AF3 EDM steps (default 50; 3 with --tiny): the per-step time is the "
+                        "measurement, the step count only scales the total")
+    p.add_argument("--chunk-size", type=int, help="AF2 manual chunking (if 1024 residues do not "
+                                                  "fit unchunked)")
+    args = p.parse_args(argv)
+    device = torch.device(args.device)
+    if args.tiny:
+        torch.set_num_threads(1)
+    out_dir = Path(args.out_dir)
+    steps = args.sampler_steps or (3 if args.tiny else 50)
+    result = {**versions(device), "tiny": args.tiny, "rows": []}
+    with tempfile.TemporaryDirectory() as tmp:
+        if args.only in (None, "af2"):
+            result["rows"] += bench_af2(device, args.tiny, Path(tmp), args.chunk_size)
+        if args.only in (None, "af3"):
+            result["rows"] += bench_af3(device, args.tiny, Path(tmp), steps)
+    write_atomic(out_dir / "predict_graphs.json", json.dumps(result, indent=2))
+    md = to_markdown(result)
+    write_atomic(out_dir / "predict_graphs.md", md)
+    print(md)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

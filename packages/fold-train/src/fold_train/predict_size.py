@@ -1,0 +1,74 @@
+"""``fold-train predict`` sizes its input before any feature is made: the data limits of
+:mod:`fold_data.limits` (tokens, atoms, MSA memory), then the device memory of
+:mod:`fold_train.memory_estimate`. An input that cannot fit is refused in a second, with the
+numbers and the options, instead of running until killed."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import torch
+from fold_data.errors import InputError
+from fold_data.limits import InputSize, SizeLimits, check_size, entry_size, sequence_size
+
+from fold_train.memory_estimate import af2_estimate, af3_estimate, budget_bytes, check_memory
+
+__all__ = ["check_af2_input", "check_af3_input"]
+
+_MORE_MEMORY = ("a device with more free memory (or, if more is free than measured, "
+                "--memory-limit BYTES)")
+
+
+def _af2_size(fasta, mmcif, chain, msas: Sequence) -> tuple[str, InputSize]:
+    """``(source, size)`` of an AF2 query: the first FASTA record, or the mmCIF's chain (parsed:
+    the file is sized first by ``parse_mmcif``)."""
+    if fasta is not None:
+        from fold_data.msa import parse_fasta
+
+        records = parse_fasta(Path(fasta))
+        if not records:
+            raise InputError(fasta, None, "expected at least one FASTA record")
+        description, sequence = records[0]
+        name = (description.split() or [Path(fasta).stem])[0]
+        return os.fspath(fasta), sequence_size(fasta, sequence, msas, name=name)
+    from fold_data.mmcif import parse_mmcif
+
+    if chain is None:
+        raise InputError(mmcif, None, "expected a chain ID (--chain) for an mmCIF input")
+    found = parse_mmcif(mmcif).get_chain(chain)
+    return os.fspath(mmcif), sequence_size(mmcif, found.sequence, msas, name=f"chain {chain}")
+
+
+def check_af2_input(*, fasta=None, mmcif=None, chain=None, msas: Sequence = (), model_config,
+                    data_preset, precision: str, device: torch.device | str,
+                    chunk_size: int | None = None, memory_limit: int | None = None,
+                    memory: Callable[[torch.device], int] | None = None,
+                    limits: SizeLimits | None = None) -> InputSize:
+    """Refuse an AF2 query over the data ``limits`` or the device's memory (``memory_limit``
+    bytes, else ``memory(device)``: the free memory); returns its size."""
+    source, size = _af2_size(fasta, mmcif, chain, msas)
+    check_size(size, limits, record="query")
+    est = af2_estimate(size.n_tokens, model_config, data_preset, precision=precision,
+                       chunk_size=chunk_size)
+    check_memory(est, budget_bytes(device, memory_limit, memory), source=source,
+                 device=str(device), options=[_MORE_MEMORY, "crop the query (predict a domain: "
+                                              "fewer residues)"])
+    return size
+
+
+def check_af3_input(entry, ccd, *, model_config, precision: str, device: torch.device | str,
+                    no_samples: int | None = None, memory_limit: int | None = None,
+                    memory: Callable[[torch.device], int] | None = None,
+                    limits: SizeLimits | None = None) -> InputSize:
+    """Refuse an AF3 entry (parsed, not featurised) over the data ``limits`` or the device's
+    memory; returns its size."""
+    size = entry_size(entry, ccd)
+    check_size(size, limits, record=entry.name)
+    est = af3_estimate(size, model_config, precision=precision, no_samples=no_samples)
+    check_memory(est, budget_bytes(device, memory_limit, memory), source=size.source,
+                 device=str(device), options=[
+                     "fewer diffusion samples (--samples 1)", _MORE_MEMORY,
+                     f"crop the input (fewer chains or residues: {size.describe()})"])
+    return size

@@ -1,0 +1,83 @@
+"""The peers benchmark (benchmarks/model/peers.py) runs end to end on CPU in its tiny mode (fold
+alone), and a peer that is missing or fails gets its error text in its row, never a number."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+
+from benchmarks.model import peers
+
+
+def test_tiny_fold_rows_and_results_files(tmp_path):
+    out = tmp_path / "res" / "peers.json"
+    rows = peers.main(["--device", "cpu", "--tiny", "--reps", "1", "--warmup", "0",
+                       "--out", str(out)])
+    assert [(r["block"], r["contender"]) for r in rows] == [
+        ("evoformer", "fold"), ("pairformer", "fold"), ("diffusion", "fold")]
+    for r in rows:
+        assert not r["errors"] and "error" not in r
+        assert all(math.isfinite(r[f"{m}_ms"]) and r[f"{m}_ms"] > 0 for m in peers.MODES)
+    doc = json.loads(out.read_text())
+    assert doc["rows"] == rows and doc["meta"]["versions"]["torch"] == torch.__version__
+    # no peer ran: every ratio names none and carries no number
+    assert len(doc["ratios"]) == 3 * len(peers.MODES)
+    assert all(e["best_peer"] is None and e["fold_over_peer"] is None for e in doc["ratios"])
+    table = out.with_suffix(".md").read_text()
+    assert table.count("| fold this tree |") == 3 and "none measured" in table
+
+
+def test_missing_peer_row_has_error_not_numbers(monkeypatch):
+    monkeypatch.setitem(peers.pb.PEERS, "boltz",
+                        ("no-such-distribution-fold-test",) + peers.pb.PEERS["boltz"][1:])
+    rows = peers.main(["--device", "cpu", "--tiny", "--reps", "1", "--warmup", "0",
+                       "--contenders", "fold,boltz", "--blocks", "diffusion:13x3",
+                       "--modes", "fwd_eager"])
+    fold, boltz = rows
+    assert fold["contender"] == "fold" and fold["fwd_eager_ms"] > 0
+    assert boltz["contender"] == "boltz" and boltz["error"].startswith("not installed")
+    assert not any(k.endswith("_ms") for k in boltz)
+    ratio = peers.ratios(rows, ("fwd_eager",))[0]
+    assert ratio["best_peer"] is None and ratio["peer_ms"] is None
+
+
+def test_failing_forward_records_error():
+    def broken():
+        raise RuntimeError("kernel exploded")
+
+    case = peers.pb.Case(torch.nn.Linear(2, 2), (torch.zeros(1, 2, requires_grad=True),), broken)
+    res = peers.measure(case, torch.device("cpu"), peers.MODES, 0, 1)
+    assert res == {"error": "forward failed: RuntimeError: kernel exploded"}
+
+
+def test_output_gradients_same_values_whatever_the_layout():
+    a = torch.zeros(1, 3, 4, 5, dtype=torch.bfloat16)
+    b = torch.zeros(3, 4, 5, dtype=torch.float32)
+    (ga,), (gb,) = peers.output_grads((a,)), peers.output_grads((b,))
+    assert ga.dtype == torch.bfloat16 and gb.dtype == torch.float32
+    assert ga.shape == a.shape and gb.shape == b.shape
+    torch.testing.assert_close(ga.float().reshape(-1), gb.bfloat16().float().reshape(-1))
+    assert gb.abs().sum() > 0
+
+
+def test_block_spec_parsing():
+    shapes = peers.parse_rows("evoformer:128x256,pairformer:384,diffusion:768x48")
+    assert shapes == [peers.pb.Shape("evoformer", 256, n_seq=128),
+                      peers.pb.Shape("pairformer", 384),
+                      peers.pb.Shape("diffusion", 768, samples=48)]
+    with pytest.raises(SystemExit):
+        peers.parse_rows("msa:12")
+
+
+def test_append_keeps_measured_rows(tmp_path):
+    out = tmp_path / "peers.json"
+    common = ["--device", "cpu", "--tiny", "--reps", "1", "--warmup", "0", "--modes",
+              "fwd_eager", "--out", str(out)]
+    first = peers.main(common + ["--blocks", "pairformer:13"])
+    rows = peers.main(common + ["--append", "--blocks", "pairformer:13,diffusion:13x3"])
+    assert [r["block"] for r in rows] == ["pairformer", "diffusion"]
+    assert rows[0] == first[0]  # kept, not measured again
+    assert json.loads(out.read_text())["rows"] == rows
