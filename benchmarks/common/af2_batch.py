@@ -66,3 +66,13 @@ def synthetic_batch(n_res: int, n_clust: int, n_extra: int, n_templ: int, r: int
     move = lambda d: {k: v.to(device) for k, v in d.items()}  # noqa: E731
     return move(batch), move(truth)
 
+
+def training_batch(sizes: dict, device: torch.device) -> dict[str, torch.Tensor]:
+    """``synthetic_batch`` in the Trainer's layout: features and ground truth with
+    the recycling dimension ``[1, R, ...]`` (the truth the same for every pass)."""
+    batch, truth = synthetic_batch(**sizes, device=device)
+    r = sizes["r"]
+    for k, v in truth.items():
+        if k not in batch:
+            batch[k] = v[:, None].expand(v.shape[0], r, *v.shape[1:]).contiguous()
+    return batch

@@ -7,12 +7,16 @@ HelixFold hybrid parallelism).
 
 Workloads
 ---------
-* ``train``: one full AF2 training step (``fold_model.af2.AlphaFold2``: 4 recycling passes, 3
-  without gradients; template and extra MSA stacks, structure module, AF2 loss; backward, gradient
-  average over the layout's ranks, Adam step), bf16 autocast, per-block activation checkpointing,
-  the batch of ``benchmarks/common/af2_batch.py``. Shapes: ``finetune`` (N_res 384, N_seq 512,
-  N_extra 5120, preset ``af2_finetune``) and ``initial`` (256, 128, 1024, ``af2_initial``). Median
-  of ``--reps`` steps after one warm-up step; peak memory of every GPU of the layout.
+* ``train``: one full AF2 training step of ``fold_train.Trainer`` (``Trainer.run_steps``, the
+  steps of ``fold-train train``): 4 recycling passes, 3 without gradients; template and extra MSA
+  stacks, structure module, AF2 loss; backward, the Trainer's gradient average over the layout's
+  ranks, its flat Adam + clipping + EMA. Each row is a ``TrainConfig``: the training preset of the
+  shape with the row's options (in the JSON as ``preset`` and ``overrides``: bf16 autocast on GPU,
+  per-block activation checkpointing, the layout's block order, ``dap``, ``bp``, ``dao``), the
+  Trainer applying DAP/BP itself; the batch of ``benchmarks/common/af2_batch.py`` in the
+  Trainer's layout (``training_batch``). Shapes: ``finetune`` (N_res 384, N_seq 512, N_extra
+  5120, preset ``af2_finetune``) and ``initial`` (256, 128, 1024, ``af2_initial``). Median of
+  ``--reps`` steps after one warm-up step; peak memory of every GPU of the layout.
 * ``inference``: the 48-block Evoformer stack forward without gradients, bf16, N_seq 128, at
   N_res 4096 and 3072, chunked (``--chunk-size``, fold-model's ``set_chunk_size``). Before the
   timed passes a 2-block copy of the stack runs twice (warm-up, then timed): that per-block time
@@ -26,11 +30,11 @@ Operations on), ``bp2`` (Parallel Evoformer order; BP on the Evoformer and extra
 ``bp2_dapN[_dao]`` (BP-2 x DAP-N: rank = bp_index * N + dap_index, as ``fold_parallel.
 build_groups`` lays ranks out), ``single_parallel`` (one GPU, Parallel Evoformer order: the
 same-order baseline of the BP layouts). DAP covers the Evoformer, extra MSA and template pair
-stacks. A layout on k < W ranks runs on ranks 0..k-1 while the others wait: ``build_groups``
-requires dp x bp x dap == world size, so :func:`layout_groups` creates the same groups (same rank
-formula, ``ParallelConfig.rank_of``) on the first k ranks, every rank calling ``new_group`` in the
-same order (a collective), cached per rank set. Idle ranks wait on a gloo group with a long
-timeout (``--wait-timeout-s``), not on NCCL, so a long one-GPU run cannot trip the NCCL watchdog.
+stacks. A layout on k < W ranks runs on ranks 0..k-1 while the others wait:
+``fold_train.distributed.layout_context`` builds fold-parallel's groups (``build_groups`` with
+``subset=True``: same rank formula) on the first k ranks, every rank calling it in the same order
+(a collective), once per layout shape. Idle ranks wait on a gloo group with a long timeout
+(``--wait-timeout-s``), not on NCCL, so a long one-GPU run cannot trip the NCCL watchdog.
 
 Rows run in order of importance (the goals' layouts first, the DAO variants and the same-order
 baseline last; inference: DAP at 4096 first, one GPU last) so that a run stopped by a time limit
@@ -73,6 +77,7 @@ import datetime
 import gc
 import json
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -83,25 +88,17 @@ import torch
 import torch.distributed as dist
 from fold_model.af2 import config
 from fold_model.af2.evoformer import EvoformerStack
-from fold_parallel import (
-    Collectives,
-    DapComm,
-    ParallelConfig,
-    enable_bp,
-    enable_dap,
-    init_distributed,
-    sync_gradients,
-)
+from fold_parallel import DapComm, enable_dap, init_distributed
+from fold_train.config import apply_overrides, preset
+from fold_train.distributed import DistContext, layout_context
+from fold_train.loop import Trainer
 
-from benchmarks.common.af2_batch import synthetic_batch
+from benchmarks.common.af2_batch import training_batch
 from benchmarks.common.machine import device_name, triton_version
 from benchmarks.common.parallel import (
     autocast_bf16,
     evoformer_inputs,
     guard_oom,
-    has_branches,
-    make_train_step,
-    model_stacks,
     sync,
     timed,
 )
@@ -200,102 +197,60 @@ REFERENCE_NOTES = [
 ]
 
 
-# ----------------------------------------------------------------------------- groups
+# ----------------------------------------------------------------------------- layouts
 
 
-@dataclass
-class LayoutGroups:
-    """This rank's groups for a layout (``None`` when the rank is not in the layout)."""
-
-    dap_group: dist.ProcessGroup | None
-    bp_group: dist.ProcessGroup | None
-    model_group: dist.ProcessGroup | None
+_CONTEXTS: dict[tuple[int, int], DistContext | None] = {}
 
 
-_GROUPS: dict[tuple[int, ...], dist.ProcessGroup] = {}
-
-
-def _group(ranks: list[int]) -> dist.ProcessGroup:
-    """``new_group(ranks)``, once per rank set (every rank must ask for the same sets in the same
-    order: group creation is collective over the world)."""
-    key = tuple(ranks)
-    if key not in _GROUPS:
-        _GROUPS[key] = dist.new_group(list(key))
-    return _GROUPS[key]
-
-
-def layout_groups(layout: Layout) -> LayoutGroups | None:
-    """DAP, BP and model groups of ``layout`` on world ranks 0 .. bp*dap-1, with
-    ``fold_parallel.build_groups``'s rank formula (DAP fastest, then BP) for dp = 1. Every rank
-    calls this (group creation is collective); ranks outside the layout get ``None``."""
-    cfg = ParallelConfig(dp=1, bp=layout.bp, dap=layout.dap)
-    rank = dist.get_rank()
-    mine: dict[str, dist.ProcessGroup] = {}
-    if layout.dap > 1:
-        for b in range(cfg.bp):
-            ranks = [cfg.rank_of(0, b, a) for a in range(cfg.dap)]
-            if rank in ranks:
-                mine["dap"] = _group(ranks)
-            else:
-                _group(ranks)
-    if layout.bp > 1:
-        for a in range(cfg.dap):
-            ranks = [cfg.rank_of(0, b, a) for b in range(cfg.bp)]
-            if rank in ranks:
-                mine["bp"] = _group(ranks)
-            else:
-                _group(ranks)
-    model_ranks = list(range(layout.ranks))
-    model = _group(model_ranks) if layout.ranks > 1 else None
-    if rank not in model_ranks:
-        return None
-    return LayoutGroups(mine.get("dap"), mine.get("bp"), model)
+def context_of(world: DistContext, layout: Layout) -> DistContext | None:
+    """This rank's fold-train context of ``layout`` on world ranks 0 .. bp*dap-1 (``None`` outside
+    it), built once per (bp, dap): every rank asks for the same layouts in the same order, so the
+    collective group creation matches on all of them."""
+    key = (layout.bp, layout.dap)
+    if key not in _CONTEXTS:
+        _CONTEXTS[key] = layout_context(world, layout.ranks, dap=layout.dap, bp=layout.bp)
+    return _CONTEXTS[key]
 
 
 # ----------------------------------------------------------------------------- workloads
 
 
-def _parallelize(layout: Layout, groups: LayoutGroups, stacks: list[torch.nn.Module]) -> None:
-    """DAP over ``groups.dap_group`` on every stack, BP over ``groups.bp_group`` on the stacks
-    with Parallel Evoformer blocks."""
-    if layout.dap > 1:
-        comm = DapComm(groups.dap_group, overlap_forward=layout.dao, overlap_backward=layout.dao)
-        for s in stacks:
-            enable_dap(s, comm, check_shapes=False)
-    if layout.bp > 1:
-        coll = Collectives(groups.bp_group, name="BP group")
-        for s in stacks:
-            if has_branches(s):
-                enable_bp(s, coll)
+def train_overrides(args, layout: Layout, device: torch.device) -> list[str]:
+    """The fold-train options of a training row (``torchrun ... fold-train train --preset P``
+    with these trains with the same step)."""
+    return [
+        # bf16 autocast on GPU; the CPU smoke run stays fp32
+        "precision=" + ("bf16" if device.type == "cuda" else "fp32"),
+        "activation_checkpointing=true", f"model.block_order={layout.order}",
+        f"dap={layout.dap}", f"bp={layout.bp}", f"dao={str(layout.dao).lower()}",
+        "loader_workers=0",
+        *([] if args.smoke or not args.blocks else [f"model.evoformer.no_blocks={args.blocks}"]),
+    ]
+
+
+def train_preset(args, shape: str) -> str:
+    return "tiny" if args.smoke else PRESETS[shape]
 
 
 def train_row(args, device: torch.device, shape: str, layout: Layout,
-              groups: LayoutGroups) -> dict:
-    """Time one full AF2 training step of ``layout`` at ``shape`` on this rank."""
-    from fold_model.af2 import AlphaFold2
-    from fold_model.af2.loss import AlphaFold2Loss
-
+              ctx: DistContext) -> dict:
+    """Time ``fold_train.Trainer`` steps of ``layout`` at ``shape`` on this rank."""
     sizes = (SMOKE["train_sizes"] if args.smoke else TRAIN_SIZES)[shape]
-    preset = "tiny" if args.smoke else PRESETS[shape]
-    cfg = config(preset, block_order=layout.order, checkpoint_blocks=True)
-    if not args.smoke and args.blocks:
-        cfg.evoformer.no_blocks = args.blocks
-    torch.manual_seed(0)  # same parameters and dropout stream on every rank of the layout
-    model = AlphaFold2(cfg).to(device).train()
-    _parallelize(layout, groups, model_stacks(model, template=layout.dap > 1))
-    loss_fn = AlphaFold2Loss(cfg.loss)
-    batch, truth = synthetic_batch(**sizes, device=device)
-    opt = torch.optim.Adam(model.parameters(), lr=1e-4)
-    sync_grads = None
-    if groups.model_group is not None:
-        sync_grads = lambda: sync_gradients(model, groups.model_group)  # noqa: E731
-    step = make_train_step(model, loss_fn, batch, truth, opt, device, sync_grads)
-    ms, peak, host_ms, syncs = timed(step, device, args.reps, count_syncs=args.count_syncs)
+    cfg = apply_overrides(preset(train_preset(args, shape)), train_overrides(args, layout, device))
+    batch = training_batch(sizes, device)
+    with tempfile.TemporaryDirectory(prefix="parallel_scaling_") as run_dir:  # stays empty
+        trainer = Trainer(cfg, run_dir, None, ctx=ctx, progress=False)
+
+        def step() -> None:  # N_cycle = R: R - 1 passes without gradients, one with
+            trainer.run_steps([batch], n_cycle=sizes["r"])
+
+        ms, peak, host_ms, syncs = timed(step, device, args.reps, count_syncs=args.count_syncs)
     return {"ms": ms, "peak_mib": peak, "host_ms": host_ms, "host_syncs": syncs}
 
 
 def inference_row(args, device: torch.device, n_res: int, layout: Layout,
-                  groups: LayoutGroups) -> dict:
+                  ctx: DistContext) -> dict:
     """Time the Evoformer stack forward (no grad) of ``layout`` at ``n_res`` on this rank, after a
     2-block probe whose per-block time gives the row's estimate (skipped over the budget)."""
     n_seq = SMOKE["infer_n_seq"] if args.smoke else INFER_N_SEQ
@@ -307,7 +262,10 @@ def inference_row(args, device: torch.device, n_res: int, layout: Layout,
         torch.manual_seed(0)
         stack = EvoformerStack(cfg, layout.order).to(device).eval()
         stack.set_chunk_size(args.chunk_size)
-        _parallelize(layout, groups, [stack])
+        if layout.dap > 1:  # the inference layouts are DAP only
+            comm = DapComm(ctx.groups.dap_group, overlap_forward=layout.dao,
+                           overlap_backward=layout.dao)
+            enable_dap(stack, comm, check_shapes=False)
         return stack
 
     n_blocks = config("tiny" if args.smoke else "af2_initial").evoformer.no_blocks
@@ -329,7 +287,7 @@ def inference_row(args, device: torch.device, n_res: int, layout: Layout,
     run(probe)()
     sync(device)
     per_block_s = (time.perf_counter() - t0) / probe_blocks
-    estimate_s = _agree_max(per_block_s * n_blocks * reps, groups, device)
+    estimate_s = _agree_max(per_block_s * n_blocks * reps, ctx, device)
     del probe
     if estimate_s > args.inference_budget_s:
         return {"status": f"skipped: estimate {estimate_s:.0f} s > --inference-budget-s "
@@ -344,12 +302,12 @@ def _infer_inputs(args, n_res: int, n_seq: int, device: torch.device):
     return evoformer_inputs(cfg, n_res, n_seq, device, grad=False)
 
 
-def _agree_max(value: float, groups: LayoutGroups, device: torch.device) -> float:
+def _agree_max(value: float, ctx: DistContext, device: torch.device) -> float:
     """The largest ``value`` over the layout's ranks (so that they all skip or all run)."""
-    if groups.model_group is None:
+    if not ctx.distributed:
         return value
     t = torch.tensor([value], dtype=torch.float64, device=device)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=groups.model_group)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=ctx.group)
     return float(t.item())
 
 
@@ -422,6 +380,8 @@ def markdown(results: dict) -> str:
             f"## Training step, {shape} (N_res {s['n_res']}, N_seq {s['n_clust']}, N_extra "
             f"{s['n_extra']}, {s['n_templ']} templates, {s['r']} recycling passes; median of "
             f"{s['reps']})", "",
+            f"Steps of `fold_train.Trainer`, training preset `{s.get('preset', '-')}` with each "
+            "row's `overrides` (JSON).", "",
             "| layout | GPUs | ms | peak MiB (max GPU) | peak MiB per GPU | speedup vs 1 GPU "
             "| vs same-order 1 GPU | published | goal | status |",
             "|---|---|---|---|---|---|---|---|---|---|",
@@ -462,17 +422,18 @@ class Runner:
     """Runs each row on its layout's ranks while the others wait, and (rank 0) keeps ``--out``
     and its markdown up to date after every row."""
 
-    def __init__(self, args, device: torch.device, control: dist.ProcessGroup,
+    def __init__(self, args, world: DistContext, control: dist.ProcessGroup,
                  results: dict) -> None:
-        self.args, self.device, self.control, self.results = args, device, control, results
+        self.args, self.world, self.control, self.results = args, world, control, results
+        self.device = world.device
 
     def row(self, section: str, shape: str, layout: Layout,
-            fn: Callable[[LayoutGroups], dict], extra: dict | None = None) -> None:
-        groups = layout_groups(layout)  # collective: every rank
+            fn: Callable[[DistContext], dict], extra: dict | None = None) -> None:
+        ctx = context_of(self.world, layout)  # collective: every rank
         t0 = time.perf_counter()
         result = None
-        if groups is not None:
-            result = guard_oom(lambda: fn(groups), self.device)
+        if ctx is not None:
+            result = guard_oom(lambda: fn(ctx), self.device)
             result = {"status": "OOM"} if result == "OOM" else result
         gc.collect()
         if self.device.type == "cuda":
@@ -606,15 +567,16 @@ def main(argv: list[str] | None = None) -> dict:
             + " ".join(sys.argv[1:] if argv is None else argv)],
         "references": REFERENCE_NOTES,
     })
-    runner = Runner(args, device, control, results)
+    runner = Runner(args, DistContext(rank, world, device, None), control, results)
 
     if args.only in (None, "train"):
         for shape in args.shapes:
             for layout in _selected(TRAIN_LAYOUTS, args.layouts, world):
                 sizes = (SMOKE["train_sizes"] if args.smoke else TRAIN_SIZES)[shape]
                 runner.row("train", shape, layout,
-                           lambda g, s=shape, lay=layout: train_row(args, device, s, lay, g),
-                           {"reps": args.reps, **sizes})
+                           lambda c, s=shape, lay=layout: train_row(args, device, s, lay, c),
+                           {"reps": args.reps, **sizes, "preset": train_preset(args, shape),
+                            "overrides": train_overrides(args, layout, device)})
     if args.only in (None, "inference"):
         desc = sorted(args.infer_n_res, reverse=True)
         plan = [(lay, n) for lay in _inference_layouts(args.layouts, world) if lay.ranks > 1
@@ -623,10 +585,10 @@ def main(argv: list[str] | None = None) -> dict:
         if args.layouts is None or "single" in args.layouts:
             plan += [(ALL_LAYOUTS["single"], n) for n in sorted(args.infer_n_res)]
         for layout, n_res in plan:
-            def fn(g, lay=layout, n=n_res) -> dict:
+            def fn(c, lay=layout, n=n_res) -> dict:
                 if lay.ranks == 1 and args.skip_single_inference:
                     return {"status": "skipped: --skip-single-inference"}
-                return inference_row(args, device, n, lay, g)
+                return inference_row(args, device, n, lay, c)
 
             runner.row("inference", str(n_res), layout, fn,
                        {"reps": args.infer_reps, "chunk_size": args.chunk_size})

@@ -32,7 +32,7 @@ from torch.profiler import ProfilerActivity, profile
 from benchmarks.common.backends import ensure_kernels
 from benchmarks.common.machine import versions
 from benchmarks.common.results import write_atomic
-from benchmarks.tools.profile_block import build
+from benchmarks.common.targets import build
 
 TARGETS = ("evoformer:128,256", "pairformer:256", "pairformer:384")
 # Triton kernels are named by their @triton.jit functions (fold-kernels: a leading underscore).

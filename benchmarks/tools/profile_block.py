@@ -27,74 +27,10 @@ from pathlib import Path
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from benchmarks.common import blocks
 from benchmarks.common.backends import ensure_kernels
-from benchmarks.common.graphs import capture, grad_body
 from benchmarks.common.machine import device_name
 from benchmarks.common.results import write_atomic
-
-
-def _evoformer(n_seq: int, n_res: int, device, dtype):
-    from fold_model.af2 import config
-    from fold_model.af2.evoformer import make_block
-
-    cfg = config("af2_initial").evoformer
-    block = make_block(cfg, cfg.c_m, cfg.c_z, "af2").to(device=device, dtype=dtype).train()
-    g = torch.Generator(device="cpu").manual_seed(0)
-    m = torch.randn(1, n_seq, n_res, cfg.c_m, generator=g).to(device, dtype).requires_grad_()
-    z = torch.randn(1, n_res, n_res, cfg.c_z, generator=g).to(device, dtype).requires_grad_()
-    msa_mask = (torch.rand(1, n_seq, n_res, generator=g) > 0.05).to(device, dtype)
-    pair_mask = (torch.rand(1, n_res, n_res, generator=g) > 0.05).to(device, dtype)
-
-    def loss():
-        m_out, z_out = block(m, z, msa_mask, pair_mask)
-        return m_out.float().sum() + z_out.float().sum()
-    return loss, [m, z, *block.parameters()]
-
-
-def _af3_block(kind: str, n: int, samples: int, device, dtype):
-    block, args = blocks.build(kind, n, samples, False, device, dtype)
-    tensors = [a for a in args if isinstance(a, torch.Tensor)] + list(block.parameters())
-    return (lambda: blocks.loss(block, args)), tensors
-
-
-def _pairformer(n: int, device, dtype):
-    return _af3_block("pairformer", n, 1, device, dtype)
-
-
-def _diffusion(n: int, samples: int, device, dtype):
-    return _af3_block("diffusion_transformer", n, samples, device, dtype)
-
-
-def _attention(r: int, n: int, h: int, d: int, device, dtype):
-    from fold_model import ops
-
-    g = torch.Generator(device="cpu").manual_seed(0)
-    q, k, v = (torch.randn(1, r, h, n, d, generator=g).to(device, dtype).requires_grad_()
-               for _ in range(3))
-    bias = torch.randn(1, h, n, n, generator=g).to(device, dtype).requires_grad_()
-    mask = (torch.rand(1, r, n, generator=g) > 0.05).to(device)
-
-    def loss():
-        return ops.attention(q, k, v, bias, mask).float().square().mean()
-    return loss, [q, k, v, bias]
-
-
-def build(target: str, device, dtype, graphs: bool = False):
-    """The step of ``target``: eager forward + ``backward()``, or with ``graphs`` the replay of a
-    captured forward + backward (gradients as graph outputs, benchmarks/common/graphs.py)."""
-    kind, _, dims = target.partition(":")
-    sizes = [int(x) for x in dims.split(",")]
-    loss, tensors = {"evoformer": _evoformer, "pairformer": _pairformer,
-                     "diffusion": _diffusion, "attention": _attention}[kind](*sizes, device, dtype)
-    if graphs:
-        return capture(grad_body(loss, tensors), device)[0]
-
-    def step():
-        loss().backward()
-        for t in tensors:
-            t.grad = None
-    return step
+from benchmarks.common.targets import build
 
 
 def host_profile(step, top: int) -> str:

@@ -75,7 +75,7 @@ import torch
 from fold_train.config import apply_overrides, preset
 from fold_train.loop import Trainer
 
-from benchmarks.common.af2_batch import FULL, TINY, synthetic_batch
+from benchmarks.common.af2_batch import FULL, TINY, training_batch
 from benchmarks.common.backends import ensure_kernels
 from benchmarks.common.machine import versions
 from benchmarks.common.results import write_atomic
@@ -135,17 +135,6 @@ def overrides(sw: Switches, cuda: bool) -> list[str]:
             f"cuda_graphs={_flag(sw.cuda_graphs)}",
             f"compile_structure_module={_flag(sw.compile_sm)}", f"gc_off={_flag(sw.gc_off)}",
             "loader_workers=0"]
-
-
-def training_batch(sizes: dict, device: torch.device) -> dict[str, torch.Tensor]:
-    """``common.af2_batch.synthetic_batch`` in the Trainer's layout: features and ground truth with
-    the recycling dimension ``[1, R, ...]`` (the truth the same for every pass)."""
-    batch, truth = synthetic_batch(**sizes, device=device)
-    r = sizes["r"]
-    for k, v in truth.items():
-        if k not in batch:
-            batch[k] = v[:, None].expand(v.shape[0], r, *v.shape[1:]).contiguous()
-    return batch
 
 
 def make_trainer(sw: Switches, tiny: bool, device: torch.device, run_dir: str) -> Trainer:

@@ -43,12 +43,12 @@ def _checkpoint(preset: str, overrides: list[str], path: Path) -> Path:
     from fold_train.checkpoint import save_checkpoint
     from fold_train.config import apply_overrides
     from fold_train.config import preset as get_preset
-    from fold_train.family import model_family
+    from fold_train.families import make_family
 
     cfg = apply_overrides(get_preset(preset), overrides)
     torch.manual_seed(0)
     mc = cfg.model_config()
-    model = model_family(cfg.family, mc).build_model(mc)
+    model = make_family(cfg.model.family, mc).build_model(mc)
     state = {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
     return save_checkpoint(path, {"format": "fold-train/1", "config": cfg.to_dict(),
                                   "model": state, "optimizer": {}})
@@ -107,21 +107,22 @@ def bench_af2(device: torch.device, tiny: bool, folder: Path, chunk_size: int | 
     _, raw, _ = make_raw_features(fasta=fasta, msas=[a3m])
     rows = []
     for graphs in (False, True):
-        predictor = AF2Predictor(model, device, precision=cfg.precision, timing=True,
+        predictor = AF2Predictor(model, device, precision=cfg.system.precision, timing=True,
                                  **_predictor_kwargs(graphs, device))
         t0 = time.perf_counter()
         predict_structure(model, raw, cfg.data_preset(), device=device,
-                          precision=cfg.precision, predictor=predictor)  # captures, autotunes
+                          precision=cfg.system.precision,
+                          predictor=predictor)  # captures, autotunes
         first = time.perf_counter() - t0
         predictor.timings.clear()
         t0 = time.perf_counter()
         pred = predict_structure(model, raw, cfg.data_preset(), device=device,
-                                 precision=cfg.precision, predictor=predictor)
+                                 precision=cfg.system.precision, predictor=predictor)
         total = time.perf_counter() - t0
         if not np.isfinite(pred.positions).all():
             raise FloatingPointError("AF2 prediction is not finite")
         rows.append({"family": "af2", "preset": preset, "n_res": n_res, "graphs": graphs,
-                     "precision": cfg.precision, "bucket": dict(predictor.buckets[-1][0]),
+                     "precision": cfg.system.precision, "bucket": dict(predictor.buckets[-1][0]),
                      "first_call_s": first, "total_s": total,
                      "recycle": _summary(predictor.timings["recycle"]),
                      "mean_plddt": float(pred.plddt.mean())})
@@ -151,9 +152,9 @@ def bench_af3(device: torch.device, tiny: bool, folder: Path, steps: int) -> lis
     _, raw = make_af3_inputs(source, ccd)
     rows = []
     for graphs in (False, True):
-        predictor = AF3Predictor(model, device, precision=cfg.precision, timing=True,
+        predictor = AF3Predictor(model, device, precision=cfg.system.precision, timing=True,
                                  **_predictor_kwargs(graphs, device))
-        run = dict(seed=0, device=device, precision=cfg.precision, no_samples=samples,
+        run = dict(seed=0, device=device, precision=cfg.system.precision, no_samples=samples,
                    no_steps=steps, predictor=predictor)
         t0 = time.perf_counter()
         predict_af3(model, raw, **run)
@@ -164,7 +165,7 @@ def bench_af3(device: torch.device, tiny: bool, folder: Path, steps: int) -> lis
         total = time.perf_counter() - t0
         rows.append({"family": "af3", "preset": preset, "n_token": n_token,
                      "n_atom": int(len(raw["atom_to_token"])), "samples": samples,
-                     "sampler_steps": steps, "graphs": graphs, "precision": cfg.precision,
+                     "sampler_steps": steps, "graphs": graphs, "precision": cfg.system.precision,
                      "bucket": dict(predictor.buckets[-1][0]), "first_call_s": first,
                      "total_s": total,
                      "trunk_cycle": _summary(predictor.timings["trunk_cycle"]),

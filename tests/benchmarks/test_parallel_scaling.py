@@ -1,7 +1,8 @@
 """CPU gloo smoke run of ``benchmarks/parallel/scaling.py`` on 4 ranks (tiny sizes): every
 training layout that fits in 4 ranks at both shapes and every inference row runs to the end with
-finite timings, the result files are complete after the run, and a second call that re-measures
-one layout keeps the other rows."""
+finite timings (training: ``fold_train.Trainer`` steps with the layout's options), the result
+files are complete after the run, and a second call that re-measures one layout keeps the other
+rows."""
 
 from __future__ import annotations
 
@@ -41,6 +42,10 @@ def test_scaling_smoke(tmp_path):
         if not r["layout"].startswith("single"):
             assert math.isfinite(r["speedup_vs_1gpu"]) and r["speedup_vs_1gpu"] > 0, key
     assert rows[("train", "finetune", "bp2_dap2")]["reference"].startswith("HelixFold")
+    # training rows are fold-train Trainer steps of a TrainConfig: the layout is in its options
+    lay = rows[("train", "initial", "bp2_dap2_dao")]
+    assert lay["preset"] == "tiny"
+    assert {"dap=2", "bp=2", "dao=true", "model.block_order=parallel"} <= set(lay["overrides"])
     md = out.with_suffix(".md").read_text()
     assert "| bp2_dap2_dao | 4 |" in md and "## Long-sequence inference" in md
 

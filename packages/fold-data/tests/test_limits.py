@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 from fold_data.af3 import Ccd, make_features
-from fold_data.af3.inputs import parse_af3_json
+from fold_data.af3.parse import parse_af3_json
 from fold_data.cache import build_cache
 from fold_data.cli import main as fold_data_main
 from fold_data.limits import (

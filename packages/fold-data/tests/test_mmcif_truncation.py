@@ -57,7 +57,7 @@ def test_cut_at_a_residue_boundary_still_warns(tmp_path):
 
 def test_af3_complex_reader_warns_too(tmp_path):
     from fold_data.af3 import Ccd
-    from fold_data.af3.inputs import parse_complex_mmcif
+    from fold_data.af3.parse import parse_complex_mmcif
 
     cut = _cut_after(DEMO / "af3" / "mmcifs" / "3o5r.cif", tmp_path / "3o5r.cif", 100)
     with pytest.warns(TruncatedMmcifWarning, match=rf"^{cut}: chain A \(label A\) ends abruptly"):

@@ -107,3 +107,22 @@ def test_bad_setup_messages():
         assert "bp must be 1 or 2" in msgs[0]
         assert "Parallel Evoformer blocks" in msgs[1] and "EvoformerBlock" in msgs[1]
         assert "enable_dap supports" in msgs[2]
+
+
+def test_enable_dap_sets_the_comm_of_af3_trunk_stacks():
+    """AF3's MSA module, Pairformer and template embedder split themselves: enable_dap sets
+    their comm without hooks, and the handle restores the single-device comm."""
+    from fold_model.af3 import AlphaFold3, config
+    from fold_model.seams import IDENTITY_COMM
+    from fold_parallel import DapComm, enable_dap
+
+    model = AlphaFold3(config("tiny"))
+    comm = DapComm.__new__(DapComm)  # no process group needed: nothing is communicated
+    stacks = [model.msa_module, model.pairformer, model.template_embedder]
+    handles = [enable_dap(s, comm) for s in stacks]
+    for s in stacks:
+        assert s.comm is comm
+        assert not s._forward_pre_hooks and not s._forward_hooks
+    for h in handles:
+        h.remove()
+    assert all(s.comm is IDENTITY_COMM for s in stacks)

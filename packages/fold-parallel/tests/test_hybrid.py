@@ -65,3 +65,37 @@ def test_hybrid_four_ranks(dp, bp, dap, dao):
     for errs in ok(run_ranks(_hybrid, 4, dp, bp, dap, dao, timeout_s=150)):
         for what in ("outputs", "param_grads"):
             assert errs[what] < TOL, (dp, bp, dap, dao, what, errs[what])
+
+
+def _subset(rank: int, world: int) -> dict:
+    import torch.distributed as dist
+    from fold_parallel import ParallelConfig, build_groups
+
+    cfg = ParallelConfig(dp=1, bp=1, dap=2)
+    try:
+        build_groups(cfg)  # 2 ranks of a 3-rank world: only with subset=True
+        refused = False
+    except ValueError:
+        refused = True
+    groups = build_groups(cfg, subset=True)
+    if groups is None:
+        return {"refused": refused, "groups": None}
+    ranks = {k: dist.get_process_group_ranks(getattr(groups, f"{k}_group"))
+             for k in ("dap", "bp", "dp", "model", "world")}
+    # the job's "world" group works among its ranks while rank 2 is elsewhere
+    t = torch.ones(1)
+    dist.all_reduce(t, group=groups.world_group)
+    return {"refused": refused, "groups": ranks, "sum": float(t), "dap_index": groups.dap_index}
+
+
+def test_subset_groups_on_the_first_ranks():
+    """``build_groups(subset=True)`` with dp x bp x dap = 2 on 3 ranks: ranks 0 and 1 get the
+    groups (DAP and model groups over both, BP and DP groups of one), rank 2 gets ``None``."""
+    got = ok(run_ranks(_subset, 3, timeout_s=90))
+    assert all(g["refused"] for g in got)
+    assert got[2]["groups"] is None
+    for rank in (0, 1):
+        g = got[rank]
+        assert g["dap_index"] == rank and g["sum"] == 2.0
+        assert g["groups"] == {"dap": [0, 1], "bp": [rank], "dp": [rank], "model": [0, 1],
+                               "world": [0, 1]}

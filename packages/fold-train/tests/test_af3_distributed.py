@@ -88,18 +88,19 @@ def _dp_worker(rank: int, world: int, init: str, cache, out_dir: str, extra=()) 
     try:
         cache_dir, entries = cache
         cfg = _config(*extra)
-        ctx = model_parallel(DistContext(rank, world, torch.device("cpu"), None), dap=cfg.dap)
-        stream = SampleStream(cache_dir, entries, cfg.data_preset(), seed=cfg.seed,
+        ctx = model_parallel(DistContext(rank, world, torch.device("cpu"), None),
+                             dap=cfg.parallel.dap)
+        stream = SampleStream(cache_dir, entries, cfg.data_preset(), seed=cfg.run.seed,
                               rank=ctx.dp_rank, world_size=ctx.dp_size, workers=0, family="af3")
         trainer = Trainer(cfg, f"{out_dir}/run", stream, ctx=ctx, progress=False)
         batch, _ = next(trainer.stream.batches(1))
-        if cfg.dap > 1:
+        if cfg.parallel.dap > 1:
             batch = _with_msa_and_template(batch)
             _perturb(trainer)
         record = trainer.train_step(batch)
         torch.save({"grad": _grad(trainer), "param": _params(trainer), "loss": record["loss"],
                     "grad_norm": record["grad_norm"], "n_token": batch["token_mask"].sum(),
-                    "stacks": [type(m).__name__ for m in trainer._parallel_handles]},
+                    "stacks": [type(h.stack).__name__ for h in trainer._parallel_handles]},
                    f"{out_dir}/rank{rank}.pt")
     finally:
         dist.destroy_process_group()
@@ -120,14 +121,14 @@ def test_two_ranks_average_the_gradients_of_their_own_samples(af3_cache_entries,
 
     cache_dir, entries = af3_cache_entries
     cfg = _config()
-    stream = SampleStream(cache_dir, entries, cfg.data_preset(), seed=cfg.seed, workers=0,
+    stream = SampleStream(cache_dir, entries, cfg.data_preset(), seed=cfg.run.seed, workers=0,
                           family="af3")  # one process: stream indices 0, 1, ...
     single = Trainer(cfg, tmp_path / "single", stream, progress=False)
-    n_cycle = draw_n_cycle(cfg.seed, 0, cfg.model_config().no_cycles)
+    n_cycle = draw_n_cycle(cfg.run.seed, 0, cfg.model_config().no_cycles)
     grads, losses, n_token = [], [], []
     for replica, (batch, _) in enumerate(single.stream.batches(2)):
         single.flat.zero_grad()
-        gen = torch.Generator().manual_seed(noise_seed(cfg.seed, 0, replica))
+        gen = torch.Generator().manual_seed(noise_seed(cfg.run.seed, 0, replica))
         loss, _, _ = single.family.forward_loss(single.model, single.loss_fn, batch, n_cycle,
                                                 generator=gen)
         loss.backward()
@@ -205,7 +206,7 @@ def test_dap_over_two_ranks_equals_one_process(af3_cache_entries, tmp_path):
 
     cache_dir, entries = af3_cache_entries
     cfg = _config()
-    stream = SampleStream(cache_dir, entries, cfg.data_preset(), seed=cfg.seed, workers=0,
+    stream = SampleStream(cache_dir, entries, cfg.data_preset(), seed=cfg.run.seed, workers=0,
                           family="af3")
     single = Trainer(cfg, tmp_path / "single", stream, progress=False)
     batch, _ = next(single.stream.batches(1))

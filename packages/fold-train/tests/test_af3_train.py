@@ -25,7 +25,7 @@ def test_af3_presets_follow_the_supplement():
 
     cfg = preset("af3")
     o = cfg.optim
-    assert cfg.family == "af3" and cfg.precision == "bf16"
+    assert cfg.model.family == "af3" and cfg.system.precision == "bf16"
     assert (o.lr, o.beta1, o.beta2, o.eps) == (1.8e-3, 0.9, 0.95, 1e-8)
     assert (o.warmup_steps, o.decay_factor, o.decay_every) == (1000, 0.95, 50_000)
     assert (o.clip_norm, o.ema_decay) == (10.0, 0.999)
@@ -36,7 +36,7 @@ def test_af3_presets_follow_the_supplement():
                                                 "data.n_token=40", "max_recycling_iters=0"])
     assert tiny.model_config().pairformer.no_blocks == 1 and tiny.model_config().c_z == 16
     assert tiny.model_config().no_cycles == 1 and tiny.data_preset().n_token == 40
-    assert apply_overrides(preset("af3_tiny"), ["cuda_graphs=true"]).cuda_graphs  # AF3 too
+    assert apply_overrides(preset("af3_tiny"), ["cuda_graphs=true"]).system.cuda_graphs  # AF3 too
     for bad in (["bp=2"], ["family=af2"], ["data.p_spatial=0.5"],
                 ["model.pairformer.no_such_field=1"]):
         with pytest.raises(ConfigError):
@@ -46,7 +46,8 @@ def test_af3_presets_follow_the_supplement():
 def test_print_config_names_the_af3_model(capsys):
     assert main(["train", "--preset", "af3", "--print-config"]) == 0
     doc = json.loads(capsys.readouterr().out)
-    assert doc["train"]["family"] == "af3" and doc["model"]["diffusion"]["no_samples"] == 48
+    assert doc["train"]["model"]["family"] == "af3"
+    assert doc["model"]["diffusion"]["no_samples"] == 48
 
 
 def test_a_directory_of_json_inputs_is_not_training_data(tmp_path):
@@ -79,7 +80,7 @@ def test_tiny_af3_learns_protein_ligand_complex(tmp_path):
     from fold_train.checkpoint import load_checkpoint
     from fold_train.config import TrainConfig
     from fold_train.data import collate
-    from fold_train.family import AF3Family
+    from fold_train.families import AF3Family
     from fold_train.optim import learning_rate
 
     needs_af3_demo()
@@ -114,7 +115,7 @@ def test_tiny_af3_learns_protein_ligand_complex(tmp_path):
     assert int(batch["is_ligand"].sum()) == 57 and int(batch["token_mask"].sum()) == 65
     model_config = cfg.model_config()
     family = AF3Family(model_config)
-    torch.manual_seed(cfg.seed)  # as the Trainer builds the model: the run's initial weights
+    torch.manual_seed(cfg.run.seed)  # as the Trainer builds the model: the run's initial weights
     model = family.build_model(model_config)
     before = family.fixed_noise_loss(model, batch, seeds=range(8))
     model.load_state_dict(state["model"])
@@ -130,7 +131,7 @@ def test_af3_evaluation_is_the_loss_on_fixed_noise_draws():
     from fold_data.af3.crop import crop_features
     from fold_model.af3 import config
     from fold_train.af3_data import AF3_TINY_DATA
-    from fold_train.family import AF3Family
+    from fold_train.families import AF3Family
 
     needs_af3_demo()
     raw = make_features(AF3_DEMO / "mmcifs" / "3o5r.cif", ccd=Ccd([CCD], use_biotite=False))

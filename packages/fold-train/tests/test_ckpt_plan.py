@@ -123,14 +123,14 @@ def _cfg(*extra: str):
 
 def _trainer(cache, run_dir, cfg, **kw) -> Trainer:
     cache_dir, chains = cache
-    stream = SampleStream(cache_dir, chains, cfg.data_preset(), seed=cfg.seed,
-                          batch_size=cfg.batch_size, workers=0)
+    stream = SampleStream(cache_dir, chains, cfg.data_preset(), seed=cfg.run.seed,
+                          batch_size=cfg.run.batch_size, workers=0)
     return Trainer(cfg, run_dir, stream, progress=False, **kw)
 
 
 def _batch(cache, cfg):
     cache_dir, chains = cache
-    stream = SampleStream(cache_dir, chains, cfg.data_preset(), seed=cfg.seed, workers=0)
+    stream = SampleStream(cache_dir, chains, cfg.data_preset(), seed=cfg.run.seed, workers=0)
     batch, _ = next(stream.batches(1))
     return {k: v.double() if v.is_floating_point() else v for k, v in batch.items()}
 
@@ -224,13 +224,14 @@ def test_switch_options_parse_and_validate():
     cfg = apply_overrides(preset("af2_initial"), [
         "activation_checkpointing=auto", "ckpt_memory_fraction=0.5", "ops_backend=auto",
         "tensor_fusion=false", "model.uncheckpointed_blocks=38"])
-    assert cfg.activation_checkpointing == "auto" and cfg.ckpt_memory_fraction == 0.5
+    assert cfg.system.activation_checkpointing == "auto"
+    assert cfg.system.ckpt_memory_fraction == 0.5
     assert cfg.model_config().checkpoint_blocks is True  # auto: the preset's, then planned
     assert cfg.model_config().uncheckpointed_blocks == 38
     assert apply_overrides(preset("tiny"), ["activation_checkpointing=on"]) \
-        .activation_checkpointing is True  # booleans as before
+        .system.activation_checkpointing is True  # booleans as before
     assert apply_overrides(preset("tiny"), ["ops_backend=attention=triton,layer_norm=torch"]) \
-        .ops_backend == "attention=triton,layer_norm=torch"
+        .system.ops_backend == "attention=triton,layer_norm=torch"
     af3 = apply_overrides(preset("af3"), ["activation_checkpointing=auto",
                                           "model.uncheckpointed_diffusion_blocks=3"])
     assert af3.model_config().checkpoint is True

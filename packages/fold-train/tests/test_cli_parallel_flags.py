@@ -21,10 +21,10 @@ def test_dap_and_bp_flags_set_the_config(capsys):
     assert main(["train", "--preset", "af2_initial", "--print-config", "--dap", "4", "--bp",
                  "2", "model.block_order=parallel"]) == 0
     cfg = json.loads(capsys.readouterr().out)["train"]
-    assert (cfg["dap"], cfg["bp"]) == (4, 2)
+    assert (cfg["parallel"]["dap"], cfg["parallel"]["bp"]) == (4, 2)
     # an explicit override given after the flags wins
     assert main(["train", "--print-config", "--dap", "4", "dap=2"]) == 0
-    assert json.loads(capsys.readouterr().out)["train"]["dap"] == 2
+    assert json.loads(capsys.readouterr().out)["train"]["parallel"]["dap"] == 2
     with pytest.raises(SystemExit) as info:
         main(["train", "--print-config", "--bp", "3"])
     assert info.value.code == 2

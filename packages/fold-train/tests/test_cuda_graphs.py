@@ -114,8 +114,8 @@ def _trainer(cache, run_dir, extra=(), *, dropout: bool = False, **kw) -> Traine
     cache_dir, chains = cache
     cfg = apply_overrides(preset("tiny"), [*SMALL, *([] if dropout else NO_DROPOUT),
                                            "max_recycling_iters=2", *extra])
-    stream = SampleStream(cache_dir, chains, cfg.data_preset(), seed=cfg.seed,
-                          batch_size=cfg.batch_size, workers=0)
+    stream = SampleStream(cache_dir, chains, cfg.data_preset(), seed=cfg.run.seed,
+                          batch_size=cfg.run.batch_size, workers=0)
     return Trainer(cfg, run_dir, stream, progress=False, **kw)
 
 
@@ -178,7 +178,7 @@ def _af3_trainer(af3_cache_entries, run_dir, extra, dropout=False, **kw) -> Trai
     cache_dir, entries = af3_cache_entries
     cfg = apply_overrides(preset("af3_tiny"), [*AF3_SMALL, *([] if dropout else AF3_NO_DROPOUT),
                                                *extra])
-    stream = SampleStream(cache_dir, entries, cfg.data_preset(), seed=cfg.seed, workers=0,
+    stream = SampleStream(cache_dir, entries, cfg.data_preset(), seed=cfg.run.seed, workers=0,
                           family="af3")
     return Trainer(cfg, run_dir, stream, progress=False, **kw)
 
@@ -213,11 +213,11 @@ def test_af3_trainer_with_captured_steps_equals_eager(af3_cache_entries, tmp_pat
     static = graphed._graphs[bucket].static_inputs
     assert {"loss_pairs/lddt/l", "loss_pairs/lddt/weight", "token_mask"} <= set(static)
     captures = backend.captures
-    graphed._pair_caps[bucket] = (16, None)  # as if the next batch had more pairs than captured
+    graphed._loss_caps[bucket] = (16, None)  # as if the next batch had more pairs than captured
     b += graphed.fit()
     assert "outgrew the captured capacities (16, None); capturing the step again" in \
         capsys.readouterr().out
-    assert backend.captures == captures + 1 and graphed._pair_caps[bucket][0] > 16
+    assert backend.captures == captures + 1 and graphed._loss_caps[bucket][0] > 16
     assert len(b) == 3 and [r["n_cycle"] for r in a] == [r["n_cycle"] for r in b]
     for ra, rb in zip(a, b):
         for key in ("loss", "diffusion", "smooth_lddt", "distogram", "confidence", "grad_norm"):

@@ -69,7 +69,7 @@ def test_import_weights_then_predict_with_ptm_and_pae(af2_file, tmp_path, capsys
     summary = json.loads(capsys.readouterr().out)
     assert summary["format"] == "alphafold" and summary["ptm"] and not summary["templates"]
     model, train_cfg = load_trained_model(ckpt)
-    assert train_cfg.preset == "af2_finetune" and train_cfg.precision == "fp32"
+    assert train_cfg.run.preset == "af2_finetune" and train_cfg.system.precision == "fp32"
     assert all(torch.equal(model.state_dict()[k], v) for k, v in state.items())
 
     # AF2's inference sizes (384 residues, 512 clusters, 5120 extra sequences) are beyond a CPU
@@ -125,8 +125,8 @@ def test_import_weights_refuses_a_bad_file(tmp_path, capsys):
 def _trainer(cache, run_dir, extra=(), init_from=None) -> Trainer:
     cache_dir, chains = cache
     cfg = apply_overrides(preset("tiny"), [*SMALL, *extra])
-    stream = SampleStream(cache_dir, chains, cfg.data_preset(), seed=cfg.seed,
-                          batch_size=cfg.batch_size, workers=cfg.loader_workers)
+    stream = SampleStream(cache_dir, chains, cfg.data_preset(), seed=cfg.run.seed,
+                          batch_size=cfg.run.batch_size, workers=cfg.data.workers)
     return Trainer(cfg, run_dir, stream, progress=False, init_from=init_from)
 
 

@@ -18,8 +18,8 @@ from fold_train.loop import NonFiniteError, Trainer, draw_n_cycle
 def _trainer(cache, run_dir, extra=(), **stream_kw) -> Trainer:
     cache_dir, chains = cache
     cfg = apply_overrides(preset("tiny"), [*SMALL, *extra])
-    stream = SampleStream(cache_dir, chains, cfg.data_preset(), seed=cfg.seed,
-                          batch_size=cfg.batch_size, workers=cfg.loader_workers, **stream_kw)
+    stream = SampleStream(cache_dir, chains, cfg.data_preset(), seed=cfg.run.seed,
+                          batch_size=cfg.run.batch_size, workers=cfg.data.workers, **stream_kw)
     return Trainer(cfg, run_dir, stream, progress=False)
 
 
@@ -49,7 +49,7 @@ def test_a_few_tiny_steps_end_to_end(demo_cache, tmp_path):
     assert trainer.opt.step_count == 3
     lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
     assert [json.loads(x)["step"] for x in lines] == [1, 2, 3]
-    assert json.loads((tmp_path / "config.json").read_text())["steps"] == 3
+    assert json.loads((tmp_path / "config.json").read_text())["run"]["steps"] == 3
     assert (tmp_path / "training.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     # a checkpoint at step 2 and at the end; only the last is kept
     assert [p.name for p in (tmp_path / "checkpoints").iterdir()] == ["step_00000003.ckpt"]
@@ -80,7 +80,7 @@ def test_corrupt_or_mismatched_checkpoint_is_refused(demo_cache, tmp_path):
     _trainer(demo_cache, tmp_path, ["steps=1"]).fit()
     path = find_latest(tmp_path / "checkpoints")
     other = _trainer(demo_cache, tmp_path, ["steps=1", "model.evoformer.no_blocks=1"])
-    with pytest.raises(CheckpointError, match="model_overrides"):
+    with pytest.raises(CheckpointError, match="model.overrides"):
         other.resume()
     data = bytearray(path.read_bytes())
     data[-10] ^= 0xFF
@@ -124,8 +124,8 @@ def _dist_worker(rank: int, world: int, init: str, cache, out_dir: str, extra: l
         cache_dir, chains = cache
         cfg = apply_overrides(preset("tiny"), [*SMALL, *NO_DROPOUT, "steps=1", *extra])
         ctx = model_parallel(DistContext(rank, world, torch.device("cpu"), None),
-                             dap=cfg.dap, bp=cfg.bp)
-        stream = SampleStream(cache_dir, chains, cfg.data_preset(), seed=cfg.seed,
+                             dap=cfg.parallel.dap, bp=cfg.parallel.bp)
+        stream = SampleStream(cache_dir, chains, cfg.data_preset(), seed=cfg.run.seed,
                               batch_size=1, rank=ctx.dp_rank, world_size=ctx.dp_size, workers=0)
         trainer = Trainer(cfg, f"{out_dir}/run", stream, ctx=ctx, progress=False)
         batch, _ = next(trainer.stream.batches(1))
@@ -160,7 +160,7 @@ def test_two_processes_on_gloo_equal_single_process(demo_cache, tmp_path, mode, 
     cfg = apply_overrides(preset("tiny"), [*SMALL, *NO_DROPOUT, "steps=1",
                                            f"batch_size={ref_batch}",
                                            *[e for e in extra if e.startswith("model.")]])
-    stream = SampleStream(cache_dir, chains, cfg.data_preset(), seed=cfg.seed,
+    stream = SampleStream(cache_dir, chains, cfg.data_preset(), seed=cfg.run.seed,
                           batch_size=ref_batch, workers=0)
     single = Trainer(cfg, tmp_path / "single", stream, progress=False)
     batch, _ = next(single.stream.batches(1))
@@ -286,7 +286,7 @@ def _dp_resume_worker(rank: int, world: int, init: str, cache, out_dir: str) -> 
 
         def trainer(run: str) -> Trainer:
             cfg = apply_overrides(preset("tiny"), [*SMALL, "steps=3", "checkpoint_every=1"])
-            stream = SampleStream(cache_dir, chains, cfg.data_preset(), seed=cfg.seed,
+            stream = SampleStream(cache_dir, chains, cfg.data_preset(), seed=cfg.run.seed,
                                   rank=rank, world_size=world, workers=0)
             return Trainer(cfg, f"{out_dir}/{run}", stream, ctx=ctx, progress=False)
 

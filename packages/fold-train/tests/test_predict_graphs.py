@@ -17,7 +17,7 @@ from fold_train.buckets import BucketPolicy, fit_to_bucket, real_extent, resize_
 from fold_train.config import apply_overrides, preset
 from fold_train.cuda_graphs import EagerCapture, host_syncs
 from fold_train.data import collate
-from fold_train.family import model_family
+from fold_train.families import make_family
 from fold_train.predict_graphs import AF2Predictor, AF3Predictor
 
 # fp32 on both sides; the padded run sums the same terms plus exact zeros (masked keys have zero
@@ -152,7 +152,7 @@ def test_af3_padding_equals_fold_data_padding(af3_raw):
 def af2_model():
     torch.manual_seed(0)
     mc = _af2_config().model_config()
-    return _randomized(model_family("af2", mc).build_model(mc))
+    return _randomized(make_family("af2", mc).build_model(mc))
 
 
 def _af2_batch(raw, holes: bool = True):
@@ -230,7 +230,7 @@ def _cut_af2(batch, n: int):
 def af3_model():
     torch.manual_seed(0)
     mc = apply_overrides(preset("af3_tiny"), []).model_config()
-    return _randomized(model_family("af3", mc).build_model(mc))
+    return _randomized(make_family("af3", mc).build_model(mc))
 
 
 def _af3_reference(model, batch, seed: int, *, cycles=2, samples=2, steps=4):

@@ -15,7 +15,7 @@ from _train_helpers import SMALL
 from fold_train.checkpoint import save_checkpoint
 from fold_train.cli import main
 from fold_train.config import apply_overrides, preset
-from fold_train.family import model_family
+from fold_train.families import make_family
 from fold_train.outputs import check_prediction, output_path, safe_file_name
 
 
@@ -24,7 +24,7 @@ def _checkpoint(path: Path, name: str = "tiny", scale: float | None = None) -> P
     multiplies every weight, as a diverged run leaves them (nan: all NaN)."""
     cfg = apply_overrides(preset(name), SMALL if name == "tiny" else [])
     torch.manual_seed(0)
-    model = model_family(cfg.family, cfg.model_config()).build_model(cfg.model_config())
+    model = make_family(cfg.model.family, cfg.model_config()).build_model(cfg.model_config())
     state = {k: v.detach().clone() for k, v in model.state_dict().items()}
     if scale is not None:
         state = {k: (v * scale if v.is_floating_point() else v) for k, v in state.items()}

@@ -22,8 +22,8 @@ from fold_train.loop import NonFiniteError, Trainer, TrainingInterrupted
 def _trainer(cache, run_dir, extra=()) -> Trainer:
     cache_dir, chains = cache
     cfg = apply_overrides(preset("tiny"), [*SMALL, *extra])
-    stream = SampleStream(cache_dir, chains, cfg.data_preset(), seed=cfg.seed,
-                          batch_size=cfg.batch_size, workers=0)
+    stream = SampleStream(cache_dir, chains, cfg.data_preset(), seed=cfg.run.seed,
+                          batch_size=cfg.run.batch_size, workers=0)
     return Trainer(cfg, run_dir, stream, progress=False)
 
 

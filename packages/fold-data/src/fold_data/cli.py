@@ -1,11 +1,14 @@
 """The ``fold-data`` command: build the feature cache, inspect it, run the data-pipeline demo.
 
     fold-data cache DATA_DIR --out CACHE_DIR [--workers N] [--chains 4zey_A,...]
+                    [--max-tokens N] [--max-atoms N] [--max-msa-memory BYTES]
     fold-data inspect CACHE_FILE_OR_DIR
     fold-data demo DATA_DIR [--cache CACHE_DIR] [--samples N] [--preset tiny]
     fold-data msa INPUT --out DIR (--config TOML | --db NAME=PATH ...)   (fold_data.search.cli)
 
-Exit status: 0 on success, 1 if any chain failed or any cache file is invalid, 2 on bad usage.
+A chain over the size limits (``fold_data.limits``; raised with the ``--max-*`` options) fails
+with the numbers, before it is featurised. Exit status: 0 on success, 1 if any chain failed or
+any cache file is invalid, 2 on bad usage.
 """
 
 from __future__ import annotations

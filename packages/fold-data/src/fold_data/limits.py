@@ -9,7 +9,7 @@ when it exceeds a limit:
   rows, and polymer residues = ``_entity_poly_seq`` rows of each entity times its
   ``_struct_asym`` copies;
 * :func:`sequence_size`: an AF2 query and its MSA files (rows counted, not parsed);
-* :func:`entry_size`: an AF3 :class:`~fold_data.af3.inputs.Entry` (tokens: one per standard
+* :func:`entry_size`: an AF3 :class:`~fold_data.af3.parse.Entry` (tokens: one per standard
   polymer residue, one per heavy atom of ligands and modified residues, from the CCD or the
   SMILES; MSA rows of each chain's alignment, as ``make_features`` stacks them).
 

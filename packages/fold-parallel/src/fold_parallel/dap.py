@@ -12,6 +12,11 @@ under DAP without changing its parameters or its call signature: it sets the com
 call so that N_res (and N_seq) are zero-padded, with zero masks, to a multiple of the DAP size on
 the way in and cropped on the way out. Padded residues are masked keys everywhere (attention,
 outer product mean, triangle multiplication), so the real outputs are unchanged.
+
+AlphaFold3's trunk stacks (``MSAModule``, ``PairformerStack``, ``TemplateEmbedder``) scatter
+their full-size inputs and gather their output themselves: :func:`enable_dap` only sets their
+comm (no hooks), and their N_token and MSA rows must already be multiples of the DAP size
+(fixed-size crops; fold-train checks the data preset).
 """
 
 from __future__ import annotations
@@ -24,7 +29,10 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from fold_model.af2.evoformer import EvoformerStack, ExtraMsaStack
 from fold_model.af2.template import TemplatePairStack
-from fold_model.seams import AxialComm
+from fold_model.af3.msa_module import MSAModule
+from fold_model.af3.pairformer import PairformerStack
+from fold_model.af3.template import TemplateEmbedder
+from fold_model.seams import IDENTITY_COMM, AxialComm
 from torch import nn
 
 from fold_parallel import comm as C
@@ -139,6 +147,10 @@ _PAD_SPECS: dict[type, tuple[tuple[dict[int, str], ...], Any]] = {
 }
 
 
+# Stacks that scatter their inputs and gather their outputs themselves (AlphaFold3's trunk).
+_SELF_SPLITTING = (MSAModule, PairformerStack, TemplateEmbedder)
+
+
 def _crop(x: torch.Tensor, dims: dict[int, str], sizes: dict[str, int]) -> torch.Tensor:
     for d, name in dims.items():
         x = x.narrow(d, 0, sizes[name])
@@ -150,6 +162,11 @@ class DapHandle:
 
     def __init__(self, stack: nn.Module, hooks: list, previous_comm: AxialComm) -> None:
         self._stack, self._hooks, self._previous = stack, hooks, previous_comm
+
+    @property
+    def stack(self) -> nn.Module:
+        """The stack under DAP."""
+        return self._stack
 
     def remove(self) -> None:
         for h in self._hooks:
@@ -164,16 +181,22 @@ def enable_dap(stack: nn.Module, comm: DapComm, check_shapes: bool = True) -> Da
     With ``check_shapes`` each call first compares the input shapes across the DAP group (one
     tiny all-gather) and raises :class:`~fold_parallel.guard.ConsistencyError` on every rank when
     they differ. Parameters and ``state_dict`` keys are untouched.
+
+    AlphaFold3's ``MSAModule``, ``PairformerStack`` and ``TemplateEmbedder`` split themselves:
+    only their comm is set (no padding, no shape check; sizes must divide by ``comm.size``).
     """
+    previous = getattr(stack, "comm", IDENTITY_COMM)
+    if isinstance(stack, _SELF_SPLITTING):
+        stack.set_comm(comm)
+        return DapHandle(stack, [], previous)
     spec = next((s for cls, s in _PAD_SPECS.items() if isinstance(stack, cls)), None)
     if spec is None:
         raise TypeError(
-            f"enable_dap supports EvoformerStack, ExtraMsaStack and TemplatePairStack, "
-            f"got {type(stack).__name__}"
+            f"enable_dap supports EvoformerStack, ExtraMsaStack, TemplatePairStack and AF3's "
+            f"MSAModule, PairformerStack, TemplateEmbedder; got {type(stack).__name__}"
         )
     in_dims, out_dims = spec
     sizes: dict[str, int] = {}
-    previous = stack.comm
 
     def pre_hook(module: nn.Module, args: tuple) -> tuple:
         if len(args) != len(in_dims):

@@ -106,13 +106,19 @@ def init_distributed(
     return device
 
 
-def build_groups(config: ParallelConfig, check: bool = True) -> ParallelGroups:
+def build_groups(
+    config: ParallelConfig, check: bool = True, *, subset: bool = False
+) -> ParallelGroups | None:
     """Create every DP, BP, DAP and model-parallel group (all ranks must call this, with the same
-    ``config``; with ``check`` a differing config raises a clear error on every rank)."""
+    ``config``; with ``check`` a differing config raises a clear error on every rank).
+
+    ``subset``: the groups of a job on world ranks ``0 .. config.world_size - 1`` only (e.g. a
+    benchmark timing a 2-rank layout on an 8-rank world); the other ranks still call this (group
+    creation is collective over the world) and get ``None``."""
     world = dist.get_world_size()
     if check:
         check_consistent({"parallel_config": config, "world_size": world}, what="parallel config")
-    if config.world_size != world:
+    if config.world_size != world and not (subset and config.world_size < world):
         raise ValueError(
             f"dp x bp x dap = {config.dp} x {config.bp} x {config.dap} = {config.world_size} "
             f"but the world has {world} ranks"
@@ -133,6 +139,11 @@ def build_groups(config: ParallelConfig, check: bool = True) -> ParallelGroups:
     for d in range(c.dp):
         ranks = [c.rank_of(d, b, a) for b in range(c.bp) for a in range(c.dap)]
         _add(mine, "model", ranks, rank)
+    world_group = dist.group.WORLD
+    if c.world_size < world:  # the job's "world": its first ranks
+        world_group = dist.new_group(list(range(c.world_size)))
+    if rank >= c.world_size:
+        return None
     dp_index, bp_index, dap_index = c.coords(rank)
     return ParallelGroups(
         config=c,
@@ -144,7 +155,7 @@ def build_groups(config: ParallelConfig, check: bool = True) -> ParallelGroups:
         bp_group=mine["bp"],
         dp_group=mine["dp"],
         model_group=mine["model"],
-        world_group=dist.group.WORLD,
+        world_group=world_group,
     )
 
 

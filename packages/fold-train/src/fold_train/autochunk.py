@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Sequence
 from typing import Any, Literal
 
 import torch
@@ -108,17 +109,19 @@ class AutoChunkedStack(nn.Module):
         return self._chunked(*inputs)
 
 
-def enable_autochunk(model: nn.Module, memory_budget: Budget, *,
-                     min_chunk: int = 1) -> list[AutoChunkedStack]:
-    """Replace ``model.evoformer`` and ``model.extra_msa_stack`` (when present) of a fold-model
-    ``AlphaFold2`` by :class:`AutoChunkedStack` wrappers (each with its own ``memory_budget``);
+def enable_autochunk(model: nn.Module, memory_budget: Budget, *, min_chunk: int = 1,
+                     names: Sequence[str] = ("evoformer", "extra_msa_stack"),
+                     ) -> list[AutoChunkedStack]:
+    """Replace the stacks ``model.<name>`` of ``names`` (when present; default: the Evoformer and
+    extra MSA stack of a fold-model ``AlphaFold2``) by :class:`AutoChunkedStack` wrappers (each
+    with its own ``memory_budget``);
     returns the wrappers (their ``report`` after the first prediction). Load the weights
     first: the wrapped stacks' state-dict keys gain a ``.stack`` level."""
     if getattr(model, "chunk_size", None):
         raise ValueError("AutoChunk and the manual chunk size are alternatives: set the chunk "
                          "size to None first")
     wrappers = []
-    for name in ("evoformer", "extra_msa_stack"):
+    for name in names:
         stack = getattr(model, name, None)
         if stack is None:
             continue
@@ -129,5 +132,5 @@ def enable_autochunk(model: nn.Module, memory_budget: Budget, *,
         setattr(model, name, wrapper)  # nn.Module.__setattr__ re-registers the submodule
         wrappers.append(wrapper)
     if not wrappers:
-        raise ValueError(f"{type(model).__name__} has no evoformer / extra_msa_stack to chunk")
+        raise ValueError(f"{type(model).__name__} has no {' / '.join(names)} to chunk")
     return wrappers

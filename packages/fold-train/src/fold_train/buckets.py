@@ -40,13 +40,6 @@ Bucket = tuple[tuple[str, int], ...]
 
 _RESIDUE_DIMS = ("N_res", "N_token")
 _DEPTH_DIMS = ("N_clust", "N_extra", "N_msa", "N_templ")
-# The mask that marks the real entries of each bucketed dimension (its dims in the schema).
-_EXTENT_MASKS = {
-    "af2": {"N_res": "seq_mask", "N_clust": "msa_mask", "N_extra": "extra_msa_mask",
-            "N_templ": "template_mask"},
-    "af3": {"N_token": "token_mask", "N_atom": "atom_mask", "N_msa": "msa_mask",
-            "N_templ": "template_mask"},
-}
 
 
 def _round_up(n: int, step: int) -> int:
@@ -94,25 +87,13 @@ class BucketPolicy:
         return tuple(sorted((d, self.size(d, n)) for d, n in sizes.items()))
 
 
-def _schema(family: str):
-    if family == "af2":
-        from fold_data.af2.schema import SAMPLE_FEATURES
-    elif family == "af3":
-        from fold_data.af3.schema import SAMPLE_FEATURES
-    else:
-        raise ValueError(f"unknown model family {family!r}; expected 'af2' or 'af3'")
-    return SAMPLE_FEATURES
+def _layout(family: str):
+    """``(extent masks, SAMPLE_FEATURES, fill values, identity-frame features)`` of a family."""
+    from fold_train.families import family_class
 
-
-def _fills(family: str) -> tuple[dict[str, float], tuple[str, ...]]:
-    """``(fill value per feature, features padded with 4x4 identity frames)`` of fold-data."""
-    if family == "af2":
-        from fold_data.af2.transforms import FRAME_FEATURES, PAD_VALUES
-
-        return dict(PAD_VALUES), tuple(FRAME_FEATURES)
-    from fold_data.af3.transforms import PAD_VALUES
-
-    return dict(PAD_VALUES), ()
+    cls = family_class(family)
+    schema, fill, frames = cls.bucket_schema()
+    return cls.extent_masks, schema, fill, frames
 
 
 def _axes(spec_shape: tuple, batch_ndim_extra: int) -> dict[str, list[int]]:
@@ -128,9 +109,9 @@ def real_extent(batch: dict[str, torch.Tensor], family: str) -> dict[str, int]:
     """The real size of each bucketed dimension of a collated batch (``[B, ...]``): the last
     position its mask marks (over the batch and every other axis) + 1, at least 1 (``N_templ``:
     0 allowed). Reads the masks on the host (once per batch, outside any graph)."""
-    schema = _schema(family)
+    masks, schema, _, _ = _layout(family)
     sizes = {}
-    for dim, name in _EXTENT_MASKS[family].items():
+    for dim, name in masks.items():
         if name not in batch:
             raise KeyError(f"{family.upper()} batch has no {name!r} (the mask of {dim})")
         mask = batch[name]
@@ -148,12 +129,11 @@ def resize_batch(batch: dict[str, torch.Tensor], family: str,
     dimension of ``sizes`` cut or padded to that size, at the end, with fold-data's fill values.
     Cutting drops only padding: a mask that marks an entry beyond a new size is a
     ``ValueError`` naming the feature. Features outside the schema are returned unchanged."""
-    schema = _schema(family)
-    fill, frames = _fills(family)
+    masks, schema, fill, frames = _layout(family)
     extent = real_extent(batch, family)
     for dim, n in sizes.items():
         if dim in extent and n < extent[dim]:
-            mask = _EXTENT_MASKS[family][dim]
+            mask = masks[dim]
             raise ValueError(f"cannot cut {dim} of the {family.upper()} batch to {n}: "
                              f"{mask!r} marks real entries up to {extent[dim]}")
     out = {}

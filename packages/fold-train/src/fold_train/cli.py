@@ -47,68 +47,56 @@ def _memory_budget(text: str):
 
 
 # -- train --------------------------------------------------------------------------------------
-def _eval_set(cache_dir: str, chains: list[tuple[str, str]], preset) -> list[tuple[str, dict]]:
-    """In-memory inference samples of the held-out chains (ScaleFold: evaluation never reads
-    from disk during training)."""
-    from fold_data.af2 import make_sample
-    from fold_data.cache import FeatureCache
-    from fold_data.errors import InputError
-
-    cache = FeatureCache(cache_dir)
-    out = []
-    for name, key in chains:
-        raw = cache.load(key)
-        if raw is None:
-            raise InputError(Path(cache_dir) / f"{key}.npz", name, "expected a valid cache entry")
-        out.append((name, make_sample(raw, preset, seed=0, training=False)))
-    return out
-
-
 def _train_overrides(args: argparse.Namespace) -> list[str]:
     """The ``key=value`` overrides with ``--dap``/``--bp`` folded in (flags first, so an
     explicit ``dap=``/``bp=`` override given after them wins)."""
     flags = []
     if getattr(args, "dap", None) is not None:
-        flags.append(f"dap={args.dap}")
+        flags.append(f"parallel.dap={args.dap}")
     if getattr(args, "bp", None) is not None:
-        flags.append(f"bp={args.bp}")
+        flags.append(f"parallel.bp={args.bp}")
     return [*flags, *args.overrides]
 
 
 def run_training(args: argparse.Namespace) -> tuple[object, list[dict]]:
-    """Build everything ``fold-train train`` needs and run it; returns (trainer, records)."""
+    """Build everything ``fold-train train`` needs and run it; returns (trainer, records).
+
+    Under torchrun: data parallel. Rank 0 builds the family's feature cache while the others
+    wait, then every replica reads its own share of the sample stream (``s = dp_rank mod DP``)
+    and the flat gradient buffer is averaged over the ranks each step; ``dap``/``bp`` split each
+    replica's model over its ranks (fold-parallel)."""
     from fold_data.limits import limits_from_args
 
     from fold_train.config import apply_overrides, preset
-    from fold_train.data import SampleStream, open_cache
+    from fold_train.data import SampleStream
     from fold_train.distributed import model_parallel, setup
-    from fold_train.rank_sync import run_on_rank0
 
     cfg = apply_overrides(preset(args.preset), _train_overrides(args))
     if args.data is None and args.cache is None:
         raise SystemExit("fold-train train: give --data DATA_DIR (and/or --cache CACHE_DIR)")
     _check_run_dir(args)
-    if cfg.family == "af3":
-        return _run_af3_training(args, cfg)
-    ctx = model_parallel(setup(args.device), dap=cfg.dap, bp=cfg.bp)
+    family = cfg.family
+    data_preset = cfg.data_preset()
+    family.check_data(cfg, data_preset)
+    ctx = model_parallel(setup(args.device), dap=cfg.parallel.dap, bp=cfg.parallel.bp)
     cache_dir = args.cache or str(Path(args.run_dir) / "cache")
     held = list(args.hold_out or [])
-    # rank 0 builds the cache, for as long as it takes; the others then read its index
-    all_chains = run_on_rank0(
-        ctx, "build the feature cache",
-        lambda: open_cache(args.data, cache_dir, chains=args.chains, workers=args.cache_workers,
-                           progress=not args.no_progress, limits=limits_from_args(args)),
-        after=lambda: open_cache(None, cache_dir, chains=args.chains, verify=False))
-    train_chains = _training_entries(all_chains, held, cache_dir, "chain")
-    data_preset = cfg.data_preset()
-    eval_set = _eval_set(cache_dir, [c for c in all_chains if c[0] in held], data_preset)
-    stream = SampleStream(cache_dir, train_chains, data_preset, seed=cfg.seed,
-                          batch_size=cfg.batch_size, rank=ctx.dp_rank, world_size=ctx.dp_size,
-                          workers=cfg.loader_workers, prefetch=cfg.prefetch)
+    entries = family.open_cache(args.data, cache_dir, ctx, chains=args.chains,
+                                workers=args.cache_workers, ccd=getattr(args, "ccd", None) or [],
+                                progress=not args.no_progress,
+                                limits=limits_from_args(args))
+    train = _training_entries(entries, held, cache_dir, family.unit)
+    eval_set = family.eval_samples(cache_dir, [e for e in entries if e[0] in held], data_preset,
+                                   ctx)
+    stream = SampleStream(cache_dir, train, data_preset, seed=cfg.run.seed,
+                          batch_size=cfg.run.batch_size, rank=ctx.dp_rank,
+                          world_size=ctx.dp_size, workers=cfg.data.workers,
+                          prefetch=cfg.data.prefetch, family=family.name)
+    bp = f" x BP {cfg.parallel.bp}" if family.branch_parallel else ""
     trainer = _start_trainer(args, cfg, ctx, stream, eval_set, lambda n_params: (
-        f"preset {cfg.preset}, {n_params} parameters on {ctx.device} x {ctx.world_size} (DP "
-        f"{ctx.dp_size} x BP {cfg.bp} x DAP {cfg.dap}), {len(train_chains)} training chains"
-        f"{_held_text(held)}"))
+        f"{family.run_label} {cfg.run.preset}, {n_params} parameters on {ctx.device} x "
+        f"{ctx.world_size} (DP {ctx.dp_size}{bp} x DAP {cfg.parallel.dap}), "
+        f"{len(train)} training {_plural(family.unit)}{_held_text(held)}"))
     return trainer, trainer.fit()
 
 
@@ -130,7 +118,7 @@ def _training_entries(entries: list[tuple[str, str]], held: list[str], cache_dir
     the cache, or nothing left to train on, is a clear error."""
     from fold_data.errors import InputError
 
-    plural = "complexes" if kind == "complex" else f"{kind}s"
+    plural = _plural(kind)
     missing = sorted(set(held) - {n for n, _ in entries})
     if missing:
         raise InputError(cache_dir, ", ".join(missing), f"held-out {plural} are not in the cache")
@@ -139,6 +127,10 @@ def _training_entries(entries: list[tuple[str, str]], held: list[str], cache_dir
         raise InputError(cache_dir, None, f"expected at least one training {kind} besides the "
                                           f"held-out ones")
     return train
+
+
+def _plural(kind: str) -> str:
+    return "complexes" if kind == "complex" else f"{kind}s"
 
 
 def _held_text(held: list[str]) -> str:
@@ -169,102 +161,23 @@ def _start_trainer(args: argparse.Namespace, cfg, ctx, stream, eval_set, describ
     return trainer
 
 
-def _run_af3_training(args: argparse.Namespace, cfg) -> tuple[object, list[dict]]:
-    """``fold-train train`` of an AF3 preset: the complexes of ``--data`` featurised into the
-    AF3 cache, held-out complexes scored by their loss on fixed noise draws.
-
-    Under torchrun: data parallel. Rank 0 builds the AF3 cache while the others wait (each entry
-    and the index are written atomically, so no rank reads a half-written file); every
-    replica then reads its own share of the sample stream (``s = dp_rank mod DP``) and draws
-    its own diffusion noise, and the flat gradient buffer is averaged over the ranks each step.
-    ``dap=N``: the N ranks of a replica share its sample and noise, the MSA module, Pairformer
-    and template embedder split along the tokens / MSA rows (FastFold's DAP)."""
-    from fold_data.af3 import af3_cache
-    from fold_data.af3 import make_sample as make_af3_sample
-
-    from fold_train.af3_data import af3_cache_dir
-    from fold_train.data import SampleStream
-    from fold_train.distributed import model_parallel, setup
-
-    data_preset = cfg.data_preset()
-    if cfg.dap > 1:
-        _check_af3_dap_sizes(cfg.dap, data_preset)
-    ctx = model_parallel(setup(args.device), dap=cfg.dap, bp=cfg.bp)
-    cache_dir = args.cache or str(Path(args.run_dir) / "cache")
-    held = list(args.hold_out or [])
-    entries = _open_af3_cache_once(ctx, args, cache_dir)
-    train = _training_entries(entries, held, cache_dir, "complex")
-    cache = af3_cache(af3_cache_dir(cache_dir))
-    # rank 0 evaluates an EMA snapshot; under DAP every rank of the replica takes part
-    evaluates = ctx.is_main or ctx.groups is not None
-    eval_set = [(name, make_af3_sample(cache.load(key), data_preset, seed=0))
-                for name, key in entries if name in held] if evaluates else []
-    stream = SampleStream(cache_dir, train, data_preset, seed=cfg.seed,
-                          batch_size=cfg.batch_size, rank=ctx.dp_rank, world_size=ctx.dp_size,
-                          workers=cfg.loader_workers, prefetch=cfg.prefetch, family="af3")
-    trainer = _start_trainer(args, cfg, ctx, stream, eval_set, lambda n_params: (
-        f"AF3 preset {cfg.preset}, {n_params} parameters on {ctx.device} x {ctx.world_size} "
-        f"(DP {ctx.dp_size} x DAP {cfg.dap}), {len(train)} training complexes"
-        f"{_held_text(held)}"))
-    return trainer, trainer.fit()
-
-
-def _check_af3_dap_sizes(dap: int, data_preset) -> None:
-    """AF3 under DAP splits the padded crop's tokens and MSA rows over ``dap`` ranks: both must
-    be fixed (a cropping preset) and multiples of ``dap``."""
-    from fold_train.config import ConfigError
-
-    for name in ("n_token", "n_msa"):
-        size = getattr(data_preset, name)
-        if size is None or size % dap:
-            raise ConfigError(f"dap={dap} for AF3 needs data.{name} to be a multiple of {dap} "
-                              f"(the crop is split over the DAP ranks), got {size}")
-
-
-def _open_af3_cache_once(ctx, args: argparse.Namespace, cache_dir: str) -> list[tuple[str, str]]:
-    """``open_af3_cache`` built by rank 0 only, for as long as it takes; the other ranks wait
-    (:func:`fold_train.rank_sync.run_on_rank0`), then read its index. A failure on rank 0 is
-    raised there and reported on every other rank; a stalled rank is named (no rank hangs)."""
-    from fold_data.limits import limits_from_args
-
-    from fold_train.af3_data import make_ccd, open_af3_cache
-    from fold_train.rank_sync import run_on_rank0
-
-    return run_on_rank0(
-        ctx, "build the AF3 cache",
-        lambda: open_af3_cache(args.data, cache_dir, names=args.chains,
-                               ccd=make_ccd(args.ccd or []), progress=not args.no_progress,
-                               limits=limits_from_args(args)),
-        after=lambda: open_af3_cache(None, cache_dir, names=args.chains, verify=False))
-
-
 def _asdict(obj) -> dict:
     import dataclasses
 
     return dataclasses.asdict(obj)
 
 
-def _print_records(records: list[dict], every: int) -> None:
-    if records and "fape" not in records[0]:  # AF3: its own loss terms
-        _print_af3_records(records, every)
-        return
-    print(f"{'step':>5} {'loss':>8} {'fape':>7} {'aux':>7} {'distogram':>9} {'masked_msa':>10} "
-          f"{'plddt':>7} {'lDDT-Ca':>7} {'N_cycle':>7} {'s/step':>6}")
+def _print_records(records: list[dict], every: int, columns) -> None:
+    """A table of the step records: the loss, the family's ``columns`` (``(key, title)``),
+    N_cycle and the step time."""
+    width = {title: max(7, len(title)) for _, title in columns}
+    print(f"{'step':>5} {'loss':>8} " + " ".join(f"{t:>{width[t]}}" for _, t in columns)
+          + f" {'N_cycle':>7} {'s/step':>6}")
     for r in records:
         if r["step"] % every == 0 or r is records[-1] or r is records[0]:
-            print(f"{r['step']:5d} {r['loss']:8.4f} {r['fape']:7.4f} {r['aux']:7.4f} "
-                  f"{r['distogram']:9.4f} {r['masked_msa']:10.4f} {r['plddt']:7.4f} "
-                  f"{r['lddt_ca']:7.4f} {r['n_cycle']:7d} {r['step_time']:6.2f}")
-
-
-def _print_af3_records(records: list[dict], every: int) -> None:
-    print(f"{'step':>5} {'loss':>8} {'diffusion':>9} {'distogram':>9} {'confidence':>10} "
-          f"{'N_cycle':>7} {'s/step':>6}")
-    for r in records:
-        if r["step"] % every == 0 or r is records[-1] or r is records[0]:
-            print(f"{r['step']:5d} {r['loss']:8.4f} {r['diffusion']:9.4f} {r['distogram']:9.4f} "
-                  f"{r.get('confidence', float('nan')):10.4f} {r['n_cycle']:7d} "
-                  f"{r['step_time']:6.2f}")
+            print(f"{r['step']:5d} {r['loss']:8.4f} "
+                  + " ".join(f"{r.get(k, float('nan')):{width[t]}.4f}" for k, t in columns)
+                  + f" {r['n_cycle']:7d} {r['step_time']:6.2f}")
 
 
 def cmd_train(args: argparse.Namespace) -> int:
@@ -278,7 +191,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     trainer, records = run_training(args)
     if trainer.ctx.is_main:
         if args.no_progress and records:
-            _print_records(records, max(1, len(records) // 20))
+            _print_records(records, max(1, len(records) // 20), trainer.family.table_columns)
         print(f"fold-train: done at step {trainer.step}; metrics in "
               f"{Path(args.run_dir) / 'metrics.jsonl'}, plot {Path(args.run_dir) / 'training.png'}")
     from fold_train.distributed import teardown
@@ -289,108 +202,22 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 # -- predict ------------------------------------------------------------------------------------
 def run_prediction(args: argparse.Namespace) -> dict:
-    """Predict one chain; write the mmCIF; returns the summary printed by ``predict``."""
+    """Predict with the family whose input the command line names (``--json``: AF3; a FASTA or
+    an mmCIF chain: AF2); write the mmCIF; returns the summary printed by ``predict``."""
     import torch
-    from fold_data.af2.write import prediction_to_structure
-    from fold_data.limits import limits_from_args, use_limits
-    from fold_data.write import write_mmcif
 
-    from fold_train.outputs import check_prediction, output_path
-    from fold_train.predict import (
-        load_trained_model,
-        make_raw_features,
-        predict_structure,
-        score_against_truth,
-    )
-    from fold_train.predict_size import check_af2_input
+    from fold_train.families import FAMILIES
 
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     searched = {}
     if getattr(args, "search", None):  # fold-data msa first (fold_train.predict_search)
         from fold_train.predict_search import apply_search
 
-        searched = apply_search(args)
-    if getattr(args, "json", None):
-        return {**_run_af3_prediction(args, device, searched.pop("features", None)), **searched}
-    autochunk = getattr(args, "autochunk", None)
-    if autochunk is not None and args.chunk_size:
-        from fold_train.config import ConfigError
-
-        raise ConfigError("--autochunk and --chunk-size are alternatives: give one of them")
-    if args.templates and not args.template_mmcif_dir:
-        from fold_train.config import ConfigError
-
-        raise ConfigError(f"--templates {args.templates} needs --template-mmcif-dir (the "
-                          "directory of the hits' <pdb>.cif files)")
-    model, cfg = load_trained_model(args.checkpoint, device, use_ema=not args.no_ema)
-    if args.chunk_size:
-        model.set_chunk_size(args.chunk_size)
-    chunked = []
-    if autochunk is not None:
-        from fold_train.autochunk import enable_autochunk
-
-        chunked = enable_autochunk(model, autochunk, min_chunk=args.autochunk_min_chunk)
-    limits = limits_from_args(args)
-    # sized before any feature is made: too large for the limits or the device is refused
-    check_af2_input(
-        fasta=args.fasta, mmcif=args.mmcif, chain=args.chain, msas=args.msa or [],
-        model_config=cfg.model_config(), data_preset=cfg.data_preset(), precision=cfg.precision,
-        device=device, limits=limits, memory_limit=getattr(args, "memory_limit", None),
-        chunk_size=args.chunk_size or (args.autochunk_min_chunk if autochunk is not None
-                                       else None))
-    with use_limits(limits):
-        name, raw, has_truth = make_raw_features(
-            fasta=args.fasta, mmcif=args.mmcif, chain=args.chain, msas=args.msa or [],
-            template_hits=args.templates, template_mmcif_dir=args.template_mmcif_dir)
-    out = output_path(args.out, name)  # checked before the model runs
-    # AutoChunk plans its chunks from the free memory of the first pass: no graphs with it
-    graphs = _cuda_graphs(args, device) and autochunk is None
-    pred = predict_structure(model, raw, cfg.data_preset(), device=device,
-                             precision=cfg.precision, num_recycles=args.recycles,
-                             cuda_graphs=graphs)
-    check_prediction(pred.positions, pred.plddt, args.checkpoint, pred.atom_mask > 0.5)
-    write_mmcif(prediction_to_structure(pred, name), out)
-    summary: dict = {"name": name, "out": str(out), "n_res": len(pred.aatype),
-                     "mean_plddt": float(pred.plddt.mean()), "cuda_graphs": graphs}
-    if pred.ptm is not None:  # pTM models (AF2's _ptm): the values; PAE files are not written
-        summary.update(ptm=pred.ptm, mean_pae=float(pred.pae.mean()), max_pae=pred.max_pae)
-    if chunked:
-        summary["autochunk"] = {
-            name: {"budget_bytes": w.report.memory_budget,
-                   "estimated_peak_before": w.report.estimated_peak_before,
-                   "estimated_peak_after": w.report.simulated_peak_after,
-                   "regions": len(w.report.regions)}
-            for name, w in zip(("evoformer", "extra_msa_stack"), chunked)}
-    if has_truth:
-        summary.update(score_against_truth(pred, raw))
-    return {**summary, **searched}
-
-
-def _cuda_graphs(args: argparse.Namespace, device: str) -> bool:
-    """CUDA graphs for prediction: on on CUDA devices unless ``--no-cuda-graphs``."""
-    from fold_train.predict_graphs import graphs_wanted
-
-    return graphs_wanted(False if getattr(args, "no_cuda_graphs", False) else None, device)
-
-
-def _run_af3_prediction(args: argparse.Namespace, device: str, features=None) -> dict:
-    from fold_data.limits import limits_from_args
-
-    from fold_train.config import ConfigError
-    from fold_train.predict_af3 import predict_af3_file
-
-    af2_only = [f for f in ("msa", "templates", "template_mmcif_dir", "chain", "chunk_size",
-                            "autochunk") if getattr(args, f, None)]
-    if af2_only:
-        raise ConfigError(f"--{af2_only[0].replace('_', '-')} is for AF2 inputs; an AF3 JSON "
-                          "names its MSAs and templates itself")
-    return predict_af3_file(args.checkpoint, args.json, args.out, device=device,
-                            use_ema=not args.no_ema, ccd_files=args.ccd or [],
-                            no_samples=args.samples, no_steps=args.sampler_steps,
-                            no_cycles=args.recycles, cuda_graphs=_cuda_graphs(args, device),
-                            allow_outside_paths=getattr(args, "allow_outside_paths", False),
-                            memory_limit=getattr(args, "memory_limit", None),
-                            limits=limits_from_args(args), features=features)
+        searched = apply_search(args)  # AF2: sets --msa/--templates; AF3: make_features args
+        args.search_features = searched.pop("features", None)
+    family = next(f for f in FAMILIES.values()
+                  if any(getattr(args, a, None) for a in f.input_args))  # argparse: one is given
+    return {**family.predict(args, device), **searched}
 
 
 def cmd_predict(args: argparse.Namespace) -> int:
@@ -461,7 +288,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     trainer, records = run_training(train_args)
     print("\ntraining losses (unweighted terms; 'loss' is the AF2-weighted total) and lDDT-Ca "
           "of the training batch:")
-    _print_records(records, max(1, len(records) // 15))
+    _print_records(records, max(1, len(records) // 15), trainer.family.table_columns)
     from fold_train.checkpoint import checkpoint_path
 
     ckpt = checkpoint_path(run_dir / "checkpoints", trainer.step)  # the one this run wrote
@@ -518,9 +345,12 @@ def build_parser() -> argparse.ArgumentParser:
         description="Train AF2 on every chain of DATA_DIR (OpenFold layout: mmcifs/, "
                     "alignments/<pdb>_<chain>/). The features are cached ahead of time. Outputs "
                     "in the run directory: config.json, metrics.jsonl, checkpoints/, "
-                    "training.png. Overrides: key=value for the training config (steps=100, "
-                    "precision=bf16, batch_size=2), optim.* (optim.lr=5e-4), model.* "
-                    "(model.evoformer.no_blocks=2) and data.* (data.n_res=128). AF3 presets "
+                    "training.png. Overrides: section.field=value with sections run "
+                    "(run.steps=100, run.batch_size=2), optim (optim.lr=5e-4), parallel "
+                    "(parallel.dap=2), system (system.precision=bf16), model (fold-model "
+                    "fields: model.evoformer.no_blocks=2) and data (data.workers=2; fold-data "
+                    "preset fields: data.n_res=128); the flat keys of earlier versions "
+                    "(steps=100, precision=bf16) map to their sections. AF3 presets "
                     "train on a directory of mmCIF complexes. Several GPUs / nodes: "
                     "torchrun --nproc-per-node G -m fold_train.cli train ... (data parallel; "
                     "--dap/--bp inside each replica).")
@@ -557,14 +387,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-progress", action="store_true", help="no progress bar; print a table")
     p.add_argument("--dap", type=int, metavar="N",
                    help="Dynamic Axial Parallelism degree (FastFold): N ranks of each replica "
-                        "share one sample, activations split along N_seq / N_res (= dap=N); "
-                        "AF3: the MSA module, Pairformer and template embedder, with "
-                        "data.n_token and data.n_msa multiples of N")
+                        "share one sample, activations split along N_seq / N_res "
+                        "(= parallel.dap=N); AF3: the MSA module, Pairformer and template "
+                        "embedder, with data.n_token and data.n_msa multiples of N")
     p.add_argument("--bp", type=int, choices=(1, 2), metavar="{1,2}",
                    help="Branch Parallelism degree (HelixFold): 2 runs the MSA and pair branches "
-                        "of each block on 2 ranks; needs model.block_order=parallel (= bp=2). "
-                        "World size = DP x BP x DAP under torchrun. AF3 presets: DP and DAP "
-                        "(no --bp)")
+                        "of each block on 2 ranks; needs model.block_order=parallel "
+                        "(= parallel.bp=2). World size = DP x BP x DAP under torchrun. AF3 "
+                        "presets: DP and DAP (no --bp)")
     p.add_argument("overrides", nargs="*", metavar="key=value")
     p.set_defaults(func=cmd_train)
 

@@ -1,28 +1,26 @@
-"""Training configuration: :class:`TrainConfig`, one preset per fold-model preset, and
-``key=value`` overrides with type checking.
+"""Training configuration: :class:`TrainConfig` in six sections, the presets of the model
+families, and ``key=value`` overrides with type checking.
 
-Overrides name a field of the training config (``steps=20``, ``precision=bf16``), of the
-optimizer (``optim.lr=5e-4``), of the model config (``model.evoformer.no_blocks=2``, passed to
-``fold_model.af2.config``) or of the data preset (``data.n_res=48``, ``fold_data.af2.DataPreset``).
+Sections (``section.field=value`` on the command line):
+
+* ``run``: the training preset, steps, batch size, seed, recycling, logging, checkpoints;
+* ``optim``: the optimizer (:class:`~fold_train.optim.AdamConfig`: ``optim.lr=5e-4``);
+* ``parallel``: DAP and BP degrees (data parallelism is the rest of the world size);
+* ``system``: precision, weight dtype, activation checkpointing, op backends, tensor fusion,
+  fused kernels, ScaleFold's switches, compile, CUDA graphs;
+* ``model``: the model family (picked by the preset) and the fold-model overrides
+  (``model.evoformer.no_blocks=2``, checked against the family's model config);
+* ``data``: loader workers and prefetch, and the fold-data preset overrides (``data.n_res=48``).
+
 Each value is parsed to the type the field declares; an unknown key or a value of the wrong type
-is a :class:`ConfigError` that says what was expected.
+is a :class:`ConfigError` that says what was expected. The flat keys of the configuration before
+the sections (``steps=5``, ``dap=2``, ``precision=bf16``) are still accepted: :data:`FLAT_KEYS`
+maps each to its section, and so does :meth:`TrainConfig.from_dict` for the ``config`` of a
+checkpoint written before the change.
 
-Presets (AF2 supplement 1.11, Table 4):
-
-* ``af2_initial``: Adam lr 1e-3 with 1000 warm-up steps, clipping 0.1, EMA 0.999, global batch
-  128 (one sample per GPU on 128 GPUs), bf16, about 10 M samples (78 125 steps).
-* ``af2_finetune``: lr 5e-4, no warm-up, crop 384, about 1.5 M samples (11 719 steps).
-* ``tiny``: the CPU preset of the tests and the demo: few steps, fp32, a short warm-up and a fast
-  EMA (0.9) so that a run of a few dozen steps has a meaningful average.
-
-AlphaFold3 presets (``family="af3"``; model from ``fold_model.af3``, samples from
-``fold_data.af3``; AF3 supplement section 5.4 for the optimizer):
-
-* ``af3``: Adam (beta1 0.9, beta2 0.95, eps 1e-8), learning rate 1.8e-3 linearly warmed up over
-  1000 steps then x0.95 every 50 000 steps, gradients clipped to global norm 10, EMA 0.999, bf16;
-  the ``af3`` model preset and the ``af3_initial`` data preset (crops of 384 tokens).
-* ``af3_tiny``: the CPU preset of the AF3 tests: fold-model's ``tiny`` AF3, crops of 72 tokens /
-  192 atoms, fp32, lr 5e-3 with a 5-step warm-up, EMA 0.9.
+The presets belong to the model families (:mod:`fold_train.families`: ``af2_initial``,
+``af2_finetune``, ``tiny`` in :mod:`~fold_train.families.af2`; ``af3``, ``af3_tiny`` in
+:mod:`~fold_train.families.af3`); :func:`preset` builds one.
 """
 
 from __future__ import annotations
@@ -34,20 +32,15 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from fold_train.errors import ConfigError
+from fold_train.families import family_class, family_of_preset, train_presets
 from fold_train.optim import AdamConfig
 
-__all__ = ["ConfigError", "PRESETS", "TrainConfig", "apply_overrides", "parse_ops_backend",
-           "parse_overrides", "preset"]
+__all__ = ["ConfigError", "DataConfig", "FLAT_KEYS", "ModelConfig", "ParallelConfig", "RunConfig",
+           "SECTIONS", "SystemConfig", "TrainConfig", "apply_overrides", "parse_ops_backend",
+           "parse_overrides", "preset", "presets"]
 
 Precision = Literal["fp32", "bf16"]
-Family = Literal["af2", "af3"]
-
-# Training preset -> (fold-model preset, fold-data preset) of the AF3 family.
-AF3_PRESETS = {"af3": ("af3", "af3_initial"), "af3_tiny": ("tiny", "af3_tiny")}
-
-
-class ConfigError(ValueError):
-    """A bad configuration key or value (the message names the key and the expected type)."""
 
 
 def parse_ops_backend(text: str) -> dict[str, str]:
@@ -72,31 +65,55 @@ def parse_ops_backend(text: str) -> dict[str, str]:
 
 
 @dataclass
-class TrainConfig:
-    """Everything a training run needs besides the data directory.
+class RunConfig:
+    """What the run does: its preset, length, batches, seeds, logs and checkpoints."""
 
-    ``model_overrides`` / ``data_overrides`` hold the ``model.*`` / ``data.*`` overrides as
-    ``{"evoformer.no_blocks": 2}``; :meth:`model_config` and :meth:`data_preset` apply them.
-    """
-
-    preset: str = "tiny"  # AF2: fold-model and fold-data preset name; AF3: key of AF3_PRESETS
-    family: Family = "af2"  # the model family: AlphaFold2 or AlphaFold3
+    preset: str = "tiny"  # the training preset (its family names the model and data presets)
     steps: int = 20  # optimizer updates
     batch_size: int = 1  # samples per step per data-parallel rank
     seed: int = 0
-    precision: Precision = "fp32"  # "bf16": autocast with fp32 master weights
-    # the trunk's weights in bf16 (precision=bf16 only): FlatAdam keeps fp32 masters and rounds
-    # them into the weights after each update; the AF2 structure module and heads (AF3: the
-    # embedders, conditioning, atom encoder/decoder and heads) keep fp32 weights
-    bf16_weights: bool = False
-    max_recycling_iters: int | None = None  # N_cycle drawn from 1..this+1; None: data preset's
+    max_recycling_iters: int | None = None  # N_cycle drawn from 1..this+1; None: the preset's
     checkpoint_every: int = 10
     keep_checkpoints: int = 2
     log_every: int = 1
     eval_every: int = 0  # 0: evaluate at the end only
     max_nonfinite_steps: int = 10  # skipped steps (NaN/inf loss or gradient) before giving up
-    loader_workers: int = 1  # NonBlockingLoader processes; 0: prepare in this process
-    prefetch: int = 4
+
+    def __post_init__(self) -> None:
+        for name in ("steps", "batch_size", "checkpoint_every", "keep_checkpoints", "log_every"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
+        for name in ("eval_every", "max_nonfinite_steps"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if self.max_recycling_iters is not None and self.max_recycling_iters < 0:
+            raise ConfigError("max_recycling_iters must be >= 0")
+
+
+@dataclass
+class ParallelConfig:
+    """Model parallelism inside each data-parallel replica (fold-parallel)."""
+
+    dap: int = 1  # Dynamic Axial Parallelism degree (ranks per replica sharing a sample)
+    bp: int = 1  # Branch Parallelism degree (1 or 2; needs model.block_order=parallel)
+    # DAP's all-to-alls overlapped with compute (FastFold's Duality Async Operations); false:
+    # synchronous DAP
+    dao: bool = True
+
+    def __post_init__(self) -> None:
+        if self.dap < 1 or self.bp not in (1, 2):
+            raise ConfigError(f"dap must be >= 1 and bp 1 or 2, got dap={self.dap}, bp={self.bp}")
+
+
+@dataclass
+class SystemConfig:
+    """How the steps run: precision, memory, kernels and ScaleFold's system switches."""
+
+    precision: Precision = "fp32"  # "bf16": autocast with fp32 master weights
+    # the trunk's weights in bf16 (precision=bf16 only): FlatAdam keeps fp32 masters and rounds
+    # them into the weights after each update; the AF2 structure module and heads (AF3: the
+    # embedders, conditioning, atom encoder/decoder and heads) keep fp32 weights
+    bf16_weights: bool = False
     # activation checkpointing of the model's blocks while training. None: the model preset's
     # choice; true/false: every block / none; "auto": the preset's checkpointing minus the
     # blocks that fit in ckpt_memory_fraction of the device's memory, planned from the first
@@ -117,27 +134,14 @@ class TrainConfig:
     # clipping and EMA (fold_train.param_adam: the eager baseline; one process, fp32 weights)
     tensor_fusion: bool = True
     use_kernels: bool | None = None  # fused optimizer: None = on CUDA when importable
-    dap: int = 1  # Dynamic Axial Parallelism degree (ranks per replica sharing a sample)
-    bp: int = 1  # Branch Parallelism degree (1 or 2; needs model.block_order=parallel)
     # ScaleFold system switches (section 3.3)
     gc_off: bool = True  # garbage collection off during steps, collected between them
     overlap_clip: bool = True  # global-norm partials computed while the all-reduce runs
     compile_structure_module: bool = False  # torch.compile of the memory-bound module
     async_eval: bool = False  # evaluate in a background thread while training goes on
     cuda_graphs: bool = False  # replay forward+loss+backward from one CUDA graph per N_cycle
-    optim: AdamConfig = field(default_factory=AdamConfig)
-    model_overrides: dict[str, Any] = field(default_factory=dict)
-    data_overrides: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        for name in ("steps", "batch_size", "checkpoint_every", "keep_checkpoints", "log_every"):
-            if getattr(self, name) < 1:
-                raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
-        for name in ("eval_every", "max_nonfinite_steps", "loader_workers"):
-            if getattr(self, name) < 0:
-                raise ConfigError(f"{name} must be >= 0, got {getattr(self, name)}")
-        if self.dap < 1 or self.bp not in (1, 2):
-            raise ConfigError(f"dap must be >= 1 and bp 1 or 2, got dap={self.dap}, bp={self.bp}")
         if self.precision not in ("fp32", "bf16"):
             raise ConfigError(f"precision must be 'fp32' or 'bf16', got {self.precision!r}")
         if self.bf16_weights and self.precision != "bf16":
@@ -149,148 +153,153 @@ class TrainConfig:
         if not 0 < self.ckpt_memory_fraction <= 1:
             raise ConfigError("ckpt_memory_fraction must be in (0, 1], got "
                               f"{self.ckpt_memory_fraction}")
-        if self.activation_checkpointing == "auto" and (self.dap > 1 or self.bp > 1):
+        if self.ops_backend is not None:
+            parse_ops_backend(self.ops_backend)
+
+
+@dataclass
+class ModelConfig:
+    """The model family (set by the preset) and the fold-model config overrides."""
+
+    family: str = "af2"  # a name of fold_train.families.FAMILIES
+    # model.* overrides as {"evoformer.no_blocks": 2}; TrainConfig.model_config applies them
+    overrides: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class DataConfig:
+    """The sample loader and the fold-data preset overrides."""
+
+    workers: int = 1  # NonBlockingLoader processes; 0: prepare in this process
+    prefetch: int = 4
+    # data.* overrides as {"n_res": 48}; TrainConfig.data_preset applies them
+    overrides: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.workers < 0:
+            raise ConfigError(f"loader workers must be >= 0, got {self.workers}")
+
+
+SECTIONS: dict[str, type] = {"run": RunConfig, "optim": AdamConfig, "parallel": ParallelConfig,
+                             "system": SystemConfig, "model": ModelConfig, "data": DataConfig}
+
+# The flat keys of the configuration before the sections -> their nested keys (accepted as
+# overrides and in the config of older checkpoints; fold-train README, "Configuration").
+FLAT_KEYS: dict[str, str] = {
+    **{k: f"run.{k}" for k in ("preset", "steps", "batch_size", "seed", "max_recycling_iters",
+                               "checkpoint_every", "keep_checkpoints", "log_every",
+                               "eval_every", "max_nonfinite_steps")},
+    "dap": "parallel.dap", "bp": "parallel.bp", "dao": "parallel.dao",
+    **{k: f"system.{k}" for k in ("precision", "bf16_weights", "activation_checkpointing",
+                                  "ckpt_memory_fraction", "ops_backend", "tensor_fusion",
+                                  "use_kernels", "gc_off", "overlap_clip",
+                                  "compile_structure_module", "async_eval", "cuda_graphs")},
+    "family": "model.family", "model_overrides": "model.overrides",
+    "loader_workers": "data.workers", "prefetch": "data.prefetch",
+    "data_overrides": "data.overrides",
+}
+
+
+@dataclass
+class TrainConfig:
+    """Everything a training run needs besides the data directory, in sections (module
+    docstring). What depends on the model family (its model config, data preset and what it
+    does not support) is asked of the family (:mod:`fold_train.families`)."""
+
+    run: RunConfig = field(default_factory=RunConfig)
+    optim: AdamConfig = field(default_factory=AdamConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    system: SystemConfig = field(default_factory=SystemConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+
+    def __post_init__(self) -> None:
+        for name in SECTIONS:  # each section validates itself
+            check = getattr(getattr(self, name), "__post_init__", None)
+            if check is not None:
+                check()
+        s, p = self.system, self.parallel
+        if s.activation_checkpointing == "auto" and (p.dap > 1 or p.bp > 1):
             raise ConfigError("activation_checkpointing=auto with dap/bp > 1 is not supported: "
                               "each rank would plan on its own, and the ranks of a replica must "
                               "recompute the same blocks (their collectives run again in "
                               "backward); set model.uncheckpointed_blocks explicitly")
-        if self.ops_backend is not None:
-            parse_ops_backend(self.ops_backend)
-        if not self.tensor_fusion:
-            bad = [n for n, on in (("bf16_weights", self.bf16_weights),
-                                   ("cuda_graphs", self.cuda_graphs),
-                                   ("use_kernels", self.use_kernels is True),
-                                   ("dap", self.dap > 1), ("bp", self.bp > 1)) if on]
+        if not s.tensor_fusion:
+            bad = [n for n, on in (("bf16_weights", s.bf16_weights),
+                                   ("cuda_graphs", s.cuda_graphs),
+                                   ("use_kernels", s.use_kernels is True),
+                                   ("dap", p.dap > 1), ("bp", p.bp > 1)) if on]
             if bad:
                 raise ConfigError(f"tensor_fusion=false does not go with {', '.join(bad)}: the "
                                   "per-tensor optimizer keeps fp32 weights, frees gradients "
                                   "between steps and runs in one process")
-        if self.max_recycling_iters is not None and self.max_recycling_iters < 0:
-            raise ConfigError("max_recycling_iters must be >= 0")
-        if self.family not in ("af2", "af3"):
-            raise ConfigError(f"family must be 'af2' or 'af3', got {self.family!r}")
-        if self.family == "af3":
-            if self.preset not in AF3_PRESETS:
-                raise ConfigError(f"AF3 preset {self.preset!r} unknown; AF3 presets are "
-                                  f"{sorted(AF3_PRESETS)}")
-            unsupported = [n for n, bad in (("bp", self.bp > 1),
-                                            ("compile_structure_module",
-                                             self.compile_structure_module)) if bad]
-            if unsupported:
-                raise ConfigError(f"{', '.join(unsupported)}: not supported for AF3 training "
-                                  "(AF2 only)")
+        try:
+            family = family_class(self.model.family)
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
+        family.check_config(self)
+
+    @property
+    def family(self):
+        """The :class:`~fold_train.families.base.Family` class of the run."""
+        return family_class(self.model.family)
 
     # -- the other packages' configs ----------------------------------------------------------
     def model_config(self):
-        """The fold-model ``AlphaFold2Config`` (AF3: ``AlphaFold3Config``) of the preset with the
-        ``model.*`` overrides."""
-        overrides = {k.replace(".", "__"): v for k, v in self.model_overrides.items()}
-        if self.family == "af3":
-            from fold_model.af3 import config as af3_config
-
-            if isinstance(self.activation_checkpointing, bool):  # auto: the preset's, planned
-                overrides["checkpoint"] = self.activation_checkpointing
-            if self.max_recycling_iters is not None:
-                overrides["no_cycles"] = self.max_recycling_iters + 1
-            return af3_config(AF3_PRESETS[self.preset][0], **overrides)
-        from fold_model.af2 import config
-
-        if isinstance(self.activation_checkpointing, bool):  # auto: the preset's, planned
-            overrides["checkpoint_blocks"] = self.activation_checkpointing
-        return config(self.preset, **overrides)
+        """The fold-model config of the family's preset with the ``model.*`` overrides."""
+        return self.family.model_config_of(self)
 
     def data_preset_base(self):
         """The data preset without the ``data.*`` overrides."""
-        if self.family == "af3":
-            from fold_train.af3_data import af3_data_preset
-
-            return af3_data_preset(AF3_PRESETS[self.preset][1])
-        from fold_data.af2 import get_preset
-
-        return get_preset(self.preset)
+        return self.family.data_preset_base(self)
 
     def data_preset(self):
-        """The fold-data ``DataPreset`` (AF3: ``AF3DataPreset``) of the preset with the
-        ``data.*`` overrides; AF2: its ``max_recycling_iters`` is this config's when set (AF3:
-        the model's ``no_cycles``)."""
-        if self.family == "af3":
-            from fold_train.af3_data import af3_data_preset
-
-            base = af3_data_preset(AF3_PRESETS[self.preset][1])
-            return dataclasses.replace(base, **self.data_overrides) if self.data_overrides \
-                else base
-        from fold_data.af2 import get_preset
-
-        base = get_preset(self.preset)
-        changes = dict(self.data_overrides)
-        if self.max_recycling_iters is not None:
-            changes["max_recycling_iters"] = self.max_recycling_iters
-        return dataclasses.replace(base, **changes) if changes else base
+        """The fold-data preset of the family with the ``data.*`` overrides."""
+        return self.family.data_preset(self)
 
     def to_dict(self) -> dict[str, Any]:
-        """Plain JSON-able dict (the run directory's ``config.json``)."""
+        """Plain JSON-able dict of the sections (the run directory's ``config.json``)."""
         return dataclasses.asdict(self)
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> TrainConfig:
-        d = dict(d)
-        optim = AdamConfig(**d.pop("optim", {}))
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(d) - known)
-        if unknown:
-            raise ConfigError(f"unknown TrainConfig fields {unknown}")
-        return cls(optim=optim, **d)
+        """From :meth:`to_dict`'s sections, or from the flat dict of a config written before
+        them (a checkpoint's ``config``): each flat key moves to its section (:data:`FLAT_KEYS`)."""
+        sections: dict[str, dict[str, Any]] = {name: {} for name in SECTIONS}
+        for key, value in d.items():
+            if key in SECTIONS:
+                if not isinstance(value, dict):
+                    raise ConfigError(f"config section {key!r}: expected a mapping, got "
+                                      f"{value!r}")
+                sections[key].update(value)
+            elif key in FLAT_KEYS:
+                section, name = FLAT_KEYS[key].split(".")
+                sections[section][name] = value
+            else:
+                raise ConfigError(f"unknown TrainConfig fields [{key!r}]; sections are "
+                                  f"{list(SECTIONS)}")
+        try:
+            built = {name: SECTIONS[name](**values) for name, values in sections.items()}
+        except TypeError as e:
+            raise ConfigError(f"unknown TrainConfig fields: {e}") from None
+        return cls(**built)
 
 
-def _af2_initial() -> TrainConfig:
-    # Table 4: 10 M samples at batch 128; bf16 (as HelixFold / ScaleFold train).
-    return TrainConfig(preset="af2_initial", steps=78_125, batch_size=1, precision="bf16",
-                       checkpoint_every=1000, keep_checkpoints=3, log_every=10,
-                       eval_every=1000, loader_workers=4, prefetch=8, optim=AdamConfig())
-
-
-def _af2_finetune() -> TrainConfig:
-    # Table 4 fine-tuning: lr halved to 5e-4, no warm-up; 1.5 M samples at batch 128.
-    return TrainConfig(preset="af2_finetune", steps=11_719, batch_size=1, precision="bf16",
-                       checkpoint_every=1000, keep_checkpoints=3, log_every=10,
-                       eval_every=1000, loader_workers=4, prefetch=8,
-                       optim=AdamConfig(lr=5e-4, warmup_steps=0))
-
-
-def _tiny() -> TrainConfig:
-    return TrainConfig(preset="tiny", steps=20, precision="fp32", checkpoint_every=10,
-                       optim=AdamConfig(lr=1e-3, warmup_steps=5, ema_decay=0.9))
-
-
-def _af3() -> TrainConfig:
-    # AF3 supplement 5.4: Adam b1 0.9, b2 0.95, eps 1e-8; lr 1.8e-3 after a 1000-step linear
-    # warm-up, x0.95 every 5e4 steps; clipping to global norm 10; EMA 0.999. The mini-batch of
-    # 256 is one sample per GPU on 256 GPUs. bf16 as MegaFold trains. steps: a long run's
-    # default; set steps= to the compute budget.
-    return TrainConfig(preset="af3", family="af3", steps=150_000, batch_size=1,
-                       precision="bf16", checkpoint_every=1000, keep_checkpoints=3,
-                       log_every=10, loader_workers=4, prefetch=8,
-                       optim=AdamConfig(lr=1.8e-3, beta1=0.9, beta2=0.95, eps=1e-8,
-                                        warmup_steps=1000, decay_factor=0.95,
-                                        decay_every=50_000, clip_norm=10.0, ema_decay=0.999))
-
-
-def _af3_tiny() -> TrainConfig:
-    return TrainConfig(preset="af3_tiny", family="af3", steps=20, precision="fp32",
-                       checkpoint_every=10,
-                       optim=AdamConfig(lr=5e-3, beta1=0.9, beta2=0.95, eps=1e-8,
-                                        warmup_steps=5, clip_norm=10.0, ema_decay=0.9))
-
-
-PRESETS = {"af2_initial": _af2_initial, "af2_finetune": _af2_finetune, "tiny": _tiny,
-           "af3": _af3, "af3_tiny": _af3_tiny}
+def presets() -> list[str]:
+    """The training presets of every family."""
+    return sorted(train_presets())
 
 
 def preset(name: str) -> TrainConfig:
-    """A fresh :class:`TrainConfig` of preset ``name``."""
-    if name not in PRESETS:
-        raise ConfigError(f"unknown preset {name!r}; presets are {sorted(PRESETS)}")
-    return PRESETS[name]()
+    """A fresh :class:`TrainConfig` of training preset ``name`` (its family's ``presets``)."""
+    family = family_of_preset(name)
+    if family is None:
+        raise ConfigError(f"unknown preset {name!r}; presets are {presets()}")
+    spec = family.presets[name]
+    sections = {sec: SECTIONS[sec](**spec.get(sec, {})) for sec in ("optim", "parallel",
+                                                                      "system", "data")}
+    return TrainConfig(run=RunConfig(preset=name, **spec.get("run", {})),
+                       model=ModelConfig(family=family.name), **sections)
 
 
 # -- overrides --------------------------------------------------------------------------------
@@ -389,35 +398,45 @@ def parse_overrides(items: list[str]) -> list[tuple[str, str]]:
     return out
 
 
+def _nested_key(key: str) -> list[str]:
+    """``key`` as a path of section and field names (a flat key goes to its section)."""
+    path = key.split(".")
+    if path[0] not in SECTIONS:
+        if path[0] not in FLAT_KEYS:
+            raise ConfigError(f"{key}: unknown field {path[0]!r}; keys are <section>.<field> "
+                              f"with sections {list(SECTIONS)}, or a flat key of "
+                              f"{sorted(FLAT_KEYS)}")
+        path = FLAT_KEYS[path[0]].split(".") + path[1:]
+    return path
+
+
 def apply_overrides(cfg: TrainConfig, items: list[str]) -> TrainConfig:
     """A copy of ``cfg`` with ``key=value`` overrides applied and type-checked."""
-    cfg = dataclasses.replace(cfg, optim=dataclasses.replace(cfg.optim),
-                              model_overrides=dict(cfg.model_overrides),
-                              data_overrides=dict(cfg.data_overrides))
+    cfg = TrainConfig.from_dict(cfg.to_dict())  # a deep copy, sections and overrides included
     for key, text in parse_overrides(items):
-        path = key.split(".")
-        if path[0] in ("preset", "family"):
-            raise ConfigError(f"{path[0]}: choose it with --preset, not as an override")
-        if path[0] == "model":
-            if len(path) < 2:
-                raise ConfigError(f"{key}: expected model.<field>[.<field>]")
+        path = _nested_key(key)
+        section, rest = path[0], path[1:]
+        if not rest:
+            raise ConfigError(f"{key}: expected {section}.<field>")
+        if path in (["run", "preset"], ["model", "family"]):
+            raise ConfigError(f"{rest[0]}: choose it with --preset, not as an override")
+        if rest[0] == "overrides" and section in ("model", "data"):
+            raise ConfigError(f"{key}: use {section}.<field>")
+        if section == "model" and rest[0] not in _fields(ModelConfig):
             model = cfg.model_config()  # fields and types of the model preset
-            _, _, typ = _resolve(model, path[1:], key)
-            cfg.model_overrides[".".join(path[1:])] = _parse_value(key, text, typ)
-        elif path[0] == "data":
-            if len(path) != 2:
+            _, _, typ = _resolve(model, rest, key)
+            cfg.model.overrides[".".join(rest)] = _parse_value(key, text, typ)
+        elif section == "data" and rest[0] not in _fields(DataConfig):
+            if len(rest) != 1:
                 raise ConfigError(f"{key}: expected data.<field>")
             # field types from the preset itself: the overrides are checked together at the end
             # (crop probabilities must sum to 1 only once all of them are set)
-            _, _, typ = _resolve(cfg.data_preset_base(), path[1:], key)
-            cfg.data_overrides[path[1]] = _parse_value(key, text, typ)
+            _, _, typ = _resolve(cfg.data_preset_base(), rest, key)
+            cfg.data.overrides[rest[0]] = _parse_value(key, text, typ)
         else:
             owner, leaf, typ = _resolve(cfg, path, key)
-            if leaf in ("model_overrides", "data_overrides", "optim"):
-                raise ConfigError(f"{key}: use model.<field>, data.<field> or optim.<field>")
             setattr(owner, leaf, _parse_value(key, text, typ))
     try:  # re-run the validations of every dataclass touched
-        cfg.optim.__post_init__()
         cfg.__post_init__()
         cfg.model_config()
         cfg.data_preset()
@@ -426,3 +445,7 @@ def apply_overrides(cfg: TrainConfig, items: list[str]) -> TrainConfig:
     except (ValueError, TypeError) as e:
         raise ConfigError(f"invalid configuration after overrides {items}: {e}") from e
     return cfg
+
+
+def _fields(cls: type) -> set[str]:
+    return {f.name for f in dataclasses.fields(cls)}

@@ -2,7 +2,8 @@
 
 The run reads an infinite, seeded *sample stream*: stream index ``s`` is sample
 ``s % n_chains`` of epoch ``s // n_chains`` in that epoch's permutation (seeded by
-``(seed, epoch)``), made by ``fold_data.af2.make_sample`` with a seed derived from ``(seed, s)``.
+``(seed, epoch)``), made by the model family's ``load_sample`` (AF2: ``fold_data.af2.make_sample``)
+with a seed derived from ``(seed, s)``.
 So which sample a stream index is never depends on which worker made it or when. With data
 parallelism rank ``r`` of ``W`` takes the stream indices ``s = r (mod W)``.
 
@@ -14,9 +15,9 @@ prepares exactly the remaining ones. With ``strict_order=True`` (or ``workers=0`
 samples in this process) batches come in stream order, which makes a resumed run's losses equal
 an uninterrupted run's.
 
-``family="af3"``: the cache is fold-data's AF3 cache (:mod:`fold_train.af3_data`) and a sample is
-``fold_data.af3.make_sample`` (crop, MSA rows, rotated conformers), ``{name: [...]}`` without
-the recycling dimension, so batches are ``{name: [B, ...]}``.
+``family`` names the model family (:mod:`fold_train.families`) that reads a cache entry and makes
+its sample: AF2 ``{name: [R, ...]}`` from the chain cache, AF3 ``{name: [...]}`` (no recycling
+dimension) from the complex cache.
 """
 
 from __future__ import annotations
@@ -29,7 +30,6 @@ from typing import Any
 
 import numpy as np
 import torch
-from fold_data.af2 import make_sample
 from fold_data.cache import INDEX_NAME, CacheWarning, FeatureCache
 from fold_data.errors import InputError
 
@@ -104,9 +104,9 @@ class StreamItem:
     cache_dir: str
     name: str
     key: str
-    preset: Any  # DataPreset (AF2) or fold_data.af3.AF3DataPreset
+    preset: Any  # the family's data preset
     seed: int
-    family: str = "af2"
+    family: str = "af2"  # a name of fold_train.families.FAMILIES
 
 
 def stream_seed(seed: int, index: int) -> int:
@@ -115,24 +115,12 @@ def stream_seed(seed: int, index: int) -> int:
 
 
 def prepare_item(item: StreamItem) -> tuple[int, str, dict[str, np.ndarray]]:
-    """Loader worker: read a chain's (AF3: a complex's) cached raw features and make its training
-    sample."""
-    if item.family == "af3":
-        from fold_data.af3 import af3_cache
-        from fold_data.af3 import make_sample as make_af3_sample
+    """Loader worker: read a cache entry and make its training sample (the family's)."""
+    from fold_train.families import family_class
 
-        from fold_train.af3_data import af3_cache_dir
-
-        cache = af3_cache(af3_cache_dir(item.cache_dir))
-    else:
-        cache = FeatureCache(item.cache_dir)
-    raw = cache.load(item.key)
-    if raw is None:
-        raise InputError(cache.path(item.key), item.name,
-                         "expected a valid cache entry (missing or corrupt: rebuild the cache)")
-    if item.family == "af3":
-        return item.index, item.name, make_af3_sample(raw, item.preset, seed=item.seed)
-    return item.index, item.name, make_sample(raw, item.preset, seed=item.seed, training=True)
+    sample = family_class(item.family).load_sample(item.cache_dir, item.name, item.key,
+                                                   item.preset, item.seed)
+    return item.index, item.name, sample
 
 
 def collate(samples: Sequence[dict[str, np.ndarray]]) -> dict[str, torch.Tensor]:
@@ -160,7 +148,7 @@ class SampleStream:
 
     cache_dir: str
     chains: list[tuple[str, str]]
-    preset: Any  # DataPreset (AF2) or AF3DataPreset
+    preset: Any  # the family's data preset
     seed: int = 0
     batch_size: int = 1
     rank: int = 0
@@ -168,7 +156,7 @@ class SampleStream:
     workers: int = 1
     prefetch: int = 4
     strict_order: bool = False
-    family: str = "af2"  # "af3": AF3 cache entries and fold_data.af3.make_sample
+    family: str = "af2"  # the model family that reads the entries and makes the samples
     next_index: int = 0  # lowest stream index of this rank not yet consumed
     consumed_ahead: set[int] = field(default_factory=set)  # consumed indices above it
     _perms: dict[int, np.ndarray] = field(default_factory=dict, repr=False)

@@ -22,12 +22,11 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch import nn
 
 from fold_train.optim import FlatParams
 
-__all__ = ["DistContext", "all_reduce_gradients", "all_true", "enable_model_parallel",
-           "gather_objects", "model_parallel", "setup", "teardown"]
+__all__ = ["DistContext", "all_reduce_gradients", "all_true", "gather_objects",
+           "layout_context", "model_parallel", "setup", "teardown"]
 
 
 @dataclass
@@ -75,45 +74,26 @@ def model_parallel(ctx: DistContext, *, dap: int = 1, bp: int = 1) -> DistContex
                        dp_rank=groups.dp_index, dp_size=groups.config.dp, groups=groups)
 
 
-def enable_model_parallel(model: nn.Module, ctx: DistContext) -> list:
-    """Put ``model``'s stacks under DAP (Evoformer, extra MSA, template pair stacks) and BP
-    (Evoformer and extra MSA stacks; needs ``block_order='parallel'``) per ``ctx.groups``;
-    returns the fold-parallel handles. Parameters and state-dict keys are unchanged.
+def layout_context(ctx: DistContext, ranks: int, *, dap: int = 1, bp: int = 1
+                   ) -> DistContext | None:
+    """The context of a job on world ranks ``0 .. ranks - 1`` only, split into replicas of
+    ``dap x bp`` ranks as :func:`model_parallel` splits the world: gradients are averaged over
+    those ranks, DAP/BP run in fold-parallel's groups among them (a benchmark timing several
+    layouts in one world). Every rank of the world calls this in the same order (group creation
+    is collective); the ranks outside get ``None`` and must not train meanwhile."""
+    if ranks % (dap * bp) or not 1 <= ranks <= ctx.world_size:
+        raise ValueError(f"a layout of {ranks} ranks with dap x bp = {dap} x {bp} does not fit "
+                         f"a world of {ctx.world_size}")
+    if ranks == 1:  # no groups to create: rank 0 alone
+        return DistContext(0, 1, ctx.device, None) if ctx.rank == 0 else None
+    from fold_parallel import ParallelConfig, build_groups
 
-    AlphaFold3: DAP only, through ``AlphaFold3.set_comm`` (MSA module, Pairformer, template
-    embedder; each scatters its inputs and gathers its output itself, so N_token and the MSA
-    rows must be multiples of the DAP degree: fixed-size crops, checked by fold-train's CLI);
-    returns the stacks put under DAP."""
-    if ctx.groups is None:
-        return []
-    from fold_parallel import Collectives, DapComm, enable_bp, enable_dap
-
-    cfg = ctx.groups.config
-    if hasattr(model, "pairformer"):  # AlphaFold3: the trunk stacks on the axial seam
-        if cfg.bp > 1:
-            raise ValueError("branch parallelism (bp=2) is for the AF2 Parallel Evoformer; "
-                             "AF3 takes DAP and data parallelism")
-        if cfg.dap == 1:
-            return []
-        model.set_comm(DapComm(ctx.groups.dap_group))
-        return [m for m in (model.msa_module, model.pairformer, model.template_embedder)
-                if m is not None]
-    handles = []
-    stacks = [model.evoformer]
-    if model.config.extra_msa.enabled:
-        stacks.append(model.extra_msa_stack)
-    if cfg.bp == 2:
-        if model.config.block_order != "parallel":
-            raise ValueError("branch parallelism (bp=2) needs the Parallel Evoformer: set "
-                             "model.block_order=parallel")
-        coll = Collectives(ctx.groups.bp_group, name="BP group")
-        handles += [enable_bp(s, coll) for s in stacks]
-    if cfg.dap > 1:
-        comm = DapComm(ctx.groups.dap_group)
-        if model.template_embedder is not None:
-            stacks.append(model.template_embedder.pair_stack)
-        handles += [enable_dap(s, comm) for s in stacks]
-    return handles
+    groups = build_groups(ParallelConfig(dp=ranks // (dap * bp), bp=bp, dap=dap), subset=True)
+    if groups is None:
+        return None
+    return DistContext(ctx.rank, ranks, ctx.device, groups.world_group,
+                       dp_rank=groups.dp_index, dp_size=groups.config.dp,
+                       groups=groups if dap * bp > 1 else None)
 
 
 def gather_objects(obj: Any, ctx: DistContext) -> list[Any]:

@@ -100,16 +100,17 @@ def import_weights(src: str | os.PathLike, out: str | os.PathLike) -> dict[str, 
     kind, model_config, state = read_weights(src)
     if kind == "fold":
         raise CheckpointError(src, "is already a fold checkpoint")
-    cfg = dataclasses.replace(preset("af2_finetune"), precision="fp32",
-                              model_overrides=model_overrides(model_config,
-                                                              config("af2_finetune")))
-    cfg.__post_init__()
+    cfg = preset("af2_finetune")
+    cfg = dataclasses.replace(
+        cfg, system=dataclasses.replace(cfg.system, precision="fp32"),
+        model=dataclasses.replace(cfg.model, overrides=model_overrides(model_config,
+                                                                       config("af2_finetune"))))
     save_checkpoint(out, {"config": cfg.to_dict(), "model": state, "step": 0,
                           "imported_from": {"path": os.fspath(src), "format": kind}})
     return {"source": os.fspath(src), "format": kind, "out": os.fspath(out),
             "templates": model_config.template.enabled, "ptm": model_config.heads.tm_enabled,
             "parameters": sum(v.numel() for v in state.values()),
-            "model_overrides": cfg.model_overrides}
+            "model_overrides": cfg.model.overrides}
 
 
 def load_init_weights(model: nn.Module, path: str | os.PathLike, family: str = "af2") -> str:

@@ -1,5 +1,5 @@
-"""The AF2 training loop (supplement 1.11) over fold-data samples, fold-model and the flat
-optimizer.
+"""The training loop (AF2 supplement 1.11) over fold-data samples, a model family
+(:mod:`fold_train.families`) and the flat optimizer; the loop itself knows no family.
 
 One step (:meth:`Trainer.train_step`):
 
@@ -7,9 +7,10 @@ One step (:meth:`Trainer.train_step`):
    sample of the batch and every data-parallel rank uses the same number (supplement 1.10);
 2. forward with recycling: passes ``1..N_cycle-1`` without gradients, the last with (fold-model);
    bf16 autocast when ``precision=bf16`` (the weights stay fp32: they are the master copy);
-   AF3 draws its diffusion noise from a generator seeded by ``(seed, step, dp_rank)``
-   (:func:`noise_seed`), dropout from the global RNG seeded per data-parallel replica;
-3. the AF2 loss of the preset on the ground truth of the last pass; backward;
+   a family with diffusion noise (AF3) draws it from a generator seeded by
+   ``(seed, step, dp_rank)`` (:func:`noise_seed`), dropout from the global RNG seeded per
+   data-parallel replica;
+3. the family's loss (AF2: on the ground truth of the last pass); backward;
 4. data parallel: average the flat gradient buffer over the ranks, its global norm computed as
    the buckets arrive (:mod:`fold_train.distributed`);
 5. a non-finite loss or gradient norm on any rank skips the update on every rank and is logged;
@@ -34,12 +35,10 @@ import copy
 import gc
 import json
 import math
-import os
 import signal
 import time
 import warnings
 from collections.abc import Iterable, Iterator, Sequence
-from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -47,28 +46,22 @@ import numpy as np
 import torch
 
 from fold_train import checkpoint as ckpt
-from fold_train import metrics
 from fold_train.buckets import Bucket, BucketPolicy, fit_to_bucket
 from fold_train.ckpt_plan import CheckpointPlan, CudaMemory, MemorySource, plan_checkpointing
 from fold_train.config import ConfigError, TrainConfig
-from fold_train.cuda_graphs import CaptureBackend, CudaGraphBackend, GraphedStep
-from fold_train.data import SampleStream, collate
-from fold_train.distributed import (
-    DistContext,
-    all_reduce_gradients,
-    all_true,
-    enable_model_parallel,
-    gather_objects,
-)
-from fold_train.family import model_family
+from fold_train.cuda_graphs import CaptureBackend, GraphedStep
+from fold_train.data import SampleStream
+from fold_train.distributed import DistContext, all_reduce_gradients, all_true, gather_objects
+from fold_train.families import make_family
 from fold_train.optim import FlatAdam, FlatParams
+from fold_train.parallelize import Techniques, parallelize
 from fold_train.param_adam import ParamAdam, ParamList
+from fold_train.runtime import autocast, ops_backend
 
-__all__ = ["NonFiniteError", "Trainer", "TrainingInterrupted", "evaluate_model", "draw_n_cycle",
-           "noise_seed"]
+__all__ = ["CHECKPOINT_FORMAT", "NonFiniteError", "Trainer", "TrainingInterrupted",
+           "draw_n_cycle", "noise_seed"]
 
 CHECKPOINT_FORMAT = "fold-train/1"
-_CA = 1  # atom37 index
 
 
 class NonFiniteError(RuntimeError):
@@ -93,98 +86,21 @@ def _to_device(batch: dict[str, torch.Tensor], device: torch.device) -> dict[str
     return {k: v.to(device, non_blocking=True) for k, v in batch.items()}
 
 
-def _last_pass(batch: dict[str, torch.Tensor], n_cycle: int) -> dict[str, torch.Tensor]:
-    """Ground truth and features of pass ``n_cycle`` (``[B, R, ...]`` -> ``[B, ...]``)."""
-    return {k: v[:, n_cycle - 1] for k, v in batch.items()}
-
-
-@torch.no_grad()
-def evaluate_model(
-    model: torch.nn.Module, samples: Sequence[tuple[str, dict[str, np.ndarray]]],
-    device: torch.device, *, precision: str = "fp32",
-) -> dict[str, float]:
-    """Structure metrics of ``model`` (in eval mode, all recycling passes) on inference samples
-    ``[(name, sample)]``: per chain and averaged lDDT-Ca, TM-score, GDT-TS, GDT-HA, RMSD (CA)."""
-    was_training = model.training
-    model.eval()
-    out: dict[str, list[float]] = {}
-    per_chain: dict[str, float] = {}
-    try:
-        for name, sample in samples:
-            batch = _to_device(collate([sample]), device)
-            with _autocast(device, precision):
-                pred = model(batch)["final_atom_positions"][0, :, _CA].float().cpu().numpy()
-            last = _last_pass(batch, batch["aatype"].shape[1])
-            true = last["all_atom_positions"][0, :, _CA].float().cpu().numpy()
-            mask = (last["all_atom_mask"][0, :, _CA] * last["seq_mask"][0]).cpu().numpy()
-            if mask.sum() < 3:
-                continue
-            scores = {
-                "lddt_ca": metrics.lddt_ca(pred, true, mask),
-                "tm_score": metrics.tm_score(pred, true, mask),
-                "gdt_ts": metrics.gdt_ts(pred, true, mask),
-                "gdt_ha": metrics.gdt_ha(pred, true, mask),
-                "rmsd": metrics.rmsd(pred, true, mask),
-            }
-            for k, v in scores.items():
-                out.setdefault(k, []).append(float(v))
-                per_chain[f"{name}/{k}"] = float(v)
-    finally:
-        model.train(was_training)
-    result = {f"eval/{k}": float(np.mean(v)) for k, v in out.items()}
-    result.update({f"eval/{k}": v for k, v in per_chain.items()})
-    return result
-
-
-_PAIRS = "loss_pairs"  # prefix of the AF3 loss's pair lists among the static graph inputs
-
-
-_OPS_ENV = "FOLD_OPS_BACKEND"  # fold-model's op registry reads it on every dispatch
-
-
-@contextlib.contextmanager
-def _ops_backend(spec: str | None) -> Iterator[None]:
-    """fold-model's op backends ``spec`` (``ops_backend``) inside the block. Set through the
-    registry's environment variable, not its thread-local ``use_backend``: backward, and the
-    recompute of checkpointed blocks in it, runs in autograd's device threads, which see the
-    environment but not another thread's selection."""
-    if spec is None:
-        yield
-        return
-    old = os.environ.get(_OPS_ENV)
-    os.environ[_OPS_ENV] = spec
-    try:
-        yield
-    finally:
-        if old is None:
-            os.environ.pop(_OPS_ENV, None)
-        else:
-            os.environ[_OPS_ENV] = old
-
-
-def _autocast(device: torch.device, precision: str, *, cache: bool = True):
-    """bf16 autocast for ``precision="bf16"``. ``cache=False`` under CUDA Graphs: the autocast
-    cache of cast weights is cleared when the context exits, so a captured graph must not read
-    from it."""
-    if precision != "bf16":
-        return nullcontext()
-    return torch.autocast(device_type=device.type, dtype=torch.bfloat16, cache_enabled=cache)
-
-
 class Trainer:
-    """Train ``AlphaFold2(cfg.model_config())`` (``cfg.family="af3"``: ``AlphaFold3``; what
-    differs lives in :mod:`fold_train.family`) on ``stream`` with outputs in ``run_dir``.
+    """Train the model of ``cfg``'s family (:mod:`fold_train.families`: what differs between
+    AF2 and AF3 lives there) on ``stream`` with outputs in ``run_dir``.
 
     ``stream``: the training samples of :meth:`fit` (None: the caller feeds batches to
     :meth:`train_step` / :meth:`run_steps` itself, e.g. a benchmark's synthetic batch; no
     :meth:`fit`, :meth:`save` or :meth:`resume` then). ``eval_set``: inference samples
-    ``[(name, sample)]`` scored with the EMA weights every ``cfg.eval_every`` steps and at the
-    end. ``ctx``: the data-parallel context (single process when None). With
-    ``cfg.cuda_graphs`` the forward + loss + backward of a step is replayed from a CUDA graph per
-    ``N_cycle`` (:mod:`fold_train.cuda_graphs`); ``graph_backend`` replaces the CUDA capture
-    (tests). With ``cfg.activation_checkpointing="auto"`` the first step plans the checkpointing
-    (:mod:`fold_train.ckpt_plan`, result in :attr:`ckpt_plan`) from ``ckpt_memory`` (default: the
-    CUDA device's memory; on CPU without it the preset's checkpointing is kept). ``init_from``:
+    ``[(name, sample)]`` scored with the EMA weights every ``run.eval_every`` steps and at the
+    end. ``ctx``: the data-parallel context (single process when None). The model's techniques
+    are applied by :func:`fold_train.parallelize.parallelize`: with ``system.cuda_graphs`` the
+    forward + loss + backward of a step is replayed from a CUDA graph per ``N_cycle``
+    (:mod:`fold_train.cuda_graphs`); ``graph_backend`` replaces the CUDA capture (tests). With
+    ``system.activation_checkpointing="auto"`` the first step plans the checkpointing
+    (:mod:`fold_train.ckpt_plan`, result in :attr:`ckpt_plan`) from ``ckpt_memory`` (default:
+    the CUDA device's memory; on CPU without it the preset's checkpointing is kept). ``init_from``:
     start from the weights of a fold checkpoint, AF2 ``.npz`` or OpenFold ``.pt``
     (:mod:`fold_train.init_from`); the optimizer and everything else start fresh.
     """
@@ -203,24 +119,36 @@ class Trainer:
         self.eval_set = list(eval_set)
         self.progress = progress
         self.device = self.ctx.device
-        torch.manual_seed(cfg.seed)  # same initial weights on every rank
+        torch.manual_seed(cfg.run.seed)  # same initial weights on every rank
         self.model_config = cfg.model_config()
-        self.family = model_family(cfg.family, self.model_config)
+        self.family = make_family(cfg.model.family, self.model_config)
         self.model = self.family.build_model(self.model_config).to(self.device)
-        if init_from is not None:  # weight-only start: before the flat buffers and the EMA copy
+        if init_from is not None:  # weight-only start: before bf16 weights and the flat buffers
             from fold_train.init_from import load_init_weights
 
-            load_init_weights(self.model, init_from, cfg.family)
-        if cfg.bf16_weights:  # before the flat buffers: one group per dtype, fp32 masters
-            self.family.to_bf16_weights(self.model)
-        self._parallel_handles = enable_model_parallel(self.model, self.ctx)  # DAP / BP
-        if cfg.compile_structure_module:
-            # memory-bound: many small elementwise ops that fuse well (ScaleFold 3.3)
-            self.model.structure_module.compile()
+            load_init_weights(self.model, init_from, cfg.model.family)
+        if cfg.system.cuda_graphs and (cfg.parallel.dap > 1 or cfg.parallel.bp > 1):
+            raise ConfigError("cuda_graphs=true with dap/bp > 1 is not supported: the DAP/BP "
+                              "collectives inside the step are not captured")
+        if graph_backend is not None and not cfg.system.cuda_graphs:
+            raise ValueError("graph_backend given but cfg.system.cuda_graphs is false")
+        # AF3: the diffusion noise's generator, reseeded every step (noise_seed); one object, so
+        # that captured steps can register it and draw fresh noise on every replay.
+        self._noise_gen = torch.Generator(self.device) if self.family.seeded_noise else None
+        # bf16 weights, DAP / BP, the checkpointing plan, compile and the graph backend, in
+        # parallelize's fixed order (before the flat buffers: one group per weight dtype)
+        done = parallelize(self.model, self.family, Techniques(
+            bf16_weights=cfg.system.bf16_weights, groups=self.ctx.groups, dao=cfg.parallel.dao,
+            plan_checkpointing=cfg.system.activation_checkpointing == "auto",
+            compile=cfg.system.compile_structure_module, cuda_graphs=cfg.system.cuda_graphs,
+            device=self.device,
+            generators=(self._noise_gen,) if self._noise_gen is not None else ()),
+            graph_backend=graph_backend)
+        self._parallel_handles = done.parallel_handles
         self.loss_fn = self.family.make_loss(self.model, self.model_config)
-        if cfg.tensor_fusion:
+        if cfg.system.tensor_fusion:
             self.flat = FlatParams(self.model)
-            self.opt = FlatAdam(self.flat, cfg.optim, use_kernels=cfg.use_kernels)
+            self.opt = FlatAdam(self.flat, cfg.optim, use_kernels=cfg.system.use_kernels)
         else:  # the eager baseline: per-tensor Adam, clipping and EMA (one process only)
             if self.ctx.distributed:
                 raise ConfigError("tensor_fusion=false runs in one process: the data-parallel "
@@ -230,24 +158,13 @@ class Trainer:
         # activation_checkpointing=auto: planned on the first batch (_plan_checkpointing)
         self.ckpt_plan: CheckpointPlan | None = None
         self._ckpt_memory = ckpt_memory
-        self._ckpt_pending = cfg.activation_checkpointing == "auto"
-        # AF3: the diffusion noise's generator, reseeded every step (noise_seed); one object, so
-        # that captured steps can register it and draw fresh noise on every replay.
-        self._noise_gen = torch.Generator(self.device) if self.family.seeded_noise else None
+        self._ckpt_pending = done.checkpoint_plan_pending
         # Under CUDA graphs: one GraphedStep (graphs per N_cycle, static inputs) per shape bucket
         # (fold_train.buckets), all in one pool; AF3: the pair-list capacities of each bucket.
         self._graphs: dict[Bucket, GraphedStep] = {}
-        self._pair_caps: dict[Bucket, tuple] = {}
-        self._graph_backend: CaptureBackend | None = None
+        self._loss_caps: dict[Bucket, Any] = {}
+        self._graph_backend: CaptureBackend | None = done.graph_backend
         self.bucket_policy = BucketPolicy()
-        if cfg.cuda_graphs:
-            if cfg.dap > 1 or cfg.bp > 1:
-                raise ConfigError("cuda_graphs=true with dap/bp > 1 is not supported: the DAP/BP "
-                                  "collectives inside the step are not captured")
-            self._graph_backend = graph_backend or CudaGraphBackend(
-                self.device, generators=[self._noise_gen] if self._noise_gen is not None else [])
-        elif graph_backend is not None:
-            raise ValueError("graph_backend given but cfg.cuda_graphs is false")
         self.step = 0
         self.consecutive_skips = 0
         self.skipped_total = 0
@@ -255,7 +172,7 @@ class Trainer:
         self._stop_signal: int | None = None  # SIGTERM/SIGINT received during fit
         # Different dropout for each data-parallel replica, the same on the DAP/BP ranks of one
         # replica (DAP needs equal masks along a split axis), reproducible.
-        torch.manual_seed(cfg.seed * 1000 + 1 + self.ctx.dp_rank)
+        torch.manual_seed(cfg.run.seed * 1000 + 1 + self.ctx.dp_rank)
         self._writer = None
         self._eval_pool: concurrent.futures.ThreadPoolExecutor | None = None
         self._eval_futures: list[tuple[int, concurrent.futures.Future]] = []
@@ -271,7 +188,7 @@ class Trainer:
         """One optimizer step on ``batch`` (AF2 ``[B, R, ...]``, AF3 ``[B, ...]``); returns its
         metrics. ``n_cycle``: the trunk passes of this step (default: drawn from
         ``1..n_cycle_max`` seeded by ``(seed, step)``, as training does; a benchmark fixes it)."""
-        with _ops_backend(self.cfg.ops_backend):
+        with ops_backend(self.cfg.system.ops_backend):
             return self._train_step(batch, n_cycle)
 
     def run_steps(self, batches: Iterable[dict[str, torch.Tensor]], *,
@@ -284,7 +201,7 @@ class Trainer:
         with self._gc_paused():
             for batch in batches:
                 records.append(self.train_step(batch, n_cycle=n_cycle))
-                if self.cfg.gc_off:
+                if self.cfg.system.gc_off:
                     gc.collect(0)
         return records
 
@@ -293,12 +210,12 @@ class Trainer:
         """Garbage collection off inside the block when ``gc_off`` (ScaleFold 3.3: no
         collection pauses inside a step)."""
         was_enabled = gc.isenabled()
-        if self.cfg.gc_off:
+        if self.cfg.system.gc_off:
             gc.disable()
         try:
             yield
         finally:
-            if self.cfg.gc_off and was_enabled:
+            if self.cfg.system.gc_off and was_enabled:
                 gc.enable()
 
     def _plan_checkpointing(self, batch: dict[str, torch.Tensor]) -> None:
@@ -310,7 +227,7 @@ class Trainer:
         self._ckpt_pending = False
         memory = self._ckpt_memory
         if memory is None and self.device.type == "cuda":
-            memory = CudaMemory(self.device, self.cfg.ckpt_memory_fraction)
+            memory = CudaMemory(self.device, self.cfg.system.ckpt_memory_fraction)
         if memory is None:
             return  # CPU: the preset's checkpointing
         devices = [self.device] if self.device.type == "cuda" else []
@@ -335,7 +252,7 @@ class Trainer:
         cfg = self.cfg
         self.model.train()
         if n_cycle is None:
-            n_cycle = draw_n_cycle(cfg.seed, self.step, self.family.n_cycle_max(batch))
+            n_cycle = draw_n_cycle(cfg.run.seed, self.step, self.family.n_cycle_max(batch))
         elif not 1 <= n_cycle <= self.family.n_cycle_max(batch):
             raise ValueError(f"n_cycle must be in 1..{self.family.n_cycle_max(batch)}, got "
                              f"{n_cycle}")
@@ -344,7 +261,7 @@ class Trainer:
             self._plan_checkpointing(batch)
         reseed = None
         if self._noise_gen is not None:
-            seed = noise_seed(cfg.seed, self.step, self.ctx.dp_rank)
+            seed = noise_seed(cfg.run.seed, self.step, self.ctx.dp_rank)
             reseed = lambda: self._noise_gen.manual_seed(seed)  # noqa: E731
             reseed()
         if self._graph_backend is not None:
@@ -365,7 +282,7 @@ class Trainer:
         if self.ctx.distributed:
             # the norm is accumulated while the buckets' all-reduces complete (overlap_clip), or
             # taken afterwards over the whole averaged buffer
-            norm = all_reduce_gradients(self.flat, self.ctx, with_norm=cfg.overlap_clip)
+            norm = all_reduce_gradients(self.flat, self.ctx, with_norm=cfg.system.overlap_clip)
             if norm is None:
                 norm = self.opt.grad_norm()
         else:
@@ -388,10 +305,10 @@ class Trainer:
         if not finite:
             print(f"fold-train: step {self.step}: non-finite loss {record['loss']} or gradient "
                   f"norm {record['grad_norm']}; update skipped ({self.consecutive_skips} in a row)")
-            if self.consecutive_skips > cfg.max_nonfinite_steps:
+            if self.consecutive_skips > cfg.run.max_nonfinite_steps:
                 raise NonFiniteError(
                     f"{self.consecutive_skips} consecutive steps with a non-finite loss or "
-                    f"gradient (limit max_nonfinite_steps={cfg.max_nonfinite_steps}); stopping "
+                    f"gradient (limit max_nonfinite_steps={cfg.run.max_nonfinite_steps}); stopping "
                     f"at step {self.step}")
         return record
 
@@ -408,18 +325,16 @@ class Trainer:
 
     def _forward_backward(
         self, batch: dict[str, torch.Tensor], n_cycle: int, *, autocast_cache: bool = True,
-        pairs=None,
+        **loss_inputs: Any,
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor], dict[str, torch.Tensor]]:
         """Zero the flat gradient, forward with ``n_cycle`` passes, the family's loss (AF2: on
         the last pass's truth), backward. Returns ``(loss, loss terms, aux)`` (detached; AF2's
         aux: ``final_atom_positions [B, N_res, 37, 3]``)."""
         self.flat.zero_grad()
-        kwargs = {}
+        kwargs = dict(loss_inputs)
         if self._noise_gen is not None:  # AF3: the step's diffusion noise (seeded by train_step)
             kwargs["generator"] = self._noise_gen
-        if pairs is not None:
-            kwargs["pairs"] = pairs
-        with _autocast(self.device, self.cfg.precision, cache=autocast_cache):
+        with autocast(self.device, self.cfg.system.precision, cache=autocast_cache):
             loss, terms, aux = self.family.forward_loss(self.model, self.loss_fn, batch, n_cycle,
                                                         **kwargs)
         loss.backward()
@@ -444,44 +359,31 @@ class Trainer:
     def _graph_body(self, graphed: GraphedStep, n_cycle: int) -> dict[str, torch.Tensor]:
         """The captured work of a step: :meth:`_forward_backward` on the static batch (AF3:
         with the static, padded pair lists of the loss)."""
-        batch, pairs = graphed.static_inputs, None
-        if hasattr(self.family, "loss_inputs"):  # AF3: the padded pair lists are static inputs
-            from fold_model.af3.loss import LossPairs
-
-            batch, pairs = LossPairs.split(batch, _PAIRS)
-        loss, terms, aux = self._forward_backward(batch, n_cycle, autocast_cache=False,
-                                                  pairs=pairs)
+        batch, extra = self.family.split_static_inputs(graphed.static_inputs)
+        loss, terms, aux = self._forward_backward(batch, n_cycle, autocast_cache=False, **extra)
         return {"loss": loss, **{f"aux/{k}": v for k, v in aux.items()},
                 **{f"term/{k}": v for k, v in terms.items()}}
 
     def _static_loss_inputs(self, batch: dict[str, torch.Tensor],
                             bucket: Bucket) -> dict[str, torch.Tensor]:
-        """AF3 under CUDA graphs: the loss's atom-pair lists (data-dependent lengths), built
+        """The family's data-dependent loss inputs (AF3: the loss's atom-pair lists), built
         outside the graph and padded to fixed capacities (one set per bucket), as static inputs.
-        A batch whose lists outgrow its bucket's capacities drops the captured graphs (of every
+        A batch whose inputs outgrow its bucket's capacities drops the captured graphs (of every
         bucket: they share one pool, which is released): they are captured again, that bucket's
-        for larger lists (with 25% headroom, so this is rare)."""
-        loss_inputs = getattr(self.family, "loss_inputs", None)
-        if loss_inputs is None:
-            return {}
-        pairs = loss_inputs(batch)
-        counts = (pairs.lddt.n_pairs, None if pairs.bond is None else pairs.bond.n_pairs)
-        caps = self._pair_caps.get(bucket)
-        if caps is None or any(n is not None and n > c for n, c in zip(counts, caps)):
-            if caps is not None:
-                print(f"fold-train: step {self.step + 1}: the loss's pair lists "
-                      f"({pairs.lddt.n_pairs} lDDT pairs) outgrew the captured capacities "
-                      f"{caps}; capturing the step again")
-                for graphed in self._graphs.values():
-                    graphed.reset()
-            self._pair_caps[bucket] = pairs.capacities()
-        return pairs.padded(*self._pair_caps[bucket]).tensors(_PAIRS)
+        for the larger capacities."""
+        tensors, caps, note = self.family.static_loss_inputs(batch, self._loss_caps.get(bucket))
+        if note is not None:
+            print(f"fold-train: step {self.step + 1}: {note}; capturing the step again")
+            for graphed in self._graphs.values():
+                graphed.reset()
+        self._loss_caps[bucket] = caps
+        return tensors
 
     # -- the run --------------------------------------------------------------------------------
     def fit(self, *, stop_at: int | None = None) -> list[dict[str, Any]]:
-        """Train until ``cfg.steps`` (or ``stop_at``, to interrupt a run on purpose); returns the
-        records of the steps run now."""
-        with _ops_backend(self.cfg.ops_backend):  # evaluation too (its thread included)
+        """Train until ``cfg.run.steps`` (or ``stop_at``, to interrupt a run on purpose); returns
+        the records of the steps run now."""
+        with ops_backend(self.cfg.system.ops_backend):  # evaluation too (its thread included)
             return self._fit(stop_at)
 
     def _fit(self, stop_at: int | None) -> list[dict[str, Any]]:
@@ -489,16 +391,16 @@ class Trainer:
         if self.stream is None:
             raise ValueError("Trainer.fit needs a sample stream (this Trainer was built with "
                              "stream=None: feed batches to train_step / run_steps)")
-        end = min(cfg.steps, stop_at) if stop_at is not None else cfg.steps
+        end = min(cfg.run.steps, stop_at) if stop_at is not None else cfg.run.steps
         main = self.ctx.is_main
         if main:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             _write_json(self.run_dir / "config.json", cfg.to_dict())
             self._open_tensorboard()
-        bar = _progress_bar(total=cfg.steps, initial=self.step,
+        bar = _progress_bar(total=cfg.run.steps, initial=self.step,
                             enabled=self.progress and main)
         records = []
-        samples_per_step = cfg.batch_size * self.ctx.dp_size
+        samples_per_step = cfg.run.batch_size * self.ctx.dp_size
         # no collection pauses inside a step; collected between steps
         restore_signals = _catch_stop_signals(self)
         with self._gc_paused(), contextlib.ExitStack() as closing:
@@ -512,31 +414,31 @@ class Trainer:
                 record.update(step=self.step, step_time=dt, data_time=t_data,
                               samples_per_s=samples_per_step / dt, chains=names)
                 records.append(record)
-                if main and (self.step % cfg.log_every == 0 or self.step == end):
+                if main and (self.step % cfg.run.log_every == 0 or self.step == end):
                     self._log(record)
                 bar.set_postfix(loss=f"{record['loss']:.3f}",
                                 **({"lddt": f"{record['lddt_ca']:.3f}"}
                                    if "lddt_ca" in record else {}),
                                 s_per_step=f"{dt:.2f}", samples_s=f"{samples_per_step / dt:.2f}")
                 bar.update()
-                if cfg.eval_every and self.step % cfg.eval_every == 0 and self.step < end:
+                if cfg.run.eval_every and self.step % cfg.run.eval_every == 0 and self.step < end:
                     self._evaluate()
                 stop = self._stop_requested()
-                if self.step % cfg.checkpoint_every == 0 or self.step == end or stop:
+                if self.step % cfg.run.checkpoint_every == 0 or self.step == end or stop:
                     self.save()
                 if stop:
                     break
-                if cfg.gc_off:
+                if cfg.system.gc_off:
                     gc.collect(0)  # the young generation only: cheap, between steps
                 self._drain_eval(block=False)
                 t_prev = time.perf_counter()
         if self._stop_signal is not None:
             self._drain_eval(block=True)
             raise TrainingInterrupted(self._stop_signal, self.step, self.ckpt_dir)
-        if self.step == cfg.steps and self.eval_set:
+        if self.step == cfg.run.steps and self.eval_set:
             self._evaluate()
         self._drain_eval(block=True)
-        if main and self.step == cfg.steps:
+        if main and self.step == cfg.run.steps:
             from fold_train.plot import plot_metrics
 
             plot_metrics(self.run_dir / "metrics.jsonl", self.run_dir / "training.png")
@@ -553,24 +455,24 @@ class Trainer:
             # evaluate the live module with the EMA weights swapped in, synchronously.
             with self.opt.swap_ema():
                 result = self.family.evaluate(self.model, self.eval_set, self.device,
-                                             self.cfg.precision)
+                                             self.cfg.system.precision)
             self._log({"step": self.step, **result})
             return
         if not self.ctx.is_main:
             return
         with self.opt.swap_ema():
             snapshot = copy.deepcopy(self.model)  # the EMA weights, frozen at this step
-        if self.cfg.async_eval:
+        if self.cfg.system.async_eval:
             # ScaleFold's asynchronous evaluation: training goes on while a background thread
             # scores the snapshot.
             if self._eval_pool is None:
                 self._eval_pool = concurrent.futures.ThreadPoolExecutor(1)
             fut = self._eval_pool.submit(self.family.evaluate, snapshot, self.eval_set,
-                                         self.device, self.cfg.precision)
+                                         self.device, self.cfg.system.precision)
             self._eval_futures.append((self.step, fut))
         else:
             result = self.family.evaluate(snapshot, self.eval_set, self.device,
-                                          self.cfg.precision)
+                                          self.cfg.system.precision)
             self._log({"step": self.step, **result})
 
     def _drain_eval(self, *, block: bool) -> None:
@@ -655,8 +557,9 @@ class Trainer:
         if self.ctx.is_main:
             path = ckpt.save_checkpoint(ckpt.checkpoint_path(self.ckpt_dir, self.step), state)
             self._own_ckpts = [p for p in self._own_ckpts if p != path] + [path]
-            ckpt.prune_checkpoints(self.ckpt_dir, self.cfg.keep_checkpoints, own=self._own_ckpts)
-            self._own_ckpts = self._own_ckpts[-self.cfg.keep_checkpoints:]
+            keep = self.cfg.run.keep_checkpoints
+            ckpt.prune_checkpoints(self.ckpt_dir, keep, own=self._own_ckpts)
+            self._own_ckpts = self._own_ckpts[-keep:]
         if self.ctx.distributed:
             import torch.distributed as dist
 
@@ -680,12 +583,14 @@ class Trainer:
         if self.ctx.is_main:
             ckpt.clean_stale_tmp(self.ckpt_dir)
         saved = TrainConfig.from_dict(state["config"])
-        for field in ("family", "preset", "model_overrides", "data_overrides", "seed",
-                      "batch_size", "dap", "bp"):
-            if getattr(saved, field) != getattr(self.cfg, field):
+        for key in ("model.family", "run.preset", "model.overrides", "data.overrides",
+                    "run.seed", "run.batch_size", "parallel.dap", "parallel.bp"):
+            section, name = key.split(".")
+            was, now = (getattr(getattr(c, section), name) for c in (saved, self.cfg))
+            if was != now:
                 raise ckpt.CheckpointError(
-                    path, f"was written with {field}={getattr(saved, field)!r}, this run has "
-                          f"{getattr(self.cfg, field)!r}; resume needs the same model and data")
+                    path, f"was written with {key}={was!r}, this run has {now!r}; resume needs "
+                          "the same model and data")
         if state["world_size"] != self.ctx.world_size:
             raise ckpt.CheckpointError(
                 path, f"was written by {state['world_size']} ranks, this run has "

@@ -5,7 +5,7 @@ parameter list, ``clip_grad_norm_``-style clipping and an EMA loop over the para
 The same arithmetic as :class:`~fold_train.optim.FlatAdam` (same schedule, clipping and
 averaging), one PyTorch kernel per parameter tensor instead of a few over flat buffers: the eager
 baseline that the tensor-fusion and fused-Adam switches are measured against
-(``benchmarks/train_ablation.py``, ``benchmarks/train_af3.py``). Single process, fp32 weights,
+(``benchmarks/train/ablation.py``, ``benchmarks/train/af3.py``). Single process, fp32 weights,
 no CUDA graphs (their gradients must live at fixed addresses); :class:`~fold_train.loop.Trainer`
 refuses the other combinations.
 """

@@ -40,7 +40,7 @@ def load_trained_model(checkpoint: str | os.PathLike, device: str | torch.device
     ``family``: the model family the caller expects (``af2`` / ``af3``); a checkpoint of the
     other family is a :class:`CheckpointError` that says which input it needs."""
     from fold_train.checkpoint import CheckpointError, load_checkpoint
-    from fold_train.family import model_family
+    from fold_train.families import make_family
     from fold_train.optim import FlatParams
 
     state = load_checkpoint(checkpoint, map_location="cpu")
@@ -48,16 +48,14 @@ def load_trained_model(checkpoint: str | os.PathLike, device: str | torch.device
         cfg = TrainConfig.from_dict(state["config"])
     except (KeyError, RuntimeError, ValueError, TypeError) as e:
         raise CheckpointError(checkpoint, f"cannot read its training config: {e}") from e
-    if cfg.family != family:
-        how = {"af2": "a FASTA or an mmCIF chain (--fasta / --mmcif)",
-               "af3": "an AlphaFold3 input JSON (--json)"}
+    if cfg.model.family != family:
         raise CheckpointError(
-            checkpoint, f"is an {cfg.family.upper()} checkpoint (preset {cfg.preset!r}) but the "
-                        f"input needs an {family.upper()} model; predict with it from "
-                        f"{how[cfg.family]}")
+            checkpoint, f"is an {cfg.model.family.upper()} checkpoint (preset "
+                        f"{cfg.run.preset!r}) but the input needs an {family.upper()} model; "
+                        f"predict with it from {cfg.family.input_hint}")
     try:
         model_config = cfg.model_config()
-        model = model_family(cfg.family, model_config).build_model(model_config)
+        model = make_family(cfg.model.family, model_config).build_model(model_config)
         model.load_state_dict(state["model"])
     except (KeyError, RuntimeError, ValueError, TypeError) as e:
         raise CheckpointError(checkpoint, f"cannot rebuild the model from it: {e}") from e

@@ -97,7 +97,9 @@ def predict_af3_file(
     from fold_data.write import write_mmcif
 
     from fold_train.af3_data import make_ccd
+    from fold_train.families import make_family
     from fold_train.outputs import check_prediction, output_path
+    from fold_train.parallelize import Techniques, parallelize
     from fold_train.predict import load_trained_model
     from fold_train.predict_graphs import graphs_wanted
     from fold_train.predict_size import check_af3_input
@@ -106,17 +108,19 @@ def predict_af3_file(
     ccd = make_ccd(ccd_files)
     entry = load_entry(source, ccd=ccd,  # bad input: InputError
                        allow_outside_paths=allow_outside_paths)
-    check_af3_input(entry, ccd, model_config=cfg.model_config(), precision=cfg.precision,
-                    device=device, no_samples=no_samples, memory_limit=memory_limit,
-                    limits=limits)
+    check_af3_input(entry, ccd, model_config=cfg.model_config(),
+                    precision=cfg.system.precision, device=device, no_samples=no_samples,
+                    memory_limit=memory_limit, limits=limits)
     with use_limits(limits):  # features: searched MSAs / paired rows / templates (--search)
         raw = make_features(entry, ccd=ccd, **(features or {}))
+    done = parallelize(model, make_family(cfg.model.family, cfg.model_config()),
+                       Techniques(cuda_graphs=graphs_wanted(cuda_graphs, device)))
     path = output_path(out, entry.name)  # checked before the model runs
     seed = int(entry.seeds[0]) if entry.seeds else 0
     try:
-        pred = predict_af3(model, raw, seed=seed, device=device, precision=cfg.precision,
-                           no_samples=no_samples, no_steps=no_steps, no_cycles=no_cycles,
-                           cuda_graphs=cuda_graphs)
+        pred = predict_af3(model, raw, seed=seed, device=device,
+                           precision=cfg.system.precision, no_samples=no_samples,
+                           no_steps=no_steps, no_cycles=no_cycles, cuda_graphs=done.cuda_graphs)
     except FloatingPointError as e:
         raise InputError(checkpoint, "prediction", f"{e}; the checkpoint has probably "
                          "diverged: predict with an earlier checkpoint") from None
@@ -128,5 +132,5 @@ def predict_af3_file(
             "n_token": int(len(raw["asym_id"])), "n_atom": int(len(raw["atom_to_token"])),
             "chains": [c.chain_id for c in entry.chains], "ligand_chains": ligands,
             "mean_plddt": float(pred.plddt.mean()),
-            "cuda_graphs": graphs_wanted(cuda_graphs, device),
+            "cuda_graphs": done.cuda_graphs,
             "sample_mean_plddt": [float(v) for v in pred.sample_plddt]}
