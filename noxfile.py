@@ -47,7 +47,7 @@ BENCHMARKS = [
     "model.evoformer", "model.af3_blocks", "model.full", "model.loss_af3_pairs", "model.peers",
     "train.ablation", "train.af3", "train.predict_graphs",
     "chunk.evoformer",
-    "data.loader", "data.cache", "data.af3_cache",
+    "data.loader", "data.cache", "data.af3_cache", "data.search_msa",
 ]
 # Multi-GPU entry points and their ranks: run under torchrun, only when named
 # (`nox -s bench -- parallel.dap_bp`), since they need that many GPUs.

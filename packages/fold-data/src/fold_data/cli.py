@@ -4,6 +4,7 @@
                     [--max-tokens N] [--max-atoms N] [--max-msa-memory BYTES]
     fold-data inspect CACHE_FILE_OR_DIR
     fold-data demo DATA_DIR [--cache CACHE_DIR] [--samples N] [--preset tiny]
+    fold-data msa INPUT --out DIR (--config TOML | --db NAME=PATH ...)   (fold_data.search.cli)
 
 A chain over the size limits (``fold_data.limits``; raised with the ``--max-*`` options) fails
 with the numbers, before it is featurised. Exit status: 0 on success, 1 if any chain failed or
@@ -271,6 +272,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0, help="shuffle and sampling seed")
     _add_build_options(p)
     p.set_defaults(func=cmd_demo)
+
+    from fold_data.search.cli import add_msa_parser  # MSA / template search (pyhmmer)
+
+    add_msa_parser(sub)
     return parser
 
 

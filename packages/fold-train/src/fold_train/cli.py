@@ -209,9 +209,15 @@ def run_prediction(args: argparse.Namespace) -> dict:
     from fold_train.families import FAMILIES
 
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    searched = {}
+    if getattr(args, "search", None):  # fold-data msa first (fold_train.predict_search)
+        from fold_train.predict_search import apply_search
+
+        searched = apply_search(args)  # AF2: sets --msa/--templates; AF3: make_features args
+        args.search_features = searched.pop("features", None)
     family = next(f for f in FAMILIES.values()
                   if any(getattr(args, a, None) for a in f.input_args))  # argparse: one is given
-    return family.predict(args, device)
+    return {**family.predict(args, device), **searched}
 
 
 def cmd_predict(args: argparse.Namespace) -> int:
@@ -410,6 +416,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--msa", nargs="*", help="MSA files of the query")
     p.add_argument("--templates", help="template hits (.hhr or hmm_output.sto)")
     p.add_argument("--template-mmcif-dir", help="directory of template <pdb>.cif files")
+    p.add_argument("--search", metavar="TOML", help="search MSAs (and templates) first with "
+                   "fold-data msa's config (databases, preset); when no --msa is given")
+    p.add_argument("--search-out", metavar="DIR",
+                   help="where --search writes (default: <output name>_search/)")
     p.add_argument("--out", help="output mmCIF (default <name>.cif)")
     p.add_argument("--recycles", type=int, help="forward passes (default: all, 1 + iterations)")
     p.add_argument("--chunk-size", type=int,

@@ -25,16 +25,18 @@ from fold_data.af3.write import AF3Prediction
 __all__ = ["make_af3_inputs", "predict_af3"]
 
 
-def make_af3_inputs(source: str | os.PathLike, ccd=None, *, allow_outside_paths: bool = False):
+def make_af3_inputs(source: str | os.PathLike, ccd=None, *, allow_outside_paths: bool = False,
+                    features: dict | None = None):
     """``(entry, raw features)`` of an AF3 input JSON / mmCIF complex (fold-data AF3); the
-    JSON's file paths must stay in its directory unless ``allow_outside_paths``."""
+    JSON's file paths must stay in its directory unless ``allow_outside_paths``. ``features``:
+    extra arguments of ``make_features`` (searched MSAs, paired rows, template hits)."""
     from fold_data.af3 import load_entry, make_features
 
     from fold_train.af3_data import make_ccd
 
     ccd = ccd or make_ccd()
     entry = load_entry(source, ccd=ccd, allow_outside_paths=allow_outside_paths)
-    return entry, make_features(entry, ccd=ccd)
+    return entry, make_features(entry, ccd=ccd, **(features or {}))
 
 
 @torch.no_grad()
@@ -80,7 +82,7 @@ def predict_af3_file(
     cuda_graphs: bool | None = None,
     allow_outside_paths: bool = False,
     memory_limit: int | None = None,
-    limits=None,
+    limits=None, features: dict | None = None,
 ) -> dict:
     """The whole ``fold-train predict --json``: returns the printed JSON summary. Without
     ``out`` the JSON's ``name``, made one safe file name, is written in the current directory;
@@ -109,8 +111,8 @@ def predict_af3_file(
     check_af3_input(entry, ccd, model_config=cfg.model_config(),
                     precision=cfg.system.precision, device=device, no_samples=no_samples,
                     memory_limit=memory_limit, limits=limits)
-    with use_limits(limits):
-        raw = make_features(entry, ccd=ccd)
+    with use_limits(limits):  # features: searched MSAs / paired rows / templates (--search)
+        raw = make_features(entry, ccd=ccd, **(features or {}))
     done = parallelize(model, make_family(cfg.model.family, cfg.model_config()),
                        Techniques(cuda_graphs=graphs_wanted(cuda_graphs, device)))
     path = output_path(out, entry.name)  # checked before the model runs

@@ -51,6 +51,7 @@ def make_features(
     max_template_date: str | None = None,
     max_templates: int = 4,
     max_msa_rows: int | None = 16384,
+    paired_msa_paths: Mapping[str, PathLike] | None = None,
     seed: int = 0,
     max_conformer_attempts: int = 200,
 ) -> dict[str, np.ndarray]:
@@ -58,7 +59,9 @@ def make_features(
 
     ``msa_paths`` / ``template_hits``: per author chain ID (the JSON ``id``, mmCIF
     ``auth_asym_id``) alignment files and a
-    template-hits file (whose mmCIFs are read from ``template_mmcif_dir``). ``seed`` seeds the
+    template-hits file (whose mmCIFs are read from ``template_mmcif_dir``).
+    ``paired_msa_paths``: per author chain ID the A3M of rows paired by species across chains
+    (``fold-data msa`` writes ``paired/<name>_<chain>.a3m``). ``seed`` seeds the
     ETKDGv3 reference conformers. Raises :class:`InputError` naming the file, entity and field,
     and ``InputTooLarge`` for an entry over the size limits in force (:mod:`fold_data.limits`).
     """
@@ -67,7 +70,8 @@ def make_features(
     # size limits (fold_data.limits) before tokens, conformers and MSAs are made: InputTooLarge
     check_size(entry_size(entry, ccd, msa_paths), record=entry.name)
     feats = tokenize(entry, ccd, seed=seed, max_attempts=max_conformer_attempts)
-    feats.update(make_msa_features(entry, feats, dict(msa_paths or {}), max_rows=max_msa_rows))
+    feats.update(make_msa_features(entry, feats, dict(msa_paths or {}), max_rows=max_msa_rows,
+                                   paired_paths=dict(paired_msa_paths or {})))
     feats.update(make_af3_template_features(
         entry, feats, template_hits, template_mmcif_dir=template_mmcif_dir,
         max_template_date=max_template_date, max_templates=max_templates))

@@ -10,6 +10,12 @@ that residue's column.
 
 ``profile`` [N_token, 32] and ``deletion_mean`` [N_token] are over each chain's own rows (gap rows
 added only to line chains up do not count), so they do not depend on the other chains.
+
+Paired rows (AF3 supplement 2.3; :mod:`fold_data.search` writes them): with ``paired_paths``,
+each protein chain's A3M of rows paired by species (row ``i`` of every chain's file from one
+species, query first) is placed right after row 0, side by side, gaps for chains without one;
+the unpaired rows follow. Paired rows are read as they are (no deduplication: gap rows are part
+of the pairing) and do not enter ``profile`` / ``deletion_mean``.
 """
 
 from __future__ import annotations
@@ -27,7 +33,7 @@ from fold_data.msa import make_msa_features as protein_msa_features
 from .parse import Chain, Entry
 from .tokenizer import GAP, NUM_RESTYPES, restype_of
 
-__all__ = ["make_msa_features", "chain_msa"]
+__all__ = ["make_msa_features", "chain_msa", "paired_chain_msa"]
 
 _PROTEIN_GAP = 21  # fold_data.msa's gap code
 
@@ -87,19 +93,59 @@ def chain_msa(
     return codes.astype(np.int32), deletions
 
 
+def paired_chain_msa(chain: Chain, path: str | os.PathLike) -> tuple[np.ndarray, np.ndarray]:
+    """A protein chain's paired rows (query first) in the 32-class alphabet, not deduplicated:
+    ``msa`` [N_paired + 1, N_res] int32 and ``deletions`` float32."""
+    if chain.mol_type != "protein":
+        raise InputError(path, f"{chain.mol_type} {chain.chain_id}", "paired MSA for a "
+                         f"{chain.mol_type} chain; expected protein chains only")
+    msa = parse_a3m(path)
+    check_query(msa, chain.sequence, path=path)
+    feats = protein_msa_features(msa)
+    codes = feats["msa"].copy()
+    codes[codes == _PROTEIN_GAP] = GAP
+    codes[0] = [restype_of(c, chain.mol_type) for c in chain.residues]
+    return codes.astype(np.int32), feats["deletion_matrix"].astype(np.float32)
+
+
+def _paired_block(entry: Entry, asym, res_index, paired_paths, n_token):
+    """Rows 1..P of the entry MSA from the chains' paired files (None without any)."""
+    blocks = {a: paired_chain_msa(c, paired_paths[c.author_id]) for a, c in
+              enumerate(entry.chains) if c.is_polymer and paired_paths.get(c.author_id)}
+    if not blocks:
+        return None
+    depths = {len(codes) - 1 for codes, _ in blocks.values()}
+    if len(depths) != 1:
+        names = ", ".join(f"{entry.chains[a].author_id}: {len(c) - 1}"
+                          for a, (c, _) in blocks.items())
+        raise InputError(entry.source or None, "paired MSAs", f"paired row counts differ "
+                         f"({names}); expected one count (row i of each chain pairs up)")
+    depth = depths.pop()
+    msa = np.full((depth, n_token), GAP, dtype=np.int32)
+    deletion = np.zeros((depth, n_token), dtype=np.float32)
+    for a, (codes, dels) in blocks.items():
+        cols = np.flatnonzero(asym == a)
+        msa[:, cols] = codes[1:, res_index[cols]]
+        deletion[:, cols] = dels[1:, res_index[cols]]
+    return msa, deletion
+
+
 def make_msa_features(
     entry: Entry,
     tokens: dict[str, np.ndarray],
     msa_paths: dict[str, list] | None = None,
     *,
     max_rows: int | None = 16384,
+    paired_paths: dict[str, str | os.PathLike] | None = None,
 ) -> dict[str, np.ndarray]:
     """``msa`` [N_msa, N_token] int32 (0-31), ``deletion_matrix`` [N_msa, N_token] float32,
     ``profile`` [N_token, 32] float32, ``deletion_mean`` [N_token] float32.
 
     ``msa_paths``: per author chain ID (the JSON's ``id``; mmCIF ``auth_asym_id``, which
     names polymer chains uniquely) the alignment files; ``max_rows`` (AF3:
-    16384) limits each chain's rows.
+    16384) limits each chain's rows. ``paired_paths``: per author chain ID the A3M of paired
+    rows (module docstring); with them, ``max_rows`` also limits the whole MSA, paired rows
+    first.
     """
     msa_paths = msa_paths or {}
     asym, res_index = tokens["asym_id"], tokens["residue_index"]
@@ -132,5 +178,9 @@ def make_msa_features(
         deletion_mean[cols] = dels.mean(axis=0)[res]
     ligand = tokens["is_ligand"].astype(bool)
     profile[ligand, tokens["restype"][ligand]] = 1.0  # a ligand column is its query row alone
+    paired = _paired_block(entry, asym, res_index, paired_paths or {}, n_token)
+    if paired is not None:
+        msa = np.concatenate([msa[:1], paired[0], msa[1:]])[:max_rows]
+        deletion = np.concatenate([deletion[:1], paired[1], deletion[1:]])[:max_rows]
     return {"msa": msa, "deletion_matrix": deletion, "profile": profile,
             "deletion_mean": deletion_mean}

@@ -301,7 +301,8 @@ class AF3Family(Family):
                                 else None,
                                 allow_outside_paths=getattr(args, "allow_outside_paths", False),
                                 memory_limit=getattr(args, "memory_limit", None),
-                                limits=limits_from_args(args))
+                                limits=limits_from_args(args),
+                                features=getattr(args, "search_features", None))  # --search
 
     # -- shape buckets ---------------------------------------------------------------------------
     @classmethod
