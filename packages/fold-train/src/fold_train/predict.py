@@ -27,6 +27,7 @@ __all__ = [
     "load_trained_model",
     "make_raw_features",
     "predict_structure",
+    "read_query",
     "score_against_truth",
 ]
 
@@ -72,6 +73,18 @@ def load_trained_model(checkpoint: str | os.PathLike, device: str | torch.device
     return model.to(device).eval(), cfg
 
 
+def read_query(fasta: str | os.PathLike) -> tuple[str, str]:
+    """``(name, sequence)`` of a FASTA file's first record: the query that ``predict`` folds
+    (the name is the header's first word, else the file's stem)."""
+    from fold_data.msa import parse_fasta
+
+    records = parse_fasta(Path(fasta))
+    if not records:
+        raise InputError(fasta, None, "expected at least one FASTA record")
+    description, sequence = records[0]
+    return (description.split() or [Path(fasta).stem])[0], sequence
+
+
 def make_raw_features(
     *, fasta: str | os.PathLike | None = None, mmcif: str | os.PathLike | None = None,
     chain: str | None = None, msas: Sequence[str | os.PathLike] = (),
@@ -85,13 +98,7 @@ def make_raw_features(
     if (fasta is None) == (mmcif is None):
         raise ValueError("give exactly one of a FASTA file or an mmCIF file (with its chain)")
     if fasta is not None:
-        from fold_data.msa import parse_fasta
-
-        records = parse_fasta(Path(fasta))
-        if not records:
-            raise InputError(fasta, None, "expected at least one FASTA record")
-        description, sequence = records[0]
-        name = (description.split() or [Path(fasta).stem])[0]
+        name, sequence = read_query(fasta)
         try:
             raw = make_features_from_sequence(sequence, list(msas), template_hits, **kw)
         except InputError as e:

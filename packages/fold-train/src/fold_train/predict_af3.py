@@ -26,17 +26,23 @@ __all__ = ["make_af3_inputs", "predict_af3"]
 
 
 def make_af3_inputs(source: str | os.PathLike, ccd=None, *, allow_outside_paths: bool = False,
-                    features: dict | None = None):
+                    features: dict | None = None, limits=None, check=None):
     """``(entry, raw features)`` of an AF3 input JSON / mmCIF complex (fold-data AF3); the
     JSON's file paths must stay in its directory unless ``allow_outside_paths``. ``features``:
-    extra arguments of ``make_features`` (searched MSAs, paired rows, template hits)."""
+    extra arguments of ``make_features`` (searched MSAs, paired rows, template hits).
+    ``check(entry, ccd)`` runs on the parsed entry before it is featurised (a size check), and
+    ``limits`` (``fold_data.limits.SizeLimits``) apply while it is."""
     from fold_data.af3 import load_entry, make_features
+    from fold_data.limits import use_limits
 
     from fold_train.af3_data import make_ccd
 
     ccd = ccd or make_ccd()
     entry = load_entry(source, ccd=ccd, allow_outside_paths=allow_outside_paths)
-    return entry, make_features(entry, ccd=ccd, **(features or {}))
+    if check is not None:
+        check(entry, ccd)
+    with use_limits(limits):
+        return entry, make_features(entry, ccd=ccd, **(features or {}))
 
 
 @torch.no_grad()
@@ -90,10 +96,8 @@ def predict_af3_file(
     sized before it is featurised (:mod:`fold_train.predict_size`: ``limits``, a
     ``fold_data.limits.SizeLimits``, and ``memory_limit`` bytes, default the device's free
     memory): one too large is refused with the numbers and the options."""
-    from fold_data.af3 import load_entry, make_features
     from fold_data.af3.write import af3_prediction_to_structure
     from fold_data.errors import InputError
-    from fold_data.limits import use_limits
     from fold_data.write import write_mmcif
 
     from fold_train.af3_data import make_ccd
@@ -105,14 +109,16 @@ def predict_af3_file(
     from fold_train.predict_size import check_af3_input
 
     model, cfg = load_trained_model(checkpoint, device, use_ema=use_ema, family="af3")
-    ccd = make_ccd(ccd_files)
-    entry = load_entry(source, ccd=ccd,  # bad input: InputError
-                       allow_outside_paths=allow_outside_paths)
-    check_af3_input(entry, ccd, model_config=cfg.model_config(),
-                    precision=cfg.system.precision, device=device, no_samples=no_samples,
-                    memory_limit=memory_limit, limits=limits)
-    with use_limits(limits):  # features: searched MSAs / paired rows / templates (--search)
-        raw = make_features(entry, ccd=ccd, **(features or {}))
+
+    def check(entry, ccd) -> None:  # sized before it is featurised
+        check_af3_input(entry, ccd, model_config=cfg.model_config(),
+                        precision=cfg.system.precision, device=device, no_samples=no_samples,
+                        memory_limit=memory_limit, limits=limits)
+
+    # bad input: InputError; features: searched MSAs / paired rows / templates (--search)
+    entry, raw = make_af3_inputs(source, make_ccd(ccd_files),
+                                 allow_outside_paths=allow_outside_paths, features=features,
+                                 limits=limits, check=check)
     done = parallelize(model, make_family(cfg.model.family, cfg.model_config()),
                        Techniques(cuda_graphs=graphs_wanted(cuda_graphs, device)))
     path = output_path(out, entry.name)  # checked before the model runs

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Sequence
-from pathlib import Path
 
 import torch
 from fold_data.errors import InputError
@@ -25,13 +24,9 @@ def _af2_size(fasta, mmcif, chain, msas: Sequence) -> tuple[str, InputSize]:
     """``(source, size)`` of an AF2 query: the first FASTA record, or the mmCIF's chain (parsed:
     the file is sized first by ``parse_mmcif``)."""
     if fasta is not None:
-        from fold_data.msa import parse_fasta
+        from fold_train.predict import read_query
 
-        records = parse_fasta(Path(fasta))
-        if not records:
-            raise InputError(fasta, None, "expected at least one FASTA record")
-        description, sequence = records[0]
-        name = (description.split() or [Path(fasta).stem])[0]
+        name, sequence = read_query(fasta)
         return os.fspath(fasta), sequence_size(fasta, sequence, msas, name=name)
     from fold_data.mmcif import parse_mmcif
 

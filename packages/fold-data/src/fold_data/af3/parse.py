@@ -184,6 +184,17 @@ class _Json:
                             "outside it (fold-train predict --allow-outside-paths)")
         return p
 
+    def text_or_file(self, obj: dict, key: str, record: str) -> str | None:
+        """The text of field ``key`` or of the file its ``keyPath`` twin names (the JSON's
+        directory rules, :meth:`file`); the two are exclusive, both absent is None."""
+        text = self.get(obj, key, str, record, required=False)
+        path = self.get(obj, f"{key}Path", str, record, required=False)
+        if path is None:
+            return text
+        if text is not None:
+            raise self.fail(record, f"fields {key!r} and '{key}Path' are exclusive; give one")
+        return self.read_text(path, record, f"{key}Path")
+
     def read_text(self, name: str, record: str, fld: str) -> str:
         p = self.file(name, record, fld)
         try:
@@ -245,12 +256,7 @@ def entry_from_af3_dict(
                             for s in seeds):
         raise j.fail("job", "field 'modelSeeds' must be a non-empty list of integers in "
                      f"0..{2**32 - 1}, got {seeds!r}"[:200])
-    user_ccd = j.get(doc, "userCCD", str, "job", required=False)
-    ccd_path = j.get(doc, "userCCDPath", str, "job", required=False)
-    if user_ccd is not None and ccd_path is not None:
-        raise j.fail("job", "fields 'userCCD' and 'userCCDPath' are exclusive; give one")
-    if ccd_path is not None:
-        user_ccd = j.read_text(ccd_path, "job", "userCCDPath")
+    user_ccd = j.text_or_file(doc, "userCCD", "job")
     ccd = (ccd or default_ccd()).with_text(user_ccd)
 
     sequences = j.get(doc, "sequences", list, "job")
@@ -344,21 +350,11 @@ def _json_entity(j: _Json, kind: str, body: dict, rec: str, ccd: Ccd) -> Chain:
         residues[pos - 1] = comp.code
     unpaired = None
     if kind in ("protein", "rna"):
-        unpaired = j.get(body, "unpairedMsa", str, rec, required=False)
-        msa_path = j.get(body, "unpairedMsaPath", str, rec, required=False)
-        if msa_path is not None:
-            if unpaired is not None:
-                raise j.fail(rec, "fields 'unpairedMsa' and 'unpairedMsaPath' are exclusive")
-            unpaired = j.read_text(msa_path, rec, "unpairedMsaPath")
+        unpaired = j.text_or_file(body, "unpairedMsa", rec)
         if kind == "protein":
             # Paired MSAs are concatenated to the unpaired rows (AF3 pairs them itself when
             # absent; here every chain's rows are stacked, see fold_data.af3.msa).
-            paired = j.get(body, "pairedMsa", str, rec, required=False)
-            paired_path = j.get(body, "pairedMsaPath", str, rec, required=False)
-            if paired_path is not None:
-                if paired is not None:
-                    raise j.fail(rec, "fields 'pairedMsa' and 'pairedMsaPath' are exclusive")
-                paired = j.read_text(paired_path, rec, "pairedMsaPath")
+            paired = j.text_or_file(body, "pairedMsa", rec)
             if paired is not None and paired.strip():
                 unpaired = paired if unpaired is None else unpaired + "\n" + paired
     templates = ()
