@@ -30,6 +30,14 @@ def write_atomic(path: Path, text: str) -> None:
         raise
 
 
+def write_result(path: Path, doc: dict, markdown: str, *, indent: int = 1) -> None:
+    """A benchmark's result: ``doc`` as JSON at ``path`` and its ``markdown`` table beside it
+    (``path`` with suffix ``.md``), each written atomically."""
+    path = Path(path)
+    write_atomic(path, json.dumps(doc, indent=indent) + "\n")
+    write_atomic(path.with_suffix(".md"), markdown)
+
+
 def merged_rows(paths: list) -> tuple[list[dict], set[str]]:
     """The ``rows`` of several JSON results of one benchmark (runs split over device calls) and
     the set of ``"<device>, torch <v>, triton <v>"`` they ran on."""

@@ -18,7 +18,6 @@ For every chain of the bundled ``data/demo`` and, when present, the shared OpenF
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import tempfile
@@ -32,7 +31,7 @@ from fold_data.dataset import discover_chains
 from fold_data.errors import InputError
 
 from benchmarks.common.machine import host_info
-from benchmarks.common.results import REPO, RESULTS, write_atomic
+from benchmarks.common.results import REPO, RESULTS, write_result
 
 DATASETS = {
     "demo": REPO / "data" / "demo",
@@ -196,9 +195,8 @@ def main(argv=None) -> int:
     p.add_argument("--out", type=Path, default=RESULTS / "data")
     args = p.parse_args(argv)
     doc = run(args)
-    write_atomic(args.out / "data_cache.json", json.dumps(doc, indent=1) + "\n")
     md = markdown(doc)
-    write_atomic(args.out / "data_cache.md", md)
+    write_result(args.out / "data_cache.json", doc, md, indent=1)
     print(md)
     return 0
 

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import inspect
-import json
 import statistics
 import sys
 import time
@@ -35,7 +34,7 @@ import numpy as np
 from fold_data.loader import NonBlockingLoader
 
 from benchmarks.common.machine import host_info
-from benchmarks.common.results import RESULTS, write_atomic
+from benchmarks.common.results import RESULTS, write_result
 
 
 def make_schedule(n: int, slow_fraction: float, fast_s: float, slowdown: float, seed: int):
@@ -267,9 +266,8 @@ def main(argv=None) -> int:
     p.add_argument("--out", type=Path, default=RESULTS / "data")
     args = p.parse_args(argv)
     doc = run(args)
-    write_atomic(args.out / "data_loader.json", json.dumps(doc, indent=1) + "\n")
     md = markdown(doc)
-    write_atomic(args.out / "data_loader.md", md)
+    write_result(args.out / "data_loader.json", doc, md, indent=1)
     print(md)
     return 0
 

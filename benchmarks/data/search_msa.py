@@ -38,7 +38,7 @@ from fold_data.search.database import load_database
 from fold_data.search.jackhmmer import jackhmmer_rows
 
 from benchmarks.common.machine import host_info
-from benchmarks.common.results import REPO, RESULTS, write_atomic
+from benchmarks.common.results import REPO, RESULTS, write_result
 
 ALIGNMENTS = REPO.parent / "shared" / "data" / "openfold-testdata" / "alignments"
 QUERIES = ("4zey_A", "3u8v_A", "2crb_A")
@@ -184,8 +184,7 @@ def main() -> int:
            "load_average": [load_before, os.getloadavg()[0]], "rows": rows}
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    write_atomic(out / "data_search_msa.json", json.dumps(doc, indent=2) + "\n")
-    write_atomic(out / "data_search_msa.md", markdown(doc))
+    write_result(out / "data_search_msa.json", doc, markdown(doc), indent=2)
     return 0
 
 

@@ -46,7 +46,7 @@ from benchmarks.common.blocks import backward, build, upstream_grads
 from benchmarks.common.blocks import step as block_step
 from benchmarks.common.graphs import capture
 from benchmarks.common.machine import device_name
-from benchmarks.common.results import write_atomic
+from benchmarks.common.results import write_result
 from benchmarks.common.timing import median_ms
 
 # shared/TARGETS.md, H100, bf16, forward + backward ms (faster of Protenix and Boltz).
@@ -152,8 +152,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
             results.append(row)
             print(json.dumps(row), flush=True)
             if args.out is not None:
-                write_atomic(args.out, json.dumps(results, indent=1))
-                write_atomic(args.out.with_suffix(".md"), _markdown(results))
+                write_result(args.out, results, _markdown(results), indent=1)
             if device.type == "cuda":
                 torch.cuda.empty_cache()
     return results

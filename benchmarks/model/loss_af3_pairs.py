@@ -45,7 +45,7 @@ from fold_model.af3.pair_loss import lddt_pair_list
 from benchmarks.common.af3_batch import synthetic_sample
 from benchmarks.common.machine import device_name
 from benchmarks.common.memory import saved_bytes
-from benchmarks.common.results import write_atomic
+from benchmarks.common.results import write_result
 
 KEYS = ("atom_positions", "atom_mask", "atom_resolved", "atom_to_token", "is_rna", "is_dna",
         "token_bonds", "token_center_atom", "token_mask")
@@ -208,8 +208,7 @@ def main(argv: list[str] | None = None) -> dict:
     result = run(args)
     out = Path(args.out)
     stem = "loss_af3_pairs" + ("_smoke" if args.smoke else "")
-    write_atomic(out / f"{stem}.json", json.dumps(result, indent=2))
-    write_atomic(out / f"{stem}.md", markdown(result))
+    write_result(out / f"{stem}.json", result, markdown(result), indent=2)
     print(markdown(result))
     return result
 

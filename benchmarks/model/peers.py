@@ -42,7 +42,7 @@ from benchmarks.common import peer_blocks as pb
 from benchmarks.common.backends import ensure_kernels
 from benchmarks.common.graphs import capture
 from benchmarks.common.machine import device_name, triton_version
-from benchmarks.common.results import write_atomic
+from benchmarks.common.results import write_result
 from benchmarks.common.timing import median_ms
 
 ROWS = [pb.Shape("evoformer", 256, n_seq=128), pb.Shape("evoformer", 384, n_seq=512),
@@ -266,8 +266,7 @@ def markdown(meta: dict[str, Any], rows: list[dict[str, Any]], modes: tuple[str,
 def save(out: Path, meta, rows, modes) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     doc = {"meta": meta, "rows": rows, "ratios": ratios(rows, modes)}
-    write_atomic(out, json.dumps(doc, indent=1))
-    write_atomic(out.with_suffix(".md"), markdown(meta, rows, modes))
+    write_result(out, doc, markdown(meta, rows, modes), indent=1)
 
 
 def _versions(names: list[str]) -> dict[str, str]:

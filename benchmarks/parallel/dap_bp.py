@@ -52,7 +52,7 @@ from benchmarks.common.parallel import evoformer_inputs as _evoformer_inputs
 from benchmarks.common.parallel import guard_oom as _guard_oom
 from benchmarks.common.parallel import has_branches, make_train_step, model_stacks
 from benchmarks.common.parallel import timed as _timed
-from benchmarks.common.results import write_atomic
+from benchmarks.common.results import write_result
 
 TRAIN_SHAPES = {"initial": (256, 128), "finetune": (384, 512)}  # (N_res, N_seq)
 FULL_SIZES = {
@@ -310,8 +310,7 @@ def main(argv: list[str] | None = None) -> dict:
     if dist.get_rank() == 0:
         print(json.dumps(results, indent=1), flush=True)
         if args.out is not None:
-            write_atomic(args.out, json.dumps(results, indent=2))
-            write_atomic(args.out.with_suffix(".md"), _markdown(results))
+            write_result(args.out, results, _markdown(results), indent=2)
     return results
 
 

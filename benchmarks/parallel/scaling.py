@@ -102,7 +102,7 @@ from benchmarks.common.parallel import (
     sync,
     timed,
 )
-from benchmarks.common.results import write_atomic
+from benchmarks.common.results import write_result
 
 # (N_res, N_clust = N_seq, N_extra, templates, recycling passes) and the preset of each shape.
 TRAIN_SIZES = {
@@ -462,8 +462,7 @@ class Runner:
               f"peak MiB {_fmt(row.get('peak_mib'), '.0f')}, "
               f"speedup {_fmt(sp, '.2f')}, row wall {row['wall_s']:.0f} s", flush=True)
         if self.args.out is not None:
-            write_atomic(self.args.out, json.dumps(self.results, indent=2))
-            write_atomic(self.args.out.with_suffix(".md"), markdown(self.results))
+            write_result(self.args.out, self.results, markdown(self.results), indent=2)
 
 
 def _selected(candidates: tuple[Layout, ...], names: list[str] | None, world: int) -> list[Layout]:

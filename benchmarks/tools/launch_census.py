@@ -20,7 +20,6 @@ The graph replay does not depend on the launch path; it is measured once per blo
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import time
@@ -31,7 +30,7 @@ from torch.profiler import ProfilerActivity, profile
 
 from benchmarks.common.backends import ensure_kernels
 from benchmarks.common.machine import versions
-from benchmarks.common.results import write_atomic
+from benchmarks.common.results import write_result
 from benchmarks.common.targets import build
 
 TARGETS = ("evoformer:128,256", "pairformer:256", "pairformer:384")
@@ -123,8 +122,7 @@ def main(argv: list[str] | None = None) -> dict:
     text = markdown(result)
     print(text)
     if args.out:
-        write_atomic(args.out, json.dumps(result, indent=1))
-        write_atomic(args.out.with_suffix(".md"), text)
+        write_result(args.out, result, text, indent=1)
     return result
 
 

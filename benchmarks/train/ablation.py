@@ -78,7 +78,7 @@ from fold_train.loop import Trainer
 from benchmarks.common.af2_batch import FULL, TINY, training_batch
 from benchmarks.common.backends import ensure_kernels
 from benchmarks.common.machine import versions
-from benchmarks.common.results import write_atomic
+from benchmarks.common.results import write_result
 
 
 @dataclasses.dataclass(frozen=True)
@@ -365,8 +365,7 @@ def main(argv: list[str] | None = None) -> dict:
 
     def save(result: dict) -> None:
         if args.out is not None:
-            write_atomic(args.out, json.dumps(result, indent=2))
-            write_atomic(args.out.with_suffix(".md"), to_markdown(result))
+            write_result(args.out, result, to_markdown(result), indent=2)
 
     assume = tuple(r.strip() for r in args.assume.split(",") if r.strip())
     unknown = sorted(set(assume) - {k for k, _, _ in ROWS})

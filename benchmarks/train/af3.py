@@ -106,7 +106,7 @@ from benchmarks.common.af3_training import (
 )
 from benchmarks.common.backends import ensure_kernels
 from benchmarks.common.machine import versions
-from benchmarks.common.results import write_atomic
+from benchmarks.common.results import write_result
 
 GOALS = {"speedup": 2.0, "crop_ratio": 1.5}
 MEGAFOLD = {"speedup": 1.73, "crop_ratio": 1.35}  # H200, MegaFold paper (shared/papers)
@@ -376,8 +376,7 @@ def run(device: torch.device, tiny: bool, reps: int, warmup: int, rows: list[str
     def save() -> None:
         result["summary"] = summarize(result)
         if out is not None:
-            write_atomic(out, json.dumps(result, indent=2))
-            write_atomic(out.with_suffix(".md"), to_markdown(result))
+            write_result(out, result, to_markdown(result), indent=2)
 
     switches = cumulative(rows)
     labels = {k: label for k, label, _ in ROWS}
@@ -499,8 +498,7 @@ def run_crops(device: torch.device, tiny: bool, paths: list[str], budget_s: floa
         if e.get("longest") and o.get("longest"):
             result["crop_ratio"] = o["longest"] / e["longest"]
         if out is not None:
-            write_atomic(out, json.dumps(result, indent=2))
-            write_atomic(out.with_suffix(".md"), crop_markdown(result))
+            write_result(out, result, crop_markdown(result), indent=2)
 
     for i, name in enumerate(paths):
         deadline = t_start + budget_s * (i + 1) / len(paths)

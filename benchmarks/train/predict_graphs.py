@@ -33,7 +33,7 @@ import numpy as np
 import torch
 
 from benchmarks.common.machine import versions
-from benchmarks.common.results import REPO, RESULTS, write_atomic
+from benchmarks.common.results import REPO, RESULTS, write_result
 
 AMINO = "ACDEFGHIKLMNPQRSTVWY"
 
@@ -228,9 +228,8 @@ def main(argv=None) -> int:
             result["rows"] += bench_af2(device, args.tiny, Path(tmp), args.chunk_size)
         if args.only in (None, "af3"):
             result["rows"] += bench_af3(device, args.tiny, Path(tmp), steps)
-    write_atomic(out_dir / "predict_graphs.json", json.dumps(result, indent=2))
     md = to_markdown(result)
-    write_atomic(out_dir / "predict_graphs.md", md)
+    write_result(out_dir / "predict_graphs.json", result, md, indent=2)
     print(md)
     return 0
 
