@@ -24,6 +24,7 @@ A family is a class with:
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
@@ -32,8 +33,8 @@ import torch
 __all__ = ["Family"]
 
 
-class Family:
-    """Base of the model families; the methods that raise are the ones each family defines."""
+class Family(ABC):
+    """Base of the model families; the abstract methods are the ones each family defines."""
 
     name: ClassVar[str]
     # training presets: name -> nested config sections ({"run": {...}, "optim": {...}, ...})
@@ -57,53 +58,57 @@ class Family:
 
     # -- configuration (class level: no run yet) ------------------------------------------------
     @classmethod
+    @abstractmethod
     def model_config_of(cls, cfg) -> Any:
         """The fold-model config of ``cfg`` (preset, ``model.*`` overrides, checkpointing)."""
-        raise NotImplementedError
 
     @classmethod
+    @abstractmethod
     def data_preset_base(cls, cfg) -> Any:
         """The fold-data preset of ``cfg`` without its ``data.*`` overrides."""
-        raise NotImplementedError
 
     @classmethod
+    @abstractmethod
     def data_preset(cls, cfg) -> Any:
         """The fold-data preset of ``cfg`` with its ``data.*`` overrides."""
-        raise NotImplementedError
 
     @classmethod
     def check_config(cls, cfg) -> None:
         """Raise :class:`~fold_train.config.ConfigError` for what the family cannot run."""
+        return None  # default: every configuration runs
 
     @classmethod
     def check_data(cls, cfg, data_preset) -> None:
         """Raise :class:`~fold_train.config.ConfigError` when the data do not fit ``cfg``."""
+        return None  # default: any data fits
 
     # -- model and loss -------------------------------------------------------------------------
+    @abstractmethod
     def build_model(self, model_config) -> torch.nn.Module:
-        raise NotImplementedError
+        ...
 
+    @abstractmethod
     def make_loss(self, model, model_config) -> torch.nn.Module:
-        raise NotImplementedError
+        ...
 
+    @abstractmethod
     def to_bf16_weights(self, model) -> None:
         """Cast the modules whose weights may be bf16 (``system.bf16_weights``)."""
-        raise NotImplementedError
 
+    @abstractmethod
     def n_cycle_max(self, batch: dict[str, torch.Tensor]) -> int:
         """The largest number of trunk passes a step may draw."""
-        raise NotImplementedError
 
+    @abstractmethod
     def forward_loss(self, model, loss_fn, batch, n_cycle: int, **kwargs):
         """``(loss, {term: tensor}, aux)``; ``aux``: detached tensors for :meth:`step_metrics`."""
-        raise NotImplementedError
 
     def step_metrics(self, batch, n_cycle: int, aux) -> dict[str, float]:
         return {}
 
+    @abstractmethod
     def evaluate(self, model, samples, device, precision: str) -> dict[str, float]:
         """``{"eval/...": float}`` of ``model`` on the held-out ``[(name, sample)]``."""
-        raise NotImplementedError
 
     # -- CUDA graphs: inputs of the loss built outside the captured step ------------------------
     def static_loss_inputs(self, batch, capacities) -> tuple[dict[str, torch.Tensor], Any,
@@ -138,36 +143,36 @@ class Family:
 
     # -- data ------------------------------------------------------------------------------------
     @classmethod
+    @abstractmethod
     def open_cache(cls, data_dir, cache_dir, ctx, *, chains: Sequence[str] | None,
                    workers: int, ccd: Sequence[str], progress: bool,
                    limits=None) -> list[tuple[str, str]]:
         """``[(name, cache key)]`` of the training entries (the cache built by rank 0;
         ``limits``: fold-data's ``SizeLimits`` for the inputs)."""
-        raise NotImplementedError
 
     @classmethod
+    @abstractmethod
     def load_sample(cls, cache_dir: str, name: str, key: str, preset, seed: int
                     ) -> dict[str, Any]:
         """A training sample of cache entry ``key`` (a loader worker's job)."""
-        raise NotImplementedError
 
     @classmethod
+    @abstractmethod
     def eval_samples(cls, cache_dir: str, entries: list[tuple[str, str]], preset, ctx
                      ) -> list[tuple[str, dict]]:
         """In-memory evaluation samples of the held-out ``entries`` (ScaleFold: no disk reads
         while training)."""
-        raise NotImplementedError
 
     # -- shape buckets ---------------------------------------------------------------------------
     @classmethod
+    @abstractmethod
     def bucket_schema(cls) -> tuple[Mapping[str, Any], dict[str, float], tuple[str, ...]]:
         """``(SAMPLE_FEATURES, fill value per feature, features padded with 4x4 identity
         frames)`` of the family's samples (fold-data's contract and padding)."""
-        raise NotImplementedError
 
     # -- prediction ------------------------------------------------------------------------------
     @classmethod
+    @abstractmethod
     def predict(cls, args, device: str) -> dict:
         """``fold-train predict`` of the family's input (``args``: the parsed command line);
         writes the mmCIF and returns the JSON summary."""
-        raise NotImplementedError
