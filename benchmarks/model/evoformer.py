@@ -29,6 +29,7 @@ from fold_model.af2 import config
 from fold_model.af2.evoformer import make_block
 
 from benchmarks.common.backends import ensure_kernels
+from benchmarks.common.cli import device_arg
 from benchmarks.common.graphs import capture, grad_body
 from benchmarks.common.machine import device_name
 from benchmarks.common.results import write_atomic
@@ -115,9 +116,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
                         help="N_seq,N_res pairs, e.g. '128,256;512,384' (default: all)")
     parser.add_argument("--out", type=Path, default=None, help="JSON output path")
     args = parser.parse_args(argv)
-    device = torch.device(args.device)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise SystemExit("model_evoformer: --device cuda requested but CUDA is not available")
+    device = device_arg(args.device, "model_evoformer")
     # bf16 on GPU as in the papers; fp32 for the CPU smoke test (bf16 matmul on CPU is slow).
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     shapes = TINY_SHAPES if args.tiny else SHAPES

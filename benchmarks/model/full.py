@@ -24,6 +24,7 @@ from fold_model.af2 import AlphaFold2, config
 from fold_model.af2.loss import AlphaFold2Loss
 
 from benchmarks.common.af2_batch import FULL, TINY, synthetic_batch
+from benchmarks.common.cli import device_arg
 from benchmarks.common.machine import device_name
 from benchmarks.common.results import write_atomic
 
@@ -36,9 +37,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)
-    device = torch.device(args.device)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise SystemExit("model_full: --device cuda requested but CUDA is not available")
+    device = device_arg(args.device, "model_full")
     sizes = TINY if args.tiny else FULL
     cfg = config("tiny" if args.tiny else "af2_initial", block_order=args.order,
                  checkpoint_blocks=True)

@@ -77,6 +77,7 @@ from fold_train.loop import Trainer
 
 from benchmarks.common.af2_batch import FULL, TINY, training_batch
 from benchmarks.common.backends import ensure_kernels
+from benchmarks.common.cli import device_arg, rows_arg
 from benchmarks.common.machine import versions
 from benchmarks.common.results import write_result
 
@@ -355,22 +356,14 @@ def main(argv: list[str] | None = None) -> dict:
                         help="with --uncheckpointed: the extra MSA stack's last blocks without")
     parser.add_argument("--out", type=Path, default=None, help="JSON here, Markdown beside it")
     args = parser.parse_args(argv)
-    device = torch.device(args.device)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise SystemExit("train_ablation: --device cuda requested but CUDA is not available")
-    rows = [r.strip() for r in args.rows.split(",") if r.strip()]
-    unknown = sorted(set(rows) - {k for k, _, _ in ROWS})
-    if unknown:
-        raise SystemExit(f"train_ablation: unknown rows {unknown}")
+    device = device_arg(args.device, "train_ablation")
+    rows = rows_arg(args.rows, [k for k, _, _ in ROWS], "train_ablation")
 
     def save(result: dict) -> None:
         if args.out is not None:
             write_result(args.out, result, to_markdown(result), indent=2)
 
-    assume = tuple(r.strip() for r in args.assume.split(",") if r.strip())
-    unknown = sorted(set(assume) - {k for k, _, _ in ROWS})
-    if unknown:
-        raise SystemExit(f"train_ablation: unknown rows in --assume {unknown}")
+    assume = tuple(rows_arg(args.assume, [k for k, _, _ in ROWS], "train_ablation", "--assume"))
     result = ablate(device, args.tiny, args.reps, rows, on_row=save, assume=assume,
                     uncheckpointed=args.uncheckpointed,
                     uncheckpointed_extra=args.uncheckpointed_extra)

@@ -105,6 +105,7 @@ from benchmarks.common.af3_training import (
     train_iteration,
 )
 from benchmarks.common.backends import ensure_kernels
+from benchmarks.common.cli import device_arg, rows_arg
 from benchmarks.common.machine import versions
 from benchmarks.common.results import write_result
 
@@ -578,13 +579,8 @@ def main(argv: list[str] | None = None) -> dict:
                         help="wall-time budget of the whole run (rows and searches)")
     parser.add_argument("--out", type=Path, default=None, help="JSON here, Markdown beside it")
     args = parser.parse_args(argv)
-    device = torch.device(args.device)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise SystemExit("train_af3: --device cuda requested but CUDA is not available")
-    rows = [r.strip() for r in args.rows.split(",") if r.strip()]
-    unknown = sorted(set(rows) - {k for k, _, _ in ROWS})
-    if unknown:
-        raise SystemExit(f"train_af3: unknown rows {unknown}")
+    device = device_arg(args.device, "train_af3")
+    rows = rows_arg(args.rows, [k for k, _, _ in ROWS], "train_af3")
     sizes = dict(TINY if args.tiny else FULL)
     for key in ("n_token", "cycles", "crop_start", "crop_resolution", "max_tokens"):
         if getattr(args, key) is not None:

@@ -1,0 +1,26 @@
+"""Command-line checks that several benchmarks share: the device asked for, and a list of row
+names against the rows a script knows."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+
+
+def device_arg(name: str, script: str) -> torch.device:
+    """``torch.device(name)``, refused with ``SystemExit`` when it is CUDA and none is here."""
+    device = torch.device(name)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise SystemExit(f"{script}: --device cuda requested but CUDA is not available")
+    return device
+
+
+def rows_arg(text: str, known: Iterable[str], script: str, option: str = "--rows") -> list[str]:
+    """The comma-separated row names of ``text`` (blanks dropped), refused with ``SystemExit``
+    naming those not in ``known``."""
+    rows = [r.strip() for r in text.split(",") if r.strip()]
+    unknown = sorted(set(rows) - set(known))
+    if unknown:
+        raise SystemExit(f"{script}: unknown rows in {option} {unknown}")
+    return rows
