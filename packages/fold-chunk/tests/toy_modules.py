@@ -84,3 +84,17 @@ class ToyStack(nn.Module):
             m = att(m, z, m_mask)
             z = trans(tri(z, z_mask))
         return m, z
+
+
+class ToyResidualLayerNorm(nn.Module):
+    """``LayerNorm(x + f(x))`` with ``f`` a transition (post-LN residual block):
+    ``x [N_i, N_j, C]`` -> same shape."""
+
+    def __init__(self, c: int = 8, n: int = 4) -> None:
+        super().__init__()
+        self.l1 = nn.Linear(c, n * c)
+        self.l2 = nn.Linear(n * c, c)
+        self.ln = nn.LayerNorm(c)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.ln(x + self.l2(F.relu(self.l1(x))))

@@ -39,7 +39,7 @@ from dataclasses import dataclass, replace
 import torch.fx as fx
 import torch.nn as nn
 
-from fold_chunk.dims import FULL, _Full, op_name
+from fold_chunk.dims import _ELEMENTWISE, FULL, _Full, op_name
 from fold_chunk.memory import (
     MemoryEstimate,
     body_peak,
@@ -124,8 +124,10 @@ def _is_barrier(x: fx.Node) -> bool:
     return x.op in ("placeholder", "output") or is_inplace(x)
 
 
-def find_max_chunk(g: GraphIndex, est: MemoryEstimate, p: int, max_span: int) -> tuple[int, int]:
-    """The busy stretch ``[lo, hi]`` around peak node ``p`` (see module doc)."""
+def find_max_chunk(g: GraphIndex, est: MemoryEstimate, p: int, max_span: int
+                   ) -> tuple[int, int, int]:
+    """The busy stretch ``[lo, hi]`` around peak node ``p`` (see module doc), and where its
+    folded residual/LayerNorm tail starts (``hi + 1`` when it has none)."""
     n = len(g.nodes)
 
     def blocked(i: int) -> bool:
@@ -149,7 +151,27 @@ def find_max_chunk(g: GraphIndex, est: MemoryEstimate, p: int, max_span: int) ->
         lo = left
     if hi == p:
         hi = right
-    return lo, hi
+    # A residual add and a LayerNorm after the valley keep the live level flat, so the valley
+    # would end the region before them and leave both to be computed whole (two whole tensors
+    # live: the region's output buffer and the sum). Fold them into the region instead.
+    tail = hi + 1
+    while hi < right and _folds_into_region(g, hi + 1) and \
+            (est.live_in[hi + 2] if hi + 2 < n else 0) <= floor_r * 1.02 + 1:
+        hi += 1
+    return lo, hi, tail
+
+
+_NORMS = {"layer_norm", "rms_norm", "module:LayerNorm"}
+
+
+def _folds_into_region(g: GraphIndex, i: int) -> bool:
+    """Whether node ``i`` is a residual add, another elementwise op, a LayerNorm or a view: the
+    tail that :func:`find_max_chunk` folds into a region past its valley."""
+    x = g.nodes[i]
+    if _is_barrier(x) or x not in g.info:
+        return False
+    name = op_name(x, g.gm)
+    return name in _ELEMENTWISE or name in _NORMS or name in VIEW_OPS
 
 
 def _hoist_views(g: GraphIndex, start: int, end: int, assign: dict) -> None:
@@ -198,8 +220,15 @@ def _outermost(meta: TensorMeta) -> int:
 
 
 def find_best_chunk(g: GraphIndex, est: MemoryEstimate, p: int, lo: int, hi: int,
-                    budget: int, min_chunk: int, root: nn.Module) -> _Candidate | None:
-    """Enumerate the legal regions around ``p`` and pick the best (see module doc)."""
+                    budget: int, min_chunk: int, root: nn.Module,
+                    tail: int | None = None) -> _Candidate | None:
+    """Enumerate the legal regions around ``p`` and pick the best (see module doc).
+
+    ``tail``: the first node of the residual/LayerNorm tail :func:`find_max_chunk` folded into
+    ``[lo, hi]``. A region ending before the tail's end leaves the rest of it whole, at its
+    current peak (the region's output buffer replaces the tensor the tail reads, at the same
+    size): that peak counts as the candidate's, so the region that folds the tail wins."""
+    tail = hi + 1 if tail is None else tail
     best_fit: _Candidate | None = None
     best_any: _Candidate | None = None
     current = est.peak
@@ -239,7 +268,13 @@ def find_best_chunk(g: GraphIndex, est: MemoryEstimate, p: int, lo: int, hi: int
                     fits = peak_at(c) <= budget
                 else:
                     c, fits = max(min_chunk, 1), False
-                peak = peak_at(c)
+                # the part of the folded tail this region leaves whole keeps its peak
+                left_whole = max(e + 1, tail)
+                tail_peak = int(est.node_peak[left_whole: hi + 1].max()) if left_whole <= hi \
+                    else 0
+                if c_max >= max(min_chunk, 1) and tail_peak > budget:
+                    fits = False
+                peak = max(peak_at(c), tail_peak)
                 if peak >= current:
                     continue
                 # a non-fitting candidate matters only while none fits, and only if its peak
@@ -319,8 +354,8 @@ def _algorithm_1(g: GraphIndex, budget: int, min_chunk: int, max_span: int) -> S
         p = est.peak_index
         if est.region_of[p] >= 0 or _is_barrier(g.nodes[p]):
             break
-        lo, hi = find_max_chunk(g, est, p, max_span)
-        best = find_best_chunk(g, est, p, lo, hi, budget, min_chunk, g.gm)
+        lo, hi, tail = find_max_chunk(g, est, p, max_span)
+        best = find_best_chunk(g, est, p, lo, hi, budget, min_chunk, g.gm, tail)
         if best is None:
             break
         regions.append(best.region)
