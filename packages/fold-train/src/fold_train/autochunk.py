@@ -112,9 +112,10 @@ class AutoChunkedStack(nn.Module):
 def enable_autochunk(model: nn.Module, memory_budget: Budget, *, min_chunk: int = 1,
                      names: Sequence[str] = ("evoformer", "extra_msa_stack"),
                      ) -> list[AutoChunkedStack]:
-    """Replace the stacks ``model.<name>`` of ``names`` (when present; default: the Evoformer and
-    extra MSA stack of a fold-model ``AlphaFold2``) by :class:`AutoChunkedStack` wrappers (each
-    with its own ``memory_budget``);
+    """Replace the stacks ``model.<name>`` of ``names`` (when present; a name may be a dotted
+    path such as ``diffusion.transformer``; default: the Evoformer and extra MSA stack of a
+    fold-model ``AlphaFold2``) by :class:`AutoChunkedStack` wrappers (each with its own
+    ``memory_budget``);
     returns the wrappers (their ``report`` after the first prediction). Load the weights
     first: the wrapped stacks' state-dict keys gain a ``.stack`` level."""
     if getattr(model, "chunk_size", None):
@@ -122,14 +123,19 @@ def enable_autochunk(model: nn.Module, memory_budget: Budget, *, min_chunk: int 
                          "size to None first")
     wrappers = []
     for name in names:
-        stack = getattr(model, name, None)
+        parent_path, _, attr = name.rpartition(".")
+        try:
+            parent = model.get_submodule(parent_path)
+        except AttributeError:  # a part the model was built without
+            continue
+        stack = getattr(parent, attr, None)
         if stack is None:
             continue
         if isinstance(stack, AutoChunkedStack):
             raise ValueError(f"model.{name} is already AutoChunked")
         wrapper = AutoChunkedStack(stack, memory_budget, min_chunk=min_chunk)
         wrapper.train(stack.training)
-        setattr(model, name, wrapper)  # nn.Module.__setattr__ re-registers the submodule
+        setattr(parent, attr, wrapper)  # nn.Module.__setattr__ re-registers the submodule
         wrappers.append(wrapper)
     if not wrappers:
         raise ValueError(f"{type(model).__name__} has no {' / '.join(names)} to chunk")

@@ -424,12 +424,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--recycles", type=int, help="forward passes (default: all, 1 + iterations)")
     p.add_argument("--chunk-size", type=int,
                    help="manual chunking: attention / outer-product-mean / triangle rows in "
-                        "chunks of N (long chains)")
+                        "chunks of N (long chains; AF3: the trunk, the confidence Pairformer "
+                        "and the diffusion transformer's pair bias)")
     p.add_argument("--autochunk", type=_memory_budget, metavar="BYTES|auto",
-                   help="AutoChunk (FastFold): chunk the Evoformer and extra MSA stacks so that "
-                        "each call's estimated activation memory fits BYTES (e.g. 2GiB, 500MB, "
-                        "1e9), or 'auto': 90%% of the device memory free at that point. Planned "
-                        "on the first recycling pass; the JSON summary reports the plan")
+                   help="AutoChunk (FastFold): chunk the stacks (AF2: Evoformer, extra MSA; "
+                        "AF3: template pair stack, MSA module, Pairformer, diffusion "
+                        "transformer, confidence Pairformer) so that each call's estimated "
+                        "activation memory fits BYTES (e.g. 2GiB, 500MB, 1e9), or 'auto': 90%% "
+                        "of the device memory free at that point. Planned on each stack's first "
+                        "call; the JSON summary reports the plan")
     p.add_argument("--autochunk-min-chunk", type=int, default=1, metavar="N",
                    help="smallest chunk AutoChunk may use (default 1; larger is faster but "
                         "reaches a higher memory floor)")
@@ -453,6 +456,18 @@ def build_parser() -> argparse.ArgumentParser:
                    help="AF3: let the JSON's unpairedMsaPath/pairedMsaPath/userCCDPath/template "
                         "paths point outside the JSON's directory (refused by default)")
     p.add_argument("--samples", type=int, help="AF3: diffusion samples (default: the model's)")
+    p.add_argument("--sample-group", type=int, metavar="G",
+                   help="AF3: run the diffusion network and the confidence head on G samples at "
+                        "a time (less memory; the same structures as all samples at once)")
+    p.add_argument("--dry-run", action="store_true",
+                   help="plan, do not predict: size the input and print, as JSON, the peak "
+                        "memory of each stage (trunk stacks; AF3: diffusion with the samples in "
+                        "groups, confidence head) estimated on FakeTensors on the CPU, for "
+                        "--memory-limit (default: the device's free memory), and the "
+                        "--chunk-size / --sample-group that fit")
+    p.add_argument("--msa-offload", action="store_true",
+                   help="AF2: keep the MSA representations in host memory while the pair "
+                        "updates of each block run (when the MSA is what does not fit)")
     p.add_argument("--sampler-steps", type=int,
                    help="AF3: EDM sampler steps (default: the model's, 200 for af3)")
     p.set_defaults(func=cmd_predict)

@@ -103,33 +103,45 @@ def af2_estimate(n_res: int, model_config, data_preset, *, precision: str = "fp3
 
 
 def af3_estimate(size: InputSize, model_config, *, precision: str = "fp32",
-                 no_samples: int | None = None) -> MemoryEstimate:
+                 no_samples: int | None = None, chunk_size: int | None = None,
+                 sample_group: int | None = None) -> MemoryEstimate:
     """An AF3 prediction of an input of ``size`` (tokens, atoms, MSA rows) with ``no_samples``
-    diffusion samples (default: the model's)."""
+    diffusion samples (default: the model's); ``chunk_size``: the row chunk of the stacks
+    (AutoChunk: its smallest chunk); ``sample_group``: samples through the diffusion network and
+    the confidence head at a time. For a per-stage estimate of the real model, see
+    :mod:`fold_train.predict_plan` (``fold-train predict --dry-run``)."""
     n, n_atom, n_msa = size.n_tokens, size.n_atoms, size.n_msa_rows
     cfg = model_config
     s = no_samples or cfg.sampler.no_samples
+    g = min(s, sample_group or s)  # samples the network holds at a time
+    rows = 1.0 if chunk_size is None else min(1.0, chunk_size / max(n, 1))
     b = _bytes_per_value(precision)
     resident = {
         f"pair representation [N_token, N_token, c_z={cfg.c_z}], its update and the diffusion's "
         "pair conditioning": 3 * n * n * cfg.c_z * 4,
         f"MSA representation [N_msa={n_msa}, N_token, c_m={cfg.msa.c_m}] and its update":
             2 * n_msa * n * cfg.msa.c_m * 4,
-        f"atom representations [S={s}, N_atom, c_atom={cfg.atom.c_atom}]":
-            3 * s * n_atom * cfg.atom.c_atom * 4,
+        f"atom representations [G={g}, N_atom, c_atom={cfg.atom.c_atom}]":
+            3 * g * n_atom * cfg.atom.c_atom * 4,
     }
+    # chunked rows: the chunk's share of the logits; the diffusion attention chunks samples
+    att_rows = g if chunk_size is None else min(g, chunk_size)
     transient = {
         f"triangle attention logits [N_token, H={cfg.pairformer.no_heads_tri_att}, N_token, "
-        "N_token]": cfg.pairformer.no_heads_tri_att * n ** 3 * b,
-        f"diffusion attention logits [S={s}, H={cfg.diffusion.no_heads}, N_token, N_token]":
-            s * cfg.diffusion.no_heads * n * n * b,
+        "N_token]": int(cfg.pairformer.no_heads_tri_att * n ** 3 * b * rows),
+        f"diffusion attention logits [G={att_rows}, H={cfg.diffusion.no_heads}, N_token, "
+        "N_token]": att_rows * cfg.diffusion.no_heads * n * n * b,
         f"outer product mean [N_token, N_token, {cfg.msa.c_hidden_opm}, "
-        f"{cfg.msa.c_hidden_opm}]": n * n * cfg.msa.c_hidden_opm ** 2 * b,
+        f"{cfg.msa.c_hidden_opm}]": int(n * n * cfg.msa.c_hidden_opm ** 2 * b * rows),
         f"triangle multiplication [4, N_token, N_token, {cfg.pairformer.c_hidden_mul}]":
             4 * n * n * cfg.pairformer.c_hidden_mul * b,
+        f"confidence head pair [G={g}, N_token, N_token, c_z] and its update, PAE/PDE logits "
+        f"[S={s}, N_token, N_token, 64]": 2 * g * n * n * cfg.c_z * 4 + 2 * s * n * n * 64 * 4,
     }
+    what = f"{s} samples" + (f" in groups of {g}" if g < s else "")
     return MemoryEstimate("AF3 prediction", f"N_token={n}, N_atom={n_atom}, N_msa={n_msa}, "
-                          f"{s} samples, {precision}", resident, transient)
+                          f"{what}, {precision}" + (f", chunk {chunk_size}" if chunk_size else ""),
+                          resident, transient, chunkable=True)
 
 
 def budget_bytes(device: torch.device | str, memory_limit: int | None = None,

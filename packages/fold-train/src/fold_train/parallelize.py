@@ -13,7 +13,8 @@ The order, and why:
    of the model config the model was built from; ``auto`` is planned on the first training batch
    (:mod:`fold_train.ckpt_plan`), so this step only reports that a plan is pending;
 4. **chunking** (prediction): the manual chunk size, or AutoChunk wrappers around the family's
-   ``autochunk_stacks`` (after the weights are loaded: the wrapped keys gain a level);
+   ``autochunk_names`` stacks (after the weights are loaded: the wrapped keys gain a level),
+   and AF3's diffusion samples in groups;
 5. **compile**: ``torch.compile`` of the family's memory-bound module, after the stacks have
    their DAP hooks (compiling first would trace the single-device calls);
 6. **CUDA graphs**: last, since a graph captures whatever the steps above made of the model:
@@ -43,6 +44,7 @@ class Techniques:
     chunk_size: int | None = None
     autochunk: Any = None  # AutoChunk memory budget (bytes or "auto")
     autochunk_min_chunk: int = 1
+    sample_group_size: int | None = None  # AF3: diffusion samples in groups (prediction)
     compile: bool = False
     cuda_graphs: bool = False
     device: torch.device | None = None  # where training graphs are captured
@@ -74,7 +76,9 @@ def parallelize(model: torch.nn.Module, family, techniques: Techniques, *,
     if t.chunk_size:
         family.set_chunking(model, t.chunk_size)
     if t.autochunk is not None:
-        out.autochunked = _autochunk(model, family, t.autochunk, t.autochunk_min_chunk)
+        out.autochunked = family.enable_autochunk(model, t.autochunk, t.autochunk_min_chunk)
+    if t.sample_group_size is not None:
+        family.set_sample_groups(model, t.sample_group_size)
     if t.compile:
         family.compile(model)
     out.cuda_graphs = bool(t.cuda_graphs) and t.autochunk is None
@@ -101,10 +105,3 @@ def _model_parallel(model, family, groups, dao: bool = True) -> list:
         handles += [enable_dap(s, comm) for s in family.dap_stacks(model)]
     return handles
 
-
-def _autochunk(model, family, budget, min_chunk: int) -> dict[str, Any]:
-    from fold_train.autochunk import enable_autochunk
-
-    names = family.autochunk_names
-    wrappers = enable_autochunk(model, budget, min_chunk=min_chunk, names=names)
-    return {n: w for n, w in zip(names, wrappers)}

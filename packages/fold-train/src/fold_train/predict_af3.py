@@ -89,13 +89,17 @@ def predict_af3_file(
     allow_outside_paths: bool = False,
     memory_limit: int | None = None,
     limits=None, features: dict | None = None,
+    chunk_size: int | None = None, autochunk=None, autochunk_min_chunk: int = 1,
+    sample_group: int | None = None,
 ) -> dict:
     """The whole ``fold-train predict --json``: returns the printed JSON summary. Without
     ``out`` the JSON's ``name``, made one safe file name, is written in the current directory;
     a diverged checkpoint's non-finite or absurd structure is refused, not written. The entry is
     sized before it is featurised (:mod:`fold_train.predict_size`: ``limits``, a
     ``fold_data.limits.SizeLimits``, and ``memory_limit`` bytes, default the device's free
-    memory): one too large is refused with the numbers and the options."""
+    memory): one too large is refused with the numbers and the options. ``chunk_size`` /
+    ``autochunk`` (bytes or "auto") / ``sample_group`` chunk the stacks and run the diffusion
+    samples in groups (:func:`fold_train.parallelize.parallelize`)."""
     from fold_data.af3.write import af3_prediction_to_structure
     from fold_data.errors import InputError
     from fold_data.write import write_mmcif
@@ -113,14 +117,19 @@ def predict_af3_file(
     def check(entry, ccd) -> None:  # sized before it is featurised
         check_af3_input(entry, ccd, model_config=cfg.model_config(),
                         precision=cfg.system.precision, device=device, no_samples=no_samples,
-                        memory_limit=memory_limit, limits=limits)
+                        memory_limit=memory_limit, limits=limits,
+                        chunk_size=chunk_size or (autochunk_min_chunk if autochunk is not None
+                                                  else None), sample_group=sample_group)
 
     # bad input: InputError; features: searched MSAs / paired rows / templates (--search)
     entry, raw = make_af3_inputs(source, make_ccd(ccd_files),
                                  allow_outside_paths=allow_outside_paths, features=features,
                                  limits=limits, check=check)
     done = parallelize(model, make_family(cfg.model.family, cfg.model_config()),
-                       Techniques(cuda_graphs=graphs_wanted(cuda_graphs, device)))
+                       Techniques(cuda_graphs=graphs_wanted(cuda_graphs, device),
+                                  chunk_size=chunk_size, autochunk=autochunk,
+                                  autochunk_min_chunk=autochunk_min_chunk,
+                                  sample_group_size=sample_group))
     path = output_path(out, entry.name)  # checked before the model runs
     seed = int(entry.seeds[0]) if entry.seeds else 0
     try:
@@ -134,7 +143,15 @@ def predict_af3_file(
     st = af3_prediction_to_structure(pred, raw, entry)
     write_mmcif(st, path)
     ligands = [c.chain_id for c in entry.chains if not c.is_polymer]
-    return {"name": entry.name, "out": str(path), "seed": seed,
+    chunking = {"chunk_size": chunk_size, "sample_group": sample_group}
+    if done.autochunked:  # the plans made on the first call of each stack
+        chunking["autochunk"] = {
+            stack: {"budget_bytes": w.report.memory_budget,
+                    "estimated_peak_before": w.report.estimated_peak_before,
+                    "estimated_peak_after": w.report.simulated_peak_after,
+                    "regions": len(w.report.regions)}
+            for stack, w in done.autochunked.items() if w.report is not None}
+    return {"chunking": chunking, "name": entry.name, "out": str(path), "seed": seed,
             "n_token": int(len(raw["asym_id"])), "n_atom": int(len(raw["atom_to_token"])),
             "chains": [c.chain_id for c in entry.chains], "ligand_chains": ligands,
             "mean_plddt": float(pred.plddt.mean()),

@@ -56,14 +56,17 @@ def check_af2_input(*, fasta=None, mmcif=None, chain=None, msas: Sequence = (), 
 def check_af3_input(entry, ccd, *, model_config, precision: str, device: torch.device | str,
                     no_samples: int | None = None, memory_limit: int | None = None,
                     memory: Callable[[torch.device], int] | None = None,
-                    limits: SizeLimits | None = None) -> InputSize:
+                    limits: SizeLimits | None = None, chunk_size: int | None = None,
+                    sample_group: int | None = None) -> InputSize:
     """Refuse an AF3 entry (parsed, not featurised) over the data ``limits`` or the device's
     memory; returns its size."""
     size = entry_size(entry, ccd)
     check_size(size, limits, record=entry.name)
-    est = af3_estimate(size, model_config, precision=precision, no_samples=no_samples)
+    est = af3_estimate(size, model_config, precision=precision, no_samples=no_samples,
+                       chunk_size=chunk_size, sample_group=sample_group)
     check_memory(est, budget_bytes(device, memory_limit, memory), source=size.source,
                  device=str(device), options=[
-                     "fewer diffusion samples (--samples 1)", _MORE_MEMORY,
+                     "samples in smaller groups (--sample-group 1) or fewer diffusion samples "
+                     "(--samples 1)", _MORE_MEMORY,
                      f"crop the input (fewer chains or residues: {size.describe()})"])
     return size

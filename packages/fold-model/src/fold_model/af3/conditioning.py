@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from fold_model import ops
-from fold_model.layers import Attention, LayerNorm, Linear, pair_bias
+from fold_model.layers import Attention, LayerNorm, Linear, chunked_rows, pair_bias
 from fold_model.seams import IDENTITY_COMM, AxialComm
 
 __all__ = ["AdaLN", "AttentionPairBias", "ConditionedTransitionBlock"]
@@ -60,9 +60,19 @@ class AttentionPairBias(nn.Module):
             with torch.no_grad():
                 self.linear_s_gate.bias.fill_(-2.0)
 
-    def bias_from_pair(self, z: torch.Tensor, comm: AxialComm = IDENTITY_COMM) -> torch.Tensor:
-        """``z: [*, N_i/P, N_j, C_z]`` -> ``[*, H, N_i, N_j]``."""
-        return pair_bias(self.layer_norm_z(z), self.linear_z, comm)
+    def bias_from_pair(self, z: torch.Tensor, comm: AxialComm = IDENTITY_COMM,
+                       chunk_size: int | None = None) -> torch.Tensor:
+        """``z: [*, N_i/P, N_j, C_z]`` -> ``[*, H, N_i, N_j]``. With ``chunk_size`` the
+        LayerNorm and projection run on ``chunk_size`` rows i at a time: the normalised pair
+        ``[*, N_i, N_j, C_z]`` (C_z / H times the bias) is never whole (inference)."""
+        if chunk_size is None:
+            return pair_bias(self.layer_norm_z(z), self.linear_z, comm)
+
+        def project(z_rows: torch.Tensor) -> torch.Tensor:
+            return self.linear_z(self.layer_norm_z(z_rows))  # [*, chunk, N_j, H]
+
+        bias = chunked_rows(project, chunk_size, ((z, -3),), out_dim=-3)  # [*, N_i/P, N_j, H]
+        return comm.gather(bias, -3).movedim(-1, -3)  # [*, H, N_i, N_j]
 
     def normalize(self, a: torch.Tensor, s: torch.Tensor | None) -> torch.Tensor:
         if self.ada_ln is not None:

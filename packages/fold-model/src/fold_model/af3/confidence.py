@@ -70,6 +70,8 @@ class ConfidenceHead(nn.Module):
         self.resolved_weight = nn.Parameter(
             torch.zeros(self.max_atoms, cfg.c_s, c.resolved_no_bins)
         )
+        # Inference: the samples go through the head in groups of this many (None: all at once)
+        self.sample_group_size: int | None = None
 
     def _per_atom(self, s: torch.Tensor, weight: torch.Tensor, tok: torch.Tensor,
                   slot: torch.Tensor) -> torch.Tensor:
@@ -87,6 +89,17 @@ class ConfidenceHead(nn.Module):
         z_trunk: torch.Tensor,
         x_pred: torch.Tensor,
     ) -> dict[str, torch.Tensor]:
+        """Each sample is scored on its own, so with ``sample_group_size`` G the head runs on
+        G samples at a time (its Pairformer's pair ``[B, G, N, N, C_z]`` instead of S of them)
+        and the logits are concatenated over the samples."""
+        G, S = self.sample_group_size, x_pred.shape[1]
+        if G is None or S <= G:
+            return self._forward(feats, s_inputs, s_trunk, z_trunk, x_pred)
+        parts = [self._forward(feats, s_inputs, s_trunk, z_trunk, x_pred[:, i: i + G])
+                 for i in range(0, S, G)]
+        return {k: torch.cat([p[k] for p in parts], dim=1) for k in parts[0]}
+
+    def _forward(self, feats, s_inputs, s_trunk, z_trunk, x_pred):
         c = self.cfg
         s_inputs, s_trunk, z_trunk, x_pred = (t.detach() for t in (s_inputs, s_trunk, z_trunk,
                                                                     x_pred))

@@ -132,13 +132,16 @@ class DiffusionTransformerBlock(nn.Module):
         super().__init__()
         self.attention = AttentionPairBias(c_a, c_z, no_heads, c_s=c_s)
         self.transition = ConditionedTransitionBlock(c_a, c_s, transition_n)
+        self.chunk_size: int | None = None  # inference: pair rows and samples in chunks
 
     def forward(
         self, a: torch.Tensor, s: torch.Tensor, z: torch.Tensor, mask: torch.Tensor
     ) -> torch.Tensor:
-        bias = self.attention.bias_from_pair(z)  # [B, H, N, N], shared by the S samples
+        # [B, H, N, N], shared by the S samples; with a chunk size LN(z) is made in row chunks
+        bias = self.attention.bias_from_pair(z, chunk_size=self.chunk_size)
         key_mask = mask.unsqueeze(1).expand(a.shape[:-1])  # [B, S, N]
-        a = a + self.attention(a, bias, key_mask, s)
+        # with a chunk size the samples attend in chunks: logits [B, chunk, H, N, N]
+        a = a + self.attention(a, bias, key_mask, s, self.chunk_size)
         return a + self.transition(a, s)
 
 
@@ -155,6 +158,11 @@ class DiffusionTransformer(nn.Module):
             DiffusionTransformerBlock(c_a, c_s, c_z, no_heads, transition_n)
             for _ in range(no_blocks)
         )
+
+    def set_chunk_size(self, chunk_size: int | None) -> None:
+        """Inference chunking of every block (pair-bias rows, samples in attention)."""
+        for block in self.blocks:
+            block.chunk_size = chunk_size
 
     def forward(self, a, s, z, mask):
         recompute = self.use_checkpoint and self.training and torch.is_grad_enabled()
@@ -192,6 +200,8 @@ class DiffusionModule(nn.Module):
         )
         self.layer_norm_a = LayerNorm(cfg.c_token)
         self.decoder = AtomAttentionDecoder(atom_cfg, cfg.c_token)
+        # Inference: the network runs on the samples in groups of this many (None: all at once)
+        self.sample_group_size: int | None = None
 
     def forward(
         self,
@@ -203,6 +213,22 @@ class DiffusionModule(nn.Module):
         z_trunk: torch.Tensor,
         z_cond: torch.Tensor | None = None,
     ) -> torch.Tensor:
+        """The samples are independent (the pair conditioning, computed once, is shared), so
+        with ``sample_group_size`` G the network runs on ``[B, G, A, 3]`` at a time and the
+        groups' outputs are concatenated: the same numbers, with the activations of G samples
+        (the atom transformers' ``[B, G, A, C_atom]``, the transformer's ``[B, G, N, C_token]``
+        and its attention logits ``[B, G, H, N, N]``) instead of all S."""
+        G = self.sample_group_size
+        if G is None or x_noisy.shape[1] <= G:
+            return self._denoise(x_noisy, t_hat, feats, s_inputs, s_trunk, z_trunk, z_cond)
+        if z_cond is None:
+            z_cond = self.conditioning.pair(feats, z_trunk)  # once for every group
+        return torch.cat([
+            self._denoise(x_noisy[:, i: i + G], t_hat[:, i: i + G], feats, s_inputs, s_trunk,
+                          z_trunk, z_cond)
+            for i in range(0, x_noisy.shape[1], G)], dim=1)  # [B, S, A, 3]
+
+    def _denoise(self, x_noisy, t_hat, feats, s_inputs, s_trunk, z_trunk, z_cond):
         sd = self.sigma_data
         dtype = coordinate_dtype(x_noisy.dtype)
         with _exact(x_noisy.device):

@@ -125,11 +125,24 @@ class AlphaFold3(nn.Module):
         return stacks
 
     def set_chunk_size(self, chunk_size: int | None) -> None:
-        """Inference-time chunking of the trunk's pair updates (and the confidence Pairformer)."""
+        """Inference-time chunking of the trunk's pair updates (template embedder, MSA module,
+        Pairformer), the confidence Pairformer, and the diffusion transformer's pair bias
+        (rows) and attention (samples)."""
         for m in self._trunk_stacks():
             m.set_chunk_size(chunk_size)
         if self.confidence_head is not None:
             self.confidence_head.pairformer.set_chunk_size(chunk_size)
+        self.diffusion.transformer.set_chunk_size(chunk_size)
+
+    def set_sample_group_size(self, group_size: int | None) -> None:
+        """Inference: the diffusion network and the confidence head run on the samples in
+        groups of ``group_size`` (None: all at once). The sampler's random draws are made for
+        all samples at every step, as without groups, so the structures are the same."""
+        if group_size is not None and group_size < 1:
+            raise ValueError(f"sample group size must be >= 1, got {group_size}")
+        self.diffusion.sample_group_size = group_size
+        if self.confidence_head is not None:
+            self.confidence_head.sample_group_size = group_size
 
     def set_comm(self, comm: AxialComm) -> None:
         """Put the trunk stacks on the axial seam (DAP)."""

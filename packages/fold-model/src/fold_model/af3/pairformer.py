@@ -143,7 +143,7 @@ class PairformerBlock(PairUpdates):
     def _single_attention(
         self, s: torch.Tensor, z: torch.Tensor, single_mask: torch.Tensor
     ) -> torch.Tensor:
-        bias = self.single_attention.bias_from_pair(z, self.comm)  # [*, H, N, N]
+        bias = self.single_attention.bias_from_pair(z, self.comm, self.chunk_size)  # [*, H, N, N]
         s_rows = s.unsqueeze(-3)  # [*, 1, N, C_s]: one row shares the bias
         out = self.single_attention(s_rows, bias, single_mask.unsqueeze(-2))
         return out.squeeze(-3)  # [*, N, C_s]

@@ -17,7 +17,7 @@ from fold_model.geometry import rigid_from_3_points
 from fold_model.layers import BlockStack, LayerNorm, Linear
 from fold_model.seams import IDENTITY_COMM, AxialComm
 
-__all__ = ["template_pair_features", "TemplateEmbedder"]
+__all__ = ["template_pair_features", "TemplateEmbedder", "TemplatePairStack"]
 
 
 def template_pair_features(
@@ -80,6 +80,13 @@ class TemplateEmbedder(BlockStack):
         )
         self.layer_norm_v = LayerNorm(c_t)
         self.linear_out = Linear(c_t, c_z, bias=False)
+        # what runs the pair stack (None: self.run); not a submodule, so the state-dict keys stay
+        self.__dict__["_pair_stack"] = None
+
+    def use_pair_stack(self, runner: nn.Module | None) -> None:
+        """Run the template pair stack through ``runner(v, t_pair_mask)`` (e.g. an AutoChunk
+        wrapper of :class:`TemplatePairStack`); None: the blocks through :meth:`run`."""
+        self.__dict__["_pair_stack"] = runner
 
     def forward(
         self, feats: dict[str, torch.Tensor], z: torch.Tensor, pair_mask: torch.Tensor
@@ -100,8 +107,26 @@ class TemplateEmbedder(BlockStack):
         v = self.linear_z(self.layer_norm_z(z)).unsqueeze(-4)  # [*, 1, N, N, c_t]
         v = v + self.linear_a(a)  # [*, T, N, N, c_t]
         t_pair_mask = pair_mask.unsqueeze(-3).expand(v.shape[:-1])  # [*, T, N, N]
-        (v,) = self.run((v,), (t_pair_mask,), split=(True,))  # split over N_i: [*, T, N/P, N, c_t]
+        if self._pair_stack is not None:
+            v = self._pair_stack(v, t_pair_mask)
+        else:  # split over N_i: [*, T, N/P, N, c_t]
+            (v,) = self.run((v,), (t_pair_mask,), split=(True,))
         t_mask = feats["template_mask"].to(z.dtype)  # [*, T]
         u = (self.layer_norm_v(v) * t_mask[..., None, None, None]).sum(-4)  # [*, N, N, c_t]
         u = u / t_mask.sum(-1).clamp_min(1.0)[..., None, None, None]
         return self.linear_out(torch.relu(u))
+
+
+class TemplatePairStack(BlockStack):
+    """The pair stack of a :class:`TemplateEmbedder` (its blocks, shared) as a module of tensors
+    alone, ``forward(v [*, T, N, N, c_t], t_pair_mask [*, T, N, N]) -> v``: what torch.fx and
+    AutoChunk need (the embedder's own forward reads a feature dict and runs part of its work
+    with autocast off)."""
+
+    def __init__(self, embedder: TemplateEmbedder) -> None:
+        super().__init__(embedder.comm)
+        self.blocks = embedder.blocks
+
+    def forward(self, v: torch.Tensor, t_pair_mask: torch.Tensor) -> torch.Tensor:
+        (v,) = self.run((v,), (t_pair_mask,), split=(True,))
+        return v

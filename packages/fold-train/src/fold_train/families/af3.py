@@ -226,6 +226,31 @@ class AF3Family(Family):
         return result
 
     # -- parallelize hooks ----------------------------------------------------------------------
+    # the traceable stacks AutoChunk wraps (fold-train predict --autochunk); the template
+    # embedder's pair stack is wrapped by enable_autochunk below (its forward reads a dict)
+    autochunk_names = ("msa_module", "pairformer", "diffusion.transformer",
+                       "confidence_head.pairformer")
+
+    def set_sample_groups(self, model, group_size: int | None) -> None:
+        model.set_sample_group_size(group_size)
+
+    def enable_autochunk(self, model, memory_budget, min_chunk: int = 1) -> dict:
+        """The stacks of ``autochunk_names`` and the template embedder's pair stack (as a
+        ``fold_model.af3.template.TemplatePairStack`` of its blocks, run through the wrapper)."""
+        from fold_model.af3.template import TemplatePairStack
+
+        from fold_train.autochunk import AutoChunkedStack
+
+        out = super().enable_autochunk(model, memory_budget, min_chunk)
+        embedder = model.template_embedder
+        if embedder is not None:
+            wrapper = AutoChunkedStack(TemplatePairStack(embedder), memory_budget,
+                                       min_chunk=min_chunk)
+            wrapper.train(False)  # not a submodule: model.eval() does not reach it
+            embedder.use_pair_stack(wrapper)
+            out["template_embedder.pair_stack"] = wrapper
+        return out
+
     def dap_stacks(self, model) -> list[torch.nn.Module]:
         """The MSA module, Pairformer and template embedder (each scatters its inputs and
         gathers its output itself, so N_token and the MSA rows must be multiples of the DAP
@@ -288,11 +313,17 @@ class AF3Family(Family):
         from fold_train.errors import ConfigError
         from fold_train.predict_af3 import predict_af3_file
 
-        af2_only = [f for f in ("msa", "templates", "template_mmcif_dir", "chain", "chunk_size",
-                                "autochunk") if getattr(args, f, None)]
+        af2_only = [f for f in ("msa", "templates", "template_mmcif_dir", "chain",
+                                "msa_offload") if getattr(args, f, None)]
         if af2_only:
             raise ConfigError(f"--{af2_only[0].replace('_', '-')} is for AF2 inputs; an AF3 JSON "
                               "names its MSAs and templates itself")
+        autochunk = getattr(args, "autochunk", None)
+        if autochunk is not None and getattr(args, "chunk_size", None):
+            raise ConfigError("--autochunk and --chunk-size are alternatives: give one of them")
+        chunking = dict(chunk_size=getattr(args, "chunk_size", None), autochunk=autochunk,
+                        autochunk_min_chunk=getattr(args, "autochunk_min_chunk", 1),
+                        sample_group=getattr(args, "sample_group", None))
         return predict_af3_file(args.checkpoint, args.json, args.out, device=device,
                                 use_ema=not args.no_ema, ccd_files=args.ccd or [],
                                 no_samples=args.samples, no_steps=args.sampler_steps,
@@ -302,7 +333,8 @@ class AF3Family(Family):
                                 allow_outside_paths=getattr(args, "allow_outside_paths", False),
                                 memory_limit=getattr(args, "memory_limit", None),
                                 limits=limits_from_args(args),
-                                features=getattr(args, "search_features", None))  # --search
+                                features=getattr(args, "search_features", None),  # --search
+                                **chunking)
 
     # -- shape buckets ---------------------------------------------------------------------------
     @classmethod

@@ -141,6 +141,31 @@ class Family(ABC):
         """Inference chunking of the stacks (``fold-train predict --chunk-size``)."""
         model.set_chunk_size(chunk_size)
 
+    def set_sample_groups(self, model, group_size: int | None) -> None:
+        """Diffusion samples (and their confidence) in groups of ``group_size``
+        (``fold-train predict --sample-group``); a family without samples refuses it."""
+        from fold_train.errors import ConfigError
+
+        raise ConfigError(f"{self.name}: no diffusion samples to put in groups "
+                          "(--sample-group is for AF3)")
+
+    def enable_autochunk(self, model, memory_budget, min_chunk: int = 1) -> dict[str, Any]:
+        """AutoChunk wrappers around the stacks named in ``autochunk_names`` (``fold-train
+        predict --autochunk``): ``{name: fold_train.autochunk.AutoChunkedStack}``."""
+        from fold_train.autochunk import enable_autochunk
+
+        wrappers = enable_autochunk(model, memory_budget, min_chunk=min_chunk,
+                                    names=self.autochunk_names)
+        out = {}
+        for name in self.autochunk_names:  # the wrapper now at each present name
+            try:
+                w = model.get_submodule(name)
+            except AttributeError:  # a part the model was built without
+                continue
+            if any(w is x for x in wrappers):
+                out[name] = w
+        return out
+
     # -- data ------------------------------------------------------------------------------------
     @classmethod
     @abstractmethod
