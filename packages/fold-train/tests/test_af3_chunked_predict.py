@@ -1,0 +1,177 @@
+"""AF3 prediction that fits: chunked stacks (``--chunk-size``), AutoChunk (``--autochunk``) and
+diffusion samples in groups (``--sample-group``) give the unchunked prediction (coordinates,
+pLDDT, distogram) on a real complex (FKBP51 + FK506, cropped), and ``fold-train predict --json``
+takes the flags.
+
+Tolerances: fp32 on both sides; chunking and groups change only how rows and samples are
+batched (the same sums per element, at most a different summation order inside a GEMM), so the
+outputs agree to a few fp32 ulps amplified through 2 trunk passes and 3 sampler steps: 1e-5 of
+each output's scale. Against the float64 prediction the fp32 rounding itself is ~1e-7 relative
+per op; 1e-5 of the scale again leaves a 50x margin."""
+
+from __future__ import annotations
+
+import json
+
+import gemmi
+import numpy as np
+import pytest
+import torch
+from _af3_helpers import CCD, INPUTS, ligand_crop, needs_af3_demo
+from fold_train.checkpoint import save_checkpoint
+from fold_train.cli import main
+from fold_train.config import apply_overrides, preset
+from fold_train.data import collate
+from fold_train.families import make_family
+from fold_train.loop import CHECKPOINT_FORMAT
+from fold_train.parallelize import Techniques, parallelize
+from fold_train.predict_graphs import AF3Predictor
+
+RTOL = 1e-5
+RUN = dict(no_cycles=2, no_samples=3, no_steps=3)
+
+
+def _model(seed: int = 0):
+    """The tiny AF3 with random weights everywhere (zero-initialised final layers too, so that
+    pLDDT and the distogram depend on the input)."""
+    torch.manual_seed(seed)
+    mc = apply_overrides(preset("af3_tiny"), []).model_config()
+    family = make_family("af3", mc)
+    model = family.build_model(mc)
+    gen = torch.Generator().manual_seed(11)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.05 * torch.randn(p.shape, generator=gen))
+    return family, model.eval()
+
+
+@pytest.fixture(scope="module")
+def batch():
+    needs_af3_demo()
+    from fold_data.af3 import Ccd, make_sample
+    from fold_data.af3.crop import crop_features
+    from fold_train.predict_af3 import make_af3_inputs
+
+    _, raw = make_af3_inputs(INPUTS / "fkbp51_fk506.json", Ccd([CCD], use_biotite=False))
+    raw = crop_features(raw, ligand_crop(raw, 10))  # 67 tokens, 121 atoms (FK506 whole)
+    out = collate([make_sample(raw, "af3_predict", seed=0)])
+    out["msa_mask"][..., 5:9] = 0  # a hole in the MSA mask
+    return out
+
+
+def _predict(batch, techniques: Techniques | None = None, budgets: dict | None = None,
+             float64: bool = False):
+    family, model = _model()
+    done = None
+    if techniques is not None:
+        done = parallelize(model, family, techniques)
+        for name, budget in (budgets or {}).items():
+            done.autochunked[name].memory_budget = budget
+    if float64:
+        model.double()
+        batch = {k: v.double() if v.is_floating_point() else v for k, v in batch.items()}
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64 if float64 else torch.float32)  # the sampler's dtype
+    try:
+        out = AF3Predictor(model, "cpu", cuda_graphs=False)(
+            batch, generator=torch.Generator().manual_seed(3), **RUN)
+    finally:
+        torch.set_default_dtype(default)
+    return out, done
+
+
+@pytest.fixture(scope="module")
+def reference(batch):
+    return _predict(batch)[0], _predict(batch, float64=True)[0]
+
+
+def _close(out, reference) -> None:
+    ref, ref64 = reference
+    for k in ref:
+        assert torch.isfinite(out[k]).all(), k
+        scale = float(ref64[k].abs().max())
+        torch.testing.assert_close(out[k], ref[k], rtol=RTOL, atol=RTOL * scale, msg=k)
+        err = float((out[k].double() - ref64[k].double()).abs().max())
+        assert err <= RTOL * scale, (k, err, scale)
+
+
+@pytest.mark.parametrize("techniques", [
+    Techniques(chunk_size=5),  # odd: the last chunk of 67 rows is short
+    Techniques(sample_group_size=1),
+    Techniques(chunk_size=7, sample_group_size=2),  # 3 samples: groups of 2 and 1
+], ids=["chunk5", "group1", "chunk7-group2"])
+def test_chunked_and_grouped_prediction_equals_unchunked(batch, reference, techniques):
+    out, _ = _predict(batch, techniques)
+    _close(out, reference)
+
+
+def test_autochunked_prediction_equals_unchunked(batch, reference):
+    """Budgets below each stack's unchunked estimate (template pair stack ~23 MB, MSA module and
+    Pairformer ~5.9 MB, diffusion transformer ~0.5 MB, confidence Pairformer ~18 MB at these
+    sizes): every stack is planned with chunk regions and meets its budget."""
+    budgets = {"template_embedder.pair_stack": 4_000_000, "msa_module": 2_000_000,
+               "pairformer": 2_000_000, "diffusion.transformer": 350_000,
+               "confidence_head.pairformer": 5_000_000}
+    out, done = _predict(batch, Techniques(autochunk=10**9), budgets)
+    assert sorted(done.autochunked) == sorted(budgets)
+    for name, wrapper in done.autochunked.items():
+        report = wrapper.report
+        assert report is not None and report.regions, name
+        assert report.simulated_peak_after <= budgets[name] < report.estimated_peak_before, name
+    _close(out, reference)
+
+
+def test_sample_groups_draw_the_same_noise(batch):
+    """Groups change nothing the sampler draws: the generator ends in the same state."""
+    states = []
+    for g in (None, 1):
+        family, model = _model()
+        model.set_sample_group_size(g)
+        gen = torch.Generator().manual_seed(3)
+        AF3Predictor(model, "cpu", cuda_graphs=False)(batch, generator=gen, **RUN)
+        states.append(gen.get_state())
+    assert torch.equal(states[0], states[1])
+    with pytest.raises(ValueError, match="sample group size"):
+        model.set_sample_group_size(0)
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    cfg = apply_overrides(preset("af3_tiny"), [])
+    _, model = _model()
+    path = tmp_path_factory.mktemp("ckpt") / "af3_tiny.ckpt"
+    save_checkpoint(path, {"format": CHECKPOINT_FORMAT, "config": cfg.to_dict(),
+                           "model": {k: v.clone() for k, v in model.state_dict().items()}})
+    return path
+
+
+def _cli(checkpoint, out, capsys, *flags) -> tuple[dict, np.ndarray]:
+    rc = main(["predict", "--checkpoint", str(checkpoint), "--json",
+               str(INPUTS / "fkbp51_fk506.json"), "--ccd", str(CCD), "--out", str(out),
+               "--device", "cpu", "--samples", "2", "--sampler-steps", "2", "--recycles", "1",
+               "--no-ema", *flags])
+    captured = capsys.readouterr()
+    assert rc == 0, captured.err
+    st = gemmi.read_structure(str(out))
+    xyz = np.array([a.pos.tolist() for ch in st[0] for res in ch for a in res])
+    return json.loads(captured.out.strip().splitlines()[-1]), xyz
+
+
+def test_cli_af3_chunking_flags(checkpoint, tmp_path, capsys):
+    needs_af3_demo()
+    _, ref = _cli(checkpoint, tmp_path / "ref.cif", capsys)
+    summary, xyz = _cli(checkpoint, tmp_path / "chunked.cif", capsys, "--chunk-size", "16",
+                        "--sample-group", "1")
+    assert summary["chunking"] == {"chunk_size": 16, "sample_group": 1}
+    # mmCIF coordinates are written with 3 decimals
+    np.testing.assert_allclose(xyz, ref, atol=2e-3)
+    summary, xyz = _cli(checkpoint, tmp_path / "auto.cif", capsys, "--autochunk", "40MB")
+    assert set(summary["chunking"]["autochunk"]) == {
+        "template_embedder.pair_stack", "msa_module", "pairformer", "diffusion.transformer",
+        "confidence_head.pairformer"}
+    np.testing.assert_allclose(xyz, ref, atol=2e-3)
+    rc = main(["predict", "--checkpoint", str(checkpoint), "--json",
+               str(INPUTS / "fkbp51_fk506.json"), "--ccd", str(CCD), "--out",
+               str(tmp_path / "x.cif"), "--device", "cpu", "--chunk-size", "8",
+               "--autochunk", "1GB"])
+    assert rc == 2 and "alternatives" in capsys.readouterr().err
