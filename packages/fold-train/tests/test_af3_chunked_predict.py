@@ -27,6 +27,7 @@ from fold_train.loop import CHECKPOINT_FORMAT
 from fold_train.parallelize import Techniques, parallelize
 from fold_train.predict_graphs import AF3Predictor
 
+pytestmark = pytest.mark.slow
 RTOL = 1e-5
 RUN = dict(no_cycles=2, no_samples=3, no_steps=3)
 

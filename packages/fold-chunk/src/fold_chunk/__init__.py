@@ -9,6 +9,7 @@ from fold_chunk.api import (
     estimate_peak_memory,
     smallest_reachable_peak,
 )
+from fold_chunk.fake import FakeRun, fake_memory
 from fold_chunk.memory_tracker import AllocationTracker, measure_peak_memory
 from fold_chunk.report import ChunkReport, RegionReport
 
@@ -19,6 +20,8 @@ __all__ = [
     "estimate_peak_memory",
     "smallest_reachable_peak",
     "measure_peak_memory",
+    "fake_memory",
+    "FakeRun",
     "AutoChunked",
     "ChunkPlanner",
     "MemoryBudgetError",

@@ -221,6 +221,18 @@ def run_prediction(args: argparse.Namespace) -> dict:
 
 
 def cmd_predict(args: argparse.Namespace) -> int:
+    if getattr(args, "dry_run", False):  # plan only (fold_train.predict_plan)
+        import torch
+
+        from fold_train.predict_plan import dry_run
+
+        plan = dry_run(args, args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        print(json.dumps(plan))
+        if not plan["fits"]:
+            print(f"fold-train predict: {plan['name']} does not fit in "
+                  f"{plan['usable_bytes']} bytes even with the smallest chunking tried "
+                  f"(peak {plan['peak_bytes']} bytes)", file=sys.stderr)
+        return 0 if plan["fits"] else 1
     summary = run_prediction(args)
     print(json.dumps(summary))
     return 0

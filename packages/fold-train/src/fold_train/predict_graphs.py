@@ -105,13 +105,15 @@ class _Predictor:
         # no autocast weight cache: a captured graph must not read the cache of the capture
         return torch.autocast(self.device.type, dtype=torch.bfloat16, cache_enabled=False)
 
-    def _fit(self, batch: dict[str, torch.Tensor], family: str
-             ) -> tuple[dict[str, torch.Tensor], Bucket]:
-        """The batch on the device, padded to its bucket (or as it is when not padding)."""
+    def _fit(self, batch: dict[str, torch.Tensor], family: str,
+             extent: dict[str, int] | None = None) -> tuple[dict[str, torch.Tensor], Bucket]:
+        """The batch on the device, padded to its bucket (or as it is when not padding).
+        ``extent``: the batch's ``real_extent`` when the caller knows it (a dry run's
+        FakeTensors carry no mask values to read)."""
         batch = {k: v.to(self.device) for k, v in batch.items()}
         if self.pad:
             return fit_to_bucket(batch, family, self.policy)
-        return batch, tuple(sorted(real_extent(batch, family).items()))
+        return batch, tuple(sorted((extent or real_extent(batch, family)).items()))
 
     def _state(self, key: tuple) -> dict:
         if not self.graphs:
@@ -154,15 +156,15 @@ class AF2Predictor(_Predictor):
     """``AlphaFold2`` prediction, one captured recycling iteration per bucket."""
 
     @torch.no_grad()
-    def __call__(self, batch: dict[str, torch.Tensor], num_recycles: int | None = None
-                 ) -> Outputs:
+    def __call__(self, batch: dict[str, torch.Tensor], num_recycles: int | None = None,
+                 extent: dict[str, int] | None = None) -> Outputs:
         """Run ``num_recycles`` passes (default all ``R``) on a collated sample ``[B, R, ...]``;
         returns the last pass's ``final_atom_positions [B, N, 37, 3]``, ``final_atom_mask [B, N,
         37]``, ``plddt [B, N]``, ``distogram_logits [B, N, N, bins]`` (and with the pTM head
         ``tm_logits [B, N, N, bins]``) with ``N`` the padded size (the real residues first;
         fresh tensors, not graph outputs)."""
         model = self.model
-        batch, bucket = self._fit(batch, "af2")
+        batch, bucket = self._fit(batch, "af2", extent)
         n_avail = batch["aatype"].shape[1]
         n_cycle = n_avail if num_recycles is None else num_recycles
         if not 1 <= n_cycle <= n_avail:
@@ -203,7 +205,8 @@ class AF3Predictor(_Predictor):
     @torch.no_grad()
     def __call__(self, batch: dict[str, torch.Tensor], *, generator: torch.Generator,
                  no_cycles: int | None = None, no_samples: int | None = None,
-                 no_steps: int | None = None) -> Outputs:
+                 no_steps: int | None = None, extent: dict[str, int] | None = None
+                 ) -> Outputs:
         """Sample structures of a collated sample ``[B, ...]``. Returns ``x [B, S, A, 3]``,
         ``plddt [B, S, A]`` (0-100) and ``distogram_logits [B, N, N, bins]`` at the real sizes."""
         from fold_model.af3.confidence import expected_value
@@ -214,8 +217,8 @@ class AF3Predictor(_Predictor):
         if model.confidence_head is None:
             raise ValueError("this AF3 model has no confidence head (confidence.enabled=false): "
                              "no pLDDT to write")
-        real = real_extent(batch, "af3")
-        batch, bucket = self._fit(batch, "af3")
+        real = extent or real_extent(batch, "af3")  # extent: see _fit
+        batch, bucket = self._fit(batch, "af3", real)
         no_cycles = no_cycles or cfg.no_cycles
         S = no_samples or cfg.sampler.no_samples
         state = self._state((bucket, S))

@@ -311,7 +311,11 @@ def sampler_schedule(cfg, sigma_data: float, no_steps: int | None = None
     ``t_hat = c_{tau-1} (gamma + 1)``, the noise scale ``xi_scale = lambda sqrt(t_hat^2 -
     c_{tau-1}^2)`` and the update scale ``step_coef = eta (c_tau - t_hat)`` (Python floats, so
     a step reads them as scalars or, in a captured graph, as tensors)."""
-    c = noise_schedule(cfg, sigma_data, no_steps, torch.float64).tolist()  # host floats
+    # noise_schedule's formula in Python floats (float64): host numbers, no tensor op, so the
+    # schedule is the same whether tensors are real or FakeTensors (fold-train's dry run)
+    n = cfg.no_steps if no_steps is None else no_steps
+    hi, lo = cfg.s_max ** (1 / cfg.rho), cfg.s_min ** (1 / cfg.rho)
+    c = [sigma_data * (hi + (i / n) * (lo - hi)) ** cfg.rho for i in range(n + 1)]
     steps = []
     for prev, cur in zip(c[:-1], c[1:]):
         gamma = cfg.gamma_0 if cur > cfg.gamma_min else 0.0
