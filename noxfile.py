@@ -46,7 +46,7 @@ BENCHMARKS = [
     "kernels.attention", "kernels.elementwise", "kernels.launch_overhead",
     "model.evoformer", "model.af3_blocks", "model.full", "model.loss_af3_pairs", "model.peers",
     "train.ablation", "train.af3", "train.predict_graphs",
-    "chunk.evoformer",
+    "chunk.evoformer", "chunk.longest_input",
     "data.loader", "data.cache", "data.af3_cache", "data.search_msa",
 ]
 # Multi-GPU entry points and their ranks: run under torchrun, only when named

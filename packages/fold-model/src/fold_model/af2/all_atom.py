@@ -51,7 +51,7 @@ def residue_constant_tensors(device: torch.device, dtype: torch.dtype) -> dict[s
         def longs(a: object) -> torch.Tensor:
             return torch.tensor(np.asarray(a, dtype=np.int64), device=device)
 
-        _CACHE[key] = {
+        tables = {
             "default_frames": floats(rc.restype_rigid_group_default_frame),
             "group_idx": longs(rc.restype_atom14_to_rigid_group),
             "atom14_mask": floats(rc.restype_atom14_mask),
@@ -59,6 +59,11 @@ def residue_constant_tensors(device: torch.device, dtype: torch.dtype) -> dict[s
             "atom37_to_atom14": longs(rc.restype_atom37_to_atom14),
             "atom37_mask": floats(atom37_mask_np),
         }
+        # Plain tensors only: tables made under a tensor subclass mode (the FakeTensors of
+        # fold-train's dry run) must not be handed to later real calls.
+        if type(tables["group_idx"]) is not torch.Tensor:
+            return tables
+        _CACHE[key] = tables
     return _CACHE[key]
 
 

@@ -138,7 +138,10 @@ _TENSOR_CACHE: dict[tuple, torch.Tensor] = {}
 def _table(name: str, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
     key = (name, str(device), dtype)
     if key not in _TENSOR_CACHE:
-        _TENSOR_CACHE[key] = torch.as_tensor(_constants_np()[name], dtype=dtype, device=device)
+        table = torch.as_tensor(_constants_np()[name], dtype=dtype, device=device)
+        if type(table) is not torch.Tensor:  # a FakeTensor (dry run): not for later calls
+            return table
+        _TENSOR_CACHE[key] = table
     return _TENSOR_CACHE[key]
 
 
@@ -151,9 +154,12 @@ def _dist_bounds(
         from fold_data import residue_constants as rc
 
         lower, upper, _ = rc.make_atom14_dists_bounds(overlap_tolerance, tolerance_factor)
-        _TENSOR_CACHE[key] = torch.stack(
+        bounds = torch.stack(
             [torch.as_tensor(lower, dtype=dtype), torch.as_tensor(upper, dtype=dtype)]
         ).to(device)
+        if type(bounds) is not torch.Tensor:  # a FakeTensor (dry run): not for later calls
+            return bounds[0], bounds[1]
+        _TENSOR_CACHE[key] = bounds
     bounds = _TENSOR_CACHE[key]
     return bounds[0], bounds[1]
 

@@ -1,0 +1,44 @@
+"""The long-input benchmark (``benchmarks/chunk/longest_input.py``) in its CPU smoke mode: each
+trial a subprocess driving ``fold-train predict``; the ladder stops at the first failure and
+bisects; the estimate mode records the dry run's estimate next to the real prediction."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.slow
+
+
+def _run(tmp_path: Path, *extra: str) -> dict:
+    out = tmp_path / "longest.json"
+    subprocess.run([sys.executable, "-m", "benchmarks.chunk.longest_input", "--device", "cpu",
+                    "--tiny", "--out", str(out), *extra],
+                   check=True, capture_output=True, timeout=600, cwd=REPO)
+    assert out.with_suffix(".md").exists()
+    return json.loads(out.read_text())
+
+
+def test_longest_input_cpu_smoke(tmp_path: Path) -> None:
+    # --max-tokens 12 makes 16 residues fail (refused by the size check): 8 ok, 16 fails,
+    # bisection tries 12 (ok) and stops at the resolution of 4
+    result = _run(tmp_path, "--families", "af2", "--af2-flags", "--max-tokens 12")
+    (fam,) = result["families"]
+    assert [t["n_res"] for t in fam["trials"]] == [8, 16, 12]
+    assert [t["ok"] for t in fam["trials"]] == [True, False, True]
+    assert fam["longest_ok"] == 12 and fam["first_failure"] == 16
+    assert "--max-tokens" in fam["trials"][1]["error"] or "12" in fam["trials"][1]["error"]
+    assert fam["best"]["flags"][:2] == ["--autochunk", "auto"]
+    assert fam["best"]["wall_s"] > 0
+
+
+def test_estimate_mode_cpu_smoke(tmp_path: Path) -> None:
+    result = _run(tmp_path, "--estimate", "--families", "af3")
+    (rec,) = result["estimates"]
+    assert rec["ok"] and rec["estimated_peak_bytes"] > rec["weights_bytes"] > 0
+    assert set(rec["estimated_stages"]) >= {"Pairformer", "diffusion step", "confidence head"}
