@@ -35,3 +35,15 @@ def test_residual_and_layer_norm_fold_into_one_region() -> None:
     torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
     # fp32 against float64: a LayerNorm of O(1) values, relative error ~1e-7 per element
     assert ((out.double() - ref64).norm() / ref64.norm()) < 1e-6
+
+
+def test_tracker_counts_one_device_type() -> None:
+    """``AllocationTracker(device_type=...)`` counts that device's storages only (a module that
+    keeps a tensor in host memory on purpose is planned for the accelerator's memory)."""
+    x = torch.randn(64, 64)
+    with fc.AllocationTracker() as every, torch.no_grad():
+        y = x @ x
+    with fc.AllocationTracker(device_type="cuda") as cuda_only, torch.no_grad():
+        z = x @ x
+    assert every.peak == y.untyped_storage().nbytes() and cuda_only.peak == 0
+    del y, z

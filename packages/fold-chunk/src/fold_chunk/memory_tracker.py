@@ -36,10 +36,14 @@ class AllocationTracker(TorchDispatchMode):
 
     ``live``: bytes live now; ``peak``: the most ever seen; ``window_peak``: the most seen since
     :meth:`reset_window`; ``new_keys``: keys of the storages allocated since then.
+    ``device_type`` (e.g. ``"cuda"``): count only storages on devices of that type (a module
+    that keeps tensors in host memory on purpose, such as an offloaded MSA, is planned for the
+    device's memory); None counts every storage.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, device_type: str | None = None) -> None:
         super().__init__()
+        self.device_type = device_type
         self.live = 0
         self.peak = 0
         self.window_peak = 0
@@ -67,6 +71,8 @@ class AllocationTracker(TorchDispatchMode):
         if key not in self.refs:
             if key in input_keys or key in self.external:  # view/in-place of an external one
                 return
+            if self.device_type is not None and t.device.type != self.device_type:
+                return  # another device's memory (host copies of an offloaded tensor)
             self.refs[key] = 0
             self.sizes[key] = t.untyped_storage().nbytes()
             self.live += self.sizes[key]

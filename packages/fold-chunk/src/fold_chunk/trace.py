@@ -168,7 +168,10 @@ def fake_run(gm: fx.GraphModule, example_inputs: Sequence[Any],
     """Run ``gm`` on FakeTensor copies of the inputs (and of its parameters); return the
     per-node :class:`NodeInfo` and the peak live activation bytes of the run."""
     mode = FakeTensorMode(allow_non_fake_inputs=True)
-    tracker = AllocationTracker()
+    # inputs on an accelerator: count its memory only (host copies are not what the budget is)
+    devices = {x.device.type for x in tree_flatten(tuple(example_inputs))[0]
+               if isinstance(x, torch.Tensor)} - {"cpu", "meta"}
+    tracker = AllocationTracker(devices.pop() if len(devices) == 1 else None)
     fake_inputs = tree_map(
         lambda x: mode.from_tensor(x) if isinstance(x, torch.Tensor) else x, tuple(example_inputs)
     )

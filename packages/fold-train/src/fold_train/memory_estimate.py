@@ -67,10 +67,12 @@ def _bytes_per_value(precision: str) -> int:
 
 
 def af2_estimate(n_res: int, model_config, data_preset, *, precision: str = "fp32",
-                 chunk_size: int | None = None) -> MemoryEstimate:
+                 chunk_size: int | None = None, msa_offload: bool = False) -> MemoryEstimate:
     """An AF2 prediction of ``n_res`` residues with the inference sample of ``data_preset``
     (``N_seq = n_clust + n_templ`` rows, ``n_extra`` extra rows; residues padded to at least
-    ``n_res`` of the preset); ``chunk_size``: the row chunk (AutoChunk: its smallest chunk)."""
+    ``n_res`` of the preset); ``chunk_size``: the row chunk (AutoChunk: its smallest chunk);
+    ``msa_offload``: the MSA representations wait in host memory (not resident on the device;
+    one block's MSA is, while its MSA updates run, counted as a transient)."""
     n = max(n_res, data_preset.n_res)
     n_seq = data_preset.n_clust + data_preset.n_templ
     evo, extra = model_config.evoformer, model_config.extra_msa
@@ -92,7 +94,15 @@ def af2_estimate(n_res: int, model_config, data_preset, *, precision: str = "fp3
             4 * n * n * evo.c_hidden_mul * b,
     }
     n_extra = data_preset.n_extra if extra.enabled else 0
-    if n_extra:
+    if msa_offload:  # on the device only in one block's MSA updates: the larger of the two
+        evo_msa = resident.pop(next(k for k in resident if k.startswith("MSA representation")))
+        resident["the MSA representation of one block and its update (offloaded between "
+                 "blocks; the larger of the Evoformer's and the extra MSA stack's)"] = max(
+            evo_msa, 2 * n_extra * n * extra.c_e * 4)
+    if n_extra and msa_offload:
+        transient[f"extra MSA row attention logits [N_extra, H={extra.no_heads_msa}, N_res, "
+                  "N_res]"] = n_extra * extra.no_heads_msa * n * n * b
+    elif n_extra:
         resident[f"extra MSA representation [N_extra={n_extra}, N_res, c_e={extra.c_e}] and its "
                  "update"] = 2 * n_extra * n * extra.c_e * 4
         transient[f"extra MSA row attention logits [N_extra, H={extra.no_heads_msa}, N_res, "

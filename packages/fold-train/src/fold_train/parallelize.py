@@ -14,7 +14,8 @@ The order, and why:
    (:mod:`fold_train.ckpt_plan`), so this step only reports that a plan is pending;
 4. **chunking** (prediction): the manual chunk size, or AutoChunk wrappers around the family's
    ``autochunk_names`` stacks (after the weights are loaded: the wrapped keys gain a level),
-   and AF3's diffusion samples in groups;
+   AF3's diffusion samples in groups, AF2's MSA offload to host memory (before AutoChunk traces
+   the stacks);
 5. **compile**: ``torch.compile`` of the family's memory-bound module, after the stacks have
    their DAP hooks (compiling first would trace the single-device calls);
 6. **CUDA graphs**: last, since a graph captures whatever the steps above made of the model:
@@ -45,6 +46,7 @@ class Techniques:
     autochunk: Any = None  # AutoChunk memory budget (bytes or "auto")
     autochunk_min_chunk: int = 1
     sample_group_size: int | None = None  # AF3: diffusion samples in groups (prediction)
+    msa_offload: bool = False  # AF2: MSA representations in host memory (prediction)
     compile: bool = False
     cuda_graphs: bool = False
     device: torch.device | None = None  # where training graphs are captured
@@ -75,6 +77,8 @@ def parallelize(model: torch.nn.Module, family, techniques: Techniques, *,
     out.checkpoint_plan_pending = t.plan_checkpointing
     if t.chunk_size:
         family.set_chunking(model, t.chunk_size)
+    if t.msa_offload:  # before AutoChunk traces the stacks
+        family.set_msa_offload(model, True)
     if t.autochunk is not None:
         out.autochunked = family.enable_autochunk(model, t.autochunk, t.autochunk_min_chunk)
     if t.sample_group_size is not None:

@@ -39,6 +39,7 @@ def _af2_size(fasta, mmcif, chain, msas: Sequence) -> tuple[str, InputSize]:
 def check_af2_input(*, fasta=None, mmcif=None, chain=None, msas: Sequence = (), model_config,
                     data_preset, precision: str, device: torch.device | str,
                     chunk_size: int | None = None, memory_limit: int | None = None,
+                    msa_offload: bool = False,
                     memory: Callable[[torch.device], int] | None = None,
                     limits: SizeLimits | None = None) -> InputSize:
     """Refuse an AF2 query over the data ``limits`` or the device's memory (``memory_limit``
@@ -46,7 +47,7 @@ def check_af2_input(*, fasta=None, mmcif=None, chain=None, msas: Sequence = (), 
     source, size = _af2_size(fasta, mmcif, chain, msas)
     check_size(size, limits, record="query")
     est = af2_estimate(size.n_tokens, model_config, data_preset, precision=precision,
-                       chunk_size=chunk_size)
+                       chunk_size=chunk_size, msa_offload=msa_offload)
     check_memory(est, budget_bytes(device, memory_limit, memory), source=source,
                  device=str(device), options=[_MORE_MEMORY, "crop the query (predict a domain: "
                                               "fewer residues)"])

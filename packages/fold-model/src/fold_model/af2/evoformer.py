@@ -52,9 +52,19 @@ __all__ = [
     "BlockOrderSpec",
     "BLOCK_ORDERS",
     "make_block",
+    "offload_to_host",
     "EvoformerStack",
     "ExtraMsaStack",
 ]
+
+
+def offload_to_host(x: torch.Tensor) -> torch.Tensor:
+    """A copy of ``x`` in host memory (pinned when CUDA is present: the copy is asynchronous and
+    PyTorch's pinned-memory cache reuses the buffer block after block). Always a copy, also of a
+    host tensor, so the device tensor can be freed and the CPU runs the same code."""
+    host = torch.empty(x.shape, dtype=x.dtype, device="cpu",
+                       pin_memory=torch.cuda.is_available())
+    return host.copy_(x, non_blocking=True)
 
 
 class _EvoformerLayers(nn.Module):
@@ -86,6 +96,8 @@ class _EvoformerLayers(nn.Module):
         self.pair_dropout = pair_dropout
         self.comm = comm
         self.chunk_size: int | None = None
+        # inference: the block's MSA waits in host memory while its pair updates run
+        self.msa_offload = False
         self.msa_att_row = MSARowAttentionWithPairBias(c_m, c_z, c_hidden_msa_att, no_heads_msa)
         if global_column:
             self.msa_att_col: nn.Module = MSAColumnGlobalAttention(
@@ -166,6 +178,13 @@ class EvoformerBlock(_EvoformerLayers):
         msa_mask: torch.Tensor,
         pair_mask: torch.Tensor,
     ) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.msa_offload:  # m in and out in host memory; on the device only for the MSA stack
+            m = m.to(z.device, non_blocking=True)  # [*, N_seq, N_res, C_m]: host -> device
+            m_col, z = BLOCK_ORDERS[self.order].msa_and_opm(self, m, z, msa_mask)
+            del m
+            m_host = offload_to_host(self.comm.col_to_row(m_col))
+            del m_col
+            return m_host, self._pair_stack(z, pair_mask)  # the peak, without the MSA
         m_col, z = BLOCK_ORDERS[self.order].msa_and_opm(self, m, z, msa_mask)
         # DAO: the MSA's way back to row layout overlaps the pair stack.
         handle = self.comm.col_to_row_async(m_col)
@@ -219,6 +238,15 @@ class ParallelEvoformerBlock(_EvoformerLayers):
         msa_mask: torch.Tensor,
         pair_mask: torch.Tensor,
     ) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.msa_offload:  # m in and out in host memory; the pair branch without the MSA
+            m_new = self.msa_branch(m.to(z.device, non_blocking=True), z, msa_mask)
+            m_host = offload_to_host(m_new)
+            del m_new
+            z_new = self.pair_branch(z, pair_mask)
+            # the outer product mean of the new MSA, loaded back for it
+            m_new, z_new = self.join(m_host.to(z.device, non_blocking=True), z_new, msa_mask)
+            del m_new
+            return m_host, z_new
         m_new = self.msa_branch(m, z, msa_mask)
         z_new = self.pair_branch(z, pair_mask)
         return self.join(m_new, z_new, msa_mask)
@@ -287,7 +315,23 @@ def make_block(
     )
 
 
-class EvoformerStack(BlockStack):
+class _MsaOffload:
+    """``set_msa_offload`` of the AF2 MSA stacks."""
+
+    msa_offload = False
+
+    def set_msa_offload(self, offload: bool) -> None:
+        """Inference on one device: the MSA representation lives in host memory between blocks
+        and while each block's pair updates run (OpenFold's offloading, for inputs whose MSA
+        does not fit beside the pair); each block loads it for its MSA updates and stores the
+        result back. The same numbers; a copy to the device and back per block. The stack
+        takes and returns ``m`` in host memory then (the Evoformer returns it on the device)."""
+        self.msa_offload = bool(offload)
+        for block in self.blocks:
+            block.msa_offload = bool(offload)
+
+
+class EvoformerStack(_MsaOffload, BlockStack):
     """Alg. 6 repeated ``no_blocks`` times, then the single representation
     ``s = Linear(m_1)`` (Alg. 2 line 16).
 
@@ -316,11 +360,13 @@ class EvoformerStack(BlockStack):
         pair_mask: torch.Tensor,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         m, z = self.run((m, z), (msa_mask, pair_mask), split=(True, True))
+        if self.msa_offload:  # back on the device for the heads and the recycling
+            m = m.to(z.device, non_blocking=True)
         s = self.linear_s(m[..., 0, :, :])  # first MSA row: [*, N_res, C_s]
         return m, z, s
 
 
-class ExtraMsaStack(BlockStack):
+class ExtraMsaStack(_MsaOffload, BlockStack):
     """Alg. 18 repeated ``no_blocks`` times over the extra MSA embedding ``[*, N_extra, N_res,
     C_e]``; returns only the updated pair ``[*, N_res, N_res, C_z]`` (Alg. 2 line 14)."""
 

@@ -20,7 +20,7 @@ from fold_model.af2.embedders import (
     RecyclingEmbedder,
     build_extra_msa_feat,
 )
-from fold_model.af2.evoformer import EvoformerStack, ExtraMsaStack
+from fold_model.af2.evoformer import EvoformerStack, ExtraMsaStack, offload_to_host
 from fold_model.af2.heads import AuxiliaryHeads
 from fold_model.af2.structure_module import StructureModule
 from fold_model.af2.template import TemplateEmbedder
@@ -51,6 +51,7 @@ class AlphaFold2(nn.Module):
     def __init__(self, config: AlphaFold2Config, comm: AxialComm = IDENTITY_COMM) -> None:
         super().__init__()
         self.config = config
+        self.msa_offload = False  # inference: MSA representations in host memory
         evo, emb, rec = config.evoformer, config.embedder, config.recycling
         ckpt, order = config.checkpoint_blocks, config.block_order
         self.input_embedder = InputEmbedder(
@@ -114,6 +115,15 @@ class AlphaFold2(nn.Module):
         if self.template_embedder is not None:
             self.template_embedder.set_chunk_size(chunk_size)
 
+    def set_msa_offload(self, offload: bool) -> None:
+        """Inference: the Evoformer's and the extra MSA stack's MSA representations wait in
+        host memory while each block's pair updates run (the same numbers). Set it before
+        AutoChunk wraps the stacks (the wrapped code is traced with it)."""
+        self.msa_offload = bool(offload)
+        self.evoformer.set_msa_offload(offload)
+        if self.config.extra_msa.enabled:
+            self.extra_msa_stack.set_msa_offload(offload)
+
     def set_comm(self, comm: AxialComm) -> None:
         """Install an axial communicator (DAP) in every stack."""
         self.evoformer.set_comm(comm)
@@ -173,13 +183,20 @@ class AlphaFold2(nn.Module):
                 m = torch.cat([m, templ["template_single_embedding"]], dim=-3)
                 msa_mask = torch.cat([msa_mask, templ["template_single_mask"].to(dtype)], dim=-2)
 
+        offload = self.msa_offload
+        if offload:  # the MSA waits in host memory (the stacks load it block by block)
+            m = offload_to_host(m)
         if self.config.extra_msa.enabled:
             extra_feat = build_extra_msa_feat(
                 feats["extra_msa"], feats["extra_has_deletion"].to(dtype),
                 feats["extra_deletion_value"].to(dtype),
             )
             a = self.extra_msa_embedder(extra_feat)  # [B, N_extra, N_res, C_e]
+            if offload:
+                del extra_feat
+                a = offload_to_host(a)
             z = self.extra_msa_stack(a, z, feats["extra_msa_mask"].to(dtype), pair_mask)
+            del a
 
         m, z, s = self.evoformer(m, z, msa_mask, pair_mask)
         aatype = feats["aatype"].long()

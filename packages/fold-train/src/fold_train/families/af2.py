@@ -101,6 +101,9 @@ class AF2Family(Family):
     extent_masks = {"N_res": "seq_mask", "N_clust": "msa_mask", "N_extra": "extra_msa_mask",
                     "N_templ": "template_mask"}
     autochunk_names = ("evoformer", "extra_msa_stack")
+
+    def set_msa_offload(self, model, offload: bool) -> None:
+        model.set_msa_offload(offload)
     table_columns = (("fape", "fape"), ("aux", "aux"), ("distogram", "distogram"),
                      ("masked_msa", "masked_msa"), ("plddt", "plddt"), ("lddt_ca", "lDDT-Ca"))
 
@@ -267,7 +270,8 @@ class AF2Family(Family):
         graphs = graphs_wanted(False if getattr(args, "no_cuda_graphs", False) else None, device)
         done = parallelize(model, cls(), Techniques(
             chunk_size=args.chunk_size, autochunk=autochunk,
-            autochunk_min_chunk=getattr(args, "autochunk_min_chunk", 1), cuda_graphs=graphs))
+            autochunk_min_chunk=getattr(args, "autochunk_min_chunk", 1), cuda_graphs=graphs,
+            msa_offload=getattr(args, "msa_offload", False)))
         limits = limits_from_args(args)
         # sized before any feature is made: too large for the limits or the device is refused
         check_af2_input(
@@ -275,6 +279,7 @@ class AF2Family(Family):
             model_config=cfg.model_config(), data_preset=cfg.data_preset(),
             precision=cfg.system.precision, device=device, limits=limits,
             memory_limit=getattr(args, "memory_limit", None),
+            msa_offload=getattr(args, "msa_offload", False),
             chunk_size=args.chunk_size or (getattr(args, "autochunk_min_chunk", 1)
                                            if autochunk is not None else None))
         with use_limits(limits):

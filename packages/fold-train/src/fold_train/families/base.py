@@ -149,6 +149,13 @@ class Family(ABC):
         raise ConfigError(f"{self.name}: no diffusion samples to put in groups "
                           "(--sample-group is for AF3)")
 
+    def set_msa_offload(self, model, offload: bool) -> None:
+        """MSA representations in host memory while the pair updates run
+        (``fold-train predict --msa-offload``); a family without it refuses."""
+        from fold_train.errors import ConfigError
+
+        raise ConfigError(f"{self.name}: --msa-offload is for AF2 (its MSA stacks)")
+
     def enable_autochunk(self, model, memory_budget, min_chunk: int = 1) -> dict[str, Any]:
         """AutoChunk wrappers around the stacks named in ``autochunk_names`` (``fold-train
         predict --autochunk``): ``{name: fold_train.autochunk.AutoChunkedStack}``."""
