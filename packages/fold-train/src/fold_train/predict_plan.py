@@ -293,5 +293,9 @@ def dry_run(args, device: str) -> dict:
                          sample_group=getattr(args, "sample_group", None),
                          no_samples=getattr(args, "samples", None),
                          precision=cfg.system.precision)
-    return {"dry_run": True, "name": name, "family": family, "device": str(device), **sizes,
-            "precision": cfg.system.precision, **plan.summary()}
+    out = {"dry_run": True, "name": name, "family": family, "device": str(device), **sizes,
+           "precision": cfg.system.precision, **plan.summary()}
+    if getattr(args, "msa_offload", False):  # the CPU fake run cannot tell host from device
+        out["note"] = ("--msa-offload is not modelled: the MSA is counted on the device (an "
+                       "upper bound)")
+    return out
