@@ -30,12 +30,16 @@ wall time (model load and featurisation included) and the predictor's part.
 real prediction with the same (unchunked) settings and ``--no-cuda-graphs`` (the plan estimates
 the eager predictor), and reports estimate / measured.
 
-Expected GPU time on one H100 80GB with the defaults (not yet measured; CPU smoke only):
-start-up of a trial 20-40 s (imports, checkpoint load: 370 MB for AF2, 1.5 GB for AF3), AF2
-trials 30-120 s (one pass at 2-5k residues), AF3 trials 30-150 s (1-3k tokens, 20 steps); the
-default budget of 450 s per family keeps the run near 8 minutes only if a family's budget is
-also capped: run the families as two calls (``--families af2``, then ``--families af3``), each
-under the device tool's 10-minute limit:
+Expected GPU time on one H100 80GB with the defaults (not yet measured: CPU smoke only; from
+FLOP counts at ~200 TFLOP/s bf16): a trial's start-up 20-40 s (imports, CUDA, checkpoint load:
+~0.4 GB AF2, ~1.5 GB AF3) plus AutoChunk's planning of each stack (tens of seconds for the
+48-block stacks) plus the prediction: AF2 one pass ~1 min at 4096 residues, ~3 min at 6144
+(the triangle updates and attention grow as N^3); AF3 ~1-3 min at 1-3k tokens (the trunk, the
+confidence head on 5 samples, 20 sampler steps). Both presets run in bf16. Each family gets
+``--budget-seconds`` (default 450 s: a trial is not started when it would not finish), so run
+the families as separate calls, each under the device tool's 10-minute limit (about 8 min each);
+on an H200 raise ``--af2-ladder`` to ``6144,8192,10240`` to spend the time where it is
+informative:
 
     source benchmarks/gpu_setup.sh
     python -m benchmarks.chunk.longest_input --families af2 --budget-seconds 450 \\
@@ -306,8 +310,8 @@ def main(argv=None) -> int:
     p.add_argument("--msa-depth", type=int, default=128)
     p.add_argument("--samples", type=int, default=5)
     p.add_argument("--sampler-steps", type=int, default=20)
-    p.add_argument("--af2-ladder", type=_ints, default=[2048, 3072, 4096, 5120, 6144, 7168])
-    p.add_argument("--af3-ladder", type=_ints, default=[1024, 1536, 2048, 2560, 3072, 4096])
+    p.add_argument("--af2-ladder", type=_ints, default=[4096, 6144, 8192, 10240])
+    p.add_argument("--af3-ladder", type=_ints, default=[1024, 2048, 3072, 4096])
     p.add_argument("--af2-flags", default="", help="extra predict flags for AF2 (--msa-offload)")
     p.add_argument("--resolution", type=int, default=256)
     p.add_argument("--budget-seconds", type=float, default=450.0)
