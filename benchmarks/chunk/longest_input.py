@@ -194,8 +194,10 @@ def _cli(cli, argv: list[str]) -> tuple[str, str, int]:
     return out.getvalue(), err.getvalue(), rc
 
 
-def trial(args, family: str, n: int, checkpoint: Path, *, estimate: bool = False) -> dict:
-    """Run one trial in a subprocess; a crash or a timeout is a failed trial."""
+def trial(args, family: str, n: int, checkpoint: Path, *, estimate: bool = False,
+          timeout: float | None = None) -> dict:
+    """Run one trial in a subprocess; a crash or a timeout (``timeout``, default
+    ``--trial-timeout``) is a failed trial."""
     cmd = [sys.executable, "-m", "benchmarks.chunk.longest_input", "--trial", family,
            "--n", str(n), "--checkpoint", str(checkpoint), "--device", args.device,
            "--msa-depth", str(args.msa_depth), "--samples", str(args.samples),
@@ -206,7 +208,7 @@ def trial(args, family: str, n: int, checkpoint: Path, *, estimate: bool = False
     t0 = time.perf_counter()
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO,
-                              timeout=args.trial_timeout)
+                              timeout=timeout or args.trial_timeout)
     except subprocess.TimeoutExpired:
         return {"family": family, "n_res": n, "ok": False, "error": "timeout",
                 "trial_s": time.perf_counter() - t0}
@@ -221,22 +223,27 @@ def trial(args, family: str, n: int, checkpoint: Path, *, estimate: bool = False
 
 # -- the search -----------------------------------------------------------------------------------
 def longest(args, family: str, checkpoint: Path, ladder: list[int], deadline: float,
-            emit) -> dict:
-    """Ladder up to the first failure, then bisection to ``--resolution``."""
-    trials: list[dict] = []
+            emit, fam: dict) -> dict:
+    """Ladder up to the first failure, then bisection to ``--resolution``. A trial is not
+    started when its predicted time (the last successful trial's, scaled by (N / N_last)^3: the
+    triangle updates dominate) would pass ``deadline``; a started one is stopped there."""
+    trials: list[dict] = fam.setdefault("trials", [])  # filled as they finish (saved by emit)
     good, bad = 0, None
-    last_s = 0.0
+    last: tuple[int, float] | None = None  # (N, seconds) of the last successful trial
 
     def attempt(n: int) -> bool | None:
-        nonlocal last_s
+        nonlocal last
         left = deadline - time.perf_counter()
-        if trials and left < 1.5 * last_s:
+        predicted = 0.0 if last is None else last[1] * (n / last[0]) ** 3
+        if left < 30 or predicted > left:
             trials.append({"family": family, "n_res": n, "ok": None,
-                           "error": f"not run: {left:.0f} s left, last trial took {last_s:.0f} s"})
+                           "error": f"not run: {left:.0f} s left, about {predicted:.0f} s "
+                                    "predicted"})
             emit(trials[-1])
             return None
-        rec = trial(args, family, n, checkpoint)
-        last_s = rec.get("trial_s", 0.0)
+        rec = trial(args, family, n, checkpoint, timeout=min(args.trial_timeout, left))
+        if rec["ok"]:
+            last = (n, rec.get("trial_s", 0.0))
         trials.append(rec)
         emit(rec)
         return bool(rec["ok"])
@@ -256,8 +263,8 @@ def longest(args, family: str, checkpoint: Path, ladder: list[int], deadline: fl
             break
         good, bad = (mid, bad) if ok else (good, mid)
     best = max((t for t in trials if t.get("ok")), key=lambda t: t["n_res"], default=None)
-    return {"family": family, "longest_ok": good or None, "first_failure": bad,
-            "best": best, "trials": trials}
+    fam.update(longest_ok=good or None, first_failure=bad, best=best)
+    return fam
 
 
 def to_markdown(result: dict) -> str:
@@ -353,6 +360,7 @@ def main(argv=None) -> int:
 
     def emit(rec: dict) -> None:
         print(json.dumps(rec)[:400], flush=True)
+        save()  # whatever finished survives a kill
 
     with tempfile.TemporaryDirectory(prefix="longest_ckpt_") as tmp:
         for family in families:
@@ -363,16 +371,18 @@ def main(argv=None) -> int:
                         result["estimates"].append({"family": family, "n_res": n,
                                                     "ok": None, "error": "not run: budget"})
                         continue
-                    rec = trial(args, family, n, ckpt, estimate=True)
+                    rec = trial(args, family, n, ckpt, estimate=True, timeout=max(
+                        30.0, args.budget_seconds - (time.perf_counter() - start)))
                     result["estimates"].append(rec)
                     emit(rec)
-                    save()
                 continue
             share = (args.budget_seconds - (time.perf_counter() - start)) / max(
                 1, len(families) - families.index(family))
             ladder = args.af2_ladder if family == "af2" else args.af3_ladder
-            result["families"].append(longest(args, family, ckpt, ladder,
-                                              time.perf_counter() + share, emit))
+            fam = {"family": family, "longest_ok": None, "first_failure": None, "best": None,
+                   "trials": []}
+            result["families"].append(fam)
+            longest(args, family, ckpt, ladder, time.perf_counter() + share, emit, fam)
             save()
     save()
     print(to_markdown(result))
