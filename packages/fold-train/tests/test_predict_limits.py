@@ -107,5 +107,6 @@ def test_an_af3_json_of_2000_chains_is_refused_before_featurisation(tmp_path, ca
                           "device: AF3 prediction (N_token=40000, N_atom=")
     assert "but 80.0 GiB is available on cpu" in err
     assert "pair representation [N_token, N_token, c_z=" in err
-    assert "Options: fewer diffusion samples (--samples 1); a device with more free memory" in err
+    assert ("Options: samples in smaller groups (--sample-group 1) or fewer diffusion samples "
+            "(--samples 1); a device with more free memory") in err
     assert "crop the input (fewer chains or residues: 2000 chains, 40000 tokens" in err
