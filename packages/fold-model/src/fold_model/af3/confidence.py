@@ -50,7 +50,9 @@ def _center_positions(x: torch.Tensor, center: torch.Tensor) -> torch.Tensor:
 class ConfidenceHead(nn.Module):
     """Alg. 31, with AF3's code where it adds to the supplement (LayerNorms before the heads,
     the pair-distance bins of ``dgram_from_positions``, symmetrised PDE logits) and, with
-    ``confidence.variant="protenix"``, Protenix 2.0's differences (see docs/weights.md). ``forward(feats, s_inputs [B, N, C_si], s_trunk [B, N, C_s], z_trunk [B, N, N, C_z],
+    ``confidence.variant="protenix"``, Protenix 2.0's differences (see docs/weights.md).
+
+    ``forward(feats, s_inputs [B, N, C_si], s_trunk [B, N, C_s], z_trunk [B, N, N, C_z],
     x_pred [B, S, A, 3]) -> logits`` ``plddt [B, S, A, 50]``, ``resolved [B, S, A, 2]``,
     ``pae [B, S, N, N, 64]``, ``pde [B, S, N, N, 64]``. Inputs are detached (no gradient into the
     trunk or the diffusion module)."""
@@ -109,7 +111,8 @@ class ConfidenceHead(nn.Module):
         # CA for glycine; fold-data gives token_center_atom, CA, unless the batch has
         # token_pseudo_beta_atom), one-hot in AF3's bins: lower edges
         # linspace(min, max, no_bins), each bin open up to the next edge, the last unbounded.
-        rep = feats.get("token_pseudo_beta_atom", feats["token_center_atom"])
+        rep = feats["token_pseudo_beta_atom" if "token_pseudo_beta_atom" in feats
+                    else "token_center_atom"]
         centers = _center_positions(x_pred, rep)  # [B, S, N, 3]
         d = torch.cdist(centers, centers)  # [B, S, N, N]
         lower = torch.linspace(c.distance_min_bin, c.distance_max_bin, c.distance_no_bins,

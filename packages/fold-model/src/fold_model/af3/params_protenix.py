@@ -47,6 +47,7 @@ __all__ = [
     "read_protenix_checkpoint",
     "protenix_config",
     "convert_protenix_state",
+    "convert_protenix_module",
     "load_protenix_checkpoint",
 ]
 
@@ -398,7 +399,8 @@ def _diffusion(m: _Mapper, f: str, p: str, cfg: AlphaFold3Config) -> None:
 
 def _confidence(m: _Mapper, f: str, p: str, cfg: AlphaFold3Config) -> None:
     m.used.update({p + "lower_bins", p + "upper_bins"})  # the bins: in the config
-    for fn, pn in (("s_i", "s1"), ("s_j", "s2"), ("d", "d"), ("d_raw", "d_wo_onehot"),
+    # Protenix: s1(s_inputs)[..., None, :, :] varies along j, s2(...)[..., None, :] along i
+    for fn, pn in (("s_i", "s2"), ("s_j", "s1"), ("d", "d"), ("d_raw", "d_wo_onehot"),
                    ("pae", "pae"), ("pde", "pde")):
         m.put(f"{f}linear_{fn}.weight", m.take(f"{p}linear_no_bias_{pn}.weight"))
     for fn, pn, width in (("s_trunk", "input_strunk_ln", cfg.c_s), ("pae", "pae_ln", cfg.c_z),
@@ -471,6 +473,37 @@ def convert_protenix_state(state: Mapping[str, torch.Tensor], cfg: AlphaFold3Con
     out = {k: v for k, v in m.out.items() if k in model_state or k not in m.filled}
     check_against(out, model_state, path)
     return out
+
+
+# One module of fold's AF3 from the state dict of the same Protenix module (parity tests,
+# partial imports): name -> mapping of the module's own (unprefixed) tensors.
+_MODULES = {
+    "pairformer": lambda m, cfg: _pairformer_stack(m, "", "", cfg, cfg.pairformer.no_blocks),
+    "msa_module": lambda m, cfg: _msa_module(m, "", "", cfg),
+    "template_embedder": lambda m, cfg: _template(m, "", "", cfg),
+    "diffusion": lambda m, cfg: _diffusion(m, "", "", cfg),
+    "confidence_head": lambda m, cfg: _confidence(m, "", "", cfg),
+}
+
+
+def convert_protenix_module(kind: str, state: Mapping[str, torch.Tensor], cfg: AlphaFold3Config,
+                            module_state: Mapping[str, torch.Tensor]
+                            ) -> tuple[dict[str, torch.Tensor], set[str]]:
+    """The state dict of one Protenix module (``kind``: ``pairformer`` (its PairformerStack),
+    ``msa_module``, ``template_embedder``, ``diffusion`` (DiffusionModule), ``confidence_head``)
+    in the names of fold's module whose state dict is ``module_state``; and the fold names given
+    a neutral value because Protenix has no such tensor (their gradients have no Protenix
+    counterpart)."""
+    if kind not in _MODULES:
+        raise ValueError(f"unknown module {kind!r}; one of {sorted(_MODULES)}")
+    m = _Mapper(state)
+    _MODULES[kind](m, cfg)
+    left = sorted(set(state) - m.used)
+    if left:
+        raise ProtenixParamsError(f"{kind}: Protenix tensors not mapped: {left[:5]}")
+    out = {k: v for k, v in m.out.items() if k in module_state or k not in m.filled}
+    check_against(out, module_state, kind)
+    return out, m.filled & set(out)
 
 
 def check_against(out: Mapping[str, torch.Tensor], model_state: Mapping[str, torch.Tensor],
