@@ -57,6 +57,7 @@ __all__ = [
 PROTENIX_NO_CYCLES = 10
 PROTENIX_N_QUERIES = 32
 PROTENIX_N_KEYS = 128
+PROTENIX_DISTOGRAM_EDGES = (2.3125, 21.6875)
 
 
 class ProtenixParamsError(ValueError):
@@ -208,7 +209,10 @@ def _protenix_config(state: Mapping[str, torch.Tensor]) -> AlphaFold3Config:
         c_s=c_s, c_z=c_z, c_token_input=c_s_inputs - 65, atom=atom, relpos=relpos,
         template=template, msa=msa, pairformer=pairformer, diffusion=diffusion,
         confidence=confidence, no_cycles=PROTENIX_NO_CYCLES, z_init_from="s_init")
+    # the distogram head's bins (Protenix's loss config, AF3's code: 64 bins, 63 edges from
+    # 2.3125 to 21.6875 A): what its logits mean, so what fine-tuning must bin against
     cfg.loss.distogram_no_bins = state["distogram_head.linear.weight"].shape[0]
+    cfg.loss.distogram_min_bin, cfg.loss.distogram_max_bin = PROTENIX_DISTOGRAM_EDGES
     return cfg
 
 
