@@ -32,6 +32,7 @@ from fold_model.af3.diffusion import DiffusionModule  # noqa: E402
 from fold_model.af3.msa_module import MSAModule, msa_features  # noqa: E402
 from fold_model.af3.pairformer import PairformerStack  # noqa: E402
 from fold_model.af3.params_protenix import convert_protenix_module  # noqa: E402
+from fold_model.af3.template import TemplateEmbedder, template_pair_features  # noqa: E402
 
 TOL = 1e-10
 C_S, C_Z, C_ATOM, C_ATOMPAIR, C_TOKEN_IN, C_TOKEN = 32, 16, 16, 8, 24, 32
@@ -223,6 +224,49 @@ def test_msa_module_matches_protenix():
         z_f = ours.eval()(msa_features(msa, has_del, del_val)[None], z[None], s_inputs[None],
                           torch.ones(1, n_msa, n, dtype=torch.float64), pair_mask[None], ones)[0]
     assert rel_err(z_f, z_e) < TOL
+
+
+# -- template embedder ----------------------------------------------------------------------------
+
+def test_template_embedder_matches_protenix():
+    """Protenix's template embedder takes its featurizer's pair features; they are given here
+    from fold's (``template_pair_features``) in Protenix's layout, so that the network and the
+    importer's reordering of the input projection are what is compared."""
+    from protenix.model.modules.pairformer import TemplateEmbedder as PxTemplateEmbedder
+
+    cfg = fold_config(template__c_t=10, template__no_blocks=1, template__c_hidden_mul=128,
+                      template__c_hidden_tri_att=32, template__dropout=0.0)
+    n, t = 10, 2
+    theirs = randomize(PxTemplateEmbedder(n_blocks=1, c=10, c_z=C_Z, dropout=0.0), 11)
+    ours = TemplateEmbedder(cfg.template, C_Z).double()
+    filled = load_mapped("template_embedder", theirs, ours, cfg)
+    g = torch.Generator().manual_seed(12)
+    asym = torch.tensor([0] * 6 + [1] * 4)
+    feats = {
+        "template_restype": torch.randint(0, 32, (1, t, n), generator=g),
+        "template_pseudo_beta": torch.randn(1, t, n, 3, generator=g, dtype=torch.float64) * 8,
+        "template_pseudo_beta_mask": (torch.rand(1, t, n, generator=g) > 0.2).double(),
+        "template_backbone": torch.randn(1, t, n, 3, 3, generator=g, dtype=torch.float64) * 8,
+        "template_backbone_mask": (torch.rand(1, t, n, generator=g) > 0.2).double(),
+        "asym_id": asym[None], "template_mask": torch.ones(1, t, dtype=torch.float64),
+    }
+    a = template_pair_features(
+        feats["template_restype"], feats["template_pseudo_beta"],
+        feats["template_pseudo_beta_mask"], feats["template_backbone"],
+        feats["template_backbone_mask"], feats["asym_id"])[0]  # [T, N, N, 108]
+    px = {"asym_id": asym, "template_aatype": feats["template_restype"][0],
+          "template_distogram": a[..., :39], "template_pseudo_beta_mask": a[..., 39],
+          "template_unit_vector": a[..., 40:43], "template_backbone_frame_mask": a[..., 43]}
+    z = torch.randn(n, n, C_Z, generator=g, dtype=torch.float64)
+    z_t, z_o = z.clone().requires_grad_(), z.clone().requires_grad_()
+    u_t = theirs(px, z_t)
+    u_o = ours(feats, z_o[None], torch.ones(1, n, n, dtype=torch.float64))[0]
+    assert rel_err(u_o, u_t) < TOL
+    g_u = torch.randn(u_t.shape, generator=g, dtype=torch.float64)
+    (u_t * g_u).sum().backward()
+    (u_o * g_u).sum().backward()
+    assert rel_err(z_o.grad, z_t.grad) < TOL
+    compare_grads("template_embedder", theirs, ours, cfg, filled)
 
 
 # -- atoms and tokens shared by the diffusion and confidence tests --------------------------------
