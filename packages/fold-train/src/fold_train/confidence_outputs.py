@@ -1,0 +1,230 @@
+"""What ``fold-train predict`` writes beside each structure: AlphaFold3's output layout and key
+names (``docs/prediction_outputs.md`` documents every file and key).
+
+For one input named ``NAME`` under ``--out-dir OUT``::
+
+    OUT/NAME/
+      seed-S_sample-K/            one folder per seed S and sample K
+        model.cif                 the structure, pLDDT in the B-factor column
+        summary_confidences.json  scalars: pTM, ipTM, ranking score, per chain, chain pairs
+        confidences.json          arrays: per-atom pLDDT, PAE, contact probabilities, ...
+      model.cif                   the top-ranked sample again (same three files)
+      summary_confidences.json
+      confidences.json
+      ranking_scores.csv          seed,sample,ranking_score: every sample, best first
+
+Every file is written atomically (temporary file, fsync, rename), so an interrupted run leaves
+whole files or none.
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import io
+import json
+import math
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from fold_data.cache import atomic_write_bytes
+
+__all__ = [
+    "SampleResult",
+    "chain_keyed",
+    "file_sha256",
+    "output_targets",
+    "provenance",
+    "rank",
+    "structure_scores",
+    "structure_atoms",
+    "write_prediction",
+    "write_ranked",
+]
+
+
+@dataclass
+class SampleResult:
+    """One predicted sample: its structure (``gemmi.Structure``), ``summary`` (the keys of
+    ``summary_confidences.json``) and ``full`` (those of ``confidences.json``)."""
+
+    seed: int
+    sample: int
+    structure: Any
+    summary: dict[str, Any]
+    full: dict[str, Any] = field(repr=False)
+
+    @property
+    def ranking_score(self) -> float:
+        return float(self.summary["ranking_score"])
+
+    @property
+    def folder(self) -> str:
+        return f"seed-{self.seed}_sample-{self.sample}"
+
+
+def rank(results: list[SampleResult]) -> list[SampleResult]:
+    """Best first by ranking score; a NaN score last; ties by (seed, sample), so the order is
+    reproducible."""
+    def key(r: SampleResult):
+        s = r.ranking_score
+        return (math.isnan(s), -s if not math.isnan(s) else 0.0, r.seed, r.sample)
+
+    return sorted(results, key=key)
+
+
+def file_sha256(path: str | os.PathLike, _cache: dict = {}) -> str:  # noqa: B006 (memo)
+    """sha256 of a file's bytes (memoised per path, size and mtime: a checkpoint is hashed
+    once per run, not once per input)."""
+    p = Path(path)
+    st = p.stat()
+    key = (str(p.resolve()), st.st_size, st.st_mtime_ns)
+    if key not in _cache:
+        h = hashlib.sha256()
+        with open(p, "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                h.update(block)
+        _cache[key] = h.hexdigest()
+    return _cache[key]
+
+
+def provenance(checkpoint: str | os.PathLike, inputs: list[str | os.PathLike]) -> dict:
+    """The summary's record of what made a prediction: fold's version, the checkpoint file's
+    sha256, and each input file's (by its name as given)."""
+    from fold_train import __version__
+
+    return {"fold_version": __version__,
+            "weights_sha256": file_sha256(checkpoint),
+            "input_sha256": {os.fspath(p): file_sha256(p) for p in inputs}}
+
+
+def structure_atoms(structure) -> dict[str, np.ndarray]:
+    """The atoms of a written ``gemmi.Structure`` in file order: ``positions [A, 3]``,
+    ``plddt [A]`` (B-factors), ``chain [A]`` (index), ``chain_ids``, ``residue [A]`` (index
+    within its chain), ``res_names`` (chain index -> residue names), ``atom_names [A]``,
+    ``polymer [A]`` (not HETATM), ``protein [A]``."""
+    import gemmi
+
+    cols: dict[str, list] = {k: [] for k in ("positions", "plddt", "chain", "residue",
+                                             "atom_names", "polymer", "protein")}
+    chain_ids, res_names = [], {}
+    for c, chain in enumerate(structure[0]):
+        chain_ids.append(chain.name)
+        res_names[c] = []
+        for r, res in enumerate(chain):
+            res_names[c].append(res.name)
+            polymer = res.het_flag != "H"
+            info = gemmi.find_tabulated_residue(res.name)
+            protein = polymer and info is not None and info.is_amino_acid()
+            for atom in res:
+                cols["positions"].append(atom.pos.tolist())
+                cols["plddt"].append(atom.b_iso)
+                cols["chain"].append(c)
+                cols["residue"].append(r)
+                cols["atom_names"].append(atom.name)
+                cols["polymer"].append(polymer)
+                cols["protein"].append(protein)
+    out = {k: np.asarray(v) for k, v in cols.items()}
+    out["positions"] = out["positions"].reshape(-1, 3).astype(np.float64)
+    out["chain_ids"] = chain_ids
+    out["res_names"] = res_names
+    return out
+
+
+def structure_scores(atoms: dict) -> dict[str, float]:
+    """``has_clash`` (0.0 / 1.0, as AF3 writes it) and ``fraction_disordered`` of the atoms of
+    :func:`structure_atoms` (:mod:`fold_train.structure_checks`)."""
+    from fold_train.structure_checks import fraction_disordered, has_clash
+
+    clash = has_clash(atoms["positions"], atoms["chain"], atoms["residue"], atoms["polymer"])
+    disorder = fraction_disordered(atoms["positions"], atoms["chain"], atoms["residue"],
+                                   atoms["protein"], atoms["atom_names"], atoms["res_names"])
+    return {"has_clash": float(clash), "fraction_disordered": disorder}
+
+
+def chain_keyed(values: np.ndarray, chain_ids: list[str]) -> dict:
+    """``[C]`` -> ``{chain: value}``; ``[C, C]`` -> ``{chain: {chain: value}}``."""
+    if values.ndim == 1:
+        return {c: _number(v) for c, v in zip(chain_ids, values, strict=True)}
+    return {c: chain_keyed(row, chain_ids) for c, row in zip(chain_ids, values, strict=True)}
+
+
+def _number(v, digits: int = 4):
+    """A float for JSON: rounded, NaN as null (AF3 writes null where a score is undefined)."""
+    v = float(v)
+    return None if math.isnan(v) else round(v, digits)
+
+
+def _json_bytes(obj: dict, indent: int | None) -> bytes:
+    return (json.dumps(obj, indent=indent, allow_nan=False) + "\n").encode()
+
+
+def _write_sample_files(folder: Path, result: SampleResult) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    atomic_write_bytes(folder / "model.cif",
+                       result.structure.make_mmcif_document().as_string().encode())
+    atomic_write_bytes(folder / "summary_confidences.json", _json_bytes(result.summary, 1))
+    atomic_write_bytes(folder / "confidences.json", _json_bytes(result.full, None))
+
+
+def write_ranked(out_dir: str | os.PathLike, results: list[SampleResult]) -> list[SampleResult]:
+    """Write every sample of one input under ``out_dir`` (module docstring's layout) and the
+    top-ranked one again at its top; returns the samples best first."""
+    if not results:
+        raise ValueError("no sample to write")
+    out = Path(out_dir)
+    ranked = rank(results)
+    for r in ranked:
+        _write_sample_files(out / r.folder, r)
+    _write_sample_files(out, ranked[0])
+    text = io.StringIO()
+    w = csv.writer(text, lineterminator="\n")
+    w.writerow(["seed", "sample", "ranking_score"])
+    for r in ranked:
+        w.writerow([r.seed, r.sample, repr(r.ranking_score)])
+    atomic_write_bytes(out / "ranking_scores.csv", text.getvalue().encode())
+    return ranked
+
+
+def output_targets(out, out_dir, name: str):
+    """``(file, directory)`` a prediction goes to: ``out`` (or ``<name>.cif`` in the current
+    directory when neither is given) and ``out_dir/<name>`` (refused when it exists: a
+    previous run's samples are not mixed with these)."""
+    from fold_data.errors import InputError
+
+    from fold_train.outputs import output_path, safe_file_name
+
+    path = output_path(out, name) if out is not None or out_dir is None else None
+    target = None
+    if out_dir is not None:
+        target = Path(out_dir) / safe_file_name(name, "")
+        if target.exists():
+            raise InputError(target, "--out-dir", "already exists (a previous prediction of "
+                             f"{name!r}); remove it or choose another --out-dir")
+    return path, target
+
+
+def write_prediction(ranked: list, path, target) -> list:
+    """Write the ranked samples: all of them under ``target`` (built in a temporary sibling
+    directory and renamed into place, so an interrupted run leaves no partial folder), the top
+    one's structure to ``path``."""
+    from fold_data.write import write_mmcif
+
+    if target is not None:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+        tmp.chmod(0o755)  # mkdtemp's 0700 would stay on the renamed folder
+        try:
+            write_ranked(tmp, ranked)
+            os.replace(tmp, target)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+    if path is not None:
+        write_mmcif(ranked[0].structure, path)
+    return ranked
