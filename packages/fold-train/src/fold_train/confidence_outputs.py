@@ -35,6 +35,8 @@ import numpy as np
 from fold_data.cache import atomic_write_bytes
 
 __all__ = [
+    "FULL_SCHEMA",
+    "SUMMARY_SCHEMA",
     "SampleResult",
     "chain_keyed",
     "file_sha256",
@@ -46,6 +48,88 @@ __all__ = [
     "write_prediction",
     "write_ranked",
 ]
+
+
+# The files' keys (docs/prediction_outputs.md): AF3's names, and fold's additions after them.
+# Kinds: "score" a number in [0, 1] or null, "number", "int", "str", "sha256", "chains" /
+# "chain_pairs" ({chain: score-or-null} / {chain: {chain: value-or-null}}), "[A]" / "[N]" /
+# "[N,N]" lists over atoms / tokens (or null where the model has no such head).
+SUMMARY_SCHEMA = {
+    "ptm": "score", "iptm": "score", "ranking_score": "number",
+    "fraction_disordered": "number", "has_clash": "number",
+    "chain_ptm": "chains", "chain_iptm": "chains", "chain_pair_iptm": "chain_pairs",
+    "chain_pair_pae_min": "chain_pairs",
+    "mean_plddt": "number", "seed": "int", "sample": "int", "model_family": "str",
+    "ranking_formula": "str", "fold_version": "str", "weights_sha256": "sha256",
+    "input_sha256": "files",
+}
+FULL_SCHEMA = {
+    "atom_chain_ids": "[A] str", "atom_plddts": "[A] number", "contact_probs": "[N,N] number",
+    "pae": "[N,N] number", "token_chain_ids": "[N] str", "token_res_ids": "[N] int",
+    "token_plddts": "[N] number", "pde": "[N,N] number",
+}
+OPTIONAL_FULL = ("pde",)  # AF2 has no PDE head
+
+
+def _is_num(v, nullable: bool = False) -> bool:
+    return (v is None and nullable) or (isinstance(v, (int, float)) and not isinstance(v, bool)
+                                        and math.isfinite(v))
+
+
+def _summary_value_ok(kind: str, v, chains: list[str]) -> bool:
+    """Whether ``v`` is of ``kind`` (:data:`SUMMARY_SCHEMA`)."""
+    if kind == "score":
+        return _is_num(v, True) and (v is None or -1e-6 <= v <= 1 + 1e-6)
+    if kind == "number":
+        return _is_num(v)
+    if kind == "int":
+        return isinstance(v, int) and not isinstance(v, bool)
+    if kind == "str":
+        return isinstance(v, str) and v != ""
+    if kind == "sha256":
+        return isinstance(v, str) and len(v) == 64
+    if kind == "files":
+        return isinstance(v, dict) and bool(v) and all(
+            isinstance(h, str) and len(h) == 64 for h in v.values())
+    if kind == "chains":
+        return isinstance(v, dict) and list(v) == chains and all(
+            _is_num(x, True) for x in v.values())
+    return isinstance(v, dict) and list(v) == chains and all(  # chain_pairs
+        isinstance(row, dict) and list(row) == chains
+        and all(_is_num(x, True) for x in row.values()) for row in v.values())
+
+
+def validate_sample(summary: dict, full: dict) -> None:
+    """Raise ``ValueError`` naming the key when ``summary`` / ``full`` (the two JSON files of a
+    sample) differ from :data:`SUMMARY_SCHEMA` / :data:`FULL_SCHEMA`: keys, kinds, the chains
+    of the per-chain keys, and the atom and token counts of the lists."""
+    if set(summary) != set(SUMMARY_SCHEMA):
+        raise ValueError(f"summary: expected keys {sorted(SUMMARY_SCHEMA)}, got {sorted(summary)}")
+    required = set(FULL_SCHEMA) - set(OPTIONAL_FULL)
+    if not required <= set(full) <= set(FULL_SCHEMA):
+        raise ValueError(f"confidences: expected keys {sorted(FULL_SCHEMA)}, got {sorted(full)}")
+    chains = list(dict.fromkeys(full["token_chain_ids"]))
+    for key, kind in SUMMARY_SCHEMA.items():
+        if not _summary_value_ok(kind, summary[key], chains):
+            raise ValueError(f"{key}: expected {kind} (chains {chains}), got "
+                             f"{summary[key]!r:.200}")
+    n_atom, n_tok = len(full["atom_plddts"]), len(full["token_chain_ids"])
+    for key, kind in FULL_SCHEMA.items():
+        v = full.get(key)
+        if v is None and key in (*OPTIONAL_FULL, "pae", "contact_probs"):
+            continue  # no such head (AF2 without the pTM head; AF2's PDE)
+        n = n_atom if kind.startswith("[A]") else n_tok
+        rows = v if kind.startswith("[N,N]") else [v]
+        if not isinstance(v, list) or len(v) != n or any(
+                not isinstance(r, list) or len(r) != n for r in rows):
+            raise ValueError(f"{key}: expected {kind} with A={n_atom}, N={n_tok}")
+        flat = [x for r in rows for x in r]
+        element_ok = {"number": _is_num, "str": lambda x: isinstance(x, str),
+                      "int": lambda x: isinstance(x, int)}[kind.split()[-1]]
+        if not all(element_ok(x) for x in flat):
+            raise ValueError(f"{key}: expected {kind.split()[-1]} elements")
+    if not set(full["atom_chain_ids"]) <= set(chains):
+        raise ValueError(f"atom_chain_ids: expected chains among {chains}")
 
 
 @dataclass

@@ -157,6 +157,8 @@ def run_batch(runner, items: list[BatchInput], failed: list[tuple[str, str]],
                          "reason": _reason(e)})
             continue
         sized.append((_bucket(size), item.name, item, size))
+    for r in rows:  # refused before any prediction: said at once, not only in the table
+        print(f"[skip] {r['name']}: FAILED: {r['input']}: {r['reason']}", file=err, flush=True)
     sized.sort(key=lambda t: (t[0], t[1]))
     bucket = None
     for k, (b, _, item, size) in enumerate(sized, 1):
