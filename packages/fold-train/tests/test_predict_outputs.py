@@ -202,6 +202,28 @@ def test_batch_af2_one_bad_input_among_good(af2_checkpoint, tmp_path, capsys, mo
     assert rc == 1 and "1psm.cif: no chain listed" in capsys.readouterr().out
 
 
+def test_af2_features_from_the_cache(af2_checkpoint, tmp_path, capsys, monkeypatch):
+    """--cache: the first run stores the input's features in fold-data's cache, a re-run reads
+    them back (featurisation not called) and predicts the same."""
+    import fold_train.predict as predict_module
+
+    base = ["predict", "--checkpoint", str(af2_checkpoint), "--fasta",
+            str(MONO / "short.fasta"), "--msa", str(MONO / "bfd_uniclust_hits.a3m"),
+            "--recycles", "1", "--cache", str(tmp_path / "cache")]
+    assert main([*base, "--out", str(tmp_path / "a.cif")]) == 0
+    first = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert len(list((tmp_path / "cache").glob("*.npz"))) == 1
+
+    def no_features(**kwargs):
+        raise AssertionError("features made again instead of read from the cache")
+
+    monkeypatch.setattr(predict_module, "make_raw_features", no_features)
+    assert main([*base, "--out", str(tmp_path / "b.cif")]) == 0
+    second = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert second["name"] == first["name"] == "query"
+    assert second["ptm"] == first["ptm"] and second["mean_plddt"] == first["mean_plddt"]
+
+
 # -- AF3 ------------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def af3_checkpoint(tmp_path_factory) -> Path:

@@ -12,6 +12,7 @@ mean pLDDT (0-100), and ``ranking_formula`` says so. The output files and keys a
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -62,6 +63,15 @@ def af2_result(pred, name: str, seed: int, prov: dict):
     return SampleResult(seed, 0, st, summary, full)
 
 
+def _query_name(fasta, mmcif, chain) -> str:
+    """The name ``make_raw_features`` gives a query (a cache hit skips it)."""
+    if fasta is not None:
+        from fold_train.predict import read_query
+
+        return read_query(fasta)[0]
+    return f"{Path(mmcif).stem}_{chain}"
+
+
 def _num(v, digits: int = 4):
     v = float(v)
     return None if np.isnan(v) else round(v, digits)
@@ -82,7 +92,8 @@ class AF2Runner:
                  use_ema: bool = True, chunk_size: int | None = None, autochunk=None,
                  autochunk_min_chunk: int = 1, cuda_graphs: bool | None = None,
                  limits=None, memory_limit: int | None = None, recycles: int | None = None,
-                 template_mmcif_dir: str | os.PathLike | None = None) -> None:
+                 template_mmcif_dir: str | os.PathLike | None = None,
+                 cache_dir: str | os.PathLike | None = None) -> None:
         from fold_train.families import make_family
         from fold_train.parallelize import Techniques, parallelize
         from fold_train.predict import load_trained_model
@@ -98,6 +109,11 @@ class AF2Runner:
         self.chunk_size = chunk_size or (autochunk_min_chunk if autochunk is not None else None)
         self.limits, self.memory_limit, self.recycles = limits, memory_limit, recycles
         self.template_mmcif_dir = template_mmcif_dir
+        self.cache = None
+        if cache_dir is not None:  # fold-data's content-addressed feature cache
+            from fold_data.cache import FeatureCache
+
+            self.cache = FeatureCache(cache_dir)
         self.predictor = AF2Predictor(self.model, self.device,
                                       precision=self.cfg.system.precision,
                                       cuda_graphs=self.done.cuda_graphs)
@@ -115,10 +131,29 @@ class AF2Runner:
                         precision=self.cfg.system.precision, device=self.device,
                         limits=self.limits, memory_limit=self.memory_limit,
                         chunk_size=self.chunk_size)
-        with use_limits(self.limits):
-            return make_raw_features(fasta=fasta, mmcif=mmcif, chain=chain, msas=list(msas),
-                                     template_hits=templates,
-                                     template_mmcif_dir=self.template_mmcif_dir)
+        def build():
+            with use_limits(self.limits):
+                return make_raw_features(fasta=fasta, mmcif=mmcif, chain=chain, msas=list(msas),
+                                         template_hits=templates,
+                                         template_mmcif_dir=self.template_mmcif_dir)
+
+        if self.cache is None:
+            return build()
+        # keyed by the bytes of the query, MSA and hit files (fold_data.cache); the template
+        # mmCIFs the hits point to by the directory's path
+        inputs = [p for p in (fasta, mmcif, *msas, templates) if p is not None]
+        params = {"use": "predict-af2", "chain": chain,
+                  "template_mmcif_dir": None if self.template_mmcif_dir is None
+                  else os.path.abspath(self.template_mmcif_dir)}
+        made = {}
+
+        def build_raw():
+            made["name"], raw, _ = build()
+            return raw
+
+        result = self.cache.fetch(str(Path(inputs[0]).stem), inputs, params, build_raw)
+        name = made.get("name") or _query_name(fasta, mmcif, chain)
+        return name, result.features, mmcif is not None
 
     def predict(self, name: str, raw, has_truth: bool, inputs: list, *, seeds=None, out=None,
                 out_dir=None) -> dict:

@@ -264,7 +264,8 @@ class AF2Family(Family):
             autochunk_min_chunk=getattr(args, "autochunk_min_chunk", 1),
             cuda_graphs=False if getattr(args, "no_cuda_graphs", False) else None,
             limits=limits_from_args(args), memory_limit=getattr(args, "memory_limit", None),
-            recycles=args.recycles, template_mmcif_dir=args.template_mmcif_dir)
+            recycles=args.recycles, template_mmcif_dir=args.template_mmcif_dir,
+            cache_dir=getattr(args, "cache", None))
 
     @classmethod
     def predict(cls, args, device: str) -> dict:

@@ -289,6 +289,10 @@ class AF3Family(Family):
         if af2_only:
             raise ConfigError(f"--{af2_only[0].replace('_', '-')} is for AF2 inputs; an AF3 JSON "
                               "names its MSAs and templates itself")
+        if getattr(args, "cache", None):
+            raise ConfigError("--cache is for AF2 inputs: AF3 prediction features each input "
+                              "from its JSON (whose MSA and template files the cache key "
+                              "would not cover)")
 
     @classmethod
     def predict(cls, args, device: str) -> dict:
