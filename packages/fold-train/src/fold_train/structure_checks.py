@@ -33,25 +33,30 @@ MAX_ASA = {"ALA": 106.0, "ARG": 248.0, "ASN": 157.0, "ASP": 163.0, "CYS": 135.0,
            "GLU": 194.0, "GLY": 84.0, "HIS": 184.0, "ILE": 169.0, "LEU": 164.0, "LYS": 205.0,
            "MET": 188.0, "PHE": 197.0, "PRO": 136.0, "SER": 130.0, "THR": 142.0, "TRP": 227.0,
            "TYR": 222.0, "VAL": 142.0}
-_BLOCK = 1024
+_BLOCK_ELEMENTS = 1 << 22  # distances per block of rows: 32 MiB of float64
+
+
+def _close_blocks(x: np.ndarray, cutoff: float | np.ndarray):
+    """Yield ``(rows, close [b, A])``: for blocks of atoms ``rows`` of ``x [A, 3]``, which atoms
+    are closer than ``cutoff`` (a scalar, or per atom ``[A]``: the pair's cutoff is
+    ``cutoff[i] + cutoff[j]``), the atom itself included. Memory bounded for any ``A``."""
+    per_atom = np.ndim(cutoff) > 0
+    block = max(1, _BLOCK_ELEMENTS // max(len(x), 1))
+    sq = (x * x).sum(-1)  # [A]
+    for start in range(0, len(x), block):
+        rows = np.arange(start, min(start + block, len(x)))
+        d2 = sq[rows, None] + sq[None, :] - 2.0 * x[rows] @ x.T  # [b, A], |a|^2 + |b|^2 - 2ab
+        lim = cutoff[rows, None] + cutoff[None, :] if per_atom else cutoff
+        yield rows, d2 < lim ** 2
 
 
 def _neighbours(x: np.ndarray, cutoff: float | np.ndarray):
-    """Yield ``(i, js)``: for each atom ``i`` of ``x [A, 3]`` the atoms ``js`` closer than
-    ``cutoff`` (a scalar, or per atom ``[A]``: the pair's cutoff is ``cutoff[i] + cutoff[j]``),
-    itself excluded. Distances in blocks of rows."""
-    per_atom = np.ndim(cutoff) > 0
-    for start in range(0, len(x), _BLOCK):
-        d2 = ((x[start:start + _BLOCK, None, :] - x[None, :, :]) ** 2).sum(-1)  # [b, A]
-        if per_atom:
-            lim = cutoff[start:start + _BLOCK, None] + cutoff[None, :]
-        else:
-            lim = np.full((1, 1), cutoff)
-        close = d2 < lim ** 2
-        for k, row in enumerate(close):
-            i = start + k
-            row[i] = False
-            yield i, np.flatnonzero(row)
+    """Yield ``(i, js)``: for each atom ``i`` the atoms ``js`` closer than ``cutoff``
+    (:func:`_close_blocks`), itself excluded."""
+    for rows, close in _close_blocks(x, cutoff):
+        close[np.arange(len(rows)), rows] = False
+        for i, row in zip(rows, close, strict=True):
+            yield int(i), np.flatnonzero(row)
 
 
 def has_clash(positions: np.ndarray, chain: np.ndarray, residue: np.ndarray,
@@ -64,8 +69,11 @@ def has_clash(positions: np.ndarray, chain: np.ndarray, residue: np.ndarray,
         return False
     x, ch, res = positions[keep].astype(np.float64), chain[keep], residue[keep]
     clashing = np.zeros(len(keep), bool)
-    for i, js in _neighbours(x, CLASH_DISTANCE):
-        clashing[i] = bool(((ch[js] != ch[i]) | (np.abs(res[js] - res[i]) > 1)).any())
+    for rows, close in _close_blocks(x, CLASH_DISTANCE):  # close: [b, A]
+        r, j = np.nonzero(close)  # few pairs: the rest of the block is far apart
+        i = rows[r]
+        apart = (ch[i] != ch[j]) | (np.abs(res[i] - res[j]) > 1)  # excludes the atom itself
+        clashing[i[apart]] = True
     for c in np.unique(ch):
         in_chain = ch == c
         n = int(clashing[in_chain].sum())
