@@ -224,6 +224,23 @@ def test_af2_features_from_the_cache(af2_checkpoint, tmp_path, capsys, monkeypat
     assert second["ptm"] == first["ptm"] and second["mean_plddt"] == first["mean_plddt"]
 
 
+def test_af3_input_files_hashed_with_the_files_the_json_names(tmp_path):
+    """The summary's input_sha256 covers the JSON and the MSA / template / CCD files it names
+    (relative to its directory); names of missing files are left to load_entry to refuse."""
+    from fold_train.predict_af3 import input_files
+
+    (tmp_path / "a.a3m").write_text(">q\nGAPATV\n")
+    (tmp_path / "t.cif").write_text("data_t\n")
+    doc = {"name": "x", "sequences": [{"protein": {
+        "id": "A", "sequence": "GAPATV", "unpairedMsaPath": "a.a3m",
+        "templates": [{"mmcifPath": "t.cif", "queryIndices": [0], "templateIndices": [0]}]}}],
+        "userCCDPath": "missing.cif"}
+    (tmp_path / "in.json").write_text(json.dumps(doc))
+    assert input_files(tmp_path / "in.json") == [tmp_path / "in.json", tmp_path / "a.a3m",
+                                                  tmp_path / "t.cif"]
+    assert input_files(DEMO / "mmcifs" / "4zey.cif") == [DEMO / "mmcifs" / "4zey.cif"]
+
+
 # -- AF3 ------------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def af3_checkpoint(tmp_path_factory) -> Path:
@@ -239,7 +256,7 @@ def test_af3_seeds_samples_layout_and_model_outputs(af3_checkpoint, tmp_path, ca
     from fold_train.af3_data import make_ccd
     from fold_train.confidence import chain_pair_iptm, predicted_tm, ranking_score
     from fold_train.predict import load_trained_model
-    from fold_train.predict_af3 import make_af3_inputs, sample_af3
+    from fold_train.predict_af3 import make_af3_inputs, predict_af3, sample_af3
 
     source = INPUTS / "fkbp51_fk506.json"
     out = tmp_path / "out"
@@ -279,6 +296,11 @@ def test_af3_seeds_samples_layout_and_model_outputs(af3_checkpoint, tmp_path, ca
             assert full["token_chain_ids"] == ["A"] * n_protein + ["B"] * 57
     # samples of a seed differ (the sampler's noise), and the ranking sees it
     assert len({r[2] for r in rows}) > 1
+    # predict_af3 (the library call) keeps the seed's top-ranked sample
+    best = max((r for r in rows if r[0] == 9), key=lambda r: r[2])
+    top = predict_af3(model, raw, seed=9, no_samples=2, no_steps=3, no_cycles=1)
+    _, full = _read_sample(root / f"seed-9_sample-{best[1]}")
+    assert np.allclose(top.plddt, full["atom_plddts"], atol=PLDDT_TOL)
 
 
 @pytest.mark.slow

@@ -40,9 +40,11 @@ __all__ = [
     "SampleResult",
     "chain_keyed",
     "file_sha256",
+    "json_number",
     "output_targets",
     "provenance",
     "rank",
+    "rounded_list",
     "structure_scores",
     "structure_atoms",
     "write_prediction",
@@ -162,19 +164,22 @@ def rank(results: list[SampleResult]) -> list[SampleResult]:
     return sorted(results, key=key)
 
 
-def file_sha256(path: str | os.PathLike, _cache: dict = {}) -> str:  # noqa: B006 (memo)
+_SHA256_MEMO: dict[tuple, str] = {}
+
+
+def file_sha256(path: str | os.PathLike) -> str:
     """sha256 of a file's bytes (memoised per path, size and mtime: a checkpoint is hashed
     once per run, not once per input)."""
     p = Path(path)
     st = p.stat()
     key = (str(p.resolve()), st.st_size, st.st_mtime_ns)
-    if key not in _cache:
+    if key not in _SHA256_MEMO:
         h = hashlib.sha256()
         with open(p, "rb") as f:
             for block in iter(lambda: f.read(1 << 20), b""):
                 h.update(block)
-        _cache[key] = h.hexdigest()
-    return _cache[key]
+        _SHA256_MEMO[key] = h.hexdigest()
+    return _SHA256_MEMO[key]
 
 
 def provenance(checkpoint: str | os.PathLike, inputs: list[str | os.PathLike]) -> dict:
@@ -234,14 +239,19 @@ def structure_scores(atoms: dict) -> dict[str, float]:
 def chain_keyed(values: np.ndarray, chain_ids: list[str]) -> dict:
     """``[C]`` -> ``{chain: value}``; ``[C, C]`` -> ``{chain: {chain: value}}``."""
     if values.ndim == 1:
-        return {c: _number(v) for c, v in zip(chain_ids, values, strict=True)}
+        return {c: json_number(v) for c, v in zip(chain_ids, values, strict=True)}
     return {c: chain_keyed(row, chain_ids) for c, row in zip(chain_ids, values, strict=True)}
 
 
-def _number(v, digits: int = 4):
+def json_number(v, digits: int = 4):
     """A float for JSON: rounded, NaN as null (AF3 writes null where a score is undefined)."""
     v = float(v)
     return None if math.isnan(v) else round(v, digits)
+
+
+def rounded_list(a, digits: int) -> list:
+    """An array as nested lists of floats rounded to ``digits`` (AF3 rounds its arrays)."""
+    return np.round(np.asarray(a, np.float64), digits).tolist()
 
 
 def _json_bytes(obj: dict, indent: int | None) -> bytes:

@@ -28,6 +28,8 @@ def af2_result(pred, name: str, seed: int, prov: dict):
     from fold_train.confidence_outputs import (
         SampleResult,
         chain_keyed,
+        json_number,
+        rounded_list,
         structure_atoms,
         structure_scores,
     )
@@ -39,25 +41,25 @@ def af2_result(pred, name: str, seed: int, prov: dict):
     pae_min = np.nan if pred.pae is None else float(pred.pae.min())
     chains = ["A"]
     summary = {
-        "ptm": _num(ptm), "iptm": None,
-        "ranking_score": _num(float(pred.plddt.mean())),
-        **{k: _num(v) for k, v in structure_scores(atoms).items()},
+        "ptm": json_number(ptm), "iptm": None,
+        "ranking_score": json_number(float(pred.plddt.mean())),
+        **{k: json_number(v) for k, v in structure_scores(atoms).items()},
         "chain_ptm": chain_keyed(np.array([ptm]), chains),
         "chain_iptm": {"A": None},
         "chain_pair_iptm": chain_keyed(np.array([[ptm]]), chains),
         "chain_pair_pae_min": chain_keyed(np.array([[pae_min]]), chains),
-        "mean_plddt": _num(float(pred.plddt.mean())),
+        "mean_plddt": json_number(float(pred.plddt.mean())),
         "seed": seed, "sample": 0, "model_family": "af2",
         "ranking_formula": "mean_plddt (AlphaFold2's ranking of monomers)",
         **prov}
     full = {
         "atom_chain_ids": ["A"] * len(atoms["plddt"]),
-        "atom_plddts": _rounded(np.clip(atoms["plddt"], 0.0, 99.99), 2),
+        "atom_plddts": rounded_list(np.clip(atoms["plddt"], 0.0, 99.99), 2),
         "contact_probs": (None if pred.contact_probs is None
-                          else _rounded(np.clip(pred.contact_probs, 0.0, 1.0), 2)),
-        "pae": None if pred.pae is None else _rounded(pred.pae, 1),
+                          else rounded_list(np.clip(pred.contact_probs, 0.0, 1.0), 2)),
+        "pae": None if pred.pae is None else rounded_list(pred.pae, 1),
         "token_chain_ids": ["A"] * n,
-        "token_plddts": _rounded(pred.plddt, 2),
+        "token_plddts": rounded_list(pred.plddt, 2),
         "token_res_ids": list(range(1, n + 1)),
     }
     return SampleResult(seed, 0, st, summary, full)
@@ -71,14 +73,6 @@ def _query_name(fasta, mmcif, chain) -> str:
         return read_query(fasta)[0]
     return f"{Path(mmcif).stem}_{chain}"
 
-
-def _num(v, digits: int = 4):
-    v = float(v)
-    return None if np.isnan(v) else round(v, digits)
-
-
-def _rounded(a: np.ndarray, digits: int) -> list:
-    return np.round(np.asarray(a, np.float64), digits).tolist()
 
 
 class AF2Runner:

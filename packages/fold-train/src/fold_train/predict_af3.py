@@ -24,7 +24,8 @@ import numpy as np
 import torch
 from fold_data.af3.write import AF3Prediction
 
-__all__ = ["AF3Runner", "AF3Samples", "af3_results", "make_af3_inputs", "predict_af3", "sample_af3"]
+__all__ = ["AF3Runner", "AF3Samples", "af3_results", "input_files", "make_af3_inputs",
+           "predict_af3", "sample_af3"]
 
 
 def make_af3_inputs(source: str | os.PathLike, ccd=None, *, allow_outside_paths: bool = False,
@@ -186,7 +187,13 @@ def af3_results(samples: AF3Samples, raw, entry, prov: dict) -> list:
     provenance keys of :func:`~fold_train.confidence_outputs.provenance`)."""
     from fold_data.af3.write import af3_prediction_to_structure
 
-    from fold_train.confidence_outputs import SampleResult, chain_keyed, structure_atoms
+    from fold_train.confidence_outputs import (
+        SampleResult,
+        chain_keyed,
+        json_number,
+        rounded_list,
+        structure_atoms,
+    )
 
     asym = np.asarray(raw["asym_id"])
     _, first = np.unique(asym, return_index=True)
@@ -201,15 +208,15 @@ def af3_results(samples: AF3Samples, raw, entry, prov: dict) -> list:
         atoms = structure_atoms(st)
         sc = _sample_scores(samples, s, raw, atoms)
         summary = {
-            "ptm": _num(sc["ptm"]), "iptm": _num(sc["iptm"]),
-            "ranking_score": _num(sc["ranking_score"]),
-            "fraction_disordered": _num(sc["fraction_disordered"]),
+            "ptm": json_number(sc["ptm"]), "iptm": json_number(sc["iptm"]),
+            "ranking_score": json_number(sc["ranking_score"]),
+            "fraction_disordered": json_number(sc["fraction_disordered"]),
             "has_clash": sc["has_clash"],
             "chain_ptm": chain_keyed(sc["chain_ptm"], chain_ids),
             "chain_iptm": chain_keyed(sc["chain_iptm"], chain_ids),
             "chain_pair_iptm": chain_keyed(sc["chain_pair_iptm"], chain_ids),
             "chain_pair_pae_min": chain_keyed(sc["chain_pair_pae_min"], chain_ids),
-            "mean_plddt": _num(samples.plddt[s].mean()),
+            "mean_plddt": json_number(samples.plddt[s].mean()),
             "seed": samples.seed, "sample": s, "model_family": "af3",
             "ranking_formula": "0.8 iptm + 0.2 ptm + 0.5 fraction_disordered - 100 has_clash "
                                "(ptm alone for one chain)",
@@ -218,26 +225,18 @@ def af3_results(samples: AF3Samples, raw, entry, prov: dict) -> list:
                        / np.maximum(np.bincount(tok, minlength=len(asym)), 1))
         full = {
             "atom_chain_ids": [chain_ids[c] for c in atoms["chain"]],
-            "atom_plddts": _rounded(np.clip(atoms["plddt"], 0.0, 99.99), 2),
-            "contact_probs": _rounded(np.clip(samples.contact_probs, 0.0, 1.0), 2),
-            "pae": _rounded(samples.pae[s], 1),
-            "pde": _rounded(samples.pde[s], 1),
+            "atom_plddts": rounded_list(np.clip(atoms["plddt"], 0.0, 99.99), 2),
+            "contact_probs": rounded_list(np.clip(samples.contact_probs, 0.0, 1.0), 2),
+            "pae": rounded_list(samples.pae[s], 1),
+            "pde": rounded_list(samples.pde[s], 1),
             "token_chain_ids": token_chain,
-            "token_plddts": _rounded(token_plddt, 2),
+            "token_plddts": rounded_list(token_plddt, 2),
             "token_res_ids": [int(r) + 1 for r in np.asarray(raw["residue_index"])],
         }
         # the structure's atoms are the raw atoms in raw order (af3_prediction_to_structure)
         results.append(SampleResult(samples.seed, s, st, summary, full))
     return results
 
-
-def _num(v, digits: int = 4):
-    v = float(v)
-    return None if np.isnan(v) else round(v, digits)
-
-
-def _rounded(a: np.ndarray, digits: int) -> list:
-    return np.round(np.asarray(a, np.float64), digits).tolist()
 
 
 class AF3Runner:
@@ -304,7 +303,7 @@ class AF3Runner:
         """Predict one input of ``--input-dir`` (a :class:`~fold_train.predict_batch.BatchInput`)
         into ``out_dir``."""
         entry, raw = self.prepare(item.path)
-        return self.predict(entry, raw, [item.path], seeds=seeds, out_dir=out_dir)
+        return self.predict(entry, raw, input_files(item.path), seeds=seeds, out_dir=out_dir)
 
     def predict(self, entry, raw, inputs: list, *, seeds=None, out=None, out_dir=None) -> dict:
         """Every sample of every seed (``seeds``, else the JSON's ``modelSeeds``, else 0),
@@ -373,4 +372,36 @@ def predict_af3_file(
                        memory_limit=memory_limit, limits=limits)
     # bad input: InputError; features: searched MSAs / paired rows / templates (--search)
     entry, raw = runner.prepare(source, features=features)
-    return runner.predict(entry, raw, [source], seeds=seeds, out=out, out_dir=out_dir)
+    return runner.predict(entry, raw, input_files(source), seeds=seeds, out=out,
+                          out_dir=out_dir)
+
+
+def input_files(source: str | os.PathLike) -> list:
+    """The files a prediction of ``source`` reads: the AF3 JSON (or mmCIF) and the files its
+    ``...Path`` fields name (MSAs, templates, user CCD; relative to the JSON's directory), for
+    the summary's sha256 of the inputs."""
+    import json
+    from pathlib import Path
+
+    source = Path(source)
+    files = [source]
+    if source.suffix.lower() != ".json":
+        return files
+    try:
+        doc = json.loads(source.read_text())
+    except (OSError, ValueError):
+        return files  # parsed (and refused) by load_entry before this is asked
+
+    def walk(node) -> None:
+        items = node.items() if isinstance(node, dict) else enumerate(
+            node if isinstance(node, list) else [])
+        for key, value in items:
+            if isinstance(key, str) and key.endswith("Path") and isinstance(value, str):
+                path = source.parent / value
+                if path.is_file() and path not in files:
+                    files.append(path)
+            else:
+                walk(value)
+
+    walk(doc)
+    return files
