@@ -50,15 +50,6 @@ def _close_blocks(x: np.ndarray, cutoff: float | np.ndarray):
         yield rows, d2 < lim ** 2
 
 
-def _neighbours(x: np.ndarray, cutoff: float | np.ndarray):
-    """Yield ``(i, js)``: for each atom ``i`` the atoms ``js`` closer than ``cutoff``
-    (:func:`_close_blocks`), itself excluded."""
-    for rows, close in _close_blocks(x, cutoff):
-        close[np.arange(len(rows)), rows] = False
-        for i, row in zip(rows, close, strict=True):
-            yield int(i), np.flatnonzero(row)
-
-
 def has_clash(positions: np.ndarray, chain: np.ndarray, residue: np.ndarray,
               polymer: np.ndarray) -> bool:
     """Whether a polymer chain clashes. ``positions [A, 3]``, ``chain [A]``, ``residue [A]``
@@ -93,19 +84,24 @@ def _sphere(n: int = 100) -> np.ndarray:
 
 def atom_sasa(positions: np.ndarray, radii: np.ndarray, n_points: int = 100) -> np.ndarray:
     """Shrake-Rupley solvent accessible area of each atom ``[A]`` (A^2) of ``positions [A, 3]``
-    with van der Waals ``radii [A]`` and a water probe."""
+    with van der Waals ``radii [A]`` and a water probe: the fraction of ``n_points`` points on
+    the atom's expanded sphere that no other expanded sphere covers."""
     x = positions.astype(np.float64)
-    r = radii.astype(np.float64) + PROBE
-    dots = _sphere(n_points)
+    r = radii.astype(np.float64) + PROBE  # [A]
+    dots = _sphere(n_points)  # [P, 3]
     area = np.zeros(len(x))
-    for i, js in _neighbours(x, r):
-        pts = x[i] + r[i] * dots  # [P, 3]
-        if len(js):
-            d2 = ((pts[:, None, :] - x[None, js, :]) ** 2).sum(-1)  # [P, n_js]
-            free = ~(d2 < r[js] ** 2).any(-1)
-        else:
-            free = np.ones(len(pts), bool)
-        area[i] = 4.0 * np.pi * r[i] ** 2 * free.mean()
+    block = 64  # consecutive atoms (a few residues): spatially compact, few candidates
+    sq = (x * x).sum(-1)
+    for start in range(0, len(x), block):
+        rows = np.arange(start, min(start + block, len(x)))
+        d2 = sq[rows, None] + sq[None, :] - 2.0 * x[rows] @ x.T  # [b, A]
+        near = np.flatnonzero((d2 < (r[rows, None] + r[None, :]) ** 2).any(0))  # [m]
+        pts = (x[rows, None, :] + r[rows, None, None] * dots).reshape(-1, 3)  # [b * P, 3]
+        p2 = (pts * pts).sum(-1)[:, None] + sq[near][None, :] - 2.0 * pts @ x[near].T
+        covered = (p2 < r[near] ** 2).reshape(len(rows), len(dots), len(near))  # [b, P, m]
+        covered &= (near[None, None, :] != rows[:, None, None])  # an atom does not cover itself
+        free = ~covered.any(-1)  # [b, P]
+        area[rows] = 4.0 * np.pi * r[rows] ** 2 * free.mean(-1)
     return area
 
 
