@@ -241,6 +241,19 @@ def test_af3_input_files_hashed_with_the_files_the_json_names(tmp_path):
     assert input_files(DEMO / "mmcifs" / "4zey.cif") == [DEMO / "mmcifs" / "4zey.cif"]
 
 
+def test_search_results_stay_in_the_named_output_directory():
+    """--search with only --out-dir writes its MSAs under OUT, not the current directory."""
+    import argparse
+
+    from fold_train.predict_search import search_out_dir
+
+    args = argparse.Namespace(search_out=None, fasta="in/q.fasta", mmcif=None, json=None,
+                              out=None, out_dir="preds")
+    assert search_out_dir(args) == Path("preds/q_search")
+    args.out = "elsewhere/x.cif"  # --out keeps its old default beside the file
+    assert search_out_dir(args) == Path("elsewhere/x_search")
+
+
 # -- AF3 ------------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def af3_checkpoint(tmp_path_factory) -> Path:

@@ -480,7 +480,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--search", metavar="TOML", help="search MSAs (and templates) first with "
                    "fold-data msa's config (databases, preset); when no --msa is given")
     p.add_argument("--search-out", metavar="DIR",
-                   help="where --search writes (default: <output name>_search/)")
+                   help="where --search writes (default: <output name>_search/, with only "
+                        "--out-dir OUT/<input stem>_search/)")
     p.add_argument("--out", help="output mmCIF of the top-ranked prediction (default "
                                  "<name>.cif, unless --out-dir)")
     p.add_argument("--out-dir", metavar="OUT",
