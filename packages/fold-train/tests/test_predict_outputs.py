@@ -80,7 +80,7 @@ def _check_layout(root: Path, expected: set[tuple[int, int]]) -> list[tuple[int,
         folder = root / f"seed-{seed}_sample-{sample}"
         summary, full = _read_sample(folder)
         assert (summary["seed"], summary["sample"]) == (seed, sample)
-        assert summary["ranking_score"] == pytest.approx(score)
+        assert summary["ranking_score"] == pytest.approx(score, abs=SCORE_TOL)  # rounded
         # the mmCIF's B-factors are the file's per-atom pLDDT, atom for atom
         st = gemmi.read_structure(str(folder / "model.cif"))
         b = [a.b_iso for ch in st[0] for res in ch for a in res]
@@ -92,6 +92,34 @@ def _check_layout(root: Path, expected: set[tuple[int, int]]) -> list[tuple[int,
         assert (root / name).read_bytes() == (best / name).read_bytes()
     assert not [p for p in root.parent.iterdir() if p.name.startswith(".")]  # no temporary
     return rows
+
+
+def test_ranking_order_and_top_level_copy(tmp_path):
+    """rank / write_ranked on hand-made scores: best first, ties by (seed, sample), an undefined
+    (NaN) score last; ranking_scores.csv in that order; the top one's files at the top."""
+    from fold_data.af2.write import Prediction, prediction_to_structure
+    from fold_train.confidence_outputs import SampleResult, rank, write_ranked
+
+    def result(seed: int, sample: int, score: float) -> SampleResult:
+        n = 3
+        pred = Prediction(aatype=np.zeros(n, np.int64), positions=np.full((n, 37, 3), seed * 1.0),
+                          atom_mask=np.eye(37)[[1] * n], plddt=np.full(n, 50.0 + sample))
+        summary = {"ranking_score": None if np.isnan(score) else score, "seed": seed}
+        return SampleResult(seed, sample, prediction_to_structure(pred, "x"), summary,
+                            {"seed": seed}, score=score)
+
+    results = [result(1, 0, 0.5), result(1, 1, float("nan")), result(2, 0, 0.9),
+               result(2, 1, 0.5), result(0, 3, 0.7)]
+    order = [(r.seed, r.sample) for r in rank(results)]
+    assert order == [(2, 0), (0, 3), (1, 0), (2, 1), (1, 1)]
+    write_ranked(tmp_path, results)
+    with open(tmp_path / "ranking_scores.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert [(int(r["seed"]), int(r["sample"])) for r in rows] == order
+    assert rows[0]["ranking_score"] == "0.9" and rows[-1]["ranking_score"] == ""  # NaN: empty
+    for name in SAMPLE_FILES:
+        assert (tmp_path / name).read_bytes() == (tmp_path / "seed-2_sample-0" / name).read_bytes()
+    assert json.loads((tmp_path / "summary_confidences.json").read_text())["ranking_score"] == 0.9
 
 
 def test_af2_seeds_layout_and_model_outputs(af2_checkpoint, tmp_path, capsys):
@@ -307,8 +335,11 @@ def test_af3_seeds_samples_layout_and_model_outputs(af3_checkpoint, tmp_path, ca
                 abs=SCORE_TOL)
             # a token per residue of A; FK506 (B, a ligand) a token per heavy atom
             assert full["token_chain_ids"] == ["A"] * n_protein + ["B"] * 57
-    # samples of a seed differ (the sampler's noise), and the ranking sees it
-    assert len({r[2] for r in rows}) > 1
+    # every sample is its own structure (the sampler's noise)
+    coords = [tuple(np.round(gemmi.read_structure(str(root / f"seed-{a}_sample-{b}" /
+                                                      "model.cif"))[0]["A"][0][0].pos.tolist(), 3))
+              for a, b, _ in rows]
+    assert len(set(coords)) == len(rows)
     # predict_af3 (the library call) keeps the seed's top-ranked sample
     best = max((r for r in rows if r[0] == 9), key=lambda r: r[2])
     top = predict_af3(model, raw, seed=9, no_samples=2, no_steps=3, no_cycles=1)

@@ -53,11 +53,11 @@ __all__ = [
 
 
 # The files' keys (docs/prediction_outputs.md): AF3's names, and fold's additions after them.
-# Kinds: "score" a number in [0, 1] or null, "number", "int", "str", "sha256", "chains" /
-# "chain_pairs" ({chain: score-or-null} / {chain: {chain: value-or-null}}), "[A]" / "[N]" /
-# "[N,N]" lists over atoms / tokens (or null where the model has no such head).
+# Kinds: "score" a number in [0, 1] or null, "number" (or "number_or_null"), "int", "str",
+# "sha256", "chains" / "chain_pairs" ({chain: score-or-null} / {chain: {chain: value-or-null}}),
+# "[A]" / "[N]" / "[N,N]" lists over atoms / tokens (or null where the model has no such head).
 SUMMARY_SCHEMA = {
-    "ptm": "score", "iptm": "score", "ranking_score": "number",
+    "ptm": "score", "iptm": "score", "ranking_score": "number_or_null",
     "fraction_disordered": "number", "has_clash": "number",
     "chain_ptm": "chains", "chain_iptm": "chains", "chain_pair_iptm": "chain_pairs",
     "chain_pair_pae_min": "chain_pairs",
@@ -84,6 +84,8 @@ def _summary_value_ok(kind: str, v, chains: list[str]) -> bool:
         return _is_num(v, True) and (v is None or -1e-6 <= v <= 1 + 1e-6)
     if kind == "number":
         return _is_num(v)
+    if kind == "number_or_null":  # null: no score (no token with a frame)
+        return _is_num(v, True)
     if kind == "int":
         return isinstance(v, int) and not isinstance(v, bool)
     if kind == "str":
@@ -137,17 +139,19 @@ def validate_sample(summary: dict, full: dict) -> None:
 @dataclass
 class SampleResult:
     """One predicted sample: its structure (``gemmi.Structure``), ``summary`` (the keys of
-    ``summary_confidences.json``) and ``full`` (those of ``confidences.json``)."""
+    ``summary_confidences.json``), ``full`` (those of ``confidences.json``) and ``score``, the
+    ranking score it is ranked by."""
 
     seed: int
     sample: int
     structure: Any
     summary: dict[str, Any]
     full: dict[str, Any] = field(repr=False)
+    score: float = math.nan  # the exact ranking score (the summary's is rounded; NaN: null)
 
     @property
     def ranking_score(self) -> float:
-        return float(self.summary["ranking_score"])
+        return float(self.score)
 
     @property
     def folder(self) -> str:
@@ -280,7 +284,8 @@ def write_ranked(out_dir: str | os.PathLike, results: list[SampleResult]) -> lis
     w = csv.writer(text, lineterminator="\n")
     w.writerow(["seed", "sample", "ranking_score"])
     for r in ranked:
-        w.writerow([r.seed, r.sample, repr(r.ranking_score)])
+        w.writerow([r.seed, r.sample, "" if math.isnan(r.ranking_score)
+                    else repr(r.ranking_score)])
     atomic_write_bytes(out / "ranking_scores.csv", text.getvalue().encode())
     return ranked
 

@@ -62,7 +62,7 @@ def af2_result(pred, name: str, seed: int, prov: dict):
         "token_plddts": rounded_list(pred.plddt, 2),
         "token_res_ids": list(range(1, n + 1)),
     }
-    return SampleResult(seed, 0, st, summary, full)
+    return SampleResult(seed, 0, st, summary, full, score=float(pred.plddt.mean()))
 
 
 def _query_name(fasta, mmcif, chain) -> str:

@@ -234,7 +234,8 @@ def af3_results(samples: AF3Samples, raw, entry, prov: dict) -> list:
             "token_res_ids": [int(r) + 1 for r in np.asarray(raw["residue_index"])],
         }
         # the structure's atoms are the raw atoms in raw order (af3_prediction_to_structure)
-        results.append(SampleResult(samples.seed, s, st, summary, full))
+        results.append(SampleResult(samples.seed, s, st, summary, full,
+                                    score=float(sc["ranking_score"])))
     return results
 
 
