@@ -255,6 +255,9 @@ def dry_run(args, device: str) -> dict:
     from fold_train.memory_estimate import budget_bytes
     from fold_train.predict import load_trained_model
 
+    if getattr(args, "input_dir", None):
+        raise ConfigError("--dry-run plans one input (--json, --fasta or --mmcif), not "
+                          "--input-dir")
     family = "af3" if getattr(args, "json", None) else "af2"
     if getattr(args, "autochunk", None) is not None:
         raise ConfigError("--dry-run plans --chunk-size / --sample-group; AutoChunk plans each "
