@@ -262,12 +262,23 @@ class AF3Family(Family):
         return af3_cache(af3_cache_dir(cache_dir))
 
     @classmethod
-    def load_sample(cls, cache_dir, name, key, preset, seed):
+    def load_sample(cls, cache_dir, name, key, preset, seed, focus=None):
+        """``focus``: the chain or interface drawn by weighted sampling (crops start there)."""
         from fold_data.af3 import make_sample
 
         from fold_train.families.af2 import _load
 
-        return make_sample(_load(cls._cache(cache_dir), name, key), preset, seed=seed)
+        return make_sample(_load(cls._cache(cache_dir), name, key), preset, seed=seed,
+                           focus=focus)
+
+    @classmethod
+    def training_units(cls, cache_dir, entries, preset):
+        """AF3 supplement 2.5: the entries left by the preset's filters and, with
+        ``sampling="weighted"``, weighted chains and interfaces
+        (:func:`fold_train.af3_data.training_units`)."""
+        from fold_train.af3_data import training_units
+
+        return training_units(cache_dir, entries, preset)
 
     @classmethod
     def eval_samples(cls, cache_dir, entries, preset, ctx):
