@@ -1,0 +1,180 @@
+"""``fold-train train --preset af3``'s training directory: per-entry mmCIFs with per-chain
+alignment folders -> the AF3 cache holds the MSA rows and templates; a chain without
+alignments is reported; weighted sampling and filters (AF3 supplement 2.5) drive the stream.
+
+The directory is assembled from the bundled demo (``data/demo``): 4ZEY (NRBF2 MIT domain with
+two sulfate ions, X-ray 1.5 A) with its real MSAs and hmmsearch template hits, the template 2CRB
+(model 1, ``data/demo/template_mmcifs``), and 3O5R (FKBP51 with FK506) without alignments."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from _af3_helpers import AF3_DEMO
+from _train_helpers import DEMO
+
+ALIGNMENTS = DEMO / "alignments" / "4zey_A"
+
+
+@pytest.fixture(scope="module")
+def training_dir(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("af3_training")
+    (root / "mmcifs").mkdir()
+    (root / "alignments").mkdir()
+    (root / "mmcifs" / "4zey.cif").symlink_to(DEMO / "mmcifs" / "4zey.cif")
+    (root / "mmcifs" / "3o5r.cif").symlink_to(AF3_DEMO / "mmcifs" / "3o5r.cif")
+    (root / "alignments" / "4zey_A").symlink_to(ALIGNMENTS)
+    (root / "template_mmcifs").symlink_to(DEMO / "template_mmcifs")
+    return root
+
+
+@pytest.fixture(scope="module")
+def built(training_dir, tmp_path_factory):
+    from fold_data.af3.ccd import biotite_ccd_path
+    from fold_train.af3_data import open_af3_cache
+
+    if biotite_ccd_path() is None:
+        pytest.skip("biotite's CCD is not installed (pip install biotite>=1.0)")
+    cache = tmp_path_factory.mktemp("af3_cache")
+    entries = open_af3_cache(training_dir, cache)
+    return cache, dict(entries)
+
+
+def test_cache_holds_msa_rows_and_templates_of_a_real_complex(built, capsys):
+    from fold_data.af3 import af3_cache, load_entry
+    from fold_data.af3.tokenizer import GAP
+    from fold_data.mmcif import parse_mmcif
+    from fold_data.msa import load_msa
+    from fold_train.af3_data import af3_cache_dir
+
+    cache_dir, entries = built
+    raw = af3_cache(af3_cache_dir(cache_dir)).load(entries["4zey"])
+    entry = load_entry(DEMO / "mmcifs" / "4zey.cif")
+    protein = entry.chains[0]
+    # AF2's concatenation order (UniRef90, BFD, MGnify): deduplication keeps the first copy
+    msas = [ALIGNMENTS / f for f in ("uniref90_hits.sto", "bfd_uniclust_hits.a3m",
+                                     "mgnify_hits.sto")]
+    expected = load_msa(protein.sequence, msas)["msa"]  # [N_msa, N_res], deduplicated
+    expected = np.where(expected == 21, GAP, expected)
+    assert raw["msa"].shape[0] == len(expected) > 500
+    cols = np.flatnonzero(raw["asym_id"] == 0)
+    res = raw["residue_index"][cols]
+    assert (raw["msa"][1:, cols] == expected[1:, res]).all()  # every row of every residue
+    sulfate = np.flatnonzero(raw["is_ligand"] > 0)
+    assert len(sulfate) == 10 and (raw["msa"][1:, sulfate] == GAP).all()  # ligands: query only
+
+    # One template: 2CRB (mouse NRBF2, 2005); 5KC1 (2016) is after 4ZEY's release, 4ZEY itself
+    # is the query. Its pseudo-beta atoms are 2CRB's CB atoms (CA for glycine), model 1.
+    assert raw["template_restype"].shape[0] == 1
+    mask = raw["template_pseudo_beta_mask"][0] > 0
+    assert mask[cols].sum() > 60
+    chain = parse_mmcif(DEMO / "template_mmcifs" / "2crb.cif").chains["A"]
+    from fold_data import residue_constants as rc
+
+    cb = np.where(chain.aatype[:, None] == rc.restype_order["G"],
+                  chain.atom37_positions[:, rc.atom_order["CA"]],
+                  chain.atom37_positions[:, rc.atom_order["CB"]])  # [N_res, 3]
+    d = np.linalg.norm(raw["template_pseudo_beta"][0][mask][:, None] - cb[None], axis=-1)
+    assert (d.min(axis=1) < 1e-3).all()
+
+    report = json.loads((af3_cache_dir(cache_dir) / "cache_report.json").read_text())
+    by_name = {r["name"]: r for r in report["entries"]}
+    assert by_name["4zey"]["msa_rows"] == len(expected) and by_name["4zey"]["templates"] == 1
+    assert by_name["4zey"]["chains_with_alignments"] == ["A"] and not by_name["4zey"]["warnings"]
+
+
+def test_a_chain_without_alignments_is_reported_and_keeps_its_query_row(built, training_dir,
+                                                                       capsys):
+    from fold_data.af3 import af3_cache
+    from fold_train.af3_data import af3_cache_dir, open_af3_cache
+
+    cache_dir, entries = built
+    raw = af3_cache(af3_cache_dir(cache_dir)).load(entries["3o5r"])
+    assert raw["msa"].shape[0] == 1 and raw["template_restype"].shape[0] == 0
+    report = json.loads((af3_cache_dir(cache_dir) / "cache_report.json").read_text())
+    notes = {r["name"]: r["warnings"] for r in report["entries"]}["3o5r"]
+    assert len(notes) == 1 and "3o5r chain A (protein, 128 residues)" in notes[0]
+    assert "query row alone" in notes[0]
+    open_af3_cache(training_dir, cache_dir, names=["3o5r"])  # reused: reported again, printed
+    out = capsys.readouterr().out
+    assert "warning: 3o5r chain A" in out and "4zey" not in out
+
+
+def test_sequence_keyed_alignment_folders(tmp_path, training_dir):
+    """Protenix-style folders named by the sequence's sha256 serve every chain with that
+    sequence."""
+    from fold_data.af3 import load_entry
+    from fold_data.af3.alignments import entry_alignments, sequence_key
+
+    entry = load_entry(DEMO / "mmcifs" / "4zey.cif")
+    (tmp_path / sequence_key(entry.chains[0].sequence)).symlink_to(ALIGNMENTS)
+    found = entry_alignments(entry, tmp_path, name="4zey")
+    assert not found.notes and found.chains["A"].template_hits.name == "hmm_output.sto"
+    assert [p.name for p in found.chains["A"].msa_paths] == [
+        "uniref90_hits.sto", "bfd_uniclust_hits.a3m", "mgnify_hits.sto"]
+
+
+def test_filters_and_weighted_units_drive_the_stream(built, capsys):
+    """The ``af3`` preset's data: 4ZEY (2015) is dropped by a release-date filter of
+    2012-12-31, 3O5R (2010) is kept; its chains and interface are drawn with AF3's weights and
+    each stream item carries the drawn unit as the crop's focus."""
+    from fold_data.af3 import get_preset
+    from fold_train.af3_data import AF3_TINY_DATA, training_units
+    from fold_train.data import SampleStream, prepare_item
+
+    cache_dir, entries = built
+    entries = sorted(entries.items())
+    preset = dataclasses.replace(get_preset("af3_initial"), max_release_date="2012-12-31",
+                                 cluster_method="greedy")
+    kept, units = training_units(cache_dir, entries, preset)
+    assert [n for n, _ in kept] == ["3o5r"]
+    assert "4zey filtered out: released 2015-05-06 after 2012-12-31" in capsys.readouterr().out
+    got = {(u.kind, u.asyms): float(p) for u, p in
+           zip(units.sampler.units, units.sampler.probabilities)}
+    total = 0.5 * 3 + 0.5 * 1 + 1.0 * (3 + 1)  # protein chain, FK5 chain, their interface
+    assert got == pytest.approx({("chain", (0,)): 1.5 / total, ("chain", (1,)): 0.5 / total,
+                                 ("interface", (0, 1)): 4.0 / total}, abs=1e-12)
+
+    tiny = dataclasses.replace(AF3_TINY_DATA, sampling="weighted")
+    stream = SampleStream(str(cache_dir), kept, tiny, seed=3, workers=0, family="af3",
+                          units=units)
+    items = [stream.item(i) for i in range(200)]
+    assert {it.focus for it in items} == {(0,), (1,), (0, 1)}
+    assert [it.focus for it in items] == [stream.item(i).focus for i in range(200)]
+    share = sum(it.focus == (0, 1) for it in items) / len(items)
+    assert abs(share - 4.0 / total) < 0.12  # 200 draws: 3.6 standard deviations
+    _, name, sample = prepare_item(items[0])
+    assert name == "3o5r" and 0 < sample["token_mask"].sum() <= tiny.n_token
+
+    with pytest.raises(Exception, match="expected at least one complex left by the filters"):
+        training_units(cache_dir, entries, dataclasses.replace(preset,
+                                                               max_release_date="2000-01-01"))
+    uniform = dataclasses.replace(AF3_TINY_DATA)
+    assert training_units(cache_dir, entries, uniform) == (entries, None)
+
+
+def test_train_cli_reads_the_training_directory(training_dir, tmp_path):
+    """Two steps of ``fold-train train --preset af3_tiny`` on the directory with weighted
+    sampling and the supplement's filters: the cache report and sampling index are written and
+    the run trains on both complexes."""
+    from fold_data.af3.ccd import biotite_ccd_path
+    from fold_train.cli import main
+
+    if biotite_ccd_path() is None:
+        pytest.skip("biotite's CCD is not installed (pip install biotite>=1.0)")
+    run = tmp_path / "run"
+    assert main(["train", "--preset", "af3_tiny", "--data", str(training_dir), "--run-dir",
+                 str(run), "--no-progress", "loader_workers=0", "steps=2",
+                 "checkpoint_every=2", "data.sampling=weighted", "data.cluster_method=greedy",
+                 "data.max_resolution=9", "data.max_release_date=2021-09-30",
+                 "model.pairformer.no_blocks=1", "model.msa.no_blocks=1"]) == 0
+    records = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == [1, 2]
+    assert all(np.isfinite(r["loss"]) for r in records)
+    index = json.loads((run / "cache" / "af3" / "sampling_index.json").read_text())
+    assert sorted(index["entries"]) == ["3o5r", "4zey"]
+    assert index["entries"]["4zey"]["interfaces"] == [[0, 1], [0, 2]]  # protein-sulfate
