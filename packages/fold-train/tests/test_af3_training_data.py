@@ -128,8 +128,7 @@ def test_filters_and_weighted_units_drive_the_stream(built, capsys):
 
     cache_dir, entries = built
     entries = sorted(entries.items())
-    preset = dataclasses.replace(get_preset("af3_initial"), max_release_date="2012-12-31",
-                                 cluster_method="greedy")
+    preset = dataclasses.replace(get_preset("af3_initial"), max_release_date="2012-12-31")
     kept, units = training_units(cache_dir, entries, preset)
     assert [n for n, _ in kept] == ["3o5r"]
     assert "4zey filtered out: released 2015-05-06 after 2012-12-31" in capsys.readouterr().out
@@ -169,7 +168,7 @@ def test_train_cli_reads_the_training_directory(training_dir, tmp_path):
     run = tmp_path / "run"
     assert main(["train", "--preset", "af3_tiny", "--data", str(training_dir), "--run-dir",
                  str(run), "--no-progress", "loader_workers=0", "steps=2",
-                 "checkpoint_every=2", "data.sampling=weighted", "data.cluster_method=greedy",
+                 "checkpoint_every=2", "data.sampling=weighted",
                  "data.max_resolution=9", "data.max_release_date=2021-09-30",
                  "model.pairformer.no_blocks=1", "model.msa.no_blocks=1"]) == 0
     records = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
@@ -178,3 +177,38 @@ def test_train_cli_reads_the_training_directory(training_dir, tmp_path):
     index = json.loads((run / "cache" / "af3" / "sampling_index.json").read_text())
     assert sorted(index["entries"]) == ["3o5r", "4zey"]
     assert index["entries"]["4zey"]["interfaces"] == [[0, 1], [0, 2]]  # protein-sulfate
+
+
+NO_PARSERS = """
+import sys
+
+class Blocked:  # the GPU image: no gemmi, RDKit or biotite
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in ("gemmi", "rdkit", "biotite"):
+            raise ImportError(f"No module named {name!r} (blocked by the test)")
+        return None
+
+sys.meta_path.insert(0, Blocked())
+from fold_train.cli import main
+
+code = main(sys.argv[1:])
+loaded = sorted(m for m in sys.modules if m.split(".")[0] in ("gemmi", "rdkit", "biotite"))
+sys.exit(f"loaded {loaded}" if loaded else code)
+"""
+
+
+def test_training_from_the_cache_needs_no_parser(built, tmp_path):
+    """A GPU node without gemmi, RDKit and biotite trains with weighted sampling from a cache
+    built elsewhere (``--cache`` alone): the chain clusters are in the sampling index."""
+    import subprocess
+    import sys
+
+    cache_dir, _ = built
+    args = ["train", "--preset", "af3_tiny", "--cache", str(cache_dir), "--run-dir",
+            str(tmp_path / "run"), "--no-progress", "steps=1", "loader_workers=0",
+            "data.sampling=weighted", "data.max_release_date=2021-09-30",
+            "model.pairformer.no_blocks=1"]
+    done = subprocess.run([sys.executable, "-c", NO_PARSERS, *args], capture_output=True,
+                          text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    assert "2 training complexes" in done.stdout

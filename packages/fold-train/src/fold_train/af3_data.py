@@ -46,12 +46,16 @@ import os
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from fold_data.af3 import AF3DataPreset, Ccd, default_ccd
+from fold_data.af3 import AF3DataPreset
 from fold_data.af3 import get_preset as get_af3_preset
 from fold_data.errors import InputError, InputWarning
 from fold_data.limits import use_limits
 from fold_data.readers import MMCIF_SUFFIXES, file_suffix
+
+if TYPE_CHECKING:  # the parsers (gemmi, RDKit) load only to build the cache
+    from fold_data.af3 import Ccd
 
 __all__ = ["AF3_TINY_DATA", "af3_cache_dir", "af3_data_preset", "discover_complexes", "make_ccd",
            "open_af3_cache", "read_sampling_index", "training_units"]
@@ -70,6 +74,8 @@ def af3_data_preset(name: str) -> AF3DataPreset:
 
 def make_ccd(files: Sequence[str | os.PathLike] = ()) -> Ccd:
     """A CCD over ``files`` (searched first) and biotite's; the process default without files."""
+    from fold_data.af3 import Ccd, default_ccd
+
     return Ccd(files) if files else default_ccd()
 
 
@@ -176,7 +182,7 @@ def open_af3_cache(
 
         entries = checked_index(cache, "complexes", family="af3", names=names, verify=verify)
     else:
-        ccd = ccd or default_ccd()
+        ccd = ccd or make_ccd()
         entries = {}
         records, infos = [], {}
         files = discover_complexes(data_dir, names)
@@ -200,10 +206,7 @@ def open_af3_cache(
                       f"{r['msa_rows']} MSA rows, {r['templates']} templates)")
         if entries:
             cache.write_index(entries)
-            old = read_sampling_index(cache_dir)  # entries built by earlier runs stay indexed
-            old.update(infos)
-            atomic_write_bytes(cache.root / SAMPLING_INDEX,
-                               json.dumps({"version": 1, "entries": old}, indent=1).encode())
+            _write_sampling_index(cache.root, infos)
         atomic_write_bytes(cache.root / REPORT_NAME,
                            json.dumps({"data_dir": os.fspath(data_dir), "entries": records},
                                       indent=1).encode())
@@ -215,17 +218,37 @@ def open_af3_cache(
     return out
 
 
-def read_sampling_index(cache_dir: str | os.PathLike) -> dict[str, dict]:
-    """``{entry name: EntryInfo dict}`` of the AF3 cache (empty when it has none)."""
-    path = af3_cache_dir(cache_dir) / SAMPLING_INDEX
+def _write_sampling_index(root: Path, infos: dict[str, dict]) -> None:
+    """Add ``infos`` to the sampling index (entries built by earlier runs stay) and cluster
+    every indexed chain again (AF3 2.5.3: the clusters are the whole set's), so that training
+    needs neither the clusterer nor its dependencies."""
+    from fold_data.af3.clustering import mmseqs_binary
+    from fold_data.af3.sampling import EntryInfo, chain_clusters
+    from fold_data.cache import atomic_write_bytes
+
+    entries, _ = _read_index(root / SAMPLING_INDEX)
+    entries.update(infos)
+    clusters = chain_clusters([EntryInfo.from_dict(d) for d in entries.values()])
+    doc = {"version": 1, "clustering": "mmseqs" if mmseqs_binary() else "greedy",
+           "entries": entries,
+           "clusters": {f"{name}/{asym}": label for (name, asym), label in clusters.items()}}
+    atomic_write_bytes(root / SAMPLING_INDEX, json.dumps(doc, indent=1).encode())
+
+
+def _read_index(path: Path) -> tuple[dict[str, dict], dict[str, str]]:
     if not path.is_file():
-        return {}
+        return {}, {}
     try:
         doc = json.loads(path.read_text())
-        return dict(doc["entries"])
+        return dict(doc["entries"]), dict(doc.get("clusters", {}))
     except (ValueError, KeyError, TypeError) as e:
         raise InputError(path, None, f"expected the AF3 sampling index JSON ({e}); rebuild "
                                      "the cache with --data") from None
+
+
+def read_sampling_index(cache_dir: str | os.PathLike) -> dict[str, dict]:
+    """``{entry name: EntryInfo dict}`` of the AF3 cache (empty when it has none)."""
+    return _read_index(af3_cache_dir(cache_dir) / SAMPLING_INDEX)[0]
 
 
 def training_units(cache_dir: str | os.PathLike, entries: list[tuple[str, str]], preset
@@ -247,7 +270,7 @@ def training_units(cache_dir: str | os.PathLike, entries: list[tuple[str, str]],
                                          filters.max_polymer_chains))
     if not active and preset.sampling == "uniform":
         return entries, None
-    index = read_sampling_index(cache_dir)
+    index, stored = _read_index(af3_cache_dir(cache_dir) / SAMPLING_INDEX)
     missing = [n for n, _ in entries if n not in index]
     if missing:
         raise InputError(af3_cache_dir(cache_dir) / SAMPLING_INDEX, ", ".join(missing[:5]),
@@ -270,5 +293,9 @@ def training_units(cache_dir: str | os.PathLike, entries: list[tuple[str, str]],
     from fold_train.data import WeightedUnits
 
     chosen = [infos[n] for n, _ in kept]
-    units = sampling_units(chosen, chain_clusters(chosen, method=preset.cluster_method))
+    clusters = {(i.name, c.asym): stored.get(f"{i.name}/{c.asym}") for i in chosen
+                for c in i.chains}
+    if None in clusters.values():  # an index without clusters: cluster the training set here
+        clusters = chain_clusters(chosen)
+    units = sampling_units(chosen, clusters)
     return kept, WeightedUnits(dict(kept), WeightedSampler(units))

@@ -15,16 +15,16 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 import fold_data
 from fold_data.cache import CacheResult, FeatureCache
 
-from .ccd import Ccd, default_ccd
-from .features import make_features
-from .parse import Entry
+if TYPE_CHECKING:  # the parsers (gemmi) load on a miss, not to read a built cache
+    from .ccd import Ccd
+    from .parse import Entry
 
 __all__ = ["AF3_PIPELINE_VERSION", "af3_cache", "af3_pipeline_version", "fetch_af3_features"]
 
@@ -75,6 +75,8 @@ def fetch_af3_features(
     ``source`` already parsed (the training directory reads it to find its alignments), so it
     is featurised without a second parse; the key is still over ``source``'s bytes.
     """
+    from .ccd import default_ccd
+
     ccd = ccd or default_ccd()
     source = Path(source)
     msa_paths = dict(msa_paths or {})
@@ -91,6 +93,8 @@ def fetch_af3_features(
     }
 
     def build() -> dict[str, np.ndarray]:
+        from .features import make_features
+
         return make_features(entry if entry is not None else source, ccd=ccd,
                              msa_paths=msa_paths, template_hits=template_hits,
                              pairing_msa_paths=pairing, **kwargs)

@@ -40,7 +40,6 @@ class AF3DataPreset:
     ref_translation_std: float = 1.0  # Angstrom, random translation of each reference conformer
     # Training set (fold-train): "uniform" entries, or "weighted" chains and interfaces (2.5.1)
     sampling: str = "uniform"
-    cluster_method: str = "auto"  # fold_data.af3.clustering: auto | greedy | mmseqs
     # Filters of the training entries (2.5.4); None: off
     max_resolution: float | None = None
     max_release_date: str | None = None

@@ -23,8 +23,7 @@ from fold_data.schema import validate
 
 from .crop import contiguous_crop, crop_features, spatial_crop
 from .presets import AF3DataPreset, get_preset
-from .schema import RAW_FEATURES, SAMPLE_FEATURES
-from .tokenizer import GAP
+from .schema import GAP, RAW_FEATURES, SAMPLE_FEATURES
 
 __all__ = ["PAD_VALUES", "make_sample", "random_rotation", "crop_indices"]
 

@@ -249,7 +249,9 @@ class AF3Family(Family):
 
         return run_on_rank0(
             ctx, "build the AF3 cache",
-            lambda: open_af3_cache(data_dir, cache_dir, names=chains, ccd=make_ccd(ccd or []),
+            lambda: open_af3_cache(data_dir, cache_dir, names=chains,
+                                   # the CCD (gemmi) only to build: --cache alone needs numpy
+                                   ccd=make_ccd(ccd or []) if data_dir is not None else None,
                                    progress=progress, limits=limits),
             after=lambda: open_af3_cache(None, cache_dir, names=chains, verify=False))
 
