@@ -45,7 +45,7 @@ CPU_ENV = {"TRITON_INTERPRET": "1", "OMP_NUM_THREADS": "1", "PYTHONHASHSEED": "0
 BENCHMARKS = [
     "kernels.attention", "kernels.elementwise", "kernels.launch_overhead",
     "model.evoformer", "model.af3_blocks", "model.full", "model.loss_af3_pairs", "model.peers",
-    "train.ablation", "train.af3", "train.predict_graphs",
+    "train.ablation", "train.af3", "train.af3_msa", "train.predict_graphs",
     "chunk.evoformer",
     "data.loader", "data.cache", "data.af3_cache", "data.search_msa",
 ]
