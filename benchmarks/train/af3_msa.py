@@ -89,15 +89,18 @@ def _steady(records: list[dict]) -> dict[str, Any]:
     """Median step time per N_cycle without the first step of each N_cycle, and their mean."""
     seen: set[int] = set()
     per: dict[int, list[float]] = {}
+    waits = []
     for r in records:
         n = int(r["n_cycle"])
         if n in seen:
             per.setdefault(n, []).append(r["step_time"])
+            waits.append(r.get("data_time") or 0.0)
         seen.add(n)
     steady = [t for ts in per.values() for t in ts]
     return {"median_step_s_by_n_cycle": {n: statistics.median(ts) for n, ts in sorted(per.items())},
             "steady_steps": len(steady),
-            "mean_step_s": statistics.fmean(steady) if steady else None}
+            "mean_step_s": statistics.fmean(steady) if steady else None,
+            "mean_data_wait_s": statistics.fmean(waits) if waits else None}
 
 
 def run_row(name: str, cache_dir: Path, device: torch.device, steps: int, tiny: bool,
@@ -114,10 +117,20 @@ def run_row(name: str, cache_dir: Path, device: torch.device, steps: int, tiny: 
         if cuda:
             torch.cuda.empty_cache()
             torch.cuda.reset_peak_memory_stats(device)
-        code = fold_train(args)
-        records = [json.loads(x) for x in (Path(run) / "metrics.jsonl").read_text().splitlines()]
+        error = None
+        try:
+            code = fold_train(args)
+        except Exception as e:  # after the steps (e.g. the end-of-run plot): keep the steps
+            code, error = None, f"{type(e).__name__}: {e}"[:500]
+        metrics = Path(run) / "metrics.jsonl"
+        records = ([json.loads(x) for x in metrics.read_text().splitlines()]
+                   if metrics.is_file() else [])
+        records = [r for r in records if "step_time" in r]
+    if not records:
+        raise RuntimeError(error or "fold-train train wrote no step")
     row: dict[str, Any] = {
-        "row": name, "command": "fold-train " + " ".join(a for a in args if a != run),
+        "row": name, "command": "fold-train " + " ".join("RUN" if a == run else a for a in args),
+        **({"note": error} if error else {}),
         "exit_code": code, "steps": [{k: r.get(k) for k in ("step", "n_cycle", "step_time",
                                                            "data_time", "loss", "chains")}
                                      for r in records],
@@ -134,24 +147,27 @@ def to_markdown(result: dict) -> str:
              f"Device: {result['device']}, PyTorch {result['torch']}, Triton {result['triton']}, "
              f"{result['date']}. Preset `{result['preset']}`; cache: {result['data']}. "
              f"{result['steps']} steps per row, N_cycle drawn from 1..4.", "",
-             "| row | N_cycle 1 | 2 | 3 | 4 | mean (s) | steady steps | peak MiB | losses |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "Step time (s, median per N_cycle; includes the wait for data, shown apart):", "",
+             "| row | N_cycle 1 | 2 | 3 | 4 | mean | data wait | steady steps | peak MiB | loss |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for r in result["rows"]:
         if "error" in r:
-            lines.append(f"| {r['row']} | error: {r['error']} |||||||| ")
+            lines.append(f"| {r['row']} | error: {r['error']} ||||||||| ")
             continue
         by = r["median_step_s_by_n_cycle"]
         cells = [f"{by[n]:.3f}" if n in by else "-" for n in (1, 2, 3, 4)]
         mean = "-" if r["mean_step_s"] is None else f"{r['mean_step_s']:.3f}"
         peak = "-" if r["peak_alloc_mib"] is None else f"{r['peak_alloc_mib']:.0f}"
-        lines.append(f"| {r['row']} | {' | '.join(cells)} | {mean} | {r['steady_steps']} | "
-                     f"{peak} | {'finite' if r['losses_finite'] else 'NOT finite'} |")
+        wait = "-" if r["mean_data_wait_s"] is None else f"{r['mean_data_wait_s']:.3f}"
+        lines.append(f"| {r['row']} | {' | '.join(cells)} | {mean} | {wait} | "
+                     f"{r['steady_steps']} | {peak} | "
+                     f"{'finite' if r['losses_finite'] else 'NOT finite'} |")
     if "graphed_speedup" in result:
         ratio = result["graphed_speedup"]
         lines += ["", "Eager / graphed step time: " + ", ".join(
             f"N_cycle {n}: {v:.2f}x" for n, v in ratio["by_n_cycle"].items())
             + (f"; mean: **{ratio['mean']:.2f}x**" if ratio.get("mean") else "") + "."]
-    lines += ["", "Commands (the run directory left out):", ""]
+    lines += ["", "Commands (RUN: a temporary run directory):", ""]
     lines += [f"- {r['row']}: `{r['command']}`" for r in result["rows"] if "command" in r]
     return "\n".join(lines) + "\n"
 
