@@ -10,7 +10,8 @@ query and the ``N - 1`` best hits, in HMMER's order): their ``#=GS`` / ``#=GR`` 
 and every ``#=GF`` / ``#=GC`` line, unchanged.
 
 How ``data/demo/template_mmcifs/2crb.cif`` (model 1 of 2CRB) and ``data/demo/af3/pairing/*.sto``
-(UniProt hits of 4ZEY A and 4I6P A, first 40 sequences) were made from OpenFold's test data
+(UniProt hits of 4ZEY A and 4I6P A, first 80 sequences) and
+``data/demo/af3/template_hits/4i6p_A_hmm_output.sto`` (first 10 hits) were made from OpenFold's test data
 (``/work/shared/data/openfold-testdata``; Apache-2.0, the coordinates wwPDB CC0).
 """
 

@@ -218,7 +218,7 @@ def test_training_from_the_cache_needs_no_parser(built, tmp_path):
 @pytest.mark.slow
 def test_tiny_af3_learns_with_msa_rows_and_a_template(built, tmp_path):
     """The AF3 learning test with the MSA module and the template embedder fed real data: 100
-    steps of ``fold-train train --preset af3_tiny`` on a pocket of 4ZEY (a sulfate and its 16
+    steps of ``fold-train train --preset af3_tiny`` on a pocket of 4ZEY (a sulfate and its 8
     nearest protein tokens, cut from the training directory's cache entry: real MSA columns, 16
     of 850 rows drawn per step, and the 2CRB template) at least halve its loss on 8 fixed noise
     draws (same MSA rows and template each draw)."""
@@ -238,15 +238,15 @@ def test_tiny_af3_learns_with_msa_rows_and_a_template(built, tmp_path):
     sulfate = np.flatnonzero(raw["asym_id"] == 1)
     protein = np.flatnonzero(raw["asym_id"] == 0)
     near = protein[np.argsort(np.linalg.norm(centres[protein] - centres[sulfate].mean(0),
-                                             axis=-1))[:16]]
+                                             axis=-1))[:8]]
     pocket = crop_features(raw, np.sort(np.concatenate([sulfate, near])))
     assert pocket["msa"].shape[0] == 850 and pocket["template_restype"].shape[0] == 1
-    assert (pocket["template_pseudo_beta_mask"][0] > 0).sum() >= 8  # the template covers it
+    assert (pocket["template_pseudo_beta_mask"][0] > 0).sum() >= 4  # the template covers it
 
     run, steps = tmp_path / "run", 100
     cache = af3_cache(af3_cache_dir(run / "cache"))
     source = DEMO / "mmcifs" / "4zey.cif"
-    entry = cache.fetch("4zey_pocket", [source], {"pipeline": "af3", "crop": "SO4 + 16"},
+    entry = cache.fetch("4zey_pocket", [source], {"pipeline": "af3", "crop": "SO4 + 8"},
                         lambda: pocket)
     cache.write_index({"4zey_pocket": entry.key})
     assert main(["train", "--preset", "af3_tiny", "--cache", str(run / "cache"), "--run-dir",
@@ -268,3 +268,38 @@ def test_tiny_af3_learns_with_msa_rows_and_a_template(built, tmp_path):
     after = family.fixed_noise_loss(model, batch, seeds=range(8))
     assert np.isfinite(before["loss"]) and np.isfinite(after["loss"])
     assert after["loss"] <= 0.5 * before["loss"], (before, after)
+
+
+def test_templates_released_after_the_entry_are_left_out(tmp_path):
+    """4I6P (released 2013-07-17, a homodimer) and its template hits (the first 10 of its
+    hmmsearch output, ``data/demo/af3/template_hits``): they name 3ZEE, the same Par-3 domain
+    released 2013-10-16, which is a usable template without a date limit, and is left out of
+    the training entry, whose templates must be older than it. Both 4I6P chains share the one
+    alignment folder; it has no MSA file, which the report says."""
+    from fold_data.af3 import af3_cache, load_entry, make_features
+    from fold_data.af3.ccd import biotite_ccd_path
+    from fold_train.af3_data import af3_cache_dir, open_af3_cache
+
+    if biotite_ccd_path() is None:
+        pytest.skip("biotite's CCD is not installed (pip install biotite>=1.0)")
+    hits = AF3_DEMO / "template_hits" / "4i6p_A_hmm_output.sto"
+    data = tmp_path / "data"
+    for sub in ("mmcifs", "template_mmcifs", "alignments/4i6p_A"):
+        (data / sub).mkdir(parents=True)
+    (data / "mmcifs" / "4i6p.cif").symlink_to(DEMO / "mmcifs" / "4i6p.cif")
+    (data / "template_mmcifs" / "3zee.cif").symlink_to(DEMO / "mmcifs" / "3zee.cif")
+    (data / "alignments" / "4i6p_A" / "hmm_output.sto").symlink_to(hits)
+
+    entry = load_entry(data / "mmcifs" / "4i6p.cif")
+    undated = make_features(entry, template_hits={"A": hits, "B": hits},
+                            template_mmcif_dir=[data / "template_mmcifs"])
+    assert undated["template_restype"].shape[0] == 1  # 3ZEE, when no date limits it
+
+    entries = dict(open_af3_cache(data, tmp_path / "cache"))
+    raw = af3_cache(af3_cache_dir(tmp_path / "cache")).load(entries["4i6p"])
+    assert raw["template_restype"].shape[0] == 0  # 3ZEE is newer than 4I6P
+    report = {r["name"]: r for r in json.loads(
+        (af3_cache_dir(tmp_path / "cache") / "cache_report.json").read_text())["entries"]}
+    assert report["4i6p"]["chains_with_alignments"] == ["A", "B"]  # B shares A's folder
+    assert all("no unpaired MSA file" in w for w in report["4i6p"]["warnings"])
+    assert len(report["4i6p"]["warnings"]) == 2
