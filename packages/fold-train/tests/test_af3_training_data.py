@@ -153,6 +153,8 @@ def test_filters_and_weighted_units_drive_the_stream(built, capsys):
     with pytest.raises(Exception, match="expected at least one complex left by the filters"):
         training_units(cache_dir, entries, dataclasses.replace(preset,
                                                                max_release_date="2000-01-01"))
+    with pytest.raises(ValueError, match="max_release_date '30/09/2021'; expected YYYY-MM-DD"):
+        dataclasses.replace(preset, max_release_date="30/09/2021")
     uniform = dataclasses.replace(AF3_TINY_DATA)
     assert training_units(cache_dir, entries, uniform) == (entries, None)
 

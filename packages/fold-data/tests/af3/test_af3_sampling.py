@@ -69,6 +69,16 @@ def _aa(letter: str) -> int:
     return GAP if letter == "-" else restype_order.get(letter, 20)
 
 
+def test_a_pairing_file_of_another_sequence_is_refused(full_ccd):
+    from fold_data.errors import InputError
+
+    a = _protein(DEMO / "mmcifs" / "4zey.cif", full_ccd, "A")
+    b = _protein(DEMO / "mmcifs" / "4i6p.cif", full_ccd, "B")
+    wrong = PAIRING / "4i6p_A_uniprot_hits.sto"  # given for 4ZEY's chain
+    with pytest.raises(InputError, match="4i6p_A_uniprot_hits.sto"):
+        species_paired_msas(Entry("pair", [a, b]), {"A": wrong, "B": wrong})
+
+
 def test_pairing_of_one_entity_gives_no_paired_rows(full_ccd):
     a = _protein(DEMO / "mmcifs" / "4zey.cif", full_ccd, "A")
     entry = Entry("homodimer", [a, dataclasses.replace(a, chain_id="B", author_id="B")])

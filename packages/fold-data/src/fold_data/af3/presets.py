@@ -20,6 +20,7 @@ per training sample ``n_msa`` (1024, as AF2's extra MSA; memory-bound).
 
 from __future__ import annotations
 
+import datetime
 from dataclasses import dataclass
 
 __all__ = ["AF3DataPreset", "PRESETS", "get_preset"]
@@ -49,6 +50,12 @@ class AF3DataPreset:
         if self.sampling not in ("uniform", "weighted"):
             raise ValueError(f"preset {self.name}: sampling {self.sampling!r}; expected "
                              "'uniform' or 'weighted'")
+        if self.max_release_date is not None:
+            try:
+                datetime.date.fromisoformat(self.max_release_date)
+            except ValueError:
+                raise ValueError(f"preset {self.name}: max_release_date "
+                                 f"{self.max_release_date!r}; expected YYYY-MM-DD") from None
         total = self.p_contiguous + self.p_spatial + self.p_spatial_interface
         if abs(total - 1.0) > 1e-6:
             raise ValueError(f"preset {self.name}: crop probabilities sum to {total}, expected 1")
