@@ -13,7 +13,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 from fold_data.af3 import AF3DataPreset, Entry, load_entry, make_features, make_sample
-from fold_data.af3.clustering import cluster_sequences, mmseqs_binary, sequence_identity
+from fold_data.af3.clustering import (
+    alignment_stats,
+    cluster_sequences,
+    mmseqs_binary,
+    sequence_identity,
+)
 from fold_data.af3.msa import species_paired_msas
 from fold_data.af3.sampling import (
     ChainInfo,
@@ -111,6 +116,8 @@ def test_sequence_identity_of_real_and_mutated_sequences(real_sequences):
     rng = np.random.default_rng(0)
     base = "".join(rng.choice(list("ACDEFGHIKLMNPQRSTVWY"), 151))
     assert sequence_identity(base, _mutant(base, 0.6, rng)) == pytest.approx(0.6, abs=0.05)
+    identity, cov_full, cov_half = alignment_stats(base, base[40:110])  # a 70-residue fragment
+    assert identity == 1.0 and cov_half == 1.0 and cov_full == pytest.approx(70 / 151)
 
 
 @pytest.mark.parametrize("method", ["greedy", "mmseqs"])
@@ -120,11 +127,12 @@ def test_clusters_at_40_percent_identity(real_sequences, method):
     s = real_sequences
     rng = np.random.default_rng(1)
     seqs = [s["4zey"], s["3u8v"], s["2crb"], s["4i6p"], _mutant(s["3u8v"], 0.7, rng),
-            "".join(rng.choice(list("ACDEFGHIKLMNPQRSTVWY"), 90))]
+            "".join(rng.choice(list("ACDEFGHIKLMNPQRSTVWY"), 90)), s["4i6p"][:40]]
     labels = cluster_sequences(seqs, 0.4, method=method)
     assert labels[0] == labels[2]  # NRBF2 orthologues
     assert labels[1] == labels[4]  # a 70% identical copy of 3U8V
-    assert len({labels[0], labels[1], labels[3], labels[5]}) == 4
+    # unrelated; and a fragment covering under 80% of 4I6P is a cluster of its own
+    assert len({labels[0], labels[1], labels[3], labels[5], labels[6]}) == 5
     assert labels == cluster_sequences(seqs, 0.4, method=method)  # deterministic
     with pytest.raises(ValueError, match="unknown clustering method"):
         cluster_sequences(seqs, 0.4, method="cdhit")

