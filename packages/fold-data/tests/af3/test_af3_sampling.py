@@ -254,3 +254,28 @@ def test_spatial_crops_start_from_the_drawn_unit(homodimer):
         sample = make_sample(raw, interface, seed=seed, focus=(0, 1))
         tokens = sample["token_index"][sample["token_mask"] > 0]
         assert at_interface(tokens, 0, 1) or at_interface(tokens, 1, 0)
+
+
+def test_rna_alignments_read_from_stockholm_or_a3m(tmp_path):
+    """An RNA chain's folder may hold nhmmer's Stockholm as well as A3M: both are read and
+    merged as protein alignments are (each file's query row once, repeated rows dropped)."""
+    from fold_data.af3.msa import chain_msa
+    from fold_data.af3.parse import Chain
+    from fold_data.af3.tokenizer import restype_of
+
+    chain = Chain("R", 1, "rna", ["A", "C", "G", "U"], sequence="ACGU", author_id="R")
+    sto = tmp_path / "rfam_hits.sto"
+    sto.write_text("# STOCKHOLM 1.0\nquery ACGU\nhit/1-4 AC-U\n//\n")
+    a3m = tmp_path / "rna.a3m"
+    a3m.write_text(">query\nACGU\n>hit2\nAgCGA\n>again\nAC-U\n")
+    codes, dels = chain_msa(chain, [sto, a3m])
+    a, c, g, u = (restype_of(x, "rna") for x in "ACGU")
+    assert codes.tolist() == [[a, c, g, u], [a, c, GAP, u], [a, c, g, a]]
+    assert dels.tolist() == [[0, 0, 0, 0], [0, 0, 0, 0], [0, 1, 0, 0]]
+
+    other = tmp_path / "other.a3m"
+    other.write_text(">query\nACGA\n")
+    from fold_data.errors import InputError
+
+    with pytest.raises(InputError, match="other.a3m.*residue 4 of the MSA's query is 'A'"):
+        chain_msa(chain, [sto, other])

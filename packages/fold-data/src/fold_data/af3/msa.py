@@ -74,11 +74,14 @@ def chain_msa(
         codes[codes == _PROTEIN_GAP] = GAP
         deletions = feats["deletion_matrix"].astype(np.float32)
     elif chain.mol_type in ("rna", "dna") and (chain.unpaired_msa or msa_paths):
-        if msa_paths:
-            rows = [parse_a3m(p) for p in msa_paths]
-            msa = Msa([s for m in rows for s in m.sequences],
-                      [d for m in rows for d in m.deletion_matrix],
-                      [d for m in rows for d in m.descriptions], "; ".join(map(str, msa_paths)))
+        if msa_paths:  # A3M or Stockholm (nhmmer), by suffix; merged as the protein files
+            from fold_data.msa import merge_msas
+            from fold_data.readers import reader
+
+            files = [reader(p, "msa")(p) for p in msa_paths]
+            for path, one in zip(msa_paths, files):  # each file's query is this chain
+                check_query(one, chain.sequence, path=path)
+            msa = merge_msas(files)
         else:
             msa = _a3m_text(chain.unpaired_msa or "")
         if len(msa) == 0 or msa.num_res != n_res:
