@@ -28,7 +28,12 @@ def training_dir(tmp_path_factory) -> Path:
     (root / "alignments").mkdir()
     (root / "mmcifs" / "4zey.cif").symlink_to(DEMO / "mmcifs" / "4zey.cif")
     (root / "mmcifs" / "3o5r.cif").symlink_to(AF3_DEMO / "mmcifs" / "3o5r.cif")
-    (root / "alignments" / "4zey_A").symlink_to(ALIGNMENTS)
+    folder = root / "alignments" / "4zey_A"
+    folder.mkdir()
+    for path in ALIGNMENTS.iterdir():
+        (folder / path.name).symlink_to(path)
+    # the pairing hits: one protein entity, so no row pairs (AF3 pairs different chains only)
+    (folder / "uniprot_hits.sto").symlink_to(AF3_DEMO / "pairing" / "4zey_A_uniprot_hits.sto")
     (root / "template_mmcifs").symlink_to(DEMO / "template_mmcifs")
     return root
 
@@ -86,6 +91,7 @@ def test_cache_holds_msa_rows_and_templates_of_a_real_complex(built, capsys):
     by_name = {r["name"]: r for r in report["entries"]}
     assert by_name["4zey"]["msa_rows"] == len(expected) and by_name["4zey"]["templates"] == 1
     assert by_name["4zey"]["chains_with_alignments"] == ["A"] and not by_name["4zey"]["warnings"]
+    assert by_name["4zey"]["chains_paired"] == ["A"]
 
 
 def test_a_chain_without_alignments_is_reported_and_keeps_its_query_row(built, training_dir,
