@@ -9,10 +9,10 @@ costs a twentieth of its size. ``head-sto``: a Stockholm alignment's first ``N``
 query and the ``N - 1`` best hits, in HMMER's order): their ``#=GS`` / ``#=GR`` / sequence lines
 and every ``#=GF`` / ``#=GC`` line, unchanged.
 
-How ``data/demo/template_mmcifs/2crb.cif`` (model 1 of 2CRB) and ``data/demo/af3/pairing/*.sto``
-(UniProt hits of 4ZEY A and 4I6P A, first 80 sequences) and
-``data/demo/af3/template_hits/4i6p_A_hmm_output.sto`` (first 10 hits) were made from OpenFold's test data
-(``/work/shared/data/openfold-testdata``; Apache-2.0, the coordinates wwPDB CC0).
+How these were made from OpenFold's test data (``/work/shared/data/openfold-testdata``;
+Apache-2.0, the coordinates wwPDB CC0): ``data/demo/template_mmcifs/2crb.cif`` (model 1 of
+2CRB), ``data/demo/af3/pairing/*.sto`` (UniProt hits of 4ZEY A and 4I6P A, first 80 sequences)
+and ``data/demo/af3/template_hits/4i6p_A_hmm_output.sto`` (first 10 hits).
 """
 
 from __future__ import annotations
