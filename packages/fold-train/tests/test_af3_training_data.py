@@ -125,6 +125,33 @@ def test_sequence_keyed_alignment_folders(tmp_path, training_dir):
         "uniref90_hits.sto", "bfd_uniclust_hits.a3m", "mgnify_hits.sto"]
 
 
+def test_protenix_sequence_index_and_file_names(tmp_path):
+    """Protenix's layout: ``seq_to_pdb_index.json`` maps a sequence to its folder, which holds
+    ``non_pairing.a3m`` (unpaired), ``pairing.a3m`` (paired by species) and ``hmmsearch.a3m``
+    (template hits as A3M: reported, not read as an MSA)."""
+    from fold_data.af3 import load_entry
+    from fold_data.af3.alignments import entry_alignments
+    from fold_data.errors import InputError
+
+    entry = load_entry(DEMO / "mmcifs" / "4zey.cif")
+    folder = tmp_path / "7"
+    folder.mkdir()
+    for name in ("non_pairing.a3m", "pairing.a3m", "hmmsearch.a3m"):  # real A3M rows
+        (folder / name).symlink_to(ALIGNMENTS / "bfd_uniclust_hits.a3m")
+    (tmp_path / "seq_to_pdb_index.json").write_text(
+        json.dumps({entry.chains[0].sequence: 7}))
+    found = entry_alignments(entry, tmp_path, name="4zey")
+    a = found.chains["A"]
+    assert [p.name for p in a.msa_paths] == ["non_pairing.a3m"]
+    assert a.pairing.name == "pairing.a3m" and a.template_hits is None
+    assert len(found.notes) == 1 and "hmmsearch.a3m (template hits as A3M) is not read" in \
+        found.notes[0]
+
+    (tmp_path / "seq_to_pdb_index.json").write_text(json.dumps({entry.chains[0].sequence: 8}))
+    with pytest.raises(InputError, match="seq_to_pdb_index.json.*folder 8/ does not exist"):
+        entry_alignments(entry, tmp_path, name="4zey")
+
+
 def test_filters_and_weighted_units_drive_the_stream(built, capsys):
     """The ``af3`` preset's data: 4ZEY (2015) is dropped by a release-date filter of
     2012-12-31, 3O5R (2010) is kept; its chains and interface are drawn with AF3's weights and
