@@ -111,6 +111,23 @@ def test_a_chain_without_alignments_is_reported_and_keeps_its_query_row(built, t
     assert "warning: 3o5r chain A" in out and "4zey" not in out
 
 
+def test_a_second_build_of_unchanged_files_parses_nothing(built, training_dir, monkeypatch):
+    """The chains of an unchanged mmCIF (size, mtime) come from the sampling index: a cache
+    of 10^5 complexes is not parsed again at every start; the result is the same."""
+    import fold_data.af3
+    from fold_train.af3_data import af3_cache_dir, open_af3_cache
+
+    cache_dir, entries = built
+    index = af3_cache_dir(cache_dir) / "sampling_index.json"
+    before = json.loads(index.read_text())
+    monkeypatch.setattr(fold_data.af3, "load_entry",
+                        lambda *a, **k: pytest.fail("an unchanged mmCIF was parsed again"))
+    assert dict(open_af3_cache(training_dir, cache_dir)) == entries
+    report = json.loads((af3_cache_dir(cache_dir) / "cache_report.json").read_text())
+    assert {r["status"] for r in report["entries"]} == {"reused"}
+    assert json.loads(index.read_text()) == before
+
+
 def test_sequence_keyed_alignment_folders(tmp_path, training_dir):
     """Protenix-style folders named by the sequence's sha256 serve every chain with that
     sequence."""

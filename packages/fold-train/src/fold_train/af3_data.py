@@ -123,20 +123,36 @@ def _day_before(date: str | None) -> str | None:
     return (datetime.date.fromisoformat(date) - datetime.timedelta(days=1)).isoformat()
 
 
-def _build_entry(cache, path: Path, name: str, data_dir: Path, ccd: Ccd) -> dict:
+def _stat(path: Path) -> list[int]:
+    st = path.stat()
+    return [st.st_size, st.st_mtime_ns]
+
+
+def _build_entry(cache, path: Path, name: str, data_dir: Path, ccd: Ccd,
+                 prev: dict | None) -> dict:
     """Featurise (or find) one complex with its alignments; its report record and the
-    sampling index record."""
+    sampling index record. ``prev``: the entry's sampling record of an earlier build; while the
+    mmCIF is unchanged (size, mtime) its chains come from there, so a cache hit parses nothing
+    (as before alignments: a training set of 10^5 files is not parsed again at every start)."""
     from fold_data.af3 import fetch_af3_features, load_entry
     from fold_data.af3.alignments import entry_alignments, template_mmcif_dirs
-    from fold_data.af3.sampling import entry_info
+    from fold_data.af3.parse import Chain, Entry
+    from fold_data.af3.sampling import EntryInfo, entry_info, find_interfaces
 
-    entry = load_entry(path, ccd=ccd)
+    stat = _stat(path)
+    entry = None
+    if prev is not None and prev.get("source_stat") == stat and "alignment_chains" in prev:
+        stub = Entry(name, [Chain(cid, 0, kind, [], sequence=seq, author_id=author)
+                            for cid, author, kind, seq in prev["alignment_chains"]],
+                     release_date=prev["release_date"])
+    else:
+        entry = stub = load_entry(path, ccd=ccd)
     align_root = data_dir / "alignments"
-    found = entry_alignments(entry, align_root if align_root.is_dir() else None, name=name)
+    found = entry_alignments(stub, align_root if align_root.is_dir() else None, name=name)
     kwargs = {}
     if found.template_hits:
         kwargs = {"template_mmcif_dir": [os.fspath(d) for d in template_mmcif_dirs(data_dir)],
-                  "max_template_date": _day_before(entry.release_date)}
+                  "max_template_date": _day_before(stub.release_date)}
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", InputWarning)
         result = fetch_af3_features(cache, path, ccd=ccd, entry=entry,
@@ -156,7 +172,16 @@ def _build_entry(cache, path: Path, name: str, data_dir: Path, ccd: Ccd) -> dict
               "input_warnings": list(dict.fromkeys(  # homomer copies warn alike
                   str(w.message).splitlines()[0] for w in caught
                   if issubclass(w.category, InputWarning)))}
-    return {"report": record, "info": entry_info(name, entry, raw).to_dict()}
+    if entry is None:  # the mmCIF is unchanged: its chains are; interfaces from the features
+        old = EntryInfo.from_dict(prev)
+        info = EntryInfo(name, old.resolution, old.release_date, old.chains,
+                         tuple(find_interfaces(raw))).to_dict()
+    else:
+        info = entry_info(name, entry, raw).to_dict()
+    info["source_stat"] = stat
+    info["alignment_chains"] = [[c.chain_id, c.author_id, c.mol_type, c.sequence]
+                                for c in stub.chains if c.is_polymer]
+    return {"report": record, "info": info}
 
 
 def open_af3_cache(
@@ -185,12 +210,14 @@ def open_af3_cache(
         ccd = ccd or make_ccd()
         entries = {}
         records, infos = [], {}
+        previous = read_sampling_index(cache_dir)
         files = discover_complexes(data_dir, names)
         for i, path in enumerate(files):
             name = _entry_name(path)
             try:
                 with use_limits(limits):
-                    built = _build_entry(cache, path, name, Path(data_dir), ccd)
+                    built = _build_entry(cache, path, name, Path(data_dir), ccd,
+                                         previous.get(name))
             except InputError as e:
                 print(f"fold-train: skipping complex {name}: {str(e).splitlines()[0]}")
                 records.append({"name": name, "status": "failed", "error": str(e)})
@@ -226,9 +253,15 @@ def _write_sampling_index(root: Path, infos: dict[str, dict]) -> None:
     from fold_data.af3.sampling import EntryInfo, chain_clusters
     from fold_data.cache import atomic_write_bytes
 
-    entries, _ = _read_index(root / SAMPLING_INDEX)
+    entries, stored = _read_index(root / SAMPLING_INDEX)
+    before = {n: EntryInfo.from_dict(d).chains for n, d in entries.items()}
     entries.update(infos)
-    clusters = chain_clusters([EntryInfo.from_dict(d) for d in entries.values()])
+    now = {n: EntryInfo.from_dict(d).chains for n, d in entries.items()}
+    if now == before and stored:  # the same chains: the same clusters
+        clusters = {(n, int(a)): label for key, label in stored.items()
+                    for n, a in [key.rsplit("/", 1)]}
+    else:
+        clusters = chain_clusters([EntryInfo.from_dict(d) for d in entries.values()])
     doc = {"version": 1, "clustering": "mmseqs" if mmseqs_binary() else "greedy",
            "entries": entries,
            "clusters": {f"{name}/{asym}": label for (name, asym), label in clusters.items()}}
