@@ -295,3 +295,56 @@ def test_packed_bad_input_errors():
         evo_attention_packed(proj, 2, gate_bias=torch.zeros(7, device=DEVICE))
     with pytest.raises(ValueError, match="bias must be"):
         evo_attention_packed(proj, 2, torch.zeros(1, 2, 5, 4, device=DEVICE))
+
+
+# ----------------------------------------------------------------------------- FOLD_EVO_DBIAS
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("d", [8, 32])
+def test_atomic_dbias_matches_reference(monkeypatch, dtype, d):
+    # odd R (5): the two-row programs repeat the last row, which must count once in dbias
+    monkeypatch.setenv("FOLD_EVO_DBIAS", "atomic")
+    r, h, n = 5, 2, 29
+    _check(*_inputs((1, r, h, n, d), h, n, dtype, seed=11 + d), dtype)
+
+
+@pytest.mark.parametrize("bias_batch", ["shared", "per_batch"])
+def test_atomic_dbias_batch_and_broadcast_bias(monkeypatch, bias_batch):
+    monkeypatch.setenv("FOLD_EVO_DBIAS", "atomic")
+    q, k, v, bias, mask, gate = _inputs((2, 3, 2, 19, 16), 2, 19, torch.float32, seed=3)
+    if bias_batch == "shared":  # [H, N, N] for both batch entries: summed over b and r
+        bias = torch.randn(2, 19, 19, generator=torch.Generator().manual_seed(4))
+    _check(q, k, v, bias, mask, gate, torch.float32)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_atomic_dbias_packed(monkeypatch, dtype):
+    monkeypatch.setenv("FOLD_EVO_DBIAS", "atomic")
+    _check_packed((1,), 3, 23, 2, 8, dtype)
+
+
+def test_atomic_and_pass_agree(monkeypatch):
+    # same function, different summation order (and tiles on a GPU): fp32 rounding apart
+    from fold_kernels import evo_attention
+
+    q, k, v, bias, mask, _ = _inputs((1, 7, 2, 26, 16), 2, 26, torch.float32, seed=9)
+    grads = {}
+    for mode in ("pass", "atomic"):
+        monkeypatch.setenv("FOLD_EVO_DBIAS", mode)
+        ins = [t.detach().to(DEVICE).clone().requires_grad_() for t in (q, k, v, bias)]
+        evo_attention(*ins, mask.to(DEVICE)).square().sum().backward()
+        grads[mode] = [t.grad.cpu() for t in ins]
+    for a, b in zip(grads["atomic"], grads["pass"]):
+        assert rel_err(a, b) < 1e-6
+
+
+def test_unknown_dbias_mode_is_rejected(monkeypatch):
+    from fold_kernels import evo_attention
+
+    monkeypatch.setenv("FOLD_EVO_DBIAS", "fast")
+    q, k, v, bias, mask, _ = _inputs((1, 2, 2, 9, 8), 2, 9, torch.float32)
+    ins = [t.to(DEVICE).requires_grad_() for t in (q, k, v, bias)]
+    o = evo_attention(*ins, mask.to(DEVICE))
+    with pytest.raises(ValueError, match="FOLD_EVO_DBIAS"):
+        o.sum().backward()

@@ -18,11 +18,14 @@ Kernels (MegaFold III, FlashAttention-2), each program one tile of one or two ro
 * ``_bwd_dq``   grid (N/BLOCK_M, R/rows, B*H): dQ of one query block, looping over key blocks.
 * ``_bwd_dbias`` grid (N/BLOCK_N * splits, N/BLOCK_M, H * B_bias): one bias tile; the program
   loops over the R rows (and batch entries that share the bias), adding the dS tiles in
-  registers, and stores the tile once. No atomics, so the result is deterministic (always; there
-  is no non-deterministic mode to opt out of); with ``splits > 1`` each split writes its partial
-  sum to its own fp32 slab and the slabs are summed afterwards in a fixed order. MegaFold instead
-  issues one ``atomic_add`` per row and element. The price is recomputing S and dP once more
-  (two more products per tile), which costs less than R x H x N x N atomics.
+  registers, and stores the tile once. No atomics, so the result is deterministic; with
+  ``splits > 1`` each split writes its partial sum to its own fp32 slab and the slabs are summed
+  afterwards in a fixed order. The price is recomputing S and dP once more (two more products
+  and one more exp per tile). This is ``FOLD_EVO_DBIAS=pass``.
+* ``FOLD_EVO_DBIAS=atomic``: no ``_bwd_dbias``; ``_bwd_dkdv`` adds each dS tile (summed over its
+  two rows first) into an fp32 ``[B_bias, H, N, N]`` buffer with atomics, as MegaFold and
+  FlexAttention do: R/2 x H x N x N atomic adds instead of a third recomputation of the logits;
+  the summation order varies, so dbias is not bit-reproducible. See :func:`dbias_mode`.
 
 The forward stores, per query, the log2-sum-exp and (for a fully masked query) 1/l in fp32;
 the backward rebuilds P = exp2(s - lse) tile by tile.
@@ -46,15 +49,19 @@ import math
 import torch
 import triton
 import triton.language as tl
+from fold_ops.env import EnvVar
 
 from fold_kernels import tuning
 from fold_kernels.broadcast import broadcast_shape
 from fold_kernels.launch import fast
 from fold_kernels.reduce import column_sum, sum_partials
 
-__all__ = ["evo_attention", "evo_attention_packed", "SUPPORTED_DTYPES", "MAX_HEAD_DIM"]
+__all__ = ["evo_attention", "evo_attention_packed", "dbias_mode", "SUPPORTED_DTYPES",
+           "MAX_HEAD_DIM", "DBIAS_MODES"]
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+DBIAS_MODES = ("pass", "atomic")  # see dbias_mode()
+DEFAULT_DBIAS_MODE = "pass"
 MAX_HEAD_DIM = 128
 LOG2E = 1.4426950408889634
 MASKED = -1.0e30  # the replaced logit of a masked key (log2 domain); uniform if all are masked
@@ -269,17 +276,21 @@ def _dkdv_step(Q, DO, LSE, Delta, slab, base, obase, offs_m, offs_d, md, m_valid
             p += tl.where(n_valid[None, :] & (keep == 0)[None, :], uniform[:, None], 0.0)
     dv += _mm(tl.trans(p.to(do.dtype)), do, PRECISION)
     dk += _mm(tl.trans(ds.to(q.dtype)), q, PRECISION)
-    return dk, dv
+    return dk, dv, ds
 
 
 @fast
 @triton.jit
-def _bwd_dkdv(Q, K, V, Bias, Mask, DO, LSE, Delta, DK, DV,
+def _bwd_dkdv(Q, K, V, Bias, Mask, DO, LSE, Delta, DK, DV, DBias,
               sbb, sbh, sbi, sbj, smb, smr, smj, sqb, sqr, sqh, sqn, sob, sor, soh, son,
-              R, H, N, D, qk_scale, scale,
+              R, H, N, D, qk_scale, scale, sdbb,
               HAS_BIAS: tl.constexpr, HAS_MASK: tl.constexpr, TWO_ROWS: tl.constexpr,
-              EVEN: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-              BLOCK_D: tl.constexpr, PRECISION: tl.constexpr):
+              EVEN: tl.constexpr, DBIAS_ATOMIC: tl.constexpr, BLOCK_M: tl.constexpr,
+              BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, PRECISION: tl.constexpr):
+    """dK, dV of one key block; with ``DBIAS_ATOMIC`` also the bias gradient, each program
+    adding its rows' dS tiles (both rows summed first) into the fp32 ``DBias [B_bias, H, N, N]``
+    (zeroed; batch stride ``sdbb``, 0 when the bias is shared) with one atomic add per element:
+    no separate dbias pass, but the order of the additions, hence the rounding, varies."""
     nb = tl.program_id(0)
     rp = tl.program_id(1)
     bh = tl.program_id(2)
@@ -321,13 +332,20 @@ def _bwd_dkdv(Q, K, V, Bias, Mask, DO, LSE, Delta, DK, DV,
             bias2 = _bias_tile(Bias, b, h, offs_m, offs_n, m_valid, n_valid, sbb, sbh, sbi, sbj)
         else:
             bias2 = 0.0
-        dk0, dv0 = _dkdv_step(Q, DO, LSE, Delta, slab0, base0, obase0, offs_m, offs_d, md,
-                              m_valid, k0, v0, bias2, keep0, n_valid, dk0, dv0, qk_scale, N,
-                              sqn, son, HAS_BIAS, HAS_MASK, EVEN, PRECISION)
+        dk0, dv0, ds = _dkdv_step(Q, DO, LSE, Delta, slab0, base0, obase0, offs_m, offs_d, md,
+                                  m_valid, k0, v0, bias2, keep0, n_valid, dk0, dv0, qk_scale,
+                                  N, sqn, son, HAS_BIAS, HAS_MASK, EVEN, PRECISION)
         if TWO_ROWS:
-            dk1, dv1 = _dkdv_step(Q, DO, LSE, Delta, slab1, base1, obase1, offs_m, offs_d, md,
-                                  m_valid, k1, v1, bias2, keep1, n_valid, dk1, dv1, qk_scale, N,
-                                  sqn, son, HAS_BIAS, HAS_MASK, EVEN, PRECISION)
+            dk1, dv1, ds1 = _dkdv_step(Q, DO, LSE, Delta, slab1, base1, obase1, offs_m, offs_d,
+                                       md, m_valid, k1, v1, bias2, keep1, n_valid, dk1, dv1,
+                                       qk_scale, N, sqn, son, HAS_BIAS, HAS_MASK, EVEN,
+                                       PRECISION)
+            if DBIAS_ATOMIC:
+                ds += tl.where(r0 + 1 < R, ds1, 0.0)  # odd R: the repeated last row counts once
+        if DBIAS_ATOMIC:
+            dptr = (DBias + b.to(tl.int64) * sdbb + h.to(tl.int64) * N * N
+                    + offs_m[:, None] * N + offs_n[None, :])  # [BLOCK_M, BLOCK_N]
+            tl.atomic_add(dptr, ds, mask=m_valid[:, None] & n_valid[None, :], sem="relaxed")
     tl.store(DK + base0 + kv_off, (dk0 * scale).to(DK.dtype.element_ty), mask=nd)
     tl.store(DV + base0 + kv_off, dv0.to(DV.dtype.element_ty), mask=nd)
     if TWO_ROWS:
@@ -676,11 +694,20 @@ def _backward(dy, q, k, v, gate, gate_bias, o_pre, lse, lp: _Launch, need_dbias:
     flags = dict(HAS_BIAS=lp.bias is not None, HAS_MASK=lp.mask is not None,
                  BLOCK_D=lp.block_d, PRECISION=lp.precision)
 
+    want_dbias = need_dbias and lp.bias is not None
+    atomic = want_dbias and dbias_mode() == "atomic"
+    # atomic mode: dK/dV's pass adds every dS tile into one fp32 [B_bias, H, N, N] buffer
+    dbias32 = (torch.empty((lp.Bb, lp.H, lp.N, lp.N), device=q.device, dtype=torch.float32)
+               if atomic else dummy)
+    sdbb = lp.H * lp.N * lp.N if lp.Bb > 1 else 0
+
     def launch_dkdv(cfg: tuning.Config):
         grid = (triton.cdiv(lp.N, cfg.block_n), triton.cdiv(lp.R, cfg.rows), lp.B * lp.H)
-        _bwd_dkdv[grid](q, k, v, bias, mask, do, lse, delta, dk, dv, *lp.strides(),
-                        lp.R, lp.H, lp.N, lp.D, lp.qk_scale, lp.scale,
-                        TWO_ROWS=cfg.rows == 2, EVEN=lp.even(cfg),
+        if atomic:
+            dbias32.zero_()  # inside the launch: the tuner runs it repeatedly
+        _bwd_dkdv[grid](q, k, v, bias, mask, do, lse, delta, dk, dv, dbias32, *lp.strides(),
+                        lp.R, lp.H, lp.N, lp.D, lp.qk_scale, lp.scale, sdbb,
+                        TWO_ROWS=cfg.rows == 2, EVEN=lp.even(cfg), DBIAS_ATOMIC=atomic,
                         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, **flags,
                         num_warps=cfg.num_warps, num_stages=cfg.num_stages)
 
@@ -692,11 +719,13 @@ def _backward(dy, q, k, v, gate, gate_bias, o_pre, lse, lp: _Launch, need_dbias:
                         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, **flags,
                       num_warps=cfg.num_warps, num_stages=cfg.num_stages)
 
-    launch_dkdv(_cfg("dkdv", lp, launch_dkdv))
+    launch_dkdv(_cfg("dkdv_atomic" if atomic else "dkdv", lp, launch_dkdv))
     launch_dq(_cfg("dq", lp, launch_dq))
 
     dbias = None
-    if need_dbias and lp.bias is not None:
+    if atomic:
+        dbias = dbias32 if lp.bias.dtype == torch.float32 else dbias32.to(lp.bias.dtype)
+    elif want_dbias:
         rows_per_bias = lp.R * (lp.B // lp.Bb)
         state = {}
 
@@ -719,6 +748,27 @@ def _backward(dy, q, k, v, gate, gate_bias, o_pre, lse, lp: _Launch, need_dbias:
         out = state["out"]
         dbias = sum_partials(out, lp.bias.dtype)  # fixed order: deterministic, one launch
     return dq, dk, dv, dbias, dgate
+
+
+def _parse_dbias_mode(value: str | None) -> str:
+    mode = (value or DEFAULT_DBIAS_MODE).strip().lower()
+    if mode not in DBIAS_MODES:
+        raise ValueError(f"FOLD_EVO_DBIAS={value!r}: expected one of {DBIAS_MODES}")
+    return mode
+
+
+_DBIAS_MODE = EnvVar("FOLD_EVO_DBIAS", _parse_dbias_mode)
+
+
+def dbias_mode() -> str:
+    """How the backward reduces the bias gradient over the R rows (``FOLD_EVO_DBIAS``):
+
+    * ``pass``: a separate kernel per bias tile loops over the rows in a fixed order
+      (deterministic; recomputes the logits and dP once more);
+    * ``atomic``: dK/dV's pass adds each dS tile with fp32 atomics (one pass fewer; the
+      summation order, so the last bits of dbias, vary from run to run).
+    """
+    return _DBIAS_MODE.get()
 
 
 def _dbias_splits(tiles: int, rows: int, device: torch.device) -> int:

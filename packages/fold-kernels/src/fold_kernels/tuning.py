@@ -111,7 +111,8 @@ def attention_configs(kernel: str, name: str, head_dim: int) -> list[Config]:
 
 @functools.cache
 def _attention_configs(kernel: str, name: str, head_dim: int) -> tuple[Config, ...]:
-    """Candidates for the EvoAttention kernels (``fwd``, ``dkdv``, ``dq``, ``dbias``).
+    """Candidates for the EvoAttention kernels (``fwd``, ``dkdv``, ``dkdv_atomic``, ``dq``,
+    ``dbias``).
 
     Tuples are (block_m, block_n, num_warps, num_stages, rows); the first is the default.
     """
@@ -123,6 +124,10 @@ def _attention_configs(kernel: str, name: str, head_dim: int) -> tuple[Config, .
                 (64, 32, 4, 3, 2)],
         "dkdv": [(32, 128, 4, 3, 1), (64, 128, 4, 3, 1), (64, 64, 4, 3, 1), (64, 64, 4, 3, 2),
                  (32, 64, 2, 3, 1), (32, 128, 4, 3, 2)],
+        # dK/dV with the bias gradient added by atomics (FOLD_EVO_DBIAS=atomic)
+        "dkdv_atomic": [(64, 64, 4, 3, 2), (64, 64, 4, 3, 1), (32, 128, 4, 3, 1),
+                        (64, 128, 4, 3, 1), (32, 64, 2, 3, 2), (32, 128, 4, 3, 2),
+                        (128, 64, 8, 3, 2)],
         "dq": [(64, 32, 4, 3, 2), (64, 32, 4, 3, 1), (64, 64, 4, 3, 1), (64, 32, 2, 3, 2),
                (32, 32, 2, 3, 2)],
         "dbias": [(64, 32, 4, 3, 1), (64, 64, 4, 3, 1), (64, 128, 4, 2, 1), (128, 128, 8, 2, 1),
