@@ -302,16 +302,22 @@ def test_packed_bad_input_errors():
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("d", [8, 32])
-def test_atomic_dbias_matches_reference(monkeypatch, dtype, d):
+@pytest.mark.parametrize("dbias", ["pass", "atomic"])
+@pytest.mark.parametrize("tiles", ["query", "key"])
+def test_dkdv_tiles_and_dbias_modes_match_reference(monkeypatch, dtype, d, dbias, tiles):
+    # dK/dV on query-major and key-major tiles, bias gradient by its own pass or by atomics;
     # odd R (5): the two-row programs repeat the last row, which must count once in dbias
-    monkeypatch.setenv("FOLD_EVO_DBIAS", "atomic")
+    monkeypatch.setenv("FOLD_EVO_DBIAS", dbias)
+    monkeypatch.setenv("FOLD_EVO_DKDV", tiles)
     r, h, n = 5, 2, 29
     _check(*_inputs((1, r, h, n, d), h, n, dtype, seed=11 + d), dtype)
 
 
 @pytest.mark.parametrize("bias_batch", ["shared", "per_batch"])
-def test_atomic_dbias_batch_and_broadcast_bias(monkeypatch, bias_batch):
+@pytest.mark.parametrize("tiles", ["query", "key"])
+def test_atomic_dbias_batch_and_broadcast_bias(monkeypatch, bias_batch, tiles):
     monkeypatch.setenv("FOLD_EVO_DBIAS", "atomic")
+    monkeypatch.setenv("FOLD_EVO_DKDV", tiles)
     q, k, v, bias, mask, gate = _inputs((2, 3, 2, 19, 16), 2, 19, torch.float32, seed=3)
     if bias_batch == "shared":  # [H, N, N] for both batch entries: summed over b and r
         bias = torch.randn(2, 19, 19, generator=torch.Generator().manual_seed(4))
@@ -319,8 +325,10 @@ def test_atomic_dbias_batch_and_broadcast_bias(monkeypatch, bias_batch):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_atomic_dbias_packed(monkeypatch, dtype):
+@pytest.mark.parametrize("tiles", ["query", "key"])
+def test_atomic_dbias_packed(monkeypatch, dtype, tiles):
     monkeypatch.setenv("FOLD_EVO_DBIAS", "atomic")
+    monkeypatch.setenv("FOLD_EVO_DKDV", tiles)
     _check_packed((1,), 3, 23, 2, 8, dtype)
 
 
@@ -339,12 +347,13 @@ def test_atomic_and_pass_agree(monkeypatch):
         assert rel_err(a, b) < 1e-6
 
 
-def test_unknown_dbias_mode_is_rejected(monkeypatch):
+@pytest.mark.parametrize("var", ["FOLD_EVO_DBIAS", "FOLD_EVO_DKDV"])
+def test_unknown_modes_are_rejected(monkeypatch, var):
     from fold_kernels import evo_attention
 
-    monkeypatch.setenv("FOLD_EVO_DBIAS", "fast")
+    monkeypatch.setenv(var, "fast")
     q, k, v, bias, mask, _ = _inputs((1, 2, 2, 9, 8), 2, 9, torch.float32)
     ins = [t.to(DEVICE).requires_grad_() for t in (q, k, v, bias)]
     o = evo_attention(*ins, mask.to(DEVICE))
-    with pytest.raises(ValueError, match="FOLD_EVO_DBIAS"):
+    with pytest.raises(ValueError, match=var):
         o.sum().backward()

@@ -44,6 +44,8 @@ Head dims under 16 are padded to 16 inside the kernel with masked loads (``tl.do
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import math
 
 import torch
@@ -85,6 +87,14 @@ def _bias_tile(Bias, b, h, offs_m, offs_n, m_valid, n_valid, sbb, sbh, sbi, sbj)
     row of the program (the bias is shared by the R rows)."""
     bptr = Bias + b * sbb + h * sbh + offs_m[:, None] * sbi + offs_n[None, :] * sbj
     bias = tl.load(bptr, mask=m_valid[:, None] & n_valid[None, :], other=0.0)
+    return bias.to(tl.float32) * 1.4426950408889634
+
+
+@triton.jit
+def _bias_tile_t(Bias, b, h, offs_m, offs_n, m_valid, n_valid, sbb, sbh, sbi, sbj):
+    """The pair-bias tile transposed, [BLOCK_N, BLOCK_M] (key-major), log2 domain, fp32."""
+    bptr = Bias + b * sbb + h * sbh + offs_m[None, :] * sbi + offs_n[:, None] * sbj
+    bias = tl.load(bptr, mask=n_valid[:, None] & m_valid[None, :], other=0.0)
     return bias.to(tl.float32) * 1.4426950408889634
 
 
@@ -279,18 +289,50 @@ def _dkdv_step(Q, DO, LSE, Delta, slab, base, obase, offs_m, offs_d, md, m_valid
     return dk, dv, ds
 
 
+@triton.jit
+def _dkdv_step_t(Q, DO, LSE, Delta, slab, base, obase, offs_m, offs_d, md, m_valid, k, v, bias_t,
+                 keep, n_valid, dk, dv, qk_scale, N, SN, SON, HAS_BIAS: tl.constexpr,
+                 HAS_MASK: tl.constexpr, EVEN: tl.constexpr, PRECISION: tl.constexpr):
+    """:func:`_dkdv_step` on the transposed tile: S^T = K Q^T [BLOCK_N, BLOCK_M] is computed
+    directly (q read as Q^T [BLOCK_D, BLOCK_M]), so P^T and dS^T, the left operands of dV and
+    dK, come out of the products in registers instead of being transposed (FlashAttention-2's
+    Triton backward does the same). Returns dk, dv and dS^T."""
+    q_t = tl.load(Q + base + offs_m[None, :] * SN + offs_d[:, None], mask=tl.trans(md),
+                  other=0.0)  # [BLOCK_D, BLOCK_M]
+    do = tl.load(DO + obase + offs_m[:, None] * SON + offs_d[None, :], mask=md, other=0.0)
+    lse = tl.load(LSE + slab * 2 * N + offs_m, mask=m_valid, other=float("inf"))
+    delta = tl.load(Delta + slab * N + offs_m, mask=m_valid, other=0.0)
+    s_t = _mm(k, q_t, PRECISION) * qk_scale  # [BLOCK_N, BLOCK_M]
+    if HAS_BIAS:
+        s_t += bias_t
+    p_t = tl.exp2(s_t - lse[None, :])
+    if HAS_MASK or not EVEN:
+        p_t = tl.where(keep[:, None], p_t, 0.0)
+    dp_t = _mm(v, tl.trans(do), PRECISION)  # [BLOCK_N, BLOCK_M]
+    ds_t = p_t * (dp_t - delta[None, :])
+    if HAS_MASK:  # a fully masked query spreads 1/l over every key, masked ones included
+        uniform = tl.load(LSE + slab * 2 * N + N + offs_m, mask=m_valid, other=0.0)
+        if tl.max(uniform, 0) > 0.0:
+            p_t += tl.where(n_valid[:, None] & (keep == 0)[:, None], uniform[None, :], 0.0)
+    dv += _mm(p_t.to(do.dtype), do, PRECISION)
+    dk += _mm(ds_t.to(q_t.dtype), tl.trans(q_t), PRECISION)
+    return dk, dv, ds_t
+
+
 @fast
 @triton.jit
 def _bwd_dkdv(Q, K, V, Bias, Mask, DO, LSE, Delta, DK, DV, DBias,
               sbb, sbh, sbi, sbj, smb, smr, smj, sqb, sqr, sqh, sqn, sob, sor, soh, son,
               R, H, N, D, qk_scale, scale, sdbb,
               HAS_BIAS: tl.constexpr, HAS_MASK: tl.constexpr, TWO_ROWS: tl.constexpr,
-              EVEN: tl.constexpr, DBIAS_ATOMIC: tl.constexpr, BLOCK_M: tl.constexpr,
-              BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, PRECISION: tl.constexpr):
+              EVEN: tl.constexpr, DBIAS_ATOMIC: tl.constexpr, TRANSPOSE: tl.constexpr,
+              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+              PRECISION: tl.constexpr):
     """dK, dV of one key block; with ``DBIAS_ATOMIC`` also the bias gradient, each program
     adding its rows' dS tiles (both rows summed first) into the fp32 ``DBias [B_bias, H, N, N]``
     (zeroed; batch stride ``sdbb``, 0 when the bias is shared) with one atomic add per element:
-    no separate dbias pass, but the order of the additions, hence the rounding, varies."""
+    no separate dbias pass, but the order of the additions, hence the rounding, varies.
+    ``TRANSPOSE``: the tiles are computed key-major (:func:`_dkdv_step_t`)."""
     nb = tl.program_id(0)
     rp = tl.program_id(1)
     bh = tl.program_id(2)
@@ -328,24 +370,47 @@ def _bwd_dkdv(Q, K, V, Bias, Mask, DO, LSE, Delta, DK, DV, DBias,
         offs_m = start_m + tl.arange(0, BLOCK_M)
         m_valid = offs_m < N
         md = m_valid[:, None] & d_valid[None, :]
-        if HAS_BIAS:
-            bias2 = _bias_tile(Bias, b, h, offs_m, offs_n, m_valid, n_valid, sbb, sbh, sbi, sbj)
-        else:
-            bias2 = 0.0
-        dk0, dv0, ds = _dkdv_step(Q, DO, LSE, Delta, slab0, base0, obase0, offs_m, offs_d, md,
-                                  m_valid, k0, v0, bias2, keep0, n_valid, dk0, dv0, qk_scale,
-                                  N, sqn, son, HAS_BIAS, HAS_MASK, EVEN, PRECISION)
-        if TWO_ROWS:
-            dk1, dv1, ds1 = _dkdv_step(Q, DO, LSE, Delta, slab1, base1, obase1, offs_m, offs_d,
-                                       md, m_valid, k1, v1, bias2, keep1, n_valid, dk1, dv1,
-                                       qk_scale, N, sqn, son, HAS_BIAS, HAS_MASK, EVEN,
-                                       PRECISION)
-            if DBIAS_ATOMIC:
-                ds += tl.where(r0 + 1 < R, ds1, 0.0)  # odd R: the repeated last row counts once
+        if TRANSPOSE:  # key-major tiles [BLOCK_N, BLOCK_M]
+            if HAS_BIAS:
+                bias2 = _bias_tile_t(Bias, b, h, offs_m, offs_n, m_valid, n_valid,
+                                     sbb, sbh, sbi, sbj)
+            else:
+                bias2 = 0.0
+            dk0, dv0, ds = _dkdv_step_t(Q, DO, LSE, Delta, slab0, base0, obase0, offs_m, offs_d,
+                                        md, m_valid, k0, v0, bias2, keep0, n_valid, dk0, dv0,
+                                        qk_scale, N, sqn, son, HAS_BIAS, HAS_MASK, EVEN,
+                                        PRECISION)
+            if TWO_ROWS:
+                dk1, dv1, ds1 = _dkdv_step_t(Q, DO, LSE, Delta, slab1, base1, obase1, offs_m,
+                                             offs_d, md, m_valid, k1, v1, bias2, keep1, n_valid,
+                                             dk1, dv1, qk_scale, N, sqn, son, HAS_BIAS,
+                                             HAS_MASK, EVEN, PRECISION)
+        else:  # query-major tiles [BLOCK_M, BLOCK_N]
+            if HAS_BIAS:
+                bias2 = _bias_tile(Bias, b, h, offs_m, offs_n, m_valid, n_valid,
+                                   sbb, sbh, sbi, sbj)
+            else:
+                bias2 = 0.0
+            dk0, dv0, ds = _dkdv_step(Q, DO, LSE, Delta, slab0, base0, obase0, offs_m, offs_d,
+                                      md, m_valid, k0, v0, bias2, keep0, n_valid, dk0, dv0,
+                                      qk_scale, N, sqn, son, HAS_BIAS, HAS_MASK, EVEN, PRECISION)
+            if TWO_ROWS:
+                dk1, dv1, ds1 = _dkdv_step(Q, DO, LSE, Delta, slab1, base1, obase1, offs_m,
+                                           offs_d, md, m_valid, k1, v1, bias2, keep1, n_valid,
+                                           dk1, dv1, qk_scale, N, sqn, son, HAS_BIAS, HAS_MASK,
+                                           EVEN, PRECISION)
         if DBIAS_ATOMIC:
-            dptr = (DBias + b.to(tl.int64) * sdbb + h.to(tl.int64) * N * N
-                    + offs_m[:, None] * N + offs_n[None, :])  # [BLOCK_M, BLOCK_N]
-            tl.atomic_add(dptr, ds, mask=m_valid[:, None] & n_valid[None, :], sem="relaxed")
+            if TWO_ROWS:  # odd R: the repeated last row counts once
+                ds += tl.where(r0 + 1 < R, ds1, 0.0)
+            if TRANSPOSE:
+                dptr = (DBias + b.to(tl.int64) * sdbb + h.to(tl.int64) * N * N
+                        + offs_m[None, :] * N + offs_n[:, None])  # [BLOCK_N, BLOCK_M]
+                dmask = n_valid[:, None] & m_valid[None, :]
+            else:
+                dptr = (DBias + b.to(tl.int64) * sdbb + h.to(tl.int64) * N * N
+                        + offs_m[:, None] * N + offs_n[None, :])  # [BLOCK_M, BLOCK_N]
+                dmask = m_valid[:, None] & n_valid[None, :]
+            tl.atomic_add(dptr, ds, mask=dmask, sem="relaxed")
     tl.store(DK + base0 + kv_off, (dk0 * scale).to(DK.dtype.element_ty), mask=nd)
     tl.store(DV + base0 + kv_off, dv0.to(DV.dtype.element_ty), mask=nd)
     if TWO_ROWS:
@@ -639,8 +704,33 @@ def _dense(t: torch.Tensor) -> bool:
     return True
 
 
+def _parse_dkdv_tiles(value: str | None) -> str:
+    mode = (value or "auto").strip().lower()
+    if mode not in ("auto", "query", "key"):
+        raise ValueError(f"FOLD_EVO_DKDV={value!r}: expected auto, query or key")
+    return mode
+
+
+_DKDV_TILES = EnvVar("FOLD_EVO_DKDV", _parse_dkdv_tiles)
+
+
+@functools.cache
+def _dkdv_candidates(kernel: str, arch: str, d: int, tiles: str) -> tuple[tuning.Config, ...]:
+    """dK/dV's candidates, all (``auto``: the tuner picks) or only query-major (``query``) or
+    key-major (``key``) tiles (``FOLD_EVO_DKDV``: both timed side by side in one process)."""
+    cands = tuning._attention_configs(kernel, arch, d)
+    if tiles == "auto":
+        return cands
+    if arch == "interpreter":  # one candidate there: the same tiles in the asked order
+        return (dataclasses.replace(cands[0], transpose=tiles == "key"),)
+    return tuple(c for c in cands if c.transpose == (tiles == "key"))
+
+
 def _cfg(kernel: str, lp: _Launch, launch) -> tuning.Config:
-    cands = tuning._attention_configs(kernel, tuning.arch(), lp.D)  # memoised tuple
+    if kernel.startswith("dkdv"):
+        cands = _dkdv_candidates(kernel, tuning.arch(), lp.D, _DKDV_TILES.get())
+    else:
+        cands = tuning._attention_configs(kernel, tuning.arch(), lp.D)  # memoised tuple
     return tuning.pick(f"evo_{kernel}", lp.key(kernel), cands, launch)
 
 
@@ -708,6 +798,7 @@ def _backward(dy, q, k, v, gate, gate_bias, o_pre, lse, lp: _Launch, need_dbias:
         _bwd_dkdv[grid](q, k, v, bias, mask, do, lse, delta, dk, dv, dbias32, *lp.strides(),
                         lp.R, lp.H, lp.N, lp.D, lp.qk_scale, lp.scale, sdbb,
                         TWO_ROWS=cfg.rows == 2, EVEN=lp.even(cfg), DBIAS_ATOMIC=atomic,
+                        TRANSPOSE=cfg.transpose,
                         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, **flags,
                         num_warps=cfg.num_warps, num_stages=cfg.num_stages)
 

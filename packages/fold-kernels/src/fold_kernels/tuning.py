@@ -41,6 +41,7 @@ class Config:
     num_stages: int = 2
     block_k: int = 32
     rows: int = 1  # EvoAttention: rows of R per program (sharing each bias tile)
+    transpose: bool = False  # EvoAttention dK/dV: key-major tiles (S^T = K Q^T)
 
 
 _INTERPRET = EnvVar("TRITON_INTERPRET", lambda v: (v or "0") not in ("", "0"))
@@ -114,11 +115,14 @@ def _attention_configs(kernel: str, name: str, head_dim: int) -> tuple[Config, .
     """Candidates for the EvoAttention kernels (``fwd``, ``dkdv``, ``dkdv_atomic``, ``dq``,
     ``dbias``).
 
-    Tuples are (block_m, block_n, num_warps, num_stages, rows); the first is the default.
+    Tuples are (block_m, block_n, num_warps, num_stages, rows[, transpose]); the first is the
+    default. The dK/dV kernels have query-major and key-major (``transpose``) candidates.
     """
     if name == "interpreter":
-        # two rows per program in the interpreter too, so CPU tests cover that path
-        return (Config(16, 16, 1, 1, rows=1 if kernel == "dbias" else 2),)
+        # two rows per program in the interpreter too, so CPU tests cover that path (dK/dV:
+        # key-major tiles; FOLD_EVO_DKDV=query makes them query-major)
+        return (Config(16, 16, 1, 1, rows=1 if kernel == "dbias" else 2,
+                       transpose=kernel.startswith("dkdv")),)
     table = {
         "fwd": [(64, 32, 4, 3, 1), (64, 32, 2, 3, 1), (64, 64, 4, 3, 1), (32, 32, 2, 3, 1),
                 (64, 32, 4, 3, 2)],
@@ -135,10 +139,16 @@ def _attention_configs(kernel: str, name: str, head_dim: int) -> tuple[Config, .
     }[kernel]
     amd = _is_amd(name)
     out = []
-    for bm, bn, w, s, rows in table:
+    if kernel.startswith("dkdv"):
+        # key-major tiles (block_n rows of keys) x (block_m queries), one or two rows of R
+        table = [(64, 64, 4, 3, 2, True), (64, 128, 4, 3, 1, True), (32, 128, 4, 3, 1, True),
+                 (64, 64, 4, 3, 1, True), (128, 64, 8, 3, 2, True), (64, 128, 8, 3, 2, True),
+                 *table]
+    for bm, bn, w, s, rows, *t in table:
         if head_dim > 64 and bm * bn > 8192:
             continue  # large head dims: keep register pressure in check
-        out.append(Config(bm, bn, w, min(s, 2) if amd else s, rows=rows))
+        out.append(Config(bm, bn, w, min(s, 2) if amd else s, rows=rows,
+                          transpose=bool(t and t[0])))
     return tuple(out)
 
 
