@@ -43,7 +43,7 @@ CPU_ENV = {"TRITON_INTERPRET": "1", "OMP_NUM_THREADS": "1", "PYTHONHASHSEED": "0
 # GPU, or the CPU for data.*); `nox -s bench -- model.evoformer train.af3` runs the named ones.
 # Helpers (benchmarks/common) and one-off tools (benchmarks/tools) are not entry points here.
 BENCHMARKS = [
-    "kernels.attention", "kernels.elementwise", "kernels.launch_overhead",
+    "kernels.attention", "kernels.elementwise", "kernels.launch_overhead", "kernels.triangle_mult",
     "model.evoformer", "model.af3_blocks", "model.full", "model.loss_af3_pairs", "model.peers",
     "train.ablation", "train.af3", "train.predict_graphs",
     "chunk.evoformer",

@@ -129,17 +129,23 @@ def make_cueq():
     return cueq
 
 
-def make_ours(dbias_mode):
+def make_ours(dbias_mode, dkdv_tiles):
     from fold_kernels import evo_attention
 
     def ours(q, k, v, bias, mask):
-        os.environ["FOLD_EVO_DBIAS"] = dbias_mode  # read per call (fold_ops.env.EnvVar)
+        # read per call (fold_ops.env.EnvVar): each variant of ours runs in this one process
+        os.environ["FOLD_EVO_DBIAS"] = dbias_mode
+        os.environ["FOLD_EVO_DKDV"] = dkdv_tiles
         return evo_attention(q, k, v, bias, mask)
 
     return ours
 
 
-OURS = ("ours_pass", "ours_atomic")
+# ours_qpass: the kernels before key-major dK/dV tiles and atomic dbias (query-major tiles, the
+# separate deterministic dbias pass); ours_pass: the tuner's pick of query- or key-major tiles,
+# deterministic dbias; ours_atomic: the same with the bias gradient by atomics
+OURS = {"ours_qpass": ("pass", "query"), "ours_pass": ("pass", "auto"),
+        "ours_atomic": ("atomic", "auto")}
 
 
 # ----------------------------------------------------------------------------- measurement
@@ -237,7 +243,7 @@ def run(groups, contenders, out_path):
                    timespec="minutes"), "rows": []}
     makers = {"eager": lambda: eager, "sdpa": lambda: sdpa, "flex": make_flex,
               "cueq": make_cueq, "trifast": make_trifast,
-              "ours_pass": lambda: make_ours("pass"), "ours_atomic": lambda: make_ours("atomic")}
+              **{nm: (lambda m=m: make_ours(*m)) for nm, m in OURS.items()}}
     for group in groups:
         for r, n, h, d in SHAPES[group]:
             row = {"group": group, "R": r, "N": n, "H": h, "D": d, "results": {}}
@@ -274,7 +280,7 @@ def run(groups, contenders, out_path):
     return results
 
 
-NAMES = ["eager", "sdpa", "flex", "cueq", "trifast", "ours_pass", "ours_atomic"]
+NAMES = ["eager", "sdpa", "flex", "cueq", "trifast", *OURS]
 KINDS = ("fwd_ms", "fwd_bwd_ms", "fwd_bwd_graph_ms")
 
 

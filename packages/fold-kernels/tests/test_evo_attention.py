@@ -110,9 +110,35 @@ def test_fully_masked_query_gets_mean_of_v():
                                rtol=1e-5, atol=1e-5)
 
 
-def test_backward_is_deterministic():
-    from fold_kernels import evo_attention
+@pytest.fixture
+def deterministic():
+    before = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    yield
+    torch.use_deterministic_algorithms(before)
 
+
+def test_auto_dbias_mode_follows_torch_determinism(monkeypatch):
+    from fold_kernels.evo_attention import dbias_mode
+
+    monkeypatch.delenv("FOLD_EVO_DBIAS", raising=False)
+    assert dbias_mode() == ("pass" if torch.are_deterministic_algorithms_enabled() else "atomic")
+    monkeypatch.setenv("FOLD_EVO_DBIAS", "pass")
+    assert dbias_mode() == "pass"
+
+
+@pytest.mark.parametrize("how", ["env", "torch"])
+def test_backward_is_deterministic(monkeypatch, request, how):
+    # FOLD_EVO_DBIAS=pass, or the default under torch.use_deterministic_algorithms(True)
+    from fold_kernels import evo_attention
+    from fold_kernels.evo_attention import dbias_mode
+
+    if how == "env":
+        monkeypatch.setenv("FOLD_EVO_DBIAS", "pass")
+    else:
+        monkeypatch.delenv("FOLD_EVO_DBIAS", raising=False)
+        request.getfixturevalue("deterministic")
+    assert dbias_mode() == "pass"
     q, k, v, bias, mask, gate = _inputs((1, 5, 2, 23, 16), 2, 23, torch.bfloat16)
     grads = []
     for _ in range(2):

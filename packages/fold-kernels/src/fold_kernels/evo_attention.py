@@ -62,8 +62,8 @@ __all__ = ["evo_attention", "evo_attention_packed", "dbias_mode", "SUPPORTED_DTY
            "MAX_HEAD_DIM", "DBIAS_MODES"]
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
-DBIAS_MODES = ("pass", "atomic")  # see dbias_mode()
-DEFAULT_DBIAS_MODE = "pass"
+DBIAS_MODES = ("auto", "pass", "atomic")  # see dbias_mode()
+DEFAULT_DBIAS_MODE = "auto"
 MAX_HEAD_DIM = 128
 LOG2E = 1.4426950408889634
 MASKED = -1.0e30  # the replaced logit of a masked key (log2 domain); uniform if all are masked
@@ -857,9 +857,15 @@ def dbias_mode() -> str:
     * ``pass``: a separate kernel per bias tile loops over the rows in a fixed order
       (deterministic; recomputes the logits and dP once more);
     * ``atomic``: dK/dV's pass adds each dS tile with fp32 atomics (one pass fewer; the
-      summation order, so the last bits of dbias, vary from run to run).
+      summation order, so the last bits of dbias, vary from run to run);
+    * ``auto`` (default): ``pass`` under ``torch.use_deterministic_algorithms(True)``, else
+      ``atomic`` (faster on an H100 at every measured shape but the smallest:
+      benchmarks/results/kernels/kernels_attention.md), PyTorch's own convention for atomics.
     """
-    return _DBIAS_MODE.get()
+    mode = _DBIAS_MODE.get()
+    if mode == "auto":
+        return "pass" if torch.are_deterministic_algorithms_enabled() else "atomic"
+    return mode
 
 
 def _dbias_splits(tiles: int, rows: int, device: torch.device) -> int:
