@@ -272,7 +272,7 @@ def _ds_tile(q, k, do, v, lse, delta, bias2, keep, qk_scale, HAS_BIAS: tl.conste
 
 @triton.jit
 def _dkdv_step(Q, DO, LSE, Delta, slab, base, obase, offs_m, offs_d, md, m_valid, k, v, bias2,
-               keep, n_valid, dk, dv, qk_scale, N, SN, SON, HAS_BIAS: tl.constexpr,
+               keep, uniform, n_valid, dk, dv, qk_scale, N, SN, SON, HAS_BIAS: tl.constexpr,
                HAS_MASK: tl.constexpr, EVEN: tl.constexpr, PRECISION: tl.constexpr):
     q = tl.load(Q + base + offs_m[:, None] * SN + offs_d[None, :], mask=md, other=0.0)
     do = tl.load(DO + obase + offs_m[:, None] * SON + offs_d[None, :], mask=md, other=0.0)
@@ -280,10 +280,9 @@ def _dkdv_step(Q, DO, LSE, Delta, slab, base, obase, offs_m, offs_d, md, m_valid
     delta = tl.load(Delta + slab * N + offs_m, mask=m_valid, other=0.0)
     p, ds = _ds_tile(q, k, do, v, lse, delta, bias2, keep, qk_scale, HAS_BIAS,
                      HAS_MASK or not EVEN, PRECISION)
-    if HAS_MASK:  # a fully masked query spreads 1/l over every key, masked ones included
-        uniform = tl.load(LSE + slab * 2 * N + N + offs_m, mask=m_valid, other=0.0)
-        if tl.max(uniform, 0) > 0.0:  # rare: skip the select when no query here is all-masked
-            p += tl.where(n_valid[None, :] & (keep == 0)[None, :], uniform[:, None], 0.0)
+    if HAS_MASK:  # a fully masked row spreads 1/l over every key, masked ones included
+        if uniform > 0.0:  # rare: a scalar test, hoisted out of the loop by the caller
+            p += tl.where(n_valid[None, :] & (keep == 0)[None, :], uniform, 0.0)
     dv += _mm(tl.trans(p.to(do.dtype)), do, PRECISION)
     dk += _mm(tl.trans(ds.to(q.dtype)), q, PRECISION)
     return dk, dv, ds
@@ -291,7 +290,7 @@ def _dkdv_step(Q, DO, LSE, Delta, slab, base, obase, offs_m, offs_d, md, m_valid
 
 @triton.jit
 def _dkdv_step_t(Q, DO, LSE, Delta, slab, base, obase, offs_m, offs_d, md, m_valid, k, v, bias_t,
-                 keep, n_valid, dk, dv, qk_scale, N, SN, SON, HAS_BIAS: tl.constexpr,
+                 keep, uniform, n_valid, dk, dv, qk_scale, N, SN, SON, HAS_BIAS: tl.constexpr,
                  HAS_MASK: tl.constexpr, EVEN: tl.constexpr, PRECISION: tl.constexpr):
     """:func:`_dkdv_step` on the transposed tile: S^T = K Q^T [BLOCK_N, BLOCK_M] is computed
     directly (q read as Q^T [BLOCK_D, BLOCK_M]), so P^T and dS^T, the left operands of dV and
@@ -310,10 +309,9 @@ def _dkdv_step_t(Q, DO, LSE, Delta, slab, base, obase, offs_m, offs_d, md, m_val
         p_t = tl.where(keep[:, None], p_t, 0.0)
     dp_t = _mm(v, tl.trans(do), PRECISION)  # [BLOCK_N, BLOCK_M]
     ds_t = p_t * (dp_t - delta[None, :])
-    if HAS_MASK:  # a fully masked query spreads 1/l over every key, masked ones included
-        uniform = tl.load(LSE + slab * 2 * N + N + offs_m, mask=m_valid, other=0.0)
-        if tl.max(uniform, 0) > 0.0:
-            p_t += tl.where(n_valid[:, None] & (keep == 0)[:, None], uniform[None, :], 0.0)
+    if HAS_MASK:  # a fully masked row spreads 1/l over every key, masked ones included
+        if uniform > 0.0:
+            p_t += tl.where(n_valid[:, None] & (keep == 0)[:, None], uniform, 0.0)
     dv += _mm(p_t.to(do.dtype), do, PRECISION)
     dk += _mm(ds_t.to(q_t.dtype), tl.trans(q_t), PRECISION)
     return dk, dv, ds_t
@@ -355,6 +353,9 @@ def _bwd_dkdv(Q, K, V, Bias, Mask, DO, LSE, Delta, DK, DV, DBias,
     k0 = tl.load(K + base0 + kv_off, mask=nd, other=0.0)
     v0 = tl.load(V + base0 + kv_off, mask=nd, other=0.0)
     keep0 = _keep(Mask, b, r0, offs_n, n_valid, smb, smr, smj, HAS_MASK)
+    # 1/l of a fully masked row (else 0): every query of a row shares its key mask, so query 0's
+    # value holds for the row, read once instead of a load and a reduction per query block
+    uni0 = tl.load(LSE + slab0 * 2 * N + N)
     dk0 = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
     dv0 = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
     if TWO_ROWS:
@@ -364,6 +365,7 @@ def _bwd_dkdv(Q, K, V, Bias, Mask, DO, LSE, Delta, DK, DV, DBias,
         k1 = tl.load(K + base1 + kv_off, mask=nd, other=0.0)
         v1 = tl.load(V + base1 + kv_off, mask=nd, other=0.0)
         keep1 = _keep(Mask, b, r1, offs_n, n_valid, smb, smr, smj, HAS_MASK)
+        uni1 = tl.load(LSE + slab1 * 2 * N + N)
         dk1 = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
         dv1 = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
     for start_m in range(0, N, BLOCK_M):
@@ -377,13 +379,13 @@ def _bwd_dkdv(Q, K, V, Bias, Mask, DO, LSE, Delta, DK, DV, DBias,
             else:
                 bias2 = 0.0
             dk0, dv0, ds = _dkdv_step_t(Q, DO, LSE, Delta, slab0, base0, obase0, offs_m, offs_d,
-                                        md, m_valid, k0, v0, bias2, keep0, n_valid, dk0, dv0,
-                                        qk_scale, N, sqn, son, HAS_BIAS, HAS_MASK, EVEN,
+                                        md, m_valid, k0, v0, bias2, keep0, uni0, n_valid, dk0,
+                                        dv0, qk_scale, N, sqn, son, HAS_BIAS, HAS_MASK, EVEN,
                                         PRECISION)
             if TWO_ROWS:
                 dk1, dv1, ds1 = _dkdv_step_t(Q, DO, LSE, Delta, slab1, base1, obase1, offs_m,
-                                             offs_d, md, m_valid, k1, v1, bias2, keep1, n_valid,
-                                             dk1, dv1, qk_scale, N, sqn, son, HAS_BIAS,
+                                             offs_d, md, m_valid, k1, v1, bias2, keep1, uni1,
+                                             n_valid, dk1, dv1, qk_scale, N, sqn, son, HAS_BIAS,
                                              HAS_MASK, EVEN, PRECISION)
         else:  # query-major tiles [BLOCK_M, BLOCK_N]
             if HAS_BIAS:
@@ -392,13 +394,14 @@ def _bwd_dkdv(Q, K, V, Bias, Mask, DO, LSE, Delta, DK, DV, DBias,
             else:
                 bias2 = 0.0
             dk0, dv0, ds = _dkdv_step(Q, DO, LSE, Delta, slab0, base0, obase0, offs_m, offs_d,
-                                      md, m_valid, k0, v0, bias2, keep0, n_valid, dk0, dv0,
-                                      qk_scale, N, sqn, son, HAS_BIAS, HAS_MASK, EVEN, PRECISION)
+                                      md, m_valid, k0, v0, bias2, keep0, uni0, n_valid, dk0,
+                                      dv0, qk_scale, N, sqn, son, HAS_BIAS, HAS_MASK, EVEN,
+                                      PRECISION)
             if TWO_ROWS:
                 dk1, dv1, ds1 = _dkdv_step(Q, DO, LSE, Delta, slab1, base1, obase1, offs_m,
-                                           offs_d, md, m_valid, k1, v1, bias2, keep1, n_valid,
-                                           dk1, dv1, qk_scale, N, sqn, son, HAS_BIAS, HAS_MASK,
-                                           EVEN, PRECISION)
+                                           offs_d, md, m_valid, k1, v1, bias2, keep1, uni1,
+                                           n_valid, dk1, dv1, qk_scale, N, sqn, son, HAS_BIAS,
+                                           HAS_MASK, EVEN, PRECISION)
         if DBIAS_ATOMIC:
             if TWO_ROWS:  # odd R: the repeated last row counts once
                 ds += tl.where(r0 + 1 < R, ds1, 0.0)
