@@ -128,8 +128,9 @@ def _attention_configs(kernel: str, name: str, head_dim: int) -> tuple[Config, .
                 (64, 32, 4, 3, 2)],
         "dkdv": [(32, 128, 4, 3, 1), (64, 128, 4, 3, 1), (64, 64, 4, 3, 1), (64, 64, 4, 3, 2),
                  (32, 64, 2, 3, 1), (32, 128, 4, 3, 2)],
-        # dK/dV with the bias gradient added by atomics (FOLD_EVO_DBIAS=atomic)
-        "dkdv_atomic": [(64, 64, 4, 3, 2), (64, 64, 4, 3, 1), (32, 128, 4, 3, 1),
+        # dK/dV with the bias gradient added by atomics (FOLD_EVO_DBIAS=atomic); the first
+        # is dkdv's default, which fits in shared memory for every dtype and head dim <= 128
+        "dkdv_atomic": [(32, 128, 4, 3, 1), (64, 64, 4, 3, 2), (64, 64, 4, 3, 1),
                         (64, 128, 4, 3, 1), (32, 64, 2, 3, 2), (32, 128, 4, 3, 2),
                         (128, 64, 8, 3, 2)],
         "dq": [(64, 32, 4, 3, 2), (64, 32, 4, 3, 1), (64, 64, 4, 3, 1), (64, 32, 2, 3, 2),
@@ -141,9 +142,11 @@ def _attention_configs(kernel: str, name: str, head_dim: int) -> tuple[Config, .
     out = []
     if kernel.startswith("dkdv"):
         # key-major tiles (block_n rows of keys) x (block_m queries), one or two rows of R
-        table = [(64, 64, 4, 3, 2, True), (64, 128, 4, 3, 1, True), (32, 128, 4, 3, 1, True),
-                 (64, 64, 4, 3, 1, True), (128, 64, 8, 3, 2, True), (64, 128, 8, 3, 2, True),
-                 *table]
+        # (query-major first: the default must fit every dtype and head dim; 64 x 64 two-row
+        # key-major tiles need 264 KB of shared memory for fp32 at D 64)
+        table = [*table[:1], (32, 128, 4, 3, 1, True), (64, 64, 4, 3, 2, True),
+                 (64, 128, 4, 3, 1, True), (64, 64, 4, 3, 1, True), (128, 64, 8, 3, 2, True),
+                 (64, 128, 8, 3, 2, True), *table[1:]]
     for bm, bn, w, s, rows, *t in table:
         if head_dim > 64 and bm * bn > 8192:
             continue  # large head dims: keep register pressure in check
