@@ -14,7 +14,9 @@ Kernels (MegaFold III, FlashAttention-2), each program one tile of one or two ro
   read one row's K and V run together (L2 hits), and the head varies slowest, so one head's bias
   stays in L2 while all its rows are swept.
 * ``_bwd_pre``  delta = rowsum(dO * O) and, with a gate, dO through the gate and d(gate).
-* ``_bwd_dkdv`` grid (N/BLOCK_N, R/rows, B*H): dK, dV of one key block, looping over query blocks.
+* ``_bwd_dkdv`` grid (N/BLOCK_N, R/rows, B*H): dK, dV of one key block, looping over query blocks,
+  on query-major tiles or key-major ones (S^T = K Q^T, no register transposes of P and dS;
+  a tuning choice, ``FOLD_EVO_DKDV``).
 * ``_bwd_dq``   grid (N/BLOCK_M, R/rows, B*H): dQ of one query block, looping over key blocks.
 * ``_bwd_dbias`` grid (N/BLOCK_N * splits, N/BLOCK_M, H * B_bias): one bias tile; the program
   loops over the R rows (and batch entries that share the bias), adding the dS tiles in
