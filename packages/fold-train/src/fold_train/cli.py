@@ -201,14 +201,16 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 # -- predict ------------------------------------------------------------------------------------
-def run_prediction(args: argparse.Namespace) -> dict:
+def run_prediction(args: argparse.Namespace) -> dict | None:
     """Predict with the family whose input the command line names (``--json``: AF3; a FASTA or
     an mmCIF chain: AF2); write the mmCIF; returns the summary printed by ``predict``."""
     import torch
 
     from fold_train.families import FAMILIES
+    from fold_train.predict_dap import requested, run_distributed
 
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    distributed = requested(args)  # torchrun ... predict --dap N (fold_train.predict_dap)
     searched = {}
     if getattr(args, "search", None):  # fold-data msa first (fold_train.predict_search)
         from fold_train.predict_search import apply_search
@@ -217,12 +219,15 @@ def run_prediction(args: argparse.Namespace) -> dict:
         args.search_features = searched.pop("features", None)
     family = next(f for f in FAMILIES.values()
                   if any(getattr(args, a, None) for a in f.input_args))  # argparse: one is given
+    if distributed:  # one input over the N ranks; None on the ranks that do not write
+        return run_distributed(args, family, device)
     return {**family.predict(args, device), **searched}
 
 
 def cmd_predict(args: argparse.Namespace) -> int:
     summary = run_prediction(args)
-    print(json.dumps(summary))
+    if summary is not None:  # DAP: the writing rank prints
+        print(json.dumps(summary))
     return 0
 
 
@@ -452,6 +457,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--allow-outside-paths", action="store_true",
                    help="AF3: let the JSON's unpairedMsaPath/pairedMsaPath/userCCDPath/template "
                         "paths point outside the JSON's directory (refused by default)")
+    p.add_argument("--dap", type=int, metavar="N",
+                   help="Dynamic Axial Parallelism (FastFold): split one prediction over the N "
+                        "processes of torchrun --nproc-per-node N (default under torchrun: all "
+                        "of them). AF2: Evoformer, extra MSA and template stacks; AF3: "
+                        "Pairformer, MSA module and template embedder, diffusion samples split "
+                        "over the ranks. Chunk each rank with --chunk-size (not --autochunk); "
+                        "CUDA graphs are off; rank 0 writes")
+    p.add_argument("--no-dao", action="store_true",
+                   help="with --dap: synchronous all-to-alls (no DAO overlap with compute)")
     p.add_argument("--samples", type=int, help="AF3: diffusion samples (default: the model's)")
     p.add_argument("--sampler-steps", type=int,
                    help="AF3: EDM sampler steps (default: the model's, 200 for af3)")
@@ -513,6 +527,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from fold_train.checkpoint import CheckpointError
     from fold_train.config import ConfigError
     from fold_train.loop import NonFiniteError, TrainingInterrupted
+    from fold_train.predict_dap import RankFailed
     from fold_train.rank_sync import RankStalled
 
     parser = build_parser()
@@ -522,7 +537,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as e:
         print(f"fold-train {args.command}: {e}", file=sys.stderr)
         return 2
-    except (InputError, CheckpointError, NonFiniteError, MemoryBudgetError, RankStalled) as e:
+    except (InputError, CheckpointError, NonFiniteError, MemoryBudgetError, RankStalled,
+            RankFailed) as e:
         print(f"fold-train {args.command}: {e}", file=sys.stderr)
         return 1
     except TrainingInterrupted as e:

@@ -50,27 +50,36 @@ def predict_af3(
     model, raw: dict[str, np.ndarray], *, seed: int = 0, device: str | torch.device = "cpu",
     precision: str = "fp32", no_samples: int | None = None, no_steps: int | None = None,
     no_cycles: int | None = None, cuda_graphs: bool | None = None, predictor=None,
+    parallel=None,
 ) -> AF3Prediction:
     """Sample structures of ``raw`` with ``model`` (eval mode) and keep the most confident one.
 
     ``cuda_graphs`` (None: on when ``device`` is CUDA): pad to the shape bucket and replay the
     captured trunk pass and sampler step (:mod:`fold_train.predict_graphs`); off, the same pieces
     run eagerly on the unpadded sample. ``predictor``: an
-    :class:`~fold_train.predict_graphs.AF3Predictor` to reuse (its graphs) across calls."""
+    :class:`~fold_train.predict_graphs.AF3Predictor` to reuse (its graphs) across calls.
+    ``parallel``: this rank's :class:`~fold_train.predict_dap.PredictParallel` under DAP (tokens
+    and MSA rows padded to its degree, the samples split over its ranks and gathered)."""
     from fold_data.af3 import make_sample
 
     from fold_train.data import collate
+    from fold_train.predict_dap import single_process
     from fold_train.predict_graphs import AF3Predictor
 
     device = torch.device(device)
     sample = make_sample(raw, "af3_predict", seed=seed)
-    batch = collate([sample])
+    parallel = parallel or single_process()  # DAP: fold_train.predict_dap
+    batch = parallel.pad_af3(collate([sample]))
     model.eval()
     if predictor is None:
         predictor = AF3Predictor(model, device, precision=precision, cuda_graphs=cuda_graphs)
     gen = torch.Generator(device).manual_seed(seed)
+    share = None
+    if parallel.dap > 1:
+        share = parallel.sample_share(no_samples or model.config.sampler.no_samples)
     out = predictor(batch, generator=gen, no_cycles=no_cycles, no_samples=no_samples,
-                    no_steps=no_steps)
+                    no_steps=no_steps, sample_share=share)
+    out = parallel.gather_samples({"x": out["x"], "plddt": out["plddt"]})
     plddt, x = out["plddt"][0], out["x"][0]  # [S, N_atom], [S, N_atom, 3]
     if not (torch.isfinite(x).all() and torch.isfinite(plddt).all()):
         raise FloatingPointError("the model produced non-finite coordinates or pLDDT")
@@ -88,14 +97,15 @@ def predict_af3_file(
     cuda_graphs: bool | None = None,
     allow_outside_paths: bool = False,
     memory_limit: int | None = None,
-    limits=None, features: dict | None = None,
+    limits=None, features: dict | None = None, parallel=None,
 ) -> dict:
     """The whole ``fold-train predict --json``: returns the printed JSON summary. Without
     ``out`` the JSON's ``name``, made one safe file name, is written in the current directory;
     a diverged checkpoint's non-finite or absurd structure is refused, not written. The entry is
     sized before it is featurised (:mod:`fold_train.predict_size`: ``limits``, a
     ``fold_data.limits.SizeLimits``, and ``memory_limit`` bytes, default the device's free
-    memory): one too large is refused with the numbers and the options."""
+    memory): one too large is refused with the numbers and the options. ``parallel``: this
+    rank's :class:`~fold_train.predict_dap.PredictParallel` (DAP; only its writer writes)."""
     from fold_data.af3.write import af3_prediction_to_structure
     from fold_data.errors import InputError
     from fold_data.write import write_mmcif
@@ -105,34 +115,38 @@ def predict_af3_file(
     from fold_train.outputs import check_prediction, output_path
     from fold_train.parallelize import Techniques, parallelize
     from fold_train.predict import load_trained_model
+    from fold_train.predict_dap import single_process
     from fold_train.predict_graphs import graphs_wanted
     from fold_train.predict_size import check_af3_input
 
+    parallel = parallel or single_process()
     model, cfg = load_trained_model(checkpoint, device, use_ema=use_ema, family="af3")
 
     def check(entry, ccd) -> None:  # sized before it is featurised
         check_af3_input(entry, ccd, model_config=cfg.model_config(),
                         precision=cfg.system.precision, device=device, no_samples=no_samples,
-                        memory_limit=memory_limit, limits=limits)
+                        memory_limit=memory_limit, limits=limits, dap=parallel.dap)
 
     # bad input: InputError; features: searched MSAs / paired rows / templates (--search)
     entry, raw = make_af3_inputs(source, make_ccd(ccd_files),
                                  allow_outside_paths=allow_outside_paths, features=features,
                                  limits=limits, check=check)
     done = parallelize(model, make_family(cfg.model.family, cfg.model_config()),
-                       Techniques(cuda_graphs=graphs_wanted(cuda_graphs, device)))
+                       parallel.adjust(Techniques(cuda_graphs=graphs_wanted(cuda_graphs,
+                                                                            device))))
     path = output_path(out, entry.name)  # checked before the model runs
     seed = int(entry.seeds[0]) if entry.seeds else 0
     try:
         pred = predict_af3(model, raw, seed=seed, device=device,
                            precision=cfg.system.precision, no_samples=no_samples,
-                           no_steps=no_steps, no_cycles=no_cycles, cuda_graphs=done.cuda_graphs)
+                           no_steps=no_steps, no_cycles=no_cycles, cuda_graphs=done.cuda_graphs,
+                           parallel=parallel)
     except FloatingPointError as e:
         raise InputError(checkpoint, "prediction", f"{e}; the checkpoint has probably "
                          "diverged: predict with an earlier checkpoint") from None
     check_prediction(pred.positions, pred.plddt, checkpoint)
-    st = af3_prediction_to_structure(pred, raw, entry)
-    write_mmcif(st, path)
+    if parallel.writes:  # DAP: one rank writes
+        write_mmcif(af3_prediction_to_structure(pred, raw, entry), path)
     ligands = [c.chain_id for c in entry.chains if not c.is_polymer]
     return {"name": entry.name, "out": str(path), "seed": seed,
             "n_token": int(len(raw["asym_id"])), "n_atom": int(len(raw["atom_to_token"])),

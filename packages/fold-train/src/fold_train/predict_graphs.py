@@ -203,9 +203,15 @@ class AF3Predictor(_Predictor):
     @torch.no_grad()
     def __call__(self, batch: dict[str, torch.Tensor], *, generator: torch.Generator,
                  no_cycles: int | None = None, no_samples: int | None = None,
-                 no_steps: int | None = None) -> Outputs:
+                 no_steps: int | None = None,
+                 sample_share: tuple[int, int] | None = None) -> Outputs:
         """Sample structures of a collated sample ``[B, ...]``. Returns ``x [B, S, A, 3]``,
-        ``plddt [B, S, A]`` (0-100) and ``distogram_logits [B, N, N, bins]`` at the real sizes."""
+        ``plddt [B, S, A]`` (0-100) and ``distogram_logits [B, N, N, bins]`` at the real sizes.
+
+        ``sample_share = (first, end)``: only samples ``first .. end - 1`` of the ``S`` (DAP
+        prediction splits them over the ranks, :mod:`fold_train.predict_dap`); the random draws
+        of all ``S`` are made, in the same order, and the share kept, so each sample is the one
+        a whole prediction draws. ``x`` and ``plddt`` then hold ``end - first`` samples."""
         from fold_model.af3.confidence import expected_value
         from fold_model.af3.diffusion import coordinate_dtype, sampler_schedule
 
@@ -218,7 +224,9 @@ class AF3Predictor(_Predictor):
         batch, bucket = self._fit(batch, "af3")
         no_cycles = no_cycles or cfg.no_cycles
         S = no_samples or cfg.sampler.no_samples
-        state = self._state((bucket, S))
+        first, end = (0, S) if sample_share is None else sample_share
+        share = slice(first, end)  # the samples this call keeps (all without a share)
+        state = self._state((bucket, end - first))
         feats = self._load(state, "feats", batch)
         B, A = feats["atom_mask"].shape
         a_real = real["N_atom"]
@@ -249,11 +257,19 @@ class AF3Predictor(_Predictor):
                             prev["z"] + prev["z"].transpose(-2, -3))}
 
         cond = self._run(state, "pair_conditioning", pair_conditioning)
+        n_tok = real["N_token"]
+        distogram = cond["distogram_logits"][:, :n_tok, :n_tok].float().clone()
+        if end == first:  # no sample on this rank (fewer samples than DAP ranks)
+            return {"x": torch.zeros(B, 0, a_real, 3, device=self.device),
+                    "plddt": torch.zeros(B, 0, a_real, device=self.device),
+                    "distogram_logits": distogram}
 
         # The sampler: host-side schedule, draws at the real atom count, padded into buffers.
         c0, steps = sampler_schedule(cfg.sampler, cfg.diffusion.sigma_data, no_steps)
+        S_all = S
         x0 = c0 * torch.randn(B, S, a_real, 3, generator=generator, dtype=torch.float64,
-                              device=self.device).to(dtype)
+                              device=self.device)[:, share].to(dtype)
+        S = end - first  # [B, S, ...] from here on: this call's samples
         step_in = self._load(state, "sampler", {
             "x": _pad_atoms(x0, A),
             "rot": torch.zeros(B, S, 3, 3, dtype=dtype, device=self.device),
@@ -276,7 +292,7 @@ class AF3Predictor(_Predictor):
                                   step_in["rot"], step_in["trans"])}
 
         for t_hat, xi_scale, step_coef in steps:
-            self._draw_step(step_in, generator, (B, S, a_real), A, cfg.diffusion)
+            self._draw_step(step_in, generator, (B, S_all, a_real), A, cfg.diffusion, share)
             step_in["t_hat"].fill_(t_hat)
             step_in["xi_scale"].fill_(xi_scale)
             step_in["step_coef"].fill_(step_coef)
@@ -286,19 +302,19 @@ class AF3Predictor(_Predictor):
         with self._autocast():
             logits = model.confidence_head(feats, inputs["s_inputs"], prev["s"], prev["z"], x)
         plddt = expected_value(logits["plddt"].float(), 100.0)  # [B, S, A]
-        n_tok = real["N_token"]
         return {"x": x[:, :, :a_real].float().clone(), "plddt": plddt[:, :, :a_real],
-                "distogram_logits": cond["distogram_logits"][:, :n_tok, :n_tok].float().clone()}
+                "distogram_logits": distogram}
 
     def _draw_step(self, step_in: dict, generator, shape: tuple[int, int, int], a_pad: int,
-                   diffusion_cfg) -> None:
+                   diffusion_cfg, share: slice = slice(None)) -> None:
+        """One step's draws for all ``shape[1]`` samples; the ``share`` of them kept."""
         from fold_model.af3.diffusion import draw_sampler_noise
 
         draws = draw_sampler_noise(shape, generator, self.device,
                                    diffusion_cfg.augment_translation)
-        step_in["rot"].copy_(draws["rot"])
-        step_in["trans"].copy_(draws["trans"])
-        step_in["noise"].copy_(_pad_atoms(draws["noise"], a_pad))
+        step_in["rot"].copy_(draws["rot"][:, share])
+        step_in["trans"].copy_(draws["trans"][:, share])
+        step_in["noise"].copy_(_pad_atoms(draws["noise"][:, share], a_pad))
 
 
 def _pad_atoms(x: torch.Tensor, a_pad: int) -> torch.Tensor:

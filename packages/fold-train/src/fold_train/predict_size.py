@@ -13,11 +13,13 @@ from fold_data.errors import InputError
 from fold_data.limits import InputSize, SizeLimits, check_size, entry_size, sequence_size
 
 from fold_train.memory_estimate import af2_estimate, af3_estimate, budget_bytes, check_memory
+from fold_train.predict_dap import rank_estimate
 
 __all__ = ["check_af2_input", "check_af3_input"]
 
 _MORE_MEMORY = ("a device with more free memory (or, if more is free than measured, "
                 "--memory-limit BYTES)")
+_MORE_RANKS = "split it over more GPUs (torchrun --nproc-per-node N ... --dap N)"
 
 
 def _af2_size(fasta, mmcif, chain, msas: Sequence) -> tuple[str, InputSize]:
@@ -40,30 +42,33 @@ def check_af2_input(*, fasta=None, mmcif=None, chain=None, msas: Sequence = (), 
                     data_preset, precision: str, device: torch.device | str,
                     chunk_size: int | None = None, memory_limit: int | None = None,
                     memory: Callable[[torch.device], int] | None = None,
-                    limits: SizeLimits | None = None) -> InputSize:
+                    limits: SizeLimits | None = None, dap: int = 1) -> InputSize:
     """Refuse an AF2 query over the data ``limits`` or the device's memory (``memory_limit``
-    bytes, else ``memory(device)``: the free memory); returns its size."""
+    bytes, else ``memory(device)``: the free memory); returns its size. ``dap``: the memory of
+    one rank of that DAP degree (:func:`fold_train.predict_dap.rank_estimate`)."""
     source, size = _af2_size(fasta, mmcif, chain, msas)
     check_size(size, limits, record="query")
-    est = af2_estimate(size.n_tokens, model_config, data_preset, precision=precision,
-                       chunk_size=chunk_size)
+    est = rank_estimate(af2_estimate(size.n_tokens, model_config, data_preset,
+                                     precision=precision, chunk_size=chunk_size), dap)
     check_memory(est, budget_bytes(device, memory_limit, memory), source=source,
-                 device=str(device), options=[_MORE_MEMORY, "crop the query (predict a domain: "
-                                              "fewer residues)"])
+                 device=str(device), options=[_MORE_MEMORY, _MORE_RANKS,
+                                              "crop the query (predict a domain: fewer "
+                                              "residues)"])
     return size
 
 
 def check_af3_input(entry, ccd, *, model_config, precision: str, device: torch.device | str,
                     no_samples: int | None = None, memory_limit: int | None = None,
                     memory: Callable[[torch.device], int] | None = None,
-                    limits: SizeLimits | None = None) -> InputSize:
+                    limits: SizeLimits | None = None, dap: int = 1) -> InputSize:
     """Refuse an AF3 entry (parsed, not featurised) over the data ``limits`` or the device's
-    memory; returns its size."""
+    memory (per rank under DAP ``dap``); returns its size."""
     size = entry_size(entry, ccd)
     check_size(size, limits, record=entry.name)
-    est = af3_estimate(size, model_config, precision=precision, no_samples=no_samples)
+    est = rank_estimate(af3_estimate(size, model_config, precision=precision,
+                                     no_samples=no_samples), dap)
     check_memory(est, budget_bytes(device, memory_limit, memory), source=size.source,
                  device=str(device), options=[
-                     "fewer diffusion samples (--samples 1)", _MORE_MEMORY,
+                     "fewer diffusion samples (--samples 1)", _MORE_MEMORY, _MORE_RANKS,
                      f"crop the input (fewer chains or residues: {size.describe()})"])
     return size

@@ -253,10 +253,13 @@ class AF2Family(Family):
             predict_structure,
             score_against_truth,
         )
+        from fold_train.predict_dap import single_process
         from fold_train.predict_graphs import graphs_wanted
         from fold_train.predict_size import check_af2_input
 
+        parallel = getattr(args, "parallel", None) or single_process()  # DAP: predict_dap
         autochunk = getattr(args, "autochunk", None)
+        parallel.check_options(autochunk=autochunk)
         if autochunk is not None and args.chunk_size:
             raise ConfigError("--autochunk and --chunk-size are alternatives: give one of them")
         if args.templates and not args.template_mmcif_dir:
@@ -265,9 +268,9 @@ class AF2Family(Family):
         model, cfg = load_trained_model(args.checkpoint, device, use_ema=not args.no_ema,
                                         family=cls.name)
         graphs = graphs_wanted(False if getattr(args, "no_cuda_graphs", False) else None, device)
-        done = parallelize(model, cls(), Techniques(
+        done = parallelize(model, cls(), parallel.adjust(Techniques(
             chunk_size=args.chunk_size, autochunk=autochunk,
-            autochunk_min_chunk=getattr(args, "autochunk_min_chunk", 1), cuda_graphs=graphs))
+            autochunk_min_chunk=getattr(args, "autochunk_min_chunk", 1), cuda_graphs=graphs)))
         limits = limits_from_args(args)
         # sized before any feature is made: too large for the limits or the device is refused
         check_af2_input(
@@ -276,7 +279,8 @@ class AF2Family(Family):
             precision=cfg.system.precision, device=device, limits=limits,
             memory_limit=getattr(args, "memory_limit", None),
             chunk_size=args.chunk_size or (getattr(args, "autochunk_min_chunk", 1)
-                                           if autochunk is not None else None))
+                                           if autochunk is not None else None),
+            dap=parallel.dap)
         with use_limits(limits):
             name, raw, has_truth = make_raw_features(
                 fasta=args.fasta, mmcif=args.mmcif, chain=args.chain, msas=args.msa or [],
@@ -286,7 +290,8 @@ class AF2Family(Family):
                                  precision=cfg.system.precision, num_recycles=args.recycles,
                                  cuda_graphs=done.cuda_graphs)
         check_prediction(pred.positions, pred.plddt, args.checkpoint, pred.atom_mask > 0.5)
-        write_mmcif(prediction_to_structure(pred, name), out)
+        if parallel.writes:  # DAP: one rank writes
+            write_mmcif(prediction_to_structure(pred, name), out)
         summary: dict = {"name": name, "out": str(out), "n_res": len(pred.aatype),
                          "mean_plddt": float(pred.plddt.mean()), "cuda_graphs": done.cuda_graphs}
         if pred.ptm is not None:  # pTM models (AF2's _ptm): the values; PAE files not written

@@ -302,7 +302,8 @@ class AF3Family(Family):
                                 allow_outside_paths=getattr(args, "allow_outside_paths", False),
                                 memory_limit=getattr(args, "memory_limit", None),
                                 limits=limits_from_args(args),
-                                features=getattr(args, "search_features", None))  # --search
+                                features=getattr(args, "search_features", None),  # --search
+                                parallel=getattr(args, "parallel", None))  # DAP: predict_dap
 
     # -- shape buckets ---------------------------------------------------------------------------
     @classmethod
