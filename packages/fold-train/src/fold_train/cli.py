@@ -6,6 +6,7 @@
     fold-train predict  --checkpoint CKPT (--fasta F | --mmcif F --chain C) [--msa A ...]
                         [--out X.cif]
     fold-train predict  --checkpoint AF3_CKPT --json INPUT.json [--out X.cif]   (AlphaFold3)
+    torchrun --nproc-per-node N -m fold_train.cli predict ... --dap N   (one input, N GPUs)
     fold-train evaluate PRED TRUE [--chain C]          (files, or directories of predictions)
     fold-train import-weights params_model_1_ptm.npz --out af2.ckpt   (AF2 / OpenFold weights)
     fold-train cache    DATA_DIR --out CACHE_DIR ...   (fold-data's cache builder)
