@@ -160,8 +160,8 @@ def _af2_batch(cfg, holes: bool = True) -> dict[str, torch.Tensor]:
     return batch
 
 
-def _predict_af2(ckpt: Path, parallel: PredictParallel | None, holes: bool = True
-                 ) -> dict[str, torch.Tensor]:
+def _predict_af2(ckpt: Path, parallel: PredictParallel | None, holes: bool = True,
+                 chunk_size: int | None = None) -> dict[str, torch.Tensor]:
     from fold_train.families import make_family
     from fold_train.parallelize import Techniques, parallelize
     from fold_train.predict import load_trained_model
@@ -170,7 +170,7 @@ def _predict_af2(ckpt: Path, parallel: PredictParallel | None, holes: bool = Tru
     model, cfg = load_trained_model(ckpt, "cpu")
     parallel = parallel or PredictParallel(0, 0, 1)
     done = parallelize(model, make_family("af2", cfg.model_config()),
-                       parallel.adjust(Techniques()))
+                       parallel.adjust(Techniques(chunk_size=chunk_size)))
     assert len(done.parallel_handles) == (3 if parallel.dap > 1 else 0)
     out = AF2Predictor(model, "cpu", cuda_graphs=False)(_af2_batch(cfg, holes))
     return {k: v.detach().clone() for k, v in out.items()}
@@ -216,7 +216,11 @@ def _worker(rank: int, world: int, init: str, out_dir: str, kind: str, args: tup
     try:
         ctx = model_parallel(DistContext(rank, world, torch.device("cpu"), None), dap=world)
         parallel = PredictParallel(rank, ctx.groups.dap_index, world, ctx.groups)
-        out = _predict_af2(*args, parallel) if kind == "af2" else _predict_af3(*args, parallel)
+        if kind == "af2":
+            ckpt, chunk_size = args
+            out = _predict_af2(ckpt, parallel, chunk_size=chunk_size)
+        else:
+            out = _predict_af3(*args, parallel)
         torch.save(out, f"{out_dir}/rank{rank}.pt")
     finally:
         dist.destroy_process_group()
@@ -246,12 +250,13 @@ TOL = 2e-4
 
 @pytest.mark.distributed
 @pytest.mark.slow
-@pytest.mark.parametrize("world", [2, 4])
-def test_af2_dap_prediction_equals_one_process(af2_ckpt, tmp_path, world):
+@pytest.mark.parametrize("world, chunk_size", [(2, None), (4, None), (2, 8)])
+def test_af2_dap_prediction_equals_one_process(af2_ckpt, tmp_path, world, chunk_size):
+    """Also with each rank's shard chunked (--chunk-size 8: 37-row shards in 5 chunks)."""
     torch.set_num_threads(1)
     ref = _predict_af2(af2_ckpt, None)
     assert ref["final_atom_positions"].shape[1] == 73  # unpadded: DAP's padding is cropped
-    got = _spawn("af2", world, tmp_path, af2_ckpt)
+    got = _spawn("af2", world, tmp_path, af2_ckpt, chunk_size)
     for rank, out in enumerate(got):  # every rank holds the whole result
         assert sorted(out) == sorted(ref)
         for k, v in ref.items():
