@@ -408,3 +408,128 @@ def test_dap_refuses_autochunk_and_a_world_of_another_size(af2_ckpt, capsys, mon
 
     with pytest.raises(ConfigError, match="--chunk-size"):
         parallel.check_options(autochunk="auto")
+
+
+# -- a batch over the ranks: one-GPU inputs dealt out, DAP for the larger -------------------------
+def _chain(pdb: str) -> dict:
+    folder = DEMO / "alignments" / f"{pdb}_A"
+    return {"mmcif": DEMO / "mmcifs" / f"{pdb}.cif", "chain": "A",
+            "msas": [folder / n for n in ("bfd_uniclust_hits.a3m", "mgnify_hits.sto",
+                                          "uniref90_hits.sto")]}
+
+
+# real chains of 38, 70, 73, 84 and 93 residues
+BATCH = {"1psm_A": _chain("1psm"), "2q2k_A": _chain("2q2k"),
+         "short": {"fasta": FASTA, "msas": MSAS}, "4zey_A": _chain("4zey"),
+         "3u8v_A": _chain("3u8v")}
+
+
+def _batch_estimates(ckpt: Path, inputs: dict) -> tuple[dict, int]:
+    """One-device estimates of the batch's inputs (sized as predict sizes them) and a budget
+    that the three shorter ones fit and the two longer ones do not."""
+    from fold_data.limits import sequence_size
+    from fold_train.memory_estimate import af2_estimate
+    from fold_train.predict import load_trained_model, read_query
+
+    _, cfg = load_trained_model(ckpt, "cpu")
+    est = {}
+    for name, kw in inputs.items():
+        if "fasta" in kw:  # an empty (bad) file: sized as 70 residues, fails when read
+            seq = read_query(kw["fasta"])[1] if kw["fasta"].stat().st_size else "A" * 70
+        else:
+            from fold_data.mmcif import parse_mmcif
+
+            seq = parse_mmcif(kw["mmcif"]).get_chain(kw["chain"]).sequence
+        n = sequence_size(name, seq, []).n_tokens
+        est[name] = af2_estimate(n, cfg.model_config(), cfg.data_preset())
+    budget = (est["short"].peak_bytes + est["4zey_A"].peak_bytes) // 2
+    return est, budget
+
+
+def _batch_predict(ckpt: Path, inputs: dict, name: str, parallel: PredictParallel) -> dict:
+    """``predict_one`` of the batch: what ``Family.predict`` does for one input, as this rank's
+    part of ``parallel``."""
+    from fold_train.families import make_family
+    from fold_train.parallelize import Techniques, parallelize
+    from fold_train.predict import load_trained_model, make_raw_features, predict_structure
+
+    model, cfg = load_trained_model(ckpt, "cpu")
+    parallelize(model, make_family("af2", cfg.model_config()), parallel.adjust(Techniques()))
+    _, raw, _ = make_raw_features(**inputs[name])
+    pred = predict_structure(model, raw, cfg.data_preset(), device="cpu", cuda_graphs=False)
+    return {"positions": torch.from_numpy(pred.positions), "dap": parallel.dap,
+            "rank": parallel.rank}
+
+
+def _batch_worker(rank: int, world: int, init: str, out_dir: str, ckpt: Path,
+                  inputs: dict) -> None:
+    import torch.distributed as dist
+    from fold_train.distributed import DistContext
+    from fold_train.predict_dap import run_batch
+
+    torch.set_num_threads(1)
+    err = open(f"{out_dir}/stderr{rank}.txt", "w")
+    os.dup2(err.fileno(), 2)
+    sys.stderr = err
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
+    ctx = DistContext(rank, world, torch.device("cpu"), None)
+    est, budget = _batch_estimates(ckpt, inputs)
+    try:
+        out = run_batch(ctx, est, budget, lambda n, p: _batch_predict(ckpt, inputs, n, p))
+    except RankFailed as e:
+        out = f"RankFailed: {e}"
+    torch.save(out, f"{out_dir}/rank{rank}.pt")
+
+
+@pytest.mark.distributed
+@pytest.mark.slow
+def test_batch_deals_short_inputs_to_ranks_and_splits_long_ones_with_dap(af2_ckpt, tmp_path):
+    import torch.multiprocessing as mp
+
+    torch.set_num_threads(1)
+    est, budget = _batch_estimates(af2_ckpt, BATCH)
+    plan = plan_batch(est, 4, budget)
+    assert [(p.dap, p.replicas) for p in plan.phases] == [
+        (1, (("short",), ("2q2k_A",), ("1psm_A",), ())),  # fit one rank: one each
+        (2, (("3u8v_A",), ("4zey_A",)))]  # DAP 2: ranks 0-1 and 2-3 side by side
+    mp.spawn(_batch_worker, args=(4, f"file://{tmp_path}/store", str(tmp_path), af2_ckpt, BATCH),
+             nprocs=4, join=True)
+    got = torch.load(tmp_path / "rank0.pt", weights_only=False)
+    assert all(torch.load(tmp_path / f"rank{r}.pt", weights_only=False) is None
+               for r in (1, 2, 3))  # results come back on rank 0
+    assert sorted(got) == sorted(BATCH)
+    where = {n: (r["dap"], r["rank"]) for n, r in got.items()}
+    assert where == {"short": (1, 0), "2q2k_A": (1, 1), "1psm_A": (1, 2), "3u8v_A": (2, 0),
+                     "4zey_A": (2, 2)}  # reported by the writer of each input
+    for name, r in got.items():
+        ref = _batch_predict(af2_ckpt, BATCH, name, PredictParallel(0, 0, 1))["positions"]
+        err = _rel(r["positions"], ref)
+        assert err < TOL, (name, err)
+
+
+@pytest.mark.distributed
+def test_batch_with_a_bad_file_on_one_rank_ends_every_rank(af2_ckpt, tmp_path):
+    """The FASTA dealt to rank 1 is empty: rank 1 fails naming the file, the others (done with
+    their own inputs, waiting for the DAP phase) end with rank 1's error."""
+    import torch.multiprocessing as mp
+
+    bad = tmp_path / "bad.fasta"
+    bad.write_text("")
+    inputs = {**BATCH, "2q2k_A": {"fasta": bad, "msas": []}}
+    ctx = mp.get_context("spawn")
+    procs = [ctx.Process(target=_batch_worker,
+                         args=(r, 4, f"file://{tmp_path}/store", str(tmp_path), af2_ckpt,
+                               inputs)) for r in range(4)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(120)
+    assert not any(p.is_alive() for p in procs)
+    mine = torch.load(tmp_path / "rank1.pt", weights_only=False)
+    assert mine.startswith("RankFailed: rank 1 failed to predict the batch: InputError: ")
+    assert "bad.fasta: no sequences: expected at least one '>' record" in mine
+    for r in (0, 2, 3):
+        path = tmp_path / f"rank{r}.pt"
+        said = (torch.load(path, weights_only=False) if path.exists()
+                else (tmp_path / f"stderr{r}.txt").read_text())
+        assert "rank 1 failed to predict the batch: InputError: " in said, (r, said)

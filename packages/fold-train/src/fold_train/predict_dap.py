@@ -57,10 +57,12 @@ __all__ = [
     "BatchPlan",
     "PredictParallel",
     "RankFailed",
+    "Together",
     "choose_dap",
     "fail_together",
     "plan_batch",
     "rank_estimate",
+    "run_batch",
     "run_distributed",
 ]
 
@@ -288,9 +290,37 @@ class _Watch(threading.Thread):
             return
 
 
+class Together:
+    """What :func:`fail_together` yields: :meth:`barrier` waits, as long as it takes, for every
+    rank to reach a point (no collective timeout: a rank may predict for an hour), and raises
+    :class:`RankFailed` when one fails meanwhile."""
+
+    def __init__(self, store, base: str, ctx, phase: str, poll_s: float) -> None:
+        self.store, self.base, self.ctx, self.phase, self.poll_s = store, base, ctx, phase, poll_s
+        self._barriers = itertools.count(1)
+
+    def failed(self) -> dict | None:
+        """The first failure posted so far, if any."""
+        if self.store is None or int(self.store.add(f"{self.base}/order", 0)) == 0:
+            return None
+        return _failures(self.store, self.base, self.ctx.world_size)[0]
+
+    def barrier(self, what: str = "finished") -> None:
+        if self.store is None:
+            return
+        key = f"{self.base}/barrier/{next(self._barriers)}"
+        self.store.add(key, 1)
+        while int(self.store.add(key, 0)) < self.ctx.world_size:
+            first = self.failed()
+            if first is not None:
+                raise RankFailed(f"{_describe(first, self.phase)}; rank {self.ctx.rank} had "
+                                 f"{what}")
+            time.sleep(self.poll_s)
+
+
 @contextmanager
 def fail_together(ctx, phase: str, *, poll_s: float = 0.2,
-                  stop_process: Callable[[int], None] = os._exit) -> Iterator[None]:
+                  stop_process: Callable[[int], None] = os._exit) -> Iterator[Together]:
     """Run the block on every rank of ``ctx`` (a ``DistContext``); when it raises on one rank,
     every rank ends with an error naming that rank and its error (``phase`` completes "rank r
     failed to {phase}").
@@ -301,9 +331,10 @@ def fail_together(ctx, phase: str, *, poll_s: float = 0.2,
     rank that failed; a rank still inside the block (blocked in a collective, or computing
     towards one) is ended by a watcher thread with that message on stderr and exit status 1
     (``stop_process``); a rank that finished waits for every other to finish and raises if one
-    failed. Single process: just the block."""
+    failed. Single process: just the block. Yields a :class:`Together` (its barrier waits
+    without a timeout while the watcher keeps watching)."""
     if not ctx.distributed:
-        yield
+        yield Together(None, "", ctx, phase, poll_s)
         return
     store, base, world = _store(), f"fold_predict/{next(_calls)}", ctx.world_size
     watch = _Watch(store, base, ctx.rank, world, phase, poll_s, stop_process)
@@ -311,7 +342,8 @@ def fail_together(ctx, phase: str, *, poll_s: float = 0.2,
     try:
         if os.environ.get(FAIL_RANK_ENV) == str(ctx.rank):  # tests: a rank that fails first
             raise RuntimeError(f"injected failure ({FAIL_RANK_ENV}={ctx.rank})")
-        yield
+        together = Together(store, base, ctx, phase, poll_s)
+        yield together
     except BaseException as e:
         watch.stopped.set()
         order = int(store.add(f"{base}/order", 1))
@@ -324,12 +356,62 @@ def fail_together(ctx, phase: str, *, poll_s: float = 0.2,
         raise RankFailed(f"{_describe(first, phase)}; rank {ctx.rank} stopped "
                          f"({type(e).__name__}: {str(e)[:300]})") from e
     watch.stopped.set()
-    store.add(f"{base}/done", 1)
-    while int(store.add(f"{base}/done", 0)) < world:
-        if int(store.add(f"{base}/order", 0)):
-            raise RankFailed(f"{_describe(_failures(store, base, world)[0], phase)}; rank "
-                             f"{ctx.rank} had finished")
-        time.sleep(poll_s)
+    together.barrier()  # a rank that finished waits for the others (and hears of a failure)
+
+
+# -- a batch of inputs over the ranks -------------------------------------------------------------
+def run_batch(ctx, estimates: Mapping[str, Any], budget: int,
+              predict_one: Callable[[str, PredictParallel], Any], *,
+              phase: str = "predict the batch") -> dict[str, Any] | None:
+    """Predict a batch of inputs on every rank of ``ctx`` (a ``DistContext`` of the whole job)
+    by :func:`plan_batch`: the inputs that fit one device (``estimates``: ``{name:
+    MemoryEstimate}`` of one device; ``budget``: this rank's bytes, the smallest over the ranks
+    is used) are dealt to the ranks, the others get the smallest DAP degree that fits, phase by
+    phase. ``predict_one(name, parallel)`` predicts one input as this rank's part
+    (:class:`PredictParallel`: its writer writes); its results come back on rank 0 as ``{name:
+    result}`` (None on the other ranks), with ``{"refused": why}`` for the inputs too large for
+    all ranks together. Between phases the ranks wait for each other without a timeout; a rank
+    that fails ends every rank with an error naming it (:func:`fail_together`)."""
+    import torch.distributed as dist
+    from fold_data.limits import format_bytes
+
+    if ctx.distributed:
+        t = torch.tensor([int(budget)], dtype=torch.int64)
+        dist.all_reduce(t, op=dist.ReduceOp.MIN)  # every rank plans with the same budget
+        budget = int(t.item())
+    plan = plan_batch(estimates, ctx.world_size, budget)
+    groups = {p.dap: _dap_groups(p.dap, ctx.world_size) for p in plan.phases if p.dap > 1}
+    mine: dict[str, Any] = {}
+    with fail_together(ctx, phase) as together:
+        for ph in plan.phases:
+            replica = ctx.rank // ph.dap
+            g = groups.get(ph.dap)
+            parallel = PredictParallel(ctx.rank, ctx.rank % ph.dap, ph.dap, g)
+            for name in ph.replicas[replica]:
+                result = predict_one(name, parallel)
+                if parallel.writes:
+                    mine[name] = result
+            together.barrier(f"finished its DAP {ph.dap} inputs")
+    for name in plan.refused:
+        peak = rank_estimate(estimates[name], ctx.world_size).peak_bytes
+        mine.setdefault(name, {"refused": f"needs about {format_bytes(peak)} per rank even on "
+                                          f"all {ctx.world_size} ranks, {format_bytes(budget)} "
+                                          "available"})
+    if not ctx.distributed:
+        return mine
+    everyone: list[Any] = [None] * ctx.world_size
+    dist.all_gather_object(everyone, mine)
+    if ctx.rank != 0:
+        return None
+    return {name: r[name] for name in estimates for r in everyone if name in r}
+
+
+def _dap_groups(dap: int, world: int):
+    """fold-parallel's groups of ``world / dap`` replicas of ``dap`` ranks (collective: every
+    rank makes every group, in the same order)."""
+    from fold_parallel import ParallelConfig, build_groups
+
+    return build_groups(ParallelConfig(dp=world // dap, dap=dap))
 
 
 # -- fold-train predict --dap ---------------------------------------------------------------------
