@@ -151,6 +151,8 @@ def bench_af2(args, ctx, parallel, folder: Path, deadline: float | None) -> list
 
     preset, overrides = ("tiny", ["data.n_clust=5", "data.n_extra=7"]) if args.tiny \
         else ("af2_initial", [])
+    if args.templates is not None:  # template slots of the inference sample (no hits: masked)
+        overrides.append(f"data.n_templ={args.templates}")
     ckpt = folder / "af2.ckpt"
     if ctx.rank == 0:
         _checkpoint(preset, overrides, ckpt)
@@ -330,6 +332,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         "pass is cold (default 2)")
     p.add_argument("--af3-cycles", type=int, default=1, help="AF3 trunk cycles (default 1)")
     p.add_argument("--chunk-size", type=int, default=64, help="AF2 chunk size per rank")
+    p.add_argument("--templates", type=int,
+                   help="AF2 template slots (default: the preset's, 4; no hits, so masked, "
+                        "but the template pair stack runs on them as in a prediction)")
     p.add_argument("--msa-rows", type=int, default=1152,
                    help="rows of the a3m (128 clusters + 1024 extra sequences)")
     p.add_argument("--samples", type=int, default=5, help="AF3 diffusion samples")

@@ -31,6 +31,10 @@ from fold_train.predict_dap import (
 MONOMER = DEMO / "monomer"
 FASTA = MONOMER / "short.fasta"  # 73 residues: odd, padded to 74 (2 ranks) / 76 (4 ranks)
 MSAS = [MONOMER / n for n in ("bfd_uniclust_hits.a3m", "mgnify_hits.sto", "uniref90_hits.sto")]
+# its template hits: 3U8V_A, 4ZEY_A, 1PSM_A, 3ZEE_A are bundled (aligned rows only: masks with
+# holes); the first two hits' mmCIFs are not, and are skipped with a warning
+TEMPLATES = {"template_hits": MONOMER / "pdb70_hits.hhr", "template_mmcif_dir": DEMO / "mmcifs"}
+pytestmark = pytest.mark.filterwarnings("ignore:2 template hits skipped")
 # odd MSA depths: N_seq = n_clust + n_templ = 5 + 2 and N_extra = 7 are padded too
 AF2_OVERRIDES = ["data.n_clust=5", "data.n_extra=7", "data.n_templ=2", "max_recycling_iters=1"]
 
@@ -143,14 +147,15 @@ def af3_ckpt(tmp_path_factory) -> Path:
 
 
 # -- what one rank (or the one process) computes ------------------------------------------------
-def _af2_batch(cfg, holes: bool = True) -> dict[str, torch.Tensor]:
-    """The inference sample of the bundled 73-residue query, with holes punched into the MSA
-    masks (20% of the cluster and extra MSA positions of real residues)."""
+def _af2_batch(cfg, holes: bool = True, templates: bool = True) -> dict[str, torch.Tensor]:
+    """The inference sample of the bundled 73-residue query with its MSAs and templates, with
+    holes punched into the MSA masks (20% of the cluster and extra MSA positions of real
+    residues)."""
     from fold_data.af2 import make_sample
     from fold_train.data import collate
     from fold_train.predict import make_raw_features
 
-    _, raw, _ = make_raw_features(fasta=FASTA, msas=MSAS)
+    _, raw, _ = make_raw_features(fasta=FASTA, msas=MSAS, **(TEMPLATES if templates else {}))
     batch = collate([make_sample(raw, cfg.data_preset(), seed=0, training=False)])
     g = torch.Generator().manual_seed(9)
     for k in ("msa_mask", "extra_msa_mask") if holes else ():
@@ -161,7 +166,8 @@ def _af2_batch(cfg, holes: bool = True) -> dict[str, torch.Tensor]:
 
 
 def _predict_af2(ckpt: Path, parallel: PredictParallel | None, holes: bool = True,
-                 chunk_size: int | None = None) -> dict[str, torch.Tensor]:
+                 chunk_size: int | None = None, templates: bool = True
+                 ) -> dict[str, torch.Tensor]:
     from fold_train.families import make_family
     from fold_train.parallelize import Techniques, parallelize
     from fold_train.predict import load_trained_model
@@ -172,7 +178,9 @@ def _predict_af2(ckpt: Path, parallel: PredictParallel | None, holes: bool = Tru
     done = parallelize(model, make_family("af2", cfg.model_config()),
                        parallel.adjust(Techniques(chunk_size=chunk_size)))
     assert len(done.parallel_handles) == (3 if parallel.dap > 1 else 0)
-    out = AF2Predictor(model, "cpu", cuda_graphs=False)(_af2_batch(cfg, holes))
+    batch = _af2_batch(cfg, holes, templates)
+    assert batch["template_mask"][0, 0].tolist() == ([1.0, 1.0] if templates else [0.0, 0.0])
+    out = AF2Predictor(model, "cpu", cuda_graphs=False)(batch)
     return {k: v.detach().clone() for k, v in out.items()}
 
 
@@ -264,12 +272,14 @@ def test_af2_dap_prediction_equals_one_process(af2_ckpt, tmp_path, world, chunk_
             assert torch.isfinite(out[k]).all(), (rank, k)
             err = _rel(out[k], v)
             assert err < TOL, (rank, k, err)
-    # the MSA (what DAP splits) reaches every output: without the holes they move by far more
-    # than TOL, so agreeing within TOL is not agreeing on a trunk that does nothing
-    other = _predict_af2(af2_ckpt, None, holes=False)
-    for k, v in ref.items():
-        if k != "final_atom_mask":  # the atoms of the sequence: no function of the MSA
-            assert _rel(other[k], v) > 100 * TOL, k
+    # the MSA and the templates (what DAP splits) reach every output: without the holes or the
+    # templates they move by far more than TOL, so agreeing within TOL is not agreeing on a
+    # trunk that does nothing
+    for other in (_predict_af2(af2_ckpt, None, holes=False),
+                  _predict_af2(af2_ckpt, None, templates=False)):
+        for k, v in ref.items():
+            if k != "final_atom_mask":  # the atoms of the sequence: no function of the MSA
+                assert _rel(other[k], v) > 100 * TOL, k
 
 
 @pytest.mark.distributed
@@ -371,7 +381,8 @@ def test_torchrun_predict_dap_writes_once_and_matches_one_process(af2_ckpt, tmp_
     from fold_train.cli import main
 
     args = ["predict", "--checkpoint", str(af2_ckpt), "--fasta", str(FASTA), "--msa",
-            *map(str, MSAS), "--device", "cpu"]
+            *map(str, MSAS), "--templates", str(TEMPLATES["template_hits"]),
+            "--template-mmcif-dir", str(TEMPLATES["template_mmcif_dir"]), "--device", "cpu"]
     assert main([*args, "--out", str(tmp_path / "one.cif")]) == 0
     one = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     proc = _torchrun(2, [*args, "--out", str(tmp_path / "dap" / "q.cif"), "--dap", "2"])
