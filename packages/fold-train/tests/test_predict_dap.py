@@ -544,3 +544,28 @@ def test_batch_with_a_bad_file_on_one_rank_ends_every_rank(af2_ckpt, tmp_path):
         said = (torch.load(path, weights_only=False) if path.exists()
                 else (tmp_path / f"stderr{r}.txt").read_text())
         assert "rank 1 failed to predict the batch: InputError: " in said, (r, said)
+
+
+@pytest.mark.distributed
+@pytest.mark.slow
+def test_torchrun_predict_dap_af3_json(af3_ckpt, af3_json, tmp_path, capsys):
+    """``torchrun --nproc-per-node 2 ... predict --json`` (95 tokens and 11 MSA rows padded,
+    3 samples shared 1 + 2): one mmCIF, by rank 0, equal to the one-process prediction."""
+    from fold_train.cli import main
+
+    args = ["predict", "--checkpoint", str(af3_ckpt), "--json", str(af3_json), "--ccd",
+            str(CCD), "--samples", "3", "--sampler-steps", "3", "--recycles", "2", "--device",
+            "cpu"]
+    assert main([*args, "--out", str(tmp_path / "one.cif")]) == 0
+    one = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    proc = _torchrun(2, [*args, "--out", str(tmp_path / "dap" / "c.cif"), "--dap", "2"])
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    lines = [json.loads(x) for x in proc.stdout.splitlines() if x.startswith("{")]
+    assert len(lines) == 1 and lines[0]["dap"] == 2
+    assert lines[0]["n_token"] == one["n_token"] == 95
+    np.testing.assert_allclose(lines[0]["sample_mean_plddt"], one["sample_mean_plddt"],
+                               rtol=1e-5)
+    assert sorted(p.name for p in (tmp_path / "dap").iterdir()) == ["c.cif"]
+    a, b = _coords(tmp_path / "dap" / "c.cif"), _coords(tmp_path / "one.cif")
+    # mmCIF's 3 decimals, and fp32 rounding of coordinates of ~1e3 A (an untrained model)
+    np.testing.assert_allclose(a, b, atol=5e-3 + 1e-6 * np.abs(b).max())
