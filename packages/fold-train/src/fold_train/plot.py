@@ -39,27 +39,25 @@ def plot_metrics(metrics_path: str | os.PathLike, out_path: str | os.PathLike) -
     evals = [r for r in records if "eval/lddt_ca" in r]
     fig, (ax_loss, ax_lddt) = plt.subplots(1, 2, figsize=(11, 4))
     for term in LOSS_TERMS:
-        pts = [(r["step"], r[term]) for r in train
-               if term in r and isinstance(r[term], (int, float)) and math.isfinite(r[term])
-               and r[term] > 0]
-        if pts:
-            steps, values = zip(*pts)
-            ax_loss.plot(steps, values, label=term, lw=2.0 if term == "loss" else 1.0)
+        steps, values = _series(train, term, positive=True)
+        if steps:
+            # a gap (a step that logged no value of the term) breaks the line; markers keep an
+            # isolated value visible
+            ax_loss.plot(steps, values, ".-", ms=3, label=term, lw=2.0 if term == "loss" else 1.0)
     ax_loss.set_yscale("log")
     ax_loss.set_xlabel("step")
     ax_loss.set_title("loss terms (unweighted; 'loss' is the weighted total)")
     ax_loss.legend(fontsize=7)
-    lddt = [r for r in train if "lddt_ca" in r]  # AF2 runs; AF3 steps log no lDDT-Ca
-    if lddt:
-        ax_lddt.plot([r["step"] for r in lddt], [r["lddt_ca"] for r in lddt],
-                     label="training batch", lw=1.0)
+    lddt = _series(train, "lddt_ca")  # AF2 runs; AF3 steps log no lDDT-Ca
+    if lddt[0]:
+        ax_lddt.plot(*lddt, ".-", ms=3, label="training batch", lw=1.0)
     if evals:
         ax_lddt.plot([r["step"] for r in evals], [r["eval/lddt_ca"] for r in evals], "o-",
                      label="evaluation (EMA weights)")
     ax_lddt.set_ylim(0, 1)
     ax_lddt.set_xlabel("step")
     ax_lddt.set_title("lDDT-Ca")
-    if lddt or evals:
+    if lddt[0] or evals:
         ax_lddt.legend(fontsize=7)
     fig.tight_layout()
     out_path = Path(out_path)
@@ -68,3 +66,20 @@ def plot_metrics(metrics_path: str | os.PathLike, out_path: str | os.PathLike) -
     plt.close(fig)
     os.replace(tmp, out_path)
     return out_path
+
+
+def _series(records: list[dict], key: str, *, positive: bool = False
+            ) -> tuple[list[int], list[float]]:
+    """``(steps, values)`` of ``key`` over the training records, NaN where a record has no
+    finite value (``positive``: no positive value, for a log axis), so that matplotlib breaks
+    the line there instead of joining the values on either side of the gap. Empty lists when
+    no record has a value."""
+    steps, values, any_value = [], [], False
+    for r in records:
+        v = r.get(key)
+        ok = (isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+              and (v > 0 or not positive))
+        steps.append(r["step"])
+        values.append(float(v) if ok else math.nan)
+        any_value |= ok
+    return (steps, values) if any_value else ([], [])
