@@ -414,11 +414,9 @@ def test_dap_refuses_autochunk_and_a_world_of_another_size(af2_ckpt, capsys, mon
     assert "--dap 2 with 1 processes" in capsys.readouterr().err
     assert main([*base, "--dap", "1", "--search", "x.toml"]) == 2
     assert "--search with --dap" in capsys.readouterr().err
-    parallel = PredictParallel(0, 0, 2)
-    from fold_train.errors import ConfigError
-
-    with pytest.raises(ConfigError, match="--chunk-size"):
-        parallel.check_options(autochunk="auto")
+    monkeypatch.setenv("WORLD_SIZE", "2")  # refused before any process group is started
+    assert main([*base, "--dap", "2", "--autochunk", "auto"]) == 2
+    assert "under --dap > 1 chunk each rank's shard with --chunk-size" in capsys.readouterr().err
 
 
 # -- a batch over the ranks: one-GPU inputs dealt out, DAP for the larger -------------------------

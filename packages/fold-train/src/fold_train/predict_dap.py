@@ -194,14 +194,6 @@ class PredictParallel:
         return dataclasses.replace(techniques, groups=self.groups, dao=self.dao,
                                    cuda_graphs=False)
 
-    def check_options(self, *, autochunk: Any = None) -> None:
-        from fold_train.errors import ConfigError
-
-        if self.dap > 1 and autochunk is not None:
-            raise ConfigError("--autochunk traces the stacks with torch.fx and cannot trace DAP's "
-                              "collectives: under --dap > 1 chunk each rank's shard with "
-                              "--chunk-size (e.g. 64)")
-
     def pad_af3(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """An AF3 batch ``[B, ...]`` with N_token and N_msa padded (zero masks, fold-data's fill
         values) to multiples of the DAP degree: AF3's trunk stacks split them themselves."""
@@ -439,12 +431,16 @@ def run_distributed(args: argparse.Namespace, family, device: str | None) -> dic
 
     world = int(os.environ.get("WORLD_SIZE", "1"))
     dap = args.dap if getattr(args, "dap", None) is not None else world
+    if dap < 1:
+        raise ConfigError(f"--dap must be >= 1, got {dap}")
     if dap != world:
         raise ConfigError(f"--dap {dap} with {world} processes: one input is split over every "
                           f"rank, so start it with torchrun --nproc-per-node {dap} (the world "
                           f"size is {world})")
-    if dap < 1:
-        raise ConfigError(f"--dap must be >= 1, got {dap}")
+    if dap > 1 and getattr(args, "autochunk", None) is not None:
+        raise ConfigError("--autochunk traces the stacks with torch.fx and cannot trace DAP's "
+                          "collectives: under --dap > 1 chunk each rank's shard with "
+                          "--chunk-size (e.g. 64)")
     ctx = setup(None if device is None or world > 1 else device)
     try:
         ctx = model_parallel(ctx, dap=dap)

@@ -259,7 +259,6 @@ class AF2Family(Family):
 
         parallel = getattr(args, "parallel", None) or single_process()  # DAP: predict_dap
         autochunk = getattr(args, "autochunk", None)
-        parallel.check_options(autochunk=autochunk)
         if autochunk is not None and args.chunk_size:
             raise ConfigError("--autochunk and --chunk-size are alternatives: give one of them")
         if args.templates and not args.template_mmcif_dir:
