@@ -65,6 +65,26 @@ def test_choose_dap_picks_the_smallest_degree_that_fits():
     assert choose_dap(est, 100_000, 8) is None  # not even on 8 ranks (8 * 100_000 < 1e6)
 
 
+def test_preflight_refusal_names_the_gpus_that_would_fit(af2_ckpt):
+    """An input too large for one device is refused with the DAP degree that would fit it."""
+    from fold_data.limits import InputTooLarge
+    from fold_train.memory_estimate import af2_estimate
+    from fold_train.predict import load_trained_model
+    from fold_train.predict_size import check_af2_input
+
+    _, cfg = load_trained_model(af2_ckpt, "cpu")
+    kw = dict(fasta=FASTA, msas=MSAS, model_config=cfg.model_config(),
+              data_preset=cfg.data_preset(), precision="fp32", device="cpu")
+    est = af2_estimate(73, cfg.model_config(), cfg.data_preset())
+    budget = int(rank_estimate(est, 3).peak_bytes / 0.75)  # fits 3 ranks (no warning), not 2
+    assert rank_estimate(est, 2).peak_bytes > budget
+    with pytest.raises(InputTooLarge, match=r"split it over 3 GPUs with DAP.*--nproc-per-node 3"):
+        check_af2_input(**kw, memory_limit=budget)
+    check_af2_input(**kw, memory_limit=budget, dap=3)  # the per-rank plan fits
+    with pytest.raises(InputTooLarge, match="not even 64"):
+        check_af2_input(**kw, memory_limit=1000)
+
+
 def test_plan_batch_distributes_inputs_that_fit_and_gives_dap_to_the_others():
     budget = 600_000
     estimates = {f"s{i}": _est(n) for i, n in enumerate((50, 60, 40, 70, 30))}  # fit one rank

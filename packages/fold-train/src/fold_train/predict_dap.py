@@ -60,6 +60,7 @@ __all__ = [
     "Together",
     "choose_dap",
     "fail_together",
+    "more_ranks_hint",
     "plan_batch",
     "rank_estimate",
     "run_batch",
@@ -104,6 +105,20 @@ def choose_dap(est, budget: int, world_size: int) -> int | None:
         if rank_estimate(est, d).peak_bytes <= budget:
             return d
     return None
+
+
+def more_ranks_hint(est, budget: int, dap: int = 1, max_ranks: int = 64) -> str:
+    """The option of a pre-flight refusal that names how many GPUs would fit ``est`` (the
+    one-device estimate) at ``budget`` bytes each: the smallest degree above ``dap`` up to
+    ``max_ranks`` whose :func:`rank_estimate` fits (``choose_dap`` over any count of GPUs)."""
+    from fold_data.limits import format_bytes
+
+    for d in range(dap + 1, max_ranks + 1):
+        peak = rank_estimate(est, d).peak_bytes
+        if peak <= budget:
+            return (f"split it over {d} GPUs with DAP, about {format_bytes(peak)} each "
+                    f"(torchrun --nproc-per-node {d} -m fold_train.cli predict ... --dap {d})")
+    return f"more GPUs with DAP would not fit it either (not even {max_ranks})"
 
 
 @dataclass(frozen=True)

@@ -13,13 +13,12 @@ from fold_data.errors import InputError
 from fold_data.limits import InputSize, SizeLimits, check_size, entry_size, sequence_size
 
 from fold_train.memory_estimate import af2_estimate, af3_estimate, budget_bytes, check_memory
-from fold_train.predict_dap import rank_estimate
+from fold_train.predict_dap import more_ranks_hint, rank_estimate
 
 __all__ = ["check_af2_input", "check_af3_input"]
 
 _MORE_MEMORY = ("a device with more free memory (or, if more is free than measured, "
                 "--memory-limit BYTES)")
-_MORE_RANKS = "split it over more GPUs (torchrun --nproc-per-node N ... --dap N)"
 
 
 def _af2_size(fasta, mmcif, chain, msas: Sequence) -> tuple[str, InputSize]:
@@ -48,12 +47,12 @@ def check_af2_input(*, fasta=None, mmcif=None, chain=None, msas: Sequence = (), 
     one rank of that DAP degree (:func:`fold_train.predict_dap.rank_estimate`)."""
     source, size = _af2_size(fasta, mmcif, chain, msas)
     check_size(size, limits, record="query")
-    est = rank_estimate(af2_estimate(size.n_tokens, model_config, data_preset,
-                                     precision=precision, chunk_size=chunk_size), dap)
-    check_memory(est, budget_bytes(device, memory_limit, memory), source=source,
-                 device=str(device), options=[_MORE_MEMORY, _MORE_RANKS,
-                                              "crop the query (predict a domain: fewer "
-                                              "residues)"])
+    whole = af2_estimate(size.n_tokens, model_config, data_preset, precision=precision,
+                         chunk_size=chunk_size)
+    budget = budget_bytes(device, memory_limit, memory)
+    check_memory(rank_estimate(whole, dap), budget, source=source, device=str(device),
+                 options=[_MORE_MEMORY, more_ranks_hint(whole, budget, dap),
+                          "crop the query (predict a domain: fewer residues)"])
     return size
 
 
@@ -65,10 +64,10 @@ def check_af3_input(entry, ccd, *, model_config, precision: str, device: torch.d
     memory (per rank under DAP ``dap``); returns its size."""
     size = entry_size(entry, ccd)
     check_size(size, limits, record=entry.name)
-    est = rank_estimate(af3_estimate(size, model_config, precision=precision,
-                                     no_samples=no_samples), dap)
-    check_memory(est, budget_bytes(device, memory_limit, memory), source=size.source,
-                 device=str(device), options=[
-                     "fewer diffusion samples (--samples 1)", _MORE_MEMORY, _MORE_RANKS,
-                     f"crop the input (fewer chains or residues: {size.describe()})"])
+    whole = af3_estimate(size, model_config, precision=precision, no_samples=no_samples)
+    budget = budget_bytes(device, memory_limit, memory)
+    check_memory(rank_estimate(whole, dap), budget, source=size.source, device=str(device),
+                 options=["fewer diffusion samples (--samples 1)", _MORE_MEMORY,
+                          more_ranks_hint(whole, budget, dap),
+                          f"crop the input (fewer chains or residues: {size.describe()})"])
     return size
