@@ -494,7 +494,7 @@ def _batch_worker(rank: int, world: int, init: str, out_dir: str, ckpt: Path,
                   inputs: dict) -> None:
     import torch.distributed as dist
     from fold_train.distributed import DistContext
-    from fold_train.predict_dap import run_batch
+    from fold_train.predict_dap import dispatch_batch
 
     torch.set_num_threads(1)
     err = open(f"{out_dir}/stderr{rank}.txt", "w")
@@ -504,7 +504,7 @@ def _batch_worker(rank: int, world: int, init: str, out_dir: str, ckpt: Path,
     ctx = DistContext(rank, world, torch.device("cpu"), None)
     est, budget = _batch_estimates(ckpt, inputs)
     try:
-        out = run_batch(ctx, est, budget, lambda n, p: _batch_predict(ckpt, inputs, n, p))
+        out = dispatch_batch(ctx, est, budget, lambda n, p: _batch_predict(ckpt, inputs, n, p))
     except RankFailed as e:
         out = f"RankFailed: {e}"
     torch.save(out, f"{out_dir}/rank{rank}.pt")

@@ -59,11 +59,11 @@ __all__ = [
     "RankFailed",
     "Together",
     "choose_dap",
+    "dispatch_batch",
     "fail_together",
     "more_ranks_hint",
     "plan_batch",
     "rank_estimate",
-    "run_batch",
     "run_distributed",
 ]
 
@@ -367,7 +367,7 @@ def fail_together(ctx, phase: str, *, poll_s: float = 0.2,
 
 
 # -- a batch of inputs over the ranks -------------------------------------------------------------
-def run_batch(ctx, estimates: Mapping[str, Any], budget: int,
+def dispatch_batch(ctx, estimates: Mapping[str, Any], budget: int,
               predict_one: Callable[[str, PredictParallel], Any], *,
               phase: str = "predict the batch") -> dict[str, Any] | None:
     """Predict a batch of inputs on every rank of ``ctx`` (a ``DistContext`` of the whole job)
