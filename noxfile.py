@@ -36,8 +36,19 @@ SIBLINGS = {
 }
 TORCH_CPU = "torch==2.13.0"
 TEST_DEPS = ["pytest>=8", "pytest-xdist>=3"]
-# No GPU in CI: Triton kernels run in its interpreter on CPU tensors.
-CPU_ENV = {"TRITON_INTERPRET": "1", "OMP_NUM_THREADS": "1", "PYTHONHASHSEED": "0"}
+# No GPU in CI: Triton kernels run in its interpreter on CPU tensors. LAYERNORM_TYPE=torch:
+# Protenix's plain LayerNorm (its default compiles a CUDA extension when imported).
+CPU_ENV = {"TRITON_INTERPRET": "1", "OMP_NUM_THREADS": "1", "PYTHONHASHSEED": "0",
+           "LAYERNORM_TYPE": "torch"}
+# Protenix 2.0.0 (Apache-2.0), the reference of the Protenix importer's parity tests (fold-model
+# tests/af3/test_af3_protenix_parity.py, fold-train tests/test_init_from_protenix.py): its wheel
+# (0.5 MB) without its declared dependencies (they pin torch 2.7, CUDA kernels, DeepSpeed, ESM,
+# wandb), plus the few that its model modules and config system import. RDKit, numpy and tqdm
+# come with fold-data. (The wheel also installs top-level `configs`, `runner`, `scripts` and
+# `tests` packages; fold imports none of these names.)
+PROTENIX = "protenix==2.0.0"
+PROTENIX_DEPS = ["optree==0.17.0", "ml_collections==1.1.0", "absl-py==2.5.1", "PyYAML==6.0.4",
+                 "scipy>=1.9"]
 
 # What `nox -s bench` runs, each as `python -m benchmarks.<entry>` with its default options (one
 # GPU, or the CPU for data.*); `nox -s bench -- model.evoformer train.af3` runs the named ones.
@@ -61,6 +72,9 @@ nox.options.reuse_existing_virtualenvs = True
 def _install(session: nox.Session, *packages: str) -> None:
     session.install(TORCH_CPU, *TEST_DEPS)
     session.install(*[str(ROOT / "packages" / p) for p in packages])
+    if "fold-model" in packages:  # the Protenix parity tests (fold-model's and fold-train's)
+        session.install(*PROTENIX_DEPS)
+        session.install("--no-deps", PROTENIX)
 
 
 def _pytest(session: nox.Session, *paths: str, marker: str = "not gpu") -> None:

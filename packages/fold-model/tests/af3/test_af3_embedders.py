@@ -69,7 +69,8 @@ def _dense_atom_transformer(mod: AtomTransformer, q, c, p_full, atom_mask, n_q, 
         zn = attn.layer_norm_z(p_full)
         bias = attn.linear_z(zn).movedim(-1, -3) + beta  # [B, H, A, A]
         x = attn.normalize(q, c_all)
-        q = q + attn.attend(x, x, key_mask, bias, c_all)
+        x_kv = attn.normalize_keys(q, x, c_all)  # the keys' own AdaLN (AF3's cross_attention)
+        q = q + attn.attend(x, x_kv, key_mask, bias, c_all)
         q = q + trans(q, c_all)
     return q
 

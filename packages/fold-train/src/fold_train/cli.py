@@ -9,6 +9,7 @@
     torchrun --nproc-per-node N -m fold_train.cli predict ... --dap N   (one input, N GPUs)
     fold-train evaluate PRED TRUE [--chain C]          (files, or directories of predictions)
     fold-train import-weights params_model_1_ptm.npz --out af2.ckpt   (AF2 / OpenFold weights)
+    fold-train import-weights protenix.pt --from protenix --out af3.ckpt   (Protenix AF3)
     fold-train cache    DATA_DIR --out CACHE_DIR ...   (fold-data's cache builder)
     fold-train demo     [--data data/demo]             (the README's main job)
 
@@ -236,7 +237,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
 def cmd_import_weights(args: argparse.Namespace) -> int:
     from fold_train.init_from import import_weights
 
-    print(json.dumps(import_weights(args.params, args.out)))
+    print(json.dumps(import_weights(args.params, args.out, getattr(args, "source", "auto"))))
     return 0
 
 
@@ -473,13 +474,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_predict)
 
     p = sub.add_parser(
-        "import-weights", help="AF2 / OpenFold parameters -> a fold checkpoint",
-        description="Convert AlphaFold2's params_model_{1..5}[_ptm].npz or an OpenFold AF2 "
-                    "checkpoint (.pt: plain, Lightning with EMA, DeepSpeed) into a fold "
-                    "checkpoint that predict reads and train --init-from starts from. Prints a "
-                    "JSON summary.")
-    p.add_argument("params", metavar="PARAMS", help="params_model_*.npz or an OpenFold .pt")
+        "import-weights", help="AF2 / OpenFold / Protenix parameters -> a fold checkpoint",
+        description="Convert AlphaFold2's params_model_{1..5}[_ptm].npz, an OpenFold AF2 "
+                    "checkpoint (.pt: plain, Lightning with EMA, DeepSpeed) or a Protenix AF3 "
+                    "checkpoint (.pt) into a fold checkpoint that predict reads and train "
+                    "--init-from starts from. Prints a JSON summary.")
+    p.add_argument("params", metavar="PARAMS",
+                   help="params_model_*.npz, an OpenFold .pt or a Protenix .pt")
     p.add_argument("--out", required=True, help="the fold checkpoint to write")
+    p.add_argument("--from", dest="source", default="auto",
+                   choices=["auto", "alphafold", "openfold", "protenix"],
+                   help="the file's format (default: told by its content)")
     p.set_defaults(func=cmd_import_weights)
 
     p = sub.add_parser(

@@ -423,7 +423,9 @@ def apply_overrides(cfg: TrainConfig, items: list[str]) -> TrainConfig:
         if rest[0] == "overrides" and section in ("model", "data"):
             raise ConfigError(f"{key}: use {section}.<field>")
         if section == "model" and rest[0] not in _fields(ModelConfig):
-            model = cfg.model_config()  # fields and types of the model preset
+            # fields and types of the model preset itself: the overrides are checked together
+            # at the end (a width and its head count must divide only once both are set)
+            model = _model_preset(cfg)
             _, _, typ = _resolve(model, rest, key)
             cfg.model.overrides[".".join(rest)] = _parse_value(key, text, typ)
         elif section == "data" and rest[0] not in _fields(DataConfig):
@@ -445,6 +447,13 @@ def apply_overrides(cfg: TrainConfig, items: list[str]) -> TrainConfig:
     except (ValueError, TypeError) as e:
         raise ConfigError(f"invalid configuration after overrides {items}: {e}") from e
     return cfg
+
+
+def _model_preset(cfg: TrainConfig) -> Any:
+    """The fold-model config of ``cfg``'s preset without its ``model.*`` overrides."""
+    base = TrainConfig.from_dict(cfg.to_dict())
+    base.model.overrides = {}
+    return base.model_config()
 
 
 def _fields(cls: type) -> set[str]:

@@ -45,16 +45,28 @@ class AttentionPairBias(nn.Module):
     is normalised by :class:`AdaLN` on ``s: [*, R, N, C_s]`` and the output gated by
     ``sigmoid(Linear(s))`` with bias -2 (adaptive zero init). :meth:`attend` takes separately
     normalised queries and keys (the atom transformer's query and key windows).
+
+    ``key_norm`` (the atom transformer's cross-attention between query and key windows): the keys
+    get an AdaLN of their own (AF3's code, ``cross_attention``: ``x_k = adaptive_layernorm(x_k,
+    single_cond_k)``), applied to the raw activations (``"input"``, AF3) or to the queries'
+    AdaLN output (``"query"``, Protenix 2.0's ``layernorm_kv(layernorm_a(a, s), s)``); None: the
+    keys are the normalised queries (self-attention).
     """
 
-    def __init__(self, c_a: int, c_z: int | None, no_heads: int, c_s: int | None = None) -> None:
+    def __init__(self, c_a: int, c_z: int | None, no_heads: int, c_s: int | None = None,
+                 key_norm: str | None = None) -> None:
         super().__init__()
+        if key_norm not in (None, "input", "query") or (key_norm is not None and c_s is None):
+            raise ValueError(f"key_norm must be None, 'input' or 'query' (with c_s), got "
+                             f"{key_norm!r}")
         self.ada_ln = AdaLN(c_a, c_s) if c_s is not None else None
+        self.key_norm = key_norm
+        self.ada_ln_kv = AdaLN(c_a, c_s) if key_norm is not None else None
         self.layer_norm_a = LayerNorm(c_a) if c_s is None else None
         if c_z is not None:
             self.layer_norm_z = LayerNorm(c_z)
             self.linear_z = Linear(c_z, no_heads, bias=False)
-        self.mha = Attention(c_a, c_a, c_a // no_heads, no_heads, gating=True)
+        self.mha = Attention(c_a, c_a, c_a // no_heads, no_heads, gating=True, q_bias=True)
         if c_s is not None:
             self.linear_s_gate = Linear(c_s, c_a)
             with torch.no_grad():
@@ -68,6 +80,14 @@ class AttentionPairBias(nn.Module):
         if self.ada_ln is not None:
             return self.ada_ln(a, s)
         return self.layer_norm_a(a)
+
+    def normalize_keys(self, a: torch.Tensor, a_norm: torch.Tensor, s: torch.Tensor | None
+                       ) -> torch.Tensor:
+        """The keys' normalisation of ``a`` (``a_norm``: :meth:`normalize` of it): see
+        ``key_norm`` in the class docstring."""
+        if self.ada_ln_kv is None:
+            return a_norm
+        return self.ada_ln_kv(a if self.key_norm == "input" else a_norm, s)
 
     def forward(
         self,

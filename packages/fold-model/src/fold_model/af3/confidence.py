@@ -20,7 +20,7 @@ from torch import nn
 from fold_model.af3.config import PairformerConfig
 from fold_model.af3.pairformer import PairformerStack
 from fold_model.geometry import rigid_from_3_points
-from fold_model.layers import Linear
+from fold_model.layers import LayerNorm, Linear
 
 __all__ = [
     "token_atom_index",
@@ -48,7 +48,11 @@ def _center_positions(x: torch.Tensor, center: torch.Tensor) -> torch.Tensor:
 
 
 class ConfidenceHead(nn.Module):
-    """Alg. 31. ``forward(feats, s_inputs [B, N, C_si], s_trunk [B, N, C_s], z_trunk [B, N, N, C_z],
+    """Alg. 31, with AF3's code where it adds to the supplement (LayerNorms before the heads,
+    the pair-distance bins of ``dgram_from_positions``, symmetrised PDE logits) and, with
+    ``confidence.variant="protenix"``, Protenix 2.0's differences (see docs/weights.md).
+
+    ``forward(feats, s_inputs [B, N, C_si], s_trunk [B, N, C_s], z_trunk [B, N, N, C_z],
     x_pred [B, S, A, 3]) -> logits`` ``plddt [B, S, A, 50]``, ``resolved [B, S, A, 2]``,
     ``pae [B, S, N, N, 64]``, ``pde [B, S, N, N, 64]``. Inputs are detached (no gradient into the
     trunk or the diffusion module)."""
@@ -61,8 +65,18 @@ class ConfidenceHead(nn.Module):
         self.linear_s_i = Linear(cfg.c_s_inputs, cfg.c_z, bias=False)
         self.linear_s_j = Linear(cfg.c_s_inputs, cfg.c_z, bias=False)
         self.linear_d = Linear(c.distance_no_bins, cfg.c_z, bias=False)
+        self.protenix = c.variant == "protenix"
+        if self.protenix:  # Protenix 2.0: LN(clamp(s_trunk)) and the raw distance embedded too
+            self.layer_norm_s_trunk = LayerNorm(cfg.c_s)
+            self.linear_d_raw = Linear(1, cfg.c_z, bias=False)
         pf = PairformerConfig(**{**vars(cfg.pairformer), "no_blocks": c.no_blocks})
         self.pairformer = PairformerStack(pf, cfg.c_s, cfg.c_z, use_checkpoint=cfg.checkpoint)
+        # LayerNorms before the four heads, as in AF3's code (pae_logits_ln, logits_ln,
+        # plddt_logits_ln, experimentally_resolved_ln) and Protenix's.
+        self.layer_norm_pae = LayerNorm(cfg.c_z)
+        self.layer_norm_pde = LayerNorm(cfg.c_z)
+        self.layer_norm_plddt = LayerNorm(cfg.c_s)
+        self.layer_norm_resolved = LayerNorm(cfg.c_s)
         self.linear_pae = Linear(cfg.c_z, c.pae_no_bins, bias=False, init="final")
         self.linear_pde = Linear(cfg.c_z, c.pde_no_bins, bias=False, init="final")
         # One weight matrix per atom slot of a token (LinearNoBias_{token_atom_idx(l)}).
@@ -93,22 +107,38 @@ class ConfidenceHead(nn.Module):
         S = x_pred.shape[1]
         z = z_trunk + self.linear_s_i(s_inputs).unsqueeze(-2)  # [B, N, N, C_z]
         z = z + self.linear_s_j(s_inputs).unsqueeze(-3)
-        centers = _center_positions(x_pred, feats["token_center_atom"])  # [B, S, N, 3]
+        # Distances between the tokens' representative atoms (AF3: the pseudo-beta atom, CB or
+        # CA for glycine; fold-data gives token_center_atom, CA, unless the batch has
+        # token_pseudo_beta_atom), one-hot in AF3's bins: lower edges
+        # linspace(min, max, no_bins), each bin open up to the next edge, the last unbounded.
+        rep = feats["token_pseudo_beta_atom" if "token_pseudo_beta_atom" in feats
+                    else "token_center_atom"]
+        centers = _center_positions(x_pred, rep)  # [B, S, N, 3]
         d = torch.cdist(centers, centers)  # [B, S, N, N]
-        edges = torch.linspace(c.distance_min_bin, c.distance_max_bin, c.distance_no_bins,
+        lower = torch.linspace(c.distance_min_bin, c.distance_max_bin, c.distance_no_bins,
                                device=d.device, dtype=d.dtype)
-        onehot = nn.functional.one_hot((d[..., None] - edges).abs().argmin(-1), c.distance_no_bins)
+        upper = torch.cat([lower[1:], lower.new_full((1,), 1e6)])
+        onehot = (d[..., None] > lower) & (d[..., None] < upper)  # [B, S, N, N, bins]
         z = z.unsqueeze(1) + self.linear_d(onehot.to(z.dtype))  # [B, S, N, N, C_z]
+        if self.protenix:
+            z = z + self.linear_d_raw(d[..., None].to(z.dtype))
+            s_trunk = self.layer_norm_s_trunk(s_trunk.clamp(-512, 512))
         s = s_trunk.unsqueeze(1).expand(-1, S, -1, -1)
         mask = feats["token_mask"].to(z.dtype)[:, None].expand(-1, S, -1)  # [B, S, N]
         s, z = self.pairformer(s, z, mask, mask[..., :, None] * mask[..., None, :])
         tok = feats["atom_to_token"].long()
         slot = token_atom_index(tok, s.shape[-2]).clamp_max(self.max_atoms - 1)
+        if self.protenix:  # Protenix: one projection of the symmetrised pair
+            pde = self.linear_pde(self.layer_norm_pde(z + z.transpose(-2, -3)))
+        else:  # AF3's code: the projection's logits symmetrised
+            pde = self.linear_pde(self.layer_norm_pde(z))
+            pde = pde + pde.transpose(-2, -3)
         return {
-            "pae": self.linear_pae(z),
-            "pde": self.linear_pde(z + z.transpose(-2, -3)),
-            "plddt": self._per_atom(s, self.plddt_weight, tok, slot),
-            "resolved": self._per_atom(s, self.resolved_weight, tok, slot),
+            "pae": self.linear_pae(self.layer_norm_pae(z)),
+            "pde": pde,
+            "plddt": self._per_atom(self.layer_norm_plddt(s), self.plddt_weight, tok, slot),
+            "resolved": self._per_atom(self.layer_norm_resolved(s), self.resolved_weight, tok,
+                                       slot),
         }
 
 

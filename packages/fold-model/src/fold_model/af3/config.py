@@ -45,6 +45,9 @@ class AtomAttentionConfig:
     n_queries: int = 32
     n_keys: int = 128
     max_atoms_per_token: int = 24  # per-atom heads (pLDDT, resolved) index atoms within a token
+    # Keys of the atom cross-attention get their own AdaLN (AF3's code), of the raw atom
+    # activations ("input", AF3) or of the queries' AdaLN output ("query", Protenix 2.0).
+    key_norm: str = "input"
 
 
 @dataclass
@@ -140,9 +143,14 @@ class ConfidenceConfig:
 
     enabled: bool = True
     no_blocks: int = 4
-    distance_min_bin: float = 3.375
-    distance_max_bin: float = 21.375
+    # Lower edges of the pair-distance one-hot (AF3's code: DistogramFeaturesConfig, 3.25 to
+    # 50.75 A in 39 bins; the last bin unbounded).
+    distance_min_bin: float = 3.25
+    distance_max_bin: float = 50.75
     distance_no_bins: int = 39
+    # "af3" (AF3's code) or "protenix" (Protenix 2.0: LN(clamp(s_trunk, +-512)) before the
+    # Pairformer, the raw distance embedded beside its one-hot, PDE = Linear(LN(z + z^T))).
+    variant: str = "af3"
     plddt_no_bins: int = 50
     pae_no_bins: int = 64
     pae_max: float = 32.0
@@ -204,6 +212,9 @@ class AlphaFold3Config:
     uncheckpointed_pairformer_blocks: int = 0
     uncheckpointed_diffusion_blocks: int = 0
     chunk_size: int | None = None  # inference-only chunking of the pair updates
+    # What the initial pair is projected from (Alg. 1 line 3): "s_inputs" (the supplement and
+    # AF3's code) or "s_init" (Protenix 2.0: LinearNoBias(s_init_i) + LinearNoBias(s_init_j)).
+    z_init_from: str = "s_inputs"
 
     @property
     def c_s_inputs(self) -> int:
@@ -223,6 +234,14 @@ class AlphaFold3Config:
                 raise ValueError(f"{name} must be in 0..{n} (the stack's blocks), got {k}")
         if self.no_cycles < 1:
             raise ValueError(f"no_cycles must be >= 1, got {self.no_cycles}")
+        for name, value, allowed in (("z_init_from", self.z_init_from, ("s_inputs", "s_init")),
+                                     ("confidence.variant", self.confidence.variant,
+                                      ("af3", "protenix"))):
+            if value not in allowed:
+                raise ValueError(f"{name} must be one of {allowed}, got {value!r}")
+        if self.atom.key_norm not in ("input", "query"):
+            raise ValueError(f"atom.key_norm must be 'input' or 'query', got "
+                             f"{self.atom.key_norm!r}")
         if self.atom.n_keys < self.atom.n_queries or self.atom.n_keys % 2:
             raise ValueError(
                 f"atom attention: n_keys ({self.atom.n_keys}) must be even and >= n_queries "

@@ -84,11 +84,13 @@ class RelativePositionEncoding(nn.Module):
 
 
 def atom_features(feats: dict[str, torch.Tensor], dtype: torch.dtype) -> torch.Tensor:
-    """Alg. 5 line 1 input: ``[*, A, 389]``: ref_pos, ref_charge, ref_mask, one-hot element (128
-    classes) and one-hot atom name characters (4 x 64)."""
+    """Alg. 5 line 1 input: ``[*, A, 389]``: ref_pos, arcsinh(ref_charge), ref_mask, one-hot
+    element (128 classes) and one-hot atom name characters (4 x 64). The charge enters as
+    ``arcsinh`` as in AF3's code (``_per_atom_conditioning``) and Protenix's (the supplement says
+    ``ref_charge``): the released weights were trained on it."""
     return torch.cat([
         feats["ref_pos"].to(dtype),
-        feats["ref_charge"].to(dtype)[..., None],
+        torch.arcsinh(feats["ref_charge"].to(dtype))[..., None],
         feats["ref_mask"].to(dtype)[..., None],
         nn.functional.one_hot(feats["ref_element"].long().clamp(0, 127), 128).to(dtype),
         nn.functional.one_hot(feats["ref_atom_name_chars"].long().clamp(0, 63), 64)
@@ -166,10 +168,11 @@ class AtomTransformer(nn.Module):
     """
 
     def __init__(self, c_atom: int, c_atompair: int, no_blocks: int, no_heads: int,
-                 use_checkpoint: bool = False) -> None:
+                 use_checkpoint: bool = False, key_norm: str = "input") -> None:
         super().__init__()
         self.attention = nn.ModuleList(
-            AttentionPairBias(c_atom, c_atompair, no_heads, c_s=c_atom) for _ in range(no_blocks)
+            AttentionPairBias(c_atom, c_atompair, no_heads, c_s=c_atom, key_norm=key_norm)
+            for _ in range(no_blocks)
         )
         self.transition = nn.ModuleList(
             ConditionedTransitionBlock(c_atom, c_atom, 2) for _ in range(no_blocks)
@@ -198,8 +201,9 @@ class AtomTransformer(nn.Module):
     def _block(attn, trans, win: AtomWindows, q, c_q, c_all, mask, p) -> torch.Tensor:
         bias = attn.bias_from_pair(p)  # [B, K, H, n_q, n_k]
         x = attn.normalize(q, c_all)  # [B, S, A, C]
+        x_kv = attn.normalize_keys(q, x, c_all)  # [B, S, A, C]
         x_q = win.queries(x).transpose(1, 2)  # [B, K, S, n_q, C]
-        x_k = win.keys(x).transpose(1, 2)  # [B, K, S, n_k, C]
+        x_k = win.keys(x_kv).transpose(1, 2)  # [B, K, S, n_k, C]
         out = attn.attend(x_q, x_k, mask, bias, c_q)  # [B, K, S, n_q, C]
         q = q + win.unwindow(out.transpose(1, 2))  # [B, S, A, C]
         return q + trans(q, c_all)
@@ -236,7 +240,8 @@ class AtomAttentionEncoder(nn.Module):
             nn.ReLU(), Linear(c_ap, c_ap, bias=False, init="relu"),
             nn.ReLU(), Linear(c_ap, c_ap, bias=False, init="final"),
         )
-        self.transformer = AtomTransformer(c_atom, c_ap, cfg.no_blocks, cfg.no_heads)
+        self.transformer = AtomTransformer(c_atom, c_ap, cfg.no_blocks, cfg.no_heads,
+                                           key_norm=cfg.key_norm)
         self.linear_out = Linear(c_atom, c_token, bias=False, init="relu")
 
     def forward(
@@ -249,7 +254,10 @@ class AtomAttentionEncoder(nn.Module):
         dtype = self.linear_feat.weight.dtype
         atom_mask = feats["atom_mask"]
         win = AtomWindows(atom_mask, self.cfg.n_queries, self.cfg.n_keys)
+        # Atoms outside the reference conformer get no conditioning (AF3's and Protenix's code:
+        # ``act *= ref_mask``).
         c = self.linear_feat(atom_features(feats, dtype))  # [B, A, C_atom]
+        c = c * feats["ref_mask"].to(dtype)[..., None]
         # Pairs inside one reference conformer (same ref_space_uid, real atoms): Alg. 5 lines 2-6.
         uid = feats["ref_space_uid"][..., None]  # [B, A, 1]
         pos = feats["ref_pos"].to(dtype)  # [B, A, 3]
@@ -287,7 +295,8 @@ class AtomAttentionDecoder(nn.Module):
     def __init__(self, cfg, c_token: int) -> None:
         super().__init__()
         self.linear_a = Linear(c_token, cfg.c_atom, bias=False)
-        self.transformer = AtomTransformer(cfg.c_atom, cfg.c_atompair, cfg.no_blocks, cfg.no_heads)
+        self.transformer = AtomTransformer(cfg.c_atom, cfg.c_atompair, cfg.no_blocks, cfg.no_heads,
+                                           key_norm=cfg.key_norm)
         self.layer_norm = LayerNorm(cfg.c_atom)
         self.linear_out = Linear(cfg.c_atom, 3, bias=False, init="final")
 

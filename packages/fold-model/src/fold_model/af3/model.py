@@ -47,8 +47,9 @@ class AlphaFold3(nn.Module):
         ckpt = cfg.checkpoint
         self.input_embedder = InputFeatureEmbedder(cfg.atom, cfg.c_token_input)
         self.linear_s_init = Linear(c_si, c_s, bias=False)
-        self.linear_z_i = Linear(c_si, c_z, bias=False)
-        self.linear_z_j = Linear(c_si, c_z, bias=False)
+        c_z_init = c_s if cfg.z_init_from == "s_init" else c_si
+        self.linear_z_i = Linear(c_z_init, c_z, bias=False)
+        self.linear_z_j = Linear(c_z_init, c_z, bias=False)
         self.relpos = RelativePositionEncoding(c_z, cfg.relpos.r_max, cfg.relpos.s_max)
         self.linear_token_bonds = Linear(1, c_z, bias=False)
         self.layer_norm_z_prev = LayerNorm(c_z)
@@ -149,7 +150,8 @@ class AlphaFold3(nn.Module):
         dtype = self.linear_s_init.weight.dtype
         s_inputs = self.input_embedder(feats)  # [B, N, C_si]
         s_init = self.linear_s_init(s_inputs)
-        z_init = self.linear_z_i(s_inputs).unsqueeze(-2) + self.linear_z_j(s_inputs).unsqueeze(-3)
+        z_src = s_init if self.config.z_init_from == "s_init" else s_inputs
+        z_init = self.linear_z_i(z_src).unsqueeze(-2) + self.linear_z_j(z_src).unsqueeze(-3)
         z_init = z_init + self.relpos(feats).to(dtype)
         z_init = z_init + self.linear_token_bonds(feats["token_bonds"].to(dtype)[..., None])
         token_mask = feats["token_mask"].to(dtype)

@@ -94,7 +94,10 @@ class MSAModuleBlock(PairUpdates):
         )
         self.last = last
         self.msa_dropout = cfg.msa_dropout
-        self.outer_product_mean = OuterProductMean(cfg.c_m, c_z, cfg.c_hidden_opm)
+        # (W o + b) / (eps + n): the bias divided by the pair count too, as in AF3's code
+        # (OuterProductMean) and Protenix's, which the released weights were trained with.
+        self.outer_product_mean = OuterProductMean(cfg.c_m, c_z, cfg.c_hidden_opm,
+                                                   divide_bias=True)
         if not last:
             self.pair_weighted_averaging = MSAPairWeightedAveraging(
                 cfg.c_m, c_z, cfg.c_hidden_pair_avg, cfg.no_heads_pair_avg

@@ -103,5 +103,7 @@ class TemplateEmbedder(BlockStack):
         (v,) = self.run((v,), (t_pair_mask,), split=(True,))  # split over N_i: [*, T, N/P, N, c_t]
         t_mask = feats["template_mask"].to(z.dtype)  # [*, T]
         u = (self.layer_norm_v(v) * t_mask[..., None, None, None]).sum(-4)  # [*, N, N, c_t]
-        u = u / t_mask.sum(-1).clamp_min(1.0)[..., None, None, None]
+        # / (1e-7 + T) as AF3's code (and Protenix's), there over all T template slots given; here
+        # over the real ones (u is 0 without any)
+        u = u / (1e-7 + t_mask.sum(-1))[..., None, None, None]
         return self.linear_out(torch.relu(u))

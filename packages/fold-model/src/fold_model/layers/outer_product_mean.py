@@ -24,9 +24,10 @@ class OuterProductMean(nn.Module):
     update ``[*, N_res/P, N_res, C_z]``. With ``chunk_size`` the output rows i are computed in
     slices.
 
-    ``divide_bias``: ``(W o + b) / (eps + n)`` as AF2's code (and so its released weights; the
-    AF2 blocks switch it on from ``EvoformerConfig.opm_divide_bias``); off (the default here,
-    which AF3's MSA module keeps): ``W o / (eps + n) + b``, the supplement's ``Linear(mean)``.
+    ``divide_bias``: ``(W o + b) / (eps + n)`` as AF2's and AF3's code (and so their released
+    weights and Protenix's; the AF2 blocks switch it on from ``EvoformerConfig.opm_divide_bias``,
+    AF3's MSA module always); off (the default here): ``W o / (eps + n) + b``, the supplements'
+    ``Linear(mean)``.
     """
 
     def __init__(

@@ -130,7 +130,8 @@ class Attention(nn.Module):
     shared by the R rows; ``mask: [*, R, N_k]``. Output ``[*, R, N_q, C_q]``. With
     ``chunk_size`` the R rows are processed in slices (inference memory saving). ``packed_op``
     is the registry op of the self-attention path (signature of ``ops.attention_packed``):
-    triangle attention passes ``ops.triangle_attention``.
+    triangle attention passes ``ops.triangle_attention``. ``q_bias``: the query projection has a
+    bias (AF3's attention with pair bias, Alg. 24 line 6, and AF3's code; AF2's has none).
     """
 
     def __init__(
@@ -141,13 +142,14 @@ class Attention(nn.Module):
         no_heads: int,
         gating: bool = True,
         packed_op: Callable[..., torch.Tensor] = ops.attention_packed,
+        q_bias: bool = False,
     ) -> None:
         super().__init__()
         self.packed_op = packed_op
         self.c_hidden = c_hidden
         self.no_heads = no_heads
         hd = c_hidden * no_heads
-        self.linear_q = Linear(c_q, hd, bias=False, init="glorot")
+        self.linear_q = Linear(c_q, hd, bias=q_bias, init="glorot")
         self.linear_k = Linear(c_kv, hd, bias=False, init="glorot")
         self.linear_v = Linear(c_kv, hd, bias=False, init="glorot")
         self.linear_g = Linear(c_q, hd, init="gating") if gating else None
@@ -180,19 +182,28 @@ class Attention(nn.Module):
             layers.append(self.linear_g)
         return torch.cat([lin.weight for lin in layers])
 
+    def _packed_bias(self, weight: torch.Tensor) -> torch.Tensor | None:
+        """The query bias padded with zeros to ``[P * H * D]`` (k, v have none; the gate's bias
+        goes to the attention op separately), or None without a query bias."""
+        if self.linear_q.bias is None:
+            return None
+        q_bias = self.linear_q.bias
+        return torch.cat([q_bias, q_bias.new_zeros(weight.shape[0] - q_bias.shape[0])])
+
     def _self_attend(
         self,
         x: torch.Tensor,
         mask: torch.Tensor | None,
         bias: torch.Tensor | None,
         weight: torch.Tensor,
+        proj_bias: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Self-attention: q, k, v and the gate from one GEMM of the stacked ``weight``, handed
         to ``ops.attention_packed`` whole (a kernel backend reads the four parts in place and
         writes their gradients into one tensor: one GEMM each way instead of four, and no sum of
         four input gradients)."""
         gated = self.linear_g is not None
-        proj = F.linear(x, weight)  # [*, R, N, P * H * D]
+        proj = F.linear(x, weight, proj_bias)  # [*, R, N, P * H * D]
         gate_bias = self.linear_g.bias if gated else None
         o = self.packed_op(
             proj, self.no_heads, bias, mask, self.c_hidden**-0.5, gate_bias, gated
@@ -209,7 +220,8 @@ class Attention(nn.Module):
     ) -> torch.Tensor:
         if q_x is kv_x:
             # weights stacked once, not once per chunk
-            shared = (bias, self._packed_weight())
+            weight = self._packed_weight()
+            shared = (bias, weight, self._packed_bias(weight))
             return chunked_rows(
                 self._self_attend, chunk_size, ((q_x, -3), (mask, -2)), shared, out_dim=-3
             )
