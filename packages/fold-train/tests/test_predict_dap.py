@@ -143,6 +143,15 @@ def af2_ckpt(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
+def af2_parallel_ckpt(tmp_path_factory) -> Path:
+    """The same tiny AF2 with the Parallel Evoformer block order (what BP splits)."""
+    if not FASTA.is_file():
+        pytest.skip(f"bundled demo data not found at {MONOMER}")
+    return _checkpoint(tmp_path_factory.mktemp("af2p") / "af2p.ckpt", "tiny",
+                       [*AF2_OVERRIDES, "model.block_order=parallel"])
+
+
+@pytest.fixture(scope="module")
 def af3_json(tmp_path_factory) -> Path:
     """An AlphaFold3 input JSON of 1PSM's chain with its real MSA less its last row (11 rows:
     padded to 12 on 4 ranks) and FK506 (57 atoms, one token each): 38 + 57 = 95 tokens."""
@@ -197,7 +206,8 @@ def _predict_af2(ckpt: Path, parallel: PredictParallel | None, holes: bool = Tru
     parallel = parallel or PredictParallel(0, 0, 1)
     done = parallelize(model, make_family("af2", cfg.model_config()),
                        parallel.adjust(Techniques(chunk_size=chunk_size)))
-    assert len(done.parallel_handles) == (3 if parallel.dap > 1 else 0)
+    # DAP: Evoformer, extra MSA and template stacks; BP: Evoformer and extra MSA stacks
+    assert len(done.parallel_handles) == 3 * (parallel.dap > 1) + 2 * (parallel.bp > 1)
     batch = _af2_batch(cfg, holes, templates)
     assert batch["template_mask"][0, 0].tolist() == ([1.0, 1.0] if templates else [0.0, 0.0])
     out = AF2Predictor(model, "cpu", cuda_graphs=False)(batch)
@@ -235,15 +245,19 @@ def _predict_af3(ckpt: Path, source: Path, parallel: PredictParallel | None):
             "padded": (batch["token_mask"].shape[-1], batch["msa_mask"].shape[-2])}
 
 
-def _worker(rank: int, world: int, init: str, out_dir: str, kind: str, args: tuple) -> None:
+def _worker(rank: int, world: int, init: str, out_dir: str, kind: str, args: tuple,
+            bp: int = 1) -> None:
     import torch.distributed as dist
     from fold_train.distributed import DistContext, model_parallel
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
     try:
-        ctx = model_parallel(DistContext(rank, world, torch.device("cpu"), None), dap=world)
-        parallel = PredictParallel(rank, ctx.groups.dap_index, world, ctx.groups)
+        ctx = model_parallel(DistContext(rank, world, torch.device("cpu"), None),
+                             dap=world // bp, bp=bp)
+        g = ctx.groups
+        parallel = PredictParallel(rank, g.dap_index, world // bp, g, bp=bp,
+                                   bp_rank=g.bp_index)
         if kind == "af2":
             ckpt, chunk_size = args
             out = _predict_af2(ckpt, parallel, chunk_size=chunk_size)
@@ -254,10 +268,10 @@ def _worker(rank: int, world: int, init: str, out_dir: str, kind: str, args: tup
         dist.destroy_process_group()
 
 
-def _spawn(kind: str, world: int, tmp_path: Path, *args) -> list[dict]:
+def _spawn(kind: str, world: int, tmp_path: Path, *args, bp: int = 1) -> list[dict]:
     import torch.multiprocessing as mp
 
-    mp.spawn(_worker, args=(world, f"file://{tmp_path}/store", str(tmp_path), kind, args),
+    mp.spawn(_worker, args=(world, f"file://{tmp_path}/store", str(tmp_path), kind, args, bp),
              nprocs=world, join=True)
     return [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in range(world)]
 
@@ -300,6 +314,20 @@ def test_af2_dap_prediction_equals_one_process(af2_ckpt, tmp_path, world, chunk_
         for k, v in ref.items():
             if k != "final_atom_mask":  # the atoms of the sequence: no function of the MSA
                 assert _rel(other[k], v) > 100 * TOL, k
+
+
+@pytest.mark.distributed
+@pytest.mark.slow
+@pytest.mark.parametrize("world", [2, 4])
+def test_af2_bp_prediction_equals_one_process(af2_parallel_ckpt, tmp_path, world):
+    """Branch Parallelism (Parallel Evoformer): BP 2 on 2 ranks, BP 2 x DAP 2 on 4."""
+    torch.set_num_threads(1)
+    ref = _predict_af2(af2_parallel_ckpt, None)
+    got = _spawn("af2", world, tmp_path, af2_parallel_ckpt, None, bp=2)
+    for rank, out in enumerate(got):
+        for k, v in ref.items():
+            err = _rel(out[k], v)
+            assert err < TOL, (rank, k, err)
 
 
 @pytest.mark.distributed
@@ -442,6 +470,12 @@ def test_dap_refuses_autochunk_and_a_world_of_another_size(af2_ckpt, capsys, mon
     monkeypatch.setenv("WORLD_SIZE", "2")  # refused before any process group is started
     assert main([*base, "--dap", "2", "--autochunk", "auto"]) == 2
     assert "under --dap > 1 chunk each rank's shard with --chunk-size" in capsys.readouterr().err
+    assert main([*base, "--dap", "2", "--bp", "2"]) == 2
+    assert "--dap 2 x --bp 2 with 2 processes" in capsys.readouterr().err
+    af3 = ["predict", "--checkpoint", "x.ckpt", "--json", "x.json", "--bp", "2"]
+    assert main(af3) == 2
+    assert "--bp 2: branch parallelism is the AF2 Parallel Evoformer's" in \
+        capsys.readouterr().err
 
 
 # -- a batch over the ranks: one-GPU inputs dealt out, DAP for the larger -------------------------

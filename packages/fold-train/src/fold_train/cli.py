@@ -466,6 +466,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "Pairformer, MSA module and template embedder, diffusion samples split "
                         "over the ranks. Chunk each rank with --chunk-size (not --autochunk); "
                         "CUDA graphs are off; rank 0 writes")
+    p.add_argument("--bp", type=int, choices=(1, 2), metavar="{1,2}",
+                   help="AF2 with the Parallel Evoformer (model.block_order=parallel): 2 runs "
+                        "the MSA and pair branches of each block on 2 ranks (HelixFold's Branch "
+                        "Parallelism); world size = DAP x BP")
     p.add_argument("--no-dao", action="store_true",
                    help="with --dap: synchronous all-to-alls (no DAO overlap with compute)")
     p.add_argument("--samples", type=int, help="AF3: diffusion samples (default: the model's)")

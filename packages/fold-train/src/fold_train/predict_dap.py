@@ -25,6 +25,8 @@ policy that shares a batch of inputs between ranks.
   under DAP > 1 (AutoChunk with DAP 1 is unchanged).
 * **CUDA graphs** are off under DAP > 1 (NCCL collectives inside captured graphs are not
   supported by this code; at thousands of residues the launch overhead graphs remove is small).
+* **BP** (``--bp 2``, AF2 with the Parallel Evoformer): the MSA and pair branches of each
+  block on two ranks (HelixFold / Parallel Evoformer), DAP inside each branch; world = DAP x BP.
 * **Only rank 0 writes** (:attr:`PredictParallel.writes`).
 * **Failures** (:func:`fail_together`): a rank that fails posts its error in the process group's
   store; every other rank stops with an error naming that rank (:class:`RankFailed`), also one
@@ -187,24 +189,27 @@ def plan_batch(estimates: Mapping[str, Any], world_size: int, budget: int, *,
 # -- this rank's part -----------------------------------------------------------------------------
 @dataclass(frozen=True)
 class PredictParallel:
-    """This rank's part in a prediction shared by a DAP group: what ``Family.predict`` needs to
-    run distributed (``groups`` for ``parallelize``, who writes, AF3's padding and samples)."""
+    """This rank's part in a prediction shared by a DAP group (and, AF2's Parallel Evoformer,
+    a BP pair of them): what ``Family.predict`` needs to run distributed (``groups`` for
+    ``parallelize``, who writes, AF3's padding and samples)."""
 
     rank: int  # world rank
     dap_rank: int  # index in the DAP group
     dap: int  # DAP degree
-    groups: Any = None  # fold_parallel.ParallelGroups (None: DAP 1)
+    groups: Any = None  # fold_parallel.ParallelGroups (None: DAP 1, BP 1)
     dao: bool = True
+    bp: int = 1  # Branch Parallelism degree (AF2, block_order=parallel)
+    bp_rank: int = 0  # index in the BP group
 
     @property
     def writes(self) -> bool:
-        """Whether this rank writes the outputs (the DAP group's first rank)."""
-        return self.dap_rank == 0
+        """Whether this rank writes the outputs (the first rank of the model's group)."""
+        return self.dap_rank == 0 and self.bp_rank == 0
 
     def adjust(self, techniques):
-        """``techniques`` (``fold_train.parallelize.Techniques``) with this DAP group's
-        ``groups`` and DAO, and CUDA graphs off (module docstring); unchanged for DAP 1."""
-        if self.dap == 1:
+        """``techniques`` (``fold_train.parallelize.Techniques``) with this model group's
+        ``groups`` and DAO, and CUDA graphs off (module docstring); unchanged for one rank."""
+        if self.dap == 1 and self.bp == 1:
             return techniques
         return dataclasses.replace(techniques, groups=self.groups, dao=self.dao,
                                    cuda_graphs=False)
@@ -426,7 +431,7 @@ def requested(args: argparse.Namespace) -> bool:
     """Whether ``fold-train predict`` runs distributed: ``--dap`` given, or started by torchrun
     with more than one process. ``--search`` is refused then (every rank would search and
     write the same files): search once, then predict with the MSAs it wrote."""
-    wanted = (getattr(args, "dap", None) is not None
+    wanted = (getattr(args, "dap", None) is not None or (getattr(args, "bp", None) or 1) > 1
               or int(os.environ.get("WORLD_SIZE", "1")) > 1)
     if wanted and getattr(args, "search", None):
         from fold_train.errors import ConfigError
@@ -438,36 +443,41 @@ def requested(args: argparse.Namespace) -> bool:
 
 
 def run_distributed(args: argparse.Namespace, family, device: str | None) -> dict | None:
-    """``fold-train predict`` of one input on every rank of the torchrun job, under DAP of the
-    whole world (``--dap`` must equal the world size; default: it). Returns the summary on rank
-    0 (the writer), None on the others."""
+    """``fold-train predict`` of one input on every rank of the torchrun job: DAP x BP of the
+    whole world (``--dap`` times ``--bp`` must equal the world size; default ``--dap``: the
+    world over ``--bp``). Returns the summary on rank 0 (the writer), None on the others."""
     from fold_train.distributed import model_parallel, setup, teardown
     from fold_train.errors import ConfigError
 
     world = int(os.environ.get("WORLD_SIZE", "1"))
-    dap = args.dap if getattr(args, "dap", None) is not None else world
+    bp = getattr(args, "bp", None) or 1
+    if bp > 1 and not family.branch_parallel:
+        raise ConfigError(f"--bp {bp}: branch parallelism is the AF2 Parallel Evoformer's; "
+                          f"{family.name.upper()} predicts with --dap")
+    dap = args.dap if getattr(args, "dap", None) is not None else max(1, world // bp)
     if dap < 1:
         raise ConfigError(f"--dap must be >= 1, got {dap}")
-    if dap != world:
-        raise ConfigError(f"--dap {dap} with {world} processes: one input is split over every "
-                          f"rank, so start it with torchrun --nproc-per-node {dap} (the world "
-                          f"size is {world})")
+    if dap * bp != world:
+        raise ConfigError(f"--dap {dap}{f' x --bp {bp}' if bp > 1 else ''} with {world} "
+                          f"processes: one input is split over every rank, so start it with "
+                          f"torchrun --nproc-per-node {dap * bp} (the world size is {world})")
     if dap > 1 and getattr(args, "autochunk", None) is not None:
         raise ConfigError("--autochunk traces the stacks with torch.fx and cannot trace DAP's "
                           "collectives: under --dap > 1 chunk each rank's shard with "
                           "--chunk-size (e.g. 64)")
     ctx = setup(None if device is None or world > 1 else device)
     try:
-        ctx = model_parallel(ctx, dap=dap)
+        ctx = model_parallel(ctx, dap=dap, bp=bp)
         groups = ctx.groups
         parallel = PredictParallel(rank=ctx.rank, dap_rank=groups.dap_index if groups else 0,
                                    dap=dap, groups=groups,
-                                   dao=not getattr(args, "no_dao", False))
+                                   dao=not getattr(args, "no_dao", False), bp=bp,
+                                   bp_rank=groups.bp_index if groups else 0)
         args.parallel = parallel
         with fail_together(ctx, "predict"):
             summary = family.predict(args, str(ctx.device))
         if parallel.writes:
-            return {**summary, "dap": dap}
+            return {**summary, "dap": dap, **({"bp": bp} if bp > 1 else {})}
         return None
     finally:
         teardown(ctx)
