@@ -17,8 +17,9 @@ policy that shares a batch of inputs between ranks.
   share, so the distributed prediction equals the one-process one; the samples are gathered for
   ranking (:meth:`PredictParallel.gather_samples`). Samples rather than the diffusion
   transformer's pair bias split along tokens: no communication in the sampler's steps at all
-  (the other split needs an all-gather per attention layer per step); the single-GPU baseline
-  of ``benchmarks/parallel/predict_dap.py`` is where that choice gets measured.
+  (the other split needs an all-gather per attention layer per step), and it needs no change to
+  the diffusion module. The AF3 rows of ``benchmarks/parallel/predict_dap.py`` on 2-8 GPUs are
+  what would show whether the other split is worth it (not run yet: no multi-GPU machine).
 * **DAO**: the Evoformer's MSA all-to-all overlaps the pair stack (``dao``, on by default).
 * **Chunking per rank**: ``--chunk-size`` (every block chunks its shard). AutoChunk plans a stack
   by tracing it with torch.fx on fake tensors, which cannot run the DAP collectives: refused
@@ -34,8 +35,9 @@ policy that shares a batch of inputs between ranks.
 
 The memory plan per rank is :func:`rank_estimate` (the one-device estimate of
 :mod:`fold_train.memory_estimate` spread over the DAP degree); :func:`choose_dap` picks the
-smallest degree that fits, and :func:`plan_batch` shares a batch of inputs between ranks: inputs
-that fit one device are distributed over the ranks, DAP only for those that do not.
+smallest degree that fits (:func:`more_ranks_hint`: the pre-flight refusal names it), and
+:func:`plan_batch` shares a batch of inputs between ranks: inputs that fit one device are dealt
+to the ranks, DAP only for those that do not; :func:`dispatch_batch` runs such a plan.
 """
 
 from __future__ import annotations
