@@ -3,14 +3,17 @@ Parallelism (issue 28; FastFold section 6.2, Table 5): wall time per recycling p
 whole prediction, and peak memory per rank, for each DAP degree (the world size of the run).
 
     source benchmarks/gpu_setup.sh
-    # one GPU, DAP 1: the baseline (AF3 1024 tokens, AF2 3072 residues 2 passes, 4096 1 pass;
-    # about 6 minutes on one H100, 4096 skipped if 3072 projects it past the budget)
-    python -m benchmarks.parallel.predict_dap --af3-tokens 1024 --n-res 3072 4096 \\
-        --recycles 2 1 --chunk-size 64 --budget-s 400 \\
-        --out benchmarks/results/parallel/predict_dap_1gpu.json
+    # one GPU, DAP 1, the baseline: AF2 3072 residues (2 passes) and 4096 (1 pass; skipped if
+    # 3072 projects it past the budget), about 6 minutes on one H100; then AF3 1024 tokens
+    # (5 samples x 50 steps, 1 trunk cycle), about 2 minutes
+    python -m benchmarks.parallel.predict_dap --n-res 3072 4096 --recycles 2 1 \\
+        --chunk-size 64 --budget-s 420 --out benchmarks/results/parallel/predict_dap_1gpu.json
+    python -m benchmarks.parallel.predict_dap --n-res --af3-tokens 1024 \\
+        --out benchmarks/results/parallel/predict_dap_1gpu_af3.json
     # N GPUs of one host, DAP N (N = 2, 4, 8)
     torchrun --nproc-per-node N -m benchmarks.parallel.predict_dap --n-res 3072 4096 \\
-        --chunk-size 64 --out benchmarks/results/parallel/predict_dap_Ngpu.json
+        --recycles 2 --chunk-size 64 --af3-tokens 1024 \\
+        --out benchmarks/results/parallel/predict_dap_Ngpu.json
     # every degree in one table, FastFold's figures beside
     python -m benchmarks.parallel.predict_dap \\
         --merge benchmarks/results/parallel/predict_dap_*gpu.json \\
