@@ -58,7 +58,7 @@ import torch
 import torch.distributed as dist
 
 from benchmarks.common.machine import versions
-from benchmarks.common.results import REPO, merged_rows, write_result
+from benchmarks.common.results import REPO, RESULTS, merged_rows, write_result
 
 AMINO = "ACDEFGHIKLMNPQRSTVWY"
 # FastFold (Cheng et al. 2024) Table 5: inference latency (s) of AF2 on A100s, DAP + AutoChunk;
@@ -347,7 +347,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--tiny", action="store_true", help="CPU smoke: tiny models and sizes")
     p.add_argument("--merge", nargs="*", metavar="JSON",
                    help="write one table of these runs' rows (no prediction)")
-    p.add_argument("--out", required=True, help="the JSON result (Markdown beside it)")
+    p.add_argument("--out", help="the JSON result, Markdown beside it (default: "
+                                 "benchmarks/results/parallel/predict_dap_<N>gpu.json)")
     args = p.parse_args(argv)
     if args.tiny and args.n_res == [3072, 4096]:
         args.n_res, args.msa_rows = [21, 27], 12
@@ -357,6 +358,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.merge:
+        if args.out is None:
+            raise SystemExit("--merge needs --out")
         rows, devices = merged_rows(args.merge)
         first = json.loads(Path(args.merge[0]).read_text())
         result = {**{k: first[k] for k in ("device", "torch", "triton", "date")},
@@ -377,7 +380,8 @@ def main(argv: list[str] | None = None) -> int:
     if ctx.rank == 0:
         result = {**versions(ctx.device), "world_size": ctx.world_size,
                   "wall_s": time.perf_counter() - start, "rows": rows}
-        write_result(Path(args.out), result, to_markdown(result))
+        out = args.out or RESULTS / "parallel" / f"predict_dap_{ctx.world_size}gpu.json"
+        write_result(Path(out), result, to_markdown(result))
         print(to_markdown(result))
     _everyone(None, ctx)
     if ctx.rank == 0:
