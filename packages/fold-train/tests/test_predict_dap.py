@@ -81,6 +81,10 @@ def test_preflight_refusal_names_the_gpus_that_would_fit(af2_ckpt):
     with pytest.raises(InputTooLarge, match=r"split it over 3 GPUs with DAP.*--nproc-per-node 3"):
         check_af2_input(**kw, memory_limit=budget)
     check_af2_input(**kw, memory_limit=budget, dap=3)  # the per-rank plan fits
+    # under DAP the chunking a refusal suggests is the chunk size per rank, not AutoChunk
+    with pytest.raises(InputTooLarge, match="chunk each rank's shard: --chunk-size 64") as info:
+        check_af2_input(**kw, memory_limit=budget, dap=2)
+    assert "--autochunk" not in str(info.value)
     with pytest.raises(InputTooLarge, match="not even 64"):
         check_af2_input(**kw, memory_limit=1000)
 

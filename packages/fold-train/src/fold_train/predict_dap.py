@@ -68,6 +68,7 @@ __all__ = [
     "more_ranks_hint",
     "plan_batch",
     "rank_estimate",
+    "rank_plan",
     "run_distributed",
 ]
 
@@ -96,6 +97,18 @@ def rank_estimate(est, dap: int):
     transient = {k: -(-v // dap) for k, v in est.transient.items()}
     return dataclasses.replace(est, what=f"{est.what} per rank of DAP {dap}", resident=resident,
                                transient=transient)
+
+
+def rank_plan(est, dap: int):
+    """``(per-rank estimate, chunking options)`` of the pre-flight check of one rank of ``dap``:
+    under DAP the chunking that can help is the manual chunk size of each rank's shard
+    (AutoChunk cannot trace the collectives), so that is the option a refusal names."""
+    mine = rank_estimate(est, dap)
+    if dap == 1 or not est.chunkable:
+        return mine, []
+    hint = ("a smaller --chunk-size" if mine.chunk_fraction < 1 else
+            "chunk each rank's shard: --chunk-size 64 (smaller for less memory)")
+    return dataclasses.replace(mine, chunkable=False), [hint]
 
 
 def _divisors(n: int) -> list[int]:

@@ -13,7 +13,7 @@ from fold_data.errors import InputError
 from fold_data.limits import InputSize, SizeLimits, check_size, entry_size, sequence_size
 
 from fold_train.memory_estimate import af2_estimate, af3_estimate, budget_bytes, check_memory
-from fold_train.predict_dap import more_ranks_hint, rank_estimate
+from fold_train.predict_dap import more_ranks_hint, rank_plan
 
 __all__ = ["check_af2_input", "check_af3_input"]
 
@@ -50,8 +50,9 @@ def check_af2_input(*, fasta=None, mmcif=None, chain=None, msas: Sequence = (), 
     whole = af2_estimate(size.n_tokens, model_config, data_preset, precision=precision,
                          chunk_size=chunk_size)
     budget = budget_bytes(device, memory_limit, memory)
-    check_memory(rank_estimate(whole, dap), budget, source=source, device=str(device),
-                 options=[_MORE_MEMORY, more_ranks_hint(whole, budget, dap),
+    mine, chunking = rank_plan(whole, dap)  # this rank's part under DAP
+    check_memory(mine, budget, source=source, device=str(device),
+                 options=[*chunking, _MORE_MEMORY, more_ranks_hint(whole, budget, dap),
                           "crop the query (predict a domain: fewer residues)"])
     return size
 
@@ -66,7 +67,7 @@ def check_af3_input(entry, ccd, *, model_config, precision: str, device: torch.d
     check_size(size, limits, record=entry.name)
     whole = af3_estimate(size, model_config, precision=precision, no_samples=no_samples)
     budget = budget_bytes(device, memory_limit, memory)
-    check_memory(rank_estimate(whole, dap), budget, source=size.source, device=str(device),
+    check_memory(rank_plan(whole, dap)[0], budget, source=size.source, device=str(device),
                  options=["fewer diffusion samples (--samples 1)", _MORE_MEMORY,
                           more_ranks_hint(whole, budget, dap),
                           f"crop the input (fewer chains or residues: {size.describe()})"])
