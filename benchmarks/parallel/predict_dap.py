@@ -373,7 +373,6 @@ def main(argv: list[str] | None = None) -> int:
     start = time.perf_counter()
     deadline = start + args.budget_s if args.budget_s else None
     folder = _shared_folder(ctx)
-    torch.set_grad_enabled(False)
     rows = bench_af3(args, ctx, parallel, folder) if args.af3_tokens else []
     if args.n_res:
         rows += bench_af2(args, ctx, parallel, folder, deadline)
