@@ -120,8 +120,10 @@ def test_sample_share_covers_every_sample_once():
     for dap in (1, 2, 3, 4):
         for s in (1, 2, 3, 5, 8):
             shares = [PredictParallel(r, r, dap).sample_share(s) for r in range(dap)]
-            assert shares[0][0] == 0 and shares[-1][1] == s
-            assert all(a[1] == b[0] for a, b in zip(shares, shares[1:]))
+            assert shares[0][1] == s and shares[0][0] < s  # the writer always has a sample
+            ordered = sorted(shares)
+            assert ordered[0][0] == 0 and ordered[-1][1] == s
+            assert all(a[1] == b[0] for a, b in zip(ordered, ordered[1:]))
 
 
 # -- checkpoints of tiny models with every weight off its initial value ------------------------
@@ -241,7 +243,7 @@ def _predict_af3(ckpt: Path, source: Path, parallel: PredictParallel | None):
     out = AF3Predictor(model, "cpu", cuda_graphs=False)(
         batch, generator=torch.Generator().manual_seed(5), no_cycles=2, no_samples=3,
         no_steps=3, sample_share=share)
-    samples = parallel.gather_samples({"x": out["x"], "plddt": out["plddt"]})
+    samples = parallel.gather_samples(out, AF3Predictor.PER_SAMPLE)
     return {"positions": torch.from_numpy(pred.positions), "plddt": torch.from_numpy(pred.plddt),
             "sample_plddt": torch.from_numpy(pred.sample_plddt), "x": samples["x"],
             "sample_atom_plddt": samples["plddt"], "distogram_logits": out["distogram_logits"],
@@ -341,7 +343,7 @@ def test_af3_dap_prediction_equals_one_process(af3_ckpt, af3_json, tmp_path, wor
     torch.set_num_threads(1)
     ref = _predict_af3(af3_ckpt, af3_json, None)
     assert ref["n_token"] == 95 and ref["n_msa"] == 11  # padded to 96 and 12 under DAP
-    assert ref["sample_plddt"].shape == (3,)  # 3 samples: 1+2 on 2 ranks, 0+1+1+1 on 4
+    assert ref["sample_plddt"].shape == (3,)  # 3 samples: 2+1 on 2 ranks, 1+1+1+0 on 4
     got = _spawn("af3", world, tmp_path, af3_ckpt, af3_json)
     assert ref["padded"] == (95, 11)
     for rank, out in enumerate(got):
@@ -611,7 +613,7 @@ def test_batch_with_a_bad_file_on_one_rank_ends_every_rank(af2_ckpt, tmp_path):
 @pytest.mark.slow
 def test_torchrun_predict_dap_af3_json(af3_ckpt, af3_json, tmp_path, capsys):
     """``torchrun --nproc-per-node 2 ... predict --json`` (95 tokens and 11 MSA rows padded; one
-    sample, drawn on rank 1, none on rank 0): one mmCIF, by rank 0, equal to the one-process
+    sample, drawn on rank 0, none on rank 1): one mmCIF, by rank 0, equal to the one-process
     prediction. (One sample: an untrained confidence head ties the samples' pLDDT, and which of
     tied samples is written is rounding; the sample split itself is compared sample by sample in
     test_af3_dap_prediction_equals_one_process.)"""

@@ -236,14 +236,18 @@ def af3_model():
 def _af3_reference(model, batch, seed: int, *, cycles=2, samples=2, steps=4):
     """The model's own trunk, EDM sampler and heads on the unpadded batch."""
     from fold_model.af3.confidence import expected_value
+    from fold_train.predict_graphs import _pair_confidences
 
     with torch.no_grad():
         s_inputs, s, z = model.trunk(batch, cycles)
         x = model.sample(batch, s_inputs, s, z, no_samples=samples, no_steps=steps,
                          generator=torch.Generator().manual_seed(seed))
-        plddt = expected_value(model.confidence_head(batch, s_inputs, s, z, x)["plddt"], 100.0)
-        return {"x": x, "plddt": plddt,
-                "distogram_logits": model.distogram_head(z + z.transpose(-2, -3))}
+        logits = model.confidence_head(batch, s_inputs, s, z, x)
+        plddt = expected_value(logits["plddt"], 100.0)
+        distogram = model.distogram_head(z + z.transpose(-2, -3))
+        # PAE, PDE, TM-adjusted PAE, contact probabilities: the padded prediction's equal these
+        return {"x": x, "plddt": plddt, "distogram_logits": distogram,
+                **_pair_confidences(logits, batch["asym_id"], distogram, model.config)}
 
 
 def test_af3_padded_graphed_prediction_equals_unpadded(af3_raw, af3_model):

@@ -23,7 +23,7 @@ def test_families_implement_the_interface(name):
     cls = FAMILIES[name]
     required = ["model_config_of", "data_preset_base", "data_preset", "build_model", "make_loss",
                 "to_bf16_weights", "n_cycle_max", "forward_loss", "evaluate", "open_cache",
-                "load_sample", "eval_samples", "predict", "bucket_schema"]
+                "load_sample", "eval_samples", "predict", "predict_runner", "bucket_schema"]
     missing = [m for m in required if getattr(cls, m) is getattr(Family, m)]
     assert not missing, f"{name} lacks {missing}"
     assert cls.presets and cls.extent_masks and cls.input_args

@@ -32,7 +32,8 @@ _EXPORTS = {
     "SampleStream": "data", "DistContext": "distributed",
     "AdamConfig": "optim", "FlatAdam": "optim", "FlatParams": "optim",
     "load_trained_model": "predict", "predict_structure": "predict",
-    "predict_af3": "predict_af3",
+    "predict_af3": "predict_af3", "sample_af3": "predict_af3", "AF3Runner": "predict_af3",
+    "AF2Runner": "predict_af2",
     "CheckpointError": "checkpoint", "load_checkpoint": "checkpoint",
     "save_checkpoint": "checkpoint",
 }

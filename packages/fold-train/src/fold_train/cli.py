@@ -6,6 +6,8 @@
     fold-train predict  --checkpoint CKPT (--fasta F | --mmcif F --chain C) [--msa A ...]
                         [--out X.cif]
     fold-train predict  --checkpoint AF3_CKPT --json INPUT.json [--out X.cif]   (AlphaFold3)
+                        [--out-dir OUT] [--seeds 1,2] [--samples 5]   (every sample, ranked)
+    fold-train predict  --checkpoint CKPT --input-dir DIR --out-dir OUT   (many inputs)
     torchrun --nproc-per-node N -m fold_train.cli predict ... --dap N   (one input, N GPUs)
     fold-train evaluate PRED TRUE [--chain C]          (files, or directories of predictions)
     fold-train import-weights params_model_1_ptm.npz --out af2.ckpt   (AF2 / OpenFold weights)
@@ -203,9 +205,22 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 # -- predict ------------------------------------------------------------------------------------
+def _seed_list(text: str) -> list[int]:
+    """``--seeds 1,2,3``: distinct non-negative integers."""
+    try:
+        seeds = [int(s) for s in text.split(",") if s.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected integers separated by commas, got {text!r}"
+                                         ) from None
+    if not seeds or any(s < 0 for s in seeds) or len(set(seeds)) != len(seeds):
+        raise argparse.ArgumentTypeError(f"expected distinct integers >= 0, got {text!r}")
+    return seeds
+
+
 def run_prediction(args: argparse.Namespace) -> dict | None:
     """Predict with the family whose input the command line names (``--json``: AF3; a FASTA or
-    an mmCIF chain: AF2); write the mmCIF; returns the summary printed by ``predict``."""
+    an mmCIF chain: AF2); write the mmCIF; returns the summary printed by ``predict`` (None on
+    the ranks of a DAP prediction that do not write)."""
     import torch
 
     from fold_train.families import FAMILIES
@@ -227,10 +242,54 @@ def run_prediction(args: argparse.Namespace) -> dict | None:
 
 
 def cmd_predict(args: argparse.Namespace) -> int:
+    if args.input_dir:
+        from fold_train.errors import ConfigError
+        from fold_train.predict_dap import requested
+
+        if requested(args):  # every rank would predict and write every input
+            raise ConfigError("--input-dir runs in one process (its inputs over several GPUs "
+                              "under torchrun are not wired yet: fold_train.predict_dap."
+                              "dispatch_batch); give --dap / torchrun one input at a time")
+        return run_batch_prediction(args)
     summary = run_prediction(args)
     if summary is not None:  # DAP: the writing rank prints
         print(json.dumps(summary))
     return 0
+
+
+def run_batch_prediction(args: argparse.Namespace) -> int:
+    """``predict --input-dir DIR --out-dir OUT`` (:mod:`fold_train.predict_batch`): the family
+    is the checkpoint's; returns the exit status (1 when an input failed)."""
+    import torch
+
+    from fold_train.checkpoint import CheckpointError, load_checkpoint
+    from fold_train.errors import ConfigError
+    from fold_train.families import FAMILIES
+    from fold_train.predict_batch import find_inputs, run_batch
+
+    if not args.out_dir:
+        raise ConfigError("--input-dir needs --out-dir (each input's outputs go to "
+                          "OUT/<name>/)")
+    for flag in ("out", "search", "msa", "templates", "chain"):
+        if getattr(args, flag, None):
+            raise ConfigError(f"--{flag} names one input's files; with --input-dir each input's "
+                              "come from the directory (fold-train predict --help)")
+    from fold_train.config import TrainConfig
+
+    try:  # the family decides which files of the directory are inputs
+        family_name = TrainConfig.from_dict(load_checkpoint(args.checkpoint)["config"]
+                                            ).model.family
+    except (KeyError, RuntimeError, ValueError, TypeError) as e:
+        raise CheckpointError(args.checkpoint, f"cannot read its training config: {e}") from e
+    family = FAMILIES[family_name]
+    items, failed = find_inputs(args.input_dir, family_name, chain_list=args.chains,
+                                with_templates=bool(args.template_mmcif_dir))
+    if not items and not failed:
+        raise ConfigError(f"{args.input_dir}: no input files (fold-train predict --help lists "
+                          "what --input-dir may hold)")
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    runner = family.predict_runner(args, device)
+    return run_batch(runner, items, failed, args.out_dir, seeds=args.seeds)
 
 
 # -- import-weights -----------------------------------------------------------------------------
@@ -412,13 +471,23 @@ def build_parser() -> argparse.ArgumentParser:
                     "hits (.hhr / hmmsearch .sto). AF3 checkpoints: predict the complex of an "
                     "AlphaFold3 input JSON (--json; its MSAs and templates come from the JSON), "
                     "every chain written, ligands as HETATM. Writes mmCIF with pLDDT in the "
-                    "B-factor column (AF3: per atom) and prints a JSON summary.")
+                    "B-factor column (AF3: per atom) and prints a JSON summary (pTM, ipTM, "
+                    "ranking score). --out-dir adds every seed and sample with AlphaFold3's "
+                    "confidence files; --input-dir predicts a directory of inputs with the "
+                    "model loaded once.")
     p.add_argument("--checkpoint", required=True, help="a fold-train checkpoint")
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--fasta", help="query FASTA (first record)")
     src.add_argument("--mmcif", help="an mmCIF whose chain --chain is the query")
     src.add_argument("--json", help="AlphaFold3 input JSON (needs an AF3 checkpoint): writes "
                                     "every chain, ligands as HETATM, per-atom pLDDT")
+    src.add_argument("--input-dir", metavar="DIR",
+                     help="many inputs, one model: AF3 checkpoints read DIR's AlphaFold3 JSONs "
+                          "and mmCIF complexes, AF2 checkpoints its FASTA files (MSAs from "
+                          "DIR/<stem>/*.a3m|*.sto) and the mmCIF chains of --chains. Needs "
+                          "--out-dir; inputs run in order of size bucket; a failed input is "
+                          "reported and skipped; a final table (also OUT/batch_summary.json); "
+                          "exit status 1 if any failed")
     p.add_argument("--chain", help="chain ID in --mmcif")
     p.add_argument("--msa", nargs="*", help="MSA files of the query")
     p.add_argument("--templates", help="template hits (.hhr or hmm_output.sto)")
@@ -426,8 +495,27 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--search", metavar="TOML", help="search MSAs (and templates) first with "
                    "fold-data msa's config (databases, preset); when no --msa is given")
     p.add_argument("--search-out", metavar="DIR",
-                   help="where --search writes (default: <output name>_search/)")
-    p.add_argument("--out", help="output mmCIF (default <name>.cif)")
+                   help="where --search writes (default: <output name>_search/, with only "
+                        "--out-dir OUT/<input stem>_search/)")
+    p.add_argument("--out", help="output mmCIF of the top-ranked prediction (default "
+                                 "<name>.cif, unless --out-dir)")
+    p.add_argument("--out-dir", metavar="OUT",
+                   help="write every sample with its confidences, AlphaFold3's layout: "
+                        "OUT/<name>/seed-S_sample-K/{model.cif,summary_confidences.json,"
+                        "confidences.json}, the top-ranked one again as OUT/<name>/model.cif "
+                        "(and its two JSONs), OUT/<name>/ranking_scores.csv "
+                        "(docs/prediction_outputs.md)")
+    p.add_argument("--seeds", type=_seed_list, metavar="S1,S2,...",
+                   help="model seeds, each a prediction (AF3: --samples diffusion samples "
+                        "each; AF2: the MSA sampling). Default: the AF3 JSON's modelSeeds, 0 "
+                        "for AF2")
+    p.add_argument("--cache", metavar="DIR",
+                   help="AF2: keep each input's features in fold-data's feature cache DIR "
+                        "(keyed by the bytes of the query, MSA and template-hit files): a "
+                        "re-run of the same inputs skips featurisation")
+    p.add_argument("--chains", metavar="FILE",
+                   help="--input-dir with an AF2 checkpoint: the chains of its mmCIF files, "
+                        "lines '<file name> <chain>[,<chain>]'")
     p.add_argument("--recycles", type=int, help="forward passes (default: all, 1 + iterations)")
     p.add_argument("--chunk-size", type=int,
                    help="manual chunking: attention / outer-product-mean / triangle rows in "
@@ -472,7 +560,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "Parallelism); world size = DAP x BP")
     p.add_argument("--no-dao", action="store_true",
                    help="with --dap: synchronous all-to-alls (no DAO overlap with compute)")
-    p.add_argument("--samples", type=int, help="AF3: diffusion samples (default: the model's)")
+    p.add_argument("--samples", type=int, help="AF3: diffusion samples per seed (default: the "
+                   "model's), every one ranked by AF3's ranking score and written with "
+                   "--out-dir")
     p.add_argument("--sampler-steps", type=int,
                    help="AF3: EDM sampler steps (default: the model's, 200 for af3)")
     p.set_defaults(func=cmd_predict)

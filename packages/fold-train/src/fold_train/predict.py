@@ -142,9 +142,19 @@ def predict_structure(
         positions=out["final_atom_positions"][0, :n].float().cpu().numpy(),
         atom_mask=out["final_atom_mask"][0, :n].float().cpu().numpy(),
         plddt=out["plddt"][0, :n].float().cpu().numpy(),
+        contact_probs=_contact_probs(out["distogram_logits"][0, :n, :n], model.config.heads),
         **(_aligned_error(out["tm_logits"][0, :n, :n], model.config.heads)
            if "tm_logits" in out else {}),
     )
+
+
+def _contact_probs(distogram_logits: torch.Tensor, heads) -> np.ndarray:
+    """``[N, N]`` probability of CB-CB (CA for glycine) within 8 A from the distogram head's
+    logits (1.9.8's bins; AF3's ``contact_probs`` definition)."""
+    from fold_train.confidence import contact_probs
+
+    return contact_probs(distogram_logits.float(), heads.distogram_first_break,
+                         heads.distogram_last_break).cpu().numpy()
 
 
 def _aligned_error(tm_logits: torch.Tensor, heads) -> dict:

@@ -4,10 +4,11 @@ ligands included, with per-atom pLDDT in the B-factor column, out.
 Features come from fold-data's AF3 pipeline (``load_entry`` + ``make_features``: CCD or SMILES
 reference conformers, bonds, the JSON's MSAs and templates), the inference sample from
 ``make_sample(raw, "af3_predict")`` (no crop, no padding), the model and its EMA weights from a
-fold-train checkpoint of the AF3 family. The model samples ``no_samples`` structures with the EDM
-sampler (AF3 Alg. 18) from a generator seeded by the JSON's first ``modelSeeds`` value; the
-sample with the highest mean pLDDT is written (AF3 ranks by a confidence score; pLDDT is the part
-of it this model's head always gives).
+fold-train checkpoint of the AF3 family. For each seed (``--seeds``, else the JSON's
+``modelSeeds``) the model samples ``no_samples`` structures with the EDM sampler (AF3 Alg. 18)
+from a generator seeded by it; the confidence head scores each sample (pLDDT, PAE, PDE), and
+:mod:`fold_train.confidence` turns those into pTM, ipTM and AF3's ranking score, by which the
+samples are ranked (:mod:`fold_train.confidence_outputs` writes them all with ``--out-dir``).
 
 The mmCIF is built and written by fold-data (``fold_data.af3.write.af3_prediction_to_structure``:
 ligands as ``HETATM`` named by their CCD code, chains named by the JSON ``id``;
@@ -17,12 +18,14 @@ ligands as ``HETATM`` named by their CCD code, chains named by the JSON ``id``;
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 from fold_data.af3.write import AF3Prediction
 
-__all__ = ["make_af3_inputs", "predict_af3"]
+__all__ = ["AF3Runner", "AF3Samples", "af3_results", "input_files", "make_af3_inputs",
+           "predict_af3", "sample_af3"]
 
 
 def make_af3_inputs(source: str | os.PathLike, ccd=None, *, allow_outside_paths: bool = False,
@@ -45,22 +48,43 @@ def make_af3_inputs(source: str | os.PathLike, ccd=None, *, allow_outside_paths:
         return entry, make_features(entry, ccd=ccd, **(features or {}))
 
 
+@dataclass
+class AF3Samples:
+    """The ``S`` samples of one seed, at the real sizes (``A`` atoms, ``N`` tokens):
+    ``positions [S, A, 3]`` (A), ``plddt [S, A]`` (0-100), ``pae``, ``pde`` ``[S, N, N]`` (A),
+    ``tm_global``, ``tm_interface`` ``[S, N, N]`` (TM-adjusted PAE, :mod:`fold_train.confidence`),
+    ``contact_probs [N, N]``, ``frame_mask [S, N]`` (tokens with a valid frame in the sample)."""
+
+    seed: int
+    positions: np.ndarray
+    plddt: np.ndarray
+    pae: np.ndarray
+    pde: np.ndarray
+    tm_global: np.ndarray
+    tm_interface: np.ndarray
+    contact_probs: np.ndarray
+    frame_mask: np.ndarray
+
+
 @torch.no_grad()
-def predict_af3(
+def sample_af3(
     model, raw: dict[str, np.ndarray], *, seed: int = 0, device: str | torch.device = "cpu",
     precision: str = "fp32", no_samples: int | None = None, no_steps: int | None = None,
     no_cycles: int | None = None, cuda_graphs: bool | None = None, predictor=None,
     parallel=None,
-) -> AF3Prediction:
-    """Sample structures of ``raw`` with ``model`` (eval mode) and keep the most confident one.
+) -> AF3Samples:
+    """Sample structures of ``raw`` with ``model`` (eval mode) from a generator seeded by
+    ``seed``, with their confidences.
 
     ``cuda_graphs`` (None: on when ``device`` is CUDA): pad to the shape bucket and replay the
     captured trunk pass and sampler step (:mod:`fold_train.predict_graphs`); off, the same pieces
     run eagerly on the unpadded sample. ``predictor``: an
     :class:`~fold_train.predict_graphs.AF3Predictor` to reuse (its graphs) across calls.
-    ``parallel``: this rank's :class:`~fold_train.predict_dap.PredictParallel` under DAP (tokens
-    and MSA rows padded to its degree, the samples split over its ranks and gathered)."""
+    A non-finite coordinate or pLDDT is a :class:`FloatingPointError`. ``parallel``: this rank's
+    :class:`~fold_train.predict_dap.PredictParallel` under DAP (tokens and MSA rows padded to
+    its degree, the samples split over its ranks and gathered)."""
     from fold_data.af3 import make_sample
+    from fold_model.af3.confidence import token_frame_atoms
 
     from fold_train.data import collate
     from fold_train.predict_dap import single_process
@@ -68,26 +92,281 @@ def predict_af3(
 
     device = torch.device(device)
     sample = make_sample(raw, "af3_predict", seed=seed)
-    parallel = parallel or single_process()  # DAP: fold_train.predict_dap
-    batch = parallel.pad_af3(collate([sample]))
+    batch = collate([sample])
     model.eval()
     if predictor is None:
         predictor = AF3Predictor(model, device, precision=precision, cuda_graphs=cuda_graphs)
     gen = torch.Generator(device).manual_seed(seed)
+    parallel = parallel or single_process()  # DAP: fold_train.predict_dap
     share = None
     if parallel.dap > 1:
         share = parallel.sample_share(no_samples or model.config.sampler.no_samples)
-    out = predictor(batch, generator=gen, no_cycles=no_cycles, no_samples=no_samples,
-                    no_steps=no_steps, sample_share=share)
-    out = parallel.gather_samples({"x": out["x"], "plddt": out["plddt"]})
-    plddt, x = out["plddt"][0], out["x"][0]  # [S, N_atom], [S, N_atom, 3]
+    out = predictor(parallel.pad_af3(batch), generator=gen, no_cycles=no_cycles,
+                    no_samples=no_samples, no_steps=no_steps, sample_share=share)
+    out = parallel.gather_samples(out, AF3Predictor.PER_SAMPLE)
+    plddt, x = out["plddt"][0].cpu(), out["x"][0].cpu()  # [S, N_atom], [S, N_atom, 3]
     if not (torch.isfinite(x).all() and torch.isfinite(plddt).all()):
         raise FloatingPointError("the model produced non-finite coordinates or pLDDT")
-    per_sample = plddt.mean(-1)  # [S]
-    best = int(per_sample.argmax())
-    return AF3Prediction(positions=x[best].cpu().numpy().astype(np.float64),
-                         plddt=plddt[best].cpu().numpy().astype(np.float64),
-                         sample_plddt=per_sample.cpu().numpy())
+    # A token's frame (AF3 4.3.2) is valid when its three atoms exist and, for a ligand atom,
+    # are not collinear; at inference the predicted sample stands in for the ground truth.
+    feats = {**batch, "atom_resolved": batch["atom_mask"]}
+    frames = [token_frame_atoms(feats, x[s][None])[1][0] for s in range(x.shape[0])]  # [N]
+    n = int(len(raw["asym_id"]))
+
+    def host(key: str) -> np.ndarray:
+        return out[key][0].cpu().numpy().astype(np.float64)
+
+    return AF3Samples(seed=seed, positions=x.numpy().astype(np.float64),
+                      plddt=plddt.numpy().astype(np.float64), pae=host("pae"), pde=host("pde"),
+                      tm_global=host("tm_global"), tm_interface=host("tm_interface"),
+                      contact_probs=host("contact_probs"),
+                      frame_mask=torch.stack(frames)[:, :n].numpy().astype(bool))
+
+
+def predict_af3(model, raw: dict[str, np.ndarray], *, seed: int = 0, **kwargs) -> AF3Prediction:
+    """The sample of :func:`sample_af3` (same arguments) with the highest ranking score, as an
+    ``AF3Prediction`` (``sample_plddt``: every sample's mean pLDDT)."""
+    samples = sample_af3(model, raw, seed=seed, **kwargs)
+    scores = [_sample_scores(samples, s, raw)["ranking_score"]
+              for s in range(len(samples.positions))]
+    best = int(np.nanargmax(scores)) if not np.isnan(scores).all() else 0
+    return AF3Prediction(positions=samples.positions[best], plddt=samples.plddt[best],
+                         sample_plddt=samples.plddt.mean(-1))
+
+
+def _sample_scores(samples: AF3Samples, s: int, raw, atoms: dict | None = None) -> dict:
+    """pTM, ipTM, chain-pair ipTM, chain-pair minimum PAE and the ranking score of sample
+    ``s`` (chains in the order of their ``asym_id``; ``atoms``: the written structure's atoms
+    for the clash and disorder terms, else built here)."""
+    from fold_train.confidence import (
+        chain_iptm,
+        chain_pair_iptm,
+        chain_pair_pae_min,
+        predicted_tm,
+        ranking_score,
+    )
+    from fold_train.confidence_outputs import structure_scores
+
+    asym = np.asarray(raw["asym_id"])
+    fm = samples.frame_mask[s]
+    ptm = predicted_tm(samples.tm_global[s], fm)
+    iptm = predicted_tm(samples.tm_global[s], fm, asym, interface=True)
+    pair = chain_pair_iptm(samples.tm_interface[s], fm, asym)
+    if atoms is None:
+        atoms = _atoms_of_raw(samples.positions[s], samples.plddt[s], raw)
+    scores = structure_scores(atoms)
+    return {"ptm": ptm, "iptm": iptm, "chain_pair_iptm": pair,
+            "chain_ptm": np.diagonal(pair).copy(), "chain_iptm": chain_iptm(pair),
+            "chain_pair_pae_min": chain_pair_pae_min(samples.pae[s], fm, asym),
+            **scores,
+            "ranking_score": ranking_score(ptm, iptm, scores["fraction_disordered"],
+                                           bool(scores["has_clash"]))}
+
+
+def _atoms_of_raw(positions: np.ndarray, plddt: np.ndarray, raw) -> dict:
+    """The atoms of a sample for :func:`~fold_train.confidence_outputs.structure_scores`
+    without building its structure (residue names as the tokens' restype)."""
+    from fold_data import residue_constants as rc
+
+    tok = np.asarray(raw["atom_to_token"])
+    chain = np.asarray(raw["asym_id"])[tok]
+    residue = np.asarray(raw["residue_index"])[tok]
+    protein = np.asarray(raw["is_protein"])[tok].astype(bool)
+    polymer = protein | (np.asarray(raw["is_rna"]) + np.asarray(raw["is_dna"]))[tok].astype(bool)
+    polymer &= ~np.asarray(raw["is_atomized"])[tok].astype(bool)
+    names = np.array(["".join(chr(int(c) + 32) for c in row).strip()
+                      for row in raw["ref_atom_name_chars"]])
+    res_names = {}
+    for c in np.unique(chain):
+        sel = chain == c
+        n_res = int(residue[sel].max()) + 1
+        codes = ["UNK"] * n_res
+        for r, a in zip(residue[sel], np.asarray(raw["restype"])[tok][sel], strict=True):
+            if a < 20:  # amino acids in AF2 order (fold_data.af3.schema); others not protein
+                codes[r] = rc.restype_1to3[rc.restypes[int(a)]]
+        res_names[int(c)] = codes
+    return {"positions": positions, "plddt": plddt, "chain": chain, "residue": residue,
+            "atom_names": names, "polymer": polymer, "protein": protein,
+            "res_names": res_names}
+
+
+def af3_results(samples: AF3Samples, raw, entry, prov: dict) -> list:
+    """One :class:`~fold_train.confidence_outputs.SampleResult` per sample: its structure,
+    ``summary_confidences.json`` and ``confidences.json`` (AF3's keys; ``prov``: the
+    provenance keys of :func:`~fold_train.confidence_outputs.provenance`)."""
+    from fold_data.af3.write import af3_prediction_to_structure
+
+    from fold_train.confidence_outputs import (
+        SampleResult,
+        chain_keyed,
+        json_number,
+        rounded_list,
+        structure_atoms,
+    )
+
+    asym = np.asarray(raw["asym_id"])
+    _, first = np.unique(asym, return_index=True)
+    chain_ids = [entry.chains[int(a)].chain_id for a in asym[np.sort(first)]]
+    token_chain = [entry.chains[int(a)].chain_id for a in asym]
+    tok = np.asarray(raw["atom_to_token"])
+    results = []
+    for s in range(len(samples.positions)):
+        pred = AF3Prediction(positions=samples.positions[s], plddt=samples.plddt[s],
+                             sample_plddt=samples.plddt.mean(-1))
+        st = af3_prediction_to_structure(pred, raw, entry)
+        atoms = structure_atoms(st)
+        sc = _sample_scores(samples, s, raw, atoms)
+        summary = {
+            "ptm": json_number(sc["ptm"]), "iptm": json_number(sc["iptm"]),
+            "ranking_score": json_number(sc["ranking_score"]),
+            "fraction_disordered": json_number(sc["fraction_disordered"]),
+            "has_clash": sc["has_clash"],
+            "chain_ptm": chain_keyed(sc["chain_ptm"], chain_ids),
+            "chain_iptm": chain_keyed(sc["chain_iptm"], chain_ids),
+            "chain_pair_iptm": chain_keyed(sc["chain_pair_iptm"], chain_ids),
+            "chain_pair_pae_min": chain_keyed(sc["chain_pair_pae_min"], chain_ids),
+            "mean_plddt": json_number(samples.plddt[s].mean()),
+            "seed": samples.seed, "sample": s, "model_family": "af3",
+            "ranking_formula": "0.8 iptm + 0.2 ptm + 0.5 fraction_disordered - 100 has_clash "
+                               "(ptm alone for one chain)",
+            **prov}
+        token_plddt = (np.bincount(tok, weights=samples.plddt[s], minlength=len(asym))
+                       / np.maximum(np.bincount(tok, minlength=len(asym)), 1))
+        full = {
+            "atom_chain_ids": [chain_ids[c] for c in atoms["chain"]],
+            "atom_plddts": rounded_list(np.clip(atoms["plddt"], 0.0, 99.99), 2),
+            "contact_probs": rounded_list(np.clip(samples.contact_probs, 0.0, 1.0), 2),
+            "pae": rounded_list(samples.pae[s], 1),
+            "pde": rounded_list(samples.pde[s], 1),
+            "token_chain_ids": token_chain,
+            "token_plddts": rounded_list(token_plddt, 2),
+            "token_res_ids": [int(r) + 1 for r in np.asarray(raw["residue_index"])],
+        }
+        # the structure's atoms are the raw atoms in raw order (af3_prediction_to_structure)
+        results.append(SampleResult(samples.seed, s, st, summary, full,
+                                    score=float(sc["ranking_score"])))
+    return results
+
+
+
+class AF3Runner:
+    """AF3 prediction with one model, loaded once, for any number of inputs (``fold-train
+    predict --json`` and ``--input-dir``): the checkpoint's model with its EMA weights, CUDA
+    graphs through ``parallelize``, and one :class:`~fold_train.predict_graphs.AF3Predictor` whose
+    graphs serve every input of a shape bucket.
+
+    ``limits`` (``fold_data.limits.SizeLimits``) and ``memory_limit`` (bytes, default the
+    device's free memory) size each entry before it is featurised: one too large is refused
+    with the numbers and the options."""
+
+    family = "af3"
+
+    def __init__(self, checkpoint: str | os.PathLike, *, device: str | torch.device = "cpu",
+                 use_ema: bool = True, ccd_files=(), no_samples: int | None = None,
+                 no_steps: int | None = None, no_cycles: int | None = None,
+                 cuda_graphs: bool | None = None, allow_outside_paths: bool = False,
+                 memory_limit: int | None = None, limits=None, parallel=None) -> None:
+        from fold_train.af3_data import make_ccd
+        from fold_train.families import make_family
+        from fold_train.parallelize import Techniques, parallelize
+        from fold_train.predict import load_trained_model
+        from fold_train.predict_dap import single_process
+        from fold_train.predict_graphs import AF3Predictor, graphs_wanted
+
+        self.checkpoint, self.device = checkpoint, torch.device(device)
+        self.parallel = parallel or single_process()  # DAP: fold_train.predict_dap
+        self.model, self.cfg = load_trained_model(checkpoint, device, use_ema=use_ema,
+                                                  family="af3")
+        self.ccd = make_ccd(ccd_files)
+        self.no_samples, self.no_steps, self.no_cycles = no_samples, no_steps, no_cycles
+        self.allow_outside_paths, self.memory_limit, self.limits = (
+            allow_outside_paths, memory_limit, limits)
+        done = parallelize(self.model, make_family("af3", self.cfg.model_config()),
+                           self.parallel.adjust(Techniques(
+                               cuda_graphs=graphs_wanted(cuda_graphs, device))))
+        self.cuda_graphs = done.cuda_graphs
+        self.predictor = AF3Predictor(self.model, self.device, precision=self.cfg.system.precision,
+                                      cuda_graphs=done.cuda_graphs)
+
+    def _check(self, entry, ccd) -> None:  # sized before it is featurised
+        from fold_train.predict_size import check_af3_input
+
+        check_af3_input(entry, ccd, model_config=self.cfg.model_config(),
+                        precision=self.cfg.system.precision, device=self.device,
+                        no_samples=self.no_samples, memory_limit=self.memory_limit,
+                        limits=self.limits, dap=self.parallel.dap)
+
+    def size(self, item) -> dict[str, int]:
+        """``{"N_token": n}`` of an input of ``--input-dir``, parsed but not featurised (the
+        batch's ordering by shape bucket)."""
+        from fold_data.af3 import load_entry
+        from fold_data.limits import entry_size
+
+        entry = load_entry(item.path, ccd=self.ccd,
+                           allow_outside_paths=self.allow_outside_paths)
+        return {"N_token": int(entry_size(entry, self.ccd).n_tokens)}
+
+    def prepare(self, source: str | os.PathLike, features: dict | None = None):
+        """``(entry, raw features)`` of an AF3 JSON / mmCIF complex, sized first; bad input is
+        an ``InputError`` naming the file and the record."""
+        return make_af3_inputs(source, self.ccd, allow_outside_paths=self.allow_outside_paths,
+                               features=features, limits=self.limits, check=self._check)
+
+    def run(self, item, *, seeds=None, out_dir=None) -> dict:
+        """Predict one input of ``--input-dir`` (a :class:`~fold_train.predict_batch.BatchInput`)
+        into ``out_dir``."""
+        entry, raw = self.prepare(item.path)
+        return self.predict(entry, raw, input_files(item.path), seeds=seeds, out_dir=out_dir)
+
+    def predict(self, entry, raw, inputs: list, *, seeds=None, out=None, out_dir=None) -> dict:
+        """Every sample of every seed (``seeds``, else the JSON's ``modelSeeds``, else 0),
+        ranked; the top one written to ``out`` (a file; the default ``<name>.cif`` in the
+        current directory unless ``out_dir``) and all of them under ``out_dir/<name>/``
+        (:mod:`fold_train.confidence_outputs`). ``inputs``: the input files (their sha256 go
+        in the summaries). Returns the printed JSON summary."""
+        from fold_data.errors import InputError
+
+        from fold_train.confidence_outputs import (
+            output_targets,
+            provenance,
+            rank,
+            write_prediction,
+        )
+        from fold_train.outputs import check_prediction
+
+        seeds = list(seeds) if seeds else ([int(s) for s in entry.seeds] or [0])
+        path, target = output_targets(out, out_dir, entry.name)  # checked before the model runs
+        prov = provenance(self.checkpoint, inputs)
+        results = []
+        for seed in seeds:
+            try:
+                samples = sample_af3(self.model, raw, seed=seed, device=self.device,
+                                     precision=self.cfg.system.precision,
+                                     no_samples=self.no_samples, no_steps=self.no_steps,
+                                     no_cycles=self.no_cycles, predictor=self.predictor,
+                                     parallel=self.parallel)
+            except FloatingPointError as e:
+                raise InputError(self.checkpoint, "prediction", f"{e}; the checkpoint has "
+                                 "probably diverged: predict with an earlier checkpoint") from None
+            for s in range(len(samples.positions)):
+                check_prediction(samples.positions[s], samples.plddt[s], self.checkpoint)
+            results += af3_results(samples, raw, entry, prov)
+        ranked = rank(results)
+        if self.parallel.writes:  # DAP: one rank writes
+            write_prediction(ranked, path, target)
+        top = ranked[0]
+        ligands = [c.chain_id for c in entry.chains if not c.is_polymer]
+        return {"name": entry.name, "out": None if path is None else str(path),
+                "out_dir": None if target is None else str(target),
+                "seed": top.seed, "sample": top.sample, "seeds": seeds,
+                "n_token": int(len(raw["asym_id"])), "n_atom": int(len(raw["atom_to_token"])),
+                "chains": [c.chain_id for c in entry.chains], "ligand_chains": ligands,
+                "mean_plddt": top.summary["mean_plddt"],
+                "ptm": top.summary["ptm"], "iptm": top.summary["iptm"],
+                "ranking_score": top.summary["ranking_score"],
+                "cuda_graphs": self.cuda_graphs,
+                "sample_mean_plddt": [r.summary["mean_plddt"] for r in results],
+                "ranking": [[r.seed, r.sample, r.summary["ranking_score"]] for r in ranked]}
 
 
 def predict_af3_file(
@@ -97,60 +376,49 @@ def predict_af3_file(
     cuda_graphs: bool | None = None,
     allow_outside_paths: bool = False,
     memory_limit: int | None = None,
-    limits=None, features: dict | None = None, parallel=None,
+    limits=None, features: dict | None = None, seeds=None, out_dir=None, parallel=None,
 ) -> dict:
-    """The whole ``fold-train predict --json``: returns the printed JSON summary. Without
-    ``out`` the JSON's ``name``, made one safe file name, is written in the current directory;
-    a diverged checkpoint's non-finite or absurd structure is refused, not written. The entry is
-    sized before it is featurised (:mod:`fold_train.predict_size`: ``limits``, a
-    ``fold_data.limits.SizeLimits``, and ``memory_limit`` bytes, default the device's free
-    memory): one too large is refused with the numbers and the options. ``parallel``: this
-    rank's :class:`~fold_train.predict_dap.PredictParallel` (DAP; only its writer writes)."""
-    from fold_data.af3.write import af3_prediction_to_structure
-    from fold_data.errors import InputError
-    from fold_data.write import write_mmcif
-
-    from fold_train.af3_data import make_ccd
-    from fold_train.families import make_family
-    from fold_train.outputs import check_prediction, output_path
-    from fold_train.parallelize import Techniques, parallelize
-    from fold_train.predict import load_trained_model
-    from fold_train.predict_dap import single_process
-    from fold_train.predict_graphs import graphs_wanted
-    from fold_train.predict_size import check_af3_input
-
-    parallel = parallel or single_process()
-    model, cfg = load_trained_model(checkpoint, device, use_ema=use_ema, family="af3")
-
-    def check(entry, ccd) -> None:  # sized before it is featurised
-        check_af3_input(entry, ccd, model_config=cfg.model_config(),
-                        precision=cfg.system.precision, device=device, no_samples=no_samples,
-                        memory_limit=memory_limit, limits=limits, dap=parallel.dap)
-
+    """The whole ``fold-train predict --json``: returns the printed JSON summary
+    (:meth:`AF3Runner.predict`). Without ``out`` or ``out_dir`` the JSON's ``name``, made one
+    safe file name, is written in the current directory; a diverged checkpoint's non-finite or
+    absurd structure is refused, not written. ``parallel``: this rank's
+    :class:`~fold_train.predict_dap.PredictParallel` (DAP; only its writer writes)."""
+    runner = AF3Runner(checkpoint, device=device, use_ema=use_ema, ccd_files=ccd_files,
+                       no_samples=no_samples, no_steps=no_steps, no_cycles=no_cycles,
+                       cuda_graphs=cuda_graphs, allow_outside_paths=allow_outside_paths,
+                       memory_limit=memory_limit, limits=limits, parallel=parallel)
     # bad input: InputError; features: searched MSAs / paired rows / templates (--search)
-    entry, raw = make_af3_inputs(source, make_ccd(ccd_files),
-                                 allow_outside_paths=allow_outside_paths, features=features,
-                                 limits=limits, check=check)
-    done = parallelize(model, make_family(cfg.model.family, cfg.model_config()),
-                       parallel.adjust(Techniques(cuda_graphs=graphs_wanted(cuda_graphs,
-                                                                            device))))
-    path = output_path(out, entry.name)  # checked before the model runs
-    seed = int(entry.seeds[0]) if entry.seeds else 0
+    entry, raw = runner.prepare(source, features=features)
+    return runner.predict(entry, raw, input_files(source), seeds=seeds, out=out,
+                          out_dir=out_dir)
+
+
+def input_files(source: str | os.PathLike) -> list:
+    """The files a prediction of ``source`` reads: the AF3 JSON (or mmCIF) and the files its
+    ``...Path`` fields name (MSAs, templates, user CCD; relative to the JSON's directory), for
+    the summary's sha256 of the inputs."""
+    import json
+    from pathlib import Path
+
+    source = Path(source)
+    files = [source]
+    if source.suffix.lower() != ".json":
+        return files
     try:
-        pred = predict_af3(model, raw, seed=seed, device=device,
-                           precision=cfg.system.precision, no_samples=no_samples,
-                           no_steps=no_steps, no_cycles=no_cycles, cuda_graphs=done.cuda_graphs,
-                           parallel=parallel)
-    except FloatingPointError as e:
-        raise InputError(checkpoint, "prediction", f"{e}; the checkpoint has probably "
-                         "diverged: predict with an earlier checkpoint") from None
-    check_prediction(pred.positions, pred.plddt, checkpoint)
-    if parallel.writes:  # DAP: one rank writes
-        write_mmcif(af3_prediction_to_structure(pred, raw, entry), path)
-    ligands = [c.chain_id for c in entry.chains if not c.is_polymer]
-    return {"name": entry.name, "out": str(path), "seed": seed,
-            "n_token": int(len(raw["asym_id"])), "n_atom": int(len(raw["atom_to_token"])),
-            "chains": [c.chain_id for c in entry.chains], "ligand_chains": ligands,
-            "mean_plddt": float(pred.plddt.mean()),
-            "cuda_graphs": done.cuda_graphs,
-            "sample_mean_plddt": [float(v) for v in pred.sample_plddt]}
+        doc = json.loads(source.read_text())
+    except (OSError, ValueError):
+        return files  # parsed (and refused) by load_entry before this is asked
+
+    def walk(node) -> None:
+        items = node.items() if isinstance(node, dict) else enumerate(
+            node if isinstance(node, list) else [])
+        for key, value in items:
+            if isinstance(key, str) and key.endswith("Path") and isinstance(value, str):
+                path = source.parent / value
+                if path.is_file() and path not in files:
+                    files.append(path)
+            else:
+                walk(value)
+
+    walk(doc)
+    return files

@@ -50,7 +50,7 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -243,23 +243,27 @@ class PredictParallel:
         return resize_batch(batch, "af3", padded)
 
     def sample_share(self, no_samples: int) -> tuple[int, int]:
-        """``(first, end)`` of the diffusion samples this rank draws: a contiguous share (empty
-        on some ranks when there are fewer samples than ranks)."""
-        return (self.dap_rank * no_samples // self.dap,
-                (self.dap_rank + 1) * no_samples // self.dap)
+        """``(first, end)`` of the diffusion samples this rank draws: a contiguous share, the
+        last samples on the group's first rank (the writer), so that with fewer samples than
+        ranks the ranks without one are the others."""
+        i = self.dap - 1 - self.dap_rank
+        return i * no_samples // self.dap, (i + 1) * no_samples // self.dap
 
-    def gather_samples(self, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """Each ``[B, S_rank, ...]`` tensor of this rank's samples -> ``[B, S, ...]`` of all
-        samples, in sample order, on every rank of the DAP group (host tensors; a few MB: the
-        coordinates and pLDDT of the samples)."""
+    def gather_samples(self, out: dict[str, torch.Tensor], keys: Sequence[str]
+                       ) -> dict[str, torch.Tensor]:
+        """``out`` with each of ``keys`` (``[B, S_rank, ...]``: this rank's samples) replaced by
+        ``[B, S, ...]`` of all samples in sample order, on every rank of the DAP group (host
+        tensors: coordinates, pLDDT and the pair confidences of S samples); the other entries
+        are the same on every rank and stay as they are."""
         if self.dap == 1:
-            return tensors
+            return out
         import torch.distributed as dist
 
-        mine = {k: v.detach().cpu() for k, v in tensors.items()}
+        mine = (self.dap - 1 - self.dap_rank, {k: out[k].detach().cpu() for k in keys})
         everyone: list[Any] = [None] * self.dap
         dist.all_gather_object(everyone, mine, group=self.groups.dap_group)
-        return {k: torch.cat([r[k] for r in everyone], dim=1) for k in mine}
+        everyone.sort(key=lambda r: r[0])  # by first sample
+        return {**out, **{k: torch.cat([r[1][k] for r in everyone], dim=1) for k in keys}}
 
 
 def single_process() -> PredictParallel:

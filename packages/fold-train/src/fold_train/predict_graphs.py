@@ -99,6 +99,13 @@ class _Predictor:
         """The keys (bucket and shape extras) with captured graphs, in capture order."""
         return list(self._states)
 
+    def release(self) -> None:
+        """Drop every bucket's graphs and static buffers (``predict --input-dir`` moving on to
+        the next bucket: the inputs come in bucket order, so they are not needed again)."""
+        self._states.clear()
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+
     def _autocast(self):
         if self.precision != "bf16":
             return nullcontext()
@@ -200,18 +207,24 @@ class AF3Predictor(_Predictor):
     """``AlphaFold3`` prediction: captured trunk inputs, trunk pass, conditioning pair and sampler
     step per bucket (and number of samples)."""
 
+    # the outputs with a samples dimension (dim 1), the ones a DAP prediction gathers
+    PER_SAMPLE = ("x", "plddt", "pae", "pde", "tm_global", "tm_interface")
+
     @torch.no_grad()
     def __call__(self, batch: dict[str, torch.Tensor], *, generator: torch.Generator,
                  no_cycles: int | None = None, no_samples: int | None = None,
                  no_steps: int | None = None,
                  sample_share: tuple[int, int] | None = None) -> Outputs:
         """Sample structures of a collated sample ``[B, ...]``. Returns ``x [B, S, A, 3]``,
-        ``plddt [B, S, A]`` (0-100) and ``distogram_logits [B, N, N, bins]`` at the real sizes.
+        ``plddt [B, S, A]`` (0-100), ``distogram_logits [B, N, N, bins]`` and the pair
+        confidences of :func:`_pair_confidences` (``pae``, ``pde``, ``tm_global``,
+        ``tm_interface`` ``[B, S, N, N]``, ``contact_probs [B, N, N]``) at the real sizes.
 
         ``sample_share = (first, end)``: only samples ``first .. end - 1`` of the ``S`` (DAP
         prediction splits them over the ranks, :mod:`fold_train.predict_dap`); the random draws
         of all ``S`` are made, in the same order, and the share kept, so each sample is the one
-        a whole prediction draws. ``x`` and ``plddt`` then hold ``end - first`` samples."""
+        a whole prediction draws. The :attr:`PER_SAMPLE` outputs then hold ``end - first``
+        samples (none: those outputs only, empty)."""
         from fold_model.af3.confidence import expected_value
         from fold_model.af3.diffusion import coordinate_dtype, sampler_schedule
 
@@ -258,11 +271,10 @@ class AF3Predictor(_Predictor):
 
         cond = self._run(state, "pair_conditioning", pair_conditioning)
         n_tok = real["N_token"]
-        distogram = cond["distogram_logits"][:, :n_tok, :n_tok].float().clone()
         if end == first:  # no sample on this rank (fewer samples than DAP ranks)
-            return {"x": torch.zeros(B, 0, a_real, 3, device=self.device),
-                    "plddt": torch.zeros(B, 0, a_real, device=self.device),
-                    "distogram_logits": distogram}
+            trailing = {"x": (a_real, 3), "plddt": (a_real,)}
+            return {k: torch.zeros(B, 0, *trailing.get(k, (n_tok, n_tok)), device=self.device)
+                    for k in self.PER_SAMPLE}
 
         # The sampler: host-side schedule, draws at the real atom count, padded into buffers.
         c0, steps = sampler_schedule(cfg.sampler, cfg.diffusion.sigma_data, no_steps)
@@ -302,8 +314,10 @@ class AF3Predictor(_Predictor):
         with self._autocast():
             logits = model.confidence_head(feats, inputs["s_inputs"], prev["s"], prev["z"], x)
         plddt = expected_value(logits["plddt"].float(), 100.0)  # [B, S, A]
+        distogram = cond["distogram_logits"][:, :n_tok, :n_tok].float().clone()
         return {"x": x[:, :, :a_real].float().clone(), "plddt": plddt[:, :, :a_real],
-                "distogram_logits": distogram}
+                "distogram_logits": distogram,
+                **_pair_confidences(logits, feats["asym_id"][:, :n_tok], distogram, cfg)}
 
     def _draw_step(self, step_in: dict, generator, shape: tuple[int, int, int], a_pad: int,
                    diffusion_cfg, share: slice = slice(None)) -> None:
@@ -315,6 +329,33 @@ class AF3Predictor(_Predictor):
         step_in["rot"].copy_(draws["rot"][:, share])
         step_in["trans"].copy_(draws["trans"][:, share])
         step_in["noise"].copy_(_pad_atoms(draws["noise"][:, share], a_pad))
+
+
+def _pair_confidences(logits: Outputs, asym_id: torch.Tensor, distogram: torch.Tensor, cfg
+                      ) -> Outputs:
+    """The confidence head's pair outputs reduced on the device (the ``[B, S, N, N, bins]``
+    logits never leave it), at the real tokens ``asym_id [B, N]``: ``pae``, ``pde`` ``[B, S, N,
+    N]`` (A), the TM-adjusted PAE with the whole complex's normaliser (``tm_global``: pTM,
+    ipTM) and with each chain pair's (``tm_interface``: chain-pair ipTM) ``[B, S, N, N]``, and
+    ``contact_probs [B, N, N]`` from the distogram (:mod:`fold_train.confidence`)."""
+    from fold_model.af3.confidence import expected_value
+
+    from fold_train.confidence import contact_probs, interface_token_counts, tm_adjusted_pae
+
+    c = cfg.confidence
+    n = asym_id.shape[-1]
+    pae_logits = logits["pae"][:, :, :n, :n].float()  # [B, S, N, N, bins]
+    centres = (torch.arange(c.pae_no_bins, device=pae_logits.device, dtype=torch.float32)
+               + 0.5) * c.pae_max / c.pae_no_bins  # the head's bins: 0.5 A from 0 (section 4.3)
+    pair_counts = interface_token_counts(asym_id)[:, None]  # [B, 1, N, N]
+    return {
+        "pae": expected_value(pae_logits, c.pae_max),
+        "pde": expected_value(logits["pde"][:, :, :n, :n].float(), c.pde_max),
+        "tm_global": tm_adjusted_pae(pae_logits, centres, torch.tensor(float(n))),
+        "tm_interface": tm_adjusted_pae(pae_logits, centres, pair_counts),
+        "contact_probs": contact_probs(distogram, cfg.loss.distogram_min_bin,
+                                       cfg.loss.distogram_max_bin),
+    }
 
 
 def _pad_atoms(x: torch.Tensor, a_pad: int) -> torch.Tensor:

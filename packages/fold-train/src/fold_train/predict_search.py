@@ -21,7 +21,12 @@ def search_out_dir(args: argparse.Namespace) -> Path:
     if args.search_out:
         return Path(args.search_out)
     source = Path(args.fasta or args.mmcif or args.json)
-    stem = Path(args.out).with_suffix("") if args.out else Path(source.stem)
+    if args.out:
+        stem = Path(args.out).with_suffix("")
+    elif getattr(args, "out_dir", None):  # inside the directory the user named
+        stem = Path(args.out_dir) / source.stem
+    else:
+        stem = Path(source.stem)
     return stem.parent / f"{stem.name}_search"
 
 

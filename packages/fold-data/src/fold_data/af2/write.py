@@ -24,7 +24,8 @@ class Prediction:
     """One predicted chain: ``aatype [N]``, ``positions [N, 37, 3]`` (A), ``atom_mask [N, 37]``
     (atoms that exist for the residue type), ``plddt [N]`` (0-100); from models with the pTM
     head (AF2's ``_ptm`` models) also ``pae [N, N]`` (expected aligned error of residue j in
-    the frame of residue i, A), ``max_pae`` (the largest value it can take) and ``ptm``."""
+    the frame of residue i, A), ``max_pae`` (the largest value it can take) and ``ptm``;
+    ``contact_probs [N, N]`` (distogram probability of CB-CB within 8 A) when computed."""
 
     aatype: np.ndarray
     positions: np.ndarray
@@ -33,6 +34,7 @@ class Prediction:
     pae: np.ndarray | None = None
     max_pae: float | None = None
     ptm: float | None = None
+    contact_probs: np.ndarray | None = None
 
     @property
     def sequence(self) -> str:

@@ -237,74 +237,49 @@ class AF2Family(Family):
 
     # -- prediction ------------------------------------------------------------------------------
     @classmethod
-    def predict(cls, args, device: str) -> dict:
-        """One chain from a FASTA or an mmCIF chain (scored against it), with its MSAs and
-        template hits; chunking, AutoChunk and CUDA graphs through ``parallelize``."""
-        from fold_data.af2.write import prediction_to_structure
-        from fold_data.limits import limits_from_args, use_limits
-        from fold_data.write import write_mmcif
-
+    def _check_predict_args(cls, args) -> None:
         from fold_train.errors import ConfigError
-        from fold_train.outputs import check_prediction, output_path
-        from fold_train.parallelize import Techniques, parallelize
-        from fold_train.predict import (
-            load_trained_model,
-            make_raw_features,
-            predict_structure,
-            score_against_truth,
-        )
-        from fold_train.predict_dap import single_process
-        from fold_train.predict_graphs import graphs_wanted
-        from fold_train.predict_size import check_af2_input
 
-        parallel = getattr(args, "parallel", None) or single_process()  # DAP: predict_dap
-        autochunk = getattr(args, "autochunk", None)
-        if autochunk is not None and args.chunk_size:
+        if getattr(args, "autochunk", None) is not None and args.chunk_size:
             raise ConfigError("--autochunk and --chunk-size are alternatives: give one of them")
         if args.templates and not args.template_mmcif_dir:
             raise ConfigError(f"--templates {args.templates} needs --template-mmcif-dir (the "
                               "directory of the hits' <pdb>.cif files)")
-        model, cfg = load_trained_model(args.checkpoint, device, use_ema=not args.no_ema,
-                                        family=cls.name)
-        graphs = graphs_wanted(False if getattr(args, "no_cuda_graphs", False) else None, device)
-        done = parallelize(model, cls(), parallel.adjust(Techniques(
-            chunk_size=args.chunk_size, autochunk=autochunk,
-            autochunk_min_chunk=getattr(args, "autochunk_min_chunk", 1), cuda_graphs=graphs)))
-        limits = limits_from_args(args)
-        # sized before any feature is made: too large for the limits or the device is refused
-        check_af2_input(
-            fasta=args.fasta, mmcif=args.mmcif, chain=args.chain, msas=args.msa or [],
-            model_config=cfg.model_config(), data_preset=cfg.data_preset(),
-            precision=cfg.system.precision, device=device, limits=limits,
-            memory_limit=getattr(args, "memory_limit", None),
-            chunk_size=args.chunk_size or (getattr(args, "autochunk_min_chunk", 1)
-                                           if autochunk is not None else None),
-            dap=parallel.dap)
-        with use_limits(limits):
-            name, raw, has_truth = make_raw_features(
-                fasta=args.fasta, mmcif=args.mmcif, chain=args.chain, msas=args.msa or [],
-                template_hits=args.templates, template_mmcif_dir=args.template_mmcif_dir)
-        out = output_path(args.out, name)  # checked before the model runs
-        pred = predict_structure(model, raw, cfg.data_preset(), device=device,
-                                 precision=cfg.system.precision, num_recycles=args.recycles,
-                                 cuda_graphs=done.cuda_graphs)
-        check_prediction(pred.positions, pred.plddt, args.checkpoint, pred.atom_mask > 0.5)
-        if parallel.writes:  # DAP: one rank writes
-            write_mmcif(prediction_to_structure(pred, name), out)
-        summary: dict = {"name": name, "out": str(out), "n_res": len(pred.aatype),
-                         "mean_plddt": float(pred.plddt.mean()), "cuda_graphs": done.cuda_graphs}
-        if pred.ptm is not None:  # pTM models (AF2's _ptm): the values; PAE files not written
-            summary.update(ptm=pred.ptm, mean_pae=float(pred.pae.mean()), max_pae=pred.max_pae)
-        if done.autochunked:
-            summary["autochunk"] = {
-                stack: {"budget_bytes": w.report.memory_budget,
-                        "estimated_peak_before": w.report.estimated_peak_before,
-                        "estimated_peak_after": w.report.simulated_peak_after,
-                        "regions": len(w.report.regions)}
-                for stack, w in done.autochunked.items()}
-        if has_truth:
-            summary.update(score_against_truth(pred, raw))
-        return summary
+        if (getattr(args, "samples", None) or 1) > 1:
+            raise ConfigError("--samples is for AF3 (diffusion samples); an AF2 model gives one "
+                              "prediction per seed: use --seeds 1,2,3")
+
+    @classmethod
+    def predict_runner(cls, args, device: str):
+        """The model loaded once (``fold-train predict --input-dir``, and one input):
+        :class:`~fold_train.predict_af2.AF2Runner`."""
+        from fold_data.limits import limits_from_args
+
+        from fold_train.predict_af2 import AF2Runner
+
+        cls._check_predict_args(args)
+        return AF2Runner(
+            args.checkpoint, device=device, use_ema=not args.no_ema, chunk_size=args.chunk_size,
+            autochunk=getattr(args, "autochunk", None),
+            autochunk_min_chunk=getattr(args, "autochunk_min_chunk", 1),
+            cuda_graphs=False if getattr(args, "no_cuda_graphs", False) else None,
+            limits=limits_from_args(args), memory_limit=getattr(args, "memory_limit", None),
+            recycles=args.recycles, template_mmcif_dir=args.template_mmcif_dir,
+            cache_dir=getattr(args, "cache", None),
+            parallel=getattr(args, "parallel", None))  # DAP / BP: fold_train.predict_dap
+
+    @classmethod
+    def predict(cls, args, device: str) -> dict:
+        """One chain from a FASTA or an mmCIF chain (scored against it), with its MSAs and
+        template hits, for each of ``--seeds``; chunking, AutoChunk and CUDA graphs through
+        ``parallelize``."""
+        runner = cls.predict_runner(args, device)
+        name, raw, has_truth = runner.prepare(fasta=args.fasta, mmcif=args.mmcif,
+                                              chain=args.chain, msas=args.msa or [],
+                                              templates=args.templates)
+        inputs = [p for p in (args.fasta, args.mmcif, *(args.msa or []), args.templates) if p]
+        return runner.predict(name, raw, has_truth, inputs, seeds=getattr(args, "seeds", None),
+                              out=args.out, out_dir=getattr(args, "out_dir", None))
 
     # -- shape buckets ---------------------------------------------------------------------------
     @classmethod

@@ -280,19 +280,28 @@ class AF3Family(Family):
         return [(name, make_sample(cache.load(key), preset, seed=0)) for name, key in entries]
 
     # -- prediction ------------------------------------------------------------------------------
-    @classmethod
-    def predict(cls, args, device: str) -> dict:
-        """The complex of an AlphaFold3 input JSON (its MSAs and templates named in it)."""
-        from fold_data.limits import limits_from_args
-
+    @staticmethod
+    def _refuse_af2_options(args) -> None:
         from fold_train.errors import ConfigError
-        from fold_train.predict_af3 import predict_af3_file
 
         af2_only = [f for f in ("msa", "templates", "template_mmcif_dir", "chain", "chunk_size",
                                 "autochunk") if getattr(args, f, None)]
         if af2_only:
             raise ConfigError(f"--{af2_only[0].replace('_', '-')} is for AF2 inputs; an AF3 JSON "
                               "names its MSAs and templates itself")
+        if getattr(args, "cache", None):
+            raise ConfigError("--cache is for AF2 inputs: AF3 prediction features each input "
+                              "from its JSON (whose MSA and template files the cache key "
+                              "would not cover)")
+
+    @classmethod
+    def predict(cls, args, device: str) -> dict:
+        """The complex of an AlphaFold3 input JSON (its MSAs and templates named in it)."""
+        from fold_data.limits import limits_from_args
+
+        from fold_train.predict_af3 import predict_af3_file
+
+        cls._refuse_af2_options(args)
         return predict_af3_file(args.checkpoint, args.json, args.out, device=device,
                                 use_ema=not args.no_ema, ccd_files=args.ccd or [],
                                 no_samples=args.samples, no_steps=args.sampler_steps,
@@ -303,7 +312,27 @@ class AF3Family(Family):
                                 memory_limit=getattr(args, "memory_limit", None),
                                 limits=limits_from_args(args),
                                 features=getattr(args, "search_features", None),  # --search
+                                seeds=getattr(args, "seeds", None),
+                                out_dir=getattr(args, "out_dir", None),
                                 parallel=getattr(args, "parallel", None))  # DAP: predict_dap
+
+    @classmethod
+    def predict_runner(cls, args, device: str):
+        """The model loaded once for ``fold-train predict --input-dir`` (AF3 JSONs or mmCIF
+        complexes): :class:`~fold_train.predict_af3.AF3Runner`."""
+        from fold_data.limits import limits_from_args
+
+        from fold_train.predict_af3 import AF3Runner
+
+        cls._refuse_af2_options(args)
+        return AF3Runner(args.checkpoint, device=device, use_ema=not args.no_ema,
+                         ccd_files=args.ccd or [], no_samples=args.samples,
+                         no_steps=args.sampler_steps, no_cycles=args.recycles,
+                         cuda_graphs=False if getattr(args, "no_cuda_graphs", False) else None,
+                         allow_outside_paths=getattr(args, "allow_outside_paths", False),
+                         memory_limit=getattr(args, "memory_limit", None),
+                         limits=limits_from_args(args),
+                         parallel=getattr(args, "parallel", None))  # DAP: predict_dap
 
     # -- shape buckets ---------------------------------------------------------------------------
     @classmethod

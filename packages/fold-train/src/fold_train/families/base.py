@@ -14,7 +14,8 @@ A family is a class with:
   step (:meth:`static_loss_inputs`, :meth:`split_static_inputs`);
 * data hooks: :meth:`open_cache` (build / read the feature cache of a data directory),
   :meth:`load_sample` (a loader worker's sample of one cache entry), :meth:`eval_samples`;
-* prediction: :meth:`predict` (the ``fold-train predict`` of the family's input), the
+* prediction: :meth:`predict` (the ``fold-train predict`` of the family's input),
+  :meth:`predict_runner` (the model loaded once for ``--input-dir``), the
   ``input_args`` that name such an input and ``input_hint`` (which input a checkpoint of the
   family needs);
 * shape buckets: ``extent_masks`` and :meth:`bucket_schema` (:mod:`fold_train.buckets`).
@@ -175,4 +176,12 @@ class Family(ABC):
     @abstractmethod
     def predict(cls, args, device: str) -> dict:
         """``fold-train predict`` of the family's input (``args``: the parsed command line);
-        writes the mmCIF and returns the JSON summary."""
+        writes the mmCIF (and with ``--out-dir`` the confidence files) and returns the JSON
+        summary."""
+
+    @classmethod
+    @abstractmethod
+    def predict_runner(cls, args, device: str):
+        """The checkpoint's model loaded once, for ``fold-train predict --input-dir``: an object
+        with ``family``, ``predictor`` (its CUDA-graph predictor), ``size(item) -> {dim: n}``
+        and ``run(item, seeds=, out_dir=) -> summary`` (:mod:`fold_train.predict_batch`)."""

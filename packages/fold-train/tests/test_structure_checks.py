@@ -1,0 +1,82 @@
+"""has_clash and fraction_disordered (AF3's ranking terms from coordinates) on real structures:
+the Shrake-Rupley areas against biotite's implementation (a fold-data dependency), a folded
+chain against the same chain stretched out, and a chain against a copy of itself laid on top."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from _train_helpers import DEMO
+from fold_train.structure_checks import (
+    atom_sasa,
+    fraction_disordered,
+    has_clash,
+    relative_sasa,
+)
+
+DSSP_RADII = {"N": 1.65, "CA": 1.87, "C": 1.76, "O": 1.4}
+
+
+@pytest.fixture(scope="module")
+def chain_a():
+    """4ZEY chain A's heavy protein atoms: coordinates, atom names, residue index, names."""
+    import biotite.structure as bs
+    import biotite.structure.io.pdbx as pdbx
+
+    atoms = pdbx.get_structure(pdbx.CIFFile.read(DEMO / "mmcifs" / "4zey.cif"), model=1)
+    atoms = atoms[(atoms.chain_id == "A") & bs.filter_amino_acids(atoms) & (atoms.element != "H")]
+    starts = bs.get_residue_starts(atoms)
+    residue = np.cumsum(np.isin(np.arange(len(atoms)), starts)) - 1
+    return atoms, residue, [str(atoms.res_name[s]) for s in starts]
+
+
+def test_sasa_agrees_with_biotite(chain_a):
+    import biotite.structure as bs
+
+    atoms, residue, names = chain_a
+    radii = np.array([DSSP_RADII.get(n, 1.8) for n in atoms.atom_name])
+    mine = atom_sasa(atoms.coord, radii)
+    ref = bs.sasa(atoms, probe_radius=1.4, point_number=1000, vdw_radii=radii)
+    # 100 points per atom against 1000: a few percent on the total, per atom within ~8 A^2
+    assert mine.sum() == pytest.approx(ref.sum(), rel=0.02)
+    assert np.corrcoef(mine, ref)[0, 1] > 0.99
+    rasa = relative_sasa(atoms.coord, atoms.atom_name, residue, names)
+    assert rasa.shape == (len(names),) and (rasa >= 0).all() and (rasa <= 1).all()
+
+
+def test_fraction_disordered_folded_versus_stretched(chain_a):
+    atoms, residue, names = chain_a
+    n = len(atoms)
+    args = (np.zeros(n, int), residue, np.ones(n, bool), atoms.atom_name, {0: names})
+    folded = fraction_disordered(atoms.coord, *args)
+    # each residue moved 4 A further along x than the previous one: an extended, exposed chain
+    stretched = atoms.coord + np.stack([residue * 4.0 * 3, np.zeros(n), np.zeros(n)], -1)
+    assert folded < 0.2 and fraction_disordered(stretched, *args) > 0.8
+    # no protein atom: nothing is disordered
+    assert fraction_disordered(atoms.coord, args[0], residue, np.zeros(n, bool),
+                               atoms.atom_name, {0: names}) == 0.0
+
+
+def test_has_clash(chain_a):
+    atoms, residue, _ = chain_a
+    n = len(atoms)
+    one = np.zeros(n, int)
+    assert not has_clash(atoms.coord, one, residue, np.ones(n, bool))  # a real chain
+    # a second copy on top of the first: every atom clashes with the other chain
+    two = np.concatenate([atoms.coord, atoms.coord + 0.3])
+    chain = np.concatenate([one, one + 1])
+    assert has_clash(two, chain, np.concatenate([residue, residue]), np.ones(2 * n, bool))
+    # ...unless the copy is a ligand (not a polymer): AF3 counts polymer atoms only
+    polymer = np.concatenate([np.ones(n, bool), np.zeros(n, bool)])
+    assert not has_clash(two, chain, np.concatenate([residue, residue]), polymer)
+    # 40 atoms moved onto 40 others: 80 clashing atoms of 679, under both the count (100)
+    # and half the chain; 150 moved: 300, over the count
+    few = atoms.coord.copy()
+    far = residue > residue.max() // 2
+    idx_far = np.flatnonzero(far)[:40]
+    few[idx_far] = atoms.coord[np.flatnonzero(~far)[:40]] + 0.2
+    assert not has_clash(few, one, residue, np.ones(n, bool))
+    many = atoms.coord.copy()
+    idx_far = np.flatnonzero(far)[:150]
+    many[idx_far] = atoms.coord[np.flatnonzero(~far)[:150]] + 0.2
+    assert has_clash(many, one, residue, np.ones(n, bool))
