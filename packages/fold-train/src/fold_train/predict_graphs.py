@@ -272,9 +272,15 @@ class AF3Predictor(_Predictor):
         cond = self._run(state, "pair_conditioning", pair_conditioning)
         n_tok = real["N_token"]
         if end == first:  # no sample on this rank (fewer samples than DAP ranks)
+            from fold_train.confidence import contact_probs
+
             trailing = {"x": (a_real, 3), "plddt": (a_real,)}
-            return {k: torch.zeros(B, 0, *trailing.get(k, (n_tok, n_tok)), device=self.device)
-                    for k in self.PER_SAMPLE}
+            distogram = cond["distogram_logits"][:, :n_tok, :n_tok].float().clone()
+            return {**{k: torch.zeros(B, 0, *trailing.get(k, (n_tok, n_tok)),
+                                      device=self.device) for k in self.PER_SAMPLE},
+                    "distogram_logits": distogram,
+                    "contact_probs": contact_probs(distogram, cfg.loss.distogram_min_bin,
+                                                   cfg.loss.distogram_max_bin)}
 
         # The sampler: host-side schedule, draws at the real atom count, padded into buffers.
         c0, steps = sampler_schedule(cfg.sampler, cfg.diffusion.sigma_data, no_steps)
