@@ -54,9 +54,9 @@ PROTENIX_DEPS = ["optree==0.17.0", "ml_collections==1.1.0", "absl-py==2.5.1", "P
 # GPU, or the CPU for data.*); `nox -s bench -- model.evoformer train.af3` runs the named ones.
 # Helpers (benchmarks/common) and one-off tools (benchmarks/tools) are not entry points here.
 BENCHMARKS = [
-    "kernels.attention", "kernels.elementwise", "kernels.launch_overhead",
+    "kernels.attention", "kernels.elementwise", "kernels.launch_overhead", "kernels.triangle_mult",
     "model.evoformer", "model.af3_blocks", "model.full", "model.loss_af3_pairs", "model.peers",
-    "train.ablation", "train.af3", "train.predict_graphs",
+    "train.ablation", "train.af3", "train.af3_msa", "train.predict_graphs",
     "chunk.evoformer",
     "data.loader", "data.cache", "data.af3_cache", "data.search_msa",
 ]

@@ -1,16 +1,21 @@
-"""EvoAttention vs eager PyTorch, SDPA (float mask), FlexAttention (compiled) and trifast.
+"""EvoAttention vs eager PyTorch, SDPA (float mask), FlexAttention (compiled), cuEquivariance's
+``triangle_attention`` and trifast.
 
 All contenders run in one process on one GPU, bf16, on the same inputs: q, k, v ``[1, R, H, N,
 D]``, a pair bias ``[1, H, N, N]`` shared by the R rows (with gradient) and a key mask
 ``[1, R, N]`` with about 5% holes. For each shape and contender: forward and forward+backward
-median times (``triton.testing.do_bench``) and the peak memory of forward+backward above the
-inputs. Our output and gradients are checked against SDPA's (both bf16) on every shape.
+median times (``triton.testing.do_bench``), forward+backward as a CUDA graph replay, and the
+peak memory of forward+backward above the inputs; the backward is seeded by one fixed random
+output gradient for every contender. Our output and gradients are checked against SDPA's (both
+bf16) on every shape. Ours runs twice, once per bias-gradient mode (``FOLD_EVO_DBIAS``:
+``pass``, deterministic, and ``atomic``), and its per-kernel device times are recorded.
 
-    python -m benchmarks.kernels.attention --groups triangle msa extra --out results.json
+    python -m benchmarks.kernels.attention --groups triangle msa extra
     python -m benchmarks.kernels.attention --md results.json [more.json ...] > results.md
 
 trifast is only defined for triangle attention (R = N). FlexAttention is compiled once per
-shape, with the compiler reset between shapes so it never falls back to eager.
+shape, with the compiler reset between shapes so it never falls back to eager. Peers that are
+not installed give a row "not installed", never a number from elsewhere.
 """
 
 from __future__ import annotations
@@ -25,8 +30,9 @@ from pathlib import Path
 
 import torch
 
+from benchmarks.common.graphs import capture
 from benchmarks.common.machine import device_name, triton_version
-from benchmarks.common.results import merged_rows, write_atomic
+from benchmarks.common.results import RESULTS, write_result
 
 SHAPES = {
     # name: (R, N, H, D)
@@ -35,6 +41,8 @@ SHAPES = {
     "extra": [(1024, 256, 8, 8), (5120, 384, 8, 8)],
 }
 MASK_NEG = -1e9
+# H100 SXM ceilings for the roofline column: dense bf16 tensor-core rate (TFLOP/s)
+H100_BF16_TFLOPS = 766.0
 
 
 def make_inputs(r, n, h, d, seed=0):
@@ -110,10 +118,34 @@ def make_trifast():
     return tri
 
 
-def ours(q, k, v, bias, mask):
+def make_cueq():
+    from cuequivariance_torch import triangle_attention
+
+    def cueq(q, k, v, bias, mask):
+        # cuEquivariance: q [B, N_rows, H, Q, D], bias [B, 1, H, Q, K], mask [B, N_rows, 1, 1, K]
+        # (True = attend); the bias is cast to fp32 inside, as its users call it
+        return triangle_attention(q, k, v, bias.unsqueeze(1), mask[:, :, None, None, :])
+
+    return cueq
+
+
+def make_ours(dbias_mode, dkdv_tiles):
     from fold_kernels import evo_attention
 
-    return evo_attention(q, k, v, bias, mask)
+    def ours(q, k, v, bias, mask):
+        # read per call (fold_ops.env.EnvVar): each variant of ours runs in this one process
+        os.environ["FOLD_EVO_DBIAS"] = dbias_mode
+        os.environ["FOLD_EVO_DKDV"] = dkdv_tiles
+        return evo_attention(q, k, v, bias, mask)
+
+    return ours
+
+
+# ours_qpass: the kernels before key-major dK/dV tiles and atomic dbias (query-major tiles, the
+# separate deterministic dbias pass); ours_pass: the tuner's pick of query- or key-major tiles,
+# deterministic dbias; ours_atomic: the same with the bias gradient by atomics
+OURS = {"ours_qpass": ("pass", "query"), "ours_pass": ("pass", "auto"),
+        "ours_atomic": ("atomic", "auto")}
 
 
 # ----------------------------------------------------------------------------- measurement
@@ -124,7 +156,23 @@ def rel_err(a, b):
     return ((a - b).norm() / b.norm()).item()
 
 
-def measure(fn, q, k, v, bias, mask, do):
+def kernel_times(fn, leaves, mask, do):
+    """Device ms per kernel name over one forward+backward (torch.profiler), largest first."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        torch.autograd.backward(fn(*leaves, mask), do)
+        torch.cuda.synchronize()
+    for t in leaves:
+        t.grad = None
+    times: dict[str, float] = {}
+    for ev in prof.events():
+        if ev.device_type == torch.autograd.DeviceType.CUDA:
+            times[ev.name[:60]] = times.get(ev.name[:60], 0.0) + ev.device_time / 1e3
+    return dict(sorted(times.items(), key=lambda kv: -kv[1]))
+
+
+def measure(fn, q, k, v, bias, mask, do, profile_kernels=False):
     from triton.testing import do_bench
 
     leaves = [t.detach().clone().requires_grad_() for t in (q, k, v, bias)]
@@ -151,14 +199,51 @@ def measure(fn, q, k, v, bias, mask, do):
     out = fwd().detach()
     t_fwd = do_bench(fwd, warmup=10, rep=60, return_mode="median")
     t_fb = do_bench(fwd_bwd, warmup=10, rep=60, grad_to_none=leaves, return_mode="median")
-    return {"fwd_ms": t_fwd, "fwd_bwd_ms": t_fb, "peak_mib": peak}, out, grads
+    res = {"fwd_ms": t_fwd, "fwd_bwd_ms": t_fb, "peak_mib": peak}
+    for t in leaves:
+        t.grad = None
+    try:  # the same step as one CUDA graph (launch gaps gone), gradients as graph outputs
+        def body():
+            return torch.autograd.grad(fn(*leaves, mask), leaves, do)
+        replay, _ = capture(body, q.device)
+        res["fwd_bwd_graph_ms"] = do_bench(replay, warmup=10, rep=60, return_mode="median")
+        del replay
+    except Exception as exc:  # a contender that cannot be captured keeps its eager numbers
+        res["graph_error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:120]}"
+    if profile_kernels:
+        res["kernels_ms"] = kernel_times(fn, leaves, mask, do)
+    return res, out, grads
+
+
+def nominal_tflops(r, n, h, d, kind, ms):
+    """Achieved TFLOP/s by the usual attention count: forward 4 R H N^2 D (QK^T and PV),
+    forward+backward 3.5x that (the backward's five products less the recomputed logits)."""
+    flops = 4.0 * r * h * n * n * d * (1.0 if kind == "fwd_ms" else 3.5)
+    return flops / (ms * 1e-3) / 1e12
+
+
+def peer_versions() -> dict:
+    from importlib.metadata import PackageNotFoundError, version
+
+    found = {}
+    for name in ("cuequivariance-torch", "cuequivariance-ops-torch-cu13", "trifast"):
+        try:
+            found[name] = version(name)
+        except PackageNotFoundError:
+            found[name] = "not installed"
+    return found
 
 
 def run(groups, contenders, out_path):
+    import datetime
+
     results = {"device": device_name(), "torch": torch.__version__,
-               "triton": triton_version(), "rows": []}
+               "triton": triton_version(), "peers": peer_versions(),
+               "date": datetime.datetime.now(datetime.UTC).isoformat(
+                   timespec="minutes"), "rows": []}
     makers = {"eager": lambda: eager, "sdpa": lambda: sdpa, "flex": make_flex,
-              "trifast": make_trifast, "ours": lambda: ours}
+              "cueq": make_cueq, "trifast": make_trifast,
+              **{nm: (lambda m=m: make_ours(*m)) for nm, m in OURS.items()}}
     for group in groups:
         for r, n, h, d in SHAPES[group]:
             row = {"group": group, "R": r, "N": n, "H": h, "D": d, "results": {}}
@@ -172,15 +257,17 @@ def run(groups, contenders, out_path):
                 t0 = time.time()
                 try:
                     fn = makers[name]()
-                    res, o, grads = measure(fn, *inputs)
+                    res, o, grads = measure(fn, *inputs, profile_kernels=name in OURS)
                     if name == "sdpa":
                         ref = (o, grads)
-                    if name == "ours" and ref is not None:
+                    if name in OURS and ref is not None:
                         res["err_vs_sdpa"] = [rel_err(o, ref[0])] + [
                             rel_err(a, b) for a, b in zip(grads, ref[1])]
                     del o, grads
                 except torch.cuda.OutOfMemoryError:
                     res = {"error": "OOM"}
+                except ImportError as exc:
+                    res = {"error": f"not installed: {exc}"}
                 except Exception as exc:  # a contender that cannot run this shape
                     res = {"error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:160]}"}
                     traceback.print_exc(limit=2)
@@ -189,57 +276,82 @@ def run(groups, contenders, out_path):
                 print(group, (r, n, h, d), name, res, flush=True)
             results["rows"].append(row)
             del inputs
-            write_atomic(Path(out_path), json.dumps(results, indent=1))
+            write_result(Path(out_path), results, to_markdown_docs([results]))
     return results
 
 
-def to_markdown(files):
-    rows, devices = merged_rows(files)
-    names = ["eager", "sdpa", "flex", "trifast", "ours"]
+NAMES = ["eager", "sdpa", "flex", "cueq", "trifast", *OURS]
+KINDS = ("fwd_ms", "fwd_bwd_ms", "fwd_bwd_graph_ms")
+
+
+def _cell(x, kind):
+    if x is None:
+        return "-"
+    if "error" in x:
+        return x["error"][:40]
+    if kind not in x:
+        return x.get("graph_error", "-")[:40]
+    return f"{x[kind]:.3f} ({x['peak_mib']:.0f})"
+
+
+def to_markdown_docs(docs):
+    rows = [r for d in docs for r in d["rows"]]
+    devices = sorted({f"{d['device']}, torch {d['torch']}, triton {d['triton']}, "
+                      + ", ".join(f"{k} {v}" for k, v in d.get("peers", {}).items())
+                      + (f"; {d['date']}" if d.get("date") else "") for d in docs})
     out = ["# EvoAttention benchmark (bf16, median ms; peak MiB of fwd+bwd above the inputs)",
-           "", "Device: " + "; ".join(sorted(devices)), ""]
-    for kind in ("fwd_ms", "fwd_bwd_ms"):
+           "", "Device: " + "; ".join(devices), ""]
+    for kind in KINDS:
         out += [f"## {kind}", "",
-                "| shape | " + " | ".join(names) + " | ours vs best other |",
-                "|---|" + "---|" * (len(names) + 1)]
+                "| shape | " + " | ".join(NAMES) + " | best ours vs best other | ours TFLOP/s |",
+                "|---|" + "---|" * (len(NAMES) + 2)]
         for row in rows:
             res = row["results"]
-            cells, others = [], []
-            for nm in names:
-                x = res.get(nm)
-                if x is None:
-                    cells.append("-")
-                elif "error" in x:
-                    cells.append(x["error"][:30])
-                else:
-                    cells.append(f"{x[kind]:.3f} ({x['peak_mib']:.0f})")
-                    if nm != "ours":
-                        others.append(x[kind])
-            mine = res.get("ours", {}).get(kind)
-            ratio = f"{min(others) / mine:.2f}x" if mine and others else "-"
+            others = [res[nm][kind] for nm in NAMES
+                      if nm not in OURS and kind in res.get(nm, {})]
+            mine = [res[nm][kind] for nm in OURS if kind in res.get(nm, {})]
+            ratio = f"{min(others) / min(mine):.2f}x" if mine and others else "-"
+            tflops = "-"
+            if mine and kind != "fwd_bwd_graph_ms":
+                tf = nominal_tflops(row["R"], row["N"], row["H"], row["D"], kind, min(mine))
+                tflops = f"{tf:.0f} ({100 * tf / H100_BF16_TFLOPS:.0f}%)"
             shape = f"{row['group']} R={row['R']} N={row['N']} H={row['H']} D={row['D']}"
-            out.append(f"| {shape} | " + " | ".join(cells) + f" | {ratio} |")
+            cells = [_cell(res.get(nm), kind) for nm in NAMES]
+            out.append(f"| {shape} | " + " | ".join(cells) + f" | {ratio} | {tflops} |")
         out.append("")
-    errs = [(r, r["results"].get("ours", {}).get("err_vs_sdpa")) for r in rows]
     out += ["## ours vs SDPA (both bf16): relative error of o, dq, dk, dv, dbias", ""]
-    for r, e in errs:
-        if e:
-            out.append(f"- {r['group']} R={r['R']} N={r['N']}: " + ", ".join(f"{x:.1e}" for x in e))
+    for r in rows:
+        for nm in OURS:
+            e = r["results"].get(nm, {}).get("err_vs_sdpa")
+            if e:
+                out.append(f"- {nm} {r['group']} R={r['R']} N={r['N']}: "
+                           + ", ".join(f"{x:.1e}" for x in e))
+    out += ["", "## ours: device ms per kernel in one forward+backward (torch.profiler)", ""]
+    for r in rows:
+        for nm in OURS:
+            ks = r["results"].get(nm, {}).get("kernels_ms")
+            if ks:
+                top = ", ".join(f"{k.split('(')[0]} {v:.3f}" for k, v in list(ks.items())[:6])
+                out.append(f"- {nm} {r['group']} R={r['R']} N={r['N']}: {top}")
     return "\n".join(out) + "\n"
+
+
+def to_markdown(files):
+    return to_markdown_docs([json.loads(Path(f).read_text()) for f in files])
 
 
 def main(argv=None):
     p = argparse.ArgumentParser()
     p.add_argument("--groups", nargs="+", default=list(SHAPES))
-    p.add_argument("--contenders", nargs="+", default=["eager", "sdpa", "flex", "trifast", "ours"])
-    p.add_argument("--out", default=os.path.join(os.environ.get("OUT", "."), "attention.json"))
+    p.add_argument("--contenders", nargs="+", default=NAMES, choices=NAMES)
+    p.add_argument("--out", default=str(RESULTS / "kernels" / "kernels_attention.json"))
     p.add_argument("--md", nargs="+", help="merge these JSON files into a Markdown table")
     args = p.parse_args(argv)
     if args.md:
         sys.stdout.write(to_markdown(args.md))
         return
     run(args.groups, args.contenders, args.out)
-    sys.stdout.write(to_markdown([args.out]))
+    sys.stdout.write(Path(args.out).with_suffix(".md").read_text())
 
 
 if __name__ == "__main__":

@@ -33,7 +33,7 @@ from benchmarks.common.backends import ensure_kernels
 from benchmarks.common.machine import device_name, triton_version
 from benchmarks.common.results import write_atomic
 
-PRODUCTS = {"fwd": 2, "dkdv": 4, "dq": 3, "dbias": 3}
+PRODUCTS = {"fwd": 2, "dkdv": 4, "dkdv_atomic": 4, "dq": 3, "dbias": 3}
 
 
 def shape_of(target: str) -> tuple[int, int, int, int]:
@@ -101,8 +101,8 @@ def sweep(target: str, layout: str, budget_s: float) -> dict:
 
     tuning.pick = grab
     try:
-        _, o_pre, lse = ea._forward(q_, k_, v_, g_, lp)
-        ea._backward(do.reshape(flat), q_, k_, v_, g_, o_pre, lse, lp, need_dbias=True)
+        _, o_pre, lse = ea._forward(q_, k_, v_, g_, None, lp)
+        ea._backward(do.reshape(flat), q_, k_, v_, g_, None, o_pre, lse, lp, need_dbias=True)
     finally:
         tuning.pick = real_pick
     result = {"target": target, "layout": layout, "R": r, "N": n, "H": h, "D": d, "kernels": {}}

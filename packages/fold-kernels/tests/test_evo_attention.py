@@ -110,9 +110,35 @@ def test_fully_masked_query_gets_mean_of_v():
                                rtol=1e-5, atol=1e-5)
 
 
-def test_backward_is_deterministic():
-    from fold_kernels import evo_attention
+@pytest.fixture
+def deterministic():
+    before = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    yield
+    torch.use_deterministic_algorithms(before)
 
+
+def test_auto_dbias_mode_follows_torch_determinism(monkeypatch):
+    from fold_kernels.evo_attention import dbias_mode
+
+    monkeypatch.delenv("FOLD_EVO_DBIAS", raising=False)
+    assert dbias_mode() == ("pass" if torch.are_deterministic_algorithms_enabled() else "atomic")
+    monkeypatch.setenv("FOLD_EVO_DBIAS", "pass")
+    assert dbias_mode() == "pass"
+
+
+@pytest.mark.parametrize("how", ["env", "torch"])
+def test_backward_is_deterministic(monkeypatch, request, how):
+    # FOLD_EVO_DBIAS=pass, or the default under torch.use_deterministic_algorithms(True)
+    from fold_kernels import evo_attention
+    from fold_kernels.evo_attention import dbias_mode
+
+    if how == "env":
+        monkeypatch.setenv("FOLD_EVO_DBIAS", "pass")
+    else:
+        monkeypatch.delenv("FOLD_EVO_DBIAS", raising=False)
+        request.getfixturevalue("deterministic")
+    assert dbias_mode() == "pass"
     q, k, v, bias, mask, gate = _inputs((1, 5, 2, 23, 16), 2, 23, torch.bfloat16)
     grads = []
     for _ in range(2):
@@ -295,3 +321,65 @@ def test_packed_bad_input_errors():
         evo_attention_packed(proj, 2, gate_bias=torch.zeros(7, device=DEVICE))
     with pytest.raises(ValueError, match="bias must be"):
         evo_attention_packed(proj, 2, torch.zeros(1, 2, 5, 4, device=DEVICE))
+
+
+# ----------------------------------------------------------------------------- FOLD_EVO_DBIAS
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("d", [8, 32])
+@pytest.mark.parametrize("dbias", ["pass", "atomic"])
+@pytest.mark.parametrize("tiles", ["query", "key"])
+def test_dkdv_tiles_and_dbias_modes_match_reference(monkeypatch, dtype, d, dbias, tiles):
+    # dK/dV on query-major and key-major tiles, bias gradient by its own pass or by atomics;
+    # odd R (5): the two-row programs repeat the last row, which must count once in dbias
+    monkeypatch.setenv("FOLD_EVO_DBIAS", dbias)
+    monkeypatch.setenv("FOLD_EVO_DKDV", tiles)
+    r, h, n = 5, 2, 29
+    _check(*_inputs((1, r, h, n, d), h, n, dtype, seed=11 + d), dtype)
+
+
+@pytest.mark.parametrize("bias_batch", ["shared", "per_batch"])
+@pytest.mark.parametrize("tiles", ["query", "key"])
+def test_atomic_dbias_batch_and_broadcast_bias(monkeypatch, bias_batch, tiles):
+    monkeypatch.setenv("FOLD_EVO_DBIAS", "atomic")
+    monkeypatch.setenv("FOLD_EVO_DKDV", tiles)
+    q, k, v, bias, mask, gate = _inputs((2, 3, 2, 19, 16), 2, 19, torch.float32, seed=3)
+    if bias_batch == "shared":  # [H, N, N] for both batch entries: summed over b and r
+        bias = torch.randn(2, 19, 19, generator=torch.Generator().manual_seed(4))
+    _check(q, k, v, bias, mask, gate, torch.float32)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("tiles", ["query", "key"])
+def test_atomic_dbias_packed(monkeypatch, dtype, tiles):
+    monkeypatch.setenv("FOLD_EVO_DBIAS", "atomic")
+    monkeypatch.setenv("FOLD_EVO_DKDV", tiles)
+    _check_packed((1,), 3, 23, 2, 8, dtype)
+
+
+def test_atomic_and_pass_agree(monkeypatch):
+    # same function, different summation order (and tiles on a GPU): fp32 rounding apart
+    from fold_kernels import evo_attention
+
+    q, k, v, bias, mask, _ = _inputs((1, 7, 2, 26, 16), 2, 26, torch.float32, seed=9)
+    grads = {}
+    for mode in ("pass", "atomic"):
+        monkeypatch.setenv("FOLD_EVO_DBIAS", mode)
+        ins = [t.detach().to(DEVICE).clone().requires_grad_() for t in (q, k, v, bias)]
+        evo_attention(*ins, mask.to(DEVICE)).square().sum().backward()
+        grads[mode] = [t.grad.cpu() for t in ins]
+    for a, b in zip(grads["atomic"], grads["pass"]):
+        assert rel_err(a, b) < 1e-6
+
+
+@pytest.mark.parametrize("var", ["FOLD_EVO_DBIAS", "FOLD_EVO_DKDV"])
+def test_unknown_modes_are_rejected(monkeypatch, var):
+    from fold_kernels import evo_attention
+
+    monkeypatch.setenv(var, "fast")
+    q, k, v, bias, mask, _ = _inputs((1, 2, 2, 9, 8), 2, 9, torch.float32)
+    ins = [t.to(DEVICE).requires_grad_() for t in (q, k, v, bias)]
+    o = evo_attention(*ins, mask.to(DEVICE))
+    with pytest.raises(ValueError, match=var):
+        o.sum().backward()

@@ -128,12 +128,13 @@ def realign_segment(segment: str, sequence: str) -> list[int] | None:
     return mapping if same >= MIN_REALIGN_IDENTITY * n else None
 
 
-def _find_mmcif(mmcif_dir: Path, pdb_id: str) -> Path | None:
-    for name in (pdb_id.lower(), pdb_id.upper()):
-        for suffix in (".cif", ".cif.gz"):
-            path = mmcif_dir / f"{name}{suffix}"
-            if path.is_file():
-                return path
+def _find_mmcif(mmcif_dirs: Sequence[Path], pdb_id: str) -> Path | None:
+    for mmcif_dir in mmcif_dirs:  # in order: the first folder holding the file wins
+        for name in (pdb_id.lower(), pdb_id.upper()):
+            for suffix in (".cif", ".cif.gz"):
+                path = mmcif_dir / f"{name}{suffix}"
+                if path.is_file():
+                    return path
     return None
 
 
@@ -191,7 +192,7 @@ def _map_onto_chain(
 def make_template_features(
     query_sequence: str,
     hits: Sequence[TemplateHit],
-    mmcif_dir: str | os.PathLike,
+    mmcif_dir: str | os.PathLike | Sequence[str | os.PathLike],
     *,
     max_template_date: str | datetime.date | None = None,
     max_hits: int = 4,
@@ -206,7 +207,9 @@ def make_template_features(
     """
     query_sequence = query_sequence.upper()
     num_res = len(query_sequence)
-    mmcif_dir = Path(mmcif_dir)
+    # one folder, or several searched in order (a training directory's template_mmcifs/, mmcifs/)
+    mmcif_dirs = ([Path(d) for d in mmcif_dir] if isinstance(mmcif_dir, list | tuple)
+                  else [Path(mmcif_dir)])
     cutoff = _date_string(max_template_date)
     if all(h.sum_probs is not None for h in hits):
         hits = sorted(hits, key=lambda h: -float(h.sum_probs))  # stable: ties keep file order
@@ -232,7 +235,7 @@ def make_template_features(
 
         pdb_id = hit.pdb_id.lower()
         if pdb_id not in parsed:
-            path = _find_mmcif(mmcif_dir, pdb_id)
+            path = _find_mmcif(mmcif_dirs, pdb_id)
             if path is None:
                 parsed[pdb_id] = None
                 missing.append(hit)
@@ -290,7 +293,8 @@ def make_template_features(
         shown = ", ".join(f"hit {h.index} {h.name} -> {h.pdb_id.lower()}.cif" for h in missing[:5])
         more = f" and {len(missing) - 5} more" if len(missing) > 5 else ""
         warnings.warn(
-            f"{len(missing)} template hits skipped: mmCIF not found in {mmcif_dir} "
+            f"{len(missing)} template hits skipped: mmCIF not found in "
+            f"{', '.join(map(str, mmcif_dirs))} "
             f"({shown}{more})",
             InputWarning,
             2,

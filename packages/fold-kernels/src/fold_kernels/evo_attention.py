@@ -14,15 +14,20 @@ Kernels (MegaFold III, FlashAttention-2), each program one tile of one or two ro
   read one row's K and V run together (L2 hits), and the head varies slowest, so one head's bias
   stays in L2 while all its rows are swept.
 * ``_bwd_pre``  delta = rowsum(dO * O) and, with a gate, dO through the gate and d(gate).
-* ``_bwd_dkdv`` grid (N/BLOCK_N, R/rows, B*H): dK, dV of one key block, looping over query blocks.
+* ``_bwd_dkdv`` grid (N/BLOCK_N, R/rows, B*H): dK, dV of one key block, looping over query blocks,
+  on query-major tiles or key-major ones (S^T = K Q^T, no register transposes of P and dS;
+  a tuning choice, ``FOLD_EVO_DKDV``).
 * ``_bwd_dq``   grid (N/BLOCK_M, R/rows, B*H): dQ of one query block, looping over key blocks.
 * ``_bwd_dbias`` grid (N/BLOCK_N * splits, N/BLOCK_M, H * B_bias): one bias tile; the program
   loops over the R rows (and batch entries that share the bias), adding the dS tiles in
-  registers, and stores the tile once. No atomics, so the result is deterministic (always; there
-  is no non-deterministic mode to opt out of); with ``splits > 1`` each split writes its partial
-  sum to its own fp32 slab and the slabs are summed afterwards in a fixed order. MegaFold instead
-  issues one ``atomic_add`` per row and element. The price is recomputing S and dP once more
-  (two more products per tile), which costs less than R x H x N x N atomics.
+  registers, and stores the tile once. No atomics, so the result is deterministic; with
+  ``splits > 1`` each split writes its partial sum to its own fp32 slab and the slabs are summed
+  afterwards in a fixed order. The price is recomputing S and dP once more (two more products
+  and one more exp per tile). This is ``FOLD_EVO_DBIAS=pass``.
+* ``FOLD_EVO_DBIAS=atomic``: no ``_bwd_dbias``; ``_bwd_dkdv`` adds each dS tile (summed over its
+  two rows first) into an fp32 ``[B_bias, H, N, N]`` buffer with atomics, as MegaFold and
+  FlexAttention do: R/2 x H x N x N atomic adds instead of a third recomputation of the logits;
+  the summation order varies, so dbias is not bit-reproducible. See :func:`dbias_mode`.
 
 The forward stores, per query, the log2-sum-exp and (for a fully masked query) 1/l in fp32;
 the backward rebuilds P = exp2(s - lse) tile by tile.
@@ -41,20 +46,26 @@ Head dims under 16 are padded to 16 inside the kernel with masked loads (``tl.do
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import math
 
 import torch
 import triton
 import triton.language as tl
+from fold_ops.env import EnvVar
 
 from fold_kernels import tuning
 from fold_kernels.broadcast import broadcast_shape
 from fold_kernels.launch import fast
 from fold_kernels.reduce import column_sum, sum_partials
 
-__all__ = ["evo_attention", "evo_attention_packed", "SUPPORTED_DTYPES", "MAX_HEAD_DIM"]
+__all__ = ["evo_attention", "evo_attention_packed", "dbias_mode", "SUPPORTED_DTYPES",
+           "MAX_HEAD_DIM", "DBIAS_MODES"]
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+DBIAS_MODES = ("auto", "pass", "atomic")  # see dbias_mode()
+DEFAULT_DBIAS_MODE = "auto"
 MAX_HEAD_DIM = 128
 LOG2E = 1.4426950408889634
 MASKED = -1.0e30  # the replaced logit of a masked key (log2 domain); uniform if all are masked
@@ -78,6 +89,14 @@ def _bias_tile(Bias, b, h, offs_m, offs_n, m_valid, n_valid, sbb, sbh, sbi, sbj)
     row of the program (the bias is shared by the R rows)."""
     bptr = Bias + b * sbb + h * sbh + offs_m[:, None] * sbi + offs_n[None, :] * sbj
     bias = tl.load(bptr, mask=m_valid[:, None] & n_valid[None, :], other=0.0)
+    return bias.to(tl.float32) * 1.4426950408889634
+
+
+@triton.jit
+def _bias_tile_t(Bias, b, h, offs_m, offs_n, m_valid, n_valid, sbb, sbh, sbi, sbj):
+    """The pair-bias tile transposed, [BLOCK_N, BLOCK_M] (key-major), log2 domain, fp32."""
+    bptr = Bias + b * sbb + h * sbh + offs_m[None, :] * sbi + offs_n[:, None] * sbj
+    bias = tl.load(bptr, mask=n_valid[:, None] & m_valid[None, :], other=0.0)
     return bias.to(tl.float32) * 1.4426950408889634
 
 
@@ -255,7 +274,7 @@ def _ds_tile(q, k, do, v, lse, delta, bias2, keep, qk_scale, HAS_BIAS: tl.conste
 
 @triton.jit
 def _dkdv_step(Q, DO, LSE, Delta, slab, base, obase, offs_m, offs_d, md, m_valid, k, v, bias2,
-               keep, n_valid, dk, dv, qk_scale, N, SN, SON, HAS_BIAS: tl.constexpr,
+               keep, uniform, n_valid, dk, dv, qk_scale, N, SN, SON, HAS_BIAS: tl.constexpr,
                HAS_MASK: tl.constexpr, EVEN: tl.constexpr, PRECISION: tl.constexpr):
     q = tl.load(Q + base + offs_m[:, None] * SN + offs_d[None, :], mask=md, other=0.0)
     do = tl.load(DO + obase + offs_m[:, None] * SON + offs_d[None, :], mask=md, other=0.0)
@@ -263,23 +282,57 @@ def _dkdv_step(Q, DO, LSE, Delta, slab, base, obase, offs_m, offs_d, md, m_valid
     delta = tl.load(Delta + slab * N + offs_m, mask=m_valid, other=0.0)
     p, ds = _ds_tile(q, k, do, v, lse, delta, bias2, keep, qk_scale, HAS_BIAS,
                      HAS_MASK or not EVEN, PRECISION)
-    if HAS_MASK:  # a fully masked query spreads 1/l over every key, masked ones included
-        uniform = tl.load(LSE + slab * 2 * N + N + offs_m, mask=m_valid, other=0.0)
-        if tl.max(uniform, 0) > 0.0:  # rare: skip the select when no query here is all-masked
-            p += tl.where(n_valid[None, :] & (keep == 0)[None, :], uniform[:, None], 0.0)
+    if HAS_MASK:  # a fully masked row spreads 1/l over every key, masked ones included
+        if uniform > 0.0:  # rare: a scalar test, hoisted out of the loop by the caller
+            p += tl.where(n_valid[None, :] & (keep == 0)[None, :], uniform, 0.0)
     dv += _mm(tl.trans(p.to(do.dtype)), do, PRECISION)
     dk += _mm(tl.trans(ds.to(q.dtype)), q, PRECISION)
-    return dk, dv
+    return dk, dv, ds
+
+
+@triton.jit
+def _dkdv_step_t(Q, DO, LSE, Delta, slab, base, obase, offs_m, offs_d, md, m_valid, k, v, bias_t,
+                 keep, uniform, n_valid, dk, dv, qk_scale, N, SN, SON, HAS_BIAS: tl.constexpr,
+                 HAS_MASK: tl.constexpr, EVEN: tl.constexpr, PRECISION: tl.constexpr):
+    """:func:`_dkdv_step` on the transposed tile: S^T = K Q^T [BLOCK_N, BLOCK_M] is computed
+    directly (q read as Q^T [BLOCK_D, BLOCK_M]), so P^T and dS^T, the left operands of dV and
+    dK, come out of the products in registers instead of being transposed (FlashAttention-2's
+    Triton backward does the same). Returns dk, dv and dS^T."""
+    q_t = tl.load(Q + base + offs_m[None, :] * SN + offs_d[:, None], mask=tl.trans(md),
+                  other=0.0)  # [BLOCK_D, BLOCK_M]
+    do = tl.load(DO + obase + offs_m[:, None] * SON + offs_d[None, :], mask=md, other=0.0)
+    lse = tl.load(LSE + slab * 2 * N + offs_m, mask=m_valid, other=float("inf"))
+    delta = tl.load(Delta + slab * N + offs_m, mask=m_valid, other=0.0)
+    s_t = _mm(k, q_t, PRECISION) * qk_scale  # [BLOCK_N, BLOCK_M]
+    if HAS_BIAS:
+        s_t += bias_t
+    p_t = tl.exp2(s_t - lse[None, :])
+    if HAS_MASK or not EVEN:
+        p_t = tl.where(keep[:, None], p_t, 0.0)
+    dp_t = _mm(v, tl.trans(do), PRECISION)  # [BLOCK_N, BLOCK_M]
+    ds_t = p_t * (dp_t - delta[None, :])
+    if HAS_MASK:  # a fully masked row spreads 1/l over every key, masked ones included
+        if uniform > 0.0:
+            p_t += tl.where(n_valid[:, None] & (keep == 0)[:, None], uniform, 0.0)
+    dv += _mm(p_t.to(do.dtype), do, PRECISION)
+    dk += _mm(ds_t.to(q_t.dtype), tl.trans(q_t), PRECISION)
+    return dk, dv, ds_t
 
 
 @fast
 @triton.jit
-def _bwd_dkdv(Q, K, V, Bias, Mask, DO, LSE, Delta, DK, DV,
+def _bwd_dkdv(Q, K, V, Bias, Mask, DO, LSE, Delta, DK, DV, DBias,
               sbb, sbh, sbi, sbj, smb, smr, smj, sqb, sqr, sqh, sqn, sob, sor, soh, son,
-              R, H, N, D, qk_scale, scale,
+              R, H, N, D, qk_scale, scale, sdbb,
               HAS_BIAS: tl.constexpr, HAS_MASK: tl.constexpr, TWO_ROWS: tl.constexpr,
-              EVEN: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-              BLOCK_D: tl.constexpr, PRECISION: tl.constexpr):
+              EVEN: tl.constexpr, DBIAS_ATOMIC: tl.constexpr, TRANSPOSE: tl.constexpr,
+              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+              PRECISION: tl.constexpr):
+    """dK, dV of one key block; with ``DBIAS_ATOMIC`` also the bias gradient, each program
+    adding its rows' dS tiles (both rows summed first) into the fp32 ``DBias [B_bias, H, N, N]``
+    (zeroed; batch stride ``sdbb``, 0 when the bias is shared) with one atomic add per element:
+    no separate dbias pass, but the order of the additions, hence the rounding, varies.
+    ``TRANSPOSE``: the tiles are computed key-major (:func:`_dkdv_step_t`)."""
     nb = tl.program_id(0)
     rp = tl.program_id(1)
     bh = tl.program_id(2)
@@ -302,6 +355,9 @@ def _bwd_dkdv(Q, K, V, Bias, Mask, DO, LSE, Delta, DK, DV,
     k0 = tl.load(K + base0 + kv_off, mask=nd, other=0.0)
     v0 = tl.load(V + base0 + kv_off, mask=nd, other=0.0)
     keep0 = _keep(Mask, b, r0, offs_n, n_valid, smb, smr, smj, HAS_MASK)
+    # 1/l of a fully masked row (else 0): every query of a row shares its key mask, so query 0's
+    # value holds for the row, read once instead of a load and a reduction per query block
+    uni0 = tl.load(LSE + slab0 * 2 * N + N)
     dk0 = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
     dv0 = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
     if TWO_ROWS:
@@ -311,23 +367,55 @@ def _bwd_dkdv(Q, K, V, Bias, Mask, DO, LSE, Delta, DK, DV,
         k1 = tl.load(K + base1 + kv_off, mask=nd, other=0.0)
         v1 = tl.load(V + base1 + kv_off, mask=nd, other=0.0)
         keep1 = _keep(Mask, b, r1, offs_n, n_valid, smb, smr, smj, HAS_MASK)
+        uni1 = tl.load(LSE + slab1 * 2 * N + N)
         dk1 = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
         dv1 = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
     for start_m in range(0, N, BLOCK_M):
         offs_m = start_m + tl.arange(0, BLOCK_M)
         m_valid = offs_m < N
         md = m_valid[:, None] & d_valid[None, :]
-        if HAS_BIAS:
-            bias2 = _bias_tile(Bias, b, h, offs_m, offs_n, m_valid, n_valid, sbb, sbh, sbi, sbj)
-        else:
-            bias2 = 0.0
-        dk0, dv0 = _dkdv_step(Q, DO, LSE, Delta, slab0, base0, obase0, offs_m, offs_d, md,
-                              m_valid, k0, v0, bias2, keep0, n_valid, dk0, dv0, qk_scale, N,
-                              sqn, son, HAS_BIAS, HAS_MASK, EVEN, PRECISION)
-        if TWO_ROWS:
-            dk1, dv1 = _dkdv_step(Q, DO, LSE, Delta, slab1, base1, obase1, offs_m, offs_d, md,
-                                  m_valid, k1, v1, bias2, keep1, n_valid, dk1, dv1, qk_scale, N,
-                                  sqn, son, HAS_BIAS, HAS_MASK, EVEN, PRECISION)
+        if TRANSPOSE:  # key-major tiles [BLOCK_N, BLOCK_M]
+            if HAS_BIAS:
+                bias2 = _bias_tile_t(Bias, b, h, offs_m, offs_n, m_valid, n_valid,
+                                     sbb, sbh, sbi, sbj)
+            else:
+                bias2 = 0.0
+            dk0, dv0, ds = _dkdv_step_t(Q, DO, LSE, Delta, slab0, base0, obase0, offs_m, offs_d,
+                                        md, m_valid, k0, v0, bias2, keep0, uni0, n_valid, dk0,
+                                        dv0, qk_scale, N, sqn, son, HAS_BIAS, HAS_MASK, EVEN,
+                                        PRECISION)
+            if TWO_ROWS:
+                dk1, dv1, ds1 = _dkdv_step_t(Q, DO, LSE, Delta, slab1, base1, obase1, offs_m,
+                                             offs_d, md, m_valid, k1, v1, bias2, keep1, uni1,
+                                             n_valid, dk1, dv1, qk_scale, N, sqn, son, HAS_BIAS,
+                                             HAS_MASK, EVEN, PRECISION)
+        else:  # query-major tiles [BLOCK_M, BLOCK_N]
+            if HAS_BIAS:
+                bias2 = _bias_tile(Bias, b, h, offs_m, offs_n, m_valid, n_valid,
+                                   sbb, sbh, sbi, sbj)
+            else:
+                bias2 = 0.0
+            dk0, dv0, ds = _dkdv_step(Q, DO, LSE, Delta, slab0, base0, obase0, offs_m, offs_d,
+                                      md, m_valid, k0, v0, bias2, keep0, uni0, n_valid, dk0,
+                                      dv0, qk_scale, N, sqn, son, HAS_BIAS, HAS_MASK, EVEN,
+                                      PRECISION)
+            if TWO_ROWS:
+                dk1, dv1, ds1 = _dkdv_step(Q, DO, LSE, Delta, slab1, base1, obase1, offs_m,
+                                           offs_d, md, m_valid, k1, v1, bias2, keep1, uni1,
+                                           n_valid, dk1, dv1, qk_scale, N, sqn, son, HAS_BIAS,
+                                           HAS_MASK, EVEN, PRECISION)
+        if DBIAS_ATOMIC:
+            if TWO_ROWS:  # odd R: the repeated last row counts once
+                ds += tl.where(r0 + 1 < R, ds1, 0.0)
+            if TRANSPOSE:
+                dptr = (DBias + b.to(tl.int64) * sdbb + h.to(tl.int64) * N * N
+                        + offs_m[None, :] * N + offs_n[:, None])  # [BLOCK_N, BLOCK_M]
+                dmask = n_valid[:, None] & m_valid[None, :]
+            else:
+                dptr = (DBias + b.to(tl.int64) * sdbb + h.to(tl.int64) * N * N
+                        + offs_m[:, None] * N + offs_n[None, :])  # [BLOCK_M, BLOCK_N]
+                dmask = m_valid[:, None] & n_valid[None, :]
+            tl.atomic_add(dptr, ds, mask=dmask, sem="relaxed")
     tl.store(DK + base0 + kv_off, (dk0 * scale).to(DK.dtype.element_ty), mask=nd)
     tl.store(DV + base0 + kv_off, dv0.to(DV.dtype.element_ty), mask=nd)
     if TWO_ROWS:
@@ -621,8 +709,33 @@ def _dense(t: torch.Tensor) -> bool:
     return True
 
 
+def _parse_dkdv_tiles(value: str | None) -> str:
+    mode = (value or "auto").strip().lower()
+    if mode not in ("auto", "query", "key"):
+        raise ValueError(f"FOLD_EVO_DKDV={value!r}: expected auto, query or key")
+    return mode
+
+
+_DKDV_TILES = EnvVar("FOLD_EVO_DKDV", _parse_dkdv_tiles)
+
+
+@functools.cache
+def _dkdv_candidates(kernel: str, arch: str, d: int, tiles: str) -> tuple[tuning.Config, ...]:
+    """dK/dV's candidates, all (``auto``: the tuner picks) or only query-major (``query``) or
+    key-major (``key``) tiles (``FOLD_EVO_DKDV``: both timed side by side in one process)."""
+    cands = tuning._attention_configs(kernel, arch, d)
+    if tiles == "auto":
+        return cands
+    if arch == "interpreter":  # one candidate there: the same tiles in the asked order
+        return (dataclasses.replace(cands[0], transpose=tiles == "key"),)
+    return tuple(c for c in cands if c.transpose == (tiles == "key"))
+
+
 def _cfg(kernel: str, lp: _Launch, launch) -> tuning.Config:
-    cands = tuning._attention_configs(kernel, tuning.arch(), lp.D)  # memoised tuple
+    if kernel.startswith("dkdv"):
+        cands = _dkdv_candidates(kernel, tuning.arch(), lp.D, _DKDV_TILES.get())
+    else:
+        cands = tuning._attention_configs(kernel, tuning.arch(), lp.D)  # memoised tuple
     return tuning.pick(f"evo_{kernel}", lp.key(kernel), cands, launch)
 
 
@@ -676,11 +789,21 @@ def _backward(dy, q, k, v, gate, gate_bias, o_pre, lse, lp: _Launch, need_dbias:
     flags = dict(HAS_BIAS=lp.bias is not None, HAS_MASK=lp.mask is not None,
                  BLOCK_D=lp.block_d, PRECISION=lp.precision)
 
+    want_dbias = need_dbias and lp.bias is not None
+    atomic = want_dbias and dbias_mode() == "atomic"
+    # atomic mode: dK/dV's pass adds every dS tile into one fp32 [B_bias, H, N, N] buffer
+    dbias32 = (torch.empty((lp.Bb, lp.H, lp.N, lp.N), device=q.device, dtype=torch.float32)
+               if atomic else dummy)
+    sdbb = lp.H * lp.N * lp.N if lp.Bb > 1 else 0
+
     def launch_dkdv(cfg: tuning.Config):
         grid = (triton.cdiv(lp.N, cfg.block_n), triton.cdiv(lp.R, cfg.rows), lp.B * lp.H)
-        _bwd_dkdv[grid](q, k, v, bias, mask, do, lse, delta, dk, dv, *lp.strides(),
-                        lp.R, lp.H, lp.N, lp.D, lp.qk_scale, lp.scale,
-                        TWO_ROWS=cfg.rows == 2, EVEN=lp.even(cfg),
+        if atomic:
+            dbias32.zero_()  # inside the launch: the tuner runs it repeatedly
+        _bwd_dkdv[grid](q, k, v, bias, mask, do, lse, delta, dk, dv, dbias32, *lp.strides(),
+                        lp.R, lp.H, lp.N, lp.D, lp.qk_scale, lp.scale, sdbb,
+                        TWO_ROWS=cfg.rows == 2, EVEN=lp.even(cfg), DBIAS_ATOMIC=atomic,
+                        TRANSPOSE=cfg.transpose,
                         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, **flags,
                         num_warps=cfg.num_warps, num_stages=cfg.num_stages)
 
@@ -692,11 +815,13 @@ def _backward(dy, q, k, v, gate, gate_bias, o_pre, lse, lp: _Launch, need_dbias:
                         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, **flags,
                       num_warps=cfg.num_warps, num_stages=cfg.num_stages)
 
-    launch_dkdv(_cfg("dkdv", lp, launch_dkdv))
+    launch_dkdv(_cfg("dkdv_atomic" if atomic else "dkdv", lp, launch_dkdv))
     launch_dq(_cfg("dq", lp, launch_dq))
 
     dbias = None
-    if need_dbias and lp.bias is not None:
+    if atomic:
+        dbias = dbias32 if lp.bias.dtype == torch.float32 else dbias32.to(lp.bias.dtype)
+    elif want_dbias:
         rows_per_bias = lp.R * (lp.B // lp.Bb)
         state = {}
 
@@ -719,6 +844,33 @@ def _backward(dy, q, k, v, gate, gate_bias, o_pre, lse, lp: _Launch, need_dbias:
         out = state["out"]
         dbias = sum_partials(out, lp.bias.dtype)  # fixed order: deterministic, one launch
     return dq, dk, dv, dbias, dgate
+
+
+def _parse_dbias_mode(value: str | None) -> str:
+    mode = (value or DEFAULT_DBIAS_MODE).strip().lower()
+    if mode not in DBIAS_MODES:
+        raise ValueError(f"FOLD_EVO_DBIAS={value!r}: expected one of {DBIAS_MODES}")
+    return mode
+
+
+_DBIAS_MODE = EnvVar("FOLD_EVO_DBIAS", _parse_dbias_mode)
+
+
+def dbias_mode() -> str:
+    """How the backward reduces the bias gradient over the R rows (``FOLD_EVO_DBIAS``):
+
+    * ``pass``: a separate kernel per bias tile loops over the rows in a fixed order
+      (deterministic; recomputes the logits and dP once more);
+    * ``atomic``: dK/dV's pass adds each dS tile with fp32 atomics (one pass fewer; the
+      summation order, so the last bits of dbias, vary from run to run);
+    * ``auto`` (default): ``pass`` under ``torch.use_deterministic_algorithms(True)``, else
+      ``atomic`` (faster on an H100 at every measured shape but the smallest:
+      benchmarks/results/kernels/kernels_attention.md), PyTorch's own convention for atomics.
+    """
+    mode = _DBIAS_MODE.get()
+    if mode == "auto":
+        return "pass" if torch.are_deterministic_algorithms_enabled() else "atomic"
+    return mode
 
 
 def _dbias_splits(tiles: int, rows: int, device: torch.device) -> int:

@@ -41,6 +41,7 @@ class Config:
     num_stages: int = 2
     block_k: int = 32
     rows: int = 1  # EvoAttention: rows of R per program (sharing each bias tile)
+    transpose: bool = False  # EvoAttention dK/dV: key-major tiles (S^T = K Q^T)
 
 
 _INTERPRET = EnvVar("TRITON_INTERPRET", lambda v: (v or "0") not in ("", "0"))
@@ -111,18 +112,27 @@ def attention_configs(kernel: str, name: str, head_dim: int) -> list[Config]:
 
 @functools.cache
 def _attention_configs(kernel: str, name: str, head_dim: int) -> tuple[Config, ...]:
-    """Candidates for the EvoAttention kernels (``fwd``, ``dkdv``, ``dq``, ``dbias``).
+    """Candidates for the EvoAttention kernels (``fwd``, ``dkdv``, ``dkdv_atomic``, ``dq``,
+    ``dbias``).
 
-    Tuples are (block_m, block_n, num_warps, num_stages, rows); the first is the default.
+    Tuples are (block_m, block_n, num_warps, num_stages, rows[, transpose]); the first is the
+    default. The dK/dV kernels have query-major and key-major (``transpose``) candidates.
     """
     if name == "interpreter":
-        # two rows per program in the interpreter too, so CPU tests cover that path
-        return (Config(16, 16, 1, 1, rows=1 if kernel == "dbias" else 2),)
+        # two rows per program in the interpreter too, so CPU tests cover that path (dK/dV:
+        # key-major tiles; FOLD_EVO_DKDV=query makes them query-major)
+        return (Config(16, 16, 1, 1, rows=1 if kernel == "dbias" else 2,
+                       transpose=kernel.startswith("dkdv")),)
     table = {
         "fwd": [(64, 32, 4, 3, 1), (64, 32, 2, 3, 1), (64, 64, 4, 3, 1), (32, 32, 2, 3, 1),
                 (64, 32, 4, 3, 2)],
         "dkdv": [(32, 128, 4, 3, 1), (64, 128, 4, 3, 1), (64, 64, 4, 3, 1), (64, 64, 4, 3, 2),
                  (32, 64, 2, 3, 1), (32, 128, 4, 3, 2)],
+        # dK/dV with the bias gradient added by atomics (FOLD_EVO_DBIAS=atomic); the first
+        # is dkdv's default, which fits in shared memory for every dtype and head dim <= 128
+        "dkdv_atomic": [(32, 128, 4, 3, 1), (64, 64, 4, 3, 2), (64, 64, 4, 3, 1),
+                        (64, 128, 4, 3, 1), (32, 64, 2, 3, 2), (32, 128, 4, 3, 2),
+                        (128, 64, 8, 3, 2)],
         "dq": [(64, 32, 4, 3, 2), (64, 32, 4, 3, 1), (64, 64, 4, 3, 1), (64, 32, 2, 3, 2),
                (32, 32, 2, 3, 2)],
         "dbias": [(64, 32, 4, 3, 1), (64, 64, 4, 3, 1), (64, 128, 4, 2, 1), (128, 128, 8, 2, 1),
@@ -130,10 +140,18 @@ def _attention_configs(kernel: str, name: str, head_dim: int) -> tuple[Config, .
     }[kernel]
     amd = _is_amd(name)
     out = []
-    for bm, bn, w, s, rows in table:
+    if kernel.startswith("dkdv"):
+        # key-major tiles (block_n rows of keys) x (block_m queries), one or two rows of R
+        # (query-major first: the default must fit every dtype and head dim; 64 x 64 two-row
+        # key-major tiles need 264 KB of shared memory for fp32 at D 64)
+        table = [*table[:1], (32, 128, 4, 3, 1, True), (64, 64, 4, 3, 2, True),
+                 (64, 128, 4, 3, 1, True), (64, 64, 4, 3, 1, True), (128, 64, 8, 3, 2, True),
+                 (64, 128, 8, 3, 2, True), *table[1:]]
+    for bm, bn, w, s, rows, *t in table:
         if head_dim > 64 and bm * bn > 8192:
             continue  # large head dims: keep register pressure in check
-        out.append(Config(bm, bn, w, min(s, 2) if amd else s, rows=rows))
+        out.append(Config(bm, bn, w, min(s, 2) if amd else s, rows=rows,
+                          transpose=bool(t and t[0])))
     return tuple(out)
 
 

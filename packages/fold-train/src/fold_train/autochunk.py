@@ -55,7 +55,7 @@ def available_memory(device: torch.device | str) -> int:
     host's available memory (``MemAvailable`` of ``/proc/meminfo``, else free pages)."""
     device = torch.device(device)
     if device.type == "cuda":
-        free, _ = torch.cuda.mem_get_info(device)
+        free, _ = torch.cuda.mem_get_info(device.index)  # None: the current device
         return int(free)
     try:
         with open("/proc/meminfo") as f:

@@ -90,12 +90,13 @@ def run_training(args: argparse.Namespace) -> tuple[object, list[dict]]:
                                 progress=not args.no_progress,
                                 limits=limits_from_args(args))
     train = _training_entries(entries, held, cache_dir, family.unit)
+    train, units = family.training_units(cache_dir, train, data_preset)  # filters, weights
     eval_set = family.eval_samples(cache_dir, [e for e in entries if e[0] in held], data_preset,
                                    ctx)
     stream = SampleStream(cache_dir, train, data_preset, seed=cfg.run.seed,
                           batch_size=cfg.run.batch_size, rank=ctx.dp_rank,
                           world_size=ctx.dp_size, workers=cfg.data.workers,
-                          prefetch=cfg.data.prefetch, family=family.name)
+                          prefetch=cfg.data.prefetch, family=family.name, units=units)
     bp = f" x BP {cfg.parallel.bp}" if family.branch_parallel else ""
     trainer = _start_trainer(args, cfg, ctx, stream, eval_set, lambda n_params: (
         f"{family.run_label} {cfg.run.preset}, {n_params} parameters on {ctx.device} x "

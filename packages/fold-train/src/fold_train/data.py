@@ -4,6 +4,9 @@ The run reads an infinite, seeded *sample stream*: stream index ``s`` is sample
 ``s % n_chains`` of epoch ``s // n_chains`` in that epoch's permutation (seeded by
 ``(seed, epoch)``), made by the model family's ``load_sample`` (AF2: ``fold_data.af2.make_sample``)
 with a seed derived from ``(seed, s)``.
+With ``units`` (a :class:`WeightedUnits`: AF3's weighted chains and interfaces, supplement 2.5)
+stream index ``s`` is instead one draw, with replacement, from a generator seeded by
+``(seed, s)``: the entry and the chain or interface (``focus``) its crop is centred on.
 So which sample a stream index is never depends on which worker made it or when. With data
 parallelism rank ``r`` of ``W`` takes the stream indices ``s = r (mod W)``.
 
@@ -33,7 +36,8 @@ import torch
 from fold_data.cache import INDEX_NAME, CacheWarning, FeatureCache
 from fold_data.errors import InputError
 
-__all__ = ["SampleStream", "StreamItem", "collate", "open_cache", "prepare_item", "stream_seed"]
+__all__ = ["SampleStream", "StreamItem", "WeightedUnits", "collate", "open_cache", "prepare_item",
+           "stream_seed"]
 
 
 def open_cache(
@@ -107,6 +111,23 @@ class StreamItem:
     preset: Any  # the family's data preset
     seed: int
     family: str = "af2"  # a name of fold_train.families.FAMILIES
+    focus: tuple[int, ...] = ()  # AF3: asym_id of the drawn chain / interface (crop centre)
+
+
+@dataclass(frozen=True)
+class WeightedUnits:
+    """Weighted draws of training units: ``keys`` ``{entry name: cache key}`` and a sampler
+    whose ``draw(rng)`` returns a unit with ``.entry`` and ``.asyms``
+    (:class:`fold_data.af3.sampling.WeightedSampler`)."""
+
+    keys: dict[str, str]
+    sampler: Any
+
+    def draw(self, seed: int, index: int) -> tuple[str, str, tuple[int, ...]]:
+        """(entry name, cache key, focus) of stream index ``index``."""
+        rng = np.random.default_rng([seed, 104729, index])
+        unit = self.sampler.draw(rng)
+        return unit.entry, self.keys[unit.entry], tuple(int(a) for a in unit.asyms)
 
 
 def stream_seed(seed: int, index: int) -> int:
@@ -118,8 +139,9 @@ def prepare_item(item: StreamItem) -> tuple[int, str, dict[str, np.ndarray]]:
     """Loader worker: read a cache entry and make its training sample (the family's)."""
     from fold_train.families import family_class
 
+    extra = {"focus": item.focus} if item.focus else {}  # only weighted (AF3) streams
     sample = family_class(item.family).load_sample(item.cache_dir, item.name, item.key,
-                                                   item.preset, item.seed)
+                                                   item.preset, item.seed, **extra)
     return item.index, item.name, sample
 
 
@@ -157,6 +179,7 @@ class SampleStream:
     prefetch: int = 4
     strict_order: bool = False
     family: str = "af2"  # the model family that reads the entries and makes the samples
+    units: WeightedUnits | None = None  # weighted draws instead of seeded epochs
     next_index: int = 0  # lowest stream index of this rank not yet consumed
     consumed_ahead: set[int] = field(default_factory=set)  # consumed indices above it
     _perms: dict[int, np.ndarray] = field(default_factory=dict, repr=False)
@@ -170,6 +193,10 @@ class SampleStream:
             self.next_index = self.rank
 
     def item(self, index: int) -> StreamItem:
+        if self.units is not None:
+            name, key, focus = self.units.draw(self.seed, index)
+            return StreamItem(index, str(self.cache_dir), name, key, self.preset,
+                              stream_seed(self.seed, index), self.family, focus)
         n = len(self.chains)
         epoch, pos = divmod(index, n)
         if epoch not in self._perms:

@@ -118,6 +118,8 @@ def setup(device: str | None = None) -> DistContext:
         device = "cuda" if torch.cuda.is_available() else "cpu"
     dev = torch.device(device)
     if dev.type == "cuda":
+        if dev.index is None:  # "cuda": the current device by its index (torch.cuda's calls,
+            dev = torch.device("cuda", torch.cuda.current_device())  # set_device too, need one)
         torch.cuda.set_device(dev)
     return DistContext(0, 1, dev, None)
 

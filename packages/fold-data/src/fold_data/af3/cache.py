@@ -15,15 +15,16 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 import fold_data
 from fold_data.cache import CacheResult, FeatureCache
 
-from .ccd import Ccd, default_ccd
-from .features import make_features
+if TYPE_CHECKING:  # the parsers (gemmi) load on a miss, not to read a built cache
+    from .ccd import Ccd
+    from .parse import Entry
 
 __all__ = ["AF3_PIPELINE_VERSION", "af3_cache", "af3_pipeline_version", "fetch_af3_features"]
 
@@ -40,10 +41,12 @@ def af3_cache(root: str | os.PathLike, *, compress: bool = False) -> FeatureCach
     return FeatureCache(root, version=af3_pipeline_version(), compress=compress)
 
 
-def _input_files(source: Path, msa_paths: Mapping[str, list], template_hits: Mapping[str, Any]):
+def _input_files(source: Path, msa_paths: Mapping[str, list], template_hits: Mapping[str, Any],
+                 pairing: Mapping[str, Any]):
     files = [source]
     for cid in sorted(msa_paths):
         files += [Path(p) for p in msa_paths[cid]]
+    files += [Path(pairing[cid]) for cid in sorted(pairing)]
     for cid in sorted(template_hits):
         if isinstance(template_hits[cid], str | os.PathLike):
             files.append(Path(template_hits[cid]))
@@ -57,6 +60,8 @@ def fetch_af3_features(
     ccd: Ccd | None = None,
     msa_paths: Mapping[str, list] | None = None,
     template_hits: Mapping[str, str | os.PathLike] | None = None,
+    pairing_msa_paths: Mapping[str, str | os.PathLike] | None = None,
+    entry: Entry | None = None,
     rebuild: bool = False,
     **kwargs: Any,
 ) -> CacheResult:
@@ -65,24 +70,34 @@ def fetch_af3_features(
     ``kwargs`` go to :func:`fold_data.af3.make_features` and into the key (JSON-serializable
     values; ``template_mmcif_dir`` is left out of the key like AF2's: archive files taken as
     immutable). User MSA / template files named inside an AF3 JSON are not hashed separately:
-    change the JSON (or pass ``rebuild=True``) when they change.
+    change the JSON (or pass ``rebuild=True``) when they change. ``pairing_msa_paths``: per
+    chain the pairing database hits (hashed; :func:`fold_data.af3.make_features`). ``entry``:
+    ``source`` already parsed (the training directory reads it to find its alignments), so it
+    is featurised without a second parse; the key is still over ``source``'s bytes.
     """
+    from .ccd import default_ccd
+
     ccd = ccd or default_ccd()
     source = Path(source)
     msa_paths = dict(msa_paths or {})
     template_hits = dict(template_hits or {})
+    pairing = {k: os.fspath(v) for k, v in (pairing_msa_paths or {}).items()}
     params = {
         "pipeline": "af3",
         "ccd": ccd.identity,
         "msa_chains": sorted(msa_paths),
         "template_chains": sorted(template_hits),
+        **({"pairing_chains": sorted(pairing)} if pairing else {}),
         **{k: (os.fspath(v) if isinstance(v, os.PathLike) else v)
            for k, v in kwargs.items() if k != "template_mmcif_dir"},
     }
 
     def build() -> dict[str, np.ndarray]:
-        return make_features(source, ccd=ccd, msa_paths=msa_paths, template_hits=template_hits,
-                             **kwargs)
+        from .features import make_features
 
-    return cache.fetch(source.stem, _input_files(source, msa_paths, template_hits), params,
-                       build, rebuild=rebuild)
+        return make_features(entry if entry is not None else source, ccd=ccd,
+                             msa_paths=msa_paths, template_hits=template_hits,
+                             pairing_msa_paths=pairing, **kwargs)
+
+    return cache.fetch(source.stem, _input_files(source, msa_paths, template_hits, pairing),
+                       params, build, rebuild=rebuild)

@@ -112,19 +112,30 @@ def _centres(raw: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
 def spatial_crop(
     raw: dict[str, np.ndarray], max_tokens: int, rng: np.random.Generator,
     max_atoms: int | None = None, *, interface: bool = False,
+    focus: tuple[int, ...] | None = None,
 ) -> np.ndarray:
-    """Sorted token indices of a spatial (``interface=True``: spatial interface) crop."""
+    """Sorted token indices of a spatial (``interface=True``: spatial interface) crop.
+
+    ``focus``: the ``asym_id`` of the chain, or the two of the interface, that the sample was
+    drawn for (AF3 supplement 2.5): the reference token is one of theirs (for an interface crop,
+    one of the focus chains' tokens near another focus chain, or near any other chain when the
+    focus is one chain); when they have no such token, as without a focus."""
     pos, resolved = _centres(raw)
     candidates = np.flatnonzero(resolved)
     if len(candidates) == 0:  # no structure (prediction input): nothing to measure from
         return contiguous_crop(raw, max_tokens, rng, max_atoms)
+    asym = raw["asym_id"]
+    if focus:
+        own = np.isin(asym[candidates], focus)
+        if own.any():
+            near = own
+            if interface:  # focus tokens at the focus interface (one chain: at any interface)
+                near = own & _near_other_chain(pos[candidates], asym[candidates],
+                                               tuple(focus) if len(focus) > 1 else None)
+                interface = not near.any()  # none: focus tokens at any interface, below
+            candidates = candidates[near if near.any() else own]
     if interface:
-        asym = raw["asym_id"]
-        p = pos[candidates]
-        sq = (p * p).sum(-1)
-        d2 = sq[:, None] + sq[None] - 2.0 * p @ p.T  # [N_cand, N_cand] squared distances
-        other = asym[candidates][:, None] != asym[candidates][None]
-        near = ((d2 < INTERFACE_DISTANCE**2) & other).any(axis=1)
+        near = _near_other_chain(pos[candidates], asym[candidates], None)
         if near.any():
             candidates = candidates[near]
     ref = int(rng.choice(candidates))
@@ -136,6 +147,18 @@ def spatial_crop(
     np.minimum.at(unit_dist, units, dist)
     order = np.argsort(unit_dist, kind="stable")
     return _take_in_order(order, units, _atoms_per_token(raw), max_tokens, max_atoms, skip=True)
+
+
+def _near_other_chain(p: np.ndarray, asym: np.ndarray, among: tuple[int, ...] | None
+                      ) -> np.ndarray:
+    """[N] whether each centre ``p`` [N, 3] is within INTERFACE_DISTANCE of a centre of another
+    chain (``among``: of another of these chains)."""
+    sq = (p * p).sum(-1)
+    d2 = sq[:, None] + sq[None] - 2.0 * p @ p.T  # [N, N] squared distances
+    other = asym[:, None] != asym[None]
+    if among is not None:
+        other &= np.isin(asym, among)[None]
+    return ((d2 < INTERFACE_DISTANCE**2) & other).any(axis=1)
 
 
 _TOKEN_KEYS = ("residue_index", "token_index", "asym_id", "entity_id", "sym_id", "restype",

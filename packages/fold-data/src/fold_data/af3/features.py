@@ -52,6 +52,7 @@ def make_features(
     max_templates: int = 4,
     max_msa_rows: int | None = 16384,
     paired_msa_paths: Mapping[str, PathLike] | None = None,
+    pairing_msa_paths: Mapping[str, PathLike] | None = None,
     seed: int = 0,
     max_conformer_attempts: int = 200,
 ) -> dict[str, np.ndarray]:
@@ -61,7 +62,9 @@ def make_features(
     ``auth_asym_id``) alignment files and a
     template-hits file (whose mmCIFs are read from ``template_mmcif_dir``).
     ``paired_msa_paths``: per author chain ID the A3M of rows paired by species across chains
-    (``fold-data msa`` writes ``paired/<name>_<chain>.a3m``). ``seed`` seeds the
+    (``fold-data msa`` writes ``paired/<name>_<chain>.a3m``); or ``pairing_msa_paths``: per
+    author chain ID the pairing database hits (``uniprot_hits.sto``), paired here by species
+    (:func:`fold_data.af3.msa.species_paired_msas`). ``seed`` seeds the
     ETKDGv3 reference conformers. Raises :class:`InputError` naming the file, entity and field,
     and ``InputTooLarge`` for an entry over the size limits in force (:mod:`fold_data.limits`).
     """
@@ -71,7 +74,8 @@ def make_features(
     check_size(entry_size(entry, ccd, msa_paths), record=entry.name)
     feats = tokenize(entry, ccd, seed=seed, max_attempts=max_conformer_attempts)
     feats.update(make_msa_features(entry, feats, dict(msa_paths or {}), max_rows=max_msa_rows,
-                                   paired_paths=dict(paired_msa_paths or {})))
+                                   paired_paths=dict(paired_msa_paths or {}),
+                                   pairing_paths=dict(pairing_msa_paths or {})))
     feats.update(make_af3_template_features(
         entry, feats, template_hits, template_mmcif_dir=template_mmcif_dir,
         max_template_date=max_template_date, max_templates=max_templates))

@@ -16,6 +16,13 @@ each protein chain's A3M of rows paired by species (row ``i`` of every chain's f
 species, query first) is placed right after row 0, side by side, gaps for chains without one;
 the unpaired rows follow. Paired rows are read as they are (no deduplication: gap rows are part
 of the pairing) and do not enter ``profile`` / ``deletion_mean``.
+
+Species pairing of training data: with ``pairing_paths`` (per protein chain the hits of the
+pairing database, UniProt: ``uniprot_hits.sto`` of the training layout,
+:mod:`fold_data.af3.alignments`) the paired rows are made here by
+:func:`fold_data.search.pairing.pair_by_species`, the rule the search path uses (AF-Multimer
+7.3.1: row ``k`` of every chain from one species, rows covering more chains first; homomer copies
+share their entity's rows), and placed as the ``paired_paths`` rows are.
 """
 
 from __future__ import annotations
@@ -33,7 +40,7 @@ from fold_data.msa import make_msa_features as protein_msa_features
 from .parse import Chain, Entry
 from .tokenizer import GAP, NUM_RESTYPES, restype_of
 
-__all__ = ["make_msa_features", "chain_msa", "paired_chain_msa"]
+__all__ = ["make_msa_features", "chain_msa", "paired_chain_msa", "species_paired_msas"]
 
 _PROTEIN_GAP = 21  # fold_data.msa's gap code
 
@@ -67,11 +74,14 @@ def chain_msa(
         codes[codes == _PROTEIN_GAP] = GAP
         deletions = feats["deletion_matrix"].astype(np.float32)
     elif chain.mol_type in ("rna", "dna") and (chain.unpaired_msa or msa_paths):
-        if msa_paths:
-            rows = [parse_a3m(p) for p in msa_paths]
-            msa = Msa([s for m in rows for s in m.sequences],
-                      [d for m in rows for d in m.deletion_matrix],
-                      [d for m in rows for d in m.descriptions], "; ".join(map(str, msa_paths)))
+        if msa_paths:  # A3M or Stockholm (nhmmer), by suffix; merged as the protein files
+            from fold_data.msa import merge_msas
+            from fold_data.readers import reader
+
+            files = [reader(p, "msa")(p) for p in msa_paths]
+            for path, one in zip(msa_paths, files):  # each file's query is this chain
+                check_query(one, chain.sequence, path=path)
+            msa = merge_msas(files)
         else:
             msa = _a3m_text(chain.unpaired_msa or "")
         if len(msa) == 0 or msa.num_res != n_res:
@@ -93,19 +103,61 @@ def chain_msa(
     return codes.astype(np.int32), deletions
 
 
-def paired_chain_msa(chain: Chain, path: str | os.PathLike) -> tuple[np.ndarray, np.ndarray]:
+def paired_chain_msa(chain: Chain, path: str | os.PathLike | Msa
+                     ) -> tuple[np.ndarray, np.ndarray]:
     """A protein chain's paired rows (query first) in the 32-class alphabet, not deduplicated:
-    ``msa`` [N_paired + 1, N_res] int32 and ``deletions`` float32."""
+    ``msa`` [N_paired + 1, N_res] int32 and ``deletions`` float32. ``path``: an A3M file, or the
+    rows already paired (:func:`species_paired_msas`)."""
+    where = path.source if isinstance(path, Msa) else path
     if chain.mol_type != "protein":
-        raise InputError(path, f"{chain.mol_type} {chain.chain_id}", "paired MSA for a "
+        raise InputError(where, f"{chain.mol_type} {chain.chain_id}", "paired MSA for a "
                          f"{chain.mol_type} chain; expected protein chains only")
-    msa = parse_a3m(path)
-    check_query(msa, chain.sequence, path=path)
+    msa = path if isinstance(path, Msa) else parse_a3m(path)
+    check_query(msa, chain.sequence, path=where)
     feats = protein_msa_features(msa)
     codes = feats["msa"].copy()
     codes[codes == _PROTEIN_GAP] = GAP
     codes[0] = [restype_of(c, chain.mol_type) for c in chain.residues]
     return codes.astype(np.int32), feats["deletion_matrix"].astype(np.float32)
+
+
+def species_paired_msas(entry: Entry, pairing_paths: dict[str, str | os.PathLike]
+                        ) -> dict[str, Msa]:
+    """Per protein chain (author ID) with a pairing file: its query and the rows paired by
+    species with the other chains' (:func:`fold_data.search.pairing.pair_by_species`; all of one
+    length, gap rows where a chain lacks the species). A file's rows keep their order (HMMER's,
+    best first), which stands in for the E-value that orders paired rows."""
+    from fold_data.readers import reader
+    from fold_data.search.hits import A3mRow
+    from fold_data.search.pairing import pair_by_species
+
+    chains, deletions = {}, {}
+    for chain in entry.chains:
+        path = pairing_paths.get(chain.author_id)
+        if path is None or chain.mol_type != "protein":
+            continue
+        msa = reader(path, "msa")(path)
+        check_query(msa, chain.sequence, path=path)
+        rows = []
+        for rank, (seq, dels, desc) in enumerate(zip(msa.sequences[1:], msa.deletion_matrix[1:],
+                                                     msa.descriptions[1:])):
+            name, _, text = desc.partition(" ")
+            row = A3mRow(name, text, seq, float(rank))
+            deletions[id(row)] = dels
+            rows.append(row)
+        chains[chain.author_id] = (chain.sequence, rows)
+    if len({q for q, _ in chains.values()}) < 2:  # one entity: nothing to pair with
+        return {}
+    paired = pair_by_species(chains)
+    out = {}
+    for cid, rows in paired.items():
+        query = chains[cid][0]
+        out[cid] = Msa([query] + [r.row for r in rows],
+                       [[0] * len(query)] + [deletions.get(id(r), [0] * len(query))
+                                             for r in rows],
+                       [f"{cid} query"] + [f"{r.name} {r.description}".strip() for r in rows],
+                       os.fspath(pairing_paths[cid]))
+    return out
 
 
 def _paired_block(entry: Entry, asym, res_index, paired_paths, n_token):
@@ -137,6 +189,7 @@ def make_msa_features(
     *,
     max_rows: int | None = 16384,
     paired_paths: dict[str, str | os.PathLike] | None = None,
+    pairing_paths: dict[str, str | os.PathLike] | None = None,
 ) -> dict[str, np.ndarray]:
     """``msa`` [N_msa, N_token] int32 (0-31), ``deletion_matrix`` [N_msa, N_token] float32,
     ``profile`` [N_token, 32] float32, ``deletion_mean`` [N_token] float32.
@@ -145,8 +198,14 @@ def make_msa_features(
     names polymer chains uniquely) the alignment files; ``max_rows`` (AF3:
     16384) limits each chain's rows. ``paired_paths``: per author chain ID the A3M of paired
     rows (module docstring); with them, ``max_rows`` also limits the whole MSA, paired rows
-    first.
+    first. ``pairing_paths``: per author chain ID the pairing database hits, paired here by
+    species (:func:`species_paired_msas`) instead of read paired.
     """
+    if paired_paths and pairing_paths:
+        raise InputError(entry.source or None, "paired MSAs", "both paired A3Ms and pairing "
+                         "database hits were given; expected one source of paired rows")
+    if pairing_paths:
+        paired_paths = species_paired_msas(entry, pairing_paths)
     msa_paths = msa_paths or {}
     asym, res_index = tokens["asym_id"], tokens["residue_index"]
     n_token = len(asym)

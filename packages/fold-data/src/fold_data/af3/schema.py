@@ -23,7 +23,9 @@ from __future__ import annotations
 
 from fold_data.schema import FeatureSpec, feature_specs
 
-__all__ = ["RAW_FEATURES", "SAMPLE_FEATURES"]
+__all__ = ["GAP", "RAW_FEATURES", "SAMPLE_FEATURES"]
+
+GAP = 31  # the gap class of restype / msa / template_restype (the tokenizer's; padding too)
 
 _F32, _I32 = "float32", "int32"
 

@@ -29,6 +29,7 @@ from .ccd import Ccd, default_ccd
 from .conformers import Conformer, ccd_conformer, embed_conformer
 from .molecules import mol_from_smiles
 from .parse import Bond, Chain, Entry
+from .schema import GAP
 
 __all__ = [
     "GAP",
@@ -41,7 +42,7 @@ __all__ = [
 ]
 
 NUM_RESTYPES = 32
-UNK_PROTEIN, UNK_RNA, UNK_DNA, GAP = 20, 25, 30, 31
+UNK_PROTEIN, UNK_RNA, UNK_DNA = 20, 25, 30
 _RNA_TYPES = {"A": 21, "G": 22, "C": 23, "U": 24, "N": UNK_RNA}
 _DNA_TYPES = {"DA": 26, "DG": 27, "DC": 28, "DT": 29, "DN": UNK_DNA}
 _PROTEIN_TYPES = {**{rc.restype_1to3[a]: i for a, i in rc.restype_order.items()}, "UNK": 20}

@@ -23,8 +23,7 @@ from fold_data.schema import validate
 
 from .crop import contiguous_crop, crop_features, spatial_crop
 from .presets import AF3DataPreset, get_preset
-from .schema import RAW_FEATURES, SAMPLE_FEATURES
-from .tokenizer import GAP
+from .schema import GAP, RAW_FEATURES, SAMPLE_FEATURES
 
 __all__ = ["PAD_VALUES", "make_sample", "random_rotation", "crop_indices"]
 
@@ -45,8 +44,11 @@ def random_rotation(rng: np.random.Generator) -> np.ndarray:
 
 
 def crop_indices(raw: dict[str, np.ndarray], preset: AF3DataPreset,
-                 rng: np.random.Generator) -> np.ndarray | None:
-    """Token indices of the crop, or None when the entry fits the budgets."""
+                 rng: np.random.Generator, focus: tuple[int, ...] | None = None
+                 ) -> np.ndarray | None:
+    """Token indices of the crop, or None when the entry fits the budgets. ``focus``: the
+    chain or interface (``asym_id`` values) the sample was drawn for; spatial crops start from
+    it (:func:`fold_data.af3.crop.spatial_crop`)."""
     n_token = len(raw["asym_id"])
     n_atom = len(raw["atom_to_token"])
     if preset.n_token is None or (n_token <= preset.n_token and
@@ -56,7 +58,8 @@ def crop_indices(raw: dict[str, np.ndarray], preset: AF3DataPreset,
     if u < preset.p_contiguous:
         return contiguous_crop(raw, preset.n_token, rng, preset.n_atom)
     interface = u >= preset.p_contiguous + preset.p_spatial
-    return spatial_crop(raw, preset.n_token, rng, preset.n_atom, interface=interface)
+    return spatial_crop(raw, preset.n_token, rng, preset.n_atom, interface=interface,
+                        focus=focus)
 
 
 def _pad(a: np.ndarray, shape: tuple[int, ...], fill: float = 0) -> np.ndarray:
@@ -66,13 +69,15 @@ def _pad(a: np.ndarray, shape: tuple[int, ...], fill: float = 0) -> np.ndarray:
 
 
 def make_sample(
-    raw: dict[str, np.ndarray], preset: AF3DataPreset | str = "af3_initial", *, seed: int = 0
+    raw: dict[str, np.ndarray], preset: AF3DataPreset | str = "af3_initial", *, seed: int = 0,
+    focus: tuple[int, ...] | None = None,
 ) -> dict[str, np.ndarray]:
-    """One sample (:data:`~fold_data.af3.schema.SAMPLE_FEATURES`) from raw features."""
+    """One sample (:data:`~fold_data.af3.schema.SAMPLE_FEATURES`) from raw features;
+    ``focus``: the chain or interface it was drawn for (:mod:`fold_data.af3.sampling`)."""
     preset = get_preset(preset) if isinstance(preset, str) else preset
     validate(raw, RAW_FEATURES, where="AF3 raw features")
     rng = np.random.default_rng(seed)
-    tokens = crop_indices(raw, preset, rng)
+    tokens = crop_indices(raw, preset, rng, focus)
     feats = crop_features(raw, tokens) if tokens is not None else dict(raw)
     n_tok, n_at = len(feats["asym_id"]), len(feats["atom_to_token"])
     N_tok = preset.n_token if preset.n_token is not None else n_tok

@@ -249,7 +249,9 @@ class AF3Family(Family):
 
         return run_on_rank0(
             ctx, "build the AF3 cache",
-            lambda: open_af3_cache(data_dir, cache_dir, names=chains, ccd=make_ccd(ccd or []),
+            lambda: open_af3_cache(data_dir, cache_dir, names=chains,
+                                   # the CCD (gemmi) only to build: --cache alone needs numpy
+                                   ccd=make_ccd(ccd or []) if data_dir is not None else None,
                                    progress=progress, limits=limits),
             after=lambda: open_af3_cache(None, cache_dir, names=chains, verify=False))
 
@@ -262,12 +264,23 @@ class AF3Family(Family):
         return af3_cache(af3_cache_dir(cache_dir))
 
     @classmethod
-    def load_sample(cls, cache_dir, name, key, preset, seed):
+    def load_sample(cls, cache_dir, name, key, preset, seed, focus=None):
+        """``focus``: the chain or interface drawn by weighted sampling (crops start there)."""
         from fold_data.af3 import make_sample
 
         from fold_train.families.af2 import _load
 
-        return make_sample(_load(cls._cache(cache_dir), name, key), preset, seed=seed)
+        return make_sample(_load(cls._cache(cache_dir), name, key), preset, seed=seed,
+                           focus=focus)
+
+    @classmethod
+    def training_units(cls, cache_dir, entries, preset):
+        """AF3 supplement 2.5: the entries left by the preset's filters and, with
+        ``sampling="weighted"``, weighted chains and interfaces
+        (:func:`fold_train.af3_data.training_units`)."""
+        from fold_train.af3_data import training_units
+
+        return training_units(cache_dir, entries, preset)
 
     @classmethod
     def eval_samples(cls, cache_dir, entries, preset, ctx):

@@ -158,6 +158,14 @@ class Family(ABC):
         """A training sample of cache entry ``key`` (a loader worker's job)."""
 
     @classmethod
+    def training_units(cls, cache_dir: str, entries: list[tuple[str, str]], preset
+                       ) -> tuple[list[tuple[str, str]], Any]:
+        """The training entries after the data preset's filters, and the weighted units to
+        draw from them (a :class:`fold_train.data.WeightedUnits`); None: seeded epochs of the
+        entries (the default: no filter, uniform)."""
+        return entries, None
+
+    @classmethod
     @abstractmethod
     def eval_samples(cls, cache_dir: str, entries: list[tuple[str, str]], preset, ctx
                      ) -> list[tuple[str, dict]]:
