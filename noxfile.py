@@ -62,7 +62,8 @@ BENCHMARKS = [
 ]
 # Multi-GPU entry points and their ranks: run under torchrun, only when named
 # (`nox -s bench -- parallel.dap_bp`), since they need that many GPUs.
-DISTRIBUTED_BENCHMARKS = {"parallel.dap_bp": 2, "parallel.scaling": 4}
+DISTRIBUTED_BENCHMARKS = {"parallel.dap_bp": 2, "parallel.scaling": 4,
+                          "parallel.predict_dap": 2}
 
 nox.options.sessions = ["tests"]
 nox.options.reuse_existing_virtualenvs = True

@@ -8,6 +8,7 @@
     fold-train predict  --checkpoint AF3_CKPT --json INPUT.json [--out X.cif]   (AlphaFold3)
                         [--out-dir OUT] [--seeds 1,2] [--samples 5]   (every sample, ranked)
     fold-train predict  --checkpoint CKPT --input-dir DIR --out-dir OUT   (many inputs)
+    torchrun --nproc-per-node N -m fold_train.cli predict ... --dap N   (one input, N GPUs)
     fold-train evaluate PRED TRUE [--chain C]          (files, or directories of predictions)
     fold-train import-weights params_model_1_ptm.npz --out af2.ckpt   (AF2 / OpenFold weights)
     fold-train import-weights protenix.pt --from protenix --out af3.ckpt   (Protenix AF3)
@@ -217,14 +218,17 @@ def _seed_list(text: str) -> list[int]:
     return seeds
 
 
-def run_prediction(args: argparse.Namespace) -> dict:
+def run_prediction(args: argparse.Namespace) -> dict | None:
     """Predict with the family whose input the command line names (``--json``: AF3; a FASTA or
-    an mmCIF chain: AF2); write the mmCIF; returns the summary printed by ``predict``."""
+    an mmCIF chain: AF2); write the mmCIF; returns the summary printed by ``predict`` (None on
+    the ranks of a DAP prediction that do not write)."""
     import torch
 
     from fold_train.families import FAMILIES
+    from fold_train.predict_dap import requested, run_distributed
 
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    distributed = requested(args)  # torchrun ... predict --dap N (fold_train.predict_dap)
     searched = {}
     if getattr(args, "search", None):  # fold-data msa first (fold_train.predict_search)
         from fold_train.predict_search import apply_search
@@ -233,6 +237,8 @@ def run_prediction(args: argparse.Namespace) -> dict:
         args.search_features = searched.pop("features", None)
     family = next(f for f in FAMILIES.values()
                   if any(getattr(args, a, None) for a in f.input_args))  # argparse: one is given
+    if distributed:  # one input over the N ranks; None on the ranks that do not write
+        return run_distributed(args, family, device)
     return {**family.predict(args, device), **searched}
 
 
@@ -250,9 +256,17 @@ def cmd_predict(args: argparse.Namespace) -> int:
                   f"(peak {plan['peak_bytes']} bytes)", file=sys.stderr)
         return 0 if plan["fits"] else 1
     if args.input_dir:
+        from fold_train.errors import ConfigError
+        from fold_train.predict_dap import requested
+
+        if requested(args):  # every rank would predict and write every input
+            raise ConfigError("--input-dir runs in one process (its inputs over several GPUs "
+                              "under torchrun are not wired yet: fold_train.predict_dap."
+                              "dispatch_batch); give --dap / torchrun one input at a time")
         return run_batch_prediction(args)
     summary = run_prediction(args)
-    print(json.dumps(summary))
+    if summary is not None:  # DAP: the writing rank prints
+        print(json.dumps(summary))
     return 0
 
 
@@ -549,6 +563,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--allow-outside-paths", action="store_true",
                    help="AF3: let the JSON's unpairedMsaPath/pairedMsaPath/userCCDPath/template "
                         "paths point outside the JSON's directory (refused by default)")
+    p.add_argument("--dap", type=int, metavar="N",
+                   help="Dynamic Axial Parallelism (FastFold): split one prediction over the N "
+                        "processes of torchrun --nproc-per-node N (default under torchrun: all "
+                        "of them). AF2: Evoformer, extra MSA and template stacks; AF3: "
+                        "Pairformer, MSA module and template embedder, diffusion samples split "
+                        "over the ranks. Chunk each rank with --chunk-size (not --autochunk); "
+                        "CUDA graphs are off; rank 0 writes")
+    p.add_argument("--bp", type=int, choices=(1, 2), metavar="{1,2}",
+                   help="AF2 with the Parallel Evoformer (model.block_order=parallel): 2 runs "
+                        "the MSA and pair branches of each block on 2 ranks (HelixFold's Branch "
+                        "Parallelism); world size = DAP x BP")
+    p.add_argument("--no-dao", action="store_true",
+                   help="with --dap: synchronous all-to-alls (no DAO overlap with compute)")
     p.add_argument("--samples", type=int, help="AF3: diffusion samples per seed (default: the "
                    "model's), every one ranked by AF3's ranking score and written with "
                    "--out-dir")
@@ -628,6 +655,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from fold_train.checkpoint import CheckpointError
     from fold_train.config import ConfigError
     from fold_train.loop import NonFiniteError, TrainingInterrupted
+    from fold_train.predict_dap import RankFailed
     from fold_train.rank_sync import RankStalled
 
     parser = build_parser()
@@ -637,7 +665,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as e:
         print(f"fold-train {args.command}: {e}", file=sys.stderr)
         return 2
-    except (InputError, CheckpointError, NonFiniteError, MemoryBudgetError, RankStalled) as e:
+    except (InputError, CheckpointError, NonFiniteError, MemoryBudgetError, RankStalled,
+            RankFailed) as e:
         print(f"fold-train {args.command}: {e}", file=sys.stderr)
         return 1
     except TrainingInterrupted as e:

@@ -87,20 +87,24 @@ class AF2Runner:
                  autochunk_min_chunk: int = 1, cuda_graphs: bool | None = None,
                  limits=None, memory_limit: int | None = None, recycles: int | None = None,
                  template_mmcif_dir: str | os.PathLike | None = None,
-                 cache_dir: str | os.PathLike | None = None, msa_offload: bool = False) -> None:
+                 cache_dir: str | os.PathLike | None = None, msa_offload: bool = False,
+                 parallel=None) -> None:
         from fold_train.families import make_family
         from fold_train.parallelize import Techniques, parallelize
         from fold_train.predict import load_trained_model
+        from fold_train.predict_dap import single_process
         from fold_train.predict_graphs import AF2Predictor, graphs_wanted
 
         self.checkpoint, self.device = checkpoint, torch.device(device)
+        self.parallel = parallel or single_process()  # DAP / BP: fold_train.predict_dap
         self.model, self.cfg = load_trained_model(checkpoint, device, use_ema=use_ema,
                                                   family="af2")
         self.done = parallelize(self.model, make_family("af2", self.cfg.model_config()),
-                                Techniques(chunk_size=chunk_size, autochunk=autochunk,
-                                           autochunk_min_chunk=autochunk_min_chunk,
-                                           cuda_graphs=graphs_wanted(cuda_graphs, device),
-                                           msa_offload=msa_offload))
+                                self.parallel.adjust(Techniques(
+                                    chunk_size=chunk_size, autochunk=autochunk,
+                                    autochunk_min_chunk=autochunk_min_chunk,
+                                    cuda_graphs=graphs_wanted(cuda_graphs, device),
+                                    msa_offload=msa_offload)))
         self.msa_offload = msa_offload
         self.chunk_size = chunk_size or (autochunk_min_chunk if autochunk is not None else None)
         self.limits, self.memory_limit, self.recycles = limits, memory_limit, recycles
@@ -126,7 +130,8 @@ class AF2Runner:
                         model_config=self.cfg.model_config(), data_preset=self.cfg.data_preset(),
                         precision=self.cfg.system.precision, device=self.device,
                         limits=self.limits, memory_limit=self.memory_limit,
-                        chunk_size=self.chunk_size, msa_offload=self.msa_offload)
+                        chunk_size=self.chunk_size, msa_offload=self.msa_offload,
+                        dap=self.parallel.dap)
         def build():
             with use_limits(self.limits):
                 return make_raw_features(fasta=fasta, mmcif=mmcif, chain=chain, msas=list(msas),
@@ -177,7 +182,9 @@ class AF2Runner:
             check_prediction(pred.positions, pred.plddt, self.checkpoint, pred.atom_mask > 0.5)
             preds[seed] = pred
             results.append(af2_result(pred, name, seed, prov))
-        ranked = write_prediction(rank(results), path, target)
+        ranked = rank(results)
+        if self.parallel.writes:  # DAP: one rank writes
+            write_prediction(ranked, path, target)
         top = preds[ranked[0].seed]
         summary: dict = {"name": name, "out": None if path is None else str(path),
                          "out_dir": None if target is None else str(target),

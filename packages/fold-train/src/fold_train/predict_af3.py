@@ -71,6 +71,7 @@ def sample_af3(
     model, raw: dict[str, np.ndarray], *, seed: int = 0, device: str | torch.device = "cpu",
     precision: str = "fp32", no_samples: int | None = None, no_steps: int | None = None,
     no_cycles: int | None = None, cuda_graphs: bool | None = None, predictor=None,
+    parallel=None,
 ) -> AF3Samples:
     """Sample structures of ``raw`` with ``model`` (eval mode) from a generator seeded by
     ``seed``, with their confidences.
@@ -79,11 +80,14 @@ def sample_af3(
     captured trunk pass and sampler step (:mod:`fold_train.predict_graphs`); off, the same pieces
     run eagerly on the unpadded sample. ``predictor``: an
     :class:`~fold_train.predict_graphs.AF3Predictor` to reuse (its graphs) across calls.
-    A non-finite coordinate or pLDDT is a :class:`FloatingPointError`."""
+    A non-finite coordinate or pLDDT is a :class:`FloatingPointError`. ``parallel``: this rank's
+    :class:`~fold_train.predict_dap.PredictParallel` under DAP (tokens and MSA rows padded to
+    its degree, the samples split over its ranks and gathered)."""
     from fold_data.af3 import make_sample
     from fold_model.af3.confidence import token_frame_atoms
 
     from fold_train.data import collate
+    from fold_train.predict_dap import single_process
     from fold_train.predict_graphs import AF3Predictor
 
     device = torch.device(device)
@@ -93,8 +97,13 @@ def sample_af3(
     if predictor is None:
         predictor = AF3Predictor(model, device, precision=precision, cuda_graphs=cuda_graphs)
     gen = torch.Generator(device).manual_seed(seed)
-    out = predictor(batch, generator=gen, no_cycles=no_cycles, no_samples=no_samples,
-                    no_steps=no_steps)
+    parallel = parallel or single_process()  # DAP: fold_train.predict_dap
+    share = None
+    if parallel.dap > 1:
+        share = parallel.sample_share(no_samples or model.config.sampler.no_samples)
+    out = predictor(parallel.pad_af3(batch), generator=gen, no_cycles=no_cycles,
+                    no_samples=no_samples, no_steps=no_steps, sample_share=share)
+    out = parallel.gather_samples(out, AF3Predictor.PER_SAMPLE)
     plddt, x = out["plddt"][0].cpu(), out["x"][0].cpu()  # [S, N_atom], [S, N_atom, 3]
     if not (torch.isfinite(x).all() and torch.isfinite(plddt).all()):
         raise FloatingPointError("the model produced non-finite coordinates or pLDDT")
@@ -258,14 +267,16 @@ class AF3Runner:
                  cuda_graphs: bool | None = None, allow_outside_paths: bool = False,
                  memory_limit: int | None = None, limits=None, chunk_size: int | None = None,
                  autochunk=None, autochunk_min_chunk: int = 1,
-                 sample_group: int | None = None) -> None:
+                 sample_group: int | None = None, parallel=None) -> None:
         from fold_train.af3_data import make_ccd
         from fold_train.families import make_family
         from fold_train.parallelize import Techniques, parallelize
         from fold_train.predict import load_trained_model
+        from fold_train.predict_dap import single_process
         from fold_train.predict_graphs import AF3Predictor, graphs_wanted
 
         self.checkpoint, self.device = checkpoint, torch.device(device)
+        self.parallel = parallel or single_process()  # DAP: fold_train.predict_dap
         self.model, self.cfg = load_trained_model(checkpoint, device, use_ema=use_ema,
                                                   family="af3")
         self.ccd = make_ccd(ccd_files)
@@ -274,10 +285,11 @@ class AF3Runner:
             allow_outside_paths, memory_limit, limits)
         # chunking, AutoChunk and the samples in groups (docs/memory.md)
         done = parallelize(self.model, make_family("af3", self.cfg.model_config()),
-                           Techniques(cuda_graphs=graphs_wanted(cuda_graphs, device),
-                                      chunk_size=chunk_size, autochunk=autochunk,
-                                      autochunk_min_chunk=autochunk_min_chunk,
-                                      sample_group_size=sample_group))
+                           self.parallel.adjust(Techniques(
+                               cuda_graphs=graphs_wanted(cuda_graphs, device),
+                               chunk_size=chunk_size, autochunk=autochunk,
+                               autochunk_min_chunk=autochunk_min_chunk,
+                               sample_group_size=sample_group)))
         self.done = done
         self.chunk_size, self.sample_group = chunk_size, sample_group
         # what the size check assumes: AutoChunk may go down to its smallest chunk
@@ -293,7 +305,7 @@ class AF3Runner:
                         precision=self.cfg.system.precision, device=self.device,
                         no_samples=self.no_samples, memory_limit=self.memory_limit,
                         limits=self.limits, chunk_size=self.check_chunk,
-                        sample_group=self.sample_group)
+                        sample_group=self.sample_group, dap=self.parallel.dap)
 
     def size(self, item) -> dict[str, int]:
         """``{"N_token": n}`` of an input of ``--input-dir``, parsed but not featurised (the
@@ -342,14 +354,17 @@ class AF3Runner:
                 samples = sample_af3(self.model, raw, seed=seed, device=self.device,
                                      precision=self.cfg.system.precision,
                                      no_samples=self.no_samples, no_steps=self.no_steps,
-                                     no_cycles=self.no_cycles, predictor=self.predictor)
+                                     no_cycles=self.no_cycles, predictor=self.predictor,
+                                     parallel=self.parallel)
             except FloatingPointError as e:
                 raise InputError(self.checkpoint, "prediction", f"{e}; the checkpoint has "
                                  "probably diverged: predict with an earlier checkpoint") from None
             for s in range(len(samples.positions)):
                 check_prediction(samples.positions[s], samples.plddt[s], self.checkpoint)
             results += af3_results(samples, raw, entry, prov)
-        ranked = write_prediction(rank(results), path, target)
+        ranked = rank(results)
+        if self.parallel.writes:  # DAP: one rank writes
+            write_prediction(ranked, path, target)
         top = ranked[0]
         ligands = [c.chain_id for c in entry.chains if not c.is_polymer]
         return {"name": entry.name, "out": None if path is None else str(path),
@@ -388,19 +403,20 @@ def predict_af3_file(
     memory_limit: int | None = None,
     limits=None, features: dict | None = None, seeds=None, out_dir=None,
     chunk_size: int | None = None, autochunk=None, autochunk_min_chunk: int = 1,
-    sample_group: int | None = None,
+    sample_group: int | None = None, parallel=None,
 ) -> dict:
     """The whole ``fold-train predict --json``: returns the printed JSON summary
     (:meth:`AF3Runner.predict`). Without ``out`` or ``out_dir`` the JSON's ``name``, made one
     safe file name, is written in the current directory; a diverged checkpoint's non-finite or
     absurd structure is refused, not written. ``chunk_size`` / ``autochunk`` (bytes or "auto")
-    / ``sample_group``: see :class:`AF3Runner` and docs/memory.md."""
+    / ``sample_group``: see :class:`AF3Runner` and docs/memory.md. ``parallel``: this rank's
+    :class:`~fold_train.predict_dap.PredictParallel` (DAP; only its writer writes)."""
     runner = AF3Runner(checkpoint, device=device, use_ema=use_ema, ccd_files=ccd_files,
                        no_samples=no_samples, no_steps=no_steps, no_cycles=no_cycles,
                        cuda_graphs=cuda_graphs, allow_outside_paths=allow_outside_paths,
                        memory_limit=memory_limit, limits=limits, chunk_size=chunk_size,
                        autochunk=autochunk, autochunk_min_chunk=autochunk_min_chunk,
-                       sample_group=sample_group)
+                       sample_group=sample_group, parallel=parallel)
     # bad input: InputError; features: searched MSAs / paired rows / templates (--search)
     entry, raw = runner.prepare(source, features=features)
     return runner.predict(entry, raw, input_files(source), seeds=seeds, out=out,

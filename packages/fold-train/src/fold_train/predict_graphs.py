@@ -209,15 +209,24 @@ class AF3Predictor(_Predictor):
     """``AlphaFold3`` prediction: captured trunk inputs, trunk pass, conditioning pair and sampler
     step per bucket (and number of samples)."""
 
+    # the outputs with a samples dimension (dim 1), the ones a DAP prediction gathers
+    PER_SAMPLE = ("x", "plddt", "pae", "pde", "tm_global", "tm_interface")
+
     @torch.no_grad()
     def __call__(self, batch: dict[str, torch.Tensor], *, generator: torch.Generator,
                  no_cycles: int | None = None, no_samples: int | None = None,
-                 no_steps: int | None = None, extent: dict[str, int] | None = None
-                 ) -> Outputs:
+                 no_steps: int | None = None, extent: dict[str, int] | None = None,
+                 sample_share: tuple[int, int] | None = None) -> Outputs:
         """Sample structures of a collated sample ``[B, ...]``. Returns ``x [B, S, A, 3]``,
         ``plddt [B, S, A]`` (0-100), ``distogram_logits [B, N, N, bins]`` and the pair
         confidences of :func:`_pair_confidences` (``pae``, ``pde``, ``tm_global``,
-        ``tm_interface`` ``[B, S, N, N]``, ``contact_probs [B, N, N]``) at the real sizes."""
+        ``tm_interface`` ``[B, S, N, N]``, ``contact_probs [B, N, N]``) at the real sizes.
+
+        ``sample_share = (first, end)``: only samples ``first .. end - 1`` of the ``S`` (DAP
+        prediction splits them over the ranks, :mod:`fold_train.predict_dap`); the random draws
+        of all ``S`` are made, in the same order, and the share kept, so each sample is the one
+        a whole prediction draws. The :attr:`PER_SAMPLE` outputs then hold ``end - first``
+        samples (none: those outputs only, empty)."""
         from fold_model.af3.confidence import expected_value
         from fold_model.af3.diffusion import coordinate_dtype, sampler_schedule
 
@@ -230,7 +239,9 @@ class AF3Predictor(_Predictor):
         batch, bucket = self._fit(batch, "af3", real)
         no_cycles = no_cycles or cfg.no_cycles
         S = no_samples or cfg.sampler.no_samples
-        state = self._state((bucket, S))
+        first, end = (0, S) if sample_share is None else sample_share
+        share = slice(first, end)  # the samples this call keeps (all without a share)
+        state = self._state((bucket, end - first))
         feats = self._load(state, "feats", batch)
         B, A = feats["atom_mask"].shape
         a_real = real["N_atom"]
@@ -261,11 +272,24 @@ class AF3Predictor(_Predictor):
                             prev["z"] + prev["z"].transpose(-2, -3))}
 
         cond = self._run(state, "pair_conditioning", pair_conditioning)
+        n_tok = real["N_token"]
+        if end == first:  # no sample on this rank (fewer samples than DAP ranks)
+            from fold_train.confidence import contact_probs
+
+            trailing = {"x": (a_real, 3), "plddt": (a_real,)}
+            distogram = cond["distogram_logits"][:, :n_tok, :n_tok].float().clone()
+            return {**{k: torch.zeros(B, 0, *trailing.get(k, (n_tok, n_tok)),
+                                      device=self.device) for k in self.PER_SAMPLE},
+                    "distogram_logits": distogram,
+                    "contact_probs": contact_probs(distogram, cfg.loss.distogram_min_bin,
+                                                   cfg.loss.distogram_max_bin)}
 
         # The sampler: host-side schedule, draws at the real atom count, padded into buffers.
         c0, steps = sampler_schedule(cfg.sampler, cfg.diffusion.sigma_data, no_steps)
+        S_all = S
         x0 = c0 * torch.randn(B, S, a_real, 3, generator=generator, dtype=torch.float64,
-                              device=self.device).to(dtype)
+                              device=self.device)[:, share].to(dtype)
+        S = end - first  # [B, S, ...] from here on: this call's samples
         step_in = self._load(state, "sampler", {
             "x": _pad_atoms(x0, A),
             "rot": torch.zeros(B, S, 3, 3, dtype=dtype, device=self.device),
@@ -288,7 +312,7 @@ class AF3Predictor(_Predictor):
                                   step_in["rot"], step_in["trans"])}
 
         for t_hat, xi_scale, step_coef in steps:
-            self._draw_step(step_in, generator, (B, S, a_real), A, cfg.diffusion)
+            self._draw_step(step_in, generator, (B, S_all, a_real), A, cfg.diffusion, share)
             step_in["t_hat"].fill_(t_hat)
             step_in["xi_scale"].fill_(xi_scale)
             step_in["step_coef"].fill_(step_coef)
@@ -298,21 +322,21 @@ class AF3Predictor(_Predictor):
         with self._autocast():
             logits = model.confidence_head(feats, inputs["s_inputs"], prev["s"], prev["z"], x)
         plddt = expected_value(logits["plddt"].float(), 100.0)  # [B, S, A]
-        n_tok = real["N_token"]
         distogram = cond["distogram_logits"][:, :n_tok, :n_tok].float().clone()
         return {"x": x[:, :, :a_real].float().clone(), "plddt": plddt[:, :, :a_real],
                 "distogram_logits": distogram,
                 **_pair_confidences(logits, feats["asym_id"][:, :n_tok], distogram, cfg)}
 
     def _draw_step(self, step_in: dict, generator, shape: tuple[int, int, int], a_pad: int,
-                   diffusion_cfg) -> None:
+                   diffusion_cfg, share: slice = slice(None)) -> None:
+        """One step's draws for all ``shape[1]`` samples; the ``share`` of them kept."""
         from fold_model.af3.diffusion import draw_sampler_noise
 
         draws = draw_sampler_noise(shape, generator, self.device,
                                    diffusion_cfg.augment_translation)
-        step_in["rot"].copy_(draws["rot"])
-        step_in["trans"].copy_(draws["trans"])
-        step_in["noise"].copy_(_pad_atoms(draws["noise"], a_pad))
+        step_in["rot"].copy_(draws["rot"][:, share])
+        step_in["trans"].copy_(draws["trans"][:, share])
+        step_in["noise"].copy_(_pad_atoms(draws["noise"][:, share], a_pad))
 
 
 def _pair_confidences(logits: Outputs, asym_id: torch.Tensor, distogram: torch.Tensor, cfg

@@ -13,6 +13,7 @@ from fold_data.errors import InputError
 from fold_data.limits import InputSize, SizeLimits, check_size, entry_size, sequence_size
 
 from fold_train.memory_estimate import af2_estimate, af3_estimate, budget_bytes, check_memory
+from fold_train.predict_dap import more_ranks_hint, rank_plan
 
 __all__ = ["check_af2_input", "check_af3_input"]
 
@@ -41,16 +42,19 @@ def check_af2_input(*, fasta=None, mmcif=None, chain=None, msas: Sequence = (), 
                     chunk_size: int | None = None, memory_limit: int | None = None,
                     msa_offload: bool = False,
                     memory: Callable[[torch.device], int] | None = None,
-                    limits: SizeLimits | None = None) -> InputSize:
+                    limits: SizeLimits | None = None, dap: int = 1) -> InputSize:
     """Refuse an AF2 query over the data ``limits`` or the device's memory (``memory_limit``
-    bytes, else ``memory(device)``: the free memory); returns its size."""
+    bytes, else ``memory(device)``: the free memory); returns its size. ``dap``: the memory of
+    one rank of that DAP degree (:func:`fold_train.predict_dap.rank_estimate`)."""
     source, size = _af2_size(fasta, mmcif, chain, msas)
     check_size(size, limits, record="query")
-    est = af2_estimate(size.n_tokens, model_config, data_preset, precision=precision,
-                       chunk_size=chunk_size, msa_offload=msa_offload)
-    check_memory(est, budget_bytes(device, memory_limit, memory), source=source,
-                 device=str(device), options=[_MORE_MEMORY, "crop the query (predict a domain: "
-                                              "fewer residues)"])
+    whole = af2_estimate(size.n_tokens, model_config, data_preset, precision=precision,
+                         chunk_size=chunk_size, msa_offload=msa_offload)
+    budget = budget_bytes(device, memory_limit, memory)
+    mine, chunking = rank_plan(whole, dap)  # this rank's part under DAP
+    check_memory(mine, budget, source=source, device=str(device),
+                 options=[*chunking, _MORE_MEMORY, more_ranks_hint(whole, budget, dap),
+                          "crop the query (predict a domain: fewer residues)"])
     return size
 
 
@@ -58,16 +62,17 @@ def check_af3_input(entry, ccd, *, model_config, precision: str, device: torch.d
                     no_samples: int | None = None, memory_limit: int | None = None,
                     memory: Callable[[torch.device], int] | None = None,
                     limits: SizeLimits | None = None, chunk_size: int | None = None,
-                    sample_group: int | None = None) -> InputSize:
+                    sample_group: int | None = None, dap: int = 1) -> InputSize:
     """Refuse an AF3 entry (parsed, not featurised) over the data ``limits`` or the device's
-    memory; returns its size."""
+    memory (per rank under DAP ``dap``); returns its size."""
     size = entry_size(entry, ccd)
     check_size(size, limits, record=entry.name)
-    est = af3_estimate(size, model_config, precision=precision, no_samples=no_samples,
-                       chunk_size=chunk_size, sample_group=sample_group)
-    check_memory(est, budget_bytes(device, memory_limit, memory), source=size.source,
-                 device=str(device), options=[
-                     "samples in smaller groups (--sample-group 1) or fewer diffusion samples "
-                     "(--samples 1)", _MORE_MEMORY,
-                     f"crop the input (fewer chains or residues: {size.describe()})"])
+    whole = af3_estimate(size, model_config, precision=precision, no_samples=no_samples,
+                         chunk_size=chunk_size, sample_group=sample_group)
+    budget = budget_bytes(device, memory_limit, memory)
+    check_memory(rank_plan(whole, dap)[0], budget, source=size.source, device=str(device),
+                 options=["samples in smaller groups (--sample-group 1) or fewer diffusion "
+                          "samples (--samples 1)", _MORE_MEMORY,
+                          more_ranks_hint(whole, budget, dap),
+                          f"crop the input (fewer chains or residues: {size.describe()})"])
     return size

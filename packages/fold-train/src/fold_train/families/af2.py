@@ -271,7 +271,8 @@ class AF2Family(Family):
             limits=limits_from_args(args), memory_limit=getattr(args, "memory_limit", None),
             recycles=args.recycles, template_mmcif_dir=args.template_mmcif_dir,
             cache_dir=getattr(args, "cache", None),
-            msa_offload=getattr(args, "msa_offload", False))
+            msa_offload=getattr(args, "msa_offload", False),
+            parallel=getattr(args, "parallel", None))  # DAP / BP: fold_train.predict_dap
 
     @classmethod
     def predict(cls, args, device: str) -> dict:

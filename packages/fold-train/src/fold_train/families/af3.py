@@ -353,7 +353,9 @@ class AF3Family(Family):
                                 limits=limits_from_args(args),
                                 features=getattr(args, "search_features", None),  # --search
                                 seeds=getattr(args, "seeds", None),
-                                out_dir=getattr(args, "out_dir", None), **cls._chunking(args))
+                                out_dir=getattr(args, "out_dir", None),
+                                parallel=getattr(args, "parallel", None),  # DAP: predict_dap
+                                **cls._chunking(args))
 
     @staticmethod
     def _chunking(args) -> dict:
@@ -378,7 +380,9 @@ class AF3Family(Family):
                          cuda_graphs=False if getattr(args, "no_cuda_graphs", False) else None,
                          allow_outside_paths=getattr(args, "allow_outside_paths", False),
                          memory_limit=getattr(args, "memory_limit", None),
-                         limits=limits_from_args(args), **cls._chunking(args))
+                         limits=limits_from_args(args),
+                         parallel=getattr(args, "parallel", None),  # DAP: predict_dap
+                         **cls._chunking(args))
 
     # -- shape buckets ---------------------------------------------------------------------------
     @classmethod
