@@ -9,7 +9,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 from fold_data import residue_constants as rc
-from fold_data import templates
 from fold_data.errors import InputError, InputWarning
 from fold_data.mmcif import parse_mmcif
 from fold_data.template_hits import TemplateHit, parse_hhr, parse_hmmsearch_sto
@@ -87,14 +86,16 @@ def test_max_hits_and_date_filter(hhr_hits):
 
 
 def test_each_mmcif_parsed_once(hhr_hits, monkeypatch):
+    import fold_data.mmcif as mmcif_module  # templates imports its reader when it needs it
+
     calls: list[str] = []
-    real = templates.parse_mmcif
+    real = mmcif_module.parse_mmcif
 
     def counting(path):
         calls.append(Path(path).name)
         return real(path)
 
-    monkeypatch.setattr(templates, "parse_mmcif", counting)
+    monkeypatch.setattr(mmcif_module, "parse_mmcif", counting)
     twice = list(hhr_hits) + [dataclasses.replace(h, index=h.index + 100) for h in hhr_hits]
     _run(QUERY, twice, MMCIFS, max_hits=40)
     assert len(calls) == len(set(calls)) > 3

@@ -36,10 +36,10 @@ import numpy as np
 
 from fold_data import residue_constants as rc
 from fold_data.errors import InputError, InputWarning
-from fold_data.mmcif import MmcifChain, MmcifStructure, parse_mmcif
 from fold_data.readers import reader
 
 if TYPE_CHECKING:  # the dataclass lives in the hit parsers' module
+    from fold_data.mmcif import MmcifChain, MmcifStructure
     from fold_data.template_hits import TemplateHit
 
 __all__ = [
@@ -241,6 +241,8 @@ def make_template_features(
                 missing.append(hit)
                 continue
             try:
+                from fold_data.mmcif import parse_mmcif  # gemmi: only when there are hits
+
                 parsed[pdb_id] = parse_mmcif(path)
             except InputError as err:
                 parsed[pdb_id] = None

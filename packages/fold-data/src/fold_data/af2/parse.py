@@ -6,9 +6,12 @@ sequence (prediction). A chain's MSAs and template hits are read by the shared
 from __future__ import annotations
 
 import os
+from typing import TYPE_CHECKING
 
 from fold_data.errors import InputError
-from fold_data.mmcif import MmcifChain, MmcifStructure, parse_mmcif
+
+if TYPE_CHECKING:  # gemmi is imported only to read an mmCIF: a query sequence needs none
+    from fold_data.mmcif import MmcifChain, MmcifStructure
 
 __all__ = ["QUERY_LETTERS", "parse_protein_chain", "parse_query_sequence"]
 
@@ -20,6 +23,8 @@ def parse_protein_chain(
 ) -> tuple[MmcifStructure, MmcifChain]:
     """The structure of ``mmcif_path`` and its chain ``chain_id`` (author or label ID), which
     must be a protein chain (:class:`InputError` naming the file and chain otherwise)."""
+    from fold_data.mmcif import parse_mmcif
+
     structure = parse_mmcif(mmcif_path)
     chain = structure.get_chain(chain_id)
     if chain.polymer_type != "protein":
