@@ -211,6 +211,10 @@ class AF3Predictor(_Predictor):
 
     # the outputs with a samples dimension (dim 1), the ones a DAP prediction gathers
     PER_SAMPLE = ("x", "plddt", "pae", "pde", "tm_global", "tm_interface")
+    # True: the confidence head reduces its PAE / PDE logits to PAIR_REDUCED per sample group
+    # and (--chunk-size) row block (:func:`pair_reducer`); False: the plain reference, every
+    # sample's logits [B, S, N, N, bins] made, then reduced (:func:`_pair_confidences`)
+    reduce_in_head = True
 
     @torch.no_grad()
     def __call__(self, batch: dict[str, torch.Tensor], *, generator: torch.Generator,
@@ -319,13 +323,21 @@ class AF3Predictor(_Predictor):
             out = self._run(state, "sampler_step", sampler_step)
             step_in["x"].copy_(out["x"])
         x = step_in["x"]
-        with self._autocast():
-            logits = model.confidence_head(feats, inputs["s_inputs"], prev["s"], prev["z"], x)
-        plddt = expected_value(logits["plddt"].float(), 100.0)  # [B, S, A]
         distogram = cond["distogram_logits"][:, :n_tok, :n_tok].float().clone()
+        asym_id = feats["asym_id"][:, :n_tok]
+        if self.reduce_in_head:  # the PAE / PDE logits reduced per sample group and row block
+            with self._autocast():
+                out = model.confidence_head(feats, inputs["s_inputs"], prev["s"], prev["z"], x,
+                                            reduce_pair=pair_reducer(asym_id, cfg))
+            pairs = {k: out[k][:, :, :n_tok, :n_tok] for k in PAIR_REDUCED}
+            pairs["contact_probs"] = _contact_probs(distogram, cfg)
+        else:  # the reference: every sample's logits [B, S, N, N, bins], then reduced
+            with self._autocast():
+                out = model.confidence_head(feats, inputs["s_inputs"], prev["s"], prev["z"], x)
+            pairs = _pair_confidences(out, asym_id, distogram, cfg)
+        plddt = expected_value(out["plddt"].float(), 100.0)  # [B, S, A]
         return {"x": x[:, :, :a_real].float().clone(), "plddt": plddt[:, :, :a_real],
-                "distogram_logits": distogram,
-                **_pair_confidences(logits, feats["asym_id"][:, :n_tok], distogram, cfg)}
+                "distogram_logits": distogram, **pairs}
 
     def _draw_step(self, step_in: dict, generator, shape: tuple[int, int, int], a_pad: int,
                    diffusion_cfg, share: slice = slice(None)) -> None:
@@ -339,30 +351,74 @@ class AF3Predictor(_Predictor):
         step_in["noise"].copy_(_pad_atoms(draws["noise"][:, share], a_pad))
 
 
+# the pair confidences reduced from the PAE / PDE logits, each [B, S, N, N]
+PAIR_REDUCED = ("pae", "pde", "tm_global", "tm_interface")
+
+
+def _pae_centres(c, device) -> torch.Tensor:
+    """The PAE head's bin centres ``[bins]``: 0.5 A bins from 0 (section 4.3)."""
+    return (torch.arange(c.pae_no_bins, device=device, dtype=torch.float32)
+            + 0.5) * c.pae_max / c.pae_no_bins
+
+
+def _contact_probs(distogram: torch.Tensor, cfg) -> torch.Tensor:
+    from fold_train.confidence import contact_probs
+
+    return contact_probs(distogram, cfg.loss.distogram_min_bin, cfg.loss.distogram_max_bin)
+
+
+def pair_reducer(asym_id: torch.Tensor, cfg):
+    """The confidence head's ``reduce_pair`` (``fold_model.af3.confidence.PairReducer``) for
+    the real tokens ``asym_id [B, n]``: PAE / PDE logits ``[B, G, R, N, bins]`` of the pair rows
+    ``rows`` (``N >= n``: the head may see padded tokens) -> the :data:`PAIR_REDUCED` outputs
+    ``[B, G, R, N]`` of :func:`_pair_confidences`, the same formulas pair by pair. Outputs at
+    padded tokens are garbage, cut off by the caller."""
+    from fold_model.af3.confidence import expected_value
+
+    from fold_train.confidence import interface_token_counts, tm_adjusted_pae
+
+    c = cfg.confidence
+    n = asym_id.shape[-1]
+    counts = torch.stack([interface_token_counts(a) for a in asym_id])  # [B, n, n]
+
+    def reduce(logits: dict[str, torch.Tensor], rows: slice) -> dict[str, torch.Tensor]:
+        pae = logits["pae"].float()  # [B, G, R, N, bins]
+        n_pad = pae.shape[-2]
+        # the chain-pair normaliser of these rows; padded tokens get n (any count works: cut)
+        pair_counts = torch.nn.functional.pad(counts, (0, n_pad - n, 0, n_pad - n), value=n)
+        centres = _pae_centres(c, pae.device)
+        return {"pae": expected_value(pae, c.pae_max),
+                "pde": expected_value(logits["pde"].float(), c.pde_max),
+                "tm_global": tm_adjusted_pae(pae, centres, torch.tensor(float(n))),
+                "tm_interface": tm_adjusted_pae(pae, centres, pair_counts[:, None, rows])}
+
+    return reduce
+
+
 def _pair_confidences(logits: Outputs, asym_id: torch.Tensor, distogram: torch.Tensor, cfg
                       ) -> Outputs:
     """The confidence head's pair outputs reduced on the device (the ``[B, S, N, N, bins]``
     logits never leave it), at the real tokens ``asym_id [B, N]``: ``pae``, ``pde`` ``[B, S, N,
     N]`` (A), the TM-adjusted PAE with the whole complex's normaliser (``tm_global``: pTM,
     ipTM) and with each chain pair's (``tm_interface``: chain-pair ipTM) ``[B, S, N, N]``, and
-    ``contact_probs [B, N, N]`` from the distogram (:mod:`fold_train.confidence`)."""
+    ``contact_probs [B, N, N]`` from the distogram (:mod:`fold_train.confidence`). The plain
+    reference of :func:`pair_reducer` (``AF3Predictor.reduce_in_head = False``)."""
     from fold_model.af3.confidence import expected_value
 
-    from fold_train.confidence import contact_probs, interface_token_counts, tm_adjusted_pae
+    from fold_train.confidence import interface_token_counts, tm_adjusted_pae
 
     c = cfg.confidence
     n = asym_id.shape[-1]
     pae_logits = logits["pae"][:, :, :n, :n].float()  # [B, S, N, N, bins]
-    centres = (torch.arange(c.pae_no_bins, device=pae_logits.device, dtype=torch.float32)
-               + 0.5) * c.pae_max / c.pae_no_bins  # the head's bins: 0.5 A from 0 (section 4.3)
-    pair_counts = interface_token_counts(asym_id)[:, None]  # [B, 1, N, N]
+    centres = _pae_centres(c, pae_logits.device)
+    # per batch element: interface_token_counts takes one complex's asym_id [N]
+    pair_counts = torch.stack([interface_token_counts(a) for a in asym_id])[:, None]  # [B,1,N,N]
     return {
         "pae": expected_value(pae_logits, c.pae_max),
         "pde": expected_value(logits["pde"][:, :, :n, :n].float(), c.pde_max),
         "tm_global": tm_adjusted_pae(pae_logits, centres, torch.tensor(float(n))),
         "tm_interface": tm_adjusted_pae(pae_logits, centres, pair_counts),
-        "contact_probs": contact_probs(distogram, cfg.loss.distogram_min_bin,
-                                       cfg.loss.distogram_max_bin),
+        "contact_probs": _contact_probs(distogram, cfg),
     }
 
 

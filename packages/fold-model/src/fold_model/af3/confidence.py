@@ -13,6 +13,7 @@ chain for ligands and other one-atom tokens).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -23,6 +24,7 @@ from fold_model.geometry import rigid_from_3_points
 from fold_model.layers import LayerNorm, Linear
 
 __all__ = [
+    "PairReducer",
     "token_atom_index",
     "ConfidenceHead",
     "token_frame_atoms",
@@ -30,6 +32,11 @@ __all__ = [
     "confidence_loss",
     "expected_value",
 ]
+
+
+# reduce_pair of ConfidenceHead.forward: (logits {"pae", "pde"} [B, G, R, N, bins], rows) ->
+# {name: [B, G, R, ...]}
+PairReducer = Callable[[dict[str, torch.Tensor], slice], dict[str, torch.Tensor]]
 
 
 def token_atom_index(atom_to_token: torch.Tensor, n_token: int) -> torch.Tensor:
@@ -86,6 +93,8 @@ class ConfidenceHead(nn.Module):
         )
         # Inference: the samples go through the head in groups of this many (None: all at once)
         self.sample_group_size: int | None = None
+        # Inference with ``reduce_pair``: pair rows per block of the PAE / PDE heads (None: all)
+        self.chunk_size: int | None = None
 
     def _per_atom(self, s: torch.Tensor, weight: torch.Tensor, tok: torch.Tensor,
                   slot: torch.Tensor) -> torch.Tensor:
@@ -102,18 +111,53 @@ class ConfidenceHead(nn.Module):
         s_trunk: torch.Tensor,
         z_trunk: torch.Tensor,
         x_pred: torch.Tensor,
+        reduce_pair: PairReducer | None = None,
     ) -> dict[str, torch.Tensor]:
         """Each sample is scored on its own, so with ``sample_group_size`` G the head runs on
         G samples at a time (its Pairformer's pair ``[B, G, N, N, C_z]`` instead of S of them)
-        and the logits are concatenated over the samples."""
+        and the outputs are concatenated over the samples.
+
+        ``reduce_pair`` (inference): instead of the PAE / PDE logits ``[B, S, N, N, bins]``,
+        return what ``reduce_pair(logits, rows)`` makes of them, one group of samples and one
+        block of pair rows at a time: it gets ``{"pae", "pde"}`` logits ``[B, G, R, N, bins]``
+        of the rows ``rows`` (a slice of ``N``) and returns tensors ``[B, G, R, ...]``, which
+        are concatenated over the rows and the groups. The rows come in blocks of
+        ``chunk_size`` (None: all rows at once), so the logits of all samples are never held
+        together (docs/memory.md)."""
         G, S = self.sample_group_size, x_pred.shape[1]
         if G is None or S <= G:
-            return self._forward(feats, s_inputs, s_trunk, z_trunk, x_pred)
-        parts = [self._forward(feats, s_inputs, s_trunk, z_trunk, x_pred[:, i: i + G])
+            return self._forward(feats, s_inputs, s_trunk, z_trunk, x_pred, reduce_pair)
+        parts = [self._forward(feats, s_inputs, s_trunk, z_trunk, x_pred[:, i: i + G],
+                               reduce_pair)
                  for i in range(0, S, G)]
         return {k: torch.cat([p[k] for p in parts], dim=1) for k in parts[0]}
 
-    def _forward(self, feats, s_inputs, s_trunk, z_trunk, x_pred):
+    def pair_logits(self, z: torch.Tensor, rows: slice = slice(None)) -> dict[str, torch.Tensor]:
+        """PAE and PDE logits of the pair rows ``rows``: ``z [B, S, N, N, C_z]`` (the head's
+        Pairformer output) -> ``[B, S, R, N, bins]``. The PDE is symmetric in (i, j): AF3's code
+        adds the projection of ``z_ji`` to that of ``z_ij``, Protenix projects ``z_ij + z_ji``;
+        the column block ``z[:, :, :, rows]`` gives the ``z_ji`` of these rows."""
+        z_ij = z[:, :, rows]  # [B, S, R, N, C_z]
+        z_ji = z[:, :, :, rows].transpose(-2, -3)  # [B, S, R, N, C_z]
+        if self.protenix:  # Protenix: one projection of the symmetrised pair
+            pde = self.linear_pde(self.layer_norm_pde(z_ij + z_ji))
+        else:  # AF3's code: the projection's logits symmetrised
+            pde = (self.linear_pde(self.layer_norm_pde(z_ij))
+                   + self.linear_pde(self.layer_norm_pde(z_ji)))
+        return {"pae": self.linear_pae(self.layer_norm_pae(z_ij)), "pde": pde}
+
+    def _reduced_pairs(self, z: torch.Tensor, reduce_pair: PairReducer
+                       ) -> dict[str, torch.Tensor]:
+        """``reduce_pair`` of the pair logits, row block by row block (``chunk_size`` rows; the
+        logits of one block live at a time): ``z [B, G, N, N, C_z]`` -> ``[B, G, N, ...]``."""
+        n = z.shape[-2]
+        step = self.chunk_size or n
+        parts = [reduce_pair(self.pair_logits(z, slice(i, min(i + step, n))),
+                             slice(i, min(i + step, n)))
+                 for i in range(0, n, step)]
+        return {k: torch.cat([p[k] for p in parts], dim=2) for k in parts[0]}
+
+    def _forward(self, feats, s_inputs, s_trunk, z_trunk, x_pred, reduce_pair=None):
         c = self.cfg
         s_inputs, s_trunk, z_trunk, x_pred = (t.detach() for t in (s_inputs, s_trunk, z_trunk,
                                                                     x_pred))
@@ -141,18 +185,19 @@ class ConfidenceHead(nn.Module):
         s, z = self.pairformer(s, z, mask, mask[..., :, None] * mask[..., None, :])
         tok = feats["atom_to_token"].long()
         slot = token_atom_index(tok, s.shape[-2]).clamp_max(self.max_atoms - 1)
+        out = {
+            "plddt": self._per_atom(self.layer_norm_plddt(s), self.plddt_weight, tok, slot),
+            "resolved": self._per_atom(self.layer_norm_resolved(s), self.resolved_weight, tok,
+                                       slot),
+        }
+        if reduce_pair is not None:
+            return {**out, **self._reduced_pairs(z, reduce_pair)}
         if self.protenix:  # Protenix: one projection of the symmetrised pair
             pde = self.linear_pde(self.layer_norm_pde(z + z.transpose(-2, -3)))
         else:  # AF3's code: the projection's logits symmetrised
             pde = self.linear_pde(self.layer_norm_pde(z))
             pde = pde + pde.transpose(-2, -3)
-        return {
-            "pae": self.linear_pae(self.layer_norm_pae(z)),
-            "pde": pde,
-            "plddt": self._per_atom(self.layer_norm_plddt(s), self.plddt_weight, tok, slot),
-            "resolved": self._per_atom(self.layer_norm_resolved(s), self.resolved_weight, tok,
-                                       slot),
-        }
+        return {"pae": self.linear_pae(self.layer_norm_pae(z)), "pde": pde, **out}
 
 
 _NUCLEOTIDE_FRAME = ("C1'", "C3'", "C4'")
