@@ -1,0 +1,149 @@
+"""AF3's pair confidences reduced in the confidence head (``fold_train.predict_graphs``):
+
+* :func:`pair_reducer` on row blocks and :func:`_pair_confidences` (the plain path) give AF3's
+  formulas pair by pair, against a float64 numpy loop over the pairs: expected PAE / PDE, the
+  TM-adjusted PAE with the complex's normaliser and with each chain pair's token count (three
+  chains, padded tokens);
+* a prediction of a real complex (FKBP51 + FK506, cropped) with the logits reduced in the head
+  (per sample group and ``--chunk-size`` row block) equals the plain path, which makes every
+  sample's ``[S, N, N, 64]`` logits and reduces them afterwards.
+
+Tolerances: the reduction is the same elementwise formula on the same fp32 logits; the row
+blocks change only how many rows one GEMM of the PAE / PDE heads sees (a different summation
+order at most), so fp32 outputs agree to 1e-5 of their scale (as test_af3_chunked_predict.py's
+chunked == unchunked, 2 trunk passes and 3 sampler steps in front of the head). The formula
+test feeds float64 logits to float32 reductions (``expected_value`` sums in float32; the bin
+centres are float32): a few float32 ulps of a sum of 64 bins, 2e-6 relative."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from _af3_helpers import CCD, INPUTS, ligand_crop, needs_af3_demo
+from fold_model.af3 import config
+from fold_train.config import apply_overrides, preset
+from fold_train.data import collate
+from fold_train.families import make_family
+from fold_train.parallelize import Techniques, parallelize
+from fold_train.predict_graphs import (
+    PAIR_REDUCED,
+    AF3Predictor,
+    _pair_confidences,
+    pair_reducer,
+)
+
+RTOL = 1e-5
+RUN = dict(no_cycles=2, no_samples=3, no_steps=3)
+
+
+def _numpy_reference(pae, pde, asym, pae_max, pde_max):
+    """AF3's pair confidences of one sample, pair by pair: logits ``[N, N, bins]``."""
+    n, bins = len(asym), pae.shape[-1]
+    centres_pae = (np.arange(bins) + 0.5) * pae_max / bins
+    centres_pde = (np.arange(pde.shape[-1]) + 0.5) * pde_max / pde.shape[-1]
+
+    def d0(k):
+        return 1.24 * (max(k, 19) - 15) ** (1 / 3) - 1.8
+
+    out = {k: np.zeros((n, n)) for k in PAIR_REDUCED}
+    for i in range(n):
+        for j in range(n):
+            p = np.exp(pae[i, j] - pae[i, j].max())
+            p /= p.sum()
+            q = np.exp(pde[i, j] - pde[i, j].max())
+            q /= q.sum()
+            ci, cj = (asym == asym[i]).sum(), (asym == asym[j]).sum()
+            pair_n = ci if asym[i] == asym[j] else ci + cj
+            out["pae"][i, j] = (p * centres_pae).sum()
+            out["pde"][i, j] = (q * centres_pde).sum()
+            out["tm_global"][i, j] = (p / (1 + (centres_pae / d0(n)) ** 2)).sum()
+            out["tm_interface"][i, j] = (p / (1 + (centres_pae / d0(pair_n)) ** 2)).sum()
+    return out
+
+
+def test_reductions_follow_af3_pair_by_pair():
+    cfg = config("tiny")
+    c = cfg.confidence
+    asym = torch.tensor([[0] * 12 + [1] * 9 + [2] * 2])  # [B=1, n=23]: three chains
+    n, n_pad, S = asym.shape[-1], 26, 2
+    gen = torch.Generator().manual_seed(0)
+    logits = {k: 3 * torch.randn(1, S, n_pad, n_pad, 64, generator=gen, dtype=torch.float64)
+              for k in ("pae", "pde")}
+    reduce = pair_reducer(asym, cfg)
+    blocks = [reduce({k: v[:, :, i: i + 5] for k, v in logits.items()}, slice(i, i + 5))
+              for i in range(0, n_pad, 5)]  # 26 rows: a short last block
+    chunked = {k: torch.cat([b[k] for b in blocks], 2)[:, :, :n, :n] for k in PAIR_REDUCED}
+    plain = _pair_confidences(logits, asym, torch.zeros(1, n, n, 64), cfg)
+    for s in range(S):
+        ref = _numpy_reference(logits["pae"][0, s, :n, :n].numpy(),
+                               logits["pde"][0, s, :n, :n].numpy(), asym[0].numpy(),
+                               c.pae_max, c.pde_max)
+        for k in PAIR_REDUCED:
+            rtol = 2e-6
+            np.testing.assert_allclose(chunked[k][0, s].double().numpy(), ref[k], rtol=rtol,
+                                       err_msg=k)
+            np.testing.assert_allclose(plain[k][0, s].double().numpy(), ref[k], rtol=rtol,
+                                       err_msg=k)
+
+
+def _model():
+    """The tiny AF3 with random weights everywhere (zero-initialised final layers too, so that
+    the PAE and PDE depend on the input)."""
+    torch.manual_seed(0)
+    mc = apply_overrides(preset("af3_tiny"), []).model_config()
+    family = make_family("af3", mc)
+    model = family.build_model(mc)
+    gen = torch.Generator().manual_seed(11)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.05 * torch.randn(p.shape, generator=gen))
+    return family, model.eval()
+
+
+@pytest.fixture(scope="module")
+def batch():
+    needs_af3_demo()
+    from fold_data.af3 import Ccd, make_sample
+    from fold_data.af3.crop import crop_features
+    from fold_train.predict_af3 import make_af3_inputs
+
+    _, raw = make_af3_inputs(INPUTS / "fkbp51_fk506.json", Ccd([CCD], use_biotite=False))
+    raw = crop_features(raw, ligand_crop(raw, 10))  # 67 tokens, 121 atoms (FK506 whole)
+    out = collate([make_sample(raw, "af3_predict", seed=0)])
+    out["msa_mask"][..., 5:9] = 0  # a hole in the MSA mask
+    return out
+
+
+def _predict(batch, techniques: Techniques | None, in_head: bool):
+    family, model = _model()
+    if techniques is not None:
+        parallelize(model, family, techniques)
+    predictor = AF3Predictor(model, "cpu", cuda_graphs=False)
+    predictor.reduce_in_head = in_head
+    return predictor(batch, generator=torch.Generator().manual_seed(3), **RUN)
+
+
+@pytest.fixture(scope="module")
+def plain(batch):
+    return _predict(batch, None, in_head=False)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("techniques", [
+    None,
+    Techniques(chunk_size=5),  # 67 rows: a short last block
+    Techniques(chunk_size=7, sample_group_size=2),  # 3 samples: groups of 2 and 1
+], ids=["whole", "chunk5", "chunk7-group2"])
+def test_reduced_in_the_head_equals_the_plain_path(batch, plain, techniques):
+    out = _predict(batch, techniques, in_head=True)
+    assert set(out) == set(plain)
+    n = int(batch["token_mask"].sum())
+    for k in (*PAIR_REDUCED, "contact_probs", "x", "plddt"):
+        assert torch.isfinite(out[k]).all(), k
+        if k in PAIR_REDUCED:
+            assert out[k].shape == (1, 3, n, n), k
+        scale = float(plain[k].abs().max())
+        torch.testing.assert_close(out[k], plain[k], rtol=RTOL, atol=RTOL * scale, msg=k)
+    # the chain-pair normaliser differs from the complex's: protein and FK506 are two chains
+    assert not torch.allclose(out["tm_interface"], out["tm_global"])
