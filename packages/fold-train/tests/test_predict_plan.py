@@ -78,25 +78,31 @@ def _within(est: int, measured: int, what: str) -> None:
     assert abs(est - measured) <= TOLERANCE * measured, (what, est, measured)
 
 
-@pytest.mark.parametrize("n_residues,chunk,group", [
-    (10, None, None),  # 67 tokens, 121 atoms, 3 samples at once
-    (10, 16, 1),  # chunked trunk and bias, samples one at a time
-    (3, None, 2),  # 60 tokens: samples in groups of 2 and 1
+@pytest.mark.parametrize("n_residues,chunk,group,samples", [
+    (10, None, None, 3),  # 67 tokens, 121 atoms, 3 samples at once
+    (10, 16, 1, 3),  # chunked trunk and bias, samples one at a time
+    (3, None, 2, 3),  # 60 tokens: samples in groups of 2 and 1
+    # chunked trunk, 8 samples at once: the confidence head (its Pairformer's pair for every
+    # sample, the PAE / PDE logits of one row block, the reduced pair confidences) is the peak
+    (10, 8, None, 8),
 ])
-def test_af3_estimate_within_15_percent_of_measured(af3_raw, n_residues, chunk, group):
+def test_af3_estimate_within_15_percent_of_measured(af3_raw, n_residues, chunk, group, samples):
     batch = _af3_batch(af3_raw, n_residues)
     model = _af3_model()
     model.set_chunk_size(chunk)
     model.set_sample_group_size(group)
     real = real_extent(batch, "af3")
-    est = stage_peaks(model, AF3_STAGES, af3_run(model, real, no_samples=3), batch)
-    run = af3_run(model, None, no_samples=3, no_cycles=2, no_steps=2)
+    est = stage_peaks(model, AF3_STAGES, af3_run(model, real, no_samples=samples), batch)
+    run = af3_run(model, None, no_samples=samples, no_cycles=2, no_steps=2)
     measured = profiler_peak(lambda: run(batch))
     _within(est.peak, measured, "peak")
     per_stage = stage_peaks(model, AF3_STAGES, run, batch, fake=False)
     assert list(est.stages) == [name for name, _ in AF3_STAGES]
     for name, v in est.stages.items():
         _within(v, per_stage.stages[name], name)
+    if samples == 8:
+        assert max(est.stages, key=est.stages.get) == "confidence head"
+        assert est.stages["confidence head"] == est.peak
 
 
 def test_af2_estimate_within_15_percent_of_measured():

@@ -112,6 +112,14 @@ def af2_estimate(n_res: int, model_config, data_preset, *, precision: str = "fp3
                           f"{precision}", resident, transient, fraction, chunkable=True)
 
 
+def _pair_head_block(g: int, rows: int, n: int, c_z: int, bins: int) -> int:
+    """fp32 bytes of the PAE / PDE heads on one row block of a sample group (the head reduces
+    the logits to expected values there, :class:`fold_model.af3.confidence.ConfidenceHead`'s
+    ``reduce_pair``): the block's pair and its transpose, layer-normed ``[G, R, N, c_z]`` x 2,
+    and the logits with their softmax and products ``[G, R, N, bins]`` x 6."""
+    return g * rows * n * (2 * c_z + 6 * bins) * 4
+
+
 def af3_estimate(size: InputSize, model_config, *, precision: str = "fp32",
                  no_samples: int | None = None, chunk_size: int | None = None,
                  sample_group: int | None = None) -> MemoryEstimate:
@@ -135,6 +143,8 @@ def af3_estimate(size: InputSize, model_config, *, precision: str = "fp32",
             3 * g * n_atom * cfg.atom.c_atom * 4,
     }
     # chunked rows: the chunk's share of the logits; the diffusion attention chunks samples
+    pair_rows = n if chunk_size is None else min(n, chunk_size)
+    bins = max(cfg.confidence.pae_no_bins, cfg.confidence.pde_no_bins)
     att_rows = g if chunk_size is None else min(g, chunk_size)
     transient = {
         f"triangle attention logits [N_token, H={cfg.pairformer.no_heads_tri_att}, N_token, "
@@ -146,7 +156,10 @@ def af3_estimate(size: InputSize, model_config, *, precision: str = "fp32",
         f"triangle multiplication [4, N_token, N_token, {cfg.pairformer.c_hidden_mul}]":
             4 * n * n * cfg.pairformer.c_hidden_mul * b,
         f"confidence head pair [G={g}, N_token, N_token, c_z] and its update, PAE/PDE logits "
-        f"[S={s}, N_token, N_token, 64]": 2 * g * n * n * cfg.c_z * 4 + 2 * s * n * n * 64 * 4,
+        f"of one row block [G, R={pair_rows}, N_token, {bins}], the reduced pair confidences "
+        f"[S={s}, 4, N_token, N_token]":
+            2 * g * n * n * cfg.c_z * 4 + _pair_head_block(g, pair_rows, n, cfg.c_z, bins)
+            + 4 * s * n * n * 4,
     }
     what = f"{s} samples" + (f" in groups of {g}" if g < s else "")
     return MemoryEstimate("AF3 prediction", f"N_token={n}, N_atom={n_atom}, N_msa={n_msa}, "

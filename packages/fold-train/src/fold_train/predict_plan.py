@@ -10,7 +10,9 @@ most bytes live while its module runs, everything live from the stages before in
 
 * AF2: input embedding, template embedder, extra MSA stack, Evoformer, structure module;
 * AF3: input embedding, template embedder, MSA module, Pairformer, diffusion (one sampler step,
-  the samples in groups of G), confidence head (groups of G).
+  the samples in groups of G), confidence head (groups of G; its PAE / PDE logits reduced to
+  the pair confidences inside it, one row block of ``chunk_size`` rows at a time, so the
+  reduction is counted in this stage and no ``[S, N, N, 64]`` is).
 
 The device needs the weights and the input features on top (both counted here, at their size).
 Not counted: the CUDA context and kernels' workspaces (cuBLAS, attention kernels that do not
@@ -19,9 +21,9 @@ fragmentation; :data:`DEVICE_MARGIN` of the budget is left for them.
 
 :func:`plan_chunking` starts from the user's chunk size and sample group (default: none) and,
 while the peak exceeds the budget, halves the chunk size (the trunk stacks, confidence
-Pairformer, diffusion pair bias) when a trunk-side stage is over, and the sample group when the
-diffusion or the confidence head is over; it reports the first plan that fits, or the smallest
-one with ``fits: false``.
+Pairformer and PAE / PDE row blocks, diffusion pair bias) when a trunk-side stage is over, and
+the sample group when the diffusion or the confidence head is over; it reports the first plan
+that fits, or the smallest one with ``fits: false``.
 
 The same stage accounting on real tensors (:func:`stage_peaks` with ``fake=False``) is the
 measured peak the tests compare the estimate with on the CPU.
