@@ -115,9 +115,10 @@ def af2_estimate(n_res: int, model_config, data_preset, *, precision: str = "fp3
 def _pair_head_block(g: int, rows: int, n: int, c_z: int, bins: int) -> int:
     """fp32 bytes of the PAE / PDE heads on one row block of a sample group (the head reduces
     the logits to expected values there, :class:`fold_model.af3.confidence.ConfidenceHead`'s
-    ``reduce_pair``): the block's pair and its transpose, layer-normed ``[G, R, N, c_z]`` x 2,
-    and the logits with their softmax and products ``[G, R, N, bins]`` x 6."""
-    return g * rows * n * (2 * c_z + 6 * bins) * 4
+    ``reduce_pair``): one layer-normed block of the pair ``[G, R, N, c_z]`` at a time (PAE,
+    then the PDE's rows and columns) and the logits with a softmax and its product
+    ``[G, R, N, bins]`` x 4."""
+    return g * rows * n * (c_z + 4 * bins) * 4
 
 
 def af3_estimate(size: InputSize, model_config, *, precision: str = "fp32",
