@@ -523,9 +523,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "each; AF2: the MSA sampling). Default: the AF3 JSON's modelSeeds, 0 "
                         "for AF2")
     p.add_argument("--cache", metavar="DIR",
-                   help="AF2: keep each input's features in fold-data's feature cache DIR "
-                        "(keyed by the bytes of the query, MSA and template-hit files): a "
-                        "re-run of the same inputs skips featurisation")
+                   help="keep each input's features in fold-data's feature cache DIR "
+                        "(AF2: keyed by the bytes of the query, MSA and template-hit files; "
+                        "AF3, under DIR/af3: of the JSON, every file it names and the --ccd "
+                        "files): a re-run of the same inputs skips featurisation")
     p.add_argument("--chains", metavar="FILE",
                    help="--input-dir with an AF2 checkpoint: the chains of its mmCIF files, "
                         "lines '<file name> <chain>[,<chain>]'")

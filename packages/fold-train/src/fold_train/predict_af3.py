@@ -19,22 +19,30 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import torch
 from fold_data.af3.write import AF3Prediction
 
-__all__ = ["AF3Runner", "AF3Samples", "af3_results", "input_files", "make_af3_inputs",
-           "predict_af3", "sample_af3"]
+__all__ = ["AF3Runner", "AF3Samples", "af3_results", "cache_inputs", "cache_params",
+           "input_files", "make_af3_inputs", "predict_af3", "sample_af3"]
 
 
 def make_af3_inputs(source: str | os.PathLike, ccd=None, *, allow_outside_paths: bool = False,
-                    features: dict | None = None, limits=None, check=None):
+                    features: dict | None = None, limits=None, check=None, cache=None,
+                    ccd_files=(), cache_status: dict | None = None):
     """``(entry, raw features)`` of an AF3 input JSON / mmCIF complex (fold-data AF3); the
     JSON's file paths must stay in its directory unless ``allow_outside_paths``. ``features``:
     extra arguments of ``make_features`` (searched MSAs, paired rows, template hits).
     ``check(entry, ccd)`` runs on the parsed entry before it is featurised (a size check), and
-    ``limits`` (``fold_data.limits.SizeLimits``) apply while it is."""
+    ``limits`` (``fold_data.limits.SizeLimits``) apply while it is.
+
+    ``cache`` (a ``fold_data.cache.FeatureCache``): the features are read from it when an entry
+    of the same inputs is there, else made and stored (:func:`cache_inputs` says what the key
+    covers: ``ccd_files`` are the ``--ccd`` files ``ccd`` was made from). Not with
+    ``features`` (a search's results are not files the key could cover): those are made.
+    ``cache_status``: gets ``{"cache": "reused" | "built" | "rebuilt-corrupt"}``."""
     from fold_data.af3 import load_entry, make_features
     from fold_data.limits import use_limits
 
@@ -44,8 +52,39 @@ def make_af3_inputs(source: str | os.PathLike, ccd=None, *, allow_outside_paths:
     entry = load_entry(source, ccd=ccd, allow_outside_paths=allow_outside_paths)
     if check is not None:
         check(entry, ccd)
-    with use_limits(limits):
-        return entry, make_features(entry, ccd=ccd, **(features or {}))
+
+    def build() -> dict:
+        with use_limits(limits):
+            return make_features(entry, ccd=ccd, **(features or {}))
+
+    if cache is None or features:
+        return entry, build()
+    result = cache.fetch(Path(source).stem, cache_inputs(source, ccd_files),
+                         cache_params(ccd), build)
+    if cache_status is not None:
+        cache_status["cache"] = result.status
+    return entry, result.features
+
+
+def cache_inputs(source: str | os.PathLike, ccd_files=()) -> list[Path]:
+    """The files whose bytes key an AF3 prediction's features in the cache: the JSON (or
+    mmCIF) itself, the MSA / template / user CCD files it names (:func:`input_files`) and the
+    ``--ccd`` files, in that order. ``fold_data.cache.FeatureCache.key`` hashes each one's name,
+    size and bytes, so a changed file, or a JSON naming another, is another key."""
+    return [*input_files(source), *(Path(f) for f in ccd_files)]
+
+
+def cache_params(ccd) -> dict:
+    """The key's parameters besides the files: what the features are for, and whether the CCD
+    falls back to biotite's (that file by its size, as fold-data's AF3 cache keys it: hashing
+    its 63 MB per input would cost more than the cache saves)."""
+    from fold_data.af3.ccd import biotite_ccd_path
+
+    biotite = None
+    if ccd.use_biotite:
+        path = biotite_ccd_path()
+        biotite = path.stat().st_size if path else "absent"
+    return {"use": "predict-af3", "biotite_ccd": biotite}
 
 
 @dataclass
@@ -257,7 +296,9 @@ class AF3Runner:
 
     ``limits`` (``fold_data.limits.SizeLimits``) and ``memory_limit`` (bytes, default the
     device's free memory) size each entry before it is featurised: one too large is refused
-    with the numbers and the options."""
+    with the numbers and the options. ``cache_dir`` (``--cache``): each input's features kept
+    in fold-data's feature cache under ``cache_dir/af3``, keyed by the bytes of the JSON, the
+    files it names and the ``--ccd`` files (:func:`cache_inputs`)."""
 
     family = "af3"
 
@@ -267,8 +308,9 @@ class AF3Runner:
                  cuda_graphs: bool | None = None, allow_outside_paths: bool = False,
                  memory_limit: int | None = None, limits=None, chunk_size: int | None = None,
                  autochunk=None, autochunk_min_chunk: int = 1,
-                 sample_group: int | None = None, parallel=None) -> None:
-        from fold_train.af3_data import make_ccd
+                 sample_group: int | None = None, parallel=None,
+                 cache_dir: str | os.PathLike | None = None) -> None:
+        from fold_train.af3_data import af3_cache_dir, make_ccd
         from fold_train.families import make_family
         from fold_train.parallelize import Techniques, parallelize
         from fold_train.predict import load_trained_model
@@ -279,7 +321,13 @@ class AF3Runner:
         self.parallel = parallel or single_process()  # DAP: fold_train.predict_dap
         self.model, self.cfg = load_trained_model(checkpoint, device, use_ema=use_ema,
                                                   family="af3")
-        self.ccd = make_ccd(ccd_files)
+        self.ccd, self.ccd_files = make_ccd(ccd_files), list(ccd_files)
+        self.cache = None
+        if cache_dir is not None:  # fold-data's content-addressed feature cache
+            from fold_data.af3 import af3_cache
+
+            self.cache = af3_cache(af3_cache_dir(cache_dir))
+        self.cache_status: dict = {}  # the last prepare's {"cache": status}
         self.no_samples, self.no_steps, self.no_cycles = no_samples, no_steps, no_cycles
         self.allow_outside_paths, self.memory_limit, self.limits = (
             allow_outside_paths, memory_limit, limits)
@@ -320,8 +368,11 @@ class AF3Runner:
     def prepare(self, source: str | os.PathLike, features: dict | None = None):
         """``(entry, raw features)`` of an AF3 JSON / mmCIF complex, sized first; bad input is
         an ``InputError`` naming the file and the record."""
+        self.cache_status = {}
         return make_af3_inputs(source, self.ccd, allow_outside_paths=self.allow_outside_paths,
-                               features=features, limits=self.limits, check=self._check)
+                               features=features, limits=self.limits, check=self._check,
+                               cache=self.cache, ccd_files=self.ccd_files,
+                               cache_status=self.cache_status)
 
     def run(self, item, *, seeds=None, out_dir=None) -> dict:
         """Predict one input of ``--input-dir`` (a :class:`~fold_train.predict_batch.BatchInput`)
@@ -378,7 +429,7 @@ class AF3Runner:
                 "cuda_graphs": self.cuda_graphs,
                 "sample_mean_plddt": [r.summary["mean_plddt"] for r in results],
                 "ranking": [[r.seed, r.sample, r.summary["ranking_score"]] for r in ranked],
-                "chunking": self.chunking()}
+                "chunking": self.chunking(), **self.cache_status}
 
     def chunking(self) -> dict:
         """The summary's chunking: chunk size, sample group and each AutoChunk plan (made on
@@ -403,20 +454,21 @@ def predict_af3_file(
     memory_limit: int | None = None,
     limits=None, features: dict | None = None, seeds=None, out_dir=None,
     chunk_size: int | None = None, autochunk=None, autochunk_min_chunk: int = 1,
-    sample_group: int | None = None, parallel=None,
+    sample_group: int | None = None, parallel=None, cache_dir=None,
 ) -> dict:
     """The whole ``fold-train predict --json``: returns the printed JSON summary
     (:meth:`AF3Runner.predict`). Without ``out`` or ``out_dir`` the JSON's ``name``, made one
     safe file name, is written in the current directory; a diverged checkpoint's non-finite or
     absurd structure is refused, not written. ``chunk_size`` / ``autochunk`` (bytes or "auto")
     / ``sample_group``: see :class:`AF3Runner` and docs/memory.md. ``parallel``: this rank's
-    :class:`~fold_train.predict_dap.PredictParallel` (DAP; only its writer writes)."""
+    :class:`~fold_train.predict_dap.PredictParallel` (DAP; only its writer writes).
+    ``cache_dir``: ``--cache`` (:class:`AF3Runner`)."""
     runner = AF3Runner(checkpoint, device=device, use_ema=use_ema, ccd_files=ccd_files,
                        no_samples=no_samples, no_steps=no_steps, no_cycles=no_cycles,
                        cuda_graphs=cuda_graphs, allow_outside_paths=allow_outside_paths,
                        memory_limit=memory_limit, limits=limits, chunk_size=chunk_size,
                        autochunk=autochunk, autochunk_min_chunk=autochunk_min_chunk,
-                       sample_group=sample_group, parallel=parallel)
+                       sample_group=sample_group, parallel=parallel, cache_dir=cache_dir)
     # bad input: InputError; features: searched MSAs / paired rows / templates (--search)
     entry, raw = runner.prepare(source, features=features)
     return runner.predict(entry, raw, input_files(source), seeds=seeds, out=out,

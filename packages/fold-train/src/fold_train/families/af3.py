@@ -329,10 +329,6 @@ class AF3Family(Family):
                               "names its MSAs and templates itself")
         if getattr(args, "autochunk", None) is not None and getattr(args, "chunk_size", None):
             raise ConfigError("--autochunk and --chunk-size are alternatives: give one of them")
-        if getattr(args, "cache", None):
-            raise ConfigError("--cache is for AF2 inputs: AF3 prediction features each input "
-                              "from its JSON (whose MSA and template files the cache key "
-                              "would not cover)")
 
     @classmethod
     def predict(cls, args, device: str) -> dict:
@@ -355,6 +351,7 @@ class AF3Family(Family):
                                 seeds=getattr(args, "seeds", None),
                                 out_dir=getattr(args, "out_dir", None),
                                 parallel=getattr(args, "parallel", None),  # DAP: predict_dap
+                                cache_dir=getattr(args, "cache", None),
                                 **cls._chunking(args))
 
     @staticmethod
@@ -382,6 +379,7 @@ class AF3Family(Family):
                          memory_limit=getattr(args, "memory_limit", None),
                          limits=limits_from_args(args),
                          parallel=getattr(args, "parallel", None),  # DAP: predict_dap
+                         cache_dir=getattr(args, "cache", None),
                          **cls._chunking(args))
 
     # -- shape buckets ---------------------------------------------------------------------------
