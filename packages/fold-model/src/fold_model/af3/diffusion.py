@@ -100,10 +100,31 @@ class DiffusionConditioning(nn.Module):
         self.transitions_s = nn.ModuleList(
             SwiGLUTransition(c_s, cfg.conditioning_transition_n) for _ in range(2)
         )
+        self.chunk_size: int | None = None  # inference: the pair conditioning's rows per block
 
     def pair(self, feats: dict[str, torch.Tensor], z_trunk: torch.Tensor) -> torch.Tensor:
-        """Lines 1-3 (independent of the noise level: computed once per trunk pass)."""
-        z = torch.cat([z_trunk, self.relpos(feats).to(z_trunk.dtype)], dim=-1)  # [B, N, N, 2C_z]
+        """Lines 1-3 (independent of the noise level: computed once per trunk pass). Every
+        step is per pair, so with ``chunk_size`` (inference) the pair rows are made
+        ``chunk_size`` at a time into the output: the concatenation ``[B, R, N, 2 C_z]`` and the
+        transitions' hidden ``[B, R, N, 4 C_z]`` of one block live instead of the whole pair's
+        (at 4096 tokens in fp32 the whole pair's take 88 GiB, 64-row blocks 17.4 GiB, the input
+        and output pairs included: docs/memory.md)."""
+        n = z_trunk.shape[-2]
+        step = self.chunk_size or n
+        if step >= n:
+            return self._pair_rows(feats, z_trunk, slice(None))
+        out = None
+        for i in range(0, n, step):
+            block = self._pair_rows(feats, z_trunk, slice(i, i + step))  # [B, R, N, C_z]
+            if out is None:  # the block's dtype: autocast decides it
+                out = block.new_empty(*block.shape[:-3], n, n, block.shape[-1])
+            out[..., i: i + step, :, :] = block
+        return out
+
+    def _pair_rows(self, feats, z_trunk, rows: slice) -> torch.Tensor:
+        """Lines 1-3 for the pair rows ``rows``: ``[B, R, N, C_z]``."""
+        z = torch.cat([z_trunk[..., rows, :, :], self.relpos(feats, rows).to(z_trunk.dtype)],
+                      dim=-1)  # [B, R, N, 2C_z]
         z = self.linear_z(self.layer_norm_z(z))
         for t in self.transitions_z:
             z = z + t(z)

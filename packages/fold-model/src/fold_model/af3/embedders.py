@@ -40,16 +40,16 @@ __all__ = [
 ATOM_FEAT_DIM = 3 + 1 + 1 + 128 + 4 * 64  # ref_pos, charge, mask, element, name chars (Alg. 5)
 
 
-def relative_position_features(feats: dict[str, torch.Tensor], r_max: int, s_max: int
-                               ) -> torch.Tensor:
-    """Alg. 3 lines 1-9: ``[*, N, N, 2 (2 r_max + 2) + 1 + 2 s_max + 2]`` one-hot features.
+def relative_position_features(feats: dict[str, torch.Tensor], r_max: int, s_max: int,
+                               rows: slice = slice(None)) -> torch.Tensor:
+    """Alg. 3 lines 1-9: ``[*, N, N, 2 (2 r_max + 2) + 1 + 2 s_max + 2]`` one-hot features
+    (``rows``: only the pair rows ``i`` in it, ``[*, R, N, ...]``).
 
     The relative chain index ``sym_id_i - sym_id_j`` is used within one entity (copies of the same
     molecule) and set to the overflow bin otherwise: across entities it carries no meaning.
     """
-    def pair(x: torch.Tensor, y: torch.Tensor | None = None) -> torch.Tensor:
-        y = x if y is None else y
-        return x[..., :, None] - y[..., None, :]
+    def pair(x: torch.Tensor) -> torch.Tensor:
+        return x[..., rows, None] - x[..., None, :]  # [*, R, N]
 
     asym, res, tok = feats["asym_id"], feats["residue_index"], feats["token_index"]
     same_chain = pair(asym) == 0
@@ -78,8 +78,9 @@ class RelativePositionEncoding(nn.Module):
         self.r_max, self.s_max = r_max, s_max
         self.linear = Linear(4 * r_max + 4 + 1 + 2 * s_max + 2, c_z, bias=False)
 
-    def forward(self, feats: dict[str, torch.Tensor]) -> torch.Tensor:
-        f = relative_position_features(feats, self.r_max, self.s_max)
+    def forward(self, feats: dict[str, torch.Tensor], rows: slice = slice(None)
+                ) -> torch.Tensor:
+        f = relative_position_features(feats, self.r_max, self.s_max, rows)
         return self.linear(f.to(self.linear.weight.dtype))
 
 

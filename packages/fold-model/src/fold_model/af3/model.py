@@ -128,14 +128,15 @@ class AlphaFold3(nn.Module):
     def set_chunk_size(self, chunk_size: int | None) -> None:
         """Inference-time chunking of the trunk's pair updates (template embedder, MSA module,
         Pairformer), the confidence Pairformer and its PAE / PDE heads when their logits are
-        reduced in the head (rows), and the diffusion transformer's pair bias (rows) and
-        attention (samples)."""
+        reduced in the head (rows), the diffusion's pair conditioning (rows), and the diffusion
+        transformer's pair bias (rows) and attention (samples)."""
         for m in self._trunk_stacks():
             m.set_chunk_size(chunk_size)
         if self.confidence_head is not None:
             self.confidence_head.pairformer.set_chunk_size(chunk_size)
             self.confidence_head.chunk_size = chunk_size
         self.diffusion.transformer.set_chunk_size(chunk_size)
+        self.diffusion.conditioning.chunk_size = chunk_size
 
     def set_sample_group_size(self, group_size: int | None) -> None:
         """Inference: the diffusion network and the confidence head run on the samples in
