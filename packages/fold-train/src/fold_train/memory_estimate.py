@@ -156,6 +156,10 @@ def af3_estimate(size: InputSize, model_config, *, precision: str = "fp32",
         f"{cfg.msa.c_hidden_opm}]": int(n * n * cfg.msa.c_hidden_opm ** 2 * b * rows),
         f"triangle multiplication [4, N_token, N_token, {cfg.pairformer.c_hidden_mul}]":
             4 * n * n * cfg.pairformer.c_hidden_mul * b,
+        # Alg. 21 lines 1-3 (concatenation, LayerNorm, two transitions): 9 c_z values per pair
+        # at its peak, counted on FakeTensors at 4096 tokens (docs/memory.md); row blocks
+        f"diffusion pair conditioning [N_token, N_token, 9 c_z={9 * cfg.c_z}]":
+            int(9 * n * n * cfg.c_z * 4 * rows),
         f"confidence head pair [G={g}, N_token, N_token, c_z] and its update, PAE/PDE logits "
         f"of one row block [G, R={pair_rows}, N_token, {bins}], the reduced pair confidences "
         f"[S={s}, 4, N_token, N_token]":
