@@ -22,6 +22,7 @@ import pytest
 import torch
 from _af3_helpers import CCD, INPUTS, ligand_crop, needs_af3_demo
 from fold_model.af3 import config
+from fold_train.buckets import BucketPolicy
 from fold_train.config import apply_overrides, preset
 from fold_train.data import collate
 from fold_train.families import make_family
@@ -115,11 +116,12 @@ def batch():
     return out
 
 
-def _predict(batch, techniques: Techniques | None, in_head: bool):
+def _predict(batch, techniques: Techniques | None, in_head: bool, policy=None):
     family, model = _model()
     if techniques is not None:
         parallelize(model, family, techniques)
-    predictor = AF3Predictor(model, "cpu", cuda_graphs=False)
+    predictor = AF3Predictor(model, "cpu", cuda_graphs=False, pad=policy is not None,
+                             policy=policy)
     predictor.reduce_in_head = in_head
     return predictor(batch, generator=torch.Generator().manual_seed(3), **RUN)
 
@@ -130,13 +132,16 @@ def plain(batch):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("techniques", [
-    None,
-    Techniques(chunk_size=5),  # 67 rows: a short last block
-    Techniques(chunk_size=7, sample_group_size=2),  # 3 samples: groups of 2 and 1
-], ids=["whole", "chunk5", "chunk7-group2"])
-def test_reduced_in_the_head_equals_the_plain_path(batch, plain, techniques):
-    out = _predict(batch, techniques, in_head=True)
+@pytest.mark.parametrize("techniques,policy", [
+    (None, None),
+    (Techniques(chunk_size=5), None),  # 67 rows: a short last block
+    (Techniques(chunk_size=7, sample_group_size=2), None),  # 3 samples: groups of 2 and 1
+    # padded to the CUDA graphs' bucket (67 -> 96 tokens): the head sees padded pairs, the
+    # reduction's chain-pair counts are padded and the padded pairs cut off
+    (Techniques(chunk_size=16), BucketPolicy(residue_step=32, atom_step=64)),
+], ids=["whole", "chunk5", "chunk7-group2", "padded-chunk16"])
+def test_reduced_in_the_head_equals_the_plain_path(batch, plain, techniques, policy):
+    out = _predict(batch, techniques, in_head=True, policy=policy)
     assert set(out) == set(plain)
     n = int(batch["token_mask"].sum())
     for k in (*PAIR_REDUCED, "contact_probs", "x", "plddt"):
