@@ -204,7 +204,9 @@ class _Batch:
                                               out_dir=self.args.out_dir)
             except Exception as e:
                 if parallel.dap > 1 and not isinstance(e, INPUT_FAILURES):
-                    raise  # its peers are in collectives it will not join: fail_together
+                    # its peers are in collectives it will not join: fail_together ends them
+                    raise RuntimeError(f"{type(e).__name__} in the DAP {parallel.dap} "
+                                       f"prediction of {name} ({item.path}): {e}") from e
                 if isinstance(e, torch.cuda.OutOfMemoryError):
                     torch.cuda.empty_cache()
                 why = failure_reason(e)
