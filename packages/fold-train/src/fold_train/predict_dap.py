@@ -37,7 +37,8 @@ The memory plan per rank is :func:`rank_estimate` (the one-device estimate of
 :mod:`fold_train.memory_estimate` spread over the DAP degree); :func:`choose_dap` picks the
 smallest degree that fits (:func:`more_ranks_hint`: the pre-flight refusal names it), and
 :func:`plan_batch` shares a batch of inputs between ranks: inputs that fit one device are dealt
-to the ranks, DAP only for those that do not; :func:`dispatch_batch` runs such a plan.
+to the ranks, DAP only for those that do not; :func:`dispatch_batch` runs such a plan (for
+``fold-train predict --input-dir`` under torchrun: :mod:`fold_train.predict_batch_dap`).
 """
 
 from __future__ import annotations
