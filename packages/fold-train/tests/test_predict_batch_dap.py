@@ -117,8 +117,17 @@ def _rank(rank: int, world: int, port: int, logs: str, argv: list[str],
     os.dup2(err.fileno(), 2)
     sys.stdout, sys.stderr = out, err
     import fold_train.confidence_outputs as outputs
+    import fold_train.predict as predict_module
     from fold_train.predict_af2 import AF2Runner
 
+    real_load = predict_module.load_trained_model
+
+    def load(*a, **k):  # the model is loaded once per DAP degree the rank takes part in
+        with open(f"{logs}/loads{rank}.txt", "a") as f:
+            f.write("load\n")
+        return real_load(*a, **k)
+
+    predict_module.load_trained_model = load
     real_write = outputs.write_prediction
 
     def write(ranked, path, target):
@@ -233,6 +242,9 @@ def test_batch_over_4_ranks_equals_one_process(af2_ckpt, tmp_path, capsys):
     assert rcs == ["1", "1", "1", "1"], [_log(logs, "stderr", r)[-2000:] for r in range(4)]
     # ... every rank with the batch's status: two inputs failed
 
+    # the model loaded twice per rank: for DAP 1 (the sizing, and the inputs dealt out) and for
+    # DAP 2 (rank 3 has no DAP 1 input, and loads the DAP 1 model for the sizing only)
+    assert [_log(logs, "loads", r).count("load") for r in range(4)] == [2, 2, 2, 2]
     # each output written once, by its group's first rank
     writes = {r: _log(logs, "writes", r).split() for r in range(4)}
     assert writes == {0: ["short", "3u8v_A"], 1: ["2q2k_A"], 2: ["1psm_A", "4zey_A"], 3: []}

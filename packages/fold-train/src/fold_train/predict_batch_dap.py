@@ -231,6 +231,7 @@ class _Batch:
     def run(self, find) -> int:
         import torch.distributed as dist
 
+        from fold_train.distributed import gather_objects
         from fold_train.memory_estimate import budget_bytes
         from fold_train.predict_batch import batch_status, bucket_key, finish_batch
         from fold_train.predict_dap import dispatch_batch
@@ -241,11 +242,9 @@ class _Batch:
             for r in rows:
                 print(f"[skip] {r['name']}: FAILED: {r['input']}: {r['reason']}", file=self.err,
                       flush=True)
-        budget = budget_bytes(ctx.device, getattr(self.args, "memory_limit", None))
-        if ctx.distributed:
-            t = torch.tensor([budget], dtype=torch.int64)
-            dist.all_reduce(t, op=dist.ReduceOp.MIN)  # what plan_batch plans with
-            budget = int(t.item())
+        # the smallest over the ranks: what plan_batch plans with
+        budget = min(gather_objects(budget_bytes(ctx.device, getattr(self.args, "memory_limit",
+                                                                      None)), ctx))
         self.budget = budget
         for runner in self.runners.values():  # the DAP-1 runner of the sizing
             runner.memory_limit = budget

@@ -421,10 +421,10 @@ def dispatch_batch(ctx, estimates: Mapping[str, Any], budget: int,
     import torch.distributed as dist
     from fold_data.limits import format_bytes
 
-    if ctx.distributed:
-        t = torch.tensor([int(budget)], dtype=torch.int64)
-        dist.all_reduce(t, op=dist.ReduceOp.MIN)  # every rank plans with the same budget
-        budget = int(t.item())
+    from fold_train.distributed import gather_objects
+
+    # every rank plans with the same budget (objects: NCCL reduces no host tensor)
+    budget = min(gather_objects(int(budget), ctx))
     plan = plan_batch(estimates, ctx.world_size, budget, dap=dap)
     groups = {p.dap: _dap_groups(p.dap, ctx.world_size) for p in plan.phases if p.dap > 1}
     mine: dict[str, Any] = {}
