@@ -42,6 +42,7 @@ naming it (:func:`~fold_train.predict_dap.fail_together`), and no summary is wri
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import sys
 import time
@@ -117,10 +118,11 @@ class _Batch:
         degree is released first: phases never come back to a degree)."""
         d = parallel.dap
         if d not in self.runners:
-            for other in list(self.runners):
-                del self.runners[other]
-            if self.ctx.device.type == "cuda":
-                torch.cuda.empty_cache()
+            if self.runners:  # the previous degree's model: freed before this one loads
+                self.runners.clear()
+                gc.collect()
+                if self.ctx.device.type == "cuda":
+                    torch.cuda.empty_cache()
             ns = argparse.Namespace(**{**vars(self.args), "parallel": parallel})
             if self.budget is not None:  # the plan's budget: the size check agrees with it
                 ns.memory_limit = self.budget
