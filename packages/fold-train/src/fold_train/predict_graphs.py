@@ -380,17 +380,20 @@ def pair_reducer(asym_id: torch.Tensor, cfg):
     c = cfg.confidence
     n = asym_id.shape[-1]
     counts = torch.stack([interface_token_counts(a) for a in asym_id])  # [B, n, n]
+    padded: dict[int, torch.Tensor] = {}  # the counts padded to the head's N, made once
 
     def reduce(logits: dict[str, torch.Tensor], rows: slice) -> dict[str, torch.Tensor]:
         pae = logits["pae"].float()  # [B, G, R, N, bins]
         n_pad = pae.shape[-2]
         # the chain-pair normaliser of these rows; padded tokens get n (any count works: cut)
-        pair_counts = torch.nn.functional.pad(counts, (0, n_pad - n, 0, n_pad - n), value=n)
+        if n_pad not in padded:
+            padded[n_pad] = torch.nn.functional.pad(counts, (0, n_pad - n, 0, n_pad - n),
+                                                    value=n)  # [B, N, N]
         centres = _pae_centres(c, pae.device)
         return {"pae": expected_value(pae, c.pae_max),
                 "pde": expected_value(logits["pde"].float(), c.pde_max),
                 "tm_global": tm_adjusted_pae(pae, centres, torch.tensor(float(n))),
-                "tm_interface": tm_adjusted_pae(pae, centres, pair_counts[:, None, rows])}
+                "tm_interface": tm_adjusted_pae(pae, centres, padded[n_pad][:, None, rows])}
 
     return reduce
 
