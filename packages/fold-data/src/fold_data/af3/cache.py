@@ -29,7 +29,7 @@ if TYPE_CHECKING:  # the parsers (gemmi) load on a miss, not to read a built cac
 __all__ = ["AF3_PIPELINE_VERSION", "af3_cache", "af3_pipeline_version", "fetch_af3_features"]
 
 # Bump whenever make_features' output changes for the same inputs.
-AF3_PIPELINE_VERSION = "af3-raw-1"
+AF3_PIPELINE_VERSION = "af3-raw-2"  # 2: token_pseudo_beta_atom
 
 
 def af3_pipeline_version() -> str:
