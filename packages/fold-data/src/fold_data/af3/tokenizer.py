@@ -40,6 +40,7 @@ __all__ = [
     "STANDARD_RESIDUES",
     "MAX_BOND_DISTANCE",
     "atom_name_from_chars",
+    "leaving_atoms",
     "pseudo_beta_atom_name",
     "tokenize",
     "restype_of",
@@ -123,6 +124,13 @@ def _leaving_atoms(bonds: list[Bond], entry: Entry, ccd: Ccd) -> dict[tuple[str,
                 if comp.leaving[nb] and not comp.is_hydrogen[nb]:
                     out.setdefault((cid, res), set()).add(comp.atom_names[nb])
     return out
+
+
+def leaving_atoms(entry: Entry, ccd: Ccd | None = None) -> dict[tuple[str, int], set[str]]:
+    """Per (chain ID, residue index) the leaving atoms :func:`tokenize` removes: heavy leaving
+    atoms hanging on an atom that forms a polymer link or one of the entry's bonds."""
+    ccd = (ccd or default_ccd()).with_text(entry.user_ccd)
+    return _leaving_atoms(_residue_bonds(entry, ccd) + list(entry.bonds), entry, ccd)
 
 
 def tokenize(
