@@ -164,6 +164,7 @@ def _clashing(chains: list[Chain], bonded: set[frozenset[str]], cutoff: float,
     taken in chain order, a removed chain no longer clashes with later ones."""
     atoms = {c.chain_id: _chain_atoms(c) for c in chains}
     ids = [c.chain_id for c in chains if len(atoms[c.chain_id])]
+    box = {c: (atoms[c].min(0) - cutoff, atoms[c].max(0) + cutoff) for c in ids}
     removed: dict[str, str] = {}
     for i, a in enumerate(ids):
         for b in ids[i + 1:]:
@@ -171,6 +172,8 @@ def _clashing(chains: list[Chain], bonded: set[frozenset[str]], cutoff: float,
                 break
             if b in removed or frozenset((a, b)) in bonded:
                 continue
+            if (box[a][0] > box[b][1]).any() or (box[b][0] > box[a][1]).any():
+                continue  # boxes apart: no atom pair within the cutoff
             xa, xb = atoms[a], atoms[b]
             fa = _near_count(xa, xb, cutoff) / len(xa)
             fb = _near_count(xb, xa, cutoff) / len(xb)
