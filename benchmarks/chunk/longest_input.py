@@ -64,12 +64,10 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
-import numpy as np
-
 from benchmarks.common.machine import device_name, versions
+from benchmarks.common.predict_inputs import a3m_text, random_checkpoint, random_sequence
 from benchmarks.common.results import REPO, RESULTS, write_result
 
-AMINO = "ACDEFGHIKLMNPQRSTVWY"
 CCD = REPO / "data" / "demo" / "af3" / "ccd.cif"
 PRESETS = {("af2", False): ("af2_finetune", []), ("af3", False): ("af3", []),
            ("af2", True): ("tiny", ["data.n_res=16", "data.n_clust=6", "data.n_extra=8"]),
@@ -77,28 +75,10 @@ PRESETS = {("af2", False): ("af2_finetune", []), ("af3", False): ("af3", []),
 
 
 # -- inputs ---------------------------------------------------------------------------------------
-def sequence(n: int, seed: int = 0) -> str:
-    rng = np.random.default_rng(seed)
-    return "".join(AMINO[i] for i in rng.integers(0, 20, n))
-
-
-def a3m(query: str, depth: int, seed: int = 1) -> str:
-    """``depth`` rows (the query first) mutated from ``query``: 30% substitutions, 5% gaps."""
-    rng = np.random.default_rng(seed)
-    rows = [query]
-    for _ in range(depth - 1):
-        row = np.array(list(query))
-        hit = rng.random(len(query)) < 0.3
-        row[hit] = [AMINO[i] for i in rng.integers(0, 20, hit.sum())]
-        row[rng.random(len(query)) < 0.05] = "-"
-        rows.append("".join(row))
-    return "".join(f">row{i}\n{r}\n" for i, r in enumerate(rows))
-
-
 def write_inputs(family: str, n: int, depth: int, folder: Path) -> list[str]:
     """The input files of an ``n``-residue query and the CLI arguments that name them."""
-    query = sequence(n)
-    msa = a3m(query, depth)
+    query = random_sequence(n)
+    msa = a3m_text(query, depth)
     if family == "af2":
         (folder / "query.fasta").write_text(f">query\n{query}\n")
         (folder / "query.a3m").write_text(msa)
@@ -112,20 +92,8 @@ def write_inputs(family: str, n: int, depth: int, folder: Path) -> list[str]:
 
 def write_checkpoint(family: str, tiny: bool, path: Path) -> Path:
     """A fold-train checkpoint of the family's preset with random (seeded) weights."""
-    import torch
-    from fold_train.checkpoint import save_checkpoint
-    from fold_train.config import apply_overrides
-    from fold_train.config import preset as get_preset
-    from fold_train.families import make_family
-
     name, overrides = PRESETS[(family, tiny)]
-    cfg = apply_overrides(get_preset(name), overrides)
-    torch.manual_seed(0)
-    mc = cfg.model_config()
-    model = make_family(cfg.model.family, mc).build_model(mc)
-    state = {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
-    return save_checkpoint(path, {"format": "fold-train/1", "config": cfg.to_dict(),
-                                  "model": state, "optimizer": {}})
+    return random_checkpoint(name, overrides, path)
 
 
 # -- one trial (a subprocess) ---------------------------------------------------------------------

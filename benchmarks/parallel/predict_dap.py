@@ -58,9 +58,9 @@ import torch
 import torch.distributed as dist
 
 from benchmarks.common.machine import versions
+from benchmarks.common.predict_inputs import af2_query_files, random_checkpoint, random_sequence
 from benchmarks.common.results import REPO, RESULTS, merged_rows, write_result
 
-AMINO = "ACDEFGHIKLMNPQRSTVWY"
 # FastFold (Cheng et al. 2024) Table 5: inference latency (s) of AF2 on A100s, DAP + AutoChunk;
 # AlphaFold and OpenFold (one GPU, chunked) are out of memory from 3072 residues.
 FASTFOLD = {2560: {4: 154.422, 8: 133.381}, 3072: {4: 238.51, 8: 201.916},
@@ -82,44 +82,6 @@ def _context(device: str | None):
     groups = ctx.groups
     return ctx, PredictParallel(ctx.rank, groups.dap_index if groups else 0, ctx.world_size,
                                 groups)
-
-
-def _checkpoint(preset: str, overrides: list[str], path: Path) -> Path:
-    """A fold-train checkpoint of ``preset`` with random (seeded) weights, as the CLI reads it."""
-    from fold_train.checkpoint import save_checkpoint
-    from fold_train.config import apply_overrides
-    from fold_train.config import preset as get_preset
-    from fold_train.families import make_family
-
-    cfg = apply_overrides(get_preset(preset), overrides)
-    torch.manual_seed(0)
-    mc = cfg.model_config()
-    model = make_family(cfg.model.family, mc).build_model(mc)
-    state = {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
-    return save_checkpoint(path, {"config": cfg.to_dict(), "model": state})
-
-
-def _sequence(n: int, seed: int) -> str:
-    rng = np.random.default_rng(seed)
-    return "".join(AMINO[i] for i in rng.integers(0, 20, n))
-
-
-def _af2_files(n_res: int, n_msa: int, folder: Path) -> tuple[Path, Path]:
-    """A FASTA of ``n_res`` random residues and an a3m of ``n_msa`` rows mutated from it."""
-    rng = np.random.default_rng(1)
-    query = _sequence(n_res, 0)
-    rows = [query]
-    for _ in range(n_msa - 1):
-        row = np.array(list(query))
-        hit = rng.random(n_res) < 0.3
-        row[hit] = [AMINO[i] for i in rng.integers(0, 20, hit.sum())]
-        row[rng.random(n_res) < 0.05] = "-"
-        rows.append("".join(row))
-    fasta = folder / f"query{n_res}.fasta"
-    fasta.write_text(f">query\n{query}\n")
-    a3m = folder / f"query{n_res}.a3m"
-    a3m.write_text("".join(f">row{i}\n{r}\n" for i, r in enumerate(rows)))
-    return fasta, a3m
 
 
 def _peak_gib(device: torch.device) -> float | None:
@@ -158,7 +120,7 @@ def bench_af2(args, ctx, parallel, folder: Path, deadline: float | None) -> list
         overrides.append(f"data.n_templ={args.templates}")
     ckpt = folder / "af2.ckpt"
     if ctx.rank == 0:
-        _checkpoint(preset, overrides, ckpt)
+        random_checkpoint(preset, overrides, ckpt)
     _everyone(None, ctx)  # written before the others read it
     model, cfg = load_trained_model(ckpt, ctx.device)
     done = parallelize(model, make_family("af2", cfg.model_config()),
@@ -178,7 +140,7 @@ def bench_af2(args, ctx, parallel, folder: Path, deadline: float | None) -> list
                                               f"--budget-s)"})
                 continue
         if ctx.rank == 0:
-            _af2_files(n_res, args.msa_rows, folder)
+            af2_query_files(n_res, args.msa_rows, folder, stem=f"query{n_res}")
         _everyone(None, ctx)
         fasta, a3m = folder / f"query{n_res}.fasta", folder / f"query{n_res}.a3m"
         try:
@@ -233,7 +195,7 @@ def bench_af3(args, ctx, parallel, folder: Path) -> list[dict]:
     preset = "af3_tiny" if args.tiny else "af3"
     ckpt = folder / "af3.ckpt"
     if ctx.rank == 0:
-        _checkpoint(preset, [], ckpt)
+        random_checkpoint(preset, [], ckpt)
     _everyone(None, ctx)
     model, cfg = load_trained_model(ckpt, ctx.device, family="af3")
     done = parallelize(model, make_family("af3", cfg.model_config()),
@@ -243,10 +205,10 @@ def bench_af3(args, ctx, parallel, folder: Path) -> list[dict]:
     for n_token in args.af3_tokens:
         source = folder / f"af3_{n_token}.json"
         if ctx.rank == 0:
+            chain = {"protein": {"id": "A", "sequence": random_sequence(n_token, 2)}}
             source.write_text(json.dumps({
                 "name": f"bench{n_token}", "modelSeeds": [0], "dialect": "alphafold3",
-                "version": 4, "sequences": [{"protein": {"id": "A",
-                                                         "sequence": _sequence(n_token, 2)}}]}))
+                "version": 4, "sequences": [chain]}))
         _everyone(None, ctx)
         _, raw = make_af3_inputs(source, ccd)
         row: dict[str, Any] = {"family": "af3", "preset": preset, "n_token": n_token,

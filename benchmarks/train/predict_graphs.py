@@ -33,48 +33,8 @@ import numpy as np
 import torch
 
 from benchmarks.common.machine import versions
+from benchmarks.common.predict_inputs import af2_query_files, random_checkpoint, random_sequence
 from benchmarks.common.results import REPO, RESULTS, write_result
-
-AMINO = "ACDEFGHIKLMNPQRSTVWY"
-
-
-def _checkpoint(preset: str, overrides: list[str], path: Path) -> Path:
-    """A fold-train checkpoint of ``preset`` with random (seeded) weights, as the CLI reads it."""
-    from fold_train.checkpoint import save_checkpoint
-    from fold_train.config import apply_overrides
-    from fold_train.config import preset as get_preset
-    from fold_train.families import make_family
-
-    cfg = apply_overrides(get_preset(preset), overrides)
-    torch.manual_seed(0)
-    mc = cfg.model_config()
-    model = make_family(cfg.model.family, mc).build_model(mc)
-    state = {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
-    return save_checkpoint(path, {"format": "fold-train/1", "config": cfg.to_dict(),
-                                  "model": state, "optimizer": {}})
-
-
-def _sequence(n: int, seed: int) -> str:
-    rng = np.random.default_rng(seed)
-    return "".join(AMINO[i] for i in rng.integers(0, 20, n))
-
-
-def _af2_files(n_res: int, n_msa: int, folder: Path) -> tuple[Path, Path]:
-    """A FASTA of ``n_res`` random residues and an a3m of ``n_msa`` rows mutated from it."""
-    rng = np.random.default_rng(1)
-    query = _sequence(n_res, 0)
-    rows = [query]
-    for _ in range(n_msa - 1):
-        row = np.array(list(query))
-        hit = rng.random(n_res) < 0.3
-        row[hit] = [AMINO[i] for i in rng.integers(0, 20, hit.sum())]
-        row[rng.random(n_res) < 0.05] = "-"
-        rows.append("".join(row))
-    fasta = folder / "query.fasta"
-    fasta.write_text(f">query\n{query}\n")
-    a3m = folder / "query.a3m"
-    a3m.write_text("".join(f">row{i}\n{r}\n" for i, r in enumerate(rows)))
-    return fasta, a3m
 
 
 def _summary(times: list[float]) -> dict:
@@ -99,11 +59,11 @@ def bench_af2(device: torch.device, tiny: bool, folder: Path, chunk_size: int | 
                                                    "data.n_extra=8"], 40, 16
     else:
         preset, overrides, n_res, n_msa = "af2_initial", [], 1024, 512
-    ckpt = _checkpoint(preset, overrides, folder / "af2.ckpt")
+    ckpt = random_checkpoint(preset, overrides, folder / "af2.ckpt")
     model, cfg = load_trained_model(ckpt, device)
     if chunk_size:
         model.set_chunk_size(chunk_size)
-    fasta, a3m = _af2_files(n_res, n_msa, folder)
+    fasta, a3m = af2_query_files(n_res, n_msa, folder)
     _, raw, _ = make_raw_features(fasta=fasta, msas=[a3m])
     rows = []
     for graphs in (False, True):
@@ -142,10 +102,10 @@ def bench_af3(device: torch.device, tiny: bool, folder: Path, steps: int) -> lis
         preset, n_token, samples = "af3_tiny", 30, 2
     else:
         preset, n_token, samples = "af3", 768, 5
-    ckpt = _checkpoint(preset, [], folder / "af3.ckpt")
+    ckpt = random_checkpoint(preset, [], folder / "af3.ckpt")
     model, cfg = load_trained_model(ckpt, device, family="af3")
     doc = {"name": "bench", "modelSeeds": [0], "dialect": "alphafold3", "version": 4,
-           "sequences": [{"protein": {"id": "A", "sequence": _sequence(n_token, 2)}}]}
+           "sequences": [{"protein": {"id": "A", "sequence": random_sequence(n_token, 2)}}]}
     source = folder / "bench.json"
     source.write_text(json.dumps(doc))
     ccd = Ccd([REPO / "data" / "demo" / "af3" / "ccd.cif"], use_biotite=False)
