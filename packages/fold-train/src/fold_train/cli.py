@@ -256,13 +256,6 @@ def cmd_predict(args: argparse.Namespace) -> int:
                   f"(peak {plan['peak_bytes']} bytes)", file=sys.stderr)
         return 0 if plan["fits"] else 1
     if args.input_dir:
-        from fold_train.errors import ConfigError
-        from fold_train.predict_dap import requested
-
-        if requested(args):  # every rank would predict and write every input
-            raise ConfigError("--input-dir runs in one process (its inputs over several GPUs "
-                              "under torchrun are not wired yet: fold_train.predict_dap."
-                              "dispatch_batch); give --dap / torchrun one input at a time")
         return run_batch_prediction(args)
     summary = run_prediction(args)
     if summary is not None:  # DAP: the writing rank prints
@@ -272,13 +265,16 @@ def cmd_predict(args: argparse.Namespace) -> int:
 
 def run_batch_prediction(args: argparse.Namespace) -> int:
     """``predict --input-dir DIR --out-dir OUT`` (:mod:`fold_train.predict_batch`): the family
-    is the checkpoint's; returns the exit status (1 when an input failed)."""
+    is the checkpoint's; returns the exit status (1 when an input failed). Under torchrun or
+    with ``--dap``, the inputs are shared over the ranks (:mod:`fold_train.predict_batch_dap`)."""
     import torch
 
     from fold_train.checkpoint import CheckpointError, load_checkpoint
     from fold_train.errors import ConfigError
     from fold_train.families import FAMILIES
     from fold_train.predict_batch import find_inputs, run_batch
+    from fold_train.predict_batch_dap import run_batch_distributed
+    from fold_train.predict_dap import requested
 
     if not args.out_dir:
         raise ConfigError("--input-dir needs --out-dir (each input's outputs go to "
@@ -295,12 +291,19 @@ def run_batch_prediction(args: argparse.Namespace) -> int:
     except (KeyError, RuntimeError, ValueError, TypeError) as e:
         raise CheckpointError(args.checkpoint, f"cannot read its training config: {e}") from e
     family = FAMILIES[family_name]
-    items, failed = find_inputs(args.input_dir, family_name, chain_list=args.chains,
-                                with_templates=bool(args.template_mmcif_dir))
-    if not items and not failed:
-        raise ConfigError(f"{args.input_dir}: no input files (fold-train predict --help lists "
-                          "what --input-dir may hold)")
+
+    def find():
+        items, failed = find_inputs(args.input_dir, family_name, chain_list=args.chains,
+                                    with_templates=bool(args.template_mmcif_dir))
+        if not items and not failed:
+            raise ConfigError(f"{args.input_dir}: no input files (fold-train predict --help "
+                              "lists what --input-dir may hold)")
+        return items, failed
+
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if requested(args):  # torchrun / --dap: the inputs over the ranks, DAP for the large ones
+        return run_batch_distributed(args, family, find, device)
+    items, failed = find()
     runner = family.predict_runner(args, device)
     return run_batch(runner, items, failed, args.out_dir, seeds=args.seeds)
 
@@ -500,7 +503,9 @@ def build_parser() -> argparse.ArgumentParser:
                           "DIR/<stem>/*.a3m|*.sto) and the mmCIF chains of --chains. Needs "
                           "--out-dir; inputs run in order of size bucket; a failed input is "
                           "reported and skipped; a final table (also OUT/batch_summary.json); "
-                          "exit status 1 if any failed")
+                          "exit status 1 if any failed. Under torchrun: inputs that fit one "
+                          "GPU dealt to the ranks, DAP groups for the others (--dap D: of D "
+                          "ranks); rank 0 writes the table")
     p.add_argument("--chain", help="chain ID in --mmcif")
     p.add_argument("--msa", nargs="*", help="MSA files of the query")
     p.add_argument("--templates", help="template hits (.hhr or hmm_output.sto)")
@@ -569,7 +574,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "of them). AF2: Evoformer, extra MSA and template stacks; AF3: "
                         "Pairformer, MSA module and template embedder, diffusion samples split "
                         "over the ranks. Chunk each rank with --chunk-size (not --autochunk); "
-                        "CUDA graphs are off; rank 0 writes")
+                        "CUDA graphs are off; rank 0 writes. With --input-dir: the DAP degree "
+                        "of the inputs that do not fit one GPU (default: the smallest that "
+                        "fits; 1: every input on one rank)")
     p.add_argument("--bp", type=int, choices=(1, 2), metavar="{1,2}",
                    help="AF2 with the Parallel Evoformer (model.block_order=parallel): 2 runs "
                         "the MSA and pair branches of each block on 2 ranks (HelixFold's Branch "

@@ -216,12 +216,35 @@ class AF2Runner:
         _, size = _af2_size(item.fasta, item.mmcif, item.chain, item.msas)
         return {"N_res": int(size.n_tokens)}
 
+    def estimate(self, item):
+        """``({"N_res": n}, one-device MemoryEstimate)`` of an input of ``--input-dir``, read
+        but not featurised, with this runner's chunking (what ``plan_batch`` shares out over
+        the ranks of a torchrun job: :mod:`fold_train.predict_batch_dap`)."""
+        from fold_train.predict_size import af2_input_estimate
+
+        _, size, whole = af2_input_estimate(
+            fasta=item.fasta, mmcif=item.mmcif, chain=item.chain, msas=item.msas,
+            model_config=self.cfg.model_config(), data_preset=self.cfg.data_preset(),
+            precision=self.cfg.system.precision, chunk_size=self.chunk_size,
+            msa_offload=self.msa_offload, limits=self.limits)
+        return {"N_res": int(size.n_tokens)}, whole
+
     def run(self, item, *, seeds=None, out_dir=None) -> dict:
         """Predict one input of ``--input-dir`` (a :class:`~fold_train.predict_batch.BatchInput`)
         into ``out_dir``."""
+        return self.predict_item(self.prepare_item(item), seeds=seeds, out_dir=out_dir)
+
+    def prepare_item(self, item):
+        """:meth:`run`'s first half: the input read, sized and featurised (no collective: under
+        DAP the ranks agree on this outcome before the model runs)."""
         name, raw, has_truth = self.prepare(fasta=item.fasta, mmcif=item.mmcif,
                                             chain=item.chain, msas=item.msas,
                                             templates=item.templates)
         del name  # a FASTA header may repeat across files: the batch names inputs by file
         inputs = [item.path, *item.msas, *([item.templates] if item.templates else [])]
-        return self.predict(item.name, raw, has_truth, inputs, seeds=seeds, out_dir=out_dir)
+        return item.name, raw, has_truth, inputs
+
+    def predict_item(self, prepared, *, seeds=None, out_dir=None) -> dict:
+        """:meth:`run`'s second half: the model on :meth:`prepare_item`'s result."""
+        name, raw, has_truth, inputs = prepared
+        return self.predict(name, raw, has_truth, inputs, seeds=seeds, out_dir=out_dir)

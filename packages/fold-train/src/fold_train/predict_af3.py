@@ -326,8 +326,34 @@ class AF3Runner:
     def run(self, item, *, seeds=None, out_dir=None) -> dict:
         """Predict one input of ``--input-dir`` (a :class:`~fold_train.predict_batch.BatchInput`)
         into ``out_dir``."""
+        return self.predict_item(self.prepare_item(item), seeds=seeds, out_dir=out_dir)
+
+    def prepare_item(self, item):
+        """:meth:`run`'s first half: the entry parsed, sized and featurised (no collective:
+        under DAP the ranks agree on this outcome before the model runs)."""
         entry, raw = self.prepare(item.path)
-        return self.predict(entry, raw, input_files(item.path), seeds=seeds, out_dir=out_dir)
+        return entry, raw, input_files(item.path)
+
+    def predict_item(self, prepared, *, seeds=None, out_dir=None) -> dict:
+        """:meth:`run`'s second half: the model on :meth:`prepare_item`'s result."""
+        entry, raw, inputs = prepared
+        return self.predict(entry, raw, inputs, seeds=seeds, out_dir=out_dir)
+
+    def estimate(self, item):
+        """``({"N_token": n}, one-device MemoryEstimate)`` of an input of ``--input-dir``,
+        parsed but not featurised, with this runner's samples and chunking (what
+        ``plan_batch`` shares out over the ranks: :mod:`fold_train.predict_batch_dap`)."""
+        from fold_data.af3 import load_entry
+
+        from fold_train.predict_size import af3_input_estimate
+
+        entry = load_entry(item.path, ccd=self.ccd,
+                           allow_outside_paths=self.allow_outside_paths)
+        size, whole = af3_input_estimate(
+            entry, self.ccd, model_config=self.cfg.model_config(),
+            precision=self.cfg.system.precision, no_samples=self.no_samples,
+            limits=self.limits, chunk_size=self.check_chunk, sample_group=self.sample_group)
+        return {"N_token": int(size.n_tokens)}, whole
 
     def predict(self, entry, raw, inputs: list, *, seeds=None, out=None, out_dir=None) -> dict:
         """Every sample of every seed (``seeds``, else the JSON's ``modelSeeds``, else 0),

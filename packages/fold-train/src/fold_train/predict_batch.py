@@ -33,7 +33,8 @@ from pathlib import Path
 
 from fold_data.errors import InputError
 
-__all__ = ["BatchInput", "find_inputs", "read_chain_list", "run_batch"]
+__all__ = ["BatchInput", "batch_status", "bucket_key", "failure_reason", "find_inputs",
+           "finish_batch", "read_chain_list", "run_batch"]
 
 _FASTA = (".fasta", ".fa", ".faa")
 _MMCIF = (".cif", ".mmcif")
@@ -125,14 +126,16 @@ def find_inputs(input_dir: str | os.PathLike, family: str, *,
     return items, failed
 
 
-def _bucket(size: dict[str, int]) -> tuple:
+def bucket_key(size: dict[str, int]) -> tuple:
+    """The shape bucket of an input's ``{dim: n}`` (the batch runs inputs in its order)."""
     from fold_train.buckets import BucketPolicy
 
     policy = BucketPolicy()
     return tuple(sorted((dim, policy.size(dim, n)) for dim, n in size.items()))
 
 
-def _reason(e: BaseException) -> str:
+def failure_reason(e: BaseException) -> str:
+    """The table's reason of a failed input (an ``InputError`` names the file already)."""
     return str(e) if isinstance(e, InputError) else f"{type(e).__name__}: {e}"
 
 
@@ -154,9 +157,9 @@ def run_batch(runner, items: list[BatchInput], failed: list[tuple[str, str]],
             size = runner.size(item)
         except Exception as e:  # noqa: BLE001 (reported and skipped: the batch goes on)
             rows.append({"input": str(item.path), "name": item.name, "status": "failed",
-                         "reason": _reason(e)})
+                         "reason": failure_reason(e)})
             continue
-        sized.append((_bucket(size), item.name, item, size))
+        sized.append((bucket_key(size), item.name, item, size))
     for r in rows:  # refused before any prediction: said at once, not only in the table
         print(f"[skip] {r['name']}: FAILED: {r['input']}: {r['reason']}", file=err, flush=True)
     sized.sort(key=lambda t: (t[0], t[1]))
@@ -174,7 +177,7 @@ def run_batch(runner, items: list[BatchInput], failed: list[tuple[str, str]],
         except Exception as e:  # noqa: BLE001 (reported and skipped: the batch goes on)
             if isinstance(e, torch.cuda.OutOfMemoryError):
                 torch.cuda.empty_cache()
-            row.update(status="failed", reason=_reason(e))
+            row.update(status="failed", reason=failure_reason(e))
         else:
             row.update(status="ok", out_dir=summary.get("out_dir"),
                        ranking_score=summary.get("ranking_score"),
@@ -185,12 +188,25 @@ def run_batch(runner, items: list[BatchInput], failed: list[tuple[str, str]],
                 else f"FAILED: {row['reason']}")
         print(f"[{k}/{len(sized)}] {item.name} ({label}): {what} ({row['seconds']:.1f} s)",
               file=err, flush=True)
-    _table(rows, out)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    return finish_batch(rows, out_dir, out)
+
+
+def finish_batch(rows: list[dict], out_dir: str | os.PathLike, stream=None) -> int:
+    """The batch's end: the table of ``rows`` on ``stream`` (default stdout) and the same rows
+    in ``out_dir/batch_summary.json`` (atomically); returns the exit status (1 when an input
+    failed)."""
     from fold_data.cache import atomic_write_bytes
 
+    _table(rows, stream or sys.stdout)
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
     atomic_write_bytes(out_dir / "batch_summary.json",
                        (json.dumps(rows, indent=1, allow_nan=False) + "\n").encode())
+    return batch_status(rows)
+
+
+def batch_status(rows: list[dict]) -> int:
+    """The exit status of a batch: 1 when an input failed, else 0."""
     return int(any(r["status"] != "ok" for r in rows))
 
 

@@ -37,7 +37,8 @@ The memory plan per rank is :func:`rank_estimate` (the one-device estimate of
 :mod:`fold_train.memory_estimate` spread over the DAP degree); :func:`choose_dap` picks the
 smallest degree that fits (:func:`more_ranks_hint`: the pre-flight refusal names it), and
 :func:`plan_batch` shares a batch of inputs between ranks: inputs that fit one device are dealt
-to the ranks, DAP only for those that do not; :func:`dispatch_batch` runs such a plan.
+to the ranks, DAP only for those that do not; :func:`dispatch_batch` runs such a plan (for
+``fold-train predict --input-dir`` under torchrun: :mod:`fold_train.predict_batch_dap`).
 """
 
 from __future__ import annotations
@@ -168,21 +169,30 @@ class BatchPlan:
 
 
 def plan_batch(estimates: Mapping[str, Any], world_size: int, budget: int, *,
-               cost: Callable[[Any], float] | None = None) -> BatchPlan:
+               cost: Callable[[Any], float] | None = None, dap: int | None = None
+               ) -> BatchPlan:
     """Share a batch of inputs (``{name: MemoryEstimate}`` of one device) between
     ``world_size`` ranks with ``budget`` bytes each: every input gets the smallest DAP degree
     that fits (:func:`choose_dap`; 1 for most), and the inputs of one degree are dealt to its
     ``world_size / dap`` replicas, largest first, each to the replica with the least work so
     far (LPT scheduling). ``cost``: an input's work (default: the sum of its transients, which
-    grow like the triangle attention's N^3). Inputs that do not fit even on all ranks are
-    ``refused`` (their pre-flight check then says why)."""
+    grow like the triangle attention's N^3). ``dap``: the one degree an input that does not
+    fit one rank gets (``--dap``; a divisor of ``world_size``) instead of the smallest that
+    fits. Inputs that fit no allowed degree are ``refused`` (their pre-flight check then says
+    why)."""
     if world_size < 1:
         raise ValueError(f"world_size must be >= 1, got {world_size}")
+    if dap is not None and (dap < 1 or world_size % dap):
+        raise ValueError(f"DAP degree {dap} does not divide the world size {world_size}")
     cost = cost or (lambda e: float(sum(e.transient.values())))
     by_degree: dict[int, list[str]] = {}
     refused = []
     for name, est in estimates.items():
-        d = choose_dap(est, budget, world_size)
+        if dap is None:
+            d = choose_dap(est, budget, world_size)
+        else:  # one rank when it fits, else the given degree
+            d = next((k for k in sorted({1, dap})
+                      if rank_estimate(est, k).peak_bytes <= budget), None)
         if d is None:
             refused.append(name)
         else:
@@ -393,41 +403,50 @@ def fail_together(ctx, phase: str, *, poll_s: float = 0.2,
 # -- a batch of inputs over the ranks -------------------------------------------------------------
 def dispatch_batch(ctx, estimates: Mapping[str, Any], budget: int,
               predict_one: Callable[[str, PredictParallel], Any], *,
-              phase: str = "predict the batch") -> dict[str, Any] | None:
+              phase: str = "predict the batch", dap: int | None = None, dao: bool = True,
+              order: Callable[[str], Any] | None = None,
+              end_phase: Callable[[int], None] | None = None) -> dict[str, Any] | None:
     """Predict a batch of inputs on every rank of ``ctx`` (a ``DistContext`` of the whole job)
     by :func:`plan_batch`: the inputs that fit one device (``estimates``: ``{name:
     MemoryEstimate}`` of one device; ``budget``: this rank's bytes, the smallest over the ranks
-    is used) are dealt to the ranks, the others get the smallest DAP degree that fits, phase by
-    phase. ``predict_one(name, parallel)`` predicts one input as this rank's part
-    (:class:`PredictParallel`: its writer writes); its results come back on rank 0 as ``{name:
-    result}`` (None on the other ranks), with ``{"refused": why}`` for the inputs too large for
-    all ranks together. Between phases the ranks wait for each other without a timeout; a rank
-    that fails ends every rank with an error naming it (:func:`fail_together`)."""
+    is used) are dealt to the ranks, the others get the smallest DAP degree that fits (or
+    ``dap``), phase by phase. ``predict_one(name, parallel)`` predicts one input as this rank's
+    part (:class:`PredictParallel`: its writer writes), a replica's inputs in the order of
+    ``order(name)`` (default: the plan's, largest first); ``end_phase(dap)`` runs on every rank
+    after each phase (a runner of that degree released). The results come back on rank 0 as
+    ``{name: result}`` (None on the other ranks), with ``{"refused": why}`` for the inputs too
+    large for the allowed degrees. Between phases the ranks wait for each other without a
+    timeout; a rank that fails ends every rank with an error naming it
+    (:func:`fail_together`)."""
     import torch.distributed as dist
     from fold_data.limits import format_bytes
 
-    if ctx.distributed:
-        t = torch.tensor([int(budget)], dtype=torch.int64)
-        dist.all_reduce(t, op=dist.ReduceOp.MIN)  # every rank plans with the same budget
-        budget = int(t.item())
-    plan = plan_batch(estimates, ctx.world_size, budget)
+    from fold_train.distributed import gather_objects
+
+    # every rank plans with the same budget (objects: NCCL reduces no host tensor)
+    budget = min(gather_objects(int(budget), ctx))
+    plan = plan_batch(estimates, ctx.world_size, budget, dap=dap)
     groups = {p.dap: _dap_groups(p.dap, ctx.world_size) for p in plan.phases if p.dap > 1}
     mine: dict[str, Any] = {}
     with fail_together(ctx, phase) as together:
         for ph in plan.phases:
             replica = ctx.rank // ph.dap
             g = groups.get(ph.dap)
-            parallel = PredictParallel(ctx.rank, ctx.rank % ph.dap, ph.dap, g)
-            for name in ph.replicas[replica]:
+            parallel = PredictParallel(ctx.rank, ctx.rank % ph.dap, ph.dap, g, dao=dao)
+            names = ph.replicas[replica]
+            for name in sorted(names, key=order) if order is not None else names:
                 result = predict_one(name, parallel)
                 if parallel.writes:
                     mine[name] = result
+            if end_phase is not None:
+                end_phase(ph.dap)
             together.barrier(f"finished its DAP {ph.dap} inputs")
+    top = dap or ctx.world_size  # the largest degree an input could get
     for name in plan.refused:
-        peak = rank_estimate(estimates[name], ctx.world_size).peak_bytes
+        peak = rank_estimate(estimates[name], top).peak_bytes
+        on = f"all {top} ranks" if top == ctx.world_size else f"DAP {top} (--dap)"
         mine.setdefault(name, {"refused": f"needs about {format_bytes(peak)} per rank even on "
-                                          f"all {ctx.world_size} ranks, {format_bytes(budget)} "
-                                          "available"})
+                                          f"{on}, {format_bytes(budget)} available"})
     if not ctx.distributed:
         return mine
     everyone: list[Any] = [None] * ctx.world_size

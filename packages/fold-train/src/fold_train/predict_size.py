@@ -12,10 +12,16 @@ import torch
 from fold_data.errors import InputError
 from fold_data.limits import InputSize, SizeLimits, check_size, entry_size, sequence_size
 
-from fold_train.memory_estimate import af2_estimate, af3_estimate, budget_bytes, check_memory
+from fold_train.memory_estimate import (
+    MemoryEstimate,
+    af2_estimate,
+    af3_estimate,
+    budget_bytes,
+    check_memory,
+)
 from fold_train.predict_dap import more_ranks_hint, rank_plan
 
-__all__ = ["check_af2_input", "check_af3_input"]
+__all__ = ["af2_input_estimate", "af3_input_estimate", "check_af2_input", "check_af3_input"]
 
 _MORE_MEMORY = ("a device with more free memory (or, if more is free than measured, "
                 "--memory-limit BYTES)")
@@ -37,6 +43,32 @@ def _af2_size(fasta, mmcif, chain, msas: Sequence) -> tuple[str, InputSize]:
     return os.fspath(mmcif), sequence_size(mmcif, found.sequence, msas, name=f"chain {chain}")
 
 
+def af2_input_estimate(*, fasta=None, mmcif=None, chain=None, msas: Sequence = (),
+                       model_config, data_preset, precision: str,
+                       chunk_size: int | None = None, msa_offload: bool = False,
+                       limits: SizeLimits | None = None) -> tuple[str, InputSize, MemoryEstimate]:
+    """``(source, size, one-device estimate)`` of an AF2 query: read, held to the data
+    ``limits``, not featurised (what :func:`check_af2_input` checks, and what
+    ``fold_train.predict_dap.plan_batch`` shares out)."""
+    source, size = _af2_size(fasta, mmcif, chain, msas)
+    check_size(size, limits, record="query")
+    return source, size, af2_estimate(size.n_tokens, model_config, data_preset,
+                                       precision=precision, chunk_size=chunk_size,
+                                       msa_offload=msa_offload)
+
+
+def af3_input_estimate(entry, ccd, *, model_config, precision: str,
+                       no_samples: int | None = None, limits: SizeLimits | None = None,
+                       chunk_size: int | None = None, sample_group: int | None = None
+                       ) -> tuple[InputSize, MemoryEstimate]:
+    """``(size, one-device estimate)`` of an AF3 entry (parsed, not featurised), held to the
+    data ``limits``."""
+    size = entry_size(entry, ccd)
+    check_size(size, limits, record=entry.name)
+    return size, af3_estimate(size, model_config, precision=precision, no_samples=no_samples,
+                              chunk_size=chunk_size, sample_group=sample_group)
+
+
 def check_af2_input(*, fasta=None, mmcif=None, chain=None, msas: Sequence = (), model_config,
                     data_preset, precision: str, device: torch.device | str,
                     chunk_size: int | None = None, memory_limit: int | None = None,
@@ -46,10 +78,10 @@ def check_af2_input(*, fasta=None, mmcif=None, chain=None, msas: Sequence = (), 
     """Refuse an AF2 query over the data ``limits`` or the device's memory (``memory_limit``
     bytes, else ``memory(device)``: the free memory); returns its size. ``dap``: the memory of
     one rank of that DAP degree (:func:`fold_train.predict_dap.rank_estimate`)."""
-    source, size = _af2_size(fasta, mmcif, chain, msas)
-    check_size(size, limits, record="query")
-    whole = af2_estimate(size.n_tokens, model_config, data_preset, precision=precision,
-                         chunk_size=chunk_size, msa_offload=msa_offload)
+    source, size, whole = af2_input_estimate(
+        fasta=fasta, mmcif=mmcif, chain=chain, msas=msas, model_config=model_config,
+        data_preset=data_preset, precision=precision, chunk_size=chunk_size,
+        msa_offload=msa_offload, limits=limits)
     budget = budget_bytes(device, memory_limit, memory)
     mine, chunking = rank_plan(whole, dap)  # this rank's part under DAP
     check_memory(mine, budget, source=source, device=str(device),
@@ -65,10 +97,9 @@ def check_af3_input(entry, ccd, *, model_config, precision: str, device: torch.d
                     sample_group: int | None = None, dap: int = 1) -> InputSize:
     """Refuse an AF3 entry (parsed, not featurised) over the data ``limits`` or the device's
     memory (per rank under DAP ``dap``); returns its size."""
-    size = entry_size(entry, ccd)
-    check_size(size, limits, record=entry.name)
-    whole = af3_estimate(size, model_config, precision=precision, no_samples=no_samples,
-                         chunk_size=chunk_size, sample_group=sample_group)
+    size, whole = af3_input_estimate(entry, ccd, model_config=model_config, precision=precision,
+                                     no_samples=no_samples, limits=limits,
+                                     chunk_size=chunk_size, sample_group=sample_group)
     budget = budget_bytes(device, memory_limit, memory)
     check_memory(rank_plan(whole, dap)[0], budget, source=size.source, device=str(device),
                  options=["samples in smaller groups (--sample-group 1) or fewer diffusion "
