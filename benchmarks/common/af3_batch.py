@@ -51,7 +51,8 @@ def synthetic_sample(n_token: int, n_atom: int, n_msa: int, n_templ: int, seed: 
 
     tok: dict[str, list] = {k: [] for k in (
         "residue_index", "token_index", "asym_id", "entity_id", "sym_id", "restype",
-        "is_protein", "is_rna", "is_dna", "is_ligand", "is_atomized", "token_center_atom")}
+        "is_protein", "is_rna", "is_dna", "is_ligand", "is_atomized", "token_center_atom",
+        "token_pseudo_beta_atom")}
     atom_names: list[str] = []
     atom_tok: list[int] = []
     uid: list[int] = []  # ref_space_uid: one per residue / nucleotide, one for the ligand
@@ -69,12 +70,15 @@ def synthetic_sample(n_token: int, n_atom: int, n_msa: int, n_templ: int, seed: 
                 names = list(residue_atoms[restype_1to3[restypes[seq[i]]]])
                 names += ["OXT"] if i == length - 1 else []
                 code, centre = int(seq[i]), first + 1  # CA
+                rep = first + names.index("CB" if "CB" in names else "CA")
             elif kind == "dna":
                 base = "ACGT"[rng.integers(4)]
                 names, code = DNA_ATOMS[base].split(), DNA_CODES[base]
                 centre = first + names.index("C1'")
+                rep = first + names.index("C4" if base in "AG" else "C2")  # purine / pyrimidine
             else:
                 names, code, centre = [("C", "N", "O")[rng.integers(3)] + str(i + 1)], 20, first
+                rep = first
                 if i:
                     lig_bonds.append((t - 1, t))
             atom_names += names
@@ -85,7 +89,8 @@ def synthetic_sample(n_token: int, n_atom: int, n_msa: int, n_templ: int, seed: 
                          ("asym_id", asym), ("entity_id", entity), ("sym_id", sym),
                          ("restype", code), ("is_protein", kind == "protein"), ("is_rna", 0),
                          ("is_dna", kind == "dna"), ("is_ligand", kind == "ligand"),
-                         ("is_atomized", kind == "ligand"), ("token_center_atom", centre)):
+                         ("is_atomized", kind == "ligand"), ("token_center_atom", centre),
+                         ("token_pseudo_beta_atom", rep)):
                 tok[k].append(int(v))
             t += 1
     a_real = len(atom_names)
@@ -99,6 +104,7 @@ def synthetic_sample(n_token: int, n_atom: int, n_msa: int, n_templ: int, seed: 
     pos = walk[atom_tok_a] + rng.normal(scale=1.2, size=(a_real, 3))
     resolved = (rng.random(a_real) > 0.03).astype(np.float32)
     resolved[np.asarray(tok["token_center_atom"])] = 1.0
+    resolved[np.asarray(tok["token_pseudo_beta_atom"])] = 1.0
     ref = rng.normal(scale=1.5, size=(a_real, 3))  # conformer-like, each centred near 0
     chars = np.array([[ord(c) - 32 for c in n.ljust(4)[:4]] for n in atom_names], np.int32)
 

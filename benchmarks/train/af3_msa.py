@@ -16,7 +16,8 @@ The training directory (assembled from the bundled demo, ``data/demo``, by ``--p
 * 3U8V, SmbP homodimer with a nickel ion (187 tokens): 1350 real MSA rows (UniRef90, BFD,
   MGnify; the homomer's chains share one alignment), so every sample has 1024 real rows; its
   template hits name structures not bundled: no template;
-* 4ZEY, NRBF2 MIT domain with two sulfates (104 tokens): 850 real MSA rows and one real
+* 4ZEY, NRBF2 MIT domain (84 tokens; its two sulfates are crystallization aids, which AF3's
+  training filters remove): 850 real MSA rows and one real
   template (2CRB, released before it).
 
 Both are smaller than the crop, so a sample is the whole complex padded to the preset's sizes

@@ -35,7 +35,15 @@ def test_synthetic_sample_holds_the_af3_contract():
     kinds = {"CA": f["is_protein"], "C1'": f["is_dna"]}
     for name, flag in kinds.items():
         assert flag.sum() > 0 and all(names[i] == name for i in np.flatnonzero(flag))
+    rep = f["token_pseudo_beta_atom"]  # CB (CA for glycine), C4 / C2, the ligand atom
+    assert np.all(f["atom_to_token"][rep] == np.arange(n))
+    rep_names = ["".join(chr(c + 32) for c in f["ref_atom_name_chars"][a]).strip() for a in rep]
+    gly = f["restype"] == 7
+    assert all(rep_names[i] == "CB" for i in np.flatnonzero(f["is_protein"] * ~gly))
+    assert all(rep_names[i] == "CA" for i in np.flatnonzero(f["is_protein"] * gly))
+    assert {rep_names[i] for i in np.flatnonzero(f["is_dna"])} <= {"C4", "C2"}
     lig = np.flatnonzero(f["is_ligand"])
+    assert np.all(rep[lig] == centre[lig])
     assert len(lig) == 16 and np.all(f["is_atomized"][lig] == 1)
     assert np.all(f["token_bonds"] == f["token_bonds"].T) and f["token_bonds"].sum() == 2 * 15
     assert np.allclose(f["profile"].sum(-1), 1.0) and np.all(f["msa"][0] == f["restype"])

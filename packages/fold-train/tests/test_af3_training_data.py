@@ -3,7 +3,8 @@ alignment folders -> the AF3 cache holds the MSA rows and templates; a chain wit
 alignments is reported; weighted sampling and filters (AF3 supplement 2.5) drive the stream.
 
 The directory is assembled from the bundled demo (``data/demo``): 4ZEY (NRBF2 MIT domain with
-two sulfate ions, X-ray 1.5 A) with its real MSAs and hmmsearch template hits, the template 2CRB
+two sulfate ions, X-ray 1.5 A: crystallization aids, which AF3's training filters remove) with
+its real MSAs and hmmsearch template hits, the template 2CRB
 (model 1, ``data/demo/template_mmcifs``), and 3O5R (FKBP51 with FK506) without alignments."""
 
 from __future__ import annotations
@@ -70,8 +71,9 @@ def test_cache_holds_msa_rows_and_templates_of_a_real_complex(built, capsys):
     cols = np.flatnonzero(raw["asym_id"] == 0)
     res = raw["residue_index"][cols]
     assert (raw["msa"][1:, cols] == expected[1:, res]).all()  # every row of every residue
-    sulfate = np.flatnonzero(raw["is_ligand"] > 0)
-    assert len(sulfate) == 10 and (raw["msa"][1:, sulfate] == GAP).all()  # ligands: query only
+    # the two sulfates are crystallization aids of an X-ray entry: AF3's training filters
+    # (supplement 2.5.4) removed them before featurisation
+    assert not raw["is_ligand"].any() and len(raw["chain_ids"]) == 1
 
     # One template: 2CRB (mouse NRBF2, 2005); 5KC1 (2016) is after 4ZEY's release, 4ZEY itself
     # is the query. Its pseudo-beta atoms are 2CRB's CB atoms (CA for glycine), model 1.
@@ -92,6 +94,13 @@ def test_cache_holds_msa_rows_and_templates_of_a_real_complex(built, capsys):
     assert by_name["4zey"]["msa_rows"] == len(expected) and by_name["4zey"]["templates"] == 1
     assert by_name["4zey"]["chains_with_alignments"] == ["A"] and not by_name["4zey"]["warnings"]
     assert by_name["4zey"]["chains_paired"] == ["A"]
+    removed = by_name["4zey"]["filters"]
+    assert [(c["chain_id"], c["detail"]) for c in removed["crystallization_aid"]] == [
+        ("B", "crystallization aid SO4"), ("C", "crystallization aid SO4")]
+    assert all(removed[f] == [] for f in ("too_few_resolved", "all_unknown", "clashing",
+                                          "ca_gap", "attached_to_removed"))
+    assert report["filters"][4] == "crystallization_aid: 2 chains removed (4zey/B, 4zey/C)"
+    assert report["chain_filters"]["clash_distance"] == 1.7
 
 
 def test_a_chain_without_alignments_is_reported_and_keeps_its_query_row(built, training_dir,
@@ -209,7 +218,7 @@ def test_filters_and_weighted_units_drive_the_stream(built, capsys):
     assert training_units(cache_dir, entries, uniform) == (entries, None)
 
 
-def test_train_cli_reads_the_training_directory(training_dir, tmp_path):
+def test_train_cli_reads_the_training_directory(training_dir, tmp_path, capsys):
     """Two steps of ``fold-train train --preset af3_tiny`` on the directory with weighted
     sampling and the supplement's filters: the cache report and sampling index are written and
     the run trains on both complexes."""
@@ -229,7 +238,15 @@ def test_train_cli_reads_the_training_directory(training_dir, tmp_path):
     assert all(np.isfinite(r["loss"]) for r in records)
     index = json.loads((run / "cache" / "af3" / "sampling_index.json").read_text())
     assert sorted(index["entries"]) == ["3o5r", "4zey"]
-    assert index["entries"]["4zey"]["interfaces"] == [[0, 1], [0, 2]]  # protein-sulfate
+    # AF3's training filters removed 4ZEY's sulfates (crystallization aids): no interface left
+    assert [c["chain_id"] for c in index["entries"]["4zey"]["chains"]] == ["A"]
+    assert index["entries"]["4zey"]["interfaces"] == []
+    assert index["entries"]["3o5r"]["interfaces"] == [[0, 1]]  # FKBP51-FK506
+    out = capsys.readouterr().out
+    for line in ("too_few_resolved: 0 chains removed", "clashing: 0 chains removed",
+                 "crystallization_aid: 2 chains removed (4zey/B, 4zey/C)",
+                 "outside_ccd: 0 resolved atoms not featurised"):
+        assert f"fold-train: AF3 training filter {line}\n" in out
 
 
 NO_PARSERS = """
@@ -268,7 +285,7 @@ def test_training_from_the_cache_needs_no_parser(built, tmp_path):
 
 
 @pytest.mark.slow
-def test_tiny_af3_learns_with_msa_rows_and_a_template(built, tmp_path):
+def test_tiny_af3_learns_with_msa_rows_and_a_template(training_dir, tmp_path):
     """The AF3 learning test with the MSA module and the template embedder fed real data: 100
     steps of ``fold-train train --preset af3_tiny`` on a pocket of 4ZEY (a sulfate and its 8
     nearest protein tokens, cut from the training directory's cache entry: real MSA columns, 16
@@ -277,14 +294,17 @@ def test_tiny_af3_learns_with_msa_rows_and_a_template(built, tmp_path):
     from _af3_helpers import NO_DROPOUT
     from fold_data.af3 import AF3DataPreset, af3_cache, make_sample
     from fold_data.af3.crop import crop_features
-    from fold_train.af3_data import af3_cache_dir
+    from fold_train.af3_data import af3_cache_dir, open_af3_cache
     from fold_train.checkpoint import load_checkpoint
     from fold_train.cli import main
     from fold_train.config import TrainConfig
     from fold_train.data import collate
     from fold_train.families import AF3Family
 
-    cache_dir, entries = built
+    # The sulfates are crystallization aids that AF3's training filters remove: this cache
+    # keeps them (chain_filters=None) for a protein-ligand pocket.
+    cache_dir = tmp_path / "unfiltered"
+    entries = dict(open_af3_cache(training_dir, cache_dir, names=["4zey"], chain_filters=None))
     raw = af3_cache(af3_cache_dir(cache_dir)).load(entries["4zey"])
     centres = raw["atom_positions"][raw["token_center_atom"]]
     sulfate = np.flatnonzero(raw["asym_id"] == 1)

@@ -83,6 +83,9 @@ def random_features(
     restype[-1] = 20
     first = torch.cumsum(torch.tensor([0] + per[:-1]), 0)
     center = first + torch.tensor([min(1, k - 1) for k in per])  # the second atom (CA-like)
+    # representative atom: the third (CB-like), the centre for every third token (glycine-like)
+    # and for the one-atom ligand token
+    rep = first + torch.tensor([min(1 if i % 3 == 0 else 2, k - 1) for i, k in enumerate(per)])
     true_pos = torch.randn(A_real, 3, generator=g) * 6.0
     ref_pos = torch.randn(A_real, 3, generator=g) * 1.5
     bonds = torch.zeros(N, N)
@@ -103,6 +106,7 @@ def random_features(
         "is_ligand": pad_tok(is_ligand).int(),
         "is_atomized": pad_tok(is_ligand).int(),
         "token_center_atom": pad_tok(center).int(),
+        "token_pseudo_beta_atom": pad_tok(rep).int(),
         "token_mask": pad_tok(torch.ones(n_real)),
         "ref_pos": pad_atom(ref_pos),
         "ref_mask": pad_atom(torch.ones(A_real)),

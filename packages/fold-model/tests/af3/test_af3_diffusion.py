@@ -133,13 +133,49 @@ def test_mse_after_alignment_and_bond_loss_known_cases():
 
 def test_distogram_loss_prefers_true_bins():
     f = random_features(n_token=8, batch=1, seed=3)
+    f["atom_resolved"] = f["atom_mask"].clone()
     n = 9
-    center = f["token_center_atom"].long()
-    pos = torch.gather(f["atom_positions"], 1, center[..., None].expand(-1, -1, 3))
+    rep = f["token_pseudo_beta_atom"].long()  # the representative atoms (not the centres)
+    assert (rep != f["token_center_atom"]).any()
+    pos = torch.gather(f["atom_positions"], 1, rep[..., None].expand(-1, -1, 3))
     target = torch.bucketize(torch.cdist(pos, pos), torch.linspace(2, 22, 63))
     good = torch.nn.functional.one_hot(target, 64).float() * 20
     bad = torch.zeros(1, n, n, 64)
     assert distogram_loss(good, f) < 1e-6 and abs(distogram_loss(bad, f) - math.log(64)) < 1e-5
+    # Bins of the centre atoms' distances are not the target.
+    center = f["token_center_atom"].long()
+    cpos = torch.gather(f["atom_positions"], 1, center[..., None].expand(-1, -1, 3))
+    wrong = torch.bucketize(torch.cdist(cpos, cpos), torch.linspace(2, 22, 63))
+    assert (wrong != target).any()
+    assert distogram_loss(torch.nn.functional.one_hot(wrong, 64).float() * 20, f) > 1.0
+
+
+def test_distogram_loss_against_float64_reference():
+    """Random logits, representative atoms with holes in their resolution, a padded token: the
+    loss equals a per-pair float64 cross-entropy over pairs of resolved representative atoms."""
+    f = random_features(n_token=10, batch=2, seed=4, n_pad_token=2)
+    g = torch.Generator().manual_seed(5)
+    rep = f["token_pseudo_beta_atom"].long()
+    f["atom_resolved"][0, rep[0, 3]] = 0.0  # an unresolved CB-like atom: its pairs drop out
+    n = f["token_mask"].shape[1]
+    logits = torch.randn(2, n, n, 64, generator=g)
+    got = distogram_loss(logits, f, 2.3125, 21.6875)
+    edges = torch.linspace(2.3125, 21.6875, 63, dtype=torch.float64)
+    for b in range(2):
+        num, den = 0.0, 0.0
+        for i in range(n):
+            for j in range(n):
+                ai, aj = int(rep[b, i]), int(rep[b, j])
+                w = float(f["token_mask"][b, i] * f["token_mask"][b, j]
+                          * f["atom_resolved"][b, ai] * f["atom_resolved"][b, aj])
+                if w == 0:
+                    continue
+                d = (f["atom_positions"][b, ai].double() - f["atom_positions"][b, aj].double()
+                     ).norm()
+                k = int((d > edges).sum())  # bin k: edges[k-1] < d <= edges[k]
+                num += -torch.log_softmax(logits[b, i, j].double(), -1)[k].item() * w
+                den += w
+        assert abs(got[b].item() - num / den) < 1e-5 * max(1.0, num / den)
 
 
 def test_noise_schedule():

@@ -1,6 +1,7 @@
 """The assembled AlphaFold3 (tiny preset): training and inference shapes at odd sizes with
 masks, the trunk's invariance to padding, recycling, chunked == unchunked, per-sub-layer
-checkpointing == plain, confidence targets of a perfect prediction, presets."""
+checkpointing == plain, confidence targets of a perfect prediction and of a moved representative
+atom, presets."""
 
 from __future__ import annotations
 
@@ -189,3 +190,49 @@ def test_confidence_targets_of_a_perfect_prediction():
     c = f["token_center_atom"][0, 0].item()
     assert frame[0, 0].tolist() == [c - 1, c, c + 1] and valid[0, 0]
     assert token_atom_index(f["atom_to_token"], 9)[0, :4].tolist() == [0, 1, 2, 0]
+
+
+def test_pde_targets_and_distance_features_use_the_representative_atoms():
+    """Moving one token's representative (CB-like) atom, not its centre, changes the PDE targets
+    of exactly that token's pairs and the confidence head's distance input; an unresolved
+    representative atom masks its pairs out of the PDE loss (not out of pLDDT / PAE)."""
+    cfg = config("tiny")
+    f = _f64(random_features(n_token=9, batch=1, seed=6))
+    f["atom_resolved"] = f["atom_mask"].clone()
+    rep, center = f["token_pseudo_beta_atom"][0].long(), f["token_center_atom"][0].long()
+    k = int(torch.nonzero(rep != center)[0])
+    x = f["atom_positions"][:, None].clone()  # [1, 1, A, 3]: a perfect prediction
+    x[0, 0, rep[k]] += torch.tensor([1000.0, 0.0, 0.0], dtype=x.dtype)  # every error > 0.5 A
+    t = confidence_targets(f, x, cfg)
+    moved = (t["pde"][0, 0] > 0) & (t["pde_mask"][0, 0] > 0)  # [N, N]
+    n_real = int(f["token_mask"].sum())
+    expect = torch.zeros_like(moved)
+    expect[k, :n_real] = expect[:n_real, k] = True
+    expect[k, k] = False
+    assert torch.equal(moved, expect)
+    # Unresolved representative atom of token k: no PDE pair with k; centre-based masks kept.
+    f2 = dict(f, atom_resolved=f["atom_resolved"].clone())
+    f2["atom_resolved"][0, rep[k]] = 0.0
+    t2 = confidence_targets(f2, x, cfg)
+    assert (t2["pde_mask"][0, 0, k] == 0).all() and (t2["pde_mask"][0, 0, :, k] == 0).all()
+    others = torch.arange(f["token_mask"].shape[1]) != k  # PAE of centre k in others' frames
+    col, col2 = t["pae_mask"][0, 0, others, k], t2["pae_mask"][0, 0, others, k]
+    assert torch.equal(col, col2) and col.sum() > 0
+    # The head's distance one-hot reads the representative atoms: moving a centre atom alone
+    # leaves its logits unchanged, moving a representative atom changes them.
+    torch.manual_seed(0)
+    model = randomize_(AlphaFold3(cfg), scale=0.5).double().eval()  # no dropout
+    head = model.confidence_head
+    n = f["token_mask"].shape[1]
+    g = torch.Generator().manual_seed(1)
+    s_inputs = torch.randn(1, n, cfg.c_s_inputs, generator=g, dtype=torch.float64)
+    s_trunk = torch.randn(1, n, cfg.c_s, generator=g, dtype=torch.float64)
+    z_trunk = torch.randn(1, n, n, cfg.c_z, generator=g, dtype=torch.float64)
+    x0 = f["atom_positions"][:, None].clone()
+    base = head(f, s_inputs, s_trunk, z_trunk, x0)["pde"]
+    x_c = x0.clone()
+    x_c[0, 0, center[k]] += 30.0
+    x_r = x0.clone()
+    x_r[0, 0, rep[k]] += 30.0
+    assert torch.equal(head(f, s_inputs, s_trunk, z_trunk, x_c)["pde"], base)
+    assert not torch.allclose(head(f, s_inputs, s_trunk, z_trunk, x_r)["pde"], base)

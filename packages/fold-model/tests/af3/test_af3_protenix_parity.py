@@ -395,3 +395,45 @@ def test_confidence_head_matches_protenix():
     loss_o.backward()
     compare_grads("confidence_head", theirs, ours, cfg, filled)
 
+
+
+# -- distogram and PDE targets on the representative atoms ----------------------------------------
+
+def test_distogram_loss_and_pde_targets_match_protenix():
+    """fold's distogram loss and PDE targets (on ``token_pseudo_beta_atom``) against Protenix's
+    ``DistogramLoss`` and ``PDELoss`` (on ``distogram_rep_atom_mask``): the same representative
+    atom per token, ground truth with unresolved atoms, two predicted samples. The PDE bins and
+    masks are equal; the distogram loss agrees to float32 round-off (fold computes the loss in
+    float32: 1e-5 relative), Protenix adds 1e-6 to the pair count, fold clamps it at 1."""
+    from fold_model.af3.confidence import confidence_targets
+    from fold_model.af3.loss import distogram_loss
+    from protenix.model.loss import DistogramLoss, PDELoss
+
+    cfg = fold_config()
+    f, n, a, g = _structure(11)
+    first = torch.searchsorted(f["atom_to_token"], torch.arange(n))
+    size = torch.bincount(f["atom_to_token"])
+    # one representative atom per token, anywhere in the token (not the centre, the first atom)
+    rep = first + (torch.rand(n, generator=g) * size).long()
+    x_gt = torch.randn(a, 3, generator=g, dtype=torch.float64) * 8
+    resolved = (torch.rand(a, generator=g) > 0.2).double()
+    x_pred = x_gt + torch.randn(2, a, 3, generator=g, dtype=torch.float64) * 1.5
+    batch = _batch(f, n, a)
+    zeros = torch.zeros(1, n, dtype=torch.long)
+    batch.update(token_pseudo_beta_atom=rep[None], token_center_atom=first[None],
+                 atom_positions=x_gt[None], atom_resolved=resolved[None], is_rna=zeros,
+                 is_dna=zeros, is_protein=(size > 1).long()[None],
+                 is_atomized=(size == 1).long()[None])
+    rep_mask = torch.zeros(a, dtype=torch.bool).index_fill(0, rep, True)
+
+    logits = torch.randn(n, n, 64, generator=g, dtype=torch.float64)
+    theirs = DistogramLoss()(logits, x_gt, resolved, rep_mask)
+    ours = distogram_loss(logits[None], batch, 2.3125, 21.6875)[0]
+    assert abs(ours.item() - theirs.item()) < 1e-5 * theirs.item()
+
+    bins_t, mask_t = PDELoss().calculate_label(x_pred, x_gt, resolved, rep_mask)
+    t = confidence_targets(batch, x_pred[None], cfg)
+    assert cfg.confidence.pde_max == 32 and cfg.confidence.pde_no_bins == 64
+    assert torch.equal(t["pde_mask"][0], mask_t[None].expand(2, -1, -1).to(t["pde_mask"].dtype))
+    assert mask_t.sum() > 0 and (mask_t == 0).any()  # holes: unresolved representative atoms
+    assert torch.equal(t["pde"][0], bins_t.argmax(-1))

@@ -17,9 +17,16 @@ and every alignment file, written atomically, checksummed) under ``<cache_dir>/a
 index, so an AF2 cache in the same directory is untouched). Templates are those released before
 the entry (the day before its release date, so the entry is never its own template).
 
-The cache report (printed, and ``<cache_dir>/af3/cache_report.json``): per entry its status,
-MSA depth, paired rows and templates; a protein or RNA chain without alignments keeps its query
-row and is named there with a warning, never a silent hole. ``<cache_dir>/af3/sampling_index.json``
+Before featurisation each complex goes through AF3's per-chain training filters (supplement
+2.5.4, :mod:`fold_data.af3.filters`: polymer chains with fewer than 4 resolved residues, with
+only unknown residues or with consecutive CA atoms more than 10 A apart, clashing chains,
+crystallization aids of crystallographic entries, ligands bonded to a removed chain); their
+settings are part of the cache key. The cache report (printed, and
+``<cache_dir>/af3/cache_report.json``): per entry its status, MSA depth, paired rows and
+templates, and per filter the chains it removed (and the resolved atoms the tokenizer drops:
+outside the CCD's atom names, leaving atoms), with one line per filter over all entries; a
+protein or RNA chain without alignments keeps its query row and is named there with a warning,
+never a silent hole. ``<cache_dir>/af3/sampling_index.json``
 keeps what AF3's weighted sampling and filters need of each entry (chains, sequences,
 interfaces, resolution, release date; :mod:`fold_data.af3.sampling`), so ``--cache`` alone can
 train with them.
@@ -129,24 +136,34 @@ def _stat(path: Path) -> list[int]:
 
 
 def _build_entry(cache, path: Path, name: str, data_dir: Path, ccd: Ccd,
-                 prev: dict | None) -> dict:
+                 prev: dict | None, chain_filters) -> dict:
     """Featurise (or find) one complex with its alignments; its report record and the
     sampling index record. ``prev``: the entry's sampling record of an earlier build; while the
-    mmCIF is unchanged (size, mtime) its chains come from there, so a cache hit parses nothing
-    (as before alignments: a training set of 10^5 files is not parsed again at every start)."""
-    from fold_data.af3 import fetch_af3_features, load_entry
+    mmCIF (size, mtime) and the filter settings are unchanged its chains and filter record come
+    from there, so a cache hit parses nothing (as before alignments: a training set of 10^5
+    files is not parsed again at every start). ``chain_filters``: AF3's training filters
+    (:class:`fold_data.af3.ChainFilters`) or None."""
+    from fold_data.af3 import fetch_af3_features, filter_chains, load_entry
     from fold_data.af3.alignments import entry_alignments, template_mmcif_dirs
     from fold_data.af3.parse import Chain, Entry
     from fold_data.af3.sampling import EntryInfo, entry_info, find_interfaces
 
     stat = _stat(path)
+    settings = chain_filters.params() if chain_filters is not None else None
     entry = None
-    if prev is not None and prev.get("source_stat") == stat and "alignment_chains" in prev:
+    if (prev is not None and prev.get("source_stat") == stat and "alignment_chains" in prev
+            and prev.get("chain_filters") == settings):
         stub = Entry(name, [Chain(cid, 0, kind, [], sequence=seq, author_id=author)
                             for cid, author, kind, seq in prev["alignment_chains"]],
                      release_date=prev["release_date"])
+        filtered = prev.get("filtered")
     else:
-        entry = stub = load_entry(path, ccd=ccd)
+        entry = load_entry(path, ccd=ccd)
+        filtered = None
+        if chain_filters is not None:  # AF3 2.5.4: removed chains are never featurised
+            result = filter_chains(entry, chain_filters, ccd)
+            entry, filtered = result.entry, result.report()
+        stub = entry
     align_root = data_dir / "alignments"
     found = entry_alignments(stub, align_root if align_root.is_dir() else None, name=name)
     kwargs = {}
@@ -156,6 +173,7 @@ def _build_entry(cache, path: Path, name: str, data_dir: Path, ccd: Ccd,
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", InputWarning)
         result = fetch_af3_features(cache, path, ccd=ccd, entry=entry,
+                                    chain_filters=chain_filters,
                                     msa_paths=found.msa_paths,
                                     pairing_msa_paths=found.pairing_paths,
                                     template_hits=found.template_hits, **kwargs)
@@ -168,6 +186,7 @@ def _build_entry(cache, path: Path, name: str, data_dir: Path, ccd: Ccd,
               "templates": int(raw["template_restype"].shape[0]),
               "chains_with_alignments": sorted(found.chains),
               "chains_paired": sorted(found.pairing_paths),
+              "filters": filtered,
               "warnings": list(found.notes),
               "input_warnings": list(dict.fromkeys(  # homomer copies warn alike
                   str(w.message).splitlines()[0] for w in caught
@@ -179,6 +198,8 @@ def _build_entry(cache, path: Path, name: str, data_dir: Path, ccd: Ccd,
     else:
         info = entry_info(name, entry, raw).to_dict()
     info["source_stat"] = stat
+    info["chain_filters"] = settings
+    info["filtered"] = filtered
     info["alignment_chains"] = [[c.chain_id, c.author_id, c.mol_type, c.sequence]
                                 for c in stub.chains if c.is_polymer]
     return {"report": record, "info": info}
@@ -187,16 +208,18 @@ def _build_entry(cache, path: Path, name: str, data_dir: Path, ccd: Ccd,
 def open_af3_cache(
     data_dir: str | os.PathLike | None, cache_dir: str | os.PathLike, *,
     names: Sequence[str] | None = None, ccd: Ccd | None = None, progress: bool = False,
-    verify: bool = True, limits=None,
+    verify: bool = True, limits=None, chain_filters="af3",
 ) -> list[tuple[str, str]]:
     """``[(entry name, cache key)]``, sorted by name, of the usable complexes.
 
-    With ``data_dir`` every complex is featurised (or found) in the AF3 cache with its
-    alignments and templates (module docstring); a complex that fails, or exceeds the size
-    ``limits`` (``fold_data.limits.SizeLimits``), is reported and skipped; the cache report and
-    the sampling index are written. Without it the cache's index is read and, with ``verify``,
-    every entry to be used checked (:func:`fold_train.data.checked_index`). Raises
-    :class:`InputError` when no entry is left.
+    With ``data_dir`` every complex is filtered (``chain_filters``: ``"af3"`` AF3's filters,
+    a :class:`fold_data.af3.ChainFilters`, or None: none) and featurised (or found) in the AF3
+    cache with its alignments and templates (module docstring); a complex that fails, loses
+    every chain to the filters, or exceeds the size ``limits`` (``fold_data.limits.SizeLimits``),
+    is reported and skipped; the cache report and the sampling index are written. Without it
+    the cache's index is read and, with ``verify``, every entry to be used checked
+    (:func:`fold_train.data.checked_index`). Raises :class:`InputError` when no entry is
+    left.
     """
     from fold_data.af3 import af3_cache
     from fold_data.cache import atomic_write_bytes
@@ -207,7 +230,14 @@ def open_af3_cache(
 
         entries = checked_index(cache, "complexes", family="af3", names=names, verify=verify)
     else:
+        from fold_data.af3 import ChainFilters
+
         ccd = ccd or make_ccd()
+        if isinstance(chain_filters, str):
+            if chain_filters != "af3":
+                raise ValueError(f"chain_filters {chain_filters!r}: expected 'af3', a "
+                                 "ChainFilters or None")
+            chain_filters = ChainFilters()
         entries = {}
         records, infos = [], {}
         previous = read_sampling_index(cache_dir)
@@ -217,7 +247,7 @@ def open_af3_cache(
             try:
                 with use_limits(limits):
                     built = _build_entry(cache, path, name, Path(data_dir), ccd,
-                                         previous.get(name))
+                                         previous.get(name), chain_filters)
             except InputError as e:
                 print(f"fold-train: skipping complex {name}: {str(e).splitlines()[0]}")
                 records.append({"name": name, "status": "failed", "error": str(e)})
@@ -234,8 +264,14 @@ def open_af3_cache(
         if entries:
             cache.write_index(entries)
             _write_sampling_index(cache.root, infos)
+        summary = _filter_summary(records) if chain_filters is not None else None
+        for line in summary or []:
+            print(f"fold-train: AF3 training filter {line}")
         atomic_write_bytes(cache.root / REPORT_NAME,
-                           json.dumps({"data_dir": os.fspath(data_dir), "entries": records},
+                           json.dumps({"data_dir": os.fspath(data_dir),
+                                       "chain_filters": (chain_filters.params()
+                                                         if chain_filters is not None else None),
+                                       "filters": summary, "entries": records},
                                       indent=1).encode())
     out = sorted(entries.items())
     if not out:
@@ -243,6 +279,25 @@ def open_af3_cache(
         raise InputError(where, None, "expected at least one usable AF3 complex (none was "
                                       "featurised)")
     return out
+
+
+def _filter_summary(records: list[dict]) -> list[str]:
+    """One line per AF3 training filter (:data:`fold_data.af3.filters.CHAIN_FILTERS`, then the
+    atom counts of the tokenizer's :data:`~fold_data.af3.filters.ATOM_FILTERS`) over the
+    entries of the report: what it removed and where."""
+    from fold_data.af3.filters import ATOM_FILTERS, CHAIN_FILTERS
+
+    done = [r for r in records if r.get("filters")]
+    lines = []
+    for f in CHAIN_FILTERS:
+        hits = [f"{r['name']}/{c['chain_id']}" for r in done for c in r["filters"].get(f, [])]
+        shown = ", ".join(hits[:8]) + (f", ... ({len(hits) - 8} more)" if len(hits) > 8 else "")
+        lines.append(f"{f}: {len(hits)} chain{'s' * (len(hits) != 1)} removed"
+                     + (f" ({shown})" if hits else ""))
+    for f in ATOM_FILTERS:
+        n = sum(int(r["filters"].get(f, 0)) for r in done)
+        lines.append(f"{f}: {n} resolved atom{'s' * (n != 1)} not featurised")
+    return lines
 
 
 def _write_sampling_index(root: Path, infos: dict[str, dict]) -> None:

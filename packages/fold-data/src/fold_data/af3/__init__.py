@@ -28,6 +28,8 @@ _EXPORTS = {
     "default_ccd": ".ccd",
     "load_entry": ".features",
     "make_features": ".features",
+    "ChainFilters": ".filters",
+    "filter_chains": ".filters",
     "RDKitUnavailable": ".molecules",
     "Bond": ".parse",
     "Chain": ".parse",
@@ -57,6 +59,7 @@ __all__ = [
     "Bond",
     "Ccd",
     "Chain",
+    "ChainFilters",
     "ChemComp",
     "Entry",
     "af3_cache",
@@ -64,6 +67,7 @@ __all__ = [
     "af3_pipeline_version",
     "default_ccd",
     "fetch_af3_features",
+    "filter_chains",
     "get_preset",
     "load_entry",
     "make_features",
@@ -77,6 +81,7 @@ if TYPE_CHECKING:
     from .cache import af3_cache, af3_pipeline_version, fetch_af3_features
     from .ccd import Ccd, ChemComp, default_ccd
     from .features import load_entry, make_features
+    from .filters import ChainFilters, filter_chains
     from .molecules import RDKitUnavailable
     from .parse import Bond, Chain, Entry, parse_af3_json, parse_complex_mmcif, parse_fasta_entry
     from .presets import PRESETS, AF3DataPreset, get_preset

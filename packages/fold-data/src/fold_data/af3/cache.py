@@ -24,12 +24,13 @@ from fold_data.cache import CacheResult, FeatureCache
 
 if TYPE_CHECKING:  # the parsers (gemmi) load on a miss, not to read a built cache
     from .ccd import Ccd
+    from .filters import ChainFilters
     from .parse import Entry
 
 __all__ = ["AF3_PIPELINE_VERSION", "af3_cache", "af3_pipeline_version", "fetch_af3_features"]
 
 # Bump whenever make_features' output changes for the same inputs.
-AF3_PIPELINE_VERSION = "af3-raw-1"
+AF3_PIPELINE_VERSION = "af3-raw-2"  # 2: token_pseudo_beta_atom
 
 
 def af3_pipeline_version() -> str:
@@ -62,6 +63,7 @@ def fetch_af3_features(
     template_hits: Mapping[str, str | os.PathLike] | None = None,
     pairing_msa_paths: Mapping[str, str | os.PathLike] | None = None,
     entry: Entry | None = None,
+    chain_filters: ChainFilters | None = None,
     rebuild: bool = False,
     **kwargs: Any,
 ) -> CacheResult:
@@ -74,6 +76,9 @@ def fetch_af3_features(
     chain the pairing database hits (hashed; :func:`fold_data.af3.make_features`). ``entry``:
     ``source`` already parsed (the training directory reads it to find its alignments), so it
     is featurised without a second parse; the key is still over ``source``'s bytes.
+    ``chain_filters``: AF3's training filters (:func:`fold_data.af3.filters.filter_chains`)
+    applied to the entry before it is featurised, their settings part of the key (``entry``
+    may already be filtered by them: filtering again removes nothing more).
     """
     from .ccd import default_ccd
 
@@ -88,14 +93,20 @@ def fetch_af3_features(
         "msa_chains": sorted(msa_paths),
         "template_chains": sorted(template_hits),
         **({"pairing_chains": sorted(pairing)} if pairing else {}),
+        **({"chain_filters": chain_filters.params()} if chain_filters is not None else {}),
         **{k: (os.fspath(v) if isinstance(v, os.PathLike) else v)
            for k, v in kwargs.items() if k != "template_mmcif_dir"},
     }
 
     def build() -> dict[str, np.ndarray]:
-        from .features import make_features
+        from .features import load_entry, make_features
 
-        return make_features(entry if entry is not None else source, ccd=ccd,
+        parsed = entry if entry is not None else load_entry(source, ccd=ccd)
+        if chain_filters is not None:
+            from .filters import filter_chains
+
+            parsed = filter_chains(parsed, chain_filters, ccd).entry
+        return make_features(parsed, ccd=ccd,
                              msa_paths=msa_paths, template_hits=template_hits,
                              pairing_msa_paths=pairing, **kwargs)
 

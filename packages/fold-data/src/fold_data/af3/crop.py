@@ -188,7 +188,8 @@ def crop_features(raw: dict[str, np.ndarray], tokens: np.ndarray) -> dict[str, n
     for k in _COLUMN_KEYS:
         out[k] = raw[k][:, tokens]
     out["atom_to_token"] = new_token[raw["atom_to_token"][atoms]].astype(np.int32)
-    out["token_center_atom"] = new_atom[raw["token_center_atom"][tokens]].astype(np.int32)
+    for k in ("token_center_atom", "token_pseudo_beta_atom"):  # atom indices: remapped
+        out[k] = new_atom[raw[k][tokens]].astype(np.int32)
     bonds = new_atom[raw["atom_bonds"]]
     keep = (bonds >= 0).all(axis=1)
     out["atom_bonds"] = bonds[keep].astype(np.int32).reshape(-1, 2)

@@ -110,6 +110,7 @@ class Entry:
     resolution: float = 0.0
     release_date: str | None = None
     seeds: tuple[int, ...] = (0,)
+    methods: tuple[str, ...] = ()  # mmCIF _exptl.method, upper case ('X-RAY DIFFRACTION')
 
     def chain(self, chain_id: str) -> Chain:
         for c in self.chains:
@@ -548,8 +549,11 @@ def parse_complex_mmcif(path: str | os.PathLike, *, ccd: Ccd | None = None) -> E
         if len(ends) == 2 and ends[0] != ends[1]:
             bonds.append(Bond(ends[0], ends[1]))
     entry_id = gemmi.cif.as_string(block.find_value("_entry.id") or block.name).lower()
+    methods = tuple(dict.fromkeys(gemmi.cif.as_string(m).strip().upper()
+                                  for m in block.find_values("_exptl.method")))
     return Entry(name=entry_id, chains=chains, bonds=bonds, source=src,
-                 resolution=float(st.resolution or 0.0), release_date=dates[0] if dates else None)
+                 resolution=float(st.resolution or 0.0), release_date=dates[0] if dates else None,
+                 methods=methods)
 
 
 def _one_letter(code: str, kind: str, ccd: Ccd) -> str:

@@ -42,6 +42,8 @@ _TOKEN = (
     ("is_ligand", _I32, ("N_token",), "1 for tokens of ligand chains (CCD, SMILES, ions)"),
     ("is_atomized", _I32, ("N_token",), "1 for one-atom tokens (ligands, modified residues)"),
     ("token_center_atom", _I32, ("N_token",), "atom index of the centre (CA, C1', the atom)"),
+    ("token_pseudo_beta_atom", _I32, ("N_token",),
+     "atom index of the representative atom (CB / CA for GLY, C4 purines, C2 pyrimidines)"),
 )
 _ATOM = (
     ("ref_pos", _F32, ("N_atom", 3), "reference conformer positions, Angstrom"),

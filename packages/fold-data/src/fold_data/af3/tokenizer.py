@@ -2,9 +2,12 @@
 
 * One token per standard residue: the 20 amino acids and ``UNK``, RNA ``A C G U N``, DNA
   ``DA DC DG DT DN``; its atoms are the residue's heavy atoms; its centre atom is CA (protein)
-  or C1' (nucleic acids).
+  or C1' (nucleic acids); its representative ("pseudo-beta") atom, whose distances the
+  distogram and the confidence head's PDE and distance embedding use (supplement 4.3-4.4), is
+  CB (CA for glycine), C4 for purines, C2 for pyrimidines, C1' for ``N`` / ``DN``.
 * One token per heavy atom for everything else: ligands (CCD or SMILES), ions, glycans and
-  modified polymer residues (``5CM``, ``A23``, ``SEP``, ...); the atom is its own centre.
+  modified polymer residues (``5CM``, ``A23``, ``SEP``, ...); the atom is its own centre and
+  its own representative atom.
 
 Atoms come from the CCD entry of each residue (hydrogens dropped, CCD order), not from the
 structure: unresolved atoms are still there, with ``atom_resolved`` 0. A leaving atom is removed
@@ -37,6 +40,8 @@ __all__ = [
     "STANDARD_RESIDUES",
     "MAX_BOND_DISTANCE",
     "atom_name_from_chars",
+    "leaving_atoms",
+    "pseudo_beta_atom_name",
     "tokenize",
     "restype_of",
 ]
@@ -49,6 +54,7 @@ _PROTEIN_TYPES = {**{rc.restype_1to3[a]: i for a, i in rc.restype_order.items()}
 STANDARD_RESIDUES = {"protein": _PROTEIN_TYPES, "rna": _RNA_TYPES, "dna": _DNA_TYPES}
 _UNKNOWN = {"protein": UNK_PROTEIN, "rna": UNK_RNA, "dna": UNK_DNA}
 _CENTRE = {"protein": "CA", "rna": "C1'", "dna": "C1'"}
+_PURINES = frozenset({"A", "G", "DA", "DG"})
 _LINK = {"protein": ("C", "N"), "rna": ("O3'", "P"), "dna": ("O3'", "P")}
 MAX_BOND_DISTANCE = 2.4  # structure bonds longer than this are dropped (AF3 2.8, token_bonds)
 
@@ -62,6 +68,19 @@ def restype_of(code: str, mol_type: str, parent: str | None = None) -> int:
         if name in table:
             return table[name]
     return _UNKNOWN[mol_type]
+
+
+def pseudo_beta_atom_name(code: str, mol_type: str, atom_names) -> str:
+    """The representative atom of a standard residue token (AF3's code,
+    ``features.PseudoBetaInfo``; Protenix's ``distogram_rep_atom_mask``): CB, or CA where the
+    residue has no CB (glycine); C4 for the purines ``A G DA DG``, C2 for the pyrimidines
+    ``C U DC DT``. The unknown nucleotides ``N`` / ``DN`` have no base: C1' as Protenix (AF3's
+    code logs a warning and takes the token's first atom)."""
+    if mol_type == "protein":
+        return "CB" if "CB" in atom_names else "CA"
+    if code in ("N", "DN"):
+        return "C1'"
+    return "C4" if code in _PURINES else "C2"
 
 
 def _name_chars(name: str) -> list[int]:
@@ -107,6 +126,13 @@ def _leaving_atoms(bonds: list[Bond], entry: Entry, ccd: Ccd) -> dict[tuple[str,
     return out
 
 
+def leaving_atoms(entry: Entry, ccd: Ccd | None = None) -> dict[tuple[str, int], set[str]]:
+    """Per (chain ID, residue index) the leaving atoms :func:`tokenize` removes: heavy leaving
+    atoms hanging on an atom that forms a polymer link or one of the entry's bonds."""
+    ccd = (ccd or default_ccd()).with_text(entry.user_ccd)
+    return _leaving_atoms(_residue_bonds(entry, ccd) + list(entry.bonds), entry, ccd)
+
+
 def tokenize(
     entry: Entry, ccd: Ccd | None = None, *, seed: int = 0, max_attempts: int = 200
 ) -> dict[str, np.ndarray]:
@@ -124,7 +150,7 @@ def tokenize(
     atom_index: dict[tuple[str, int, str], int] = {}
     tok: dict[str, list] = {k: [] for k in (
         "residue_index", "asym_id", "entity_id", "sym_id", "restype", "is_protein", "is_rna",
-        "is_dna", "is_ligand", "token_center_atom", "is_atomized")}
+        "is_dna", "is_ligand", "token_center_atom", "token_pseudo_beta_atom", "is_atomized")}
     atom: dict[str, list] = {k: [] for k in (
         "ref_pos", "ref_mask", "ref_element", "ref_charge", "ref_atom_name_chars",
         "ref_space_uid", "ref_pos_source", "atom_to_token", "atom_positions", "atom_resolved")}
@@ -160,13 +186,20 @@ def tokenize(
             for t in range(n_tokens):
                 token = len(tok["restype"])
                 if standard:
+                    names = conf.atom_names
                     centre = _CENTRE[chain.mol_type]
-                    centre_k = conf.atom_names.index(centre) if centre in conf.atom_names else 0
-                    atom["atom_to_token"] += [token] * len(conf.atom_names)
+                    centre_k = names.index(centre) if centre in names else 0
+                    rep = pseudo_beta_atom_name(code, chain.mol_type, names)
+                    # every standard residue's CCD entry has its representative atom (never a
+                    # leaving atom); the centre is the fallback for a user CCD that lacks it
+                    rep_k = names.index(rep) if rep in names else centre_k
+                    atom["atom_to_token"] += [token] * len(names)
                     tok["token_center_atom"].append(first + centre_k)
+                    tok["token_pseudo_beta_atom"].append(first + rep_k)
                 else:
                     atom["atom_to_token"].append(token)
                     tok["token_center_atom"].append(first + t)
+                    tok["token_pseudo_beta_atom"].append(first + t)
                 tok["residue_index"].append(res)
                 tok["asym_id"].append(asym)
                 tok["entity_id"].append(chain.entity_id - 1)

@@ -104,7 +104,7 @@ def make_sample(
     out: dict[str, np.ndarray] = {}
     for k in ("residue_index", "token_index", "asym_id", "entity_id", "sym_id", "is_protein",
               "is_rna", "is_dna", "is_ligand", "is_atomized", "token_center_atom",
-              "deletion_mean"):
+              "token_pseudo_beta_atom", "deletion_mean"):
         out[k] = _pad(feats[k], (N_tok,))
     out["restype"] = _pad(feats["restype"], (N_tok,), GAP)
     out["token_mask"] = _pad(np.ones(n_tok, np.float32), (N_tok,))

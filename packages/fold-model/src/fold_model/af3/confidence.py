@@ -1,13 +1,15 @@
 """The AF3 confidence head (supplement 4.3, Alg. 31) and its losses.
 
-The head embeds the distances between the predicted token centre atoms into the (detached) trunk
-pair, runs a 4-block Pairformer and predicts per-atom pLDDT (50 bins) and experimentally resolved
-(2 bins) with one weight matrix per atom slot of a token, and per-pair PAE and PDE (64 bins of
-0.5 A). In training it sees the output of a mini-rollout of the sampler (no gradient), and its
-targets are computed from that prediction and the ground truth: per-atom lDDT against the token
-centre atoms, centre-atom distance errors, and aligned errors in each token's frame (N-CA-C for
-amino acids, C1'-C3'-C4' for nucleotides, the atom and its two nearest centre atoms of the same
-chain for ligands and other one-atom tokens).
+The head embeds the distances between the tokens' predicted representative atoms
+(``token_pseudo_beta_atom``: CB, CA for glycine, C4 / C2 for purines / pyrimidines, the atom of a
+one-atom token) into the (detached) trunk pair, runs a 4-block Pairformer and predicts per-atom
+pLDDT (50 bins) and experimentally resolved (2 bins) with one weight matrix per atom slot of a
+token, and per-pair PAE and PDE (64 bins of 0.5 A). In training it sees the output of a
+mini-rollout of the sampler (no gradient), and its targets are computed from that prediction and
+the ground truth: per-atom lDDT against the token centre atoms, representative-atom distance
+errors (PDE), and aligned errors of the centre atoms in each token's frame (N-CA-C for amino
+acids, C1'-C3'-C4' for nucleotides, the atom and its two nearest centre atoms of the same chain
+for ligands and other one-atom tokens).
 """
 
 from __future__ import annotations
@@ -49,7 +51,8 @@ def token_atom_index(atom_to_token: torch.Tensor, n_token: int) -> torch.Tensor:
 
 
 def _center_positions(x: torch.Tensor, center: torch.Tensor) -> torch.Tensor:
-    """``x [B, S, A, 3]`` at the token centre atoms ``[B, N]`` -> ``[B, S, N, 3]``."""
+    """``x [B, S, A, 3]`` at one atom per token ``[B, N]`` (centre or representative atoms)
+    -> ``[B, S, N, 3]``."""
     idx = center.long()[:, None, :, None].expand(-1, x.shape[1], -1, 3)
     return torch.gather(x, 2, idx)
 
@@ -164,13 +167,11 @@ class ConfidenceHead(nn.Module):
         S = x_pred.shape[1]
         z = z_trunk + self.linear_s_i(s_inputs).unsqueeze(-2)  # [B, N, N, C_z]
         z = z + self.linear_s_j(s_inputs).unsqueeze(-3)
-        # Distances between the tokens' representative atoms (AF3: the pseudo-beta atom, CB or
-        # CA for glycine; fold-data gives token_center_atom, CA, unless the batch has
-        # token_pseudo_beta_atom), one-hot in AF3's bins: lower edges
-        # linspace(min, max, no_bins), each bin open up to the next edge, the last unbounded.
-        rep = feats["token_pseudo_beta_atom" if "token_pseudo_beta_atom" in feats
-                    else "token_center_atom"]
-        centers = _center_positions(x_pred, rep)  # [B, S, N, 3]
+        # Distances between the tokens' representative atoms (AF3's pseudo-beta: CB, CA for
+        # glycine, C4 / C2 for purines / pyrimidines, the atom of a one-atom token), one-hot in
+        # AF3's bins: lower edges linspace(min, max, no_bins), each bin open up to the next
+        # edge, the last unbounded.
+        centers = _center_positions(x_pred, feats["token_pseudo_beta_atom"])  # [B, S, N, 3]
         d = torch.cdist(centers, centers)  # [B, S, N, N]
         lower = torch.linspace(c.distance_min_bin, c.distance_max_bin, c.distance_no_bins,
                                device=d.device, dtype=d.dtype)
@@ -301,15 +302,21 @@ def confidence_targets(
     plddt_mask = res[:, None].expand(-1, S, -1) * (pairf.sum(-1) > 0).float()
     c = cfg.confidence
     plddt_bin = _bin(atom_lddt * c.plddt_no_bins, c.plddt_no_bins)
-    # PDE: centre-atom distance errors.
-    pde = (torch.cdist(cp, cp) - torch.cdist(cg, cg)).abs()
+    # PDE: distance errors between the tokens' representative atoms (supplement 4.3.3; the
+    # distogram's pseudo-beta atoms, as Protenix's PDE loss).
+    rep = feats["token_pseudo_beta_atom"].long()  # [B, N]
+    rp, rg = _center_positions(x_pred, rep), _center_positions(gt, rep)  # [B, S, N, 3]
+    r_ok = torch.gather(res, 1, rep) * feats["token_mask"].float()  # [B, N]
+    pde = (torch.cdist(rp, rp) - torch.cdist(rg, rg)).abs()
     pde_bin = _bin(pde / (c.pde_max / c.pde_no_bins), c.pde_no_bins)
+    pde_mask = (r_ok[:, :, None] * r_ok[:, None, :])[:, None].expand(-1, S, -1, -1)
     pair_mask = (c_ok[:, :, None] * c_ok[:, None, :])[:, None].expand(-1, S, -1, -1)
     # A sample with non-finite coordinates (a diverged model) gets NaN masks: its loss is NaN,
     # which the trainer's non-finite guard skips, instead of targets binned from garbage.
     poison = torch.where(torch.isfinite(x_pred).all(-1).all(-1), 1.0, float("nan"))  # [B, S]
     plddt_mask = plddt_mask * poison[:, :, None]
     pair_mask = pair_mask * poison[:, :, None, None]
+    pde_mask = pde_mask * poison[:, :, None, None]
     # PAE: errors of centre atoms in each token's frame (ground-truth frame atoms must exist).
     frame, valid = token_frame_atoms(feats, x_gt)
     e = (_aligned_errors(x_pred, frame, center) - _aligned_errors(gt, frame, center)).norm(dim=-1)
@@ -317,7 +324,7 @@ def confidence_targets(
     pae_mask = pair_mask * valid.float()[:, None, :, None]
     return {
         "plddt": plddt_bin, "plddt_mask": plddt_mask,
-        "pde": pde_bin, "pde_mask": pair_mask,
+        "pde": pde_bin, "pde_mask": pde_mask,
         "pae": pae_bin, "pae_mask": pae_mask,
         "resolved": feats["atom_resolved"].long()[:, None].expand(-1, S, -1),
         "resolved_mask": feats["atom_mask"].float()[:, None].expand(-1, S, -1),

@@ -180,10 +180,12 @@ def distogram_loss(
     max_bin: float = 22.0,
 ) -> torch.Tensor:
     """Cross-entropy of the distogram head ``[B, N, N, no_bins]`` against the binned ground-truth
-    distances of the token centre atoms (section 4.4), mean over resolved token pairs ``[B]``."""
-    center = feats["token_center_atom"].long()
-    pos = torch.gather(feats["atom_positions"], 1, center[..., None].expand(-1, -1, 3))
-    ok = feats["atom_resolved"].gather(1, center) * feats["token_mask"]  # [B, N]
+    distances of the tokens' representative atoms (section 4.4: ``token_pseudo_beta_atom``, CB,
+    CA for glycine, C4 / C2 for purines / pyrimidines, the atom of a one-atom token), mean over
+    token pairs whose representative atoms are resolved ``[B]``."""
+    rep = feats["token_pseudo_beta_atom"].long()  # [B, N]
+    pos = torch.gather(feats["atom_positions"], 1, rep[..., None].expand(-1, -1, 3))
+    ok = feats["atom_resolved"].gather(1, rep) * feats["token_mask"]  # [B, N]
     no_bins = logits.shape[-1]
     edges = torch.linspace(min_bin, max_bin, no_bins - 1, device=logits.device)
     target = torch.bucketize(torch.cdist(pos.float(), pos.float()), edges)  # [B, N, N]
