@@ -42,3 +42,38 @@ def ligand_crop(raw: dict[str, np.ndarray], n_residues: int = 8) -> np.ndarray:
     centres = raw["atom_positions"][raw["token_center_atom"]]
     dist = np.linalg.norm(centres[protein] - centres[ligand].mean(0), axis=-1)
     return np.sort(np.concatenate([ligand, protein[np.argsort(dist)[:n_residues]]]))
+
+
+def noisy_tiny_af3(seed: int = 0):
+    """``(family, model)``: the tiny AF3 in eval mode with random weights everywhere (its
+    zero-initialised final layers perturbed too, so that pLDDT, the distogram, PAE and PDE
+    depend on the input)."""
+    import torch
+    from fold_train.config import apply_overrides, preset
+    from fold_train.families import make_family
+
+    torch.manual_seed(seed)
+    mc = apply_overrides(preset("af3_tiny"), []).model_config()
+    family = make_family("af3", mc)
+    model = family.build_model(mc)
+    gen = torch.Generator().manual_seed(11)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.05 * torch.randn(p.shape, generator=gen))
+    return family, model.eval()
+
+
+def fkbp_crop_batch() -> dict:
+    """A collated inference sample of FKBP51 + FK506 cropped around the ligand (67 tokens, 121
+    atoms, FK506 whole) with a hole in the MSA mask."""
+    needs_af3_demo()
+    from fold_data.af3 import Ccd, make_sample
+    from fold_data.af3.crop import crop_features
+    from fold_train.data import collate
+    from fold_train.predict_af3 import make_af3_inputs
+
+    _, raw = make_af3_inputs(INPUTS / "fkbp51_fk506.json", Ccd([CCD], use_biotite=False))
+    raw = crop_features(raw, ligand_crop(raw, 10))
+    out = collate([make_sample(raw, "af3_predict", seed=0)])
+    out["msa_mask"][..., 5:9] = 0
+    return out

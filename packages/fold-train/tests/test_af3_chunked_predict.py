@@ -17,12 +17,10 @@ import gemmi
 import numpy as np
 import pytest
 import torch
-from _af3_helpers import CCD, INPUTS, ligand_crop, needs_af3_demo
+from _af3_helpers import CCD, INPUTS, fkbp_crop_batch, needs_af3_demo, noisy_tiny_af3
 from fold_train.checkpoint import save_checkpoint
 from fold_train.cli import main
 from fold_train.config import apply_overrides, preset
-from fold_train.data import collate
-from fold_train.families import make_family
 from fold_train.loop import CHECKPOINT_FORMAT
 from fold_train.parallelize import Techniques, parallelize
 from fold_train.predict_graphs import AF3Predictor
@@ -33,31 +31,12 @@ RUN = dict(no_cycles=2, no_samples=3, no_steps=3)
 
 
 def _model(seed: int = 0):
-    """The tiny AF3 with random weights everywhere (zero-initialised final layers too, so that
-    pLDDT and the distogram depend on the input)."""
-    torch.manual_seed(seed)
-    mc = apply_overrides(preset("af3_tiny"), []).model_config()
-    family = make_family("af3", mc)
-    model = family.build_model(mc)
-    gen = torch.Generator().manual_seed(11)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(0.05 * torch.randn(p.shape, generator=gen))
-    return family, model.eval()
+    return noisy_tiny_af3(seed)
 
 
 @pytest.fixture(scope="module")
 def batch():
-    needs_af3_demo()
-    from fold_data.af3 import Ccd, make_sample
-    from fold_data.af3.crop import crop_features
-    from fold_train.predict_af3 import make_af3_inputs
-
-    _, raw = make_af3_inputs(INPUTS / "fkbp51_fk506.json", Ccd([CCD], use_biotite=False))
-    raw = crop_features(raw, ligand_crop(raw, 10))  # 67 tokens, 121 atoms (FK506 whole)
-    out = collate([make_sample(raw, "af3_predict", seed=0)])
-    out["msa_mask"][..., 5:9] = 0  # a hole in the MSA mask
-    return out
+    return fkbp_crop_batch()
 
 
 def _predict(batch, techniques: Techniques | None = None, budgets: dict | None = None,

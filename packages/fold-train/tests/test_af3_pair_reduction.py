@@ -20,12 +20,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from _af3_helpers import CCD, INPUTS, ligand_crop, needs_af3_demo
+from _af3_helpers import fkbp_crop_batch, noisy_tiny_af3
 from fold_model.af3 import config
 from fold_train.buckets import BucketPolicy
-from fold_train.config import apply_overrides, preset
-from fold_train.data import collate
-from fold_train.families import make_family
 from fold_train.parallelize import Techniques, parallelize
 from fold_train.predict_graphs import (
     PAIR_REDUCED,
@@ -88,32 +85,13 @@ def test_reductions_follow_af3_pair_by_pair():
                                        err_msg=k)
 
 
-def _model():
-    """The tiny AF3 with random weights everywhere (zero-initialised final layers too, so that
-    the PAE and PDE depend on the input)."""
-    torch.manual_seed(0)
-    mc = apply_overrides(preset("af3_tiny"), []).model_config()
-    family = make_family("af3", mc)
-    model = family.build_model(mc)
-    gen = torch.Generator().manual_seed(11)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(0.05 * torch.randn(p.shape, generator=gen))
-    return family, model.eval()
+def _model(seed: int = 0):
+    return noisy_tiny_af3(seed)
 
 
 @pytest.fixture(scope="module")
 def batch():
-    needs_af3_demo()
-    from fold_data.af3 import Ccd, make_sample
-    from fold_data.af3.crop import crop_features
-    from fold_train.predict_af3 import make_af3_inputs
-
-    _, raw = make_af3_inputs(INPUTS / "fkbp51_fk506.json", Ccd([CCD], use_biotite=False))
-    raw = crop_features(raw, ligand_crop(raw, 10))  # 67 tokens, 121 atoms (FK506 whole)
-    out = collate([make_sample(raw, "af3_predict", seed=0)])
-    out["msa_mask"][..., 5:9] = 0  # a hole in the MSA mask
-    return out
+    return fkbp_crop_batch()
 
 
 def _predict(batch, techniques: Techniques | None, in_head: bool, policy=None):

@@ -153,9 +153,11 @@ def _build_entry(cache, path: Path, name: str, data_dir: Path, ccd: Ccd,
     entry = None
     if (prev is not None and prev.get("source_stat") == stat and "alignment_chains" in prev
             and prev.get("chain_filters") == settings):
-        stub = Entry(name, [Chain(cid, 0, kind, [], sequence=seq, author_id=author)
-                            for cid, author, kind, seq in prev["alignment_chains"]],
-                     release_date=prev["release_date"])
+        # the chains' sequences from the index: enough to find their alignments without
+        # parsing the mmCIF again
+        for_alignments = Entry(name, [Chain(cid, 0, kind, [], sequence=seq, author_id=author)
+                                   for cid, author, kind, seq in prev["alignment_chains"]],
+                            release_date=prev["release_date"])
         filtered = prev.get("filtered")
     else:
         entry = load_entry(path, ccd=ccd)
@@ -163,13 +165,13 @@ def _build_entry(cache, path: Path, name: str, data_dir: Path, ccd: Ccd,
         if chain_filters is not None:  # AF3 2.5.4: removed chains are never featurised
             result = filter_chains(entry, chain_filters, ccd)
             entry, filtered = result.entry, result.report()
-        stub = entry
+        for_alignments = entry
     align_root = data_dir / "alignments"
-    found = entry_alignments(stub, align_root if align_root.is_dir() else None, name=name)
+    found = entry_alignments(for_alignments, align_root if align_root.is_dir() else None, name=name)
     kwargs = {}
     if found.template_hits:
         kwargs = {"template_mmcif_dir": [os.fspath(d) for d in template_mmcif_dirs(data_dir)],
-                  "max_template_date": _day_before(stub.release_date)}
+                  "max_template_date": _day_before(for_alignments.release_date)}
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", InputWarning)
         result = fetch_af3_features(cache, path, ccd=ccd, entry=entry,
@@ -201,7 +203,7 @@ def _build_entry(cache, path: Path, name: str, data_dir: Path, ccd: Ccd,
     info["chain_filters"] = settings
     info["filtered"] = filtered
     info["alignment_chains"] = [[c.chain_id, c.author_id, c.mol_type, c.sequence]
-                                for c in stub.chains if c.is_polymer]
+                                for c in for_alignments.chains if c.is_polymer]
     return {"report": record, "info": info}
 
 

@@ -23,7 +23,8 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
-__all__ = ["AUTO", "AutoChunkedStack", "available_memory", "enable_autochunk",
+__all__ = ["AUTO", "AutoChunkedStack", "autochunk_summary", "available_memory",
+           "enable_autochunk",
            "parse_memory_budget"]
 
 AUTO = "auto"
@@ -140,3 +141,14 @@ def enable_autochunk(model: nn.Module, memory_budget: Budget, *, min_chunk: int 
     if not wrappers:
         raise ValueError(f"{type(model).__name__} has no {' / '.join(names)} to chunk")
     return wrappers
+
+
+def autochunk_summary(autochunked: dict) -> dict:
+    """``{stack: {budget, estimated peaks, regions}}`` of the AutoChunk plans in
+    ``Parallelized.autochunked`` (a stack's plan is made on its first call: an unplanned stack
+    is left out), for a prediction's printed summary."""
+    return {stack: {"budget_bytes": w.report.memory_budget,
+                    "estimated_peak_before": w.report.estimated_peak_before,
+                    "estimated_peak_after": w.report.simulated_peak_after,
+                    "regions": len(w.report.regions)}
+            for stack, w in autochunked.items() if w.report is not None}

@@ -197,12 +197,9 @@ class AF2Runner:
         if top.ptm is not None:  # pTM models (AF2's _ptm)
             summary.update(ptm=top.ptm, mean_pae=float(top.pae.mean()), max_pae=top.max_pae)
         if self.done.autochunked:
-            summary["autochunk"] = {
-                stack: {"budget_bytes": w.report.memory_budget,
-                        "estimated_peak_before": w.report.estimated_peak_before,
-                        "estimated_peak_after": w.report.simulated_peak_after,
-                        "regions": len(w.report.regions)}
-                for stack, w in self.done.autochunked.items()}
+            from fold_train.autochunk import autochunk_summary
+
+            summary["autochunk"] = autochunk_summary(self.done.autochunked)
         if has_truth:
             summary.update(score_against_truth(top, raw))
         return summary

@@ -462,12 +462,9 @@ class AF3Runner:
         the stack's first call)."""
         out: dict = {"chunk_size": self.chunk_size, "sample_group": self.sample_group}
         if self.done.autochunked:
-            out["autochunk"] = {
-                stack: {"budget_bytes": w.report.memory_budget,
-                        "estimated_peak_before": w.report.estimated_peak_before,
-                        "estimated_peak_after": w.report.simulated_peak_after,
-                        "regions": len(w.report.regions)}
-                for stack, w in self.done.autochunked.items() if w.report is not None}
+            from fold_train.autochunk import autochunk_summary
+
+            out["autochunk"] = autochunk_summary(self.done.autochunked)
         return out
 
 
