@@ -1,13 +1,18 @@
-"""Whether a feature's values may be read on the host at this point of a forward, and what a
-memory plan knows of them when they may not.
+"""Feature values on the host for inference shortcuts, without a device read where one must not
+happen.
 
-Inference shortcuts that look at feature values (e.g. "no template is present: skip the template
-stack") need a host read. That read is not allowed, or would bake one input's values into
-something meant for every input, while a CUDA graph is captured (the graph must hold both
-branches' work: it is replayed for other inputs of the same shape) or while torch.compile traces;
-on FakeTensors (``fold-train predict --dry-run`` plans memory without values) it is impossible.
-The planner knows the real batch, so it states the few facts the shortcuts need with
-:func:`known_any`; without them the full path runs (an upper bound)."""
+Some inference shortcuts look at feature values: "no template is present: skip the template
+stack", "template slot k is empty in every batch entry: skip it". Reading a device tensor's
+values synchronizes the host with the device (prediction is kept free of that), is not allowed
+while a CUDA graph is captured (and would bake one input's values into a graph replayed for
+others), is not possible while torch.compile traces, and is impossible on FakeTensors
+(``fold-train predict --dry-run`` plans memory without values).
+
+So the caller that has the values states what the shortcuts need with :func:`known_slots` (the
+predictors, once per prediction, keying their CUDA graphs by it; the dry run, from the real
+batch), and the model asks :func:`slots_present`. Without a stated value the model reads the
+tensor when that is allowed (eval-mode use of the module on its own), else takes the full path
+(an upper bound of time and memory, the same numbers)."""
 
 from __future__ import annotations
 
@@ -17,14 +22,15 @@ from collections.abc import Iterator
 
 import torch
 
-__all__ = ["values_readable", "any_true", "known_any"]
+__all__ = ["values_readable", "slot_presence", "slots_present", "known_slots"]
 
-_KNOWN: contextvars.ContextVar[dict[str, bool] | None] = contextvars.ContextVar(
-    "fold_known_any", default=None)
+# feature name -> per slot of its last dim, whether any entry is set (stated by the caller)
+_KNOWN: contextvars.ContextVar[dict[str, tuple[bool, ...]] | None] = contextvars.ContextVar(
+    "fold_known_slots", default=None)
 
 
 def values_readable(t: torch.Tensor) -> bool:
-    """True when ``bool(t.any())`` and the like may run now (module docstring)."""
+    """True when ``t``'s values may be read now (module docstring)."""
     from torch._subclasses.fake_tensor import is_fake
 
     if is_fake(t) or torch.compiler.is_compiling():
@@ -32,19 +38,28 @@ def values_readable(t: torch.Tensor) -> bool:
     return not (t.is_cuda and torch.cuda.is_current_stream_capturing())
 
 
-def any_true(name: str, t: torch.Tensor) -> bool | None:
-    """``bool(t.any())`` of the feature ``name`` when its values are readable, else what
-    :func:`known_any` states for ``name``, else None (unknown: take the full path)."""
-    if values_readable(t):
-        return bool(t.any())
-    return (_KNOWN.get() or {}).get(name)
+def slot_presence(mask: torch.Tensor) -> tuple[bool, ...]:
+    """``mask [..., T]`` (readable values) -> per slot of the last dim, whether any entry of
+    the leading dims is set (one host read)."""
+    flat = mask.detach().reshape(-1, mask.shape[-1]) if mask.dim() else mask.reshape(1, 1)
+    return tuple(bool(x) for x in (flat != 0).any(0).tolist())
+
+
+def slots_present(name: str, mask: torch.Tensor) -> tuple[bool, ...] | None:
+    """Per slot of feature ``name``'s last dim (``mask`` is its tensor here), whether any
+    entry is set: as stated by :func:`known_slots`, else read from ``mask`` when readable,
+    else None (unknown: take the full path). A stated tuple may be shorter than the slots
+    here (padded slots are empty)."""
+    known = (_KNOWN.get() or {}).get(name)
+    if known is not None:
+        return known
+    return slot_presence(mask) if values_readable(mask) else None
 
 
 @contextlib.contextmanager
-def known_any(facts: dict[str, bool]) -> Iterator[None]:
-    """Within the block, :func:`any_true` answers ``facts[name]`` for features whose values it
-    cannot read (a dry run on FakeTensors of a real batch)."""
-    token = _KNOWN.set({**(_KNOWN.get() or {}), **facts})
+def known_slots(values: dict[str, tuple[bool, ...]]) -> Iterator[None]:
+    """Within the block, :func:`slots_present` answers ``values[name]``."""
+    token = _KNOWN.set({**(_KNOWN.get() or {}), **values})
     try:
         yield
     finally:

@@ -13,7 +13,7 @@ from fold_model.af2.embedders import (
     distogram_one_hot,
 )
 from fold_model.geometry import rigid_from_3_points
-from fold_model.host_values import any_true, values_readable
+from fold_model.host_values import slots_present
 from fold_model.layers import (
     Attention,
     BlockStack,
@@ -251,14 +251,14 @@ class TemplateEmbedder(nn.Module):
 
         templ_dim = feats["template_mask"].dim() - 1  # features are [*, N_templ, ...]
         n_templ = feats["template_mask"].shape[-1]
-        if not (self.one_template_at_a_time and not torch.is_grad_enabled() and n_templ > 1):
+        inference = not self.training and not torch.is_grad_enabled()
+        if not (self.one_template_at_a_time and inference and n_templ > 1):
             return stack(feats)
-        mask = feats["template_mask"]
-        readable = values_readable(mask)
+        present = slots_present("template_mask", feats["template_mask"])
         t = None
         for k in range(n_templ):
             one = {name: v.narrow(templ_dim, k, 1) for name, v in feats.items()}
-            if readable and not bool(one["template_mask"].any()):
+            if present is not None and not (k < len(present) and present[k]):  # (padding slots)
                 # absent in every batch entry: the pointwise attention masks it out
                 if t is not None:
                     t.narrow(templ_dim, k, 1).zero_()
@@ -276,7 +276,10 @@ class TemplateEmbedder(nn.Module):
         self, feats: dict[str, torch.Tensor], z: torch.Tensor, pair_mask: torch.Tensor
     ) -> dict[str, torch.Tensor]:
         template_mask = feats["template_mask"].to(z.dtype)  # [*, N_templ]
-        if not torch.is_grad_enabled() and any_true("template_mask", template_mask) is False:
+        present = None
+        if not self.training and not torch.is_grad_enabled():  # inference shortcuts
+            present = slots_present("template_mask", template_mask)
+        if present is not None and not any(present):
             # Inference, no template present: the update below would be dropped, so the pair
             # stack is skipped (a zero view: no [N_res, N_res, C_z] buffer).
             dz = z.new_zeros(()).expand(z.shape)

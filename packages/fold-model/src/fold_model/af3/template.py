@@ -14,7 +14,7 @@ from torch import nn
 
 from fold_model.af3.pairformer import PairUpdates
 from fold_model.geometry import rigid_from_3_points
-from fold_model.host_values import any_true, values_readable
+from fold_model.host_values import slots_present
 from fold_model.layers import BlockStack, LayerNorm, Linear
 from fold_model.seams import IDENTITY_COMM, AxialComm
 
@@ -127,9 +127,9 @@ class TemplateEmbedder(BlockStack):
         self, feats: dict[str, torch.Tensor], z: torch.Tensor, pair_mask: torch.Tensor
     ) -> torch.Tensor:
         t_mask = feats["template_mask"].to(z.dtype)  # [*, T]
-        inference = not torch.is_grad_enabled()
-        readable = inference and values_readable(t_mask)
-        if inference and any_true("template_mask", t_mask) is False:
+        inference = not self.training and not torch.is_grad_enabled()
+        present = slots_present("template_mask", t_mask) if inference else None
+        if present is not None and not any(present):
             # Inference, no template present: u = 0 and the output linear has no bias, so the
             # update is exactly 0 (a zero view: no [N, N, C_z] buffer).
             return z.new_zeros(()).expand(z.shape)
@@ -144,9 +144,9 @@ class TemplateEmbedder(BlockStack):
             for k in range(n_templ):
                 one = {name: (f.narrow(templ_dim, k, 1) if name.startswith("template_") else f)
                        for name, f in feats.items()}
-                mask_k = t_mask.narrow(-1, k, 1)
-                if readable and not bool(mask_k.any()):
+                if present is not None and not (k < len(present) and present[k]):  # (padding slots)
                     continue
+                mask_k = t_mask.narrow(-1, k, 1)
                 u_k = self._template_sum(one, v_z, pair_mask, mask_k)
                 u = u_k if u is None else u.add_(u_k)
             assert u is not None  # a present template (all absent returned above)
