@@ -109,8 +109,9 @@ def test_chunked_inference_memory():
     """The long-input path's memory: an Evoformer block (AF2 order) chunked at inference peaks
     at least one pair tensor lower with in-place residuals than with out-of-place ones, and a
     chunked triangle multiplication never holds the four projections [4c, N, N] at once."""
-    from fold_chunk import measure_peak_memory
     import importlib
+
+    from fold_chunk import measure_peak_memory
 
     pair_stack_module = importlib.import_module("fold_model.layers.pair_stack")
 
