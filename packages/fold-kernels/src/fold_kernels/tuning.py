@@ -113,7 +113,7 @@ def attention_configs(kernel: str, name: str, head_dim: int) -> list[Config]:
 @functools.cache
 def _attention_configs(kernel: str, name: str, head_dim: int) -> tuple[Config, ...]:
     """Candidates for the EvoAttention kernels (``fwd``, ``dkdv``, ``dkdv_atomic``, ``dq``,
-    ``dbias``).
+    ``dbias``; ``dkdv_dq`` and ``dkdv_atomic_dq``: dK/dV adding dQ by atomics too).
 
     Tuples are (block_m, block_n, num_warps, num_stages, rows[, transpose]); the first is the
     default. The dK/dV kernels have query-major and key-major (``transpose``) candidates.
@@ -124,8 +124,12 @@ def _attention_configs(kernel: str, name: str, head_dim: int) -> tuple[Config, .
         return (Config(16, 16, 1, 1, rows=1 if kernel == "dbias" else 2,
                        transpose=kernel.startswith("dkdv")),)
     table = {
+        # larger query tiles (128: FlexAttention's choice at small head dims) and deeper
+        # pipelines amortise the per-tile row statistics over more keys
         "fwd": [(64, 32, 4, 3, 1), (64, 32, 2, 3, 1), (64, 64, 4, 3, 1), (32, 32, 2, 3, 1),
-                (64, 32, 4, 3, 2)],
+                (64, 32, 4, 3, 2), (128, 64, 4, 3, 1), (128, 64, 8, 3, 1), (128, 128, 8, 3, 1),
+                (128, 32, 4, 4, 1), (64, 64, 4, 4, 2), (128, 64, 8, 3, 2), (64, 128, 4, 3, 1),
+                (128, 128, 4, 3, 1)],
         "dkdv": [(32, 128, 4, 3, 1), (64, 128, 4, 3, 1), (64, 64, 4, 3, 1), (64, 64, 4, 3, 2),
                  (32, 64, 2, 3, 1), (32, 128, 4, 3, 2)],
         # dK/dV with the bias gradient added by atomics (FOLD_EVO_DBIAS=atomic); the first
@@ -133,6 +137,13 @@ def _attention_configs(kernel: str, name: str, head_dim: int) -> tuple[Config, .
         "dkdv_atomic": [(32, 128, 4, 3, 1), (64, 64, 4, 3, 2), (64, 64, 4, 3, 1),
                         (64, 128, 4, 3, 1), (32, 64, 2, 3, 2), (32, 128, 4, 3, 2),
                         (128, 64, 8, 3, 2)],
+        # dK/dV adding dQ by atomics as well (FOLD_EVO_DQ=atomic): wide key blocks mean fewer
+        # dQ atomics (R H N D N/BLOCK_N); the first fits every dtype and head dim
+        "dkdv_dq": [(32, 128, 4, 3, 1), (64, 64, 4, 3, 2), (64, 64, 4, 3, 1), (64, 128, 4, 3, 1),
+                    (64, 128, 8, 3, 1), (128, 128, 8, 3, 1), (32, 128, 4, 3, 2)],
+        "dkdv_atomic_dq": [(32, 128, 4, 3, 1), (64, 64, 4, 3, 2), (64, 64, 4, 3, 1),
+                           (64, 128, 4, 3, 1), (64, 128, 8, 3, 1), (128, 128, 8, 3, 1),
+                           (32, 128, 4, 3, 2), (128, 64, 8, 3, 2)],
         "dq": [(64, 32, 4, 3, 2), (64, 32, 4, 3, 1), (64, 64, 4, 3, 1), (64, 32, 2, 3, 2),
                (32, 32, 2, 3, 2)],
         "dbias": [(64, 32, 4, 3, 1), (64, 64, 4, 3, 1), (64, 128, 4, 2, 1), (128, 128, 8, 2, 1),
