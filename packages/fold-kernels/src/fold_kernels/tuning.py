@@ -158,6 +158,10 @@ def _attention_configs(kernel: str, name: str, head_dim: int) -> tuple[Config, .
         table = [*table[:1], (32, 128, 4, 3, 1, True), (64, 64, 4, 3, 2, True),
                  (64, 128, 4, 3, 1, True), (64, 64, 4, 3, 1, True), (128, 64, 8, 3, 2, True),
                  (64, 128, 8, 3, 2, True), *table[1:]]
+        if kernel.endswith("_dq"):
+            # dQ's atomics scale with N / BLOCK_N: 256-key blocks halve them (8 warps hold the
+            # [256, D] dK/dV accumulators)
+            table += [(32, 256, 8, 3, 1, True), (64, 256, 8, 2, 1, True)]
     for bm, bn, w, s, rows, *t in table:
         if head_dim > 64 and bm * bn > 8192:
             continue  # large head dims: keep register pressure in check
