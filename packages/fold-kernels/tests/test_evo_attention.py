@@ -132,7 +132,7 @@ def test_auto_modes_follow_torch_determinism(monkeypatch, request, det):
     monkeypatch.setenv("FOLD_EVO_DBIAS", "pass")
     monkeypatch.setenv("FOLD_EVO_DQ", "pass")
     assert dbias_mode() == "pass" and dq_mode() == "pass"
-    monkeypatch.setenv("FOLD_EVO_DQ", "atomic")
+    monkeypatch.setenv("FOLD_EVO_DQ", "pass" if kernel == "dq" else "atomic")
     assert dq_mode() == "atomic"
 
 
@@ -432,7 +432,7 @@ def test_dq_mode_picks_the_kernels(monkeypatch, dq):
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="launch candidates need a GPU")
 @pytest.mark.parametrize("kernel,d", [("fwd", 32), ("fwd", 8), ("dkdv_atomic_dq", 32),
-                                      ("dkdv_atomic_dq", 8), ("dkdv_dq", 32)])
+                                      ("dkdv_atomic_dq", 8), ("dkdv_dq", 32), ("dq", 32)])
 def test_every_launch_candidate_matches_reference(monkeypatch, kernel, d):
     """Each tuner candidate of the forward and of the dK/dV(+dQ) pass (tiles, warps, stages,
     one or two rows, query- or key-major), not only the default the other tests run on a GPU:
@@ -445,7 +445,7 @@ def test_every_launch_candidate_matches_reference(monkeypatch, kernel, d):
 
     mod = importlib.import_module("fold_kernels.evo_attention")
     monkeypatch.setenv("FOLD_EVO_DBIAS", "atomic" if "atomic" in kernel else "pass")
-    monkeypatch.setenv("FOLD_EVO_DQ", "atomic")
+    monkeypatch.setenv("FOLD_EVO_DQ", "pass" if kernel == "dq" else "atomic")
     monkeypatch.setenv("FOLD_EVO_DKDV", "auto")
     cands = tuning._attention_configs(kernel, tuning.arch(), d)
     assert len(cands) > 1
