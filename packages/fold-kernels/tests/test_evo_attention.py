@@ -132,7 +132,7 @@ def test_auto_modes_follow_torch_determinism(monkeypatch, request, det):
     monkeypatch.setenv("FOLD_EVO_DBIAS", "pass")
     monkeypatch.setenv("FOLD_EVO_DQ", "pass")
     assert dbias_mode() == "pass" and dq_mode() == "pass"
-    monkeypatch.setenv("FOLD_EVO_DQ", "pass" if kernel == "dq" else "atomic")
+    monkeypatch.setenv("FOLD_EVO_DQ", "atomic")
     assert dq_mode() == "atomic"
 
 
