@@ -146,8 +146,8 @@ def make_ours(dbias_mode, dkdv_tiles, dq_mode):
 # ours_qpass: the kernels before key-major dK/dV tiles and atomic dbias (query-major tiles, the
 # separate deterministic dbias pass); ours_pass: the tuner's pick of query- or key-major tiles,
 # deterministic dbias and dQ (the default under torch.use_deterministic_algorithms); ours_atomic:
-# the same with the bias gradient by atomics, dQ by its own pass; ours_fused: dQ by atomics in
-# the dK/dV pass too (FOLD_EVO_DQ=atomic, the default)
+# the same with the bias gradient by atomics, dQ by its own pass (the default from head dim 16
+# up); ours_fused: dQ by atomics in the dK/dV pass too (FOLD_EVO_DQ=atomic, the default under 16)
 OURS = {"ours_qpass": ("pass", "query", "pass"), "ours_pass": ("pass", "auto", "pass"),
         "ours_atomic": ("atomic", "auto", "pass"), "ours_fused": ("atomic", "auto", "atomic")}
 

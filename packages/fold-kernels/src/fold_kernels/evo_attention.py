@@ -18,10 +18,10 @@ Kernels (MegaFold III, FlashAttention-2), each program one tile of one or two ro
   on query-major tiles or key-major ones (S^T = K Q^T, no register transposes of P and dS;
   a tuning choice, ``FOLD_EVO_DKDV``).
 * ``_bwd_dq``   grid (N/BLOCK_M, R/rows, B*H): dQ of one query block, looping over key blocks
-  (``FOLD_EVO_DQ=pass``, deterministic). With ``FOLD_EVO_DQ=atomic`` (the default unless
-  torch's deterministic mode is on) there is no ``_bwd_dq``: ``_bwd_dkdv`` adds each tile's
-  ``dS K`` into an fp32 dQ with atomics, so the logits are rebuilt once, not twice, per
-  backward. See :func:`dq_mode`.
+  (``FOLD_EVO_DQ=pass``, deterministic). With ``FOLD_EVO_DQ=atomic`` (the default for head
+  dims under 16 unless torch's deterministic mode is on) there is no ``_bwd_dq``:
+  ``_bwd_dkdv`` adds each tile's ``dS K`` into an fp32 dQ with atomics, so the logits are
+  rebuilt once, not twice, per backward. See :func:`dq_mode`.
 * ``_bwd_dbias`` grid (N/BLOCK_N * splits, N/BLOCK_M, H * B_bias): one bias tile; the program
   loops over the R rows (and batch entries that share the bias), adding the dS tiles in
   registers, and stores the tile once. No atomics, so the result is deterministic; with
@@ -825,7 +825,7 @@ def _backward(dy, q, k, v, gate, gate_bias, o_pre, lse, lp: _Launch, need_dbias:
                if atomic else dummy)
     sdbb = lp.H * lp.N * lp.N if lp.Bb > 1 else 0
     # dq_mode() "atomic": dK/dV's pass also adds dQ into a dense fp32 [B, R, H, N, D] buffer
-    dq_atomic = dq_mode() == "atomic"
+    dq_atomic = dq_mode(lp.D) == "atomic"
     dq32 = (torch.empty((lp.B, lp.R, lp.H, lp.N, lp.D), device=q.device, dtype=torch.float32)
             if dq_atomic else dummy)
 
@@ -922,20 +922,26 @@ def _parse_dq_mode(value: str | None) -> str:
 _DQ_MODE = EnvVar("FOLD_EVO_DQ", _parse_dq_mode)
 
 
-def dq_mode() -> str:
-    """How the backward computes dQ (``FOLD_EVO_DQ``):
+def dq_mode(head_dim: int) -> str:
+    """How the backward computes dQ for heads of ``head_dim`` (``FOLD_EVO_DQ``):
 
     * ``pass``: :func:`_bwd_dq`, one program per query block looping over the keys
       (deterministic; recomputes S, P and dP a second time);
-    * ``atomic``: dK/dV's pass adds each tile's ``dS K`` into an fp32 buffer with atomics, as
-      FlashAttention-2's original kernel and FlexAttention do (one recomputation fewer; the
-      summation order, so the last bits of dQ, vary from run to run);
-    * ``auto`` (default): ``pass`` under ``torch.use_deterministic_algorithms(True)``, else
-      ``atomic``, as :func:`dbias_mode`.
+    * ``atomic``: dK/dV's pass adds each tile's ``dS K`` into an fp32 ``[B, R, H, N, D]``
+      buffer with atomics, as FlashAttention-2's original kernel does (one recomputation fewer,
+      a zeroed buffer and a copy more; the summation order, so the last bits of dQ, vary);
+    * ``auto`` (default): ``pass`` under ``torch.use_deterministic_algorithms(True)``; else
+      ``atomic`` for head dims under 16 and ``pass`` from 16 up. Measured on an H100 (bf16,
+      benchmarks/results/kernels/kernels_attention_dq.md): at D 8 (extra MSA) ``atomic`` is
+      7-8% faster forward+backward; at D 32 the dQ atomics cost as much as the pass they
+      replace (up to 6% slower from N 256 to 768, within 2% at 1536) and the fp32 buffer adds
+      R H N D x 4 bytes.
     """
     mode = _DQ_MODE.get()
     if mode == "auto":
-        return "pass" if torch.are_deterministic_algorithms_enabled() else "atomic"
+        if torch.are_deterministic_algorithms_enabled():
+            return "pass"
+        return "atomic" if head_dim < 16 else "pass"
     return mode
 
 

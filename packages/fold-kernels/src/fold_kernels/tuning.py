@@ -124,12 +124,8 @@ def _attention_configs(kernel: str, name: str, head_dim: int) -> tuple[Config, .
         return (Config(16, 16, 1, 1, rows=1 if kernel == "dbias" else 2,
                        transpose=kernel.startswith("dkdv")),)
     table = {
-        # larger query tiles (128: FlexAttention's choice at small head dims) and deeper
-        # pipelines amortise the per-tile row statistics over more keys
         "fwd": [(64, 32, 4, 3, 1), (64, 32, 2, 3, 1), (64, 64, 4, 3, 1), (32, 32, 2, 3, 1),
-                (64, 32, 4, 3, 2), (128, 64, 4, 3, 1), (128, 64, 8, 3, 1), (128, 128, 8, 3, 1),
-                (128, 32, 4, 4, 1), (64, 64, 4, 4, 2), (128, 64, 8, 3, 2), (64, 128, 4, 3, 1),
-                (128, 128, 4, 3, 1)],
+                (64, 32, 4, 3, 2)],
         "dkdv": [(32, 128, 4, 3, 1), (64, 128, 4, 3, 1), (64, 64, 4, 3, 1), (64, 64, 4, 3, 2),
                  (32, 64, 2, 3, 1), (32, 128, 4, 3, 2)],
         # dK/dV with the bias gradient added by atomics (FOLD_EVO_DBIAS=atomic); the first
@@ -137,19 +133,25 @@ def _attention_configs(kernel: str, name: str, head_dim: int) -> tuple[Config, .
         "dkdv_atomic": [(32, 128, 4, 3, 1), (64, 64, 4, 3, 2), (64, 64, 4, 3, 1),
                         (64, 128, 4, 3, 1), (32, 64, 2, 3, 2), (32, 128, 4, 3, 2),
                         (128, 64, 8, 3, 2)],
-        # dK/dV adding dQ by atomics as well (FOLD_EVO_DQ=atomic): wide key blocks mean fewer
-        # dQ atomics (R H N D N/BLOCK_N); the first fits every dtype and head dim
+        # dK/dV adding dQ by atomics as well (FOLD_EVO_DQ=atomic); the first fits every dtype
+        # and head dim (an H100 picked 64 x 64 query-major tiles at D 32, 64 x 128 at D 8)
         "dkdv_dq": [(32, 128, 4, 3, 1), (64, 64, 4, 3, 2), (64, 64, 4, 3, 1), (64, 128, 4, 3, 1),
                     (64, 128, 8, 3, 1), (128, 128, 8, 3, 1), (32, 128, 4, 3, 2)],
         "dkdv_atomic_dq": [(32, 128, 4, 3, 1), (64, 64, 4, 3, 2), (64, 64, 4, 3, 1),
                            (64, 128, 4, 3, 1), (64, 128, 8, 3, 1), (128, 128, 8, 3, 1),
                            (32, 128, 4, 3, 2), (128, 64, 8, 3, 2)],
         "dq": [(64, 32, 4, 3, 2), (64, 32, 4, 3, 1), (64, 64, 4, 3, 1), (64, 32, 2, 3, 2),
-               (32, 32, 2, 3, 2), (64, 64, 4, 3, 2), (128, 64, 8, 3, 1), (128, 64, 8, 3, 2),
-               (64, 128, 4, 3, 1), (128, 32, 4, 3, 1)],
+               (32, 32, 2, 3, 2)],
         "dbias": [(64, 32, 4, 3, 1), (64, 64, 4, 3, 1), (64, 128, 4, 2, 1), (128, 128, 8, 2, 1),
                   (32, 64, 4, 3, 1), (64, 32, 2, 3, 1)],
     }[kernel]
+    if kernel == "fwd" and head_dim <= 16:
+        # head dims padded to 16 (extra MSA, D 8): the products are cheap, the per-tile row
+        # statistics dominate, and 128-query tiles with a deeper pipeline won on an H100
+        # (128 x 32, 4 warps, 4 stages: 7-9% faster forward at R 1024-5120, N 256-384). At D 32
+        # they did not win (and a noisy pick cost 7% at N 768), so they are offered only here.
+        table = [*table, (128, 32, 4, 4, 1), (128, 64, 4, 3, 1), (128, 64, 8, 3, 1),
+                 (64, 64, 4, 4, 2), (128, 128, 8, 3, 1)]
     amd = _is_amd(name)
     out = []
     if kernel.startswith("dkdv"):
@@ -159,10 +161,6 @@ def _attention_configs(kernel: str, name: str, head_dim: int) -> tuple[Config, .
         table = [*table[:1], (32, 128, 4, 3, 1, True), (64, 64, 4, 3, 2, True),
                  (64, 128, 4, 3, 1, True), (64, 64, 4, 3, 1, True), (128, 64, 8, 3, 2, True),
                  (64, 128, 8, 3, 2, True), *table[1:]]
-        if kernel.endswith("_dq"):
-            # dQ's atomics scale with N / BLOCK_N: 256-key blocks halve them (8 warps hold the
-            # [256, D] dK/dV accumulators)
-            table += [(32, 256, 8, 3, 1, True), (64, 256, 8, 2, 1, True)]
     for bm, bn, w, s, rows, *t in table:
         if head_dim > 64 and bm * bn > 8192:
             continue  # large head dims: keep register pressure in check
