@@ -143,6 +143,8 @@ def bench_af2(args, ctx, parallel, folder: Path, deadline: float | None) -> list
             af2_query_files(n_res, args.msa_rows, folder, stem=f"query{n_res}")
         _everyone(None, ctx)
         fasta, a3m = folder / f"query{n_res}.fasta", folder / f"query{n_res}.a3m"
+        if ctx.device.type == "cuda":  # the last size's cached blocks count as used otherwise
+            torch.cuda.empty_cache()
         try:
             check_af2_input(fasta=fasta, msas=[a3m], model_config=cfg.model_config(),
                             data_preset=cfg.data_preset(), precision=cfg.system.precision,

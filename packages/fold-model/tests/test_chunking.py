@@ -81,3 +81,62 @@ def test_model_chunked():
         out = model(batch)
     for key in ("msa", "pair", "single", "final_atom_positions"):
         assert rel_err(out[key], ref[key]) < 1e-5, key
+
+
+@pytest.mark.parametrize("order", ["af2", "multimer", "parallel"])
+def test_blocks_chunked_inference_in_place(order):
+    """Chunked inference (no autograd) adds the residual updates in place: the same numbers in
+    float64 as the unchunked out-of-place block, with the input pair's buffer reused."""
+    g = torch.Generator().manual_seed(4)
+    m = torch.randn(2, 5, 7, 16, generator=g, dtype=torch.float64)
+    z = torch.randn(2, 7, 7, 12, generator=g, dtype=torch.float64)
+    msa_mask, (_, pm) = holes((2, 5, 7), seed=4).double(), _pair(4)
+    pm = pm.double()
+    for extra in (False, True):
+        block = randomize_(make_block(config("tiny").evoformer, 16, 12, order, extra))
+        block = block.double().eval()
+        with torch.no_grad():
+            ref = block(m, z, msa_mask, pm)
+            block.set_chunk_size(3)
+            z_in = z.clone()
+            out = block(m.clone(), z_in, msa_mask, pm)
+        assert rel_err(out[0], ref[0]) < 1e-12 and rel_err(out[1], ref[1]) < 1e-12
+        if order != "parallel":  # (the parallel order's join adds the two branches anew)
+            assert out[1].data_ptr() == z_in.data_ptr()  # updated in place: one pair buffer
+
+
+def test_chunked_inference_memory():
+    """The long-input path's memory: an Evoformer block (AF2 order) chunked at inference peaks
+    at least one pair tensor lower with in-place residuals than with out-of-place ones, and a
+    chunked triangle multiplication never holds the four projections [4c, N, N] at once."""
+    import importlib
+
+    from fold_chunk import measure_peak_memory
+
+    pair_stack_module = importlib.import_module("fold_model.layers.pair_stack")
+
+    n, c_z = 40, 12
+    g = torch.Generator().manual_seed(5)
+    m, z = torch.randn(1, 5, n, 16, generator=g), torch.randn(1, n, n, c_z, generator=g)
+    msa_mask, pm = torch.ones(1, 5, n), torch.ones(1, n, n)
+    block = randomize_(make_block(config("tiny").evoformer, 16, c_z, "af2", False)).eval()
+    block.set_chunk_size(4)
+    pair_bytes = n * n * c_z * 4
+
+    def peak() -> int:
+        with torch.no_grad():
+            return measure_peak_memory(block, m.clone(), z.clone(), msa_mask, pm)
+
+    in_place = peak()
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(pair_stack_module, "in_place_residuals", lambda *a: False)
+        out_of_place = peak()
+    assert in_place <= out_of_place - pair_bytes, (in_place, out_of_place, pair_bytes)
+
+    c = 16
+    tri = randomize_(TriangleMultiplicationOutgoing(c_z, c)).eval()
+    with torch.no_grad():
+        whole = measure_peak_memory(tri, z, pm)
+        chunked = measure_peak_memory(tri, z, pm, chunk_size=4)
+    projections = 4 * c * n * n * 4
+    assert chunked <= whole - projections // 2, (chunked, whole, projections)

@@ -115,3 +115,66 @@ def test_template_embedder_outputs_and_no_template():
     assert out["template_pair_embedding"].abs().max() > 0
     feats["template_mask"] = torch.zeros_like(feats["template_mask"])
     assert torch.all(emb(feats, z, pm)["template_pair_embedding"] == 0)
+
+
+def test_template_embedder_one_at_a_time_inference_equals_batched():
+    """Inference with the templates one at a time (set by chunking: long inputs) gives what the
+    batched path gives, in float64, with a template absent in one batch entry only, one absent
+    everywhere (skipped, zero slot) and pair-mask holes; chunked pointwise attention included."""
+    cfg = config("tiny").template
+    emb = randomize_(TemplateEmbedder(cfg, c_m=16, c_z=12)).double().eval()
+    feats = {k: v.double() if v.is_floating_point() else v
+             for k, v in _templ_feats(5).items()}
+    feats["template_mask"] = torch.tensor([[1.0, 0.0, 0.0], [1.0, 1.0, 0.0]],
+                                          dtype=torch.float64)
+    z = torch.randn(2, 9, 9, 12, dtype=torch.float64)
+    pm = holes((2, 9, 9), seed=6).double()
+    with torch.no_grad():
+        ref = emb(feats, z, pm)
+        emb.set_chunk_size(4)
+        assert emb.one_template_at_a_time
+        one = emb(feats, z, pm)
+        emb.set_chunk_size(None)
+        emb.one_template_at_a_time = True  # AutoChunk's setting: no chunk size
+        one_unchunked = emb(feats, z, pm)
+    for key in ref:
+        assert rel_err(one[key], ref[key]) < 1e-12, key
+        assert rel_err(one_unchunked[key], ref[key]) < 1e-12, key
+    assert ref["template_pair_embedding"].abs().max() > 0
+
+
+def test_template_embedder_skips_stack_without_templates_at_inference(monkeypatch):
+    """No template present, inference: the pair stack is not run and the update is an exact
+    zero (a view, no buffer); with gradients on the stack runs (its parameters get zero
+    gradients, as the batched path gives them)."""
+    cfg = config("tiny").template
+    emb = randomize_(TemplateEmbedder(cfg, c_m=16, c_z=12)).eval()
+    feats = _templ_feats(7)
+    feats["template_mask"] = torch.zeros_like(feats["template_mask"])
+    z = torch.randn(2, 9, 9, 12)
+    pm = torch.ones(2, 9, 9)
+    calls = []
+    monkeypatch.setattr(emb.pair_stack, "forward",
+                        lambda *a: calls.append(1) or TemplatePairStack.forward(emb.pair_stack,
+                                                                                 *a))
+    with torch.no_grad():
+        out = emb(feats, z, pm)["template_pair_embedding"]
+    assert not calls and out.shape == z.shape and torch.all(out == 0)
+    emb(feats, z, pm)["template_pair_embedding"].sum().backward()
+    assert calls and emb.linear_t.weight.grad is not None
+
+
+def test_template_embedder_runs_on_fake_tensors():
+    """``predict --dry-run`` runs the model on FakeTensors: the mask's values are unknown there,
+    so the full path runs (an upper bound of memory) instead of failing on a host read."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    cfg = config("tiny").template
+    emb = randomize_(TemplateEmbedder(cfg, c_m=16, c_z=12)).eval()
+    emb.set_chunk_size(4)
+    feats = _templ_feats(8)
+    z, pm = torch.randn(2, 9, 9, 12), torch.ones(2, 9, 9)
+    with FakeTensorMode(allow_non_fake_inputs=True) as mode, torch.no_grad():
+        fake = {k: mode.from_tensor(v) for k, v in feats.items()}
+        out = emb(fake, mode.from_tensor(z), mode.from_tensor(pm))
+    assert out["template_pair_embedding"].shape == (2, 9, 9, 12)

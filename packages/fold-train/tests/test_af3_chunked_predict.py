@@ -36,7 +36,22 @@ def _model(seed: int = 0):
 
 @pytest.fixture(scope="module")
 def batch():
-    return fkbp_crop_batch()
+    """The FKBP51 crop with templates in slots 0 and 2 (a random backbone walk: the template
+    stack runs and is chunked); slots 1 and 3 stay empty (skipped at inference)."""
+    b = fkbp_crop_batch()
+    g = torch.Generator().manual_seed(11)
+    n = b["template_restype"].shape[-1]
+    filled = torch.tensor([1.0, 0.0, 1.0, 0.0])
+    ca = torch.cumsum(torch.randn(1, 4, n, 3, generator=g), dim=2) * 2.2  # [1, T, N, 3]
+    backbone = ca[..., None, :] + 0.8 * torch.randn(1, 4, n, 3, 3, generator=g)
+    backbone[..., 1, :] = ca  # (N, CA, C)
+    mask = filled[None, :, None].expand(1, 4, n).clone()
+    b["template_backbone"] = backbone * filled[None, :, None, None, None]
+    b["template_backbone_mask"] = mask
+    b["template_pseudo_beta"] = (ca + torch.randn(1, 4, n, 3, generator=g)) * mask[..., None]
+    b["template_pseudo_beta_mask"] = mask.clone()
+    b["template_mask"] = filled[None].clone()
+    return b
 
 
 def _predict(batch, techniques: Techniques | None = None, budgets: dict | None = None,
@@ -146,9 +161,9 @@ def test_cli_af3_chunking_flags(checkpoint, tmp_path, capsys):
     # mmCIF coordinates are written with 3 decimals
     np.testing.assert_allclose(xyz, ref, atol=2e-3)
     summary, xyz = _cli(checkpoint, tmp_path / "auto.cif", capsys, "--autochunk", "40MB")
+    # the input has no template: the template pair stack is skipped, so it has no plan
     assert set(summary["chunking"]["autochunk"]) == {
-        "template_embedder.pair_stack", "msa_module", "pairformer", "diffusion.transformer",
-        "confidence_head.pairformer"}
+        "msa_module", "pairformer", "diffusion.transformer", "confidence_head.pairformer"}
     np.testing.assert_allclose(xyz, ref, atol=2e-3)
     rc = main(["predict", "--checkpoint", str(checkpoint), "--json",
                str(INPUTS / "fkbp51_fk506.json"), "--ccd", str(CCD), "--out",

@@ -146,3 +146,32 @@ def test_template_embedder_masks_and_padding():
     # No real template: the embedder adds nothing.
     none = dict(f, template_mask=torch.zeros_like(f["template_mask"]))
     assert emb(none, z, pm).abs().max() == 0
+
+
+def test_template_embedder_one_at_a_time_and_skips():
+    """Inference with the templates one at a time (set by chunking) sums the same as all at once
+    (float64; a padded template slot is skipped); without any template the inference output is
+    an exact zero and the pair stack does not run."""
+    f = {k: v.double() if v.is_floating_point() else v for k, v in random_features(seed=2).items()}
+    emb = randomize_(TemplateEmbedder(CFG.template, C_Z), scale=0.5).double().eval()
+    n = f["asym_id"].shape[-1]
+    z = torch.randn(1, n, n, C_Z, dtype=torch.float64)
+    tm = f["token_mask"]
+    pm = tm[:, :, None] * tm[:, None]
+    assert f["template_mask"].shape[-1] > 1 and f["template_mask"].min() == 0
+    with torch.no_grad():
+        ref = emb(f, z, pm)
+        emb.set_chunk_size(3)
+        assert emb.one_template_at_a_time
+        chunked_one = emb(f, z, pm)
+        emb.set_chunk_size(None)
+        emb.one_template_at_a_time = True
+        one = emb(f, z, pm)
+    assert rel_err(one, ref) < 1e-12 and rel_err(chunked_one, ref) < 1e-10
+    assert ref.abs().max() > 0
+    runs = []
+    emb.use_pair_stack(lambda v, m: runs.append(v.shape) or v)
+    none = dict(f, template_mask=torch.zeros_like(f["template_mask"]))
+    with torch.no_grad():
+        out = emb(none, z, pm)
+    assert not runs and out.shape == z.shape and torch.all(out == 0)

@@ -35,6 +35,7 @@ from collections.abc import Callable
 from contextlib import nullcontext
 
 import torch
+from fold_model.host_values import known_slots
 
 from fold_train.buckets import Bucket, BucketPolicy, fit_to_bucket, real_extent
 from fold_train.cuda_graphs import CaptureBackend, CudaGraphBackend, CudaGraphError
@@ -49,6 +50,19 @@ def graphs_wanted(cuda_graphs: bool | None, device: torch.device | str) -> bool:
     if cuda_graphs is None:
         return torch.device(device).type == "cuda"
     return bool(cuda_graphs)
+
+
+def _host_facts(batch: dict[str, torch.Tensor]) -> tuple[dict[str, tuple], tuple | None]:
+    """The feature values the model's inference shortcuts read (``fold_model.host_values``:
+    which template slots are filled), read once per prediction, outside every captured piece,
+    and a key of them for the graphs; nothing on FakeTensors (a dry run states them itself)."""
+    from fold_model.host_values import slot_presence, values_readable
+
+    mask = batch.get("template_mask")
+    if mask is None or not values_readable(mask):
+        return {}, None
+    present = slot_presence(mask)
+    return {"template_mask": present}, ("templates", present)
 
 
 class DirectRun:
@@ -93,6 +107,8 @@ class _Predictor:
         self.timings: dict[str, list[float]] = {}
         self.captures = 0
         self._states: dict[tuple, dict] = {}  # key -> static buffers and graphs of a bucket
+        self._facts: dict[str, tuple] = {}  # _host_facts of the input being predicted
+        self._facts_key: tuple | None = None
 
     @property
     def buckets(self) -> list[tuple]:
@@ -119,28 +135,39 @@ class _Predictor:
         FakeTensors carry no mask values to read)."""
         batch = {k: v.to(self.device) for k, v in batch.items()}
         if self.pad:
-            return fit_to_bucket(batch, family, self.policy)
-        return batch, tuple(sorted((extent or real_extent(batch, family)).items()))
+            batch, bucket = fit_to_bucket(batch, family, self.policy)
+        else:
+            bucket = tuple(sorted((extent or real_extent(batch, family)).items()))
+        self._facts, self._facts_key = _host_facts(batch)
+        return batch, bucket
 
     def _state(self, key: tuple) -> dict:
+        """The static buffers and graphs of ``key`` (the bucket and shape extras), and of the
+        feature values the model's shortcuts read (:func:`_host_facts`): a graph captured
+        with the template stack skipped is not replayed for an input with templates."""
         if not self.graphs:
             self._states.clear()  # eager: nothing to keep between predictions
+        if self._facts_key is not None:
+            key = (*key, self._facts_key)
         return self._states.setdefault(key, {"graphs": {}})
 
     def _run(self, state: dict, name: str, fn: Callable[[], Outputs]) -> Outputs:
         """Replay graph ``name`` of the bucket (captured on first use)."""
         graphs = state["graphs"]
         if name not in graphs:
-            graphs[name] = self.backend.capture(fn, warmup_fn=fn)
+            with known_slots(self._facts):
+                graphs[name] = self.backend.capture(fn, warmup_fn=fn)
             self.captures += self.graphs
         replay, outputs = graphs[name]
         if not self.timing:
-            replay()
+            with known_slots(self._facts):  # (eager: the model runs in the replay)
+                replay()
             return outputs
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         t0 = time.perf_counter()
-        replay()
+        with known_slots(self._facts):
+            replay()
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         self.timings.setdefault(name, []).append(time.perf_counter() - t0)
@@ -202,6 +229,7 @@ class AF2Predictor(_Predictor):
             if cycle < n_cycle - 1:
                 for k in ("m1", "z", "x"):
                     prev[k].copy_(out[k])
+                out = None  # eager: the next pass reads prev only (frees a pair and logits)
         return {k: out[k].clone() for k in returned}
 
 

@@ -101,7 +101,12 @@ def stage_peaks(model: torch.nn.Module, stages, run: Callable[[Any], Any], batch
         handles.append(m.register_forward_hook(post(name)))
     try:
         if fake:
-            with fold_chunk.fake_memory(model) as fr:
+            from fold_model.host_values import known_slots, slot_presence
+
+            # the real batch's values that the model's inference shortcuts read (host_values)
+            facts = {name: slot_presence(batch[name]) for name in ("template_mask",)
+                     if name in batch}
+            with fold_chunk.fake_memory(model) as fr, known_slots(facts):
                 state["tracker"] = fr.tracker
                 out = run(fr.fake(batch))
                 del out

@@ -39,7 +39,9 @@ from fold_model.layers import (
     TriangleAttentionStartingNode,
     TriangleMultiplicationIncoming,
     TriangleMultiplicationOutgoing,
+    add_residual,
     dropout_residual,
+    in_place_residuals,
     pair_stack,
 )
 from fold_model.seams import IDENTITY_COMM, AxialComm
@@ -142,8 +144,8 @@ class _EvoformerLayers(nn.Module):
         """Order ``"af2"``: MSA stack, then the outer product mean of the column-layout MSA."""
         m_col = self._msa_stack(m, z, msa_mask)
         mask_col = self.comm.scatter(msa_mask, -1)
-        z = z + self.outer_product_mean(m_col, mask_col, self.comm, self.chunk_size, layout="col")
-        return m_col, z
+        opm = self.outer_product_mean(m_col, mask_col, self.comm, self.chunk_size, layout="col")
+        return m_col, add_residual(z, opm, in_place_residuals(self.chunk_size, self.training))
 
     def _opm_before_msa(
         self, m: torch.Tensor, z: torch.Tensor, msa_mask: torch.Tensor
@@ -151,7 +153,8 @@ class _EvoformerLayers(nn.Module):
         """Order ``"multimer"``: the outer product mean of the block's input MSA first, so the
         MSA's row attention reads the updated pair."""
         mask_row = self.comm.scatter(msa_mask, -2)
-        z = z + self.outer_product_mean(m, mask_row, self.comm, self.chunk_size, layout="row")
+        opm = self.outer_product_mean(m, mask_row, self.comm, self.chunk_size, layout="row")
+        z = add_residual(z, opm, in_place_residuals(self.chunk_size, self.training))
         return self._msa_stack(m, z, msa_mask), z
 
 

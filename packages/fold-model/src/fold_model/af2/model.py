@@ -172,6 +172,7 @@ class AlphaFold2(nn.Module):
         dm, dz = self.recycling_embedder(prev[0].to(dtype), prev[1].to(dtype), prev[2])
         m = torch.cat([m[..., :1, :, :] + dm.unsqueeze(-3), m[..., 1:, :, :]], dim=-3)
         z = z + dz
+        del dm, dz  # not kept alive through the stacks (a pair-sized tensor)
 
         if self.template_embedder is not None and feats["template_mask"].shape[-1] > 0:
             templ = self.template_embedder(
@@ -182,6 +183,7 @@ class AlphaFold2(nn.Module):
                 # Alg. 2 line 7: template torsion rows join the MSA (N_clust + N_templ rows).
                 m = torch.cat([m, templ["template_single_embedding"]], dim=-3)
                 msa_mask = torch.cat([msa_mask, templ["template_single_mask"].to(dtype)], dim=-2)
+            del templ
 
         offload = self.msa_offload
         if offload:  # the MSA waits in host memory (the stacks load it block by block)

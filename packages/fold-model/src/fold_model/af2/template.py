@@ -13,6 +13,7 @@ from fold_model.af2.embedders import (
     distogram_one_hot,
 )
 from fold_model.geometry import rigid_from_3_points
+from fold_model.host_values import slots_present
 from fold_model.layers import (
     Attention,
     BlockStack,
@@ -38,6 +39,9 @@ __all__ = [
 
 # atom37 slots of the backbone atoms (residue_constants.atom_order).
 _N, _CA, _C = 0, 1, 2
+# rows of the pointwise attention at a time when templates run one at a time without a chunk
+# size (AutoChunk): its keys and values are [rows, N_res, N_templ, H * c] per chunk
+_POINTWISE_ROWS = 128
 
 
 def build_template_pair_feat(
@@ -208,6 +212,8 @@ class TemplateEmbedder(nn.Module):
         super().__init__()
         self.cfg = cfg
         self.chunk_size: int | None = None
+        # inference: the templates through the pair stack one at a time (set with chunking)
+        self.one_template_at_a_time = False
         self.linear_t = Linear(cfg.c_pair_feat, cfg.c_t)
         self.pair_stack = TemplatePairStack(cfg, checkpoint_blocks, comm)
         self.pointwise_attention = TemplatePointwiseAttention(
@@ -218,24 +224,76 @@ class TemplateEmbedder(nn.Module):
         )
 
     def set_chunk_size(self, chunk_size: int | None) -> None:
+        """Row chunks of the pair stack and the pointwise attention; with a chunk size the
+        templates also go through the pair stack one at a time at inference."""
         self.chunk_size = chunk_size
+        self.one_template_at_a_time = chunk_size is not None
         self.pair_stack.set_chunk_size(chunk_size)
+
+    def _pair_stack_output(
+        self, feats: dict[str, torch.Tensor], dtype: torch.dtype, pair_mask: torch.Tensor
+    ) -> torch.Tensor:
+        """The template pair features through ``linear_t`` and the pair stack, ``[*, N_templ,
+        N_res, N_res, C_t]``. All templates at once, or, at inference with
+        ``one_template_at_a_time``, one after the other as AF2's code does (``TemplateEmbedding``
+        maps over the templates): the stack treats each template alone, so the result is the
+        same, while the 88-channel features ``[N_templ, N_res, N_res, 88]`` and the stack's
+        intermediates exist for one template at a time (at 3072 residues and 4 templates the
+        batched features alone are 13 GiB in fp32)."""
+        cfg = self.cfg
+
+        def stack(one: dict[str, torch.Tensor]) -> torch.Tensor:
+            pair_feat = build_template_pair_feat(
+                one, cfg.distogram_min_bin, cfg.distogram_max_bin, cfg.distogram_no_bins,
+                cfg.use_unit_vector, cfg.eps,
+            ).to(dtype)
+            return self.pair_stack(self.linear_t(pair_feat), pair_mask)
+
+        templ_dim = feats["template_mask"].dim() - 1  # features are [*, N_templ, ...]
+        n_templ = feats["template_mask"].shape[-1]
+        inference = not self.training and not torch.is_grad_enabled()
+        if not (self.one_template_at_a_time and inference and n_templ > 1):
+            return stack(feats)
+        present = slots_present("template_mask", feats["template_mask"])
+        t = None
+        for k in range(n_templ):
+            one = {name: v.narrow(templ_dim, k, 1) for name, v in feats.items()}
+            if present is not None and not (k < len(present) and present[k]):  # (padding slots)
+                # absent in every batch entry: the pointwise attention masks it out
+                if t is not None:
+                    t.narrow(templ_dim, k, 1).zero_()
+                continue
+            t_k = stack(one)  # [*, 1, N_res, N_res, C_t]
+            if t is None:
+                t = t_k.new_empty(*t_k.shape[:templ_dim], n_templ, *t_k.shape[templ_dim + 1:])
+                t.narrow(templ_dim, 0, k).zero_()  # slots skipped before the first present one
+            t.narrow(templ_dim, k, 1).copy_(t_k)
+            del t_k
+        assert t is not None  # a present template (forward skips the stack without any)
+        return t
 
     def forward(
         self, feats: dict[str, torch.Tensor], z: torch.Tensor, pair_mask: torch.Tensor
     ) -> dict[str, torch.Tensor]:
-        cfg = self.cfg
         template_mask = feats["template_mask"].to(z.dtype)  # [*, N_templ]
-        pair_feat = build_template_pair_feat(
-            feats, cfg.distogram_min_bin, cfg.distogram_max_bin, cfg.distogram_no_bins,
-            cfg.use_unit_vector, cfg.eps,
-        ).to(z.dtype)
-        t = self.linear_t(pair_feat)  # [*, N_templ, N_res, N_res, C_t]
-        t = self.pair_stack(t, pair_mask)
-        dz = self.pointwise_attention(t, z, template_mask, self.chunk_size)
-        # No template at all: the attention would average padding, so the update is dropped.
-        any_template = (template_mask.sum(-1) > 0).to(dz.dtype)[..., None, None, None]
-        out = {"template_pair_embedding": dz * any_template}
+        present = None
+        if not self.training and not torch.is_grad_enabled():  # inference shortcuts
+            present = slots_present("template_mask", template_mask)
+        if present is not None and not any(present):
+            # Inference, no template present: the update below would be dropped, so the pair
+            # stack is skipped (a zero view: no [N_res, N_res, C_z] buffer).
+            dz = z.new_zeros(()).expand(z.shape)
+            out = {"template_pair_embedding": dz}
+        else:
+            t = self._pair_stack_output(feats, z.dtype, pair_mask)  # [*, T, N_res, N_res, C_t]
+            chunk = self.chunk_size
+            if chunk is None and self.one_template_at_a_time:
+                chunk = _POINTWISE_ROWS
+            dz = self.pointwise_attention(t, z, template_mask, chunk)
+            del t
+            # No template at all: the attention would average padding, so the update is dropped.
+            any_template = (template_mask.sum(-1) > 0).to(dz.dtype)[..., None, None, None]
+            out = {"template_pair_embedding": dz * any_template}
         if self.angle_embedder is not None:
             angle_feat = build_template_angle_feat(
                 feats["template_aatype"],

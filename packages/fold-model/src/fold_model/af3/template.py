@@ -14,6 +14,7 @@ from torch import nn
 
 from fold_model.af3.pairformer import PairUpdates
 from fold_model.geometry import rigid_from_3_points
+from fold_model.host_values import slots_present
 from fold_model.layers import BlockStack, LayerNorm, Linear
 from fold_model.seams import IDENTITY_COMM, AxialComm
 
@@ -82,37 +83,75 @@ class TemplateEmbedder(BlockStack):
         self.linear_out = Linear(c_t, c_z, bias=False)
         # what runs the pair stack (None: self.run); not a submodule, so the state-dict keys stay
         self.__dict__["_pair_stack"] = None
+        # inference: the templates through the pair stack one at a time (set with chunking)
+        self.one_template_at_a_time = False
+
+    def set_chunk_size(self, chunk_size: int | None) -> None:
+        """Row chunks of every block; with a chunk size the templates also go through the pair
+        stack one at a time at inference (:meth:`forward`)."""
+        super().set_chunk_size(chunk_size)
+        self.one_template_at_a_time = chunk_size is not None
 
     def use_pair_stack(self, runner: nn.Module | None) -> None:
         """Run the template pair stack through ``runner(v, t_pair_mask)`` (e.g. an AutoChunk
         wrapper of :class:`TemplatePairStack`); None: the blocks through :meth:`run`."""
         self.__dict__["_pair_stack"] = runner
 
-    def forward(
-        self, feats: dict[str, torch.Tensor], z: torch.Tensor, pair_mask: torch.Tensor
-    ) -> torch.Tensor:
+    def _template_sum(self, feats: dict[str, torch.Tensor], v_z: torch.Tensor,
+                      pair_mask: torch.Tensor, t_mask: torch.Tensor) -> torch.Tensor:
+        """``sum_t mask_t LayerNorm(PairStack(v_z + linear_a(a_t)))`` over the templates of
+        ``feats`` (``[*, T, ...]``), ``v_z [*, 1, N, N, c_t]`` -> ``[*, N, N, c_t]``."""
         cfg = self.cfg
         # Distances, frames and unit vectors from the template coordinates in >= fp32 with
         # autocast off (bf16 coordinates would move distances across the 1.25 A bins); the
         # features then go to the network in its dtype.
-        dtype = torch.promote_types(z.dtype, torch.float32)
-        with torch.autocast(z.device.type, enabled=False):
+        dtype = torch.promote_types(v_z.dtype, torch.float32)
+        with torch.autocast(v_z.device.type, enabled=False):
             a = template_pair_features(
                 feats["template_restype"], feats["template_pseudo_beta"].to(dtype),
                 feats["template_pseudo_beta_mask"].to(dtype),
                 feats["template_backbone"].to(dtype), feats["template_backbone_mask"].to(dtype),
                 feats["asym_id"], cfg.distogram_min_bin, cfg.distogram_max_bin,
                 cfg.distogram_no_bins,
-            ).to(z.dtype)  # [*, T, N, N, C_a]
-        v = self.linear_z(self.layer_norm_z(z)).unsqueeze(-4)  # [*, 1, N, N, c_t]
-        v = v + self.linear_a(a)  # [*, T, N, N, c_t]
+            ).to(v_z.dtype)  # [*, T, N, N, C_a]
+        v = v_z + self.linear_a(a)  # [*, T, N, N, c_t]
+        del a
         t_pair_mask = pair_mask.unsqueeze(-3).expand(v.shape[:-1])  # [*, T, N, N]
         if self._pair_stack is not None:
             v = self._pair_stack(v, t_pair_mask)
         else:  # split over N_i: [*, T, N/P, N, c_t]
             (v,) = self.run((v,), (t_pair_mask,), split=(True,))
+        return (self.layer_norm_v(v) * t_mask[..., None, None, None]).sum(-4)
+
+    def forward(
+        self, feats: dict[str, torch.Tensor], z: torch.Tensor, pair_mask: torch.Tensor
+    ) -> torch.Tensor:
         t_mask = feats["template_mask"].to(z.dtype)  # [*, T]
-        u = (self.layer_norm_v(v) * t_mask[..., None, None, None]).sum(-4)  # [*, N, N, c_t]
+        inference = not self.training and not torch.is_grad_enabled()
+        present = slots_present("template_mask", t_mask) if inference else None
+        if present is not None and not any(present):
+            # Inference, no template present: u = 0 and the output linear has no bias, so the
+            # update is exactly 0 (a zero view: no [N, N, C_z] buffer).
+            return z.new_zeros(()).expand(z.shape)
+        v_z = self.linear_z(self.layer_norm_z(z)).unsqueeze(-4)  # [*, 1, N, N, c_t]
+        n_templ = t_mask.shape[-1]
+        if self.one_template_at_a_time and inference and n_templ > 1:
+            # One template at a time, as AF3's code sums them in a loop: the features and the
+            # pair stack's intermediates exist for one template (the same sum; a template that
+            # is absent in every batch entry adds 0 and is skipped).
+            templ_dim = t_mask.dim() - 1
+            u = None
+            for k in range(n_templ):
+                one = {name: (f.narrow(templ_dim, k, 1) if name.startswith("template_") else f)
+                       for name, f in feats.items()}
+                if present is not None and not (k < len(present) and present[k]):  # (padding slots)
+                    continue
+                mask_k = t_mask.narrow(-1, k, 1)
+                u_k = self._template_sum(one, v_z, pair_mask, mask_k)
+                u = u_k if u is None else u.add_(u_k)
+            assert u is not None  # a present template (all absent returned above)
+        else:
+            u = self._template_sum(feats, v_z, pair_mask, t_mask)  # [*, N, N, c_t]
         # / (1e-7 + T) as AF3's code (and Protenix's), there over all T template slots given; here
         # over the real ones (u is 0 without any)
         u = u / (1e-7 + t_mask.sum(-1))[..., None, None, None]

@@ -9,7 +9,11 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from fold_model.layers.primitives import dropout_residual
+from fold_model.layers.primitives import (
+    add_residual,
+    dropout_residual,
+    in_place_residuals,
+)
 from fold_model.seams import AxialComm
 
 __all__ = ["pair_stack"]
@@ -36,18 +40,22 @@ def pair_stack(
     *args)`` calls a sub-layer (AF3 passes its per-sub-layer checkpointing).
     """
     train = block.training
+    in_place = in_place_residuals(chunk_size, train)  # long inputs: one pair buffer
+
+    def residual(update: torch.Tensor, z: torch.Tensor, shared_dim: int) -> torch.Tensor:
+        if in_place:  # inference: no dropout
+            return add_residual(z, update, True)
+        return dropout_residual(update, z, rate, shared_dim, train)
+
     mask_row = comm.scatter(pair_mask, -2)  # [*, N/P, N]
     mask_col = comm.scatter(pair_mask, -1)  # [*, N, N/P]
-    z = dropout_residual(run(block.tri_mul_out, z, mask_row, comm, chunk_size), z, rate, -3,
-                         train)
+    z = residual(run(block.tri_mul_out, z, mask_row, comm, chunk_size), z, -3)
     z = comm.row_to_col(z)  # [*, N, N/P, C_z]
-    z = dropout_residual(run(block.tri_mul_in, z, mask_col, comm, chunk_size), z, rate, -3, train)
+    z = residual(run(block.tri_mul_in, z, mask_col, comm, chunk_size), z, -3)
     z = comm.col_to_row(z)  # [*, N/P, N, C_z]
-    z = dropout_residual(run(block.tri_att_start, z, mask_row, comm, chunk_size), z, rate, -3,
-                         train)
+    z = residual(run(block.tri_att_start, z, mask_row, comm, chunk_size), z, -3)
     z = comm.row_to_col(z)  # [*, N, N/P, C_z]
     # DropoutColumnwise: one mask shared by all columns (dim -2).
-    z = dropout_residual(run(block.tri_att_end, z, mask_col, comm, chunk_size), z, rate, -2,
-                         train)
-    z = z + run(block.pair_transition, z, chunk_size)
+    z = residual(run(block.tri_att_end, z, mask_col, comm, chunk_size), z, -2)
+    z = add_residual(z, run(block.pair_transition, z, chunk_size), in_place)
     return comm.col_to_row(z)  # [*, N/P, N, C_z]

@@ -114,12 +114,18 @@ def chunked_rows(
     if chunk_size is None:
         return fn(*tensors, *shared)
     n = next(t.shape[d] for t, d in chunked if t is not None)
-    outs = []
+    out = None
     for start in range(0, n, chunk_size):
         size = min(chunk_size, n - start)
         sliced = tuple(None if t is None else t.narrow(d, start, size) for t, d in chunked)
-        outs.append(fn(*sliced, *shared))
-    return torch.cat(outs, dim=out_dim)
+        part = fn(*sliced, *shared)
+        if out is None:  # written in place: no list of parts next to their concatenation
+            shape = list(part.shape)
+            shape[out_dim] = n
+            out = part.new_empty(shape)
+        out.narrow(out_dim, start, size).copy_(part)
+        del part
+    return out
 
 
 class Attention(nn.Module):
@@ -296,6 +302,26 @@ def shared_dropout_mask(
     keep = 1.0 - rate
     probs = torch.full_like(x.narrow(shared_dim, 0, 1), keep)  # size 1 along shared_dim
     return torch.bernoulli(probs) / keep
+
+
+def in_place_residuals(chunk_size: int | None, training: bool) -> bool:
+    """Whether residual updates may be added in place (``x += update``): inference of a long
+    input (a chunk size set: ``--chunk-size``, DAP), no autograd, not traced. Each ``x + update``
+    otherwise makes a new pair next to the old one, which the callers' frames keep alive: up to
+    four fp32 ``[N, N, C_z]`` copies in an Evoformer block. No other reader of a stack's
+    activations exists at inference, so updating them in place gives the same numbers."""
+    return (chunk_size is not None and not training and not torch.is_grad_enabled()
+            and not torch.fx._symbolic_trace.is_fx_tracing()
+            and not torch.compiler.is_compiling())
+
+
+def add_residual(x: torch.Tensor, update: torch.Tensor, in_place: bool) -> torch.Tensor:
+    """``x + update``, in ``x``'s storage when ``in_place`` (:func:`in_place_residuals`) and
+    ``x`` can hold the sum (its dtype, a dense tensor of the full shape)."""
+    if (in_place and x.is_contiguous() and update.shape == x.shape
+            and torch.promote_types(x.dtype, update.dtype) == x.dtype):
+        return x.add_(update)
+    return x + update
 
 
 def dropout_residual(

@@ -102,8 +102,22 @@ class AF2Family(Family):
                     "N_templ": "template_mask"}
     autochunk_names = ("evoformer", "extra_msa_stack")
 
+    @staticmethod
+    def _templates_one_at_a_time(model) -> None:
+        """Long-input modes also run the templates through their pair stack one at a time
+        (``--chunk-size`` sets it through the model's chunking)."""
+        if model.template_embedder is not None:
+            model.template_embedder.one_template_at_a_time = True
+
     def set_msa_offload(self, model, offload: bool) -> None:
         model.set_msa_offload(offload)
+        if offload:
+            self._templates_one_at_a_time(model)
+
+    def enable_autochunk(self, model, memory_budget, min_chunk: int = 1) -> dict:
+        out = super().enable_autochunk(model, memory_budget, min_chunk)
+        self._templates_one_at_a_time(model)
+        return out
     table_columns = (("fape", "fape"), ("aux", "aux"), ("distogram", "distogram"),
                      ("masked_msa", "masked_msa"), ("plddt", "plddt"), ("lddt_ca", "lDDT-Ca"))
 

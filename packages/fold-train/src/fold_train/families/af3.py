@@ -248,6 +248,7 @@ class AF3Family(Family):
                                        min_chunk=min_chunk)
             wrapper.train(False)  # not a submodule: model.eval() does not reach it
             embedder.use_pair_stack(wrapper)
+            embedder.one_template_at_a_time = True  # as with --chunk-size
             out["template_embedder.pair_stack"] = wrapper
         return out
 

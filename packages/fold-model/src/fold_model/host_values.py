@@ -1,0 +1,66 @@
+"""Feature values on the host for inference shortcuts, without a device read where one must not
+happen.
+
+Some inference shortcuts look at feature values: "no template is present: skip the template
+stack", "template slot k is empty in every batch entry: skip it". Reading a device tensor's
+values synchronizes the host with the device (prediction is kept free of that), is not allowed
+while a CUDA graph is captured (and would bake one input's values into a graph replayed for
+others), is not possible while torch.compile traces, and is impossible on FakeTensors
+(``fold-train predict --dry-run`` plans memory without values).
+
+So the caller that has the values states what the shortcuts need with :func:`known_slots` (the
+predictors, once per prediction, keying their CUDA graphs by it; the dry run, from the real
+batch), and the model asks :func:`slots_present`. Without a stated value the model reads the
+tensor when that is allowed (eval-mode use of the module on its own), else takes the full path
+(an upper bound of time and memory, the same numbers)."""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+from collections.abc import Iterator
+
+import torch
+
+__all__ = ["values_readable", "slot_presence", "slots_present", "known_slots"]
+
+# feature name -> per slot of its last dim, whether any entry is set (stated by the caller)
+_KNOWN: contextvars.ContextVar[dict[str, tuple[bool, ...]] | None] = contextvars.ContextVar(
+    "fold_known_slots", default=None)
+
+
+def values_readable(t: torch.Tensor) -> bool:
+    """True when ``t``'s values may be read now (module docstring)."""
+    from torch._subclasses.fake_tensor import is_fake
+
+    if is_fake(t) or torch.compiler.is_compiling():
+        return False
+    return not (t.is_cuda and torch.cuda.is_current_stream_capturing())
+
+
+def slot_presence(mask: torch.Tensor) -> tuple[bool, ...]:
+    """``mask [..., T]`` (readable values) -> per slot of the last dim, whether any entry of
+    the leading dims is set (one host read)."""
+    flat = mask.detach().reshape(-1, mask.shape[-1]) if mask.dim() else mask.reshape(1, 1)
+    return tuple(bool(x) for x in (flat != 0).any(0).tolist())
+
+
+def slots_present(name: str, mask: torch.Tensor) -> tuple[bool, ...] | None:
+    """Per slot of feature ``name``'s last dim (``mask`` is its tensor here), whether any
+    entry is set: as stated by :func:`known_slots`, else read from ``mask`` when readable,
+    else None (unknown: take the full path). A stated tuple may be shorter than the slots
+    here (padded slots are empty)."""
+    known = (_KNOWN.get() or {}).get(name)
+    if known is not None:
+        return known
+    return slot_presence(mask) if values_readable(mask) else None
+
+
+@contextlib.contextmanager
+def known_slots(values: dict[str, tuple[bool, ...]]) -> Iterator[None]:
+    """Within the block, :func:`slots_present` answers ``values[name]``."""
+    token = _KNOWN.set({**(_KNOWN.get() or {}), **values})
+    try:
+        yield
+    finally:
+        _KNOWN.reset(token)
