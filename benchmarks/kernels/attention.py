@@ -7,8 +7,9 @@ D]``, a pair bias ``[1, H, N, N]`` shared by the R rows (with gradient) and a ke
 median times (``triton.testing.do_bench``), forward+backward as a CUDA graph replay, and the
 peak memory of forward+backward above the inputs; the backward is seeded by one fixed random
 output gradient for every contender. Our output and gradients are checked against SDPA's (both
-bf16) on every shape. Ours runs twice, once per bias-gradient mode (``FOLD_EVO_DBIAS``:
-``pass``, deterministic, and ``atomic``), and its per-kernel device times are recorded.
+bf16) on every shape. Ours runs once per variant (``OURS``: the bias gradient,
+``FOLD_EVO_DBIAS``, and dQ, ``FOLD_EVO_DQ``, each by a deterministic pass or by atomics), and
+its per-kernel device times are recorded.
 
     python -m benchmarks.kernels.attention --groups triangle msa extra
     python -m benchmarks.kernels.attention --md results.json [more.json ...] > results.md
@@ -129,13 +130,14 @@ def make_cueq():
     return cueq
 
 
-def make_ours(dbias_mode, dkdv_tiles):
+def make_ours(dbias_mode, dkdv_tiles, dq_mode):
     from fold_kernels import evo_attention
 
     def ours(q, k, v, bias, mask):
         # read per call (fold_ops.env.EnvVar): each variant of ours runs in this one process
         os.environ["FOLD_EVO_DBIAS"] = dbias_mode
         os.environ["FOLD_EVO_DKDV"] = dkdv_tiles
+        os.environ["FOLD_EVO_DQ"] = dq_mode
         return evo_attention(q, k, v, bias, mask)
 
     return ours
@@ -143,9 +145,11 @@ def make_ours(dbias_mode, dkdv_tiles):
 
 # ours_qpass: the kernels before key-major dK/dV tiles and atomic dbias (query-major tiles, the
 # separate deterministic dbias pass); ours_pass: the tuner's pick of query- or key-major tiles,
-# deterministic dbias; ours_atomic: the same with the bias gradient by atomics
-OURS = {"ours_qpass": ("pass", "query"), "ours_pass": ("pass", "auto"),
-        "ours_atomic": ("atomic", "auto")}
+# deterministic dbias and dQ (the default under torch.use_deterministic_algorithms); ours_atomic:
+# the same with the bias gradient by atomics, dQ by its own pass (the default from head dim 16
+# up); ours_fused: dQ by atomics in the dK/dV pass too (FOLD_EVO_DQ=atomic, the default under 16)
+OURS = {"ours_qpass": ("pass", "query", "pass"), "ours_pass": ("pass", "auto", "pass"),
+        "ours_atomic": ("atomic", "auto", "pass"), "ours_fused": ("atomic", "auto", "atomic")}
 
 
 # ----------------------------------------------------------------------------- measurement

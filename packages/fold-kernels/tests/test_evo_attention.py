@@ -118,28 +118,42 @@ def deterministic():
     torch.use_deterministic_algorithms(before)
 
 
-def test_auto_dbias_mode_follows_torch_determinism(monkeypatch):
-    from fold_kernels.evo_attention import dbias_mode
+@pytest.mark.parametrize("det", [False, True])
+def test_auto_modes_follow_torch_determinism(monkeypatch, request, det):
+    from fold_kernels.evo_attention import dbias_mode, dq_mode
 
     monkeypatch.delenv("FOLD_EVO_DBIAS", raising=False)
-    assert dbias_mode() == ("pass" if torch.are_deterministic_algorithms_enabled() else "atomic")
+    monkeypatch.delenv("FOLD_EVO_DQ", raising=False)
+    if det:
+        request.getfixturevalue("deterministic")
+    want = "pass" if torch.are_deterministic_algorithms_enabled() else "atomic"
+    assert want == ("pass" if det else "atomic")
+    assert dbias_mode() == want
+    # dQ by atomics only for head dims under 16 (measured faster there, not at D 32)
+    assert dq_mode(8) == want and dq_mode(32) == "pass"
     monkeypatch.setenv("FOLD_EVO_DBIAS", "pass")
-    assert dbias_mode() == "pass"
+    monkeypatch.setenv("FOLD_EVO_DQ", "pass")
+    assert dbias_mode() == "pass" and dq_mode(8) == "pass"
+    monkeypatch.setenv("FOLD_EVO_DQ", "atomic")
+    assert dq_mode(8) == "atomic" and dq_mode(64) == "atomic"
 
 
 @pytest.mark.parametrize("how", ["env", "torch"])
 def test_backward_is_deterministic(monkeypatch, request, how):
-    # FOLD_EVO_DBIAS=pass, or the default under torch.use_deterministic_algorithms(True)
+    # FOLD_EVO_DBIAS=pass FOLD_EVO_DQ=pass, or the default under
+    # torch.use_deterministic_algorithms(True): bit-identical gradients run to run
     from fold_kernels import evo_attention
-    from fold_kernels.evo_attention import dbias_mode
+    from fold_kernels.evo_attention import dbias_mode, dq_mode
 
     if how == "env":
         monkeypatch.setenv("FOLD_EVO_DBIAS", "pass")
+        monkeypatch.setenv("FOLD_EVO_DQ", "pass")
     else:
         monkeypatch.delenv("FOLD_EVO_DBIAS", raising=False)
+        monkeypatch.delenv("FOLD_EVO_DQ", raising=False)
         request.getfixturevalue("deterministic")
-    assert dbias_mode() == "pass"
-    q, k, v, bias, mask, gate = _inputs((1, 5, 2, 23, 16), 2, 23, torch.bfloat16)
+    assert dbias_mode() == "pass" and dq_mode(8) == "pass"
+    q, k, v, bias, mask, gate = _inputs((1, 5, 2, 23, 8), 2, 23, torch.bfloat16)
     grads = []
     for _ in range(2):
         ins = [t.detach().to(DEVICE).clone().requires_grad_() for t in (q, k, v, bias)]
@@ -329,11 +343,14 @@ def test_packed_bad_input_errors():
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("d", [8, 32])
 @pytest.mark.parametrize("dbias", ["pass", "atomic"])
+@pytest.mark.parametrize("dq", ["pass", "atomic"])
 @pytest.mark.parametrize("tiles", ["query", "key"])
-def test_dkdv_tiles_and_dbias_modes_match_reference(monkeypatch, dtype, d, dbias, tiles):
-    # dK/dV on query-major and key-major tiles, bias gradient by its own pass or by atomics;
-    # odd R (5): the two-row programs repeat the last row, which must count once in dbias
+def test_dkdv_tiles_and_dbias_modes_match_reference(monkeypatch, dtype, d, dbias, dq, tiles):
+    # dK/dV on query-major and key-major tiles, bias gradient by its own pass or by atomics,
+    # dQ by its own pass or by atomics in dK/dV's pass; odd R (5): the two-row programs repeat
+    # the last row, which must count once in dbias and add its dQ once
     monkeypatch.setenv("FOLD_EVO_DBIAS", dbias)
+    monkeypatch.setenv("FOLD_EVO_DQ", dq)
     monkeypatch.setenv("FOLD_EVO_DKDV", tiles)
     r, h, n = 5, 2, 29
     _check(*_inputs((1, r, h, n, d), h, n, dtype, seed=11 + d), dtype)
@@ -366,6 +383,7 @@ def test_atomic_and_pass_agree(monkeypatch):
     grads = {}
     for mode in ("pass", "atomic"):
         monkeypatch.setenv("FOLD_EVO_DBIAS", mode)
+        monkeypatch.setenv("FOLD_EVO_DQ", mode)
         ins = [t.detach().to(DEVICE).clone().requires_grad_() for t in (q, k, v, bias)]
         evo_attention(*ins, mask.to(DEVICE)).square().sum().backward()
         grads[mode] = [t.grad.cpu() for t in ins]
@@ -373,7 +391,7 @@ def test_atomic_and_pass_agree(monkeypatch):
         assert rel_err(a, b) < 1e-6
 
 
-@pytest.mark.parametrize("var", ["FOLD_EVO_DBIAS", "FOLD_EVO_DKDV"])
+@pytest.mark.parametrize("var", ["FOLD_EVO_DBIAS", "FOLD_EVO_DKDV", "FOLD_EVO_DQ"])
 def test_unknown_modes_are_rejected(monkeypatch, var):
     from fold_kernels import evo_attention
 
@@ -383,3 +401,64 @@ def test_unknown_modes_are_rejected(monkeypatch, var):
     o = evo_attention(*ins, mask.to(DEVICE))
     with pytest.raises(ValueError, match=var):
         o.sum().backward()
+
+
+@pytest.mark.parametrize("dq", ["pass", "atomic"])
+def test_dq_mode_picks_the_kernels(monkeypatch, dq):
+    """FOLD_EVO_DQ=atomic launches no separate dQ kernel; pass launches it (so the parametrized
+    reference tests above really cover both paths)."""
+    import importlib
+
+    from fold_kernels import evo_attention
+
+    mod = importlib.import_module("fold_kernels.evo_attention")  # the module, not the function
+    launched = []
+
+    class Spy:
+        def __init__(self, kernel):
+            self.kernel = kernel
+
+        def __getitem__(self, grid):
+            launched.append(grid)
+            return self.kernel[grid]
+
+    monkeypatch.setattr(mod, "_bwd_dq", Spy(mod._bwd_dq))
+    monkeypatch.setenv("FOLD_EVO_DQ", dq)
+    q, k, v, bias, mask, _ = _inputs((1, 3, 2, 11, 8), 2, 11, torch.float32, with_gate=False)
+    ins = [t.to(DEVICE).requires_grad_() for t in (q, k, v, bias)]
+    evo_attention(*ins, mask.to(DEVICE)).sum().backward()
+    assert bool(launched) == (dq == "pass")
+    assert all(torch.isfinite(t.grad).all() for t in ins)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="launch candidates need a GPU")
+@pytest.mark.parametrize("kernel,d", [("fwd", 32), ("fwd", 8), ("dkdv_atomic_dq", 32),
+                                      ("dkdv_atomic_dq", 8), ("dkdv_dq", 32), ("dq", 32)])
+def test_every_launch_candidate_matches_reference(monkeypatch, kernel, d):
+    """Each tuner candidate of the forward and of the dK/dV(+dQ) pass (tiles, warps, stages,
+    one or two rows, query- or key-major), not only the default the other tests run on a GPU:
+    bf16, odd N and R, holes and a fully masked row. A candidate that does not fit the device
+    (shared memory) is skipped, as the tuner skips it."""
+    import importlib
+
+    from fold_kernels import tuning
+    from triton.runtime.errors import OutOfResources
+
+    mod = importlib.import_module("fold_kernels.evo_attention")
+    monkeypatch.setenv("FOLD_EVO_DBIAS", "atomic" if "atomic" in kernel else "pass")
+    monkeypatch.setenv("FOLD_EVO_DQ", "pass" if kernel == "dq" else "atomic")
+    monkeypatch.setenv("FOLD_EVO_DKDV", "auto")
+    cands = tuning._attention_configs(kernel, tuning.arch(), d)
+    assert len(cands) > 1
+    default = mod._cfg
+    ran = 0
+    for cand in cands:
+        monkeypatch.setattr(mod, "_cfg", lambda k, lp, launch, c=cand: (
+            c if k == kernel else default(k, lp, launch)))
+        try:
+            _check(*_inputs((1, 5, 2, 93, d), 2, 93, torch.bfloat16, seed=ran), torch.bfloat16)
+        except OutOfResources:
+            continue
+        ran += 1
+    assert ran >= len(cands) // 2

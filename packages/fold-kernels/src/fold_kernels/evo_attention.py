@@ -17,7 +17,11 @@ Kernels (MegaFold III, FlashAttention-2), each program one tile of one or two ro
 * ``_bwd_dkdv`` grid (N/BLOCK_N, R/rows, B*H): dK, dV of one key block, looping over query blocks,
   on query-major tiles or key-major ones (S^T = K Q^T, no register transposes of P and dS;
   a tuning choice, ``FOLD_EVO_DKDV``).
-* ``_bwd_dq``   grid (N/BLOCK_M, R/rows, B*H): dQ of one query block, looping over key blocks.
+* ``_bwd_dq``   grid (N/BLOCK_M, R/rows, B*H): dQ of one query block, looping over key blocks
+  (``FOLD_EVO_DQ=pass``, deterministic). With ``FOLD_EVO_DQ=atomic`` (the default for head
+  dims under 16 unless torch's deterministic mode is on) there is no ``_bwd_dq``:
+  ``_bwd_dkdv`` adds each tile's ``dS K`` into an fp32 dQ with atomics, so the logits are
+  rebuilt once, not twice, per backward. See :func:`dq_mode`.
 * ``_bwd_dbias`` grid (N/BLOCK_N * splits, N/BLOCK_M, H * B_bias): one bias tile; the program
   loops over the R rows (and batch entries that share the bias), adding the dS tiles in
   registers, and stores the tile once. No atomics, so the result is deterministic; with
@@ -60,11 +64,12 @@ from fold_kernels.broadcast import broadcast_shape
 from fold_kernels.launch import fast
 from fold_kernels.reduce import column_sum, sum_partials
 
-__all__ = ["evo_attention", "evo_attention_packed", "dbias_mode", "SUPPORTED_DTYPES",
-           "MAX_HEAD_DIM", "DBIAS_MODES"]
+__all__ = ["evo_attention", "evo_attention_packed", "dbias_mode", "dq_mode", "SUPPORTED_DTYPES",
+           "MAX_HEAD_DIM", "DBIAS_MODES", "DQ_MODES"]
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 DBIAS_MODES = ("auto", "pass", "atomic")  # see dbias_mode()
+DQ_MODES = ("auto", "pass", "atomic")  # see dq_mode()
 DEFAULT_DBIAS_MODE = "auto"
 MAX_HEAD_DIM = 128
 LOG2E = 1.4426950408889634
@@ -319,19 +324,36 @@ def _dkdv_step_t(Q, DO, LSE, Delta, slab, base, obase, offs_m, offs_d, md, m_val
     return dk, dv, ds_t
 
 
+@triton.jit
+def _dq_atomic(DQ, slab, offs_m, offs_d, md, ds, k, scale, N, D, TRANSPOSE: tl.constexpr,
+               PRECISION: tl.constexpr):
+    """Add one tile's dQ part, ``scale * dS K`` [BLOCK_M, BLOCK_D], into the fp32 dense
+    ``DQ [B, R, H, N, D]`` (``ds`` is dS^T [BLOCK_N, BLOCK_M] on key-major tiles)."""
+    if TRANSPOSE:
+        dq = _mm(tl.trans(ds.to(k.dtype)), k, PRECISION)
+    else:
+        dq = _mm(ds.to(k.dtype), k, PRECISION)
+    dptr = DQ + slab * N * D + offs_m[:, None] * D + offs_d[None, :]
+    tl.atomic_add(dptr, dq * scale, mask=md, sem="relaxed")
+
+
 @fast
 @triton.jit
-def _bwd_dkdv(Q, K, V, Bias, Mask, DO, LSE, Delta, DK, DV, DBias,
+def _bwd_dkdv(Q, K, V, Bias, Mask, DO, LSE, Delta, DK, DV, DBias, DQ,
               sbb, sbh, sbi, sbj, smb, smr, smj, sqb, sqr, sqh, sqn, sob, sor, soh, son,
               R, H, N, D, qk_scale, scale, sdbb,
               HAS_BIAS: tl.constexpr, HAS_MASK: tl.constexpr, TWO_ROWS: tl.constexpr,
-              EVEN: tl.constexpr, DBIAS_ATOMIC: tl.constexpr, TRANSPOSE: tl.constexpr,
+              EVEN: tl.constexpr, DBIAS_ATOMIC: tl.constexpr, DQ_ATOMIC: tl.constexpr,
+              TRANSPOSE: tl.constexpr,
               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
               PRECISION: tl.constexpr):
     """dK, dV of one key block; with ``DBIAS_ATOMIC`` also the bias gradient, each program
     adding its rows' dS tiles (both rows summed first) into the fp32 ``DBias [B_bias, H, N, N]``
     (zeroed; batch stride ``sdbb``, 0 when the bias is shared) with one atomic add per element:
     no separate dbias pass, but the order of the additions, hence the rounding, varies.
+    With ``DQ_ATOMIC`` also dQ: each tile's ``scale * dS K`` [BLOCK_M, D] is added with fp32
+    atomics into the zeroed dense ``DQ [B, R, H, N, D]`` (FlashAttention-2's original backward),
+    so S and P are recomputed once instead of again in :func:`_bwd_dq` (not bit-reproducible).
     ``TRANSPOSE``: the tiles are computed key-major (:func:`_dkdv_step_t`)."""
     nb = tl.program_id(0)
     rp = tl.program_id(1)
@@ -404,6 +426,13 @@ def _bwd_dkdv(Q, K, V, Bias, Mask, DO, LSE, Delta, DK, DV, DBias,
                                            offs_d, md, m_valid, k1, v1, bias2, keep1, uni1,
                                            n_valid, dk1, dv1, qk_scale, N, sqn, son, HAS_BIAS,
                                            HAS_MASK, EVEN, PRECISION)
+        if DQ_ATOMIC:
+            _dq_atomic(DQ, slab0, offs_m, offs_d, md, ds, k0, scale, N, D, TRANSPOSE,
+                       PRECISION)
+            if TWO_ROWS:  # odd R: the repeated last row adds its dQ once (masked off)
+                last = (offs_m * 0 + r0 + 1 < R)[:, None]
+                _dq_atomic(DQ, slab1, offs_m, offs_d, md & last, ds1, k1, scale, N, D,
+                           TRANSPOSE, PRECISION)
         if DBIAS_ATOMIC:
             if TWO_ROWS:  # odd R: the repeated last row counts once
                 ds += tl.where(r0 + 1 < R, ds1, 0.0)
@@ -795,15 +824,21 @@ def _backward(dy, q, k, v, gate, gate_bias, o_pre, lse, lp: _Launch, need_dbias:
     dbias32 = (torch.empty((lp.Bb, lp.H, lp.N, lp.N), device=q.device, dtype=torch.float32)
                if atomic else dummy)
     sdbb = lp.H * lp.N * lp.N if lp.Bb > 1 else 0
+    # dq_mode() "atomic": dK/dV's pass also adds dQ into a dense fp32 [B, R, H, N, D] buffer
+    dq_atomic = dq_mode(lp.D) == "atomic"
+    dq32 = (torch.empty((lp.B, lp.R, lp.H, lp.N, lp.D), device=q.device, dtype=torch.float32)
+            if dq_atomic else dummy)
 
     def launch_dkdv(cfg: tuning.Config):
         grid = (triton.cdiv(lp.N, cfg.block_n), triton.cdiv(lp.R, cfg.rows), lp.B * lp.H)
         if atomic:
             dbias32.zero_()  # inside the launch: the tuner runs it repeatedly
-        _bwd_dkdv[grid](q, k, v, bias, mask, do, lse, delta, dk, dv, dbias32, *lp.strides(),
-                        lp.R, lp.H, lp.N, lp.D, lp.qk_scale, lp.scale, sdbb,
+        if dq_atomic:
+            dq32.zero_()
+        _bwd_dkdv[grid](q, k, v, bias, mask, do, lse, delta, dk, dv, dbias32, dq32,
+                        *lp.strides(), lp.R, lp.H, lp.N, lp.D, lp.qk_scale, lp.scale, sdbb,
                         TWO_ROWS=cfg.rows == 2, EVEN=lp.even(cfg), DBIAS_ATOMIC=atomic,
-                        TRANSPOSE=cfg.transpose,
+                        DQ_ATOMIC=dq_atomic, TRANSPOSE=cfg.transpose,
                         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, **flags,
                         num_warps=cfg.num_warps, num_stages=cfg.num_stages)
 
@@ -815,8 +850,12 @@ def _backward(dy, q, k, v, gate, gate_bias, o_pre, lse, lp: _Launch, need_dbias:
                         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, **flags,
                       num_warps=cfg.num_warps, num_stages=cfg.num_stages)
 
-    launch_dkdv(_cfg("dkdv_atomic" if atomic else "dkdv", lp, launch_dkdv))
-    launch_dq(_cfg("dq", lp, launch_dq))
+    kernel = "dkdv" + ("_atomic" if atomic else "") + ("_dq" if dq_atomic else "")
+    launch_dkdv(_cfg(kernel, lp, launch_dkdv))
+    if dq_atomic:
+        dq.copy_(dq32)  # into q's dtype and layout (a view of the packed gradient too)
+    else:
+        launch_dq(_cfg("dq", lp, launch_dq))
 
     dbias = None
     if atomic:
@@ -870,6 +909,39 @@ def dbias_mode() -> str:
     mode = _DBIAS_MODE.get()
     if mode == "auto":
         return "pass" if torch.are_deterministic_algorithms_enabled() else "atomic"
+    return mode
+
+
+def _parse_dq_mode(value: str | None) -> str:
+    mode = (value or "auto").strip().lower()
+    if mode not in DQ_MODES:
+        raise ValueError(f"FOLD_EVO_DQ={value!r}: expected one of {DQ_MODES}")
+    return mode
+
+
+_DQ_MODE = EnvVar("FOLD_EVO_DQ", _parse_dq_mode)
+
+
+def dq_mode(head_dim: int) -> str:
+    """How the backward computes dQ for heads of ``head_dim`` (``FOLD_EVO_DQ``):
+
+    * ``pass``: :func:`_bwd_dq`, one program per query block looping over the keys
+      (deterministic; recomputes S, P and dP a second time);
+    * ``atomic``: dK/dV's pass adds each tile's ``dS K`` into an fp32 ``[B, R, H, N, D]``
+      buffer with atomics, as FlashAttention-2's original kernel does (one recomputation fewer,
+      a zeroed buffer and a copy more; the summation order, so the last bits of dQ, vary);
+    * ``auto`` (default): ``pass`` under ``torch.use_deterministic_algorithms(True)``; else
+      ``atomic`` for head dims under 16 and ``pass`` from 16 up. Measured on an H100 (bf16,
+      benchmarks/results/kernels/kernels_attention_dq.md): at D 8 (extra MSA) ``atomic`` is
+      7-8% faster forward+backward; at D 32 the dQ atomics cost as much as the pass they
+      replace (up to 6% slower from N 256 to 768, within 2% at 1536) and the fp32 buffer adds
+      R H N D x 4 bytes.
+    """
+    mode = _DQ_MODE.get()
+    if mode == "auto":
+        if torch.are_deterministic_algorithms_enabled():
+            return "pass"
+        return "atomic" if head_dim < 16 else "pass"
     return mode
 
 

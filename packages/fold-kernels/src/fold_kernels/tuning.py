@@ -113,7 +113,7 @@ def attention_configs(kernel: str, name: str, head_dim: int) -> list[Config]:
 @functools.cache
 def _attention_configs(kernel: str, name: str, head_dim: int) -> tuple[Config, ...]:
     """Candidates for the EvoAttention kernels (``fwd``, ``dkdv``, ``dkdv_atomic``, ``dq``,
-    ``dbias``).
+    ``dbias``; ``dkdv_dq`` and ``dkdv_atomic_dq``: dK/dV adding dQ by atomics too).
 
     Tuples are (block_m, block_n, num_warps, num_stages, rows[, transpose]); the first is the
     default. The dK/dV kernels have query-major and key-major (``transpose``) candidates.
@@ -133,11 +133,25 @@ def _attention_configs(kernel: str, name: str, head_dim: int) -> tuple[Config, .
         "dkdv_atomic": [(32, 128, 4, 3, 1), (64, 64, 4, 3, 2), (64, 64, 4, 3, 1),
                         (64, 128, 4, 3, 1), (32, 64, 2, 3, 2), (32, 128, 4, 3, 2),
                         (128, 64, 8, 3, 2)],
+        # dK/dV adding dQ by atomics as well (FOLD_EVO_DQ=atomic); the first fits every dtype
+        # and head dim (an H100 picked 64 x 64 query-major tiles at D 32, 64 x 128 at D 8)
+        "dkdv_dq": [(32, 128, 4, 3, 1), (64, 64, 4, 3, 2), (64, 64, 4, 3, 1), (64, 128, 4, 3, 1),
+                    (64, 128, 8, 3, 1), (128, 128, 8, 3, 1), (32, 128, 4, 3, 2)],
+        "dkdv_atomic_dq": [(32, 128, 4, 3, 1), (64, 64, 4, 3, 2), (64, 64, 4, 3, 1),
+                           (64, 128, 4, 3, 1), (64, 128, 8, 3, 1), (128, 128, 8, 3, 1),
+                           (32, 128, 4, 3, 2), (128, 64, 8, 3, 2)],
         "dq": [(64, 32, 4, 3, 2), (64, 32, 4, 3, 1), (64, 64, 4, 3, 1), (64, 32, 2, 3, 2),
                (32, 32, 2, 3, 2)],
         "dbias": [(64, 32, 4, 3, 1), (64, 64, 4, 3, 1), (64, 128, 4, 2, 1), (128, 128, 8, 2, 1),
                   (32, 64, 4, 3, 1), (64, 32, 2, 3, 1)],
     }[kernel]
+    if kernel == "fwd" and head_dim <= 16:
+        # head dims padded to 16 (extra MSA, D 8): the products are cheap, the per-tile row
+        # statistics dominate, and 128-query tiles with a deeper pipeline won on an H100
+        # (128 x 32, 4 warps, 4 stages: 7-9% faster forward at R 1024-5120, N 256-384). At D 32
+        # they did not win (and a noisy pick cost 7% at N 768), so they are offered only here.
+        table = [*table, (128, 32, 4, 4, 1), (128, 64, 4, 3, 1), (128, 64, 8, 3, 1),
+                 (64, 64, 4, 4, 2), (128, 128, 8, 3, 1)]
     amd = _is_amd(name)
     out = []
     if kernel.startswith("dkdv"):
