@@ -54,3 +54,35 @@ def test_region_loop_equals_graph_and_moves_views() -> None:
         out, ref = gm(x, y), block(x, y)
     assert torch.isfinite(out).all()
     torch.testing.assert_close(out, ref, rtol=1e-6, atol=1e-6)
+
+
+def test_tracer_finds_parameters_by_identity_like_fx():
+    """fold_chunk's tracer (parameters looked up in one dict, not by scanning the module on
+    every read) writes the graph torch.fx.symbolic_trace writes: the same get_attr targets
+    (a shared parameter under its first name, a buffer, a plain tensor attribute left as a
+    constant) and the same code."""
+    import torch.fx as fx
+    from fold_chunk.trace import _Tracer
+
+    class Shared(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a = torch.nn.Linear(4, 4)
+            self.b = torch.nn.Linear(4, 4)
+            self.b.weight = self.a.weight  # shared: one parameter, two names
+            self.register_buffer("scale", torch.full((4,), 2.0))
+            self.plain = torch.ones(4)  # neither parameter nor buffer
+
+        def forward(self, x):
+            return self.b(self.a(x)) * self.scale + self.plain + self.a.weight.sum()
+
+    m = Shared()
+    ours = _Tracer()
+    graph = ours.trace(m)
+    reference = fx.symbolic_trace(m)
+    targets = [n.target for n in graph.nodes if n.op == "get_attr"]
+    assert targets == [n.target for n in reference.graph.nodes if n.op == "get_attr"]
+    gm = fx.GraphModule(ours.root, graph)
+    assert gm.code == reference.code
+    x = torch.randn(3, 4)
+    torch.testing.assert_close(gm(x), m(x), rtol=0, atol=0)

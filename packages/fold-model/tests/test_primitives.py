@@ -171,3 +171,24 @@ def test_chunked_rows_matches_whole():
     whole = chunked_rows(fn, None, ((x, -2), (y, -1)), (2.0,), out_dim=-2)
     for c in (1, 3, 7, 10):
         assert torch.equal(chunked_rows(fn, c, ((x, -2), (y, -1)), (2.0,), out_dim=-2), whole)
+
+
+def test_skip_weight_init_then_strict_load_equals_normal_build():
+    """Built under skip_weight_init, a model's Linear weights are left undrawn; a strict load of
+    a normally built model's state makes it identical; outside the context a seeded build
+    still draws the same weights."""
+    from fold_model.af2 import AlphaFold2, config
+    from fold_model.layers import skip_weight_init
+
+    torch.manual_seed(0)
+    ref = AlphaFold2(config("tiny"))
+    with skip_weight_init():
+        model = AlphaFold2(config("tiny"))
+    model.load_state_dict(ref.state_dict())  # strict: every parameter and buffer
+    for (name, a), (_, b) in zip(ref.state_dict().items(), model.state_dict().items(),
+                                 strict=True):
+        assert torch.equal(a, b), name
+    torch.manual_seed(0)
+    again = AlphaFold2(config("tiny"))
+    assert all(torch.equal(a, b) for a, b in zip(ref.state_dict().values(),
+                                                 again.state_dict().values(), strict=True))

@@ -40,6 +40,8 @@ def load_trained_model(checkpoint: str | os.PathLike, device: str | torch.device
     averaged weights when the checkpoint has them (``use_ema``), else the live weights.
     ``family``: the model family the caller expects (``af2`` / ``af3``); a checkpoint of the
     other family is a :class:`CheckpointError` that says which input it needs."""
+    from fold_model.layers import skip_weight_init
+
     from fold_train.checkpoint import CheckpointError, load_checkpoint
     from fold_train.families import make_family
     from fold_train.optim import FlatParams
@@ -56,7 +58,8 @@ def load_trained_model(checkpoint: str | os.PathLike, device: str | torch.device
                         f"predict with it from {cfg.family.input_hint}")
     try:
         model_config = cfg.model_config()
-        model = make_family(cfg.model.family, model_config).build_model(model_config)
+        with skip_weight_init():  # the strict load below sets every parameter
+            model = make_family(cfg.model.family, model_config).build_model(model_config)
         model.load_state_dict(state["model"])
     except (KeyError, RuntimeError, ValueError, TypeError) as e:
         raise CheckpointError(checkpoint, f"cannot rebuild the model from it: {e}") from e

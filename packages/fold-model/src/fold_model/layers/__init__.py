@@ -33,6 +33,7 @@ from fold_model.layers.primitives import (
     in_place_residuals,
     pair_bias,
     shared_dropout_mask,
+    skip_weight_init,
 )
 from fold_model.layers.stack import BlockStack
 from fold_model.layers.transitions import (
@@ -77,6 +78,7 @@ __all__ = [
     "chunked_rows",
     "dropout_residual",
     "in_place_residuals",
+    "skip_weight_init",
     "pair_bias",
     "pair_stack",
     "shared_dropout_mask",

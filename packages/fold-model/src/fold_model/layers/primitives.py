@@ -8,8 +8,10 @@ replaces them without touching the modules.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Literal
 
 import torch
@@ -46,6 +48,22 @@ def _trunc_normal_fan_in(weight: torch.Tensor, scale: float) -> None:
         weight.mul_(std)
 
 
+_SKIP_INIT: contextvars.ContextVar[bool] = contextvars.ContextVar("fold_skip_init", default=False)
+
+
+@contextlib.contextmanager
+def skip_weight_init() -> Iterator[None]:
+    """Build modules whose weights a strict ``load_state_dict`` fills next: :class:`Linear`
+    leaves its parameters uninitialised (``torch.empty``) instead of drawing them twice
+    (``nn.Linear``'s own init, then AF2's). Building the 368M-parameter AF3 model spends
+    about 20 s of CPU in those draws."""
+    token = _SKIP_INIT.set(True)
+    try:
+        yield
+    finally:
+        _SKIP_INIT.reset(token)
+
+
 class Linear(nn.Linear):
     """``nn.Linear`` with the AF2 initialisers (supplement 1.11.4).
 
@@ -61,7 +79,15 @@ class Linear(nn.Linear):
         self.init = init
         self.reset_af2_parameters()
 
+    def reset_parameters(self) -> None:
+        """``nn.Linear``'s init (then replaced by :meth:`reset_af2_parameters`; kept so seeded
+        models draw the same weights as before), skipped under :func:`skip_weight_init`."""
+        if not _SKIP_INIT.get():
+            super().reset_parameters()
+
     def reset_af2_parameters(self) -> None:
+        if _SKIP_INIT.get():
+            return
         with torch.no_grad():
             if self.init == "default":
                 _trunc_normal_fan_in(self.weight, 1.0)
