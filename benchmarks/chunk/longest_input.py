@@ -129,8 +129,10 @@ def _run_trial(args, folder: Path) -> dict:
                       weights_bytes=plan["weights_bytes"], features_bytes=plan["features_bytes"])
         run_flags = flags
     else:
-        run_flags = ["--autochunk", "auto"] + (["--sample-group", "1"] if args.trial == "af3"
-                                              else []) + args.extra_flags.split()
+        chunking = (["--autochunk", "auto"] if args.chunking == "auto"
+                    else ["--chunk-size", str(int(args.chunking))])
+        run_flags = chunking + (["--sample-group", "1"] if args.trial == "af3"
+                                else []) + args.extra_flags.split()
     record["flags"] = run_flags
     if cuda:
         torch.cuda.reset_peak_memory_stats()
@@ -169,7 +171,7 @@ def trial(args, family: str, n: int, checkpoint: Path, *, estimate: bool = False
     cmd = [sys.executable, "-m", "benchmarks.chunk.longest_input", "--trial", family,
            "--n", str(n), "--checkpoint", str(checkpoint), "--device", args.device,
            "--msa-depth", str(args.msa_depth), "--samples", str(args.samples),
-           "--sampler-steps", str(args.sampler_steps),
+           "--sampler-steps", str(args.sampler_steps), "--chunking", args.chunking,
            "--extra-flags", args.af2_flags if family == "af2" else ""]
     if estimate:
         cmd.append("--estimate-trial")
@@ -288,6 +290,8 @@ def main(argv=None) -> int:
     p.add_argument("--af2-ladder", type=_ints, default=[4096, 6144, 8192, 10240])
     p.add_argument("--af3-ladder", type=_ints, default=[1024, 2048, 3072, 4096])
     p.add_argument("--af2-flags", default="", help="extra predict flags for AF2 (--msa-offload)")
+    p.add_argument("--chunking", default="auto",
+                   help="'auto' (predict --autochunk auto) or a row chunk (predict --chunk-size N)")
     p.add_argument("--resolution", type=int, default=256)
     p.add_argument("--budget-seconds", type=float, default=450.0)
     p.add_argument("--trial-timeout", type=float, default=300.0)
