@@ -80,3 +80,22 @@ def test_has_clash(chain_a):
     idx_far = np.flatnonzero(far)[:150]
     many[idx_far] = atoms.coord[np.flatnonzero(~far)[:150]] + 0.2
     assert has_clash(many, one, residue, np.ones(n, bool))
+
+
+def test_sasa_of_a_crowded_structure_equals_the_direct_count():
+    """A collapsed structure (an untrained model's prediction: every atom overlaps hundreds of
+    others), where the areas are computed against the nearest neighbours first and only the
+    points still free meet the next ones: the same areas as testing every point against every
+    other atom."""
+    from fold_train.structure_checks import _sphere
+
+    rng = np.random.default_rng(3)
+    x = rng.normal(size=(300, 3)) * 2.5  # 300 atoms in a ball of ~5 A
+    radii = rng.uniform(1.4, 1.9, len(x))
+    r = radii + 1.4  # the probe
+    pts = x[:, None, :] + r[:, None, None] * _sphere(100)  # [A, P, 3]
+    d2 = ((pts[:, :, None, :] - x[None, None, :, :]) ** 2).sum(-1)  # [A, P, A]
+    covered = (d2 < r[None, None, :] ** 2) & ~np.eye(len(x), dtype=bool)[:, None, :]
+    direct = 4.0 * np.pi * r ** 2 * (~covered.any(-1)).mean(-1)
+    np.testing.assert_allclose(atom_sasa(x, radii), direct, rtol=0, atol=1e-9)
+    assert 0 < direct.sum() < 0.2 * (4.0 * np.pi * r ** 2).sum()  # mostly buried

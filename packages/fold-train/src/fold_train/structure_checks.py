@@ -34,6 +34,7 @@ MAX_ASA = {"ALA": 106.0, "ARG": 248.0, "ASN": 157.0, "ASP": 163.0, "CYS": 135.0,
            "MET": 188.0, "PHE": 197.0, "PRO": 136.0, "SER": 130.0, "THR": 142.0, "TRP": 227.0,
            "TYR": 222.0, "VAL": 142.0}
 _BLOCK_ELEMENTS = 1 << 22  # distances per block of rows: 32 MiB of float64
+_NEIGHBOUR_CHUNK = 64  # neighbours tested at a time against a block's still-free points
 
 
 def _close_blocks(x: np.ndarray, cutoff: float | np.ndarray):
@@ -95,13 +96,24 @@ def atom_sasa(positions: np.ndarray, radii: np.ndarray, n_points: int = 100) -> 
     for start in range(0, len(x), block):
         rows = np.arange(start, min(start + block, len(x)))
         d2 = sq[rows, None] + sq[None, :] - 2.0 * x[rows] @ x.T  # [b, A]
-        near = np.flatnonzero((d2 < (r[rows, None] + r[None, :]) ** 2).any(0))  # [m]
+        overlap = d2 < (r[rows, None] + r[None, :]) ** 2  # [b, A]
+        near = np.flatnonzero(overlap.any(0))  # [m]
+        # nearest first: in a crowded (e.g. collapsed, untrained) structure the first few
+        # neighbours cover most points, and only the points still free meet the next ones
+        near = near[np.argsort(d2[:, near].min(0), kind="stable")]
         pts = (x[rows, None, :] + r[rows, None, None] * dots).reshape(-1, 3)  # [b * P, 3]
-        p2 = (pts * pts).sum(-1)[:, None] + sq[near][None, :] - 2.0 * pts @ x[near].T
-        covered = (p2 < r[near] ** 2).reshape(len(rows), len(dots), len(near))  # [b, P, m]
-        covered &= (near[None, None, :] != rows[:, None, None])  # an atom does not cover itself
-        free = ~covered.any(-1)  # [b, P]
-        area[rows] = 4.0 * np.pi * r[rows] ** 2 * free.mean(-1)
+        owner = np.repeat(rows, len(dots))  # [b * P]: the atom of each point
+        free = np.ones(len(pts), bool)
+        for start in range(0, len(near), _NEIGHBOUR_CHUNK):
+            live = np.flatnonzero(free)
+            if len(live) == 0:
+                break
+            nb = near[start:start + _NEIGHBOUR_CHUNK]  # [k]
+            p = pts[live]
+            p2 = (p * p).sum(-1)[:, None] + sq[nb][None, :] - 2.0 * p @ x[nb].T  # [l, k]
+            covered = (p2 < r[nb] ** 2) & (nb[None, :] != owner[live, None])  # not by itself
+            free[live[covered.any(-1)]] = False
+        area[rows] = 4.0 * np.pi * r[rows] ** 2 * free.reshape(len(rows), len(dots)).mean(-1)
     return area
 
 
