@@ -33,8 +33,7 @@ it). The first pass includes the kernels' autotuning at the new shape; the later
 so 2 passes (``--recycles``, one value per size) give one warm pass, and the whole 4-pass
 prediction of AF2 is estimated as first + 3 x warm. AF3 (``--af3-tokens``, run first): a protein
 of that many residues as an AlphaFold3 JSON, ``predict_af3`` with the trunk under DAP and the
-diffusion samples split over the ranks (no AF3 chunking in predict yet, so only sizes that fit
-one GPU unchunked).
+diffusion samples split over the ranks (unchunked: sizes that fit one GPU's share).
 
 ``--budget-s`` skips an AF2 size whose projected time (the previous size's per-pass time scaled
 by N^3, the triangle attention's growth, x 1.25 for the autotuning of the first pass) would pass
