@@ -22,7 +22,11 @@ from collections.abc import Iterator
 
 import torch
 
-__all__ = ["values_readable", "slot_presence", "slots_present", "known_slots"]
+__all__ = ["values_readable", "slot_presence", "slots_present", "slot_filled", "batch_slots",
+           "known_slots", "SLOT_FEATURES"]
+
+# the features whose filled slots the model's inference shortcuts read
+SLOT_FEATURES = ("template_mask",)
 
 # feature name -> per slot of its last dim, whether any entry is set (stated by the caller)
 _KNOWN: contextvars.ContextVar[dict[str, tuple[bool, ...]] | None] = contextvars.ContextVar(
@@ -54,6 +58,19 @@ def slots_present(name: str, mask: torch.Tensor) -> tuple[bool, ...] | None:
     if known is not None:
         return known
     return slot_presence(mask) if values_readable(mask) else None
+
+
+def slot_filled(present: tuple[bool, ...] | None, k: int) -> bool:
+    """Whether slot ``k`` may hold something: unknown (None) counts as filled; past the end of
+    a stated tuple is a padding slot, empty."""
+    return present is None or (k < len(present) and present[k])
+
+
+def batch_slots(batch: dict[str, torch.Tensor]) -> dict[str, tuple[bool, ...]]:
+    """:func:`slot_presence` of each :data:`SLOT_FEATURES` feature of ``batch`` whose values
+    are readable: what a caller states with :func:`known_slots`."""
+    return {name: slot_presence(batch[name]) for name in SLOT_FEATURES
+            if name in batch and values_readable(batch[name])}
 
 
 @contextlib.contextmanager

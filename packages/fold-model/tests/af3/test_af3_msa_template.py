@@ -131,13 +131,19 @@ def test_template_features_known_case():
     assert a[0, 0, 2, 44 + 3] == 1 and a[0, 0, 2, 44 + 32 + 31] == 1  # restype of i and j
 
 
-def test_template_embedder_masks_and_padding():
-    f = {k: v.double() if v.is_floating_point() else v for k, v in random_features(seed=1).items()}
+def _template_case(seed: int):
+    """float64 features (with a padded template slot), an embedder, z and the pair mask."""
+    f = {k: v.double() if v.is_floating_point() else v
+         for k, v in random_features(seed=seed).items()}
     emb = randomize_(TemplateEmbedder(CFG.template, C_Z), scale=0.5).double().eval()
     n = f["asym_id"].shape[-1]
     z = torch.randn(1, n, n, C_Z, dtype=torch.float64)
     tm = f["token_mask"]
-    pm = tm[:, :, None] * tm[:, None]
+    return f, emb, z, tm[:, :, None] * tm[:, None]
+
+
+def test_template_embedder_masks_and_padding():
+    f, emb, z, pm = _template_case(seed=1)
     out = emb(f, z, pm)
     assert out.shape == z.shape and torch.isfinite(out).all()
     # The padded (masked) template does not matter: drop it and compare.
@@ -152,12 +158,7 @@ def test_template_embedder_one_at_a_time_and_skips():
     """Inference with the templates one at a time (set by chunking) sums the same as all at once
     (float64; a padded template slot is skipped); without any template the inference output is
     an exact zero and the pair stack does not run."""
-    f = {k: v.double() if v.is_floating_point() else v for k, v in random_features(seed=2).items()}
-    emb = randomize_(TemplateEmbedder(CFG.template, C_Z), scale=0.5).double().eval()
-    n = f["asym_id"].shape[-1]
-    z = torch.randn(1, n, n, C_Z, dtype=torch.float64)
-    tm = f["token_mask"]
-    pm = tm[:, :, None] * tm[:, None]
+    f, emb, z, pm = _template_case(seed=2)
     assert f["template_mask"].shape[-1] > 1 and f["template_mask"].min() == 0
     with torch.no_grad():
         ref = emb(f, z, pm)

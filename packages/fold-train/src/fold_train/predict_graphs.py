@@ -53,16 +53,13 @@ def graphs_wanted(cuda_graphs: bool | None, device: torch.device | str) -> bool:
 
 
 def _host_facts(batch: dict[str, torch.Tensor]) -> tuple[dict[str, tuple], tuple | None]:
-    """The feature values the model's inference shortcuts read (``fold_model.host_values``:
-    which template slots are filled), read once per prediction, outside every captured piece,
-    and a key of them for the graphs; nothing on FakeTensors (a dry run states them itself)."""
-    from fold_model.host_values import slot_presence, values_readable
+    """The filled slots the model's inference shortcuts read (``fold_model.host_values``),
+    read once per prediction, outside every captured piece, and a key of them for the graphs;
+    nothing on FakeTensors (a dry run states them itself)."""
+    from fold_model.host_values import batch_slots
 
-    mask = batch.get("template_mask")
-    if mask is None or not values_readable(mask):
-        return {}, None
-    present = slot_presence(mask)
-    return {"template_mask": present}, ("templates", present)
+    facts = batch_slots(batch)
+    return facts, (tuple(sorted(facts.items())) if facts else None)
 
 
 class DirectRun:

@@ -101,11 +101,11 @@ def stage_peaks(model: torch.nn.Module, stages, run: Callable[[Any], Any], batch
         handles.append(m.register_forward_hook(post(name)))
     try:
         if fake:
-            from fold_model.host_values import known_slots, slot_presence
+            from fold_model.host_values import batch_slots, known_slots
 
-            # the real batch's values that the model's inference shortcuts read (host_values)
-            facts = {name: slot_presence(batch[name]) for name in ("template_mask",)
-                     if name in batch}
+            # the real batch's filled slots, which the model's inference shortcuts read (read
+            # before the fake mode starts)
+            facts = batch_slots(batch)
             with fold_chunk.fake_memory(model) as fr, known_slots(facts):
                 state["tracker"] = fr.tracker
                 out = run(fr.fake(batch))

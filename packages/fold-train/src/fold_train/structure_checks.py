@@ -96,8 +96,7 @@ def atom_sasa(positions: np.ndarray, radii: np.ndarray, n_points: int = 100) -> 
     for start in range(0, len(x), block):
         rows = np.arange(start, min(start + block, len(x)))
         d2 = sq[rows, None] + sq[None, :] - 2.0 * x[rows] @ x.T  # [b, A]
-        overlap = d2 < (r[rows, None] + r[None, :]) ** 2  # [b, A]
-        near = np.flatnonzero(overlap.any(0))  # [m]
+        near = np.flatnonzero((d2 < (r[rows, None] + r[None, :]) ** 2).any(0))  # [m]
         # nearest first: in a crowded (e.g. collapsed, untrained) structure the first few
         # neighbours cover most points, and only the points still free meet the next ones
         near = near[np.argsort(d2[:, near].min(0), kind="stable")]

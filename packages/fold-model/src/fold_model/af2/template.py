@@ -13,7 +13,7 @@ from fold_model.af2.embedders import (
     distogram_one_hot,
 )
 from fold_model.geometry import rigid_from_3_points
-from fold_model.host_values import slots_present
+from fold_model.host_values import slot_filled, slots_present
 from fold_model.layers import (
     Attention,
     BlockStack,
@@ -231,15 +231,17 @@ class TemplateEmbedder(nn.Module):
         self.pair_stack.set_chunk_size(chunk_size)
 
     def _pair_stack_output(
-        self, feats: dict[str, torch.Tensor], dtype: torch.dtype, pair_mask: torch.Tensor
+        self, feats: dict[str, torch.Tensor], dtype: torch.dtype, pair_mask: torch.Tensor,
+        one_by_one: bool, present: tuple[bool, ...] | None,
     ) -> torch.Tensor:
         """The template pair features through ``linear_t`` and the pair stack, ``[*, N_templ,
-        N_res, N_res, C_t]``. All templates at once, or, at inference with
-        ``one_template_at_a_time``, one after the other as AF2's code does (``TemplateEmbedding``
-        maps over the templates): the stack treats each template alone, so the result is the
-        same, while the 88-channel features ``[N_templ, N_res, N_res, 88]`` and the stack's
-        intermediates exist for one template at a time (at 3072 residues and 4 templates the
-        batched features alone are 13 GiB in fp32)."""
+        N_res, N_res, C_t]``. All templates at once, or (``one_by_one``: inference with
+        ``one_template_at_a_time``) one after the other as AF2's code does
+        (``TemplateEmbedding`` maps over the templates): the stack treats each template alone,
+        so the result is the same, while the 88-channel features ``[N_templ, N_res, N_res, 88]``
+        and the stack's intermediates exist for one template at a time (at 3072 residues and 4
+        templates the batched features alone are 13 GiB in fp32). ``present``: the filled slots
+        (``host_values``); an empty one stays zero (the pointwise attention masks it out)."""
         cfg = self.cfg
 
         def stack(one: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -249,43 +251,37 @@ class TemplateEmbedder(nn.Module):
             ).to(dtype)
             return self.pair_stack(self.linear_t(pair_feat), pair_mask)
 
+        if not one_by_one:
+            return stack(feats)
         templ_dim = feats["template_mask"].dim() - 1  # features are [*, N_templ, ...]
         n_templ = feats["template_mask"].shape[-1]
-        inference = not self.training and not torch.is_grad_enabled()
-        if not (self.one_template_at_a_time and inference and n_templ > 1):
-            return stack(feats)
-        present = slots_present("template_mask", feats["template_mask"])
         t = None
         for k in range(n_templ):
-            one = {name: v.narrow(templ_dim, k, 1) for name, v in feats.items()}
-            if present is not None and not (k < len(present) and present[k]):  # (padding slots)
-                # absent in every batch entry: the pointwise attention masks it out
-                if t is not None:
-                    t.narrow(templ_dim, k, 1).zero_()
+            if not slot_filled(present, k):
                 continue
-            t_k = stack(one)  # [*, 1, N_res, N_res, C_t]
-            if t is None:
-                t = t_k.new_empty(*t_k.shape[:templ_dim], n_templ, *t_k.shape[templ_dim + 1:])
-                t.narrow(templ_dim, 0, k).zero_()  # slots skipped before the first present one
+            t_k = stack({name: v.narrow(templ_dim, k, 1) for name, v in feats.items()})
+            if t is None:  # [*, N_templ, N_res, N_res, C_t]
+                t = t_k.new_zeros(*t_k.shape[:templ_dim], n_templ, *t_k.shape[templ_dim + 1:])
             t.narrow(templ_dim, k, 1).copy_(t_k)
             del t_k
-        assert t is not None  # a present template (forward skips the stack without any)
+        assert t is not None  # a filled slot (forward skips the stack without any)
         return t
 
     def forward(
         self, feats: dict[str, torch.Tensor], z: torch.Tensor, pair_mask: torch.Tensor
     ) -> dict[str, torch.Tensor]:
         template_mask = feats["template_mask"].to(z.dtype)  # [*, N_templ]
-        present = None
-        if not self.training and not torch.is_grad_enabled():  # inference shortcuts
-            present = slots_present("template_mask", template_mask)
+        inference = not self.training and not torch.is_grad_enabled()
+        present = slots_present("template_mask", template_mask) if inference else None
         if present is not None and not any(present):
             # Inference, no template present: the update below would be dropped, so the pair
             # stack is skipped (a zero view: no [N_res, N_res, C_z] buffer).
             dz = z.new_zeros(()).expand(z.shape)
             out = {"template_pair_embedding": dz}
         else:
-            t = self._pair_stack_output(feats, z.dtype, pair_mask)  # [*, T, N_res, N_res, C_t]
+            one_by_one = (self.one_template_at_a_time and inference
+                          and template_mask.shape[-1] > 1)
+            t = self._pair_stack_output(feats, z.dtype, pair_mask, one_by_one, present)
             chunk = self.chunk_size
             if chunk is None and self.one_template_at_a_time:
                 chunk = _POINTWISE_ROWS

@@ -14,7 +14,7 @@ from torch import nn
 
 from fold_model.af3.pairformer import PairUpdates
 from fold_model.geometry import rigid_from_3_points
-from fold_model.host_values import slots_present
+from fold_model.host_values import slot_filled, slots_present
 from fold_model.layers import BlockStack, LayerNorm, Linear
 from fold_model.seams import IDENTITY_COMM, AxialComm
 
@@ -142,12 +142,11 @@ class TemplateEmbedder(BlockStack):
             templ_dim = t_mask.dim() - 1
             u = None
             for k in range(n_templ):
+                if not slot_filled(present, k):
+                    continue
                 one = {name: (f.narrow(templ_dim, k, 1) if name.startswith("template_") else f)
                        for name, f in feats.items()}
-                if present is not None and not (k < len(present) and present[k]):  # (padding slots)
-                    continue
-                mask_k = t_mask.narrow(-1, k, 1)
-                u_k = self._template_sum(one, v_z, pair_mask, mask_k)
+                u_k = self._template_sum(one, v_z, pair_mask, t_mask.narrow(-1, k, 1))
                 u = u_k if u is None else u.add_(u_k)
             assert u is not None  # a present template (all absent returned above)
         else:

@@ -12,7 +12,7 @@ import contextlib
 import contextvars
 import math
 from collections.abc import Callable, Iterator
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
@@ -128,29 +128,37 @@ def chunked_rows(
     chunked: tuple[tuple[torch.Tensor | None, int], ...],
     shared: tuple = (),
     out_dim: int = -3,
-) -> torch.Tensor:
+) -> Any:
     """``fn(*chunked_tensors, *shared)`` evaluated in slices of ``chunk_size`` rows.
 
     ``chunked`` holds ``(tensor, row_dim)`` pairs: each tensor is sliced along its own row dim
-    (None passes through); ``shared`` arguments are passed whole; the results are concatenated
-    along ``out_dim``. ``chunk_size=None`` calls ``fn`` once (the traceable path: no loop over a
-    tensor size). Only valid when rows are independent (inference-time memory saving).
+    (None passes through); ``shared`` arguments are passed whole; the results (or each result
+    of a tuple) are concatenated along ``out_dim``. ``chunk_size=None`` calls ``fn`` once (the
+    traceable path: no loop over a tensor size). Only valid when rows are independent
+    (inference-time memory saving).
     """
     tensors = tuple(t for t, _ in chunked)
     if chunk_size is None:
         return fn(*tensors, *shared)
     n = next(t.shape[d] for t, d in chunked if t is not None)
-    out = None
+    outs, several = None, False  # written in place: no list of parts beside their concatenation
     for start in range(0, n, chunk_size):
         size = min(chunk_size, n - start)
         sliced = tuple(None if t is None else t.narrow(d, start, size) for t, d in chunked)
         part = fn(*sliced, *shared)
-        if out is None:  # written in place: no list of parts next to their concatenation
-            shape = list(part.shape)
-            shape[out_dim] = n
-            out = part.new_empty(shape)
-        out.narrow(out_dim, start, size).copy_(part)
-        del part
+        several = isinstance(part, tuple)
+        parts = part if several else (part,)
+        if outs is None:
+            outs = tuple(p.new_empty(_with_dim(p.shape, out_dim, n)) for p in parts)
+        for out, p in zip(outs, parts, strict=True):
+            out.narrow(out_dim, start, size).copy_(p)
+        del part, parts
+    return outs if several else outs[0]
+
+
+def _with_dim(shape: torch.Size, dim: int, n: int) -> list[int]:
+    out = list(shape)
+    out[dim] = n
     return out
 
 

@@ -61,26 +61,6 @@ class TriangleMultiplication(nn.Module):
         proj = ops.linear_channel_first(z_ln, weight)  # [*, 4c, rows, cols]
         return ops.triangle_projection_gate(proj, bias, pair_mask)
 
-    def _gated_projections_in_rows(
-        self, z_ln: torch.Tensor, pair_mask: torch.Tensor, chunk_size: int
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """:meth:`_gated_projections` in slices of ``chunk_size`` rows written into a and b
-        ``[*, c, rows, cols]``: the GEMM output ``[*, 4c, rows, cols]`` (twice the pair's
-        size at c = C_z) exists for one slice at a time. Rows are independent: the same a, b."""
-        rows = z_ln.shape[-3]
-        a = b = None
-        for start in range(0, rows, chunk_size):
-            size = min(chunk_size, rows - start)
-            a_i, b_i = self._gated_projections(z_ln.narrow(-3, start, size),
-                                               pair_mask.narrow(-2, start, size))
-            if a is None:
-                a = a_i.new_empty(*a_i.shape[:-2], rows, a_i.shape[-1])
-                b = b_i.new_empty(*b_i.shape[:-2], rows, b_i.shape[-1])
-            a.narrow(-2, start, size).copy_(a_i)
-            b.narrow(-2, start, size).copy_(b_i)
-            del a_i, b_i
-        return a, b
-
     def forward(
         self,
         z: torch.Tensor,
@@ -89,10 +69,10 @@ class TriangleMultiplication(nn.Module):
         chunk_size: int | None = None,
     ) -> torch.Tensor:
         z_ln = self.layer_norm_in(z)
-        if chunk_size is None:
-            a, b = self._gated_projections(z_ln, pair_mask)  # [*, c, rows, cols]
-        else:  # long inputs: never the four projections [*, 4c, rows, cols] at once
-            a, b = self._gated_projections_in_rows(z_ln, pair_mask, chunk_size)
+        # [*, c, rows, cols] each; with chunk_size in row slices, so the four projections
+        # [*, 4c, rows, cols] (twice the pair at c = C_z) exist for one slice at a time
+        a, b = chunked_rows(self._gated_projections, chunk_size, ((z_ln, -3), (pair_mask, -2)),
+                            out_dim=-2)
         if self.outgoing:  # rows of i are local; x_ij = sum_k a_ik b_jk needs every row j of b
             b = comm.all_gather_for_triangle(b, -2)  # [*, c, N_j, N_k]
             left = (a, -2)  # output rows i are rows of a
