@@ -42,10 +42,11 @@ def attention(q, k, v, bias=None, mask=None, scale=None, gate=None):
     """o ``[*, R, H, N, D]``; transients: the pre-gate output (gated) and the fp32
     log-sum-exp rows ``[*, R, H, 2, N]``."""
     *lead, n, _ = q.shape
+    o = torch.empty(q.shape, device=q.device, dtype=q.dtype)
     stats = _stats(q, *lead[:-1], 2, n)  # [*, R, H, 2, N]
     pre = torch.empty_like(q) if gate is not None else None
     del stats, pre
-    return torch.empty(q.shape, device=q.device, dtype=q.dtype)
+    return o
 
 
 def attention_packed(proj, no_heads, bias=None, mask=None, scale=None, gate_bias=None,
@@ -53,33 +54,37 @@ def attention_packed(proj, no_heads, bias=None, mask=None, scale=None, gate_bias
     """o ``[*, R, N, H*D]`` from ``proj [*, R, N, P*H*D]``; transients as :func:`attention`."""
     *lead, n, c = proj.shape
     hd = c // (4 if gated else 3)
+    o = proj.new_empty((*lead, n, hd))
     stats = _stats(proj, *lead, no_heads, 2, n)  # [*, R, H, 2, N]
     pre = proj.new_empty((*lead, n, hd)) if gated else None
     del stats, pre
-    return proj.new_empty((*lead, n, hd))
+    return o
 
 
 def layer_norm(x, weight, bias, eps=1e-5):
     """y like x; transients: fp32 mean and rstd per row."""
     rows = x.numel() // x.shape[-1]
+    y = torch.empty(x.shape, device=x.device, dtype=x.dtype)
     mean, rstd = _stats(x, rows), _stats(x, rows)
     del mean, rstd
-    return torch.empty(x.shape, device=x.device, dtype=x.dtype)
+    return y
 
 
 def layer_norm_linear(x, ln_weight, ln_bias, weight, bias=None, eps=1e-5):
     """y ``[*, O]``; transients: fp32 mean and rstd per row (x read through its strides)."""
     rows = x.numel() // x.shape[-1]
+    y = torch.empty((*x.shape[:-1], weight.shape[0]), device=x.device, dtype=x.dtype)
     mean, rstd = _stats(x, rows), _stats(x, rows)
     del mean, rstd
-    return torch.empty((*x.shape[:-1], weight.shape[0]), device=x.device, dtype=x.dtype)
+    return y
 
 
 def swiglu(x, weight, bias=None):
     """y ``[*, O/2]``; the kernel copies a non-contiguous x to ``[M, K]`` rows first."""
     x2 = x.reshape(-1, x.shape[-1]).contiguous()
+    y = torch.empty((*x.shape[:-1], weight.shape[0] // 2), device=x.device, dtype=x.dtype)
     del x2
-    return torch.empty((*x.shape[:-1], weight.shape[0] // 2), device=x.device, dtype=x.dtype)
+    return y
 
 
 def bias_sigmoid_gate(x, gate, bias=None):
