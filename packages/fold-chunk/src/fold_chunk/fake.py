@@ -10,8 +10,8 @@ whatever the real tensors' device: code that picks an implementation by device (
 registry: fold-kernels' Triton kernels on CUDA, whose shape-only fakes allocate no attention
 logits) is counted as it would run there, and only that device's storages are counted. The code
 must not read tensor values on the host (``.item()``, ``.tolist()``, data-dependent shapes); the
-result is the peak of the tensors allocated inside
-the block, not counting the faked inputs and the modules' parameters and buffers.
+result is the peak of the tensors allocated inside the block, not counting the faked inputs and
+the modules' parameters and buffers.
 """
 
 from __future__ import annotations

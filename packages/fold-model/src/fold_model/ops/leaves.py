@@ -7,7 +7,8 @@ dispatches the op like eager code does (the Triton kernels on a GPU, the referen
 the backend's shape-only fake on FakeTensors). Each leaf carries ``fold_op``, the op's name in
 :data:`fold_ops.contract.OPS`: fold-chunk recognises leaf nodes by that attribute (it imports
 neither fold-model nor fold-kernels) and knows how chunk dims flow through each op by its
-contract. ``__signature__`` is the op's (its reference's).
+contract. ``__signature__`` is the op's (its reference's); a node may also pass ``backend=``,
+an explicit request made while tracing.
 """
 
 from __future__ import annotations
