@@ -63,10 +63,9 @@ a row predicted to end later is recorded as skipped.
 
 ``--plan-only`` plans every N_res on meta tensors (no memory, no GPU) and prints the planning
 times, the estimated peaks and the predicted GPU time of each row. Op backend: ``--backend
-torch`` (default) runs (a)-(d) on fold-model's PyTorch reference ops, like for like (the op
-registry hands the reference implementation to ``torch.fx`` while tracing, so AutoChunk's code
-always runs reference ops); ``--backend auto`` lets (a) and (b) use fold-kernels where
-installed. On CPU the peak is measured with ``fold_chunk.AllocationTracker`` (live tensor bytes).
+torch`` (default) runs (a)-(d) on fold-model's PyTorch reference ops, like for like;
+``--backend auto`` lets every contender use fold-kernels where installed (AutoChunk's code calls
+the ops through the registry: they are leaf nodes of its traced graphs). On CPU the peak is measured with ``fold_chunk.AllocationTracker`` (live tensor bytes).
 """
 
 from __future__ import annotations

@@ -16,8 +16,8 @@ OPS = ("linear", "attention", "attention_packed", "layer_norm", "layer_norm_line
 def _fake_registry():
     calls = []
     mod = types.SimpleNamespace(OPS=OPS)
-    mod.register = lambda op, backend, fn, *, supports=None, priority=0: calls.append(
-        (op, backend, fn, supports, priority))
+    mod.register = lambda op, backend, fn, *, supports=None, priority=0, fake=None: calls.append(
+        (op, backend, fn, supports, priority, fake))
     return mod, calls
 
 
@@ -26,7 +26,15 @@ def test_registers_every_op_as_triton_priority_10():
     registration.register(mod)
     assert sorted(c[0] for c in calls) == sorted(OPS)
     assert all(c[1] == "triton" and c[4] == 10 and callable(c[2]) and callable(c[3])
-               for c in calls)
+               and callable(c[5]) for c in calls)
+
+
+def test_a_registry_without_fakes_gets_none():
+    calls = []
+    mod = types.SimpleNamespace(OPS=OPS)
+    mod.register = lambda op, backend, fn, *, supports=None, priority=0: calls.append(op)
+    registration.register(mod)
+    assert sorted(calls) == sorted(OPS)
 
 
 def test_cpu_tensors_are_not_supported():

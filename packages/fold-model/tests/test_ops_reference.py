@@ -159,7 +159,12 @@ def test_registry_selection(fake_backend, monkeypatch):
         ops.attention(q, k, v, backend="no-such-backend")
 
 
-def test_fx_tracing_resolves_to_the_reference(fake_backend):
+def test_fx_tracing_records_one_leaf_node_that_dispatches_when_run(fake_backend):
+    """While torch.fx traces, an op is one call_function node of its leaf
+    (``fold_model.ops.leaves``, with ``fold_op``), no backend runs and ``supports`` is not
+    asked; running the graph dispatches, so the backend selected then serves the call."""
+    from fold_model.ops import leaves
+
     class Attn(torch.nn.Module):
         def forward(self, q, k, v, mask):
             return ops.attention(q, k, v, None, mask, 0.5, None)
@@ -167,10 +172,67 @@ def test_fx_tracing_resolves_to_the_reference(fake_backend):
     with ops.use_backend("fake"):
         gm = torch.fx.symbolic_trace(Attn())
     assert len(fake_backend) == 0
+    calls = [n for n in gm.graph.nodes if n.op == "call_function"]
+    assert [n.target for n in calls] == [leaves.attention]
+    assert leaves.attention.fold_op == "attention"
+    assert not any(n.target in (torch.softmax, torch.matmul) for n in gm.graph.nodes)
     q, k, v, _, mask, _ = _inputs(seed=7)
-    targets = {str(n.target) for n in gm.graph.nodes}
-    assert not any("fake" in t or "dispatch" in t for t in targets)
-    assert rel_err(gm(q, k, v, mask), _naive_attention(q, k, v, None, mask, 0.5, None)) < 1e-5
+    ref = _naive_attention(q, k, v, None, mask, 0.5, None)
+    assert rel_err(gm(q, k, v, mask), ref) < 1e-5
+    assert len(fake_backend) == 1  # auto at run time: the highest priority
+    with ops.use_backend("torch"):
+        assert rel_err(gm(q, k, v, mask), ref) < 1e-5
+    assert len(fake_backend) == 1
+
+
+def test_an_explicit_backend_argument_is_kept_in_the_traced_node(fake_backend):
+    class Attn(torch.nn.Module):
+        def forward(self, q, k, v):
+            return ops.attention(q, k, v, backend="torch")
+
+    gm = torch.fx.symbolic_trace(Attn())
+    (node,) = [n for n in gm.graph.nodes if n.op == "call_function"]
+    assert node.kwargs == {"backend": "torch"}
+    q, k, v, *_ = _inputs(seed=8)
+    gm(q, k, v)
+    assert len(fake_backend) == 0
+
+
+def test_fake_tensors_run_the_chosen_backends_fake():
+    """On FakeTensors the registry picks a backend as for real tensors and runs its ``fake``;
+    a backend without one is passed over (auto) or refused (explicit)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    calls = []
+
+    def spy(*args, **kwargs):
+        calls.append("fn")
+        return reference.attention(*args, **kwargs)
+
+    def spy_fake(q, k, v, *args, **kwargs):
+        calls.append("fake")
+        return torch.empty_like(q)
+
+    ops.register("attention", "spy", spy, supports=lambda *a, **k: True, priority=10_000,
+                 fake=spy_fake)
+    ops.register("attention", "nofake", spy, supports=lambda *a, **k: True, priority=20_000)
+    try:
+        q, k, v, bias, mask, _ = _inputs(seed=9)
+        with FakeTensorMode() as mode:
+            fq, fk, fv = (mode.from_tensor(t) for t in (q, k, v))
+            out = ops.attention(fq, fk, fv)
+            assert out.shape == q.shape and calls == ["fake"]
+            with pytest.raises(ops.BackendUnavailable, match="no shape-only fake"):
+                ops.attention(fq, fk, fv, backend="nofake")
+            with ops.use_backend("torch"):
+                assert ops.attention(fq, fk, fv).shape == q.shape  # the reference on fakes
+        assert calls == ["fake"]
+        ops.attention(q, k, v)
+        assert calls == ["fake", "fn"]  # real tensors: the highest priority
+    finally:
+        del registry._STATE.impls["attention"]["spy"]
+        del registry._STATE.impls["attention"]["nofake"]
+        registry._SORTED.clear()
 
 
 def test_linear_with_a_bias_goes_through_the_registry():
@@ -198,9 +260,12 @@ def test_linear_with_a_bias_goes_through_the_registry():
         assert rel_err(out, ref) < 1e-12
         no_bias.double()(x)
         assert len(calls) == 1  # no dispatch without a bias
+        from fold_model.ops import leaves
+
         gm = torch.fx.symbolic_trace(with_bias)
         assert len(calls) == 1
-        assert any(n.target is F.linear for n in gm.graph.nodes)
+        assert any(n.target is leaves.linear for n in gm.graph.nodes)
+        assert rel_err(gm(x), ref) < 1e-12 and len(calls) == 2
     finally:
         del registry._STATE.impls["linear"]["fake"]
         registry._SORTED.clear()

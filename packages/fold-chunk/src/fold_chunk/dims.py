@@ -13,6 +13,9 @@ another dim, a non-trivial slice of ``d``, advanced indexing) or the op is unkno
 without tensor inputs return :data:`FULL`: they are loop-invariant and are hoisted out of the
 chunk loop, where the chunked consumer slices them.
 
+The ops of fold-ops' contract (attention, LayerNorm, the fused transitions, ...) are leaf nodes
+of fold-model's traced graphs; their rules are in :mod:`fold_chunk.leaf_dims`.
+
 Contracted dimensions never appear in an op's output, so walking from the outputs back to the
 inputs can only reach free dimensions and dims that some op mixes; the latter are refused.
 """
@@ -28,6 +31,7 @@ import torch
 import torch.fx as fx
 import torch.nn as nn
 
+from fold_chunk.leaf_dims import fold_op, leaf_input_dims
 from fold_chunk.trace import NodeInfo, TensorMeta
 
 __all__ = ["Illegal", "FULL", "input_dims", "op_name", "tensor_inputs"]
@@ -84,7 +88,11 @@ _MODULE_ELEMENTWISE = (nn.ReLU, nn.GELU, nn.SiLU, nn.Sigmoid, nn.Tanh, nn.Dropou
 
 
 def op_name(node: fx.Node, root: nn.Module | None = None) -> str:
-    """A short name for the op of ``node`` (``"linear"``, ``"softmax"``, ``"module:Linear"``)."""
+    """A short name for the op of ``node`` (``"linear"``, ``"softmax"``, ``"module:Linear"``;
+    ``"fold_op:attention"`` for a leaf of fold-ops' contract)."""
+    leaf = fold_op(node)
+    if leaf is not None:
+        return "fold_op:" + leaf
     if node.op == "call_method":
         return str(node.target)
     if node.op == "call_function":
@@ -270,6 +278,13 @@ def input_dims(node: fx.Node, d: int, info: dict[fx.Node, NodeInfo],
         return Illegal(f"{node.op} node")
     if name in _CREATION or not ins:
         return FULL
+    leaf = fold_op(node)
+    if leaf is not None:
+        elem = meta[0] if isinstance(meta, (tuple, list)) and meta else meta
+        if not isinstance(elem, TensorMeta):
+            return Illegal(f"{name} does not return a tensor")
+        r = leaf_input_dims(leaf, node, d, elem.shape, info)
+        return Illegal(r) if isinstance(r, str) else r
     if isinstance(meta, (tuple, list)):
         if name not in _SPLITS:
             return Illegal(f"{name} returns several tensors")

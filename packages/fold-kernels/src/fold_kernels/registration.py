@@ -8,6 +8,10 @@ when the Triton kernel can run it: CUDA/ROCm tensors of a supported dtype and sh
 torch.fx traces (AutoChunk) or torch.compile captures the model (there the PyTorch path is
 traced and fused by the compiler), and not for fp32 inputs under autocast (the PyTorch path
 then computes in bf16/fp16, as the caller asked).
+
+Each op is registered with its shape-only fake (:data:`fold_kernels.fakes.FAKES`): on
+FakeTensors (memory estimates) ``supports`` decides as for real tensors of the same shapes,
+dtypes and devices, and the registry runs the fake, never a kernel.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from fold_ops.tracing import compiling, fx_tracing
 
 import fold_kernels as kernels
 from fold_kernels.broadcast import broadcast_shape
+from fold_kernels.fakes import FAKES
 
 __all__ = ["register", "SUPPORTS"]
 
@@ -193,11 +198,17 @@ SUPPORTS: dict[str, tuple[Callable, Callable[..., bool]]] = {
 
 
 assert set(SUPPORTS) <= set(OPS), set(SUPPORTS) - set(OPS)  # kernels only for contract ops
+assert set(FAKES) == set(SUPPORTS), set(FAKES) ^ set(SUPPORTS)  # a fake for every kernel
 
 
 def register(registry: ModuleType) -> None:
-    """Register every Triton op with ``registry.register(op, "triton", fn, supports=...)``."""
+    """Register every Triton op with ``registry.register(op, "triton", fn, supports=...,
+    fake=...)`` (a registry without ``fake`` support gets none)."""
+    import inspect
+
     known = getattr(registry, "OPS", tuple(SUPPORTS))
+    takes_fake = "fake" in inspect.signature(registry.register).parameters
     for op, (fn, supports) in SUPPORTS.items():
         if op in known:
-            registry.register(op, "triton", fn, supports=supports, priority=PRIORITY)
+            extra = {"fake": FAKES[op]} if takes_fake else {}
+            registry.register(op, "triton", fn, supports=supports, priority=PRIORITY, **extra)

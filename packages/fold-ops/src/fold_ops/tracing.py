@@ -1,5 +1,6 @@
-"""Whether a model is being traced (torch.fx: AutoChunk) or captured (torch.compile): then the
-registry hands out the PyTorch reference and kernel backends decline every call."""
+"""Whether a model is being traced (torch.fx: AutoChunk) or captured (torch.compile): while fx
+traces, fold-model's registry records each op as one leaf node that dispatches when the graph
+runs; while torch.compile captures, kernel backends decline and the reference is compiled."""
 
 from __future__ import annotations
 

@@ -9,6 +9,11 @@ estimates: tensors allocated during the call, not its inputs or the weights), gi
 ``"auto"``: 90% of the memory free on the device when the stack is first called (the inputs and
 the weights are already allocated then; the rest is margin for allocator fragmentation).
 
+The traced stacks hold fold-model's ops as leaf nodes that dispatch when the generated code runs
+(``fold_model.ops.leaves``): on a GPU the chunk loops call fold-kernels' Triton kernels, and the
+plan counts what those kernels allocate (their shape-only fakes), not the PyTorch reference's
+attention logits.
+
 Inference only: the stacks must run in eval mode under ``torch.no_grad()`` (fold-chunk's
 chunk loops keep no autograd graph, and dropout would draw different masks per chunk).
 """
@@ -17,7 +22,6 @@ from __future__ import annotations
 
 import os
 import re
-import warnings
 from collections.abc import Sequence
 from typing import Any, Literal
 
@@ -29,13 +33,6 @@ __all__ = ["AUTO", "AutoChunkedStack", "autochunk_summary", "available_memory",
            "parse_memory_budget"]
 
 AUTO = "auto"
-# torch.fx receives fold-ops' PyTorch references (AutoChunk must see inside every op), so the
-# traced stacks run them on the GPU too: attention with its [rows, H, N, N] logits
-REFERENCE_OPS_WARNING = (
-    "--autochunk: the chunked stacks run PyTorch's reference ops, not fold-kernels (attention "
-    "materialises its [rows, heads, N, N] logits beyond the plan's estimate: with many MSA rows "
-    "this can run out of memory even for short inputs); on GPUs prefer --chunk-size "
-    "(docs/memory.md)")
 Budget = int | Literal["auto"]
 _AUTO_FRACTION = 0.9
 _UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9,
@@ -113,8 +110,6 @@ class AutoChunkedStack(nn.Module):
             import fold_chunk
 
             device = next(x.device for x in inputs if isinstance(x, torch.Tensor))
-            if device.type == "cuda":
-                warnings.warn(REFERENCE_OPS_WARNING, RuntimeWarning, stacklevel=2)
             self._chunked = fold_chunk.autochunk(self.stack, inputs, self._budget(device),
                                                  min_chunk=self.min_chunk)
         return self._chunked(*inputs)

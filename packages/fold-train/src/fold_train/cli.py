@@ -593,7 +593,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dry-run", action="store_true",
                    help="plan, do not predict: size the input and print, as JSON, the peak "
                         "memory of each stage (trunk stacks; AF3: diffusion with the samples in "
-                        "groups, confidence head) estimated on FakeTensors on the CPU, for "
+                        "groups, confidence head) estimated on FakeTensors of the device (each op "
+                        "counted as its backend there runs: fold-kernels on GPUs), for "
                         "--memory-limit (default: the device's free memory), and the "
                         "--chunk-size / --sample-group that fit")
     p.add_argument("--msa-offload", action="store_true",

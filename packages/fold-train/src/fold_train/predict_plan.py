@@ -14,9 +14,15 @@ most bytes live while its module runs, everything live from the stages before in
   the pair confidences inside it, one row block of ``chunk_size`` rows at a time, so the
   reduction is counted in this stage and no ``[S, N, N, 64]`` is).
 
+The FakeTensors are on the device the prediction will run on (:func:`fake_device`: a CUDA
+device when planning for one on a machine that has it, else the CPU). fold-model's op registry
+picks each op's backend on them as on real tensors and runs its shape-only fake, so on a GPU
+with fold-kernels the attention kernels are counted as they run (their outputs and fp32
+statistics, no ``[rows, H, N, N]`` logits) and bf16 follows CUDA's autocast; on the CPU the
+PyTorch references are counted (with their logits: an upper bound for a GPU with kernels).
+
 The device needs the weights and the input features on top (both counted here, at their size).
-Not counted: the CUDA context and kernels' workspaces (cuBLAS, attention kernels that do not
-materialise logits make the estimate an upper bound there), and the caching allocator's
+Not counted: the CUDA context and kernels' workspaces (cuBLAS), and the caching allocator's
 fragmentation; :data:`DEVICE_MARGIN` of the budget is left for them.
 
 :func:`plan_chunking` starts from the user's chunk size and sample group (default: none) and,
@@ -38,8 +44,8 @@ from typing import Any
 
 import torch
 
-__all__ = ["AF2_STAGES", "AF3_STAGES", "DEVICE_MARGIN", "Plan", "StagePeaks", "plan_chunking",
-           "stage_peaks"]
+__all__ = ["AF2_STAGES", "AF3_STAGES", "DEVICE_MARGIN", "Plan", "StagePeaks", "fake_device",
+           "plan_chunking", "stage_peaks"]
 
 # (stage, model attribute), in the order a prediction runs them
 AF2_STAGES = (("input embedding", "input_embedder"), ("template embedder", "template_embedder"),
@@ -72,12 +78,22 @@ def _tensor_bytes(tree: Any) -> int:
                if isinstance(t, torch.Tensor))
 
 
+def fake_device(device: torch.device | str | None) -> torch.device:
+    """Where a dry run's FakeTensors live: ``device`` when it is a CUDA device of this machine
+    (with its index), else the CPU (FakeTensors of a CUDA device need a CUDA build)."""
+    device = torch.device(device or "cpu")
+    if device.type != "cuda" or not torch.cuda.is_available():
+        return torch.device("cpu")
+    return torch.device("cuda", torch.cuda.current_device() if device.index is None
+                        else device.index)
+
+
 def stage_peaks(model: torch.nn.Module, stages, run: Callable[[Any], Any], batch: dict,
-                *, fake: bool = True) -> StagePeaks:
+                *, fake: bool = True, device: torch.device | str | None = None) -> StagePeaks:
     """``run(batch)`` (a prediction of ``batch`` with ``model``) under live-tensor accounting:
-    on FakeTensors (``fake``: the estimate) or on the real tensors (the measurement). A stage's
-    bytes are the most live while its module (``stages``: ``(name, model attribute)``) runs,
-    over all its calls."""
+    on FakeTensors (``fake``: the estimate; on ``device``, default the tensors' own) or on the
+    real tensors (the measurement). A stage's bytes are the most live while its module
+    (``stages``: ``(name, model attribute)``) runs, over all its calls."""
     import fold_chunk
 
     modules = [(name, getattr(model, attr, None)) for name, attr in stages]
@@ -106,7 +122,7 @@ def stage_peaks(model: torch.nn.Module, stages, run: Callable[[Any], Any], batch
             # the real batch's filled slots, which the model's inference shortcuts read (read
             # before the fake mode starts)
             facts = batch_slots(batch)
-            with fold_chunk.fake_memory(model) as fr, known_slots(facts):
+            with fold_chunk.fake_memory(model, device=device) as fr, known_slots(facts):
                 state["tracker"] = fr.tracker
                 out = run(fr.fake(batch))
                 del out
@@ -124,27 +140,30 @@ def stage_peaks(model: torch.nn.Module, stages, run: Callable[[Any], Any], batch
 
 
 def af3_run(model, extent: dict[str, int], *, no_samples: int | None, no_cycles: int = 1,
-            no_steps: int = 1, precision: str = "fp32", seed: int = 0) -> Callable[[dict], Any]:
+            no_steps: int = 1, precision: str = "fp32", seed: int = 0,
+            device: torch.device | str = "cpu") -> Callable[[dict], Any]:
     """A prediction of a collated AF3 batch of ``extent`` (``fold_train.buckets.real_extent``
-    of the real batch) by the eager AF3Predictor on the CPU."""
+    of the real batch) by the eager AF3Predictor on ``device``."""
     from fold_train.predict_graphs import AF3Predictor
 
     def run(batch: dict) -> Any:
-        predictor = AF3Predictor(model, "cpu", precision=precision, cuda_graphs=False)
-        return predictor(batch, generator=torch.Generator().manual_seed(seed),
+        predictor = AF3Predictor(model, device, precision=precision, cuda_graphs=False)
+        generator = torch.Generator(device=torch.device(device)).manual_seed(seed)
+        return predictor(batch, generator=generator,
                          no_cycles=no_cycles, no_samples=no_samples, no_steps=no_steps,
                          extent=extent)
     return run
 
 
 def af2_run(model, extent: dict[str, int], *, num_recycles: int = 1,
-            precision: str = "fp32") -> Callable[[dict], Any]:
-    """A prediction of a collated AF2 batch of ``extent`` by the eager AF2Predictor on the
-    CPU."""
+            precision: str = "fp32", device: torch.device | str = "cpu",
+            ) -> Callable[[dict], Any]:
+    """A prediction of a collated AF2 batch of ``extent`` by the eager AF2Predictor on
+    ``device``."""
     from fold_train.predict_graphs import AF2Predictor
 
     def run(batch: dict) -> Any:
-        return AF2Predictor(model, "cpu", precision=precision, cuda_graphs=False)(
+        return AF2Predictor(model, device, precision=precision, cuda_graphs=False)(
             batch, num_recycles=num_recycles, extent=extent)
     return run
 
@@ -163,6 +182,7 @@ class Plan:
     peak: int
     fits: bool
     tried: list[dict] = field(default_factory=list)
+    device: str = "cpu"  # where the FakeTensors were (fake_device)
 
     @property
     def usable(self) -> int:
@@ -185,8 +205,9 @@ class Plan:
                        for k, v in self.stages.items()},
             "chunk_size": self.chunk_size, "sample_group": self.sample_group,
             "flags": flags, "tried": self.tried,
-            "method": "FakeTensor run of the predictor on the CPU (one trunk pass, one sampler "
-                      "step), live-tensor accounting (fold_chunk); weights and features added",
+            "method": f"FakeTensor run of the predictor on {self.device} (one trunk pass, one "
+                      "sampler step; each op counted as the backend serving it there runs), "
+                      "live-tensor accounting (fold_chunk); weights and features added",
         }
 
 
@@ -200,25 +221,29 @@ def _smaller_chunk(chunk: int | None, extent: int) -> int | None:
 
 def plan_chunking(model, family: str, batch: dict, budget: int, *,
                   chunk_size: int | None = None, sample_group: int | None = None,
-                  no_samples: int | None = None, precision: str = "fp32") -> Plan:
+                  no_samples: int | None = None, precision: str = "fp32",
+                  device: torch.device | str | None = None) -> Plan:
     """The first chunking that fits ``budget`` bytes (see the module doc); ``batch``: the
-    collated inference sample, on the CPU; ``model``: on the CPU, in eval mode."""
+    collated inference sample, on the CPU; ``model``: on the CPU, in eval mode; ``device``:
+    the device the prediction will run on (FakeTensors there when :func:`fake_device` allows;
+    default the CPU)."""
     from fold_train.buckets import real_extent
 
     model.eval()
     weights = _tensor_bytes(list(model.parameters()) + list(model.buffers()))
     features = _tensor_bytes(batch)  # the batch copied to the device
     real = real_extent(batch, family)
+    on = fake_device(device)
     if family == "af3":
         extent = real["N_token"]
         samples = no_samples or model.config.sampler.no_samples
         stages = AF3_STAGES
-        run = af3_run(model, real, no_samples=samples, precision=precision)
+        run = af3_run(model, real, no_samples=samples, precision=precision, device=on)
     else:
         extent = real["N_res"]
         samples = None
         stages = AF2_STAGES
-        run = af2_run(model, real, precision=precision)
+        run = af2_run(model, real, precision=precision, device=on)
     usable = int(budget * (1 - DEVICE_MARGIN)) - weights - features
     tried: list[dict] = []
     chunk, group = chunk_size, sample_group
@@ -226,7 +251,7 @@ def plan_chunking(model, family: str, batch: dict, budget: int, *,
         model.set_chunk_size(chunk)
         if family == "af3":
             model.set_sample_group_size(group)
-        peaks = stage_peaks(model, stages, run, batch)
+        peaks = stage_peaks(model, stages, run, batch, device=on)
         over = [k for k, v in peaks.stages.items() if v > usable]
         tried.append({"chunk_size": chunk, "sample_group": group,
                       "peak_bytes": peaks.peak + weights + features})
@@ -248,12 +273,14 @@ def plan_chunking(model, family: str, batch: dict, budget: int, *,
     model.set_chunk_size(None)
     if family == "af3":
         model.set_sample_group_size(None)
-    return Plan(budget, weights, features, chunk, group, peaks.stages, peaks.peak, fits, tried)
+    return Plan(budget, weights, features, chunk, group, peaks.stages, peaks.peak, fits, tried,
+                str(on))
 
 
 def dry_run(args, device: str) -> dict:
     """``fold-train predict --dry-run``: the input featurised (on the CPU), the model loaded on
-    the CPU, :func:`plan_chunking` for ``--memory-limit`` (default: what ``device`` has free);
+    the CPU, :func:`plan_chunking` for ``--memory-limit`` (default: what ``device`` has free) on
+    FakeTensors of ``device`` (a CUDA device of this machine; else the CPU);
     returns the printed JSON summary (``fits``, per-stage bytes, the flags to use)."""
     from fold_data.limits import limits_from_args, use_limits
 
@@ -302,7 +329,7 @@ def dry_run(args, device: str) -> dict:
     plan = plan_chunking(model, family, batch, budget, chunk_size=args.chunk_size,
                          sample_group=getattr(args, "sample_group", None),
                          no_samples=getattr(args, "samples", None),
-                         precision=cfg.system.precision)
+                         precision=cfg.system.precision, device=device)
     out = {"dry_run": True, "name": name, "family": family, "device": str(device), **sizes,
            "precision": cfg.system.precision, **plan.summary()}
     if getattr(args, "msa_offload", False):  # the CPU fake run cannot tell host from device

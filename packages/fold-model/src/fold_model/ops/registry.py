@@ -17,6 +17,20 @@ Selection, per op:
 Ops, their signatures and their references are the contract of :mod:`fold_ops.contract`
 (shared with fold-kernels); the torch backend of each op is its reference there, or, for an op
 that falls back to another, a dispatch of that op.
+
+Two other situations, both AutoChunk's (fold-chunk):
+
+* **While torch.fx traces** a module, each op is recorded as one ``call_function`` node of its
+  leaf function (:mod:`fold_model.ops.leaves`: ``leaves.attention_packed`` etc., each with a
+  ``fold_op`` attribute naming the op). The graph then runs :func:`dispatch` per call: the
+  chunked code that AutoChunk generates gets the same backend choice as eager code (the Triton
+  kernels on a GPU), and AutoChunk follows chunk dims through the op by its contract.
+* **On FakeTensors** (AutoChunk's planning run, the ``predict --dry-run`` estimate) the backend
+  is chosen as for real tensors, and then its ``fake`` implementation runs: a shape-only
+  stand-in that allocates what the backend allocates (fold-kernels: the outputs and the small
+  statistics, never the reference's ``[rows, H, N, N]`` logits), so the memory counted is that
+  of the backend that will run. The torch backend's fake is its reference; a backend registered
+  without a ``fake`` is passed over for FakeTensor calls (it may launch device code).
 """
 
 from __future__ import annotations
@@ -29,6 +43,11 @@ from dataclasses import dataclass, field
 from fold_ops.contract import OPS as CONTRACT
 from fold_ops.env import EnvVar
 from fold_ops.tracing import fx_tracing
+from torch._subclasses.fake_tensor import FakeTensor
+from torch.fx import Proxy
+from torch.utils._pytree import tree_flatten
+
+from fold_model.ops import leaves
 
 __all__ = [
     "OPS",
@@ -54,6 +73,7 @@ class _Impl:
     fn: Callable
     supports: Callable[..., bool] | None
     priority: int
+    fake: Callable | None = None  # shape-only stand-in run on FakeTensors
 
 
 @dataclass
@@ -93,15 +113,20 @@ def register(
     *,
     supports: Callable[..., bool] | None = None,
     priority: int = 0,
+    fake: Callable | None = None,
 ) -> None:
     """Register ``fn`` as ``backend``'s implementation of ``op``.
 
     ``supports(*args, **kwargs) -> bool`` says whether the backend can run a given call (device,
-    dtype, shapes); ``priority`` orders backends for ``"auto"`` (the torch reference has 0).
+    dtype, shapes; it is also asked about FakeTensors, which carry them); ``priority`` orders
+    backends for ``"auto"`` (the torch reference has 0). ``fake(*args, **kwargs)``, optional:
+    what runs instead of ``fn`` when the arguments are FakeTensors, returning outputs of the
+    right shapes, dtypes and devices and allocating what ``fn`` allocates on the way (memory
+    estimates count it); without it the backend is not used for FakeTensor calls.
     """
     if op not in OPS:
         raise ValueError(f"unknown op {op!r}; ops are {OPS}")
-    _STATE.impls[op][backend] = _Impl(fn, supports, priority)
+    _STATE.impls[op][backend] = _Impl(fn, supports, priority, fake)
     _SORTED.clear()
 
 
@@ -117,7 +142,7 @@ def _load_plugins() -> None:
 
         for op in CONTRACT.values():  # the torch backend: the contract's references
             fn = op.reference if op.falls_back_to is None else _fallback(op.falls_back_to)
-            register(op.name, "torch", fn, priority=0)
+            register(op.name, "torch", fn, priority=0, fake=fn)  # the reference runs on fakes
         for ep in entry_points(group=ENTRY_POINT_GROUP):
             try:
                 ep.load()(sys.modules[__name__])
@@ -165,26 +190,51 @@ def _requested(op: str) -> str:
     return "auto"
 
 
+def _is_fake(args: tuple, kwargs: dict) -> bool:
+    """Whether the call is on FakeTensors: every op's first argument is its data tensor."""
+    first = args[0] if args else next(iter(kwargs.values()), None)
+    return isinstance(first, FakeTensor)
+
+
+def _record(op: str, backend: str | None) -> Callable:
+    """While torch.fx traces: a function that records the call as one node of the op's leaf
+    (:mod:`fold_model.ops.leaves`), or runs the reference when no argument is a Proxy."""
+    leaf = leaves.LEAVES[op]
+
+    def record(*args, **kwargs):
+        proxy = next((a for a in tree_flatten((args, kwargs))[0] if isinstance(a, Proxy)), None)
+        if proxy is None:  # constants only: nothing to trace
+            return _STATE.impls[op]["torch"].fn(*args, **kwargs)
+        if backend is not None:
+            kwargs = {**kwargs, "backend": backend}
+        return proxy.tracer.create_proxy("call_function", leaf, args, kwargs)
+
+    return record
+
+
 def resolve(op: str, *args, backend: str | None = None, **kwargs) -> Callable:
     """The implementation that :func:`dispatch` would run for this call.
 
-    While torch.fx traces a module the torch reference is returned whatever was requested, so
-    traced graphs contain plain torch ops (AutoChunk rewrites those) and ``supports`` is never
-    asked about Proxy arguments.
+    While torch.fx traces a module it is a recorder of the op's leaf node (see the module doc;
+    ``supports`` is never asked about Proxy arguments); on FakeTensors it is the chosen
+    backend's ``fake``.
     """
     _load_plugins()
     if op not in OPS:
         raise ValueError(f"unknown op {op!r}; ops are {OPS}")
     impls = _STATE.impls[op]
     if fx_tracing():
-        return impls["torch"].fn
+        return _record(op, backend)
+    fake = _is_fake(args, kwargs)
     name = backend or _requested(op)
     if name == "auto":
         order = _SORTED.get(op) or backends(op)
         for b in order:
             impl = impls[b]
+            if fake and impl.fake is None:
+                continue  # it may launch device code on the FakeTensors
             if impl.supports is None or impl.supports(*args, **kwargs):
-                return impl.fn
+                return impl.fake if fake else impl.fn
         raise BackendUnavailable(f"op {op!r}: no backend supports this call")  # torch always does
     if name not in impls:
         raise BackendUnavailable(
@@ -197,6 +247,12 @@ def resolve(op: str, *args, backend: str | None = None, **kwargs) -> Callable:
             f"op {op!r}: backend {name!r} was requested but cannot run this call "
             f"(device/dtype/shape not supported)"
         )
+    if fake:
+        if impl.fake is None:
+            raise BackendUnavailable(
+                f"op {op!r}: backend {name!r} was requested on FakeTensors (a memory estimate) "
+                "but registered no shape-only fake implementation")
+        return impl.fake
     return impl.fn
 
 

@@ -1,0 +1,135 @@
+"""Chunk-dim flow through the ops of fold-ops' contract, traced as leaf nodes.
+
+fold-model's op registry records each op of ``fold_ops.contract`` as one ``call_function`` node
+whose target carries ``fold_op = "<op name>"`` (``fold_model.ops.leaves``): the graph calls the
+op's dispatch, so the chunked code runs whichever backend serves the op (fold-kernels' Triton
+kernels on a GPU). fold-chunk does not import fold-model or fold-ops; it knows each op by name
+and its contract's shapes, stated here once as *layouts*: the named trailing dims of every
+tensor parameter and of the output, after batch dims ``*`` that broadcast right-aligned.
+
+For an output dim ``d`` to be chunked, :func:`leaf_input_dims` gives, per tensor input, the dim
+that carries it (``None``: used whole), or :class:`~fold_chunk.dims.Illegal` when the op computes
+across ``d`` (a softmax or LayerNorm over it, query and key rows taken from one projection,
+channel groups split non-contiguously).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch.fx as fx
+
+__all__ = ["LEAF_OPS", "LeafOp", "fold_op", "leaf_input_dims"]
+
+
+@dataclass(frozen=True)
+class LeafOp:
+    """An op's parameters in call order, the layout of each tensor parameter and of the output
+    (one letter per named trailing dim), and the output letters that cannot be chunked, with
+    the reason."""
+
+    params: tuple[str, ...]
+    layouts: dict[str, str]
+    out: str
+    illegal: dict[str, str]
+
+
+_ATTN = "attention over the keys: "
+LEAF_OPS: dict[str, LeafOp] = {
+    # q, k, v, gate [*, R, H, N_q|N_k, D]; bias [*, H, N_q, N_k] shared by rows; mask [*, R, N_k]
+    "attention": LeafOp(
+        ("q", "k", "v", "bias", "mask", "scale", "gate"),
+        {"q": "RHQD", "k": "RHKD", "v": "RHKD", "gate": "RHQD", "bias": "HQK", "mask": "RK"},
+        "RHQD", {"D": _ATTN + "each output channel needs every channel of q and k"}),
+    # proj [*, R, N, P*H*D] -> [*, R, N, H*D]; bias [*, H, N, N]; mask [*, R, N]
+    "attention_packed": LeafOp(
+        ("proj", "no_heads", "bias", "mask", "scale", "gate_bias", "gated"),
+        {"proj": "RNP", "bias": "HNK", "mask": "RK", "gate_bias": "C"}, "RNC",
+        {"N": _ATTN + "queries and keys come from the same rows of one projection",
+         "C": "the heads and channels are packed with q, k, v and the gate"}),
+    "linear": LeafOp(("x", "weight", "bias"), {"x": "C", "weight": "OC", "bias": "O"}, "O", {}),
+    "layer_norm": LeafOp(("x", "weight", "bias", "eps"), {"x": "C", "weight": "C", "bias": "C"},
+                         "C", {"C": "LayerNorm normalises over the channels"}),
+    "layer_norm_linear": LeafOp(
+        ("x", "ln_weight", "ln_bias", "weight", "bias", "eps"),
+        {"x": "C", "ln_weight": "C", "ln_bias": "C", "weight": "OC", "bias": "O"}, "O", {}),
+    "softmax_mask_bias": LeafOp(("logits", "mask", "bias"),
+                                {"logits": "L", "mask": "L", "bias": "L"}, "L",
+                                {"L": "softmax over the last dim"}),
+    "swiglu": LeafOp(("x", "weight", "bias"), {"x": "C", "weight": "OC", "bias": "O"}, "H",
+                     {"H": "each output channel needs two rows of the weight, O/2 apart"}),
+    "bias_sigmoid_gate": LeafOp(("x", "gate", "bias"), {"x": "", "gate": "", "bias": ""}, "",
+                                {}),
+    "bias_dropout_residual": LeafOp(
+        ("x", "residual", "bias", "dropout_mask"),
+        {"x": "", "residual": "", "bias": "", "dropout_mask": ""}, "", {}),
+    # proj [*, 4c, I, J], bias [4c], mask [*, I, J] -> (a, b), each [*, c, I, J]
+    "triangle_projection_gate": LeafOp(
+        ("proj", "bias", "mask"), {"proj": "FIJ", "bias": "F", "mask": "IJ"}, "cIJ",
+        {"c": "the channels of a and b are four interleaved groups of the projection"}),
+    # x [*, I, J, C], weight [O, C] -> [*, O, I, J]
+    "linear_channel_first": LeafOp(("x", "weight"), {"x": "IJC", "weight": "OC"}, "OIJ", {}),
+}
+LEAF_OPS["triangle_attention"] = LEAF_OPS["attention_packed"]  # the same contract
+_NO_BATCH = {"weight", "ln_weight", "ln_bias", "gate_bias"}  # parameters: no batch dims
+_NO_BATCH_BY_OP = {"linear": {"bias"}, "layer_norm": {"bias"}, "layer_norm_linear": {"bias"},
+                   "swiglu": {"bias"}, "triangle_projection_gate": {"bias"}}
+
+
+def fold_op(node: fx.Node) -> str | None:
+    """The contract op a ``call_function`` node is a leaf of (its target's ``fold_op``)."""
+    if node.op != "call_function":
+        return None
+    name = getattr(node.target, "fold_op", None)
+    return name if isinstance(name, str) else None
+
+
+def _bind(spec: LeafOp, node: fx.Node) -> dict[str, Any]:
+    bound = dict(zip(spec.params, node.args))
+    bound.update((k, v) for k, v in node.kwargs.items() if k in spec.params)
+    return bound
+
+
+def _shape(info: dict, n: Any) -> tuple[int, ...] | None:
+    meta = info[n].meta if isinstance(n, fx.Node) and n in info else None
+    return getattr(meta, "shape", None)
+
+
+def leaf_input_dims(name: str, node: fx.Node, d: int, out: tuple[int, ...], info: dict,
+                    ) -> dict[fx.Node, int | None] | str:
+    """Per tensor input of leaf ``node`` (op ``name``) the dim carrying output dim ``d`` of
+    ``out`` (an element's shape for a tuple output); a string: why ``d`` is not free."""
+    spec = LEAF_OPS.get(name)
+    if spec is None:
+        return f"unknown fold op {name}"
+    n_out = len(spec.out)
+    n_lead = len(out) - n_out  # batch dims of the output
+    if n_lead < 0:
+        return f"{name}: output of rank {len(out)} below its layout {spec.out}"
+    letter = spec.out[d - n_lead] if d >= n_lead else None
+    if letter in spec.illegal:
+        return f"{name}: {spec.illegal[letter]}"
+    result: dict[fx.Node, int | None] = {}
+    for param, value in _bind(spec, node).items():
+        if not isinstance(value, fx.Node) or param not in spec.layouts:
+            continue
+        shape = _shape(info, value)
+        if shape is None:
+            return f"{name}: {param} is not a tensor"
+        layout = spec.layouts[param]
+        named = layout[len(layout) - min(len(layout), len(shape)):]  # trailing named dims
+        lead = len(shape) - len(named)
+        if letter is None:  # a batch dim: right-aligned broadcast of the batch dims
+            no_batch = param in _NO_BATCH or param in _NO_BATCH_BY_OP.get(name, ())
+            i = d - (n_lead - lead)
+            dim = None if no_batch or i < 0 or (shape[i] == 1 and out[d] != 1) else i
+        else:
+            k = named.find(letter)
+            dim = None if k < 0 else lead + k
+            if dim is not None and shape[dim] == 1 and out[d] != 1:
+                dim = None  # broadcast along it
+        if value in result and result[value] != dim:
+            return f"{name}: one tensor is two operands, along different dims"
+        result[value] = dim
+    return result

@@ -1,0 +1,131 @@
+"""Shape-only stand-ins of the Triton ops for memory estimates on FakeTensors.
+
+fold-model's registry runs a backend's ``fake`` instead of the backend when a call's arguments
+are FakeTensors (AutoChunk's planning run, the ``predict --dry-run`` estimate): no kernel is
+launched, and what the memory accounting sees allocated is what the kernel's forward allocates:
+its outputs (the shapes, dtypes and devices the kernel returns) and its small transients (the
+attention's fp32 log-sum-exp rows and pre-gate output, LayerNorm's mean and rstd, the copies a
+kernel makes of non-contiguous inputs), released on return as at inference. Never the
+reference's ``[*, R, H, N, N]`` logits: the kernels keep them in registers. What the forward
+saves for a backward is not modelled (AutoChunk and the dry run are inference).
+
+Each function has its op's signature (:mod:`fold_ops.contract`).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from fold_kernels.broadcast import broadcast_shape
+
+__all__ = ["FAKES"]
+
+
+def _shape(*tensors) -> tuple[int, ...]:
+    shape = broadcast_shape(*(tuple(t.shape) for t in tensors if t is not None))
+    if shape is None:
+        raise ValueError(f"shapes {[tuple(t.shape) for t in tensors if t is not None]} do not "
+                         "broadcast")
+    return shape
+
+
+def _stats(like: torch.Tensor, *shape: int) -> torch.Tensor:
+    return torch.empty(shape, device=like.device, dtype=torch.float32)
+
+
+def linear(x, weight, bias=None):
+    """cuBLAS's ``F.linear``: the output only."""
+    return torch.empty((*x.shape[:-1], weight.shape[0]), device=x.device, dtype=x.dtype)
+
+
+def attention(q, k, v, bias=None, mask=None, scale=None, gate=None):
+    """o ``[*, R, H, N, D]``; transients: the pre-gate output (gated) and the fp32
+    log-sum-exp rows ``[*, R, H, 2, N]``."""
+    *lead, n, _ = q.shape
+    o = torch.empty(q.shape, device=q.device, dtype=q.dtype)
+    stats = _stats(q, *lead[:-1], 2, n)  # [*, R, H, 2, N]
+    pre = torch.empty_like(q) if gate is not None else None
+    del stats, pre
+    return o
+
+
+def attention_packed(proj, no_heads, bias=None, mask=None, scale=None, gate_bias=None,
+                     gated=True):
+    """o ``[*, R, N, H*D]`` from ``proj [*, R, N, P*H*D]``; transients as :func:`attention`."""
+    *lead, n, c = proj.shape
+    hd = c // (4 if gated else 3)
+    o = proj.new_empty((*lead, n, hd))
+    stats = _stats(proj, *lead, no_heads, 2, n)  # [*, R, H, 2, N]
+    pre = proj.new_empty((*lead, n, hd)) if gated else None
+    del stats, pre
+    return o
+
+
+def layer_norm(x, weight, bias, eps=1e-5):
+    """y like x; transients: fp32 mean and rstd per row."""
+    rows = x.numel() // x.shape[-1]
+    y = torch.empty(x.shape, device=x.device, dtype=x.dtype)
+    mean, rstd = _stats(x, rows), _stats(x, rows)
+    del mean, rstd
+    return y
+
+
+def layer_norm_linear(x, ln_weight, ln_bias, weight, bias=None, eps=1e-5):
+    """y ``[*, O]``; transients: fp32 mean and rstd per row (x read through its strides)."""
+    rows = x.numel() // x.shape[-1]
+    y = torch.empty((*x.shape[:-1], weight.shape[0]), device=x.device, dtype=x.dtype)
+    mean, rstd = _stats(x, rows), _stats(x, rows)
+    del mean, rstd
+    return y
+
+
+def swiglu(x, weight, bias=None):
+    """y ``[*, O/2]``; the kernel copies a non-contiguous x to ``[M, K]`` rows first."""
+    x2 = x.reshape(-1, x.shape[-1]).contiguous()
+    y = torch.empty((*x.shape[:-1], weight.shape[0] // 2), device=x.device, dtype=x.dtype)
+    del x2
+    return y
+
+
+def bias_sigmoid_gate(x, gate, bias=None):
+    return torch.empty(_shape(x, gate, bias), device=x.device, dtype=x.dtype)
+
+
+def bias_dropout_residual(x, residual, bias=None, dropout_mask=None):
+    return torch.empty(_shape(x, residual, bias, dropout_mask), device=x.device,
+                       dtype=residual.dtype)
+
+
+def softmax_mask_bias(logits, mask=None, bias=None):
+    return torch.empty(_shape(logits, mask, bias), device=logits.device, dtype=logits.dtype)
+
+
+def triangle_projection_gate(proj, bias, mask):
+    """(a, b), each ``[*, c, I, J]`` over proj's batch dims."""
+    *lead, c4, n_i, n_j = proj.shape
+    a = torch.empty((*lead, c4 // 4, n_i, n_j), device=proj.device, dtype=proj.dtype)
+    return a, torch.empty_like(a)
+
+
+def linear_channel_first(x, weight):
+    """``[*, O, I, J]``: a view of the GEMM's ``[O, *, I, J]`` output (x copied first when it
+    is not contiguous)."""
+    x = x if x.is_contiguous() else x.contiguous()
+    y = torch.empty((weight.shape[0], *x.shape[:-1]), device=x.device, dtype=x.dtype)
+    return y.movedim(0, -3)
+
+
+FAKES = {
+    "linear": linear,
+    "attention": attention,
+    "attention_packed": attention_packed,
+    "triangle_attention": attention_packed,
+    "layer_norm": layer_norm,
+    "layer_norm_linear": layer_norm_linear,
+    "softmax_mask_bias": softmax_mask_bias,
+    "swiglu": swiglu,
+    "bias_sigmoid_gate": bias_sigmoid_gate,
+    "bias_dropout_residual": bias_dropout_residual,
+    "triangle_projection_gate": triangle_projection_gate,
+    "linear_channel_first": linear_channel_first,
+}
