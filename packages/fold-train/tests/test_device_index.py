@@ -29,6 +29,9 @@ def test_available_memory_passes_an_index(monkeypatch):
         return 123, 456
 
     monkeypatch.setattr(torch.cuda, "mem_get_info", mem_get_info)
-    assert autochunk.available_memory("cuda") == 123
-    assert autochunk.available_memory("cuda:2") == 123
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device=None: 1000)
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device=None: 600)
+    # the driver's free memory and the allocator's cached, unused blocks
+    assert autochunk.available_memory("cuda") == 123 + 400
+    assert autochunk.available_memory("cuda:2") == 123 + 400
     assert seen == [None, 2]

@@ -106,3 +106,30 @@ def test_dry_run_for_a_gpu_counts_fold_kernels_not_the_reference():
     n, heads = extent["N_res"], model.config.evoformer.no_heads_pair
     logits = n * heads * n * n * 4  # one triangle attention's [B, N, H, N, N] fp32 logits
     assert cpu.stages["Evoformer"] - gpu.stages["Evoformer"] >= logits, (cpu, gpu)
+
+
+def test_the_size_check_counts_attention_logits_only_where_the_reference_serves(spy):
+    """``fused_attention`` asks the registry: the reference on the CPU stores the logits; a
+    backend serving attention with a logits-free fake (as fold-kernels on a GPU) does not, and
+    the size check's estimate then leaves the ``[rows, H, N, N]`` logits out."""
+    from fold_model.ops import registry
+    from fold_train.memory_estimate import af2_estimate, fused_attention
+
+    cfg = preset("af2_finetune")
+    with_logits = af2_estimate(1024, cfg.model_config(), cfg.data_preset(), precision="bf16")
+    without = af2_estimate(1024, cfg.model_config(), cfg.data_preset(), precision="bf16",
+                           fused_attention=True)
+    n_extra = cfg.data_preset().n_extra
+    extra_logits = n_extra * cfg.model_config().extra_msa.no_heads_msa * 1024 ** 2 * 2
+    assert with_logits.largest_transient[1] == extra_logits  # the extra MSA row logits
+    assert not any("logits" in k for k in without.transient)
+    assert without.peak_bytes < with_logits.peak_bytes - extra_logits // 2
+    assert fused_attention("cpu", "bf16")  # the spy serves attention, with a fake
+    for name in ATTENTION:
+        del registry._STATE.impls[name]["spy"]
+    registry._SORTED.clear()
+    try:
+        assert not fused_attention("cpu", "bf16")  # the reference stores the logits
+    finally:
+        for name in ATTENTION:  # the fixture's teardown deletes them again
+            registry.register(name, "spy", registry._STATE.impls[name]["torch"].fn)

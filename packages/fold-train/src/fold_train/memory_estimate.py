@@ -14,7 +14,9 @@ replaces how it is measured). The estimate is two parts:
   ``[N, H, N, N]``, MSA row attention logits ``[N_seq, H, N, N]``, the outer product
   ``[N, N, c, c]``, the triangle multiplication projections, AF3's diffusion attention logits
   ``[S, H, N, N]``. Chunking (AF2 ``--chunk-size C`` or ``--autochunk``) splits it along a row
-  dimension, leaving ``C / N`` of it.
+  dimension, leaving ``C / N`` of it. Where the attention ops run in a kernel that keeps the
+  logits in registers (fold-kernels' Triton attention on a GPU: :func:`fused_attention` asks
+  the op registry), no logits are counted (``fused_attention=True``).
 
 :func:`check_memory` refuses (``fold_data.limits.InputTooLarge``) with the numbers and the
 options (chunking, a larger device, crop the input, fewer samples, ``--memory-limit``) when the
@@ -32,7 +34,8 @@ from dataclasses import dataclass
 import torch
 from fold_data.limits import InputSize, InputTooLarge, SizeWarning, format_bytes
 
-__all__ = ["MemoryEstimate", "af2_estimate", "af3_estimate", "budget_bytes", "check_memory"]
+__all__ = ["MemoryEstimate", "af2_estimate", "af3_estimate", "budget_bytes", "check_memory",
+           "fused_attention"]
 
 WARN_FRACTION = 0.8  # warn above this share of the budget
 
@@ -66,13 +69,47 @@ def _bytes_per_value(precision: str) -> int:
     return 2 if precision == "bf16" else 4
 
 
+def fused_attention(device: torch.device | str, precision: str) -> bool:
+    """Whether a prediction's attention ops on ``device`` run in a kernel that never stores the
+    ``[rows, H, N, N]`` logits (fold-kernels' Triton attention). Asked of fold-model's op
+    registry on FakeTensors of a representative self-attention (AF2's MSA rows and triangles,
+    ``ops.attention_packed``) and cross-attention call (AF3's diffusion, ``ops.attention``), so
+    the answer follows the registered backends, ``FOLD_OPS_BACKEND`` and their ``supports``
+    (on the CPU the PyTorch reference serves them and materialises the logits: False). False for
+    a CUDA device on a build without CUDA (no FakeTensors of that device)."""
+    device = torch.device(device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        return False
+    from fold_model.ops.registry import selected_backend
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    dtype = torch.bfloat16 if precision == "bf16" else torch.float32
+    h, n, d = 4, 64, 32
+    with FakeTensorMode():
+        def empty(*shape: int) -> torch.Tensor:
+            return torch.empty(shape, device=device, dtype=dtype)
+
+        proj, q = empty(1, 2, n, 4 * h * d), empty(1, 2, h, n, d)  # [B, R, N, 4HD], [B, R, H, N, D]
+        bias, mask = empty(1, h, n, n), empty(1, 2, n)
+        return (selected_backend("attention_packed", proj, h, bias, mask) != "torch"
+                and selected_backend("attention", q, q, q, bias, mask) != "torch")
+
+
+def _drop_logits(transient: dict[str, int]) -> dict[str, int]:
+    """The transients without attention logits (a fused attention kernel keeps them in
+    registers; its fp32 row statistics ``[rows, H, 2, N]`` are negligible beside the rest)."""
+    return {k: v for k, v in transient.items() if "attention logits" not in k}
+
+
 def af2_estimate(n_res: int, model_config, data_preset, *, precision: str = "fp32",
-                 chunk_size: int | None = None, msa_offload: bool = False) -> MemoryEstimate:
+                 chunk_size: int | None = None, msa_offload: bool = False,
+                 fused_attention: bool = False) -> MemoryEstimate:
     """An AF2 prediction of ``n_res`` residues with the inference sample of ``data_preset``
     (``N_seq = n_clust + n_templ`` rows, ``n_extra`` extra rows; residues padded to at least
     ``n_res`` of the preset); ``chunk_size``: the row chunk (AutoChunk: its smallest chunk);
     ``msa_offload``: the MSA representations wait in host memory (not resident on the device;
-    one block's MSA is, while its MSA updates run, counted as a transient)."""
+    one block's MSA is, while its MSA updates run, counted as a transient);
+    ``fused_attention``: no attention logits are stored (:func:`fused_attention`)."""
     n = max(n_res, data_preset.n_res)
     n_seq = data_preset.n_clust + data_preset.n_templ
     evo, extra = model_config.evoformer, model_config.extra_msa
@@ -108,6 +145,8 @@ def af2_estimate(n_res: int, model_config, data_preset, *, precision: str = "fp3
         transient[f"extra MSA row attention logits [N_extra, H={extra.no_heads_msa}, N_res, "
                   "N_res]"] = n_extra * extra.no_heads_msa * n * n * b
     fraction = 1.0 if chunk_size is None else min(1.0, chunk_size / n)
+    if fused_attention:
+        transient = _drop_logits(transient)
     return MemoryEstimate("AF2 prediction", f"N_res={n_res}, N_seq={n_seq}, N_extra={n_extra}, "
                           f"{precision}", resident, transient, fraction, chunkable=True)
 
@@ -123,11 +162,13 @@ def _pair_head_block(g: int, rows: int, n: int, c_z: int, bins: int) -> int:
 
 def af3_estimate(size: InputSize, model_config, *, precision: str = "fp32",
                  no_samples: int | None = None, chunk_size: int | None = None,
-                 sample_group: int | None = None) -> MemoryEstimate:
+                 sample_group: int | None = None, fused_attention: bool = False
+                 ) -> MemoryEstimate:
     """An AF3 prediction of an input of ``size`` (tokens, atoms, MSA rows) with ``no_samples``
     diffusion samples (default: the model's); ``chunk_size``: the row chunk of the stacks
     (AutoChunk: its smallest chunk); ``sample_group``: samples through the diffusion network and
-    the confidence head at a time. For a per-stage estimate of the real model, see
+    the confidence head at a time; ``fused_attention``: no attention logits are stored
+    (:func:`fused_attention`). For a per-stage estimate of the real model, see
     :mod:`fold_train.predict_plan` (``fold-train predict --dry-run``)."""
     n, n_atom, n_msa = size.n_tokens, size.n_atoms, size.n_msa_rows
     cfg = model_config
@@ -166,6 +207,8 @@ def af3_estimate(size: InputSize, model_config, *, precision: str = "fp32",
             2 * g * n * n * cfg.c_z * 4 + _pair_head_block(g, pair_rows, n, cfg.c_z, bins)
             + 4 * s * n * n * 4,
     }
+    if fused_attention:
+        transient = _drop_logits(transient)
     what = f"{s} samples" + (f" in groups of {g}" if g < s else "")
     return MemoryEstimate("AF3 prediction", f"N_token={n}, N_atom={n_atom}, N_msa={n_msa}, "
                           f"{what}, {precision}" + (f", chunk {chunk_size}" if chunk_size else ""),

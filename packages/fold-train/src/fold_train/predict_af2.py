@@ -217,13 +217,15 @@ class AF2Runner:
         """``({"N_res": n}, one-device MemoryEstimate)`` of an input of ``--input-dir``, read
         but not featurised, with this runner's chunking (what ``plan_batch`` shares out over
         the ranks of a torchrun job: :mod:`fold_train.predict_batch_dap`)."""
+        from fold_train.memory_estimate import fused_attention
         from fold_train.predict_size import af2_input_estimate
 
         _, size, whole = af2_input_estimate(
             fasta=item.fasta, mmcif=item.mmcif, chain=item.chain, msas=item.msas,
             model_config=self.cfg.model_config(), data_preset=self.cfg.data_preset(),
             precision=self.cfg.system.precision, chunk_size=self.chunk_size,
-            msa_offload=self.msa_offload, limits=self.limits)
+            msa_offload=self.msa_offload, limits=self.limits,
+            fused=fused_attention(self.device, self.cfg.system.precision))
         return {"N_res": int(size.n_tokens)}, whole
 
     def run(self, item, *, seeds=None, out_dir=None) -> dict:

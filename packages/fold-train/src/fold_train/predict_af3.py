@@ -396,6 +396,7 @@ class AF3Runner:
         ``plan_batch`` shares out over the ranks: :mod:`fold_train.predict_batch_dap`)."""
         from fold_data.af3 import load_entry
 
+        from fold_train.memory_estimate import fused_attention
         from fold_train.predict_size import af3_input_estimate
 
         entry = load_entry(item.path, ccd=self.ccd,
@@ -403,7 +404,8 @@ class AF3Runner:
         size, whole = af3_input_estimate(
             entry, self.ccd, model_config=self.cfg.model_config(),
             precision=self.cfg.system.precision, no_samples=self.no_samples,
-            limits=self.limits, chunk_size=self.check_chunk, sample_group=self.sample_group)
+            limits=self.limits, chunk_size=self.check_chunk, sample_group=self.sample_group,
+            fused=fused_attention(self.device, self.cfg.system.precision))
         return {"N_token": int(size.n_tokens)}, whole
 
     def predict(self, entry, raw, inputs: list, *, seeds=None, out=None, out_dir=None) -> dict:

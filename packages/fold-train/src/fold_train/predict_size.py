@@ -18,6 +18,7 @@ from fold_train.memory_estimate import (
     af3_estimate,
     budget_bytes,
     check_memory,
+    fused_attention,
 )
 from fold_train.predict_dap import more_ranks_hint, rank_plan
 
@@ -46,27 +47,30 @@ def _af2_size(fasta, mmcif, chain, msas: Sequence) -> tuple[str, InputSize]:
 def af2_input_estimate(*, fasta=None, mmcif=None, chain=None, msas: Sequence = (),
                        model_config, data_preset, precision: str,
                        chunk_size: int | None = None, msa_offload: bool = False,
-                       limits: SizeLimits | None = None) -> tuple[str, InputSize, MemoryEstimate]:
+                       limits: SizeLimits | None = None, fused: bool = False
+                       ) -> tuple[str, InputSize, MemoryEstimate]:
     """``(source, size, one-device estimate)`` of an AF2 query: read, held to the data
     ``limits``, not featurised (what :func:`check_af2_input` checks, and what
-    ``fold_train.predict_dap.plan_batch`` shares out)."""
+    ``fold_train.predict_dap.plan_batch`` shares out); ``fused``: the attention kernels store
+    no logits (:func:`fold_train.memory_estimate.fused_attention`)."""
     source, size = _af2_size(fasta, mmcif, chain, msas)
     check_size(size, limits, record="query")
     return source, size, af2_estimate(size.n_tokens, model_config, data_preset,
                                        precision=precision, chunk_size=chunk_size,
-                                       msa_offload=msa_offload)
+                                       msa_offload=msa_offload, fused_attention=fused)
 
 
 def af3_input_estimate(entry, ccd, *, model_config, precision: str,
                        no_samples: int | None = None, limits: SizeLimits | None = None,
-                       chunk_size: int | None = None, sample_group: int | None = None
-                       ) -> tuple[InputSize, MemoryEstimate]:
+                       chunk_size: int | None = None, sample_group: int | None = None,
+                       fused: bool = False) -> tuple[InputSize, MemoryEstimate]:
     """``(size, one-device estimate)`` of an AF3 entry (parsed, not featurised), held to the
-    data ``limits``."""
+    data ``limits``; ``fused`` as for :func:`af2_input_estimate`."""
     size = entry_size(entry, ccd)
     check_size(size, limits, record=entry.name)
     return size, af3_estimate(size, model_config, precision=precision, no_samples=no_samples,
-                              chunk_size=chunk_size, sample_group=sample_group)
+                              chunk_size=chunk_size, sample_group=sample_group,
+                              fused_attention=fused)
 
 
 def check_af2_input(*, fasta=None, mmcif=None, chain=None, msas: Sequence = (), model_config,
@@ -81,7 +85,7 @@ def check_af2_input(*, fasta=None, mmcif=None, chain=None, msas: Sequence = (), 
     source, size, whole = af2_input_estimate(
         fasta=fasta, mmcif=mmcif, chain=chain, msas=msas, model_config=model_config,
         data_preset=data_preset, precision=precision, chunk_size=chunk_size,
-        msa_offload=msa_offload, limits=limits)
+        msa_offload=msa_offload, limits=limits, fused=fused_attention(device, precision))
     budget = budget_bytes(device, memory_limit, memory)
     mine, chunking = rank_plan(whole, dap)  # this rank's part under DAP
     check_memory(mine, budget, source=source, device=str(device),
@@ -99,7 +103,8 @@ def check_af3_input(entry, ccd, *, model_config, precision: str, device: torch.d
     memory (per rank under DAP ``dap``); returns its size."""
     size, whole = af3_input_estimate(entry, ccd, model_config=model_config, precision=precision,
                                      no_samples=no_samples, limits=limits,
-                                     chunk_size=chunk_size, sample_group=sample_group)
+                                     chunk_size=chunk_size, sample_group=sample_group,
+                                     fused=fused_attention(device, precision))
     budget = budget_bytes(device, memory_limit, memory)
     check_memory(rank_plan(whole, dap)[0], budget, source=size.source, device=str(device),
                  options=["samples in smaller groups (--sample-group 1) or fewer diffusion "

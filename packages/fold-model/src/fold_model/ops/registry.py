@@ -55,6 +55,7 @@ __all__ = [
     "register",
     "backends",
     "resolve",
+    "selected_backend",
     "dispatch",
     "use_backend",
 ]
@@ -212,20 +213,18 @@ def _record(op: str, backend: str | None) -> Callable:
     return record
 
 
-def resolve(op: str, *args, backend: str | None = None, **kwargs) -> Callable:
-    """The implementation that :func:`dispatch` would run for this call.
-
-    While torch.fx traces a module it is a recorder of the op's leaf node (see the module doc;
-    ``supports`` is never asked about Proxy arguments); on FakeTensors it is the chosen
-    backend's ``fake``.
-    """
+def selected_backend(op: str, *args, backend: str | None = None, **kwargs) -> str:
+    """The name of the backend :func:`dispatch` would run for this call (real tensors or
+    FakeTensors of the shapes, dtypes and device in question: a memory estimate asks whether an
+    op's kernel serves a call without materialising what the reference does)."""
     _load_plugins()
     if op not in OPS:
         raise ValueError(f"unknown op {op!r}; ops are {OPS}")
+    return _select(op, args, kwargs, backend, _is_fake(args, kwargs))
+
+
+def _select(op: str, args: tuple, kwargs: dict, backend: str | None, fake: bool) -> str:
     impls = _STATE.impls[op]
-    if fx_tracing():
-        return _record(op, backend)
-    fake = _is_fake(args, kwargs)
     name = backend or _requested(op)
     if name == "auto":
         order = _SORTED.get(op) or backends(op)
@@ -234,7 +233,7 @@ def resolve(op: str, *args, backend: str | None = None, **kwargs) -> Callable:
             if fake and impl.fake is None:
                 continue  # it may launch device code on the FakeTensors
             if impl.supports is None or impl.supports(*args, **kwargs):
-                return impl.fake if fake else impl.fn
+                return b
         raise BackendUnavailable(f"op {op!r}: no backend supports this call")  # torch always does
     if name not in impls:
         raise BackendUnavailable(
@@ -247,13 +246,28 @@ def resolve(op: str, *args, backend: str | None = None, **kwargs) -> Callable:
             f"op {op!r}: backend {name!r} was requested but cannot run this call "
             f"(device/dtype/shape not supported)"
         )
-    if fake:
-        if impl.fake is None:
-            raise BackendUnavailable(
-                f"op {op!r}: backend {name!r} was requested on FakeTensors (a memory estimate) "
-                "but registered no shape-only fake implementation")
-        return impl.fake
-    return impl.fn
+    if fake and impl.fake is None:
+        raise BackendUnavailable(
+            f"op {op!r}: backend {name!r} was requested on FakeTensors (a memory estimate) "
+            "but registered no shape-only fake implementation")
+    return name
+
+
+def resolve(op: str, *args, backend: str | None = None, **kwargs) -> Callable:
+    """The implementation that :func:`dispatch` would run for this call.
+
+    While torch.fx traces a module it is a recorder of the op's leaf node (see the module doc;
+    ``supports`` is never asked about Proxy arguments); on FakeTensors it is the chosen
+    backend's ``fake``.
+    """
+    _load_plugins()
+    if op not in OPS:
+        raise ValueError(f"unknown op {op!r}; ops are {OPS}")
+    if fx_tracing():
+        return _record(op, backend)
+    fake = _is_fake(args, kwargs)
+    impl = _STATE.impls[op][_select(op, args, kwargs, backend, fake)]
+    return impl.fake if fake else impl.fn
 
 
 def dispatch(op: str, *args, backend: str | None = None, **kwargs):
