@@ -243,6 +243,9 @@ def run_prediction(args: argparse.Namespace) -> dict | None:
 
 
 def cmd_predict(args: argparse.Namespace) -> int:
+    from fold_train.allocator import prefer_expandable_segments
+
+    prefer_expandable_segments()  # before CUDA starts: long inputs fragment fixed segments
     if getattr(args, "dry_run", False):  # plan only (fold_train.predict_plan)
         import torch
 
