@@ -107,7 +107,11 @@ def run_trial(args) -> dict:
 
 def _run_trial(args, folder: Path) -> dict:
     import torch
+    from fold_train.allocator import prefer_expandable_segments
     from fold_train.cli import main as cli
+
+    # the CLI sets its allocator before CUDA starts; this process starts CUDA first (to measure)
+    prefer_expandable_segments()
 
     device = args.device
     inputs = write_inputs(args.trial, args.n, args.msa_depth, folder)
