@@ -10,13 +10,17 @@ confidence head (supplement 5.9.3; definitions from AF3's released ``confidences
   and a 1.4 A probe, each chain on its own as AF3 does, normalised by the residue's maximum
   (Sander & Rost 1994).
 
-Both are numpy, on all-atom coordinates of any size (neighbours found in blocks, so memory stays
-``O(block x atoms)``).
+Both are numpy, on all-atom coordinates of any size. Close atoms are found with a cell list
+(:mod:`fold_train.neighbours`), so the time grows with the atoms, not their square (a
+49k-atom prediction's ``has_clash`` took 11 s with all pairs); ``neighbours="all"`` keeps the
+all-pairs search as the reference the tests hold the cell list to.
 """
 
 from __future__ import annotations
 
 import numpy as np
+
+from fold_train.neighbours import CellList, iter_close_pairs
 
 __all__ = ["fraction_disordered", "has_clash", "relative_sasa"]
 
@@ -35,6 +39,7 @@ MAX_ASA = {"ALA": 106.0, "ARG": 248.0, "ASN": 157.0, "ASP": 163.0, "CYS": 135.0,
            "TYR": 222.0, "VAL": 142.0}
 _BLOCK_ELEMENTS = 1 << 22  # distances per block of rows: 32 MiB of float64
 _NEIGHBOUR_CHUNK = 64  # neighbours tested at a time against a block's still-free points
+NEIGHBOURS = ("cells", "all")  # how close atoms are found: a cell list, or every pair
 
 
 def _close_blocks(x: np.ndarray, cutoff: float | np.ndarray):
@@ -51,21 +56,46 @@ def _close_blocks(x: np.ndarray, cutoff: float | np.ndarray):
         yield rows, d2 < lim ** 2
 
 
-def has_clash(positions: np.ndarray, chain: np.ndarray, residue: np.ndarray,
-              polymer: np.ndarray) -> bool:
-    """Whether a polymer chain clashes. ``positions [A, 3]``, ``chain [A]``, ``residue [A]``
-    (index within the chain), ``polymer [A]`` (protein / RNA / DNA atoms; ligands are not
-    counted)."""
+def _check_neighbours(neighbours: str) -> None:
+    if neighbours not in NEIGHBOURS:
+        raise ValueError(f"neighbours must be one of {NEIGHBOURS}, got {neighbours!r}")
+
+
+def _clashing(positions: np.ndarray, chain: np.ndarray, residue: np.ndarray,
+              polymer: np.ndarray, neighbours: str = "cells") -> np.ndarray:
+    """Which polymer atoms ``[A]`` lie within 1.1 A of a polymer atom of another chain or of a
+    residue more than one position away (non-polymer atoms: False)."""
+    _check_neighbours(neighbours)
     keep = np.flatnonzero(polymer)
+    out = np.zeros(len(positions), bool)
     if len(keep) == 0:
-        return False
+        return out
     x, ch, res = positions[keep].astype(np.float64), chain[keep], residue[keep]
     clashing = np.zeros(len(keep), bool)
-    for rows, close in _close_blocks(x, CLASH_DISTANCE):  # close: [b, A]
-        r, j = np.nonzero(close)  # few pairs: the rest of the block is far apart
-        i = rows[r]
-        apart = (ch[i] != ch[j]) | (np.abs(res[i] - res[j]) > 1)  # excludes the atom itself
-        clashing[i[apart]] = True
+    if neighbours == "all":
+        for rows, close in _close_blocks(x, CLASH_DISTANCE):  # close: [b, A]
+            r, j = np.nonzero(close)  # few pairs: the rest of the block is far apart
+            i = rows[r]
+            apart = (ch[i] != ch[j]) | (np.abs(res[i] - res[j]) > 1)  # excludes the atom itself
+            clashing[i[apart]] = True
+    else:
+        for i, j in iter_close_pairs(x, CLASH_DISTANCE):  # [p] each, i < j
+            apart = (ch[i] != ch[j]) | (np.abs(res[i] - res[j]) > 1)
+            clashing[i[apart]] = True
+            clashing[j[apart]] = True
+    out[keep] = clashing
+    return out
+
+
+def has_clash(positions: np.ndarray, chain: np.ndarray, residue: np.ndarray,
+              polymer: np.ndarray, *, neighbours: str = "cells") -> bool:
+    """Whether a polymer chain clashes. ``positions [A, 3]``, ``chain [A]``, ``residue [A]``
+    (index within the chain), ``polymer [A]`` (protein / RNA / DNA atoms; ligands are not
+    counted). ``neighbours``: ``"cells"`` (a cell list) or ``"all"`` (every pair: the
+    reference, ``O(A^2)`` time)."""
+    clashing = _clashing(positions, chain, residue, polymer, neighbours)
+    ch = chain[np.flatnonzero(polymer)]
+    clashing = clashing[np.flatnonzero(polymer)]
     for c in np.unique(ch):
         in_chain = ch == c
         n = int(clashing[in_chain].sum())
@@ -83,23 +113,31 @@ def _sphere(n: int = 100) -> np.ndarray:
     return np.stack([r * np.cos(phi), r * np.sin(phi), z], -1)
 
 
-def atom_sasa(positions: np.ndarray, radii: np.ndarray, n_points: int = 100) -> np.ndarray:
+def atom_sasa(positions: np.ndarray, radii: np.ndarray, n_points: int = 100, *,
+              neighbours: str = "cells") -> np.ndarray:
     """Shrake-Rupley solvent accessible area of each atom ``[A]`` (A^2) of ``positions [A, 3]``
     with van der Waals ``radii [A]`` and a water probe: the fraction of ``n_points`` points on
-    the atom's expanded sphere that no other expanded sphere covers."""
+    the atom's expanded sphere that no other expanded sphere covers. ``neighbours``:
+    ``"cells"`` (candidates from a cell list) or ``"all"`` (every atom a candidate: the
+    reference); the same areas either way."""
+    _check_neighbours(neighbours)
     x = positions.astype(np.float64)
     r = radii.astype(np.float64) + PROBE  # [A]
     dots = _sphere(n_points)  # [P, 3]
     area = np.zeros(len(x))
     block = 64  # consecutive atoms (a few residues): spatially compact, few candidates
     sq = (x * x).sum(-1)
+    # every expanded sphere that can cover a point of atom i's lies within r_i + r_j <= 2 max r
+    cells = CellList(x, 2.0 * r.max()) if neighbours == "cells" and len(x) else None
     for start in range(0, len(x), block):
         rows = np.arange(start, min(start + block, len(x)))
-        d2 = sq[rows, None] + sq[None, :] - 2.0 * x[rows] @ x.T  # [b, A]
-        near = np.flatnonzero((d2 < (r[rows, None] + r[None, :]) ** 2).any(0))  # [m]
+        cand = cells.near(rows) if cells is not None else np.arange(len(x))  # [c] ascending
+        d2 = sq[rows, None] + sq[None, cand] - 2.0 * x[rows] @ x[cand].T  # [b, c]
+        hit = (d2 < (r[rows, None] + r[None, cand]) ** 2).any(0)  # [c]
+        near = cand[hit]  # [m]
         # nearest first: in a crowded (e.g. collapsed, untrained) structure the first few
         # neighbours cover most points, and only the points still free meet the next ones
-        near = near[np.argsort(d2[:, near].min(0), kind="stable")]
+        near = near[np.argsort(d2[:, hit].min(0), kind="stable")]
         pts = (x[rows, None, :] + r[rows, None, None] * dots).reshape(-1, 3)  # [b * P, 3]
         owner = np.repeat(rows, len(dots))  # [b * P]: the atom of each point
         free = np.ones(len(pts), bool)
@@ -117,11 +155,11 @@ def atom_sasa(positions: np.ndarray, radii: np.ndarray, n_points: int = 100) -> 
 
 
 def relative_sasa(positions: np.ndarray, atom_names: np.ndarray, residue: np.ndarray,
-                  res_names: list[str]) -> np.ndarray:
+                  res_names: list[str], *, neighbours: str = "cells") -> np.ndarray:
     """RASA ``[R]`` of one protein chain: each residue's accessible area (DSSP radii) over its
     maximum, capped at 1. ``residue [A]`` indexes ``res_names`` (three-letter codes)."""
     radii = np.array([_DSSP_RADII.get(str(n), _SIDE_CHAIN_RADIUS) for n in atom_names])
-    area = atom_sasa(positions, radii)
+    area = atom_sasa(positions, radii, neighbours=neighbours)
     per_res = np.bincount(residue, weights=area, minlength=len(res_names))
     max_asa = np.array([MAX_ASA.get(n, MAX_ASA["ALA"]) for n in res_names])
     return np.minimum(per_res / max_asa, 1.0)
@@ -129,15 +167,17 @@ def relative_sasa(positions: np.ndarray, atom_names: np.ndarray, residue: np.nda
 
 def fraction_disordered(positions: np.ndarray, chain: np.ndarray, residue: np.ndarray,
                         protein: np.ndarray, atom_names: np.ndarray,
-                        res_names: dict[int, list[str]]) -> float:
+                        res_names: dict[int, list[str]], *, neighbours: str = "cells") -> float:
     """Fraction of protein residues with windowed RASA above 0.581 (0 without protein).
     ``chain``, ``residue`` ``[A]`` (residue index within the chain, from 0), ``protein [A]``,
-    ``atom_names [A]``, ``res_names``: chain -> its residues' three-letter codes."""
+    ``atom_names [A]``, ``res_names``: chain -> its residues' three-letter codes;
+    ``neighbours`` as for :func:`atom_sasa`."""
     rasa: list[np.ndarray] = []
     for c in np.unique(chain[protein.astype(bool)]):
         sel = np.flatnonzero((chain == c) & protein.astype(bool))
         names = res_names[int(c)]
-        per_res = relative_sasa(positions[sel], atom_names[sel], residue[sel], names)
+        per_res = relative_sasa(positions[sel], atom_names[sel], residue[sel], names,
+                                neighbours=neighbours)
         present = np.unique(residue[sel])  # residues with atoms (all, in a prediction)
         values = per_res[present]
         half = (RASA_WINDOW - 1) // 2
