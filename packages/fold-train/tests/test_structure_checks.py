@@ -99,3 +99,72 @@ def test_sasa_of_a_crowded_structure_equals_the_direct_count():
     direct = 4.0 * np.pi * r ** 2 * (~covered.any(-1)).mean(-1)
     np.testing.assert_allclose(atom_sasa(x, radii), direct, rtol=0, atol=1e-9)
     assert 0 < direct.sum() < 0.2 * (4.0 * np.pi * r ** 2).sum()  # mostly buried
+
+
+# ---- the cell list (neighbours="cells", the default) against every pair (neighbours="all")
+
+MMCIFS = sorted((DEMO / "mmcifs").glob("*.cif"))
+
+
+def _atoms(path):
+    """A bundled structure's atoms as ``fold-train predict`` reads its own output."""
+    import gemmi
+    from fold_train.confidence_outputs import structure_atoms
+
+    return structure_atoms(gemmi.read_structure(str(path)))
+
+
+def _same_checks(atoms, min_clashing: int = 0):
+    """Per-atom clashes equal, has_clash equal, per-atom areas equal to float64 round-off and
+    fraction_disordered equal, for the cell list and for every pair."""
+    from fold_train.structure_checks import _clashing
+
+    args = (atoms["positions"], atoms["chain"], atoms["residue"], atoms["polymer"])
+    cells, every = _clashing(*args), _clashing(*args, neighbours="all")
+    np.testing.assert_array_equal(cells, every)
+    assert cells.sum() >= min_clashing
+    assert has_clash(*args) == has_clash(*args, neighbours="all")
+    radii = np.array([DSSP_RADII.get(str(n), 1.8) for n in atoms["atom_names"]])
+    area = atom_sasa(atoms["positions"], radii)
+    # the same points tested against the same neighbours: only the matrix products' rounding
+    # (|x|^2 ~ 1e4 A^2, float64) may differ, far below one point's share (~0.3 A^2)
+    np.testing.assert_allclose(area, atom_sasa(atoms["positions"], radii, neighbours="all"),
+                               rtol=0, atol=1e-9)
+    disorder = (atoms["positions"], atoms["chain"], atoms["residue"], atoms["protein"],
+                atoms["atom_names"], atoms["res_names"])
+    assert fraction_disordered(*disorder) == fraction_disordered(*disorder, neighbours="all")
+    return cells
+
+
+@pytest.mark.parametrize("path", MMCIFS, ids=lambda p: p.stem)
+def test_cells_equal_every_pair_on_real_structures(path):
+    atoms = _atoms(path)
+    assert len(atoms["positions"]) > 300
+    _same_checks(atoms)
+    # every polymer chain after the first moved onto the first (0.4 A off): many clashes
+    first = atoms["chain"] == atoms["chain"][0]
+    if (~first & atoms["polymer"]).any():
+        pos = atoms["positions"].copy()
+        pos[~first] += pos[first].mean(0) - pos[~first].mean(0) + 0.4
+        _same_checks({**atoms, "positions": pos}, min_clashing=20)
+
+
+def test_cells_equal_every_pair_on_a_collapsed_structure():
+    """An untrained model's prediction: 3 chains of 1201 atoms piled into a ball of ~5 A."""
+    rng = np.random.default_rng(11)
+    n = 3 * 1201
+    chain = np.repeat(np.arange(3), 1201)
+    residue = np.tile(np.arange(1201) // 8, 3)
+    names = np.array(["N", "CA", "C", "O", "CB", "CG", "CD", "NE"])[np.arange(n) % 8]
+    atoms = {"positions": rng.normal(size=(n, 3)) * 1.7, "chain": chain, "residue": residue,
+             "polymer": np.arange(n) % 97 != 0, "protein": np.ones(n, bool),
+             "atom_names": names, "res_names": {c: ["GLY"] * 151 for c in range(3)}}
+    _same_checks(atoms, min_clashing=n // 2)
+    assert has_clash(atoms["positions"], chain, residue, atoms["polymer"])
+
+
+def test_neighbours_must_be_known(chain_a):
+    atoms, residue, _ = chain_a
+    with pytest.raises(ValueError, match="neighbours"):
+        has_clash(atoms.coord, np.zeros(len(atoms), int), residue, np.ones(len(atoms), bool),
+                  neighbours="grid")
