@@ -58,6 +58,7 @@ BENCHMARKS = [
     "model.evoformer", "model.af3_blocks", "model.full", "model.loss_af3_pairs", "model.peers",
     "train.ablation", "train.af3", "train.af3_msa", "train.predict_graphs",
     "chunk.evoformer", "chunk.longest_input",
+    "predict.structure_checks",
     "data.loader", "data.cache", "data.af3_cache", "data.search_msa",
 ]
 # Multi-GPU entry points and their ranks: run under torchrun, only when named

@@ -8,7 +8,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 BENCH = REPO / "benchmarks"
-SUITES = ("kernels", "model", "train", "parallel", "data", "chunk")
+SUITES = ("kernels", "model", "train", "parallel", "data", "chunk", "predict")
 
 
 def _modules(folder: str) -> list[Path]:

@@ -80,6 +80,7 @@ class CellList:
         self._cell = cell[order][self.starts]  # [K, 3] each occupied cell's axis positions
         self._cell_of_atom = np.full(self.n_atoms, -1)  # [A] occupied cell index, -1 if none
         self._cell_of_atom[self.atoms] = np.repeat(np.arange(len(keys)), self.counts)
+        self._around: np.ndarray | None = None  # [K, 27] occupied cells around each, -1 empty
 
     def neighbour_cells(self, cells: np.ndarray, offset: np.ndarray) -> np.ndarray:
         """For occupied cells ``cells [n]`` (indices), the occupied cell at ``offset [3]``
@@ -99,7 +100,10 @@ class CellList:
         cells = cells[cells >= 0]
         if len(cells) == 0:
             return np.zeros(0, np.int64)
-        around = np.concatenate([self.neighbour_cells(cells, o) for o in _SHELL])  # [27 n]
+        if self._around is None:  # every occupied cell's 27 cells, once: near() runs per block
+            everything = np.arange(len(self._keys))
+            self._around = np.stack([self.neighbour_cells(everything, o) for o in _SHELL], -1)
+        around = self._around[cells].reshape(-1)  # [27 n]
         around = np.unique(around[around >= 0])
         return np.sort(self.atoms[_ragged_arange(self.starts[around], self.counts[around])])
 

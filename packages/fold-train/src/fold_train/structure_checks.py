@@ -131,9 +131,13 @@ def atom_sasa(positions: np.ndarray, radii: np.ndarray, n_points: int = 100, *,
     cells = CellList(x, 2.0 * r.max()) if neighbours == "cells" and len(x) else None
     for start in range(0, len(x), block):
         rows = np.arange(start, min(start + block, len(x)))
-        cand = cells.near(rows) if cells is not None else np.arange(len(x))  # [c] ascending
-        d2 = sq[rows, None] + sq[None, cand] - 2.0 * x[rows] @ x[cand].T  # [b, c]
-        hit = (d2 < (r[rows, None] + r[None, cand]) ** 2).any(0)  # [c]
+        if cells is None:  # every atom a candidate (no copy of x)
+            cand, xc, sqc, rc = np.arange(len(x)), x, sq, r  # [c = A]
+        else:
+            cand = cells.near(rows)  # [c] ascending
+            xc, sqc, rc = x[cand], sq[cand], r[cand]
+        d2 = sq[rows, None] + sqc[None, :] - 2.0 * x[rows] @ xc.T  # [b, c]
+        hit = (d2 < (r[rows, None] + rc[None, :]) ** 2).any(0)  # [c]
         near = cand[hit]  # [m]
         # nearest first: in a crowded (e.g. collapsed, untrained) structure the first few
         # neighbours cover most points, and only the points still free meet the next ones
