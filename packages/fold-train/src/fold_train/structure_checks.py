@@ -93,9 +93,8 @@ def has_clash(positions: np.ndarray, chain: np.ndarray, residue: np.ndarray,
     (index within the chain), ``polymer [A]`` (protein / RNA / DNA atoms; ligands are not
     counted). ``neighbours``: ``"cells"`` (a cell list) or ``"all"`` (every pair: the
     reference, ``O(A^2)`` time)."""
-    clashing = _clashing(positions, chain, residue, polymer, neighbours)
-    ch = chain[np.flatnonzero(polymer)]
-    clashing = clashing[np.flatnonzero(polymer)]
+    keep = np.flatnonzero(polymer)
+    clashing, ch = _clashing(positions, chain, residue, polymer, neighbours)[keep], chain[keep]
     for c in np.unique(ch):
         in_chain = ch == c
         n = int(clashing[in_chain].sum())
