@@ -26,20 +26,19 @@ features included) and ``torch.cuda.mem_get_info`` total for the device. Times: 
 wall time (model load and featurisation included) and the predictor's part.
 
 ``--estimate``: for each size of ``--estimate-af2`` / ``--estimate-af3`` one subprocess runs
-``predict --dry-run`` (the FakeTensor plan on the CPU, :mod:`fold_train.predict_plan`) and the
+``predict --dry-run`` (the FakeTensor plan, :mod:`fold_train.predict_plan`; on a GPU machine on
+FakeTensors of the GPU, so the kernels' memory is what is counted) and the
 real prediction with the same (unchunked) settings and ``--no-cuda-graphs`` (the plan estimates
 the eager predictor), and reports estimate / measured.
 
-Expected GPU time on one H100 80GB with the defaults (not yet measured: CPU smoke only; from
-FLOP counts at ~200 TFLOP/s bf16): a trial's start-up 20-40 s (imports, CUDA, checkpoint load:
-~0.4 GB AF2, ~1.5 GB AF3) plus AutoChunk's planning of each stack (tens of seconds for the
-48-block stacks) plus the prediction: AF2 one pass ~1 min at 4096 residues, ~3 min at 6144
-(the triangle updates and attention grow as N^3); AF3 ~1-3 min at 1-3k tokens (the trunk, the
-confidence head on 5 samples, 20 sampler steps). Both presets run in bf16. Each family gets
-``--budget-seconds`` (default 450 s: a trial is not started when it would not finish), so run
-the families as separate calls, each under the device tool's 10-minute limit (about 8 min each);
-on an H200 raise ``--af2-ladder`` to ``6144,8192,10240`` to spend the time where it is
-informative:
+Measured times (benchmarks/results/chunk/longest_input.md, one H100 80GB / H200 141GB, start-up
+included): AF2 `--autochunk auto` 2048 residues 85 s, 4096 180 s (H100); AF2 `--chunk-size 64`
+6144 residues 549 s (H200); AF3 2048 tokens 162 s (H100). A trial's start-up is 20-40 s
+(imports, CUDA, checkpoint load) plus AutoChunk's planning of each stack and the kernels'
+autotuning at new shapes. Each family gets ``--budget-seconds`` (default 450 s: a trial is not
+started when it would not finish), so run the families as separate calls, each under the device
+tool's 10-minute limit; on an H200 raise ``--af2-ladder`` to ``6144,8192,10240`` to spend the
+time where it is informative:
 
     source benchmarks/gpu_setup.sh
     python -m benchmarks.chunk.longest_input --families af2 --budget-seconds 450 \\
