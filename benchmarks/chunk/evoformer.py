@@ -65,7 +65,8 @@ a row predicted to end later is recorded as skipped.
 times, the estimated peaks and the predicted GPU time of each row. Op backend: ``--backend
 torch`` (default) runs (a)-(d) on fold-model's PyTorch reference ops, like for like;
 ``--backend auto`` lets every contender use fold-kernels where installed (AutoChunk's code calls
-the ops through the registry: they are leaf nodes of its traced graphs). On CPU the peak is measured with ``fold_chunk.AllocationTracker`` (live tensor bytes).
+the ops through the registry: they are leaf nodes of its traced graphs). On CPU the peak is
+measured with ``fold_chunk.AllocationTracker`` (live tensor bytes).
 """
 
 from __future__ import annotations

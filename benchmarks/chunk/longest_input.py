@@ -26,20 +26,19 @@ features included) and ``torch.cuda.mem_get_info`` total for the device. Times: 
 wall time (model load and featurisation included) and the predictor's part.
 
 ``--estimate``: for each size of ``--estimate-af2`` / ``--estimate-af3`` one subprocess runs
-``predict --dry-run`` (the FakeTensor plan on the CPU, :mod:`fold_train.predict_plan`) and the
+``predict --dry-run`` (the FakeTensor plan, :mod:`fold_train.predict_plan`; on a GPU machine on
+FakeTensors of the GPU, so the kernels' memory is what is counted) and the
 real prediction with the same (unchunked) settings and ``--no-cuda-graphs`` (the plan estimates
 the eager predictor), and reports estimate / measured.
 
-Expected GPU time on one H100 80GB with the defaults (not yet measured: CPU smoke only; from
-FLOP counts at ~200 TFLOP/s bf16): a trial's start-up 20-40 s (imports, CUDA, checkpoint load:
-~0.4 GB AF2, ~1.5 GB AF3) plus AutoChunk's planning of each stack (tens of seconds for the
-48-block stacks) plus the prediction: AF2 one pass ~1 min at 4096 residues, ~3 min at 6144
-(the triangle updates and attention grow as N^3); AF3 ~1-3 min at 1-3k tokens (the trunk, the
-confidence head on 5 samples, 20 sampler steps). Both presets run in bf16. Each family gets
-``--budget-seconds`` (default 450 s: a trial is not started when it would not finish), so run
-the families as separate calls, each under the device tool's 10-minute limit (about 8 min each);
-on an H200 raise ``--af2-ladder`` to ``6144,8192,10240`` to spend the time where it is
-informative:
+Measured times (benchmarks/results/chunk/longest_input.md, one H100 80GB / H200 141GB, start-up
+included): AF2 `--autochunk auto` 2048 residues 85 s, 4096 180 s (H100); AF2 `--chunk-size 64`
+6144 residues 549 s (H200); AF3 2048 tokens 162 s (H100). A trial's start-up is 20-40 s
+(imports, CUDA, checkpoint load) plus AutoChunk's planning of each stack and the kernels'
+autotuning at new shapes. Each family gets ``--budget-seconds`` (default 450 s: a trial is not
+started when it would not finish), so run the families as separate calls, each under the device
+tool's 10-minute limit; on an H200 raise ``--af2-ladder`` to ``6144,8192,10240`` to spend the
+time where it is informative:
 
     source benchmarks/gpu_setup.sh
     python -m benchmarks.chunk.longest_input --families af2 --budget-seconds 450 \\
@@ -196,11 +195,23 @@ def trial(args, family: str, n: int, checkpoint: Path, *, estimate: bool = False
 
 
 # -- the search -----------------------------------------------------------------------------------
+STARTUP_S = 30.0  # imports, CUDA, checkpoint load: the part of a trial that N does not change
+
+
+def predicted_seconds(n: int, n_last: int, seconds_last: float) -> float:
+    """A trial's time at ``n`` from the last successful one: the start-up, plus the rest scaled
+    by ``(n / n_last)^2``. Measured on an H100 (AF2 ``--autochunk auto``, af2_finetune) 2048 ->
+    4096 residues went 85 s -> 180 s: the MSA stacks' ``N_extra x N^2`` work dominates there,
+    not the triangle updates' ``N^3`` (the cube predicted 680 s and refused trials that fit)."""
+    work = max(seconds_last - STARTUP_S, 0.0)
+    return STARTUP_S + work * (n / n_last) ** 2
+
+
 def longest(args, family: str, checkpoint: Path, ladder: list[int], deadline: float,
             emit, fam: dict) -> dict:
     """Ladder up to the first failure, then bisection to ``--resolution``. A trial is not
-    started when its predicted time (the last successful trial's, scaled by (N / N_last)^3: the
-    triangle updates dominate) would pass ``deadline``; a started one is stopped there."""
+    started when its predicted time would pass ``deadline`` (:func:`predicted_seconds`); a
+    started one is stopped there."""
     trials: list[dict] = fam.setdefault("trials", [])  # filled as they finish (saved by emit)
     good, bad = 0, None
     last: tuple[int, float] | None = None  # (N, seconds) of the last successful trial
@@ -208,7 +219,7 @@ def longest(args, family: str, checkpoint: Path, ladder: list[int], deadline: fl
     def attempt(n: int) -> bool | None:
         nonlocal last
         left = deadline - time.perf_counter()
-        predicted = 0.0 if last is None else last[1] * (n / last[0]) ** 3
+        predicted = 0.0 if last is None else predicted_seconds(n, *last)
         if left < 30 or predicted > left:
             trials.append({"family": family, "n_res": n, "ok": None,
                            "error": f"not run: {left:.0f} s left, about {predicted:.0f} s "

@@ -42,3 +42,12 @@ def test_estimate_mode_cpu_smoke(tmp_path: Path) -> None:
     (rec,) = result["estimates"]
     assert rec["ok"] and rec["estimated_peak_bytes"] > rec["weights_bytes"] > 0
     assert set(rec["estimated_stages"]) >= {"Pairformer", "diffusion step", "confidence head"}
+
+
+def test_predicted_time_keeps_the_start_up_and_scales_the_rest() -> None:
+    from benchmarks.chunk.longest_input import STARTUP_S, predicted_seconds
+
+    assert predicted_seconds(2048, 2048, 85.0) == pytest.approx(85.0)
+    # the measured H100 pair: 2048 residues in 85 s, 4096 in 180 s (the cube said 680 s)
+    assert 150.0 < predicted_seconds(4096, 2048, 85.0) < 300.0
+    assert predicted_seconds(4096, 2048, 10.0) == STARTUP_S  # all start-up: nothing to scale
