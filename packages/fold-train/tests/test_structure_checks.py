@@ -168,3 +168,12 @@ def test_neighbours_must_be_known(chain_a):
     with pytest.raises(ValueError, match="neighbours"):
         has_clash(atoms.coord, np.zeros(len(atoms), int), residue, np.ones(len(atoms), bool),
                   neighbours="grid")
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -2.0])
+def test_a_bad_radius_is_named(bad):
+    x = np.arange(12, dtype=float).reshape(4, 3)
+    radii = np.full(4, 1.8)
+    radii[2] = bad
+    with pytest.raises(ValueError, match="atom 2 has radius"):
+        atom_sasa(x, radii)

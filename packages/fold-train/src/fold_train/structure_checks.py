@@ -122,6 +122,10 @@ def atom_sasa(positions: np.ndarray, radii: np.ndarray, n_points: int = 100, *,
     _check_neighbours(neighbours)
     x = positions.astype(np.float64)
     r = radii.astype(np.float64) + PROBE  # [A]
+    if not np.isfinite(r).all() or (r <= 0).any():
+        bad = int(np.flatnonzero(~np.isfinite(r) | (r <= 0))[0])
+        raise ValueError(f"atom_sasa: atom {bad} has radius {radii[bad]!r}; expected a finite "
+                         f"van der Waals radius > -{PROBE} A")
     dots = _sphere(n_points)  # [P, 3]
     area = np.zeros(len(x))
     block = 64  # consecutive atoms (a few residues): spatially compact, few candidates
