@@ -152,7 +152,7 @@ def _run_trial(args, folder: Path) -> dict:
     if rc != 0:
         return {**record, "ok": False, "error": err[-2000:]}
     summary = json.loads(out.strip().splitlines()[-1])
-    record.update(ok=True, mean_plddt=summary.get("mean_plddt"),
+    record.update(ok=True, mean_plddt=summary.get("mean_plddt"), seconds=summary.get("seconds"),
                   autochunk=summary.get("autochunk") or summary.get("chunking", {}).get(
                       "autochunk"))
     if args.estimate_trial and "peak_bytes" in record:

@@ -76,6 +76,7 @@ def test_predict_protein_ligand_json_writes_ligand_and_plddt(af3_checkpoint, tmp
     summary = _predict(af3_checkpoint, source, out, capsys)
     assert summary["chains"] == ["A", "B"] and summary["ligand_chains"] == ["B"]
     assert summary["seed"] == 7 and len(summary["sample_mean_plddt"]) == 2
+    assert set(summary["seconds"]) == {"load", "features", "model", "confidence", "write"}
     st = _check_structure(out, json.loads(source.read_text()))
     ligand = list(st[0]["B"])
     assert [r.name for r in ligand] == ["FK5"]

@@ -130,6 +130,9 @@ def test_train_then_predict_through_the_cli(demo_cache, tmp_path, capsys):
     summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert summary["n_res"] == parse_mmcif(TRUE).get_chain("A").num_res
     assert 0 <= summary["lddt_ca"] <= 1 and np.isfinite(summary["rmsd"])
+    seconds = summary["seconds"]  # where the time went (fold_train.stage_timer)
+    assert set(seconds) == {"load", "features", "model", "confidence", "write"}
+    assert all(v >= 0 for v in seconds.values()) and seconds["model"] > 0
     st = gemmi.read_structure(str(pred))
     b = [a.b_iso for r in st[0]["A"] for a in r]
     assert len(b) > 0 and all(0 <= x <= 100 for x in b)

@@ -94,11 +94,14 @@ class AF2Runner:
         from fold_train.predict import load_trained_model
         from fold_train.predict_dap import single_process
         from fold_train.predict_graphs import AF2Predictor, graphs_wanted
+        from fold_train.stage_timer import StageTimer
 
         self.checkpoint, self.device = checkpoint, torch.device(device)
         self.parallel = parallel or single_process()  # DAP / BP: fold_train.predict_dap
-        self.model, self.cfg = load_trained_model(checkpoint, device, use_ema=use_ema,
-                                                  family="af2")
+        self.timer = StageTimer()  # the summary's "seconds"
+        with self.timer("load"):
+            self.model, self.cfg = load_trained_model(checkpoint, device, use_ema=use_ema,
+                                                      family="af2")
         self.done = parallelize(self.model, make_family("af2", self.cfg.model_config()),
                                 self.parallel.adjust(Techniques(
                                     chunk_size=chunk_size, autochunk=autochunk,
@@ -139,7 +142,8 @@ class AF2Runner:
                                          template_mmcif_dir=self.template_mmcif_dir)
 
         if self.cache is None:
-            return build()
+            with self.timer("features"):
+                return build()
         # keyed by the bytes of the query, MSA and hit files (fold_data.cache); the template
         # mmCIFs the hits point to by the directory's path
         inputs = [p for p in (fasta, mmcif, *msas, templates) if p is not None]
@@ -152,7 +156,8 @@ class AF2Runner:
             made["name"], raw, _ = build()
             return raw
 
-        result = self.cache.fetch(str(Path(inputs[0]).stem), inputs, params, build_raw)
+        with self.timer("features"):
+            result = self.cache.fetch(str(Path(inputs[0]).stem), inputs, params, build_raw)
         name = made.get("name") or _query_name(fasta, mmcif, chain)
         return name, result.features, mmcif is not None
 
@@ -175,16 +180,20 @@ class AF2Runner:
         prov = provenance(self.checkpoint, inputs)
         results, preds = [], {}
         for seed in seeds:
-            pred = predict_structure(self.model, raw, self.cfg.data_preset(), device=self.device,
-                                     precision=self.cfg.system.precision,
-                                     num_recycles=self.recycles, seed=seed,
-                                     predictor=self.predictor)
+            with self.timer("model"):
+                pred = predict_structure(self.model, raw, self.cfg.data_preset(),
+                                         device=self.device,
+                                         precision=self.cfg.system.precision,
+                                         num_recycles=self.recycles, seed=seed,
+                                         predictor=self.predictor)
             check_prediction(pred.positions, pred.plddt, self.checkpoint, pred.atom_mask > 0.5)
             preds[seed] = pred
-            results.append(af2_result(pred, name, seed, prov))
+            with self.timer("confidence"):  # pTM, PAE, has_clash, fraction_disordered
+                results.append(af2_result(pred, name, seed, prov))
         ranked = rank(results)
         if self.parallel.writes:  # DAP: one rank writes
-            write_prediction(ranked, path, target)
+            with self.timer("write"):
+                write_prediction(ranked, path, target)
         top = preds[ranked[0].seed]
         summary: dict = {"name": name, "out": None if path is None else str(path),
                          "out_dir": None if target is None else str(target),
@@ -202,6 +211,7 @@ class AF2Runner:
             summary["autochunk"] = autochunk_summary(self.done.autochunked)
         if has_truth:
             summary.update(score_against_truth(top, raw))
+        summary["seconds"] = self.timer.take()
         return summary
 
     # -- fold-train predict --input-dir ----------------------------------------------------------

@@ -316,11 +316,14 @@ class AF3Runner:
         from fold_train.predict import load_trained_model
         from fold_train.predict_dap import single_process
         from fold_train.predict_graphs import AF3Predictor, graphs_wanted
+        from fold_train.stage_timer import StageTimer
 
         self.checkpoint, self.device = checkpoint, torch.device(device)
         self.parallel = parallel or single_process()  # DAP: fold_train.predict_dap
-        self.model, self.cfg = load_trained_model(checkpoint, device, use_ema=use_ema,
-                                                  family="af3")
+        self.timer = StageTimer()  # the summary's "seconds"
+        with self.timer("load"):
+            self.model, self.cfg = load_trained_model(checkpoint, device, use_ema=use_ema,
+                                                      family="af3")
         self.ccd, self.ccd_files = make_ccd(ccd_files), list(ccd_files)
         self.cache = None
         if cache_dir is not None:  # fold-data's content-addressed feature cache
@@ -369,10 +372,12 @@ class AF3Runner:
         """``(entry, raw features)`` of an AF3 JSON / mmCIF complex, sized first; bad input is
         an ``InputError`` naming the file and the record."""
         self.cache_status = {}
-        return make_af3_inputs(source, self.ccd, allow_outside_paths=self.allow_outside_paths,
-                               features=features, limits=self.limits, check=self._check,
-                               cache=self.cache, ccd_files=self.ccd_files,
-                               cache_status=self.cache_status)
+        with self.timer("features"):
+            return make_af3_inputs(source, self.ccd,
+                                   allow_outside_paths=self.allow_outside_paths,
+                                   features=features, limits=self.limits, check=self._check,
+                                   cache=self.cache, ccd_files=self.ccd_files,
+                                   cache_status=self.cache_status)
 
     def run(self, item, *, seeds=None, out_dir=None) -> dict:
         """Predict one input of ``--input-dir`` (a :class:`~fold_train.predict_batch.BatchInput`)
@@ -430,20 +435,23 @@ class AF3Runner:
         results = []
         for seed in seeds:
             try:
-                samples = sample_af3(self.model, raw, seed=seed, device=self.device,
-                                     precision=self.cfg.system.precision,
-                                     no_samples=self.no_samples, no_steps=self.no_steps,
-                                     no_cycles=self.no_cycles, predictor=self.predictor,
-                                     parallel=self.parallel)
+                with self.timer("model"):
+                    samples = sample_af3(self.model, raw, seed=seed, device=self.device,
+                                         precision=self.cfg.system.precision,
+                                         no_samples=self.no_samples, no_steps=self.no_steps,
+                                         no_cycles=self.no_cycles, predictor=self.predictor,
+                                         parallel=self.parallel)
             except FloatingPointError as e:
                 raise InputError(self.checkpoint, "prediction", f"{e}; the checkpoint has "
                                  "probably diverged: predict with an earlier checkpoint") from None
             for s in range(len(samples.positions)):
                 check_prediction(samples.positions[s], samples.plddt[s], self.checkpoint)
-            results += af3_results(samples, raw, entry, prov)
+            with self.timer("confidence"):  # ipTM, PAE, has_clash, fraction_disordered
+                results += af3_results(samples, raw, entry, prov)
         ranked = rank(results)
         if self.parallel.writes:  # DAP: one rank writes
-            write_prediction(ranked, path, target)
+            with self.timer("write"):
+                write_prediction(ranked, path, target)
         top = ranked[0]
         ligands = [c.chain_id for c in entry.chains if not c.is_polymer]
         return {"name": entry.name, "out": None if path is None else str(path),
@@ -457,7 +465,8 @@ class AF3Runner:
                 "cuda_graphs": self.cuda_graphs,
                 "sample_mean_plddt": [r.summary["mean_plddt"] for r in results],
                 "ranking": [[r.seed, r.sample, r.summary["ranking_score"]] for r in ranked],
-                "chunking": self.chunking(), **self.cache_status}
+                "chunking": self.chunking(), **self.cache_status,
+                "seconds": self.timer.take()}
 
     def chunking(self) -> dict:
         """The summary's chunking: chunk size, sample group and each AutoChunk plan (made on
