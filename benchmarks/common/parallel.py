@@ -1,6 +1,6 @@
 """Helpers shared by the multi-GPU benchmarks (``parallel/dap_bp.py``, ``parallel/scaling.py``):
-timing with peak memory, the out-of-memory guard, Evoformer inputs and the full-model training
-step."""
+timing with peak memory, the out-of-memory guard, Evoformer inputs and the BP-block test (the
+full training step is ``fold_train.Trainer``'s, driven by ``parallel/scaling.py``)."""
 
 from __future__ import annotations
 
@@ -89,43 +89,7 @@ def evoformer_inputs(cfg, n_res: int, n_seq: int, device: torch.device, grad: bo
     return m, z, msa_mask, pair_mask
 
 
-def model_stacks(model: torch.nn.Module, template: bool) -> list[torch.nn.Module]:
-    """The stacks of an ``AlphaFold2`` that DAP can split: the Evoformer, the extra MSA stack
-    and (with ``template``) the template pair stack."""
-    stacks = [model.evoformer]
-    if getattr(model, "extra_msa_stack", None) is not None:
-        stacks.append(model.extra_msa_stack)
-    if template and getattr(model, "template_embedder", None) is not None:
-        stacks.append(model.template_embedder.pair_stack)
-    return stacks
-
-
 def has_branches(stack: torch.nn.Module) -> bool:
     """Whether ``stack``'s blocks are Parallel Evoformer blocks (what BP splits)."""
     return hasattr(stack, "blocks") and hasattr(stack.blocks[0], "msa_branch")
-
-
-def make_train_step(
-    model: torch.nn.Module,
-    loss_fn: Callable,
-    batch: dict,
-    truth: dict,
-    opt: torch.optim.Optimizer,
-    device: torch.device,
-    sync_grads: Callable[[], None] | None,
-) -> Callable[[], None]:
-    """One AF2 training step: forward (bf16 autocast) + loss + backward + gradient sync (if
-    given) + optimizer step."""
-
-    def step() -> None:
-        with autocast_bf16(device):
-            outputs = model(batch)
-        loss, _ = loss_fn(outputs, truth)
-        loss.backward()
-        if sync_grads is not None:
-            sync_grads()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-
-    return step
 

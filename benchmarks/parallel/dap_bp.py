@@ -9,9 +9,10 @@ Workloads (bf16 autocast, per-block activation checkpointing in training, as in 
 
 * ``evoformer``: Evoformer stack (48 blocks) forward + backward + gradient sync, at the
   initial-training shapes (N_res 256, N_seq 128) and the fine-tuning shapes (384, 512);
-* ``train_step``: the whole AF2 model (fold_model.af2.AlphaFold2, 4 recycling passes, template
-  and extra MSA stacks, structure module, AF2 loss) forward + backward + gradient sync + Adam, at
-  the same two shapes (batch from ``benchmarks/common/af2_batch.py``);
+* the whole training step is not here: ``benchmarks.parallel.scaling``'s ``train`` workload
+  times ``fold_train.Trainer``'s steps (the steps of ``fold-train train``) with the Trainer
+  applying DAP / DAO / BP itself (an earlier ``train_step`` section here ran a private copy of a
+  training step);
 * ``inference``: Evoformer stack forward without gradients at N_res 2048 and 3072 (N_seq 128):
   time and peak memory per GPU, one GPU vs DAP-2 (FastFold 6.2);
 * ``volume``: the bytes each rank sends per Evoformer block (forward + backward), counted from
@@ -46,24 +47,17 @@ from fold_parallel import (
 )
 from fold_parallel.volume import CommRecorder, fastfold_table3
 
-from benchmarks.common.af2_batch import synthetic_batch
 from benchmarks.common.machine import device_name
 from benchmarks.common.parallel import evoformer_inputs as _evoformer_inputs
 from benchmarks.common.parallel import guard_oom as _guard_oom
-from benchmarks.common.parallel import has_branches, make_train_step, model_stacks
+from benchmarks.common.parallel import has_branches
 from benchmarks.common.parallel import timed as _timed
 from benchmarks.common.results import write_result
 
 TRAIN_SHAPES = {"initial": (256, 128), "finetune": (384, 512)}  # (N_res, N_seq)
-FULL_SIZES = {
-    "initial": {"n_res": 256, "n_clust": 128, "n_extra": 1024, "n_templ": 4, "r": 4},
-    "finetune": {"n_res": 384, "n_clust": 512, "n_extra": 5120, "n_templ": 4, "r": 4},
-}
 INFER_N_RES = (2048, 3072)
 SMOKE = {
     "train_shapes": {"initial": (13, 6), "finetune": (15, 8)},
-    "full_sizes": {k: {"n_res": 12, "n_clust": 5, "n_extra": 7, "n_templ": 2, "r": 2}
-                   for k in ("initial", "finetune")},
     "infer_n_res": (21,),
     "infer_seq": 4,
 }
@@ -121,31 +115,6 @@ def bench_evoformer(args, device, shapes) -> dict:
                 if not mode.startswith("single"):
                     sync_gradients(stack)
                 stack.zero_grad(set_to_none=True)
-
-            ms, peak, host_ms, syncs = _timed(step, device, args.reps)
-            return {"ms": ms, "peak_mib": peak, "host_ms": host_ms, "host_syncs": syncs}
-
-        out[name] = {mode: _run_mode(mode, build_and_time, device) for mode in MODES}
-    return out
-
-
-def bench_train_step(args, device, sizes_by_shape) -> dict:
-    from fold_model.af2 import AlphaFold2
-    from fold_model.af2.loss import AlphaFold2Loss
-
-    out: dict[str, Any] = {}
-    for name, sizes in sizes_by_shape.items():
-        def build_and_time(mode: str, sizes=sizes) -> dict:
-            cfg = _cfg(args, block_order=_order(mode), checkpoint_blocks=True)
-            torch.manual_seed(0)
-            model = AlphaFold2(cfg).to(device).train()
-            stacks = model_stacks(model, template=mode in ("dap2", "dap2_dao"))
-            _parallelize(model, mode, stacks)
-            loss_fn = AlphaFold2Loss(cfg.loss)
-            batch, truth = synthetic_batch(**sizes, device=device)
-            opt = torch.optim.Adam(model.parameters(), lr=1e-4)
-            sync = None if mode.startswith("single") else lambda: sync_gradients(model)
-            step = make_train_step(model, loss_fn, batch, truth, opt, device, sync)
 
             ms, peak, host_ms, syncs = _timed(step, device, args.reps)
             return {"ms": ms, "peak_mib": peak, "host_ms": host_ms, "host_syncs": syncs}
@@ -254,7 +223,7 @@ def _ratios(section: dict) -> None:
 
 def _markdown(results: dict) -> str:
     lines = [f"# DAP / DAO / BP on {results['device']} x {results['world_size']}", ""]
-    for section in ("evoformer", "train_step", "inference"):
+    for section in ("evoformer", "inference"):
         lines += [f"## {section}", "",
                   "| shape | mode | ms | peak MiB | speedup vs 1 GPU | host ms | host syncs |",
                   "|---|---|---|---|---|---|---|"]
@@ -282,14 +251,13 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--blocks", type=int, default=48, help="Evoformer blocks")
     parser.add_argument("--chunk-size", type=int, default=None, help="inference chunking")
     parser.add_argument("--skip", nargs="*", default=[],
-                        choices=["evoformer", "train_step", "inference", "volume"])
+                        choices=["evoformer", "inference", "volume"])
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)
     device = init_distributed("gloo" if args.smoke else None)
     if dist.get_world_size() != 2:
         raise SystemExit("parallel_dap_bp: run with 2 ranks (torchrun --nproc_per_node 2)")
     shapes = SMOKE["train_shapes"] if args.smoke else TRAIN_SHAPES
-    sizes = SMOKE["full_sizes"] if args.smoke else FULL_SIZES
     results: dict[str, Any] = {
         "device": device_name(device),
         "world_size": dist.get_world_size(),
@@ -298,14 +266,12 @@ def main(argv: list[str] | None = None) -> dict:
         "blocks": None if args.smoke else args.blocks,
     }
     results["evoformer"] = {} if "evoformer" in args.skip else bench_evoformer(args, device, shapes)
-    results["train_step"] = (
-        {} if "train_step" in args.skip else bench_train_step(args, device, sizes))
     n_res_list = SMOKE["infer_n_res"] if args.smoke else INFER_N_RES
     n_seq = SMOKE["infer_seq"] if args.smoke else 128
     results["inference"] = (
         {} if "inference" in args.skip else bench_inference(args, device, n_res_list, n_seq))
     results["volume"] = {} if "volume" in args.skip else bench_volume(args, device, shapes)
-    for section in ("evoformer", "train_step", "inference"):
+    for section in ("evoformer", "inference"):
         _ratios(results[section])
     if dist.get_rank() == 0:
         print(json.dumps(results, indent=1), flush=True)
