@@ -23,12 +23,11 @@ from _trunk_helpers import holes, randomize_, rel_err  # noqa: E402
 
 fold_kernels = pytest.importorskip("fold_kernels")
 fold_chunk = pytest.importorskip("fold_chunk")
-from fold_kernels import registration  # noqa: E402
+from _triton_backend import DEVICE, register_triton  # noqa: E402
 from fold_model import ops  # noqa: E402
 from fold_model.af2.evoformer import ExtraMsaBlock  # noqa: E402
 from fold_model.ops import registry  # noqa: E402
 
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 ATTENTION = ("attention", "attention_packed", "triangle_attention")
 
 
@@ -36,14 +35,7 @@ ATTENTION = ("attention", "attention_packed", "triangle_attention")
 def kernel_calls(monkeypatch):
     """The Triton backend registered (on CPU: told CPU tensors are fine), its attention
     implementations wrapped to record the shape of their first argument."""
-    if DEVICE == "cpu":
-        import os
-
-        if os.environ.get("TRITON_INTERPRET", "0") in ("", "0"):
-            pytest.skip("needs a GPU or TRITON_INTERPRET=1")
-        monkeypatch.setattr(registration, "_on_gpu", lambda *tensors: True)
-    if "triton" not in ops.backends("attention"):
-        registration.register(registry)
+    register_triton(monkeypatch)
     calls: list[tuple[str, tuple[int, ...]]] = []
     for name in ATTENTION:
         impl = registry._STATE.impls[name]["triton"]

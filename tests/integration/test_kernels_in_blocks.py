@@ -25,25 +25,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "packages" / "fold-
 from _trunk_helpers import holes, randomize_, rel_err  # noqa: E402
 
 fold_kernels = pytest.importorskip("fold_kernels")
-from fold_kernels import registration  # noqa: E402
+from _triton_backend import DEVICE, register_triton  # noqa: E402
 from fold_model import ops  # noqa: E402
 
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 TOL = 1e-5
 
 
 @pytest.fixture
 def triton_backend(monkeypatch):
-    if DEVICE == "cpu":
-        import os
-
-        if os.environ.get("TRITON_INTERPRET", "0") in ("", "0"):
-            pytest.skip("needs a GPU or TRITON_INTERPRET=1")
-        monkeypatch.setattr(registration, "_on_gpu", lambda *tensors: True)
-    if "triton" not in ops.backends("attention"):
-        from fold_model.ops import registry
-
-        registration.register(registry)
+    register_triton(monkeypatch)
     q = torch.randn(1, 2, 2, 5, 8, device=DEVICE)
     assert ops.resolve("attention", q, q, q) is fold_kernels.evo_attention
     p = torch.randn(1, 8, 3, 3, device=DEVICE)

@@ -23,11 +23,11 @@ from fold_chunk.trace import trace_module
 from torch import nn
 
 ops = pytest.importorskip("fold_model.ops")
-registry = pytest.importorskip("fold_model.ops.registry")
 evoformer = pytest.importorskip("fold_model.af2.evoformer")
 pairformer = pytest.importorskip("fold_model.af3.pairformer")
 contract = pytest.importorskip("fold_ops.contract")
 reference = pytest.importorskip("fold_ops.reference")
+attention_spy = pytest.importorskip("fold_model.ops.testing").attention_spy
 
 F64 = torch.float64
 
@@ -228,34 +228,8 @@ def test_autochunked_block_equals_the_block_in_float64(name):
 def spy():
     """A backend of the three attention ops that records the shapes it is called with and runs
     the reference; its fake returns the output only (a kernel's accounting)."""
-    calls: list[tuple[str, tuple[int, ...]]] = []
-
-    def make(name):
-        ref = contract.OPS[name].reference
-
-        def fn(*args, **kwargs):
-            calls.append((name, tuple(args[0].shape)))
-            return ref(*args, **kwargs)
-
-        def fake(*args, **kwargs):
-            x = args[0]
-            if name == "attention":
-                return torch.empty_like(x)
-            gated = args[6] if len(args) > 6 else kwargs.get("gated", True)
-            return x.new_empty((*x.shape[:-1], x.shape[-1] // (4 if gated else 3)))
-
-        return fn, fake
-
-    for name in ATTENTION_OPS:
-        fn, fake = make(name)
-        ops.register(name, "spy", fn, supports=lambda *a, **k: True, priority=10_000,
-                     fake=fake)
-    try:
+    with attention_spy() as calls:
         yield calls
-    finally:
-        for name in ATTENTION_OPS:
-            del registry._STATE.impls[name]["spy"]
-        registry._SORTED.clear()
 
 
 def test_a_registered_backend_serves_the_chunk_loops_and_its_fake_is_counted(spy):

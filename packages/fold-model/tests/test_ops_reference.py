@@ -131,7 +131,7 @@ def fake_backend():
         "attention", "fake", fake_attention, supports=lambda *a, **k: True, priority=10_000
     )
     yield calls
-    del registry._STATE.impls["attention"]["fake"]
+    registry.unregister("attention", "fake")
 
 
 def test_registry_selection(fake_backend, monkeypatch):
@@ -230,9 +230,8 @@ def test_fake_tensors_run_the_chosen_backends_fake():
         ops.attention(q, k, v)
         assert calls == ["fake", "fn"]  # real tensors: the highest priority
     finally:
-        del registry._STATE.impls["attention"]["spy"]
-        del registry._STATE.impls["attention"]["nofake"]
-        registry._SORTED.clear()
+        registry.unregister("attention", "spy")
+        registry.unregister("attention", "nofake")
 
 
 def test_linear_with_a_bias_goes_through_the_registry():
@@ -267,8 +266,7 @@ def test_linear_with_a_bias_goes_through_the_registry():
         assert any(n.target is leaves.linear for n in gm.graph.nodes)
         assert rel_err(gm(x), ref) < 1e-12 and len(calls) == 2
     finally:
-        del registry._STATE.impls["linear"]["fake"]
-        registry._SORTED.clear()
+        registry.unregister("linear", "fake")
 
 
 def test_triangle_attention_is_one_registration():
@@ -313,5 +311,15 @@ def test_triangle_attention_is_one_registration():
         assert calls == {"triangle_attention": 2, "attention_packed": 2}  # other attention
     finally:
         for name in calls:
-            del registry._STATE.impls[name]["fake"]
-        registry._SORTED.clear()
+            registry.unregister(name, "fake")
+
+
+def test_unregister_removes_a_backend_and_keeps_the_reference():
+    registry.register("linear", "extra", lambda x, w, b=None: x, priority=5)
+    assert "extra" in registry.backends("linear")
+    registry.unregister("linear", "extra")
+    assert "extra" not in registry.backends("linear")
+    with pytest.raises(ValueError, match="not registered"):
+        registry.unregister("linear", "extra")
+    with pytest.raises(ValueError, match="cannot be unregistered"):
+        registry.unregister("linear", "torch")

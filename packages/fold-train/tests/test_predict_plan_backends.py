@@ -18,34 +18,12 @@ ATTENTION = ("attention", "attention_packed", "triangle_attention")
 
 @pytest.fixture
 def spy():
-    from fold_model import ops
-    from fold_model.ops import registry
-    from fold_ops.contract import OPS
+    """The attention ops served by a spy that runs the reference, with a shape-only fake as
+    fold-kernels registers for its kernels (``fold_model.ops.testing``)."""
+    from fold_model.ops.testing import attention_spy
 
-    calls = []
-
-    def make(name):
-        def fn(*args, **kwargs):
-            calls.append(name)
-            return OPS[name].reference(*args, **kwargs)
-
-        def fake(x, *args, **kwargs):  # the output only, as a kernel that keeps no logits
-            if name == "attention":
-                return torch.empty_like(x)
-            gated = args[5] if len(args) > 5 else kwargs.get("gated", True)
-            return x.new_empty((*x.shape[:-1], x.shape[-1] // (4 if gated else 3)))
-
-        return fn, fake
-
-    for name in ATTENTION:
-        fn, fake = make(name)
-        ops.register(name, "spy", fn, supports=lambda *a, **k: True, priority=10_000, fake=fake)
-    try:
+    with attention_spy() as calls:
         yield calls
-    finally:
-        for name in ATTENTION:
-            del registry._STATE.impls[name]["spy"]
-        registry._SORTED.clear()
 
 
 def _model_and_batch():
@@ -82,7 +60,7 @@ def test_estimate_counts_the_serving_backends_fake_not_the_reference_logits(spy)
     # the real prediction calls the spy: MSA row and column (packed), the extra MSA stack's
     # global column attention, the triangle attentions
     af2_run(model, extent)(batch)
-    assert set(spy) == set(ATTENTION)
+    assert {name for name, _ in spy} == set(ATTENTION)
 
 
 @pytest.mark.gpu
@@ -108,11 +86,11 @@ def test_dry_run_for_a_gpu_counts_fold_kernels_not_the_reference():
     assert cpu.stages["Evoformer"] - gpu.stages["Evoformer"] >= logits, (cpu, gpu)
 
 
-def test_the_size_check_counts_attention_logits_only_where_the_reference_serves(spy):
+def test_the_size_check_counts_attention_logits_only_where_the_reference_serves():
     """``fused_attention`` asks the registry: the reference on the CPU stores the logits; a
     backend serving attention with a logits-free fake (as fold-kernels on a GPU) does not, and
     the size check's estimate then leaves the ``[rows, H, N, N]`` logits out."""
-    from fold_model.ops import registry
+    from fold_model.ops.testing import attention_spy
     from fold_train.memory_estimate import af2_estimate, fused_attention
 
     cfg = preset("af2_finetune")
@@ -124,12 +102,6 @@ def test_the_size_check_counts_attention_logits_only_where_the_reference_serves(
     assert with_logits.largest_transient[1] == extra_logits  # the extra MSA row logits
     assert not any("logits" in k for k in without.transient)
     assert without.peak_bytes < with_logits.peak_bytes - extra_logits // 2
-    assert fused_attention("cpu", "bf16")  # the spy serves attention, with a fake
-    for name in ATTENTION:
-        del registry._STATE.impls[name]["spy"]
-    registry._SORTED.clear()
-    try:
-        assert not fused_attention("cpu", "bf16")  # the reference stores the logits
-    finally:
-        for name in ATTENTION:  # the fixture's teardown deletes them again
-            registry.register(name, "spy", registry._STATE.impls[name]["torch"].fn)
+    with attention_spy():
+        assert fused_attention("cpu", "bf16")  # the spy serves attention, with a fake
+    assert not fused_attention("cpu", "bf16")  # the reference stores the logits

@@ -22,6 +22,7 @@ from fold_model.ops.registry import (
     dispatch,
     register,
     resolve,
+    unregister,
     use_backend,
 )
 
@@ -45,6 +46,7 @@ __all__ = [  # the op wrappers are named by the contract
     "dispatch",
     "register",
     "resolve",
+    "unregister",
     "use_backend",
     *CONTRACT,
 ]

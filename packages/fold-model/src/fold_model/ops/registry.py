@@ -53,6 +53,7 @@ __all__ = [
     "OPS",
     "BackendUnavailable",
     "register",
+    "unregister",
     "backends",
     "resolve",
     "selected_backend",
@@ -128,6 +129,16 @@ def register(
     if op not in OPS:
         raise ValueError(f"unknown op {op!r}; ops are {OPS}")
     _STATE.impls[op][backend] = _Impl(fn, supports, priority, fake)
+    _SORTED.clear()
+
+
+def unregister(op: str, backend: str) -> None:
+    """Remove ``backend``'s implementation of ``op`` (the torch reference stays)."""
+    if backend == "torch":
+        raise ValueError(f"op {op!r}: the torch reference cannot be unregistered")
+    if backend not in _STATE.impls.get(op, {}):
+        raise ValueError(f"op {op!r}: backend {backend!r} is not registered")
+    del _STATE.impls[op][backend]
     _SORTED.clear()
 
 
