@@ -15,19 +15,28 @@ int64, and keep two kinds of index 32-bit, for speed, behind the checks here:
   in which it does.
 
 CUDA also limits the grid's y and z dimensions to 65535 programs (:func:`check_grid`).
+The ``supports`` predicates of :mod:`fold_kernels.registration` ask :func:`rows_fit` and
+:func:`grid_fits` first, so that the registry's ``auto`` falls back to the PyTorch path
+instead of raising.
 """
 
 from __future__ import annotations
 
-__all__ = ["INT32_LIMIT", "GRID_YZ_LIMIT", "check_rows", "span_fits", "check_grid"]
+__all__ = ["INT32_LIMIT", "GRID_YZ_LIMIT", "rows_fit", "check_rows", "span_fits", "grid_fits",
+           "check_grid"]
 
 INT32_LIMIT = 2**31  # indices must stay below this
 GRID_YZ_LIMIT = 65535  # CUDA's largest grid y and z dimension
 
 
+def rows_fit(rows: int) -> bool:
+    """A row index below ``rows`` fits in int32."""
+    return rows < INT32_LIMIT
+
+
 def check_rows(op: str, rows: int, width: int) -> None:
     """Refuse a ``[rows, width]`` walk whose row index would not fit in int32."""
-    if rows >= INT32_LIMIT:
+    if not rows_fit(rows):
         raise ValueError(f"{op}: {rows} rows of {width} (numel / last dim) is more than the "
                          f"kernel's 32-bit row index allows ({INT32_LIMIT - 1}); split the "
                          f"input or use the torch reference")
@@ -39,8 +48,13 @@ def span_fits(n: int, stride: int, extra: int = 0) -> bool:
     return max(n - 1, 0) * abs(stride) + extra < INT32_LIMIT
 
 
+def grid_fits(programs: int) -> bool:
+    """``programs`` fit in one grid y or z dimension."""
+    return programs <= GRID_YZ_LIMIT
+
+
 def check_grid(op: str, what: str, programs: int) -> None:
     """Refuse a launch whose grid y or z dimension (``programs``) exceeds CUDA's limit."""
-    if programs > GRID_YZ_LIMIT:
+    if not grid_fits(programs):
         raise ValueError(f"{op}: {what} needs {programs} programs in one grid dimension; "
                          f"CUDA allows {GRID_YZ_LIMIT} in y and z; split the input")
