@@ -206,13 +206,21 @@ def test_evo_attention_refuses_unindexable_shapes():
         fk.evo_attention(rows, rows, rows)
 
 
-def test_evo_attention_packed_sliced_rows():
-    """A packed projection sliced along R with two batch entries (not dense: the batch stride
-    is the parent's): the gradient is written in the inputs' strides, so it must be allocated
-    in them (it was dense ``[B, R, N, P*H*D]``: entry 1's gradient landed past its end)."""
-    parent, bias = _rand(2, 5, 12, 64, seed=31), _rand(2, 1, 12, 12, seed=32)
-    mask, gate_bias = _holes(2, 2, 12, seed=33), _rand(16, seed=34)
-    proj = parent[:, 1:3]  # [B=2, R=2, N=12, 64], batch stride 5 * 12 * 64
-    kin = [parent.clone()[:, 1:3], bias.clone(), mask, gate_bias.clone()]
+@pytest.mark.parametrize("layout", ["sliced", "transposed"])
+def test_evo_attention_packed_non_contiguous(layout):
+    """A packed projection sliced along R with two batch entries, or a dense one with R and N
+    swapped in memory: the kernels write the packed gradient through the projection's strides,
+    so the op must hand them one whose strides the gradient buffer shares (before: a dense
+    ``[B, R, N, P*H*D]`` buffer, into which the sliced layout wrote past the end and the
+    transposed one wrote rows to the wrong places)."""
+    if layout == "sliced":
+        parent = _rand(2, 5, 12, 64, seed=31)
+        proj, kproj = parent[:, 1:3], parent.clone()[:, 1:3]  # batch stride 5 * 12 * 64
+    else:
+        parent = _rand(2, 12, 2, 64, seed=31)
+        proj, kproj = parent.transpose(1, 2), parent.clone().transpose(1, 2)  # [B, R, N, 64]
+    bias, mask = _rand(2, 1, 12, 12, seed=32), _holes(2, 2, 12, seed=33)
+    gate_bias = _rand(16, seed=34)
+    kin = [kproj, bias.clone(), mask, gate_bias.clone()]
     _check(_attention_packed, _attention_packed_ref, kin, [proj, bias, mask, gate_bias], 35,
            1e-5)

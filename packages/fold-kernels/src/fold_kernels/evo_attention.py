@@ -1023,10 +1023,10 @@ class _EvoAttentionPacked(torch.autograd.Function):
         *batch, r, n, width = proj.shape
         parts = 4 if gated else 3
         flat = proj.reshape(math.prod(batch), r, n, width)  # [B, R, N, P*H*D]
-        # dense (the gradient is allocated in flat's strides, which the kernels write through)
-        # with the key offsets of a tile within int32 (index32), else a contiguous copy
-        if (not (flat.is_contiguous() or _dense(flat))
-                or not span_fits(n, flat.stride(-2), width)):
+        # contiguous (the kernels write the packed gradient through flat's strides, into a
+        # dense buffer that the gate bias's column sum views as [B*R*N, P*H*D]), with the key
+        # offsets of a tile within int32 (index32); a sliced or permuted projection is copied
+        if not flat.is_contiguous() or not span_fits(n, flat.stride(-2), width):
             flat = flat.contiguous()
         views = _unpack(flat, parts, no_heads)  # q, k, v[, gate]: [B, R, H, N, D]
         q, k, v = views[:3]
@@ -1046,7 +1046,7 @@ class _EvoAttentionPacked(torch.autograd.Function):
         views = _unpack(flat, ctx.parts, ctx.no_heads)
         q, k, v = views[:3]
         g = views[3] if ctx.parts == 4 else None
-        dflat = torch.empty_like(flat)  # [B, R, N, P*H*D] in flat's (dense) strides
+        dflat = torch.empty_like(flat)  # [B, R, N, P*H*D], flat's (contiguous) strides
         grads = _unpack(dflat, ctx.parts, ctx.no_heads)
         dy = dy.reshape(lp.B, lp.R, lp.N, lp.H, lp.D).transpose(2, 3)  # [B, R, H, N, D]
         _, _, _, dbias, _ = _backward(dy, q, k, v, g, gate_bias, o_pre, lse, lp,
