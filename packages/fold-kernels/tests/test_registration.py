@@ -105,3 +105,29 @@ def test_linear_is_supported_only_with_a_bias_of_one_dtype():
     x, w, b = torch.randn(3, 4, 8), torch.randn(5, 8), torch.randn(5)
     assert not registration.supports_linear(x, w, b)  # CPU tensors
     assert not registration.supports_linear(x, w)  # no bias: nothing to gain
+
+
+def test_shapes_past_the_kernels_32_bit_indices_fall_back():
+    """Rows past 2**31, more than 65535 programs in grid y/z and N past 46340 with a bias are
+    not supported (``auto`` takes the PyTorch path) rather than raising in the kernel's checks
+    (fold_kernels.index32). Fake CUDA tensors: shapes without memory."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        def t(*shape):
+            return torch.empty(shape, device="cuda", dtype=torch.bfloat16)
+
+        w = t(1)
+        assert registration.supports_layer_norm(t(2**31 - 1, 1), w, w)
+        assert not registration.supports_layer_norm(t(2**31, 1), w, w)
+        assert not registration.supports_softmax_mask_bias(t(2**31, 1))
+        assert not registration.supports_bias_sigmoid_gate(t(2**31, 1), t(1))
+        assert not registration.supports_linear(t(2**31, 1), t(4, 1), t(4))
+        proj, bias = t(65535, 8, 4 * 16), t(1, 8, 8)
+        assert registration.supports_attention_packed(proj, 1, bias)
+        assert not registration.supports_attention_packed(t(65536, 8, 4 * 16), 1, bias)
+        assert not registration.supports_attention_packed(t(1, 46341, 64), 1,
+                                                          t(1, 46341, 46341))
+        assert registration.supports_attention_packed(t(1, 46341, 64), 1)  # no N x N bias
+        q = t(2, 1, 40000, 1, 16)  # B * H = 80000 programs in grid z
+        assert not registration.supports_attention(q, q, q)

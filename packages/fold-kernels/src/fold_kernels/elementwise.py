@@ -8,12 +8,15 @@ mask shared along the rows of one dimension) are read through strides, never exp
 
 from __future__ import annotations
 
+import math
+
 import torch
 import triton
 import triton.language as tl
 
 from fold_kernels import tuning
 from fold_kernels.broadcast import broadcast_shape, reduce_to, row_layout, row_offsets
+from fold_kernels.index32 import check_rows
 from fold_kernels.launch import fast
 
 __all__ = ["bias_sigmoid_gate", "bias_dropout_residual"]
@@ -120,6 +123,7 @@ def _broadcast(name: str, *tensors: torch.Tensor | None) -> tuple[int, ...]:
     shape = broadcast_shape(*shapes)
     if shape is None:
         raise ValueError(f"{name}: operand shapes {shapes} do not broadcast")
+    check_rows(name, math.prod(shape[:-1]), shape[-1])  # the kernels' row index is int32
     return shape
 
 

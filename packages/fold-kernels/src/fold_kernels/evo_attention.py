@@ -61,6 +61,7 @@ from fold_ops.env import EnvVar
 
 from fold_kernels import tuning
 from fold_kernels.broadcast import broadcast_shape
+from fold_kernels.index32 import check_grid, span_fits
 from fold_kernels.launch import fast
 from fold_kernels.reduce import column_sum, sum_partials
 
@@ -92,7 +93,8 @@ def _mm(a, b, PRECISION: tl.constexpr):
 def _bias_tile(Bias, b, h, offs_m, offs_n, m_valid, n_valid, sbb, sbh, sbi, sbj):
     """The pair-bias tile in the log2 domain, fp32 [BLOCK_M, BLOCK_N]; one load serves every
     row of the program (the bias is shared by the R rows)."""
-    bptr = Bias + b * sbb + h * sbh + offs_m[:, None] * sbi + offs_n[None, :] * sbj
+    bptr = (Bias + b.to(tl.int64) * sbb + h.to(tl.int64) * sbh
+            + offs_m[:, None] * sbi + offs_n[None, :] * sbj)  # in-tile terms: host-bounded
     bias = tl.load(bptr, mask=m_valid[:, None] & n_valid[None, :], other=0.0)
     return bias.to(tl.float32) * 1.4426950408889634
 
@@ -100,7 +102,8 @@ def _bias_tile(Bias, b, h, offs_m, offs_n, m_valid, n_valid, sbb, sbh, sbi, sbj)
 @triton.jit
 def _bias_tile_t(Bias, b, h, offs_m, offs_n, m_valid, n_valid, sbb, sbh, sbi, sbj):
     """The pair-bias tile transposed, [BLOCK_N, BLOCK_M] (key-major), log2 domain, fp32."""
-    bptr = Bias + b * sbb + h * sbh + offs_m[None, :] * sbi + offs_n[:, None] * sbj
+    bptr = (Bias + b.to(tl.int64) * sbb + h.to(tl.int64) * sbh
+            + offs_m[None, :] * sbi + offs_n[:, None] * sbj)
     bias = tl.load(bptr, mask=n_valid[:, None] & m_valid[None, :], other=0.0)
     return bias.to(tl.float32) * 1.4426950408889634
 
@@ -118,7 +121,8 @@ def _base(b, r, h, sqb, sqr, sqh):
 def _keep(Mask, b, r, offs_n, n_valid, smb, smr, smj, HAS_MASK: tl.constexpr):
     """Which keys of row r are attended, [BLOCK_N] (keys past N never are)."""
     if HAS_MASK:
-        keep = tl.load(Mask + b * smb + r * smr + offs_n * smj, mask=n_valid, other=0) != 0
+        mrow = Mask + b.to(tl.int64) * smb + r.to(tl.int64) * smr
+        keep = tl.load(mrow + offs_n * smj, mask=n_valid, other=0) != 0
     else:
         keep = n_valid
     return keep
@@ -190,14 +194,14 @@ def _fwd(Q, K, V, G, GB, Bias, Mask, O, OPre, LSE,
     offs_d = tl.arange(0, BLOCK_D)
     m_valid = offs_m < N
     md = m_valid[:, None] & (offs_d < D)[None, :]
-    slab0 = ((b * R + r0) * H + h).to(tl.int64)  # which [N, D] matrix of [B, R, H, N, D]
+    slab0 = (b.to(tl.int64) * R + r0) * H + h  # which [N, D] of [B, R, H, N, D]
     base0 = _base(b, r0, h, sqb, sqr, sqh)
     q0 = tl.load(Q + base0 + offs_m[:, None] * sqn + offs_d[None, :], mask=md, other=0.0)
     m0 = tl.full([BLOCK_M], -1.0e38, tl.float32)  # finite: a block of only -inf stays NaN-free
     l0 = tl.zeros([BLOCK_M], tl.float32)
     acc0 = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     if TWO_ROWS:
-        slab1 = ((b * R + r1) * H + h).to(tl.int64)
+        slab1 = (b.to(tl.int64) * R + r1) * H + h
         base1 = _base(b, r1, h, sqb, sqr, sqh)
         q1 = tl.load(Q + base1 + offs_m[:, None] * sqn + offs_d[None, :], mask=md, other=0.0)
         m1 = tl.full([BLOCK_M], -1.0e38, tl.float32)
@@ -237,10 +241,10 @@ def _bwd_pre(DY, OPre, G, GB, DO, DG, Delta, rows, R, H, N, D, sqb, sqr, sqh, sq
 
     Rows are logical (b, r, h, n) rows in slab order (Delta's layout); dY, O and dO are read in
     the output layout, the gate and its gradient in q's."""
-    offs_r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    offs_r = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
     offs_d = tl.arange(0, BLOCK_D)
     rd = (offs_r < rows)[:, None] & (offs_d < D)[None, :]
-    row = offs_r.to(tl.int64)
+    row = offs_r
     n = row % N
     slab = row // N
     h = slab % H
@@ -371,7 +375,7 @@ def _bwd_dkdv(Q, K, V, Bias, Mask, DO, LSE, Delta, DK, DV, DBias, DQ,
     d_valid = offs_d < D
     nd = n_valid[:, None] & d_valid[None, :]
     kv_off = offs_n[:, None] * sqn + offs_d[None, :]
-    slab0 = ((b * R + r0) * H + h).to(tl.int64)
+    slab0 = (b.to(tl.int64) * R + r0) * H + h
     base0 = _base(b, r0, h, sqb, sqr, sqh)
     obase0 = _base(b, r0, h, sob, sor, soh)
     k0 = tl.load(K + base0 + kv_off, mask=nd, other=0.0)
@@ -383,7 +387,7 @@ def _bwd_dkdv(Q, K, V, Bias, Mask, DO, LSE, Delta, DK, DV, DBias, DQ,
     dk0 = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
     dv0 = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
     if TWO_ROWS:
-        slab1 = ((b * R + r1) * H + h).to(tl.int64)
+        slab1 = (b.to(tl.int64) * R + r1) * H + h
         base1 = _base(b, r1, h, sqb, sqr, sqh)
         obase1 = _base(b, r1, h, sob, sor, soh)
         k1 = tl.load(K + base1 + kv_off, mask=nd, other=0.0)
@@ -487,7 +491,7 @@ def _bwd_dq(Q, K, V, Bias, Mask, DO, LSE, Delta, DQ,
     md = m_valid[:, None] & d_valid[None, :]
     qo_off = offs_m[:, None] * sqn + offs_d[None, :]
     do_off = offs_m[:, None] * son + offs_d[None, :]
-    slab0 = ((b * R + r0) * H + h).to(tl.int64)
+    slab0 = (b.to(tl.int64) * R + r0) * H + h
     base0 = _base(b, r0, h, sqb, sqr, sqh)
     q0 = tl.load(Q + base0 + qo_off, mask=md, other=0.0)
     do0 = tl.load(DO + _base(b, r0, h, sob, sor, soh) + do_off, mask=md, other=0.0)
@@ -495,7 +499,7 @@ def _bwd_dq(Q, K, V, Bias, Mask, DO, LSE, Delta, DQ,
     delta0 = tl.load(Delta + slab0 * N + offs_m, mask=m_valid, other=0.0)
     dq0 = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     if TWO_ROWS:
-        slab1 = ((b * R + r1) * H + h).to(tl.int64)
+        slab1 = (b.to(tl.int64) * R + r1) * H + h
         base1 = _base(b, r1, h, sqb, sqr, sqh)
         q1 = tl.load(Q + base1 + qo_off, mask=md, other=0.0)
         do1 = tl.load(DO + _base(b, r1, h, sob, sor, soh) + do_off, mask=md, other=0.0)
@@ -553,7 +557,7 @@ def _bwd_dbias(Q, K, V, Bias, Mask, DO, LSE, Delta, DBias,
     for t in range(t0, t1):
         b = bb * (rows_per_bias // R) + t // R  # the bias batch entry bb serves these b
         r = t % R
-        slab = ((b * R + r) * H + h).to(tl.int64)
+        slab = (b.to(tl.int64) * R + r) * H + h
         base = _base(b, r, h, sqb, sqr, sqh)
         q = tl.load(Q + base + offs_m[:, None] * sqn + offs_d[None, :], mask=md, other=0.0)
         obase = _base(b, r, h, sob, sor, soh)
@@ -608,6 +612,9 @@ def _check_bias_mask(op: str, h: int, n: int, bias, mask) -> None:
                          f"got {tuple(bias.shape)}")
     if mask is not None and mask.shape[-1] != n:
         raise ValueError(f"{op}: mask must be [*, R, N={n}], got {tuple(mask.shape)}")
+    if bias is not None and not span_fits(n, n, n - 1):
+        raise ValueError(f"{op}: N={n} keys: the kernels index an N x N bias tile in 32 bits "
+                         f"(N <= 46340)")
 
 
 def _bias_view(bias: torch.Tensor, batch: tuple[int, ...]) -> tuple[torch.Tensor, int]:
@@ -646,6 +653,8 @@ class _Launch:
         *batch, self.R, self.H, self.N, self.D = q.shape
         self.batch = tuple(batch)
         self.B = math.prod(self.batch)
+        check_grid("evo_attention", f"R={self.R} rows", self.R)  # grid y: R (or R/2) programs
+        check_grid("evo_attention", f"B*H={self.B}*{self.H}", self.B * self.H)  # grid z
         self.scale = float(scale)
         self.qk_scale = self.scale * LOG2E
         self.block_d = _block_d(self.D)
@@ -653,10 +662,11 @@ class _Launch:
         self.bias_shape = None if bias is None else bias.shape
         if bias is not None:
             self.bias, self.Bb = _bias_view(bias, self.batch)
-            if self.bias.stride(-1) != 1:
+            if self.bias.stride(-1) != 1 or not span_fits(self.N, self.bias.stride(-2)):
                 # The model's bias is a head-last projection viewed [H, N, N] (movedim): its
                 # tiles would be read H elements apart, once per row and query block (3x
-                # slower kernels at N 768); one copy of H x N x N costs far less.
+                # slower kernels at N 768); one copy of H x N x N costs far less. A query
+                # stride whose in-tile offsets overflow int32 is copied too (index32).
                 self.bias = self.bias.contiguous()
             self.bias_strides = list(self.bias.stride())
             if self.Bb == 1:
@@ -665,6 +675,8 @@ class _Launch:
             self.bias, self.Bb, self.bias_strides = None, 1, [0, 0, 0, 0]
         if mask is not None:
             self.mask = _mask_view(mask, self.batch, self.R, self.N)
+            if not span_fits(self.N, self.mask.stride(-1)):  # in-tile key offsets: int32
+                self.mask = self.mask.contiguous()
             self.mask_strides = list(self.mask.stride())
         else:
             self.mask, self.mask_strides = None, [0, 0, 0]
@@ -679,7 +691,8 @@ class _Launch:
         ``[*, R, N, H, D]``: read and written in place, no copies); else copy to contiguous."""
         tensors = [t for t in (q, k, v, gate) if t is not None]
         stride = q.stride()
-        if not (_dense(q) and all(t.stride() == stride for t in tensors)):
+        if not (_dense(q) and all(t.stride() == stride for t in tensors)
+                and span_fits(self.N, stride[-2], self.D)):  # in-tile offsets: int32
             q, k, v = (t.contiguous() for t in (q, k, v))
             gate = gate.contiguous() if gate is not None else None
             stride = q.stride()
@@ -1010,7 +1023,10 @@ class _EvoAttentionPacked(torch.autograd.Function):
         *batch, r, n, width = proj.shape
         parts = 4 if gated else 3
         flat = proj.reshape(math.prod(batch), r, n, width)  # [B, R, N, P*H*D]
-        if flat.stride(-1) != 1:
+        # contiguous (the kernels write the packed gradient through flat's strides, into a
+        # dense buffer that the gate bias's column sum views as [B*R*N, P*H*D]), with the key
+        # offsets of a tile within int32 (index32); a sliced or permuted projection is copied
+        if not flat.is_contiguous() or not span_fits(n, flat.stride(-2), width):
             flat = flat.contiguous()
         views = _unpack(flat, parts, no_heads)  # q, k, v[, gate]: [B, R, H, N, D]
         q, k, v = views[:3]
@@ -1030,7 +1046,7 @@ class _EvoAttentionPacked(torch.autograd.Function):
         views = _unpack(flat, ctx.parts, ctx.no_heads)
         q, k, v = views[:3]
         g = views[3] if ctx.parts == 4 else None
-        dflat = torch.empty(flat.shape, device=flat.device, dtype=flat.dtype)  # [B, R, N, P*H*D]
+        dflat = torch.empty_like(flat)  # [B, R, N, P*H*D], flat's (contiguous) strides
         grads = _unpack(dflat, ctx.parts, ctx.no_heads)
         dy = dy.reshape(lp.B, lp.R, lp.N, lp.H, lp.D).transpose(2, 3)  # [B, R, H, N, D]
         _, _, _, dbias, _ = _backward(dy, q, k, v, g, gate_bias, o_pre, lse, lp,

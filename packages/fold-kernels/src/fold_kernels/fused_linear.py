@@ -20,6 +20,7 @@ import triton
 import triton.language as tl
 
 from fold_kernels import tuning
+from fold_kernels.index32 import check_rows
 from fold_kernels.launch import fast
 from fold_kernels.layer_norm import check_layer_norm, ln_backward, ln_forward
 from fold_kernels.reduce import column_sum
@@ -270,4 +271,5 @@ def swiglu(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     if bias is not None and bias.shape != (weight.shape[0],):
         raise ValueError(f"swiglu: bias must be [{weight.shape[0]}], got {tuple(bias.shape)}")
     tuning.require_device("swiglu", x, "fold_ops.reference.swiglu")
+    check_rows("swiglu", x.numel() // max(x.shape[-1], 1), x.shape[-1])
     return _SwiGLU.apply(x, weight, bias)

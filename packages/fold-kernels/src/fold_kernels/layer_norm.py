@@ -21,6 +21,7 @@ import triton.language as tl
 
 from fold_kernels import tuning
 from fold_kernels.broadcast import row_layout, row_offsets
+from fold_kernels.index32 import check_rows
 from fold_kernels.launch import fast
 from fold_kernels.reduce import sum_partials
 
@@ -39,7 +40,9 @@ def _ln_fwd(X, W, B, Y, Mean, Rstd, rows, C, eps, d1, d2, xs0, xs1, xs2, xsc,
     c_valid = offs_c < C
     rc = r_valid[:, None] & c_valid[None, :]
     ptrs = offs_r.to(tl.int64)[:, None] * C + offs_c[None, :]  # y: contiguous
-    xptrs = row_offsets(offs_r, d1, d2, xs0, xs1, xs2)[:, None] + offs_c[None, :] * xsc
+    # int64: a column stride can be large (x a transposed view); rows < 2**31 (check_rows)
+    xptrs = (row_offsets(offs_r, d1, d2, xs0, xs1, xs2)[:, None]
+             + offs_c.to(tl.int64)[None, :] * xsc)
     x = tl.load(X + xptrs, mask=rc, other=0.0).to(tl.float32)  # [BLOCK_R, BLOCK_C]
     mean = tl.sum(x, 1) / C
     xc = tl.where(rc, x - mean[:, None], 0.0)
@@ -62,6 +65,7 @@ def _ln_bwd(X, W, DY, Mean, Rstd, DX, DWp, DBp, sp, rows, C, d1, d2,
     n_prog = tl.num_programs(0)
     offs_c = tl.arange(0, BLOCK_C)
     c_valid = offs_c < C
+    c64 = offs_c.to(tl.int64)  # times column strides, which can be large (transposed views)
     w = tl.load(W + offs_c, mask=c_valid, other=0.0).to(tl.float32)
     dw = tl.zeros([BLOCK_C], tl.float32)
     db = tl.zeros([BLOCK_C], tl.float32)
@@ -70,9 +74,9 @@ def _ln_bwd(X, W, DY, Mean, Rstd, DX, DWp, DBp, sp, rows, C, d1, d2,
         offs_r = blk * BLOCK_R + tl.arange(0, BLOCK_R)
         r_valid = offs_r < rows
         rc = r_valid[:, None] & c_valid[None, :]
-        xp = row_offsets(offs_r, d1, d2, xs0, xs1, xs2)[:, None] + offs_c[None, :] * xsc
-        yp = row_offsets(offs_r, d1, d2, ys0, ys1, ys2)[:, None] + offs_c[None, :] * ysc
-        dp = row_offsets(offs_r, d1, d2, ds0, ds1, ds2)[:, None] + offs_c[None, :] * dsc
+        xp = row_offsets(offs_r, d1, d2, xs0, xs1, xs2)[:, None] + c64[None, :] * xsc
+        yp = row_offsets(offs_r, d1, d2, ys0, ys1, ys2)[:, None] + c64[None, :] * ysc
+        dp = row_offsets(offs_r, d1, d2, ds0, ds1, ds2)[:, None] + c64[None, :] * dsc
         x = tl.load(X + xp, mask=rc, other=0.0).to(tl.float32)
         dy = tl.load(DY + yp, mask=rc, other=0.0).to(tl.float32)
         mean = tl.load(Mean + offs_r, mask=r_valid, other=0.0)
@@ -216,6 +220,7 @@ def check_layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) 
                          f"{None if bias is None else tuple(bias.shape)}")
     if c > MAX_HIDDEN:
         raise ValueError(f"layer_norm: hidden size {c} > {MAX_HIDDEN}")
+    check_rows("layer_norm", x.numel() // max(c, 1), c)
     tuning.require_device("layer_norm", x, "fold_ops.reference.layer_norm")
 
 

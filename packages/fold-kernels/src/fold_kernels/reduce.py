@@ -22,6 +22,7 @@ import triton
 import triton.language as tl
 
 from fold_kernels import tuning
+from fold_kernels.index32 import check_rows
 from fold_kernels.launch import fast
 
 __all__ = ["sum_partials", "column_sum"]
@@ -32,7 +33,8 @@ __all__ = ["sum_partials", "column_sum"]
 def _sum_partials(P, Out, S, M, rows_per_group, BLOCK_S: tl.constexpr, BLOCK_M: tl.constexpr):
     """Program (j, g) sums rows [g * rows_per_group, (g + 1) * rows_per_group) of column block j
     of ``P [S, M]`` into row g of ``Out [groups, M]``."""
-    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    # int64: M (the partials' row length, e.g. a [B, H, N, N] bias gradient) can pass 2**31
+    offs_m = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
     g = tl.program_id(1)
     m_valid = offs_m < M
     offs_s = tl.arange(0, BLOCK_S)
@@ -98,11 +100,12 @@ def _column_partials(X, P, M, C, sxm, sxc, BLOCK_M: tl.constexpr, BLOCK_C: tl.co
     n_prog = tl.num_programs(0)
     offs_c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
     c_valid = offs_c < C
+    c_off = offs_c.to(tl.int64)[None, :] * sxc  # int64: x may be a transposed view
     acc = tl.zeros([BLOCK_M, BLOCK_C], tl.float32)
     for blk in range(pid, tl.cdiv(M, BLOCK_M), n_prog):  # fixed order per program
         offs_m = blk * BLOCK_M + tl.arange(0, BLOCK_M)
         mask = (offs_m < M)[:, None] & c_valid[None, :]
-        ptrs = X + offs_m.to(tl.int64)[:, None] * sxm + offs_c[None, :] * sxc
+        ptrs = X + offs_m.to(tl.int64)[:, None] * sxm + c_off
         acc += tl.load(ptrs, mask=mask, other=0.0).to(tl.float32)
     tl.store(P + pid * C + offs_c, tl.sum(acc, 0), mask=c_valid)
 
@@ -113,6 +116,7 @@ def column_sum(x: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tenso
     if x.dim() != 2:
         raise ValueError(f"column_sum: x must be [M, C], got shape {tuple(x.shape)}")
     tuning.require_device("column_sum", x)
+    check_rows("column_sum", x.shape[0], x.shape[1])
     dtype = x.dtype if dtype is None else dtype
     m, c = x.shape
     if m == 0:

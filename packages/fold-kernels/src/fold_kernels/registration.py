@@ -16,6 +16,7 @@ dtypes and devices, and the registry runs the fake, never a kernel.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from types import ModuleType
 
@@ -26,6 +27,7 @@ from fold_ops.tracing import compiling, fx_tracing
 import fold_kernels as kernels
 from fold_kernels.broadcast import broadcast_shape
 from fold_kernels.fakes import FAKES
+from fold_kernels.index32 import grid_fits, rows_fit, span_fits
 
 __all__ = ["register", "SUPPORTS"]
 
@@ -57,6 +59,17 @@ def _common(x, *others) -> bool:
             and not _autocast_fp32(x))
 
 
+def _rows(x: torch.Tensor) -> int:
+    """Rows of a ``[*, C]`` walk."""
+    return x.numel() // max(x.shape[-1], 1)
+
+
+def _indexable_attention(batch: tuple[int, ...], r: int, h: int, n: int, has_bias: bool) -> bool:
+    """EvoAttention's grid (R rows in y, B*H in z) and 32-bit N x N bias offsets fit."""
+    return (grid_fits(r) and grid_fits(math.prod(batch) * h)
+            and (not has_bias or span_fits(n, n, n - 1)))
+
+
 def supports_attention(q, k, v, bias=None, mask=None, scale=None, gate=None) -> bool:
     if not _common(q, k, v, bias, mask, gate) or q.dim() < 4:
         return False
@@ -64,8 +77,8 @@ def supports_attention(q, k, v, bias=None, mask=None, scale=None, gate=None) -> 
         return False
     if gate is not None and gate.shape != q.shape:
         return False
-    *_, h, n, d = q.shape
-    if d > 128:
+    *batch, r, h, n, d = q.shape
+    if d > 128 or not _indexable_attention(tuple(batch), r, h, n, bias is not None):
         return False
     if bias is not None and (bias.dim() < 3 or tuple(bias.shape[-3:]) != (h, n, n)
                              or bias.dtype not in _DTYPES):
@@ -93,6 +106,9 @@ def supports_attention_packed(proj, no_heads, bias=None, mask=None, scale=None, 
     if d > 128 or (gate_bias is not None and (not gated or gate_bias.shape != (no_heads * d,))):
         return False
     n = proj.shape[-2]
+    if not _indexable_attention(tuple(proj.shape[:-3]), proj.shape[-3], no_heads, n,
+                                bias is not None):
+        return False
     if bias is not None and (bias.dim() < 3 or tuple(bias.shape[-3:]) != (no_heads, n, n)
                              or bias.dtype not in _DTYPES):
         return False
@@ -113,14 +129,14 @@ def supports_linear(x, weight, bias=None) -> bool:
         return False
     return (weight.dim() == 2 and weight.shape[1] == x.shape[-1] and x.dim() >= 2
             and weight.dtype == x.dtype and bias.dtype == x.dtype
-            and bias.shape == (weight.shape[0],))
+            and bias.shape == (weight.shape[0],) and rows_fit(_rows(x)))  # column_sum's rows
 
 
 def supports_layer_norm(x, weight, bias, eps=1e-5) -> bool:
     if not _common(x, weight, bias) or weight is None or bias is None:
         return False
     c = x.shape[-1]
-    return weight.shape == (c,) and bias.shape == (c,) and c <= 8192
+    return weight.shape == (c,) and bias.shape == (c,) and c <= 8192 and rows_fit(_rows(x))
 
 
 def supports_layer_norm_linear(x, ln_weight, ln_bias, weight, bias=None, eps=1e-5) -> bool:
@@ -138,11 +154,13 @@ def supports_swiglu(x, weight, bias=None) -> bool:
         return False
     if weight.dtype != x.dtype or (bias is not None and bias.dtype != x.dtype):
         return False
-    return bias is None or bias.shape == (weight.shape[0],)
+    return (bias is None or bias.shape == (weight.shape[0],)) and rows_fit(_rows(x))
 
 
 def _broadcasts(*tensors) -> bool:
-    return broadcast_shape(*(tuple(t.shape) for t in tensors if t is not None)) is not None
+    """The operands broadcast, to a shape whose rows (all dims but the last) fit in int32."""
+    shape = broadcast_shape(*(tuple(t.shape) for t in tensors if t is not None))
+    return shape is not None and rows_fit(math.prod(shape[:-1]))
 
 
 def supports_bias_sigmoid_gate(x, gate, bias=None) -> bool:
@@ -153,7 +171,8 @@ def supports_triangle_projection_gate(proj, bias, mask) -> bool:
     if not _common(proj, bias, mask) or proj.dim() < 3 or proj.shape[-3] % 4:
         return False
     return (bias.shape == (proj.shape[-3],) and tuple(mask.shape[-2:]) == tuple(proj.shape[-2:])
-            and mask.dim() <= proj.dim() - 1)
+            and mask.dim() <= proj.dim() - 1 and grid_fits(proj.shape[-3] // 4)
+            and grid_fits(math.prod(proj.shape[:-3])))
 
 
 def supports_linear_channel_first(x, weight) -> bool:

@@ -20,6 +20,7 @@ import triton.language as tl
 
 from fold_kernels import tuning
 from fold_kernels.broadcast import broadcast_shape, reduce_to, row_layout, row_offsets
+from fold_kernels.index32 import check_rows
 from fold_kernels.launch import fast
 
 __all__ = ["softmax_mask_bias", "MAX_ROW"]
@@ -37,13 +38,14 @@ def _softmax_fwd(Z, Bias, Mask, P, d0, d1, d2, L,
     cols = tl.arange(0, BLOCK_L)
     c_valid = cols < L
     valid = (rows < d0 * d1 * d2)[:, None] & c_valid[None, :]
-    zp = Z + row_offsets(rows, d1, d2, zs0, zs1, zs2)[:, None] + cols[None, :] * zsc
+    cols64 = cols.to(tl.int64)  # times a column stride: a transposed view's can be large
+    zp = Z + row_offsets(rows, d1, d2, zs0, zs1, zs2)[:, None] + cols64[None, :] * zsc
     z = tl.load(zp, mask=valid, other=0.0).to(tl.float32)
     if HAS_BIAS:
-        bp = Bias + row_offsets(rows, d1, d2, bs0, bs1, bs2)[:, None] + cols[None, :] * bsc
+        bp = Bias + row_offsets(rows, d1, d2, bs0, bs1, bs2)[:, None] + cols64[None, :] * bsc
         z += tl.load(bp, mask=valid, other=0.0).to(tl.float32)
     if HAS_MASK:
-        mp = Mask + row_offsets(rows, d1, d2, ms0, ms1, ms2)[:, None] + cols[None, :] * msc
+        mp = Mask + row_offsets(rows, d1, d2, ms0, ms1, ms2)[:, None] + cols64[None, :] * msc
         keep = tl.load(mp, mask=valid, other=0) != 0
         z = tl.where(keep, z, -1.0e30)
     z = tl.where(c_valid[None, :], z, float("-inf"))  # [BLOCK_R, BLOCK_L]
@@ -65,7 +67,8 @@ def _softmax_bwd(P, DP, Mask, DZ, d0, d1, d2, L, ms0, ms1, ms2, msc,
     dp = tl.load(DP + out, mask=valid, other=0.0).to(tl.float32)
     dz = p * (dp - tl.sum(p * dp, 1)[:, None])
     if HAS_MASK:
-        mp = Mask + row_offsets(rows, d1, d2, ms0, ms1, ms2)[:, None] + cols[None, :] * msc
+        mp = (Mask + row_offsets(rows, d1, d2, ms0, ms1, ms2)[:, None]
+              + cols.to(tl.int64)[None, :] * msc)
         dz = tl.where(tl.load(mp, mask=valid, other=0) != 0, dz, 0.0)
     tl.store(DZ + out, dz.to(DZ.dtype.element_ty), mask=valid)
 
@@ -141,4 +144,6 @@ def softmax_mask_bias(logits: torch.Tensor, mask: torch.Tensor | None = None,
         raise ValueError(f"softmax_mask_bias: rows longer than {MAX_ROW} are not supported, "
                          f"got {logits.shape[-1]}")
     tuning.require_device("softmax_mask_bias", logits, "fold_ops.reference.softmax_mask_bias")
+    length = logits.shape[-1]
+    check_rows("softmax_mask_bias", logits.numel() // max(length, 1), length)
     return _SoftmaxMaskBias.apply(logits, mask, bias)

@@ -26,6 +26,7 @@ import triton
 import triton.language as tl
 
 from fold_kernels import tuning
+from fold_kernels.index32 import check_grid
 from fold_kernels.launch import fast
 from fold_kernels.reduce import sum_partials
 
@@ -210,4 +211,6 @@ def triangle_projection_gate(proj: torch.Tensor, bias: torch.Tensor,
                          f"[*, {proj.shape[-2]}, {proj.shape[-1]}], got {tuple(mask.shape)}")
     tuning.require_device("triangle_projection_gate", proj,
                           "fold_ops.reference.triangle_projection_gate")
+    check_grid("triangle_projection_gate", "c channels", proj.shape[-3] // 4)  # grid y
+    check_grid("triangle_projection_gate", "the batch", math.prod(proj.shape[:-3]))  # grid z
     return _TriangleProjectionGate.apply(proj, bias, mask)
