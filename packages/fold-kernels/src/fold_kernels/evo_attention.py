@@ -8,11 +8,15 @@ log-sum-exp in fp32; the backward recomputes the logits tile by tile.
 
 Kernels (MegaFold III, FlashAttention-2), each program one tile of one or two rows:
 
-* ``_fwd``     grid (N/BLOCK_M, R/rows, B*H). With ``TWO_ROWS`` a program runs two rows r, r+1
-  of the same query block, so each pair-bias tile is loaded once for both (the bias is shared by
-  the R rows: MegaFold re-reads it per row). The query block varies fastest, so the programs that
-  read one row's K and V run together (L2 hits), and the head varies slowest, so one head's bias
-  stays in L2 while all its rows are swept.
+* ``_fwd``     grid (N/BLOCK_M, R/rows, B*H). A program runs ``ROWS`` (1, 2 or 4) rows r, r+1..
+  of the same query block, so each pair-bias tile is loaded and converted once for all of them
+  (the bias is shared by the R rows: MegaFold re-reads it per row). The query block varies
+  fastest, so the programs that read one row's K and V run together (L2 hits), and the head
+  varies slowest, so one head's bias stays in L2 while all its rows are swept. Its logits stay
+  in the natural-log domain with log2(e) folded into exp2's FMA (:func:`_fwd_step`); at head
+  dim 32 the kernel is bound by instruction issue (about 16 SASS instructions per logit at the
+  old 64 x 32 tiles, 11 at 128-query tiles with these changes), not by the tensor cores or the
+  exp2 unit.
 * ``_bwd_pre``  delta = rowsum(dO * O) and, with a gate, dO through the gate and d(gate).
 * ``_bwd_dkdv`` grid (N/BLOCK_N, R/rows, B*H): dK, dV of one key block, looping over query blocks,
   on query-major tiles or key-major ones (S^T = K Q^T, no register transposes of P and dS;
@@ -34,7 +38,7 @@ Kernels (MegaFold III, FlashAttention-2), each program one tile of one or two ro
   the summation order varies, so dbias is not bit-reproducible. See :func:`dbias_mode`.
 
 The forward stores, per query, the log2-sum-exp and (for a fully masked query) 1/l in fp32;
-the backward rebuilds P = exp2(s - lse) tile by tile.
+the backward rebuilds P = exp2(s - lse) tile by tile (s in the log2 domain there).
 
 Packed inputs (:func:`evo_attention_packed`): q, k, v and the gate may be views of one
 ``[*, R, N, P*H*D]`` projection (the model's single GEMM of the stacked weights). The kernels take
@@ -42,7 +46,8 @@ two stride sets, q's (q, k, v, gate and their gradients) and the output's (o, dY
 are read in place, the output is written dense ``[*, R, N, H*D]`` and the four gradients land in one
 packed gradient.
 
-Masked keys have their logit *replaced* by a large negative constant (not added): a query whose
+Masked keys have their logit *replaced* by a large negative constant (not added; -2^100 in the
+forward, :data:`MASKED_NAT`): a query whose
 keys are all masked therefore gets uniform weights (the mean of v) in any precision, and no
 gradient flows to q, k or bias through a masked logit. Keys past N get ``-inf`` (weight 0).
 Head dims under 16 are padded to 16 inside the kernel with masked loads (``tl.dot`` needs K >= 16).
@@ -73,7 +78,10 @@ DQ_MODES = ("auto", "pass", "atomic")  # see dq_mode()
 DEFAULT_DBIAS_MODE = "auto"
 MAX_HEAD_DIM = 128
 LOG2E = 1.4426950408889634
-MASKED = -1.0e30  # the replaced logit of a masked key (log2 domain); uniform if all are masked
+# The replaced logit of a masked key in the forward (natural-log domain): -2^100, so that
+# MASKED_NAT * log2(e) is exact in fp32 and a fully masked row gets exp2(0) = 1 for every key
+# (uniform weights). The backward zeroes masked keys' P directly.
+MASKED_NAT = -(2.0**100)
 
 
 @triton.jit
@@ -125,40 +133,101 @@ def _keep(Mask, b, r, offs_n, n_valid, smb, smr, smj, HAS_MASK: tl.constexpr):
 
 
 @triton.jit
-def _fwd_step(q, K, V, base, offs_n, offs_d, nd, bias2, keep, n_valid, acc, m_i, l_i,
-              qk_scale, SN, HAS_BIAS: tl.constexpr, HAS_MASK: tl.constexpr,
-              EVEN: tl.constexpr, PRECISION: tl.constexpr):
-    """One key block of the online softmax for one row: logits in the log2 domain."""
-    k = tl.load(K + base + offs_n[:, None] * SN + offs_d[None, :], mask=nd, other=0.0)
-    v = tl.load(V + base + offs_n[:, None] * SN + offs_d[None, :], mask=nd, other=0.0)
-    s = _mm(q, tl.trans(k), PRECISION) * qk_scale  # [BLOCK_M, BLOCK_N]
-    if HAS_BIAS:
-        s += bias2
+def _keep_fwd(Mask, b, r, offs_n, n_valid, smb, smr, smj, HAS_MASK: tl.constexpr,
+              EVEN: tl.constexpr):
+    """:func:`_keep` for the forward: with ``EVEN`` every key of the block is < N, so the
+    mask is loaded unpredicated and keys need no bounds test."""
     if HAS_MASK:
-        s = tl.where(keep[None, :], s, -1.0e30)  # replaced, not added: all masked -> uniform
+        keep = _load(Mask + b * smb + r * smr + offs_n * smj, n_valid, EVEN) != 0
+    else:
+        keep = n_valid
+    return keep
+
+
+@triton.jit
+def _load(ptr, mask, FULL: tl.constexpr):
+    """``tl.load`` of a tile known to be in bounds (``FULL``: no mask, no per-element predicate
+    in the loop) or masked with zeros."""
+    if FULL:
+        x = tl.load(ptr)
+    else:
+        x = tl.load(ptr, mask=mask, other=0.0)
+    return x
+
+
+@triton.jit
+def _bias_tile_nat(Bias, b, h, offs_m, offs_n, m_valid, n_valid, sbb, sbh, sbi, sbj,
+                   EVEN: tl.constexpr):
+    """The pair-bias tile as stored (natural-log domain), fp32 [BLOCK_M, BLOCK_N]; one load and
+    conversion serve every row of the program."""
+    bptr = Bias + b * sbb + h * sbh + offs_m[:, None] * sbi + offs_n[None, :] * sbj
+    return _load(bptr, m_valid[:, None] & n_valid[None, :], EVEN).to(tl.float32)
+
+
+@triton.jit
+def _fwd_init(Q, b, r, h, offs_m, offs_d, md, sqb, sqr, sqh, sqn,
+              BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr):
+    """One row's query tile [BLOCK_M, BLOCK_D] and its empty online-softmax state."""
+    base = _base(b, r, h, sqb, sqr, sqh)
+    q = tl.load(Q + base + offs_m[:, None] * sqn + offs_d[None, :], mask=md, other=0.0)
+    m = tl.full([BLOCK_M], -1.0e38, tl.float32)  # finite: a block of only -inf stays NaN-free
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    return q, base, acc, m, l_i
+
+
+@triton.jit
+def _fwd_step(q, K, V, base, offs_n, offs_d, nd, bias, keep, n_valid, acc, m_i, l_i,
+              scale, SN, HAS_BIAS: tl.constexpr, HAS_MASK: tl.constexpr,
+              EVEN: tl.constexpr, FULL_KV: tl.constexpr, PRECISION: tl.constexpr):
+    """One key block of the online softmax for one row.
+
+    The logits stay in the natural-log domain, ``s = scale * q k^T + bias`` (one FMA per element,
+    the bias tile shared by the program's rows unscaled), and log2(e) goes into exp2's argument,
+    ``exp2(s * log2e - m * log2e)`` (one FMA per element): no separate scaling of the product or
+    of the bias. ``m_i`` is the running row max of s (natural domain). ``FULL_KV``: the K and V
+    tiles are in bounds (N a multiple of the blocks, D of BLOCK_D), loaded without predicates."""
+    k = _load(K + base + offs_n[:, None] * SN + offs_d[None, :], nd, FULL_KV)
+    v = _load(V + base + offs_n[:, None] * SN + offs_d[None, :], nd, FULL_KV)
+    qk = _mm(q, tl.trans(k), PRECISION)  # [BLOCK_M, BLOCK_N]
+    if HAS_BIAS:
+        s = tl.fma(qk, scale, bias)
+    else:
+        s = qk * scale
+    if HAS_MASK:
+        # replaced, not added: all masked -> uniform. MASKED_NAT * log2e is exact (a power of
+        # two times log2e), so in a fully masked row exp2's FMA gives exactly 0 -> p = 1.
+        s = tl.where(keep[None, :], s, -1.2676506002282294e30)
     if not EVEN:  # keys past N (only when N is not a multiple of the block)
         s = tl.where(n_valid[None, :], s, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(s, 1))
-    alpha = tl.exp2(m_i - m_new)
-    p = tl.exp2(s - m_new[:, None])
+    m2 = m_new * 1.4426950408889634  # [BLOCK_M], log2 domain
+    alpha = tl.exp2(m_i * 1.4426950408889634 - m2)
+    p = tl.exp2(tl.fma(s, 1.4426950408889634, -m2[:, None]))
     l_i = l_i * alpha + tl.sum(p, 1)
     acc = acc * alpha[:, None] + _mm(p.to(v.dtype), v, PRECISION)
     return acc, m_new, l_i
 
 
 @triton.jit
-def _fwd_store(acc, m_i, l_i, G, GB, O, OPre, LSE, slab, base, obase, h, offs_m, offs_d, m_valid,
-               md, N, D, SN, SON, HAS_GATE: tl.constexpr, HAS_GATE_BIAS: tl.constexpr):
-    # LSE[.., 0, :] = log2-sum-exp; LSE[.., 1, :] = 1/l for a fully masked row (else 0): its
-    # keys all sit at -1e30, where m + log2(l) would lose log2(l), so the backward uses 1/l.
+def _fwd_store(acc, m_i, l_i, G, GB, O, OPre, LSE, b, r, h, R, H, offs_m, offs_d, m_valid,
+               md, N, D, sqb, sqr, sqh, SN, sob, sor, soh, SON, HAS_GATE: tl.constexpr,
+               HAS_GATE_BIAS: tl.constexpr):
+    """Normalise one row's output, gate it, store it and its log2-sum-exp.
+
+    LSE[.., 0, :] = log2-sum-exp; LSE[.., 1, :] = 1/l for a fully masked row (else 0): its keys
+    all sit at MASKED_NAT, where m + log2(l) would lose log2(l), so the backward uses 1/l."""
+    slab = ((b * R + r) * H + h).to(tl.int64)  # which [N, D] matrix of [B, R, H, N, D]
     all_masked = m_i < -1.0e29
-    lse = tl.where(all_masked, float("inf"), m_i + tl.log2(l_i))  # inf: exp2(s - lse) = 0
+    lse = tl.where(all_masked, float("inf"),  # inf: exp2(s - lse) = 0
+                   m_i * 1.4426950408889634 + tl.log2(l_i))
     tl.store(LSE + slab * 2 * N + offs_m, lse, mask=m_valid)
     tl.store(LSE + slab * 2 * N + N + offs_m, tl.where(all_masked, 1.0 / l_i, 0.0), mask=m_valid)
     o = acc / l_i[:, None]
-    optrs = obase + offs_m[:, None] * SON + offs_d[None, :]  # the output layout
+    optrs = _base(b, r, h, sob, sor, soh) + offs_m[:, None] * SON + offs_d[None, :]
     if HAS_GATE:
         tl.store(OPre + optrs, o.to(OPre.dtype.element_ty), mask=md)
+        base = _base(b, r, h, sqb, sqr, sqh)
         g = tl.load(G + base + offs_m[:, None] * SN + offs_d[None, :], mask=md, other=0.0)
         g = g.to(tl.float32)
         if HAS_GATE_BIAS:
@@ -171,61 +240,76 @@ def _fwd_store(acc, m_i, l_i, G, GB, O, OPre, LSE, slab, base, obase, h, offs_m,
 @triton.jit
 def _fwd(Q, K, V, G, GB, Bias, Mask, O, OPre, LSE,
          sbb, sbh, sbi, sbj, smb, smr, smj, sqb, sqr, sqh, sqn, sob, sor, soh, son,
-         R, H, N, D, qk_scale,
+         R, H, N, D, scale,
          HAS_BIAS: tl.constexpr, HAS_MASK: tl.constexpr, HAS_GATE: tl.constexpr,
-         HAS_GATE_BIAS: tl.constexpr, TWO_ROWS: tl.constexpr, EVEN: tl.constexpr,
-         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-         PRECISION: tl.constexpr):
+         HAS_GATE_BIAS: tl.constexpr, ROWS: tl.constexpr, EVEN: tl.constexpr,
+         EVEN_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+         BLOCK_D: tl.constexpr, PRECISION: tl.constexpr):
+    """One query block of ``ROWS`` (1, 2 or 4) rows r0.. of R: each bias tile is loaded and
+    converted once for all of them (the bias is shared by the R rows), dividing the bias's L2
+    traffic and conversions by ROWS. Rows past R-1 repeat the last row (same values stored).
+    ``EVEN`` (N a multiple of both blocks) and ``EVEN_D`` (D == BLOCK_D): the loop's tiles are
+    in bounds and loaded without masks."""
     mb = tl.program_id(0)
     rp = tl.program_id(1)
     bh = tl.program_id(2)
     b = bh // H
     h = bh % H
-    if TWO_ROWS:  # two rows share each bias tile load (the last one repeats when R is odd)
-        r0 = rp * 2
-        r1 = tl.minimum(r0 + 1, R - 1)
-    else:
-        r0 = rp
     offs_m = mb * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
     m_valid = offs_m < N
     md = m_valid[:, None] & (offs_d < D)[None, :]
-    slab0 = ((b * R + r0) * H + h).to(tl.int64)  # which [N, D] matrix of [B, R, H, N, D]
-    base0 = _base(b, r0, h, sqb, sqr, sqh)
-    q0 = tl.load(Q + base0 + offs_m[:, None] * sqn + offs_d[None, :], mask=md, other=0.0)
-    m0 = tl.full([BLOCK_M], -1.0e38, tl.float32)  # finite: a block of only -inf stays NaN-free
-    l0 = tl.zeros([BLOCK_M], tl.float32)
-    acc0 = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
-    if TWO_ROWS:
-        slab1 = ((b * R + r1) * H + h).to(tl.int64)
-        base1 = _base(b, r1, h, sqb, sqr, sqh)
-        q1 = tl.load(Q + base1 + offs_m[:, None] * sqn + offs_d[None, :], mask=md, other=0.0)
-        m1 = tl.full([BLOCK_M], -1.0e38, tl.float32)
-        l1 = tl.zeros([BLOCK_M], tl.float32)
-        acc1 = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    r0 = rp * ROWS
+    q0, base0, acc0, m0, l0 = _fwd_init(Q, b, r0, h, offs_m, offs_d, md, sqb, sqr, sqh, sqn,
+                                        BLOCK_M, BLOCK_D)
+    if ROWS >= 2:
+        r1 = tl.minimum(r0 + 1, R - 1)
+        q1, base1, acc1, m1, l1 = _fwd_init(Q, b, r1, h, offs_m, offs_d, md, sqb, sqr, sqh,
+                                            sqn, BLOCK_M, BLOCK_D)
+    if ROWS >= 4:
+        r2 = tl.minimum(r0 + 2, R - 1)
+        r3 = tl.minimum(r0 + 3, R - 1)
+        q2, base2, acc2, m2, l2 = _fwd_init(Q, b, r2, h, offs_m, offs_d, md, sqb, sqr, sqh,
+                                            sqn, BLOCK_M, BLOCK_D)
+        q3, base3, acc3, m3, l3 = _fwd_init(Q, b, r3, h, offs_m, offs_d, md, sqb, sqr, sqh,
+                                            sqn, BLOCK_M, BLOCK_D)
     for start_n in range(0, N, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
         n_valid = offs_n < N
         nd = n_valid[:, None] & (offs_d < D)[None, :]
         if HAS_BIAS:
-            bias2 = _bias_tile(Bias, b, h, offs_m, offs_n, m_valid, n_valid, sbb, sbh, sbi, sbj)
+            bias = _bias_tile_nat(Bias, b, h, offs_m, offs_n, m_valid, n_valid, sbb, sbh, sbi,
+                                  sbj, EVEN)
         else:
-            bias2 = 0.0
-        keep0 = _keep(Mask, b, r0, offs_n, n_valid, smb, smr, smj, HAS_MASK)
-        acc0, m0, l0 = _fwd_step(q0, K, V, base0, offs_n, offs_d, nd, bias2, keep0, n_valid,
-                                 acc0, m0, l0, qk_scale, sqn, HAS_BIAS, HAS_MASK, EVEN, PRECISION)
-        if TWO_ROWS:
-            keep1 = _keep(Mask, b, r1, offs_n, n_valid, smb, smr, smj, HAS_MASK)
-            acc1, m1, l1 = _fwd_step(q1, K, V, base1, offs_n, offs_d, nd, bias2, keep1,
-                                     n_valid, acc1, m1, l1, qk_scale, sqn, HAS_BIAS, HAS_MASK,
-                                     EVEN, PRECISION)
-    obase0 = _base(b, r0, h, sob, sor, soh)
-    _fwd_store(acc0, m0, l0, G, GB, O, OPre, LSE, slab0, base0, obase0, h, offs_m, offs_d,
-               m_valid, md, N, D, sqn, son, HAS_GATE, HAS_GATE_BIAS)
-    if TWO_ROWS:
-        obase1 = _base(b, r1, h, sob, sor, soh)
-        _fwd_store(acc1, m1, l1, G, GB, O, OPre, LSE, slab1, base1, obase1, h, offs_m, offs_d,
-                   m_valid, md, N, D, sqn, son, HAS_GATE, HAS_GATE_BIAS)
+            bias = 0.0
+        keep = _keep_fwd(Mask, b, r0, offs_n, n_valid, smb, smr, smj, HAS_MASK, EVEN)
+        acc0, m0, l0 = _fwd_step(q0, K, V, base0, offs_n, offs_d, nd, bias, keep, n_valid,
+                                 acc0, m0, l0, scale, sqn, HAS_BIAS, HAS_MASK, EVEN,
+                                 EVEN and EVEN_D, PRECISION)
+        if ROWS >= 2:
+            keep = _keep_fwd(Mask, b, r1, offs_n, n_valid, smb, smr, smj, HAS_MASK, EVEN)
+            acc1, m1, l1 = _fwd_step(q1, K, V, base1, offs_n, offs_d, nd, bias, keep, n_valid,
+                                     acc1, m1, l1, scale, sqn, HAS_BIAS, HAS_MASK, EVEN,
+                                     EVEN and EVEN_D, PRECISION)
+        if ROWS >= 4:
+            keep = _keep_fwd(Mask, b, r2, offs_n, n_valid, smb, smr, smj, HAS_MASK, EVEN)
+            acc2, m2, l2 = _fwd_step(q2, K, V, base2, offs_n, offs_d, nd, bias, keep, n_valid,
+                                     acc2, m2, l2, scale, sqn, HAS_BIAS, HAS_MASK, EVEN,
+                                     EVEN and EVEN_D, PRECISION)
+            keep = _keep_fwd(Mask, b, r3, offs_n, n_valid, smb, smr, smj, HAS_MASK, EVEN)
+            acc3, m3, l3 = _fwd_step(q3, K, V, base3, offs_n, offs_d, nd, bias, keep, n_valid,
+                                     acc3, m3, l3, scale, sqn, HAS_BIAS, HAS_MASK, EVEN,
+                                     EVEN and EVEN_D, PRECISION)
+    _fwd_store(acc0, m0, l0, G, GB, O, OPre, LSE, b, r0, h, R, H, offs_m, offs_d, m_valid, md,
+               N, D, sqb, sqr, sqh, sqn, sob, sor, soh, son, HAS_GATE, HAS_GATE_BIAS)
+    if ROWS >= 2:
+        _fwd_store(acc1, m1, l1, G, GB, O, OPre, LSE, b, r1, h, R, H, offs_m, offs_d, m_valid,
+                   md, N, D, sqb, sqr, sqh, sqn, sob, sor, soh, son, HAS_GATE, HAS_GATE_BIAS)
+    if ROWS >= 4:
+        _fwd_store(acc2, m2, l2, G, GB, O, OPre, LSE, b, r2, h, R, H, offs_m, offs_d, m_valid,
+                   md, N, D, sqb, sqr, sqh, sqn, sob, sor, soh, son, HAS_GATE, HAS_GATE_BIAS)
+        _fwd_store(acc3, m3, l3, G, GB, O, OPre, LSE, b, r3, h, R, H, offs_m, offs_d, m_valid,
+                   md, N, D, sqb, sqr, sqh, sqn, sob, sor, soh, son, HAS_GATE, HAS_GATE_BIAS)
 
 
 @fast
@@ -763,8 +847,8 @@ def _dkdv_candidates(kernel: str, arch: str, d: int, tiles: str) -> tuple[tuning
 def _cfg(kernel: str, lp: _Launch, launch) -> tuning.Config:
     if kernel.startswith("dkdv"):
         cands = _dkdv_candidates(kernel, tuning.arch(), lp.D, _DKDV_TILES.get())
-    else:
-        cands = tuning._attention_configs(kernel, tuning.arch(), lp.D)  # memoised tuple
+    else:  # memoised tuple
+        cands = tuning._attention_configs(kernel, tuning.arch(), lp.D, lp.dtype.itemsize)
     return tuning.pick(f"evo_{kernel}", lp.key(kernel), cands, launch)
 
 
@@ -780,10 +864,10 @@ def _forward(q, k, v, gate, gate_bias, lp: _Launch):
                    gate_bias if gate_bias is not None else dummy,
                    lp.bias if lp.bias is not None else dummy,
                    lp.mask if lp.mask is not None else dummy,
-                   o, o_pre, lse, *lp.strides(), lp.R, lp.H, lp.N, lp.D, lp.qk_scale,
+                   o, o_pre, lse, *lp.strides(), lp.R, lp.H, lp.N, lp.D, lp.scale,
                    HAS_BIAS=lp.bias is not None, HAS_MASK=lp.mask is not None,
                    HAS_GATE=gate is not None, HAS_GATE_BIAS=gate_bias is not None,
-                   TWO_ROWS=cfg.rows == 2, EVEN=lp.even(cfg),
+                   ROWS=cfg.rows, EVEN=lp.even(cfg), EVEN_D=lp.D == lp.block_d,
                    BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
                    BLOCK_D=lp.block_d, PRECISION=lp.precision,
                    num_warps=cfg.num_warps, num_stages=cfg.num_stages)
