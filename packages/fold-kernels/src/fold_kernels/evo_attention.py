@@ -77,7 +77,6 @@ DBIAS_MODES = ("auto", "pass", "atomic")  # see dbias_mode()
 DQ_MODES = ("auto", "pass", "atomic")  # see dq_mode()
 DEFAULT_DBIAS_MODE = "auto"
 MAX_HEAD_DIM = 128
-LOG2E = 1.4426950408889634
 # The replaced logit of a masked key in the forward (natural-log domain): -2^100, so that
 # MASKED_NAT * log2(e) is exact in fp32 and a fully masked row gets exp2(0) = 1 for every key
 # (uniform weights). The backward zeroes masked keys' P directly.
@@ -97,20 +96,20 @@ def _mm(a, b, PRECISION: tl.constexpr):
 
 
 @triton.jit
-def _bias_tile(Bias, b, h, offs_m, offs_n, m_valid, n_valid, sbb, sbh, sbi, sbj):
-    """The pair-bias tile in the log2 domain, fp32 [BLOCK_M, BLOCK_N]; one load serves every
-    row of the program (the bias is shared by the R rows)."""
+def _bias_tile(Bias, b, h, offs_m, offs_n, m_valid, n_valid, sbb, sbh, sbi, sbj,
+               EVEN: tl.constexpr):
+    """The pair-bias tile as stored (natural-log domain), fp32 [BLOCK_M, BLOCK_N]; one load
+    serves every row of the program (the bias is shared by the R rows). ``EVEN``: in bounds."""
     bptr = Bias + b * sbb + h * sbh + offs_m[:, None] * sbi + offs_n[None, :] * sbj
-    bias = tl.load(bptr, mask=m_valid[:, None] & n_valid[None, :], other=0.0)
-    return bias.to(tl.float32) * 1.4426950408889634
+    return _load(bptr, m_valid[:, None] & n_valid[None, :], EVEN).to(tl.float32)
 
 
 @triton.jit
-def _bias_tile_t(Bias, b, h, offs_m, offs_n, m_valid, n_valid, sbb, sbh, sbi, sbj):
-    """The pair-bias tile transposed, [BLOCK_N, BLOCK_M] (key-major), log2 domain, fp32."""
+def _bias_tile_t(Bias, b, h, offs_m, offs_n, m_valid, n_valid, sbb, sbh, sbi, sbj,
+                 EVEN: tl.constexpr):
+    """The pair-bias tile transposed, [BLOCK_N, BLOCK_M] (key-major), natural domain, fp32."""
     bptr = Bias + b * sbb + h * sbh + offs_m[None, :] * sbi + offs_n[:, None] * sbj
-    bias = tl.load(bptr, mask=n_valid[:, None] & m_valid[None, :], other=0.0)
-    return bias.to(tl.float32) * 1.4426950408889634
+    return _load(bptr, n_valid[:, None] & m_valid[None, :], EVEN).to(tl.float32)
 
 
 @triton.jit
@@ -348,13 +347,18 @@ def _bwd_pre(DY, OPre, G, GB, DO, DG, Delta, rows, R, H, N, D, sqb, sqr, sqh, sq
 
 
 @triton.jit
-def _ds_tile(q, k, do, v, lse, delta, bias2, keep, qk_scale, HAS_BIAS: tl.constexpr,
+def _ds_tile(q, k, do, v, lse, delta, bias, keep, scale, HAS_BIAS: tl.constexpr,
              NEED_KEEP: tl.constexpr, PRECISION: tl.constexpr):
-    """P (attended keys only) and dS = P * (dO V^T - delta) of one tile, [BLOCK_M, BLOCK_N]."""
-    s = _mm(q, tl.trans(k), PRECISION) * qk_scale
+    """P (attended keys only) and dS = P * (dO V^T - delta) of one tile, [BLOCK_M, BLOCK_N].
+
+    As in the forward, s = scale q k^T + bias stays in the natural-log domain (one FMA) and
+    P = exp2(s log2e - lse) takes log2(e) and the log2-sum-exp in one more FMA."""
+    qk = _mm(q, tl.trans(k), PRECISION)
     if HAS_BIAS:
-        s += bias2
-    p = tl.exp2(s - lse[:, None])
+        s = tl.fma(qk, scale, bias)
+    else:
+        s = qk * scale
+    p = tl.exp2(tl.fma(s, 1.4426950408889634, -lse[:, None]))
     if NEED_KEEP:
         p = tl.where(keep[None, :], p, 0.0)
     dp = _mm(do, tl.trans(v), PRECISION)
@@ -362,14 +366,27 @@ def _ds_tile(q, k, do, v, lse, delta, bias2, keep, qk_scale, HAS_BIAS: tl.conste
 
 
 @triton.jit
+def _lse_delta(LSE, Delta, slab, offs_m, m_valid, N, EVEN: tl.constexpr):
+    """The log2-sum-exp and delta of queries offs_m of one row, [BLOCK_M] each (queries past N:
+    lse inf, so their P is 0)."""
+    if EVEN:
+        lse = tl.load(LSE + slab * 2 * N + offs_m)
+        delta = tl.load(Delta + slab * N + offs_m)
+    else:
+        lse = tl.load(LSE + slab * 2 * N + offs_m, mask=m_valid, other=float("inf"))
+        delta = tl.load(Delta + slab * N + offs_m, mask=m_valid, other=0.0)
+    return lse, delta
+
+
+@triton.jit
 def _dkdv_step(Q, DO, LSE, Delta, slab, base, obase, offs_m, offs_d, md, m_valid, k, v, bias2,
-               keep, uniform, n_valid, dk, dv, qk_scale, N, SN, SON, HAS_BIAS: tl.constexpr,
-               HAS_MASK: tl.constexpr, EVEN: tl.constexpr, PRECISION: tl.constexpr):
-    q = tl.load(Q + base + offs_m[:, None] * SN + offs_d[None, :], mask=md, other=0.0)
-    do = tl.load(DO + obase + offs_m[:, None] * SON + offs_d[None, :], mask=md, other=0.0)
-    lse = tl.load(LSE + slab * 2 * N + offs_m, mask=m_valid, other=float("inf"))
-    delta = tl.load(Delta + slab * N + offs_m, mask=m_valid, other=0.0)
-    p, ds = _ds_tile(q, k, do, v, lse, delta, bias2, keep, qk_scale, HAS_BIAS,
+               keep, uniform, n_valid, dk, dv, scale, N, SN, SON, HAS_BIAS: tl.constexpr,
+               HAS_MASK: tl.constexpr, EVEN: tl.constexpr, EVEN_D: tl.constexpr,
+               PRECISION: tl.constexpr):
+    q = _load(Q + base + offs_m[:, None] * SN + offs_d[None, :], md, EVEN and EVEN_D)
+    do = _load(DO + obase + offs_m[:, None] * SON + offs_d[None, :], md, EVEN and EVEN_D)
+    lse, delta = _lse_delta(LSE, Delta, slab, offs_m, m_valid, N, EVEN)
+    p, ds = _ds_tile(q, k, do, v, lse, delta, bias2, keep, scale, HAS_BIAS,
                      HAS_MASK or not EVEN, PRECISION)
     if HAS_MASK:  # a fully masked row spreads 1/l over every key, masked ones included
         if uniform > 0.0:  # rare: a scalar test, hoisted out of the loop by the caller
@@ -381,21 +398,23 @@ def _dkdv_step(Q, DO, LSE, Delta, slab, base, obase, offs_m, offs_d, md, m_valid
 
 @triton.jit
 def _dkdv_step_t(Q, DO, LSE, Delta, slab, base, obase, offs_m, offs_d, md, m_valid, k, v, bias_t,
-                 keep, uniform, n_valid, dk, dv, qk_scale, N, SN, SON, HAS_BIAS: tl.constexpr,
-                 HAS_MASK: tl.constexpr, EVEN: tl.constexpr, PRECISION: tl.constexpr):
+                 keep, uniform, n_valid, dk, dv, scale, N, SN, SON, HAS_BIAS: tl.constexpr,
+                 HAS_MASK: tl.constexpr, EVEN: tl.constexpr, EVEN_D: tl.constexpr,
+                 PRECISION: tl.constexpr):
     """:func:`_dkdv_step` on the transposed tile: S^T = K Q^T [BLOCK_N, BLOCK_M] is computed
     directly (q read as Q^T [BLOCK_D, BLOCK_M]), so P^T and dS^T, the left operands of dV and
     dK, come out of the products in registers instead of being transposed (FlashAttention-2's
     Triton backward does the same). Returns dk, dv and dS^T."""
-    q_t = tl.load(Q + base + offs_m[None, :] * SN + offs_d[:, None], mask=tl.trans(md),
-                  other=0.0)  # [BLOCK_D, BLOCK_M]
-    do = tl.load(DO + obase + offs_m[:, None] * SON + offs_d[None, :], mask=md, other=0.0)
-    lse = tl.load(LSE + slab * 2 * N + offs_m, mask=m_valid, other=float("inf"))
-    delta = tl.load(Delta + slab * N + offs_m, mask=m_valid, other=0.0)
-    s_t = _mm(k, q_t, PRECISION) * qk_scale  # [BLOCK_N, BLOCK_M]
+    q_t = _load(Q + base + offs_m[None, :] * SN + offs_d[:, None], tl.trans(md),
+                EVEN and EVEN_D)  # [BLOCK_D, BLOCK_M]
+    do = _load(DO + obase + offs_m[:, None] * SON + offs_d[None, :], md, EVEN and EVEN_D)
+    lse, delta = _lse_delta(LSE, Delta, slab, offs_m, m_valid, N, EVEN)
+    qk_t = _mm(k, q_t, PRECISION)  # [BLOCK_N, BLOCK_M]
     if HAS_BIAS:
-        s_t += bias_t
-    p_t = tl.exp2(s_t - lse[None, :])
+        s_t = tl.fma(qk_t, scale, bias_t)  # natural-log domain, as in _ds_tile
+    else:
+        s_t = qk_t * scale
+    p_t = tl.exp2(tl.fma(s_t, 1.4426950408889634, -lse[None, :]))
     if HAS_MASK or not EVEN:
         p_t = tl.where(keep[:, None], p_t, 0.0)
     dp_t = _mm(v, tl.trans(do), PRECISION)  # [BLOCK_N, BLOCK_M]
@@ -425,9 +444,10 @@ def _dq_atomic(DQ, slab, offs_m, offs_d, md, ds, k, scale, N, D, TRANSPOSE: tl.c
 @triton.jit
 def _bwd_dkdv(Q, K, V, Bias, Mask, DO, LSE, Delta, DK, DV, DBias, DQ,
               sbb, sbh, sbi, sbj, smb, smr, smj, sqb, sqr, sqh, sqn, sob, sor, soh, son,
-              R, H, N, D, qk_scale, scale, sdbb,
+              R, H, N, D, scale, sdbb,
               HAS_BIAS: tl.constexpr, HAS_MASK: tl.constexpr, TWO_ROWS: tl.constexpr,
-              EVEN: tl.constexpr, DBIAS_ATOMIC: tl.constexpr, DQ_ATOMIC: tl.constexpr,
+              EVEN: tl.constexpr, EVEN_D: tl.constexpr, DBIAS_ATOMIC: tl.constexpr,
+              DQ_ATOMIC: tl.constexpr,
               TRANSPOSE: tl.constexpr,
               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
               PRECISION: tl.constexpr):
@@ -483,33 +503,33 @@ def _bwd_dkdv(Q, K, V, Bias, Mask, DO, LSE, Delta, DK, DV, DBias, DQ,
         if TRANSPOSE:  # key-major tiles [BLOCK_N, BLOCK_M]
             if HAS_BIAS:
                 bias2 = _bias_tile_t(Bias, b, h, offs_m, offs_n, m_valid, n_valid,
-                                     sbb, sbh, sbi, sbj)
+                                     sbb, sbh, sbi, sbj, EVEN)
             else:
                 bias2 = 0.0
             dk0, dv0, ds = _dkdv_step_t(Q, DO, LSE, Delta, slab0, base0, obase0, offs_m, offs_d,
                                         md, m_valid, k0, v0, bias2, keep0, uni0, n_valid, dk0,
-                                        dv0, qk_scale, N, sqn, son, HAS_BIAS, HAS_MASK, EVEN,
-                                        PRECISION)
+                                        dv0, scale, N, sqn, son, HAS_BIAS, HAS_MASK, EVEN,
+                                        EVEN_D, PRECISION)
             if TWO_ROWS:
                 dk1, dv1, ds1 = _dkdv_step_t(Q, DO, LSE, Delta, slab1, base1, obase1, offs_m,
                                              offs_d, md, m_valid, k1, v1, bias2, keep1, uni1,
-                                             n_valid, dk1, dv1, qk_scale, N, sqn, son, HAS_BIAS,
-                                             HAS_MASK, EVEN, PRECISION)
+                                             n_valid, dk1, dv1, scale, N, sqn, son, HAS_BIAS,
+                                             HAS_MASK, EVEN, EVEN_D, PRECISION)
         else:  # query-major tiles [BLOCK_M, BLOCK_N]
             if HAS_BIAS:
                 bias2 = _bias_tile(Bias, b, h, offs_m, offs_n, m_valid, n_valid,
-                                   sbb, sbh, sbi, sbj)
+                                   sbb, sbh, sbi, sbj, EVEN)
             else:
                 bias2 = 0.0
             dk0, dv0, ds = _dkdv_step(Q, DO, LSE, Delta, slab0, base0, obase0, offs_m, offs_d,
                                       md, m_valid, k0, v0, bias2, keep0, uni0, n_valid, dk0,
-                                      dv0, qk_scale, N, sqn, son, HAS_BIAS, HAS_MASK, EVEN,
-                                      PRECISION)
+                                      dv0, scale, N, sqn, son, HAS_BIAS, HAS_MASK, EVEN,
+                                      EVEN_D, PRECISION)
             if TWO_ROWS:
                 dk1, dv1, ds1 = _dkdv_step(Q, DO, LSE, Delta, slab1, base1, obase1, offs_m,
                                            offs_d, md, m_valid, k1, v1, bias2, keep1, uni1,
-                                           n_valid, dk1, dv1, qk_scale, N, sqn, son, HAS_BIAS,
-                                           HAS_MASK, EVEN, PRECISION)
+                                           n_valid, dk1, dv1, scale, N, sqn, son, HAS_BIAS,
+                                           HAS_MASK, EVEN, EVEN_D, PRECISION)
         if DQ_ATOMIC:
             _dq_atomic(DQ, slab0, offs_m, offs_d, md, ds, k0, scale, N, D, TRANSPOSE,
                        PRECISION)
@@ -518,8 +538,8 @@ def _bwd_dkdv(Q, K, V, Bias, Mask, DO, LSE, Delta, DK, DV, DBias, DQ,
                 _dq_atomic(DQ, slab1, offs_m, offs_d, md & last, ds1, k1, scale, N, D,
                            TRANSPOSE, PRECISION)
         if DBIAS_ATOMIC:
-            if TWO_ROWS:  # odd R: the repeated last row counts once
-                ds += tl.where(r0 + 1 < R, ds1, 0.0)
+            if TWO_ROWS:  # odd R: the repeated last row counts once (weight 0: one FMA)
+                ds = tl.fma(ds1, (r0 + 1 < R).to(tl.float32), ds)
             if TRANSPOSE:
                 dptr = (DBias + b.to(tl.int64) * sdbb + h.to(tl.int64) * N * N
                         + offs_m[None, :] * N + offs_n[:, None])  # [BLOCK_N, BLOCK_M]
@@ -537,11 +557,11 @@ def _bwd_dkdv(Q, K, V, Bias, Mask, DO, LSE, Delta, DK, DV, DBias, DQ,
 
 
 @triton.jit
-def _dq_step(K, V, base, offs_n, offs_d, nd, q, do, lse, delta, bias2, keep, dq, qk_scale, SN,
+def _dq_step(K, V, base, offs_n, offs_d, nd, q, do, lse, delta, bias2, keep, dq, scale, SN,
              HAS_BIAS: tl.constexpr, NEED_KEEP: tl.constexpr, PRECISION: tl.constexpr):
     k = tl.load(K + base + offs_n[:, None] * SN + offs_d[None, :], mask=nd, other=0.0)
     v = tl.load(V + base + offs_n[:, None] * SN + offs_d[None, :], mask=nd, other=0.0)
-    p, ds = _ds_tile(q, k, do, v, lse, delta, bias2, keep, qk_scale, HAS_BIAS, NEED_KEEP,
+    p, ds = _ds_tile(q, k, do, v, lse, delta, bias2, keep, scale, HAS_BIAS, NEED_KEEP,
                      PRECISION)
     return dq + _mm(ds.to(k.dtype), k, PRECISION)
 
@@ -550,7 +570,7 @@ def _dq_step(K, V, base, offs_n, offs_d, nd, q, do, lse, delta, bias2, keep, dq,
 @triton.jit
 def _bwd_dq(Q, K, V, Bias, Mask, DO, LSE, Delta, DQ,
             sbb, sbh, sbi, sbj, smb, smr, smj, sqb, sqr, sqh, sqn, sob, sor, soh, son,
-            R, H, N, D, qk_scale, scale,
+            R, H, N, D, scale,
             HAS_BIAS: tl.constexpr, HAS_MASK: tl.constexpr, TWO_ROWS: tl.constexpr,
             EVEN: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
             BLOCK_D: tl.constexpr, PRECISION: tl.constexpr):
@@ -591,16 +611,17 @@ def _bwd_dq(Q, K, V, Bias, Mask, DO, LSE, Delta, DQ,
         n_valid = offs_n < N
         nd = n_valid[:, None] & d_valid[None, :]
         if HAS_BIAS:
-            bias2 = _bias_tile(Bias, b, h, offs_m, offs_n, m_valid, n_valid, sbb, sbh, sbi, sbj)
+            bias2 = _bias_tile(Bias, b, h, offs_m, offs_n, m_valid, n_valid, sbb, sbh, sbi, sbj,
+                               EVEN)
         else:
             bias2 = 0.0
         keep0 = _keep(Mask, b, r0, offs_n, n_valid, smb, smr, smj, HAS_MASK)
         dq0 = _dq_step(K, V, base0, offs_n, offs_d, nd, q0, do0, lse0, delta0, bias2, keep0,
-                       dq0, qk_scale, sqn, HAS_BIAS, HAS_MASK or not EVEN, PRECISION)
+                       dq0, scale, sqn, HAS_BIAS, HAS_MASK or not EVEN, PRECISION)
         if TWO_ROWS:
             keep1 = _keep(Mask, b, r1, offs_n, n_valid, smb, smr, smj, HAS_MASK)
             dq1 = _dq_step(K, V, base1, offs_n, offs_d, nd, q1, do1, lse1, delta1, bias2,
-                           keep1, dq1, qk_scale, sqn, HAS_BIAS, HAS_MASK or not EVEN, PRECISION)
+                           keep1, dq1, scale, sqn, HAS_BIAS, HAS_MASK or not EVEN, PRECISION)
     tl.store(DQ + base0 + qo_off, (dq0 * scale).to(DQ.dtype.element_ty), mask=md)
     if TWO_ROWS:
         tl.store(DQ + base1 + qo_off, (dq1 * scale).to(DQ.dtype.element_ty), mask=md)
@@ -610,7 +631,7 @@ def _bwd_dq(Q, K, V, Bias, Mask, DO, LSE, Delta, DQ,
 @triton.jit
 def _bwd_dbias(Q, K, V, Bias, Mask, DO, LSE, Delta, DBias,
                sbb, sbh, sbi, sbj, smb, smr, smj, sqb, sqr, sqh, sqn, sob, sor, soh, son,
-               R, H, N, D, qk_scale, rows_per_bias, rows_per_split, n_blocks_n,
+               R, H, N, D, scale, rows_per_bias, rows_per_split, n_blocks_n,
                HAS_MASK: tl.constexpr,
                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
                PRECISION: tl.constexpr):
@@ -630,7 +651,7 @@ def _bwd_dbias(Q, K, V, Bias, Mask, DO, LSE, Delta, DBias,
     md = m_valid[:, None] & d_valid[None, :]
     nd = n_valid[:, None] & d_valid[None, :]
     # the bias tile is the same for every row: load it once, outside the loop over rows
-    bias2 = _bias_tile(Bias, bb, h, offs_m, offs_n, m_valid, n_valid, sbb, sbh, sbi, sbj)
+    bias2 = _bias_tile(Bias, bb, h, offs_m, offs_n, m_valid, n_valid, sbb, sbh, sbi, sbj, False)
     acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     t0 = split * rows_per_split
     t1 = tl.minimum(t0 + rows_per_split, rows_per_bias)
@@ -647,7 +668,7 @@ def _bwd_dbias(Q, K, V, Bias, Mask, DO, LSE, Delta, DBias,
         lse = tl.load(LSE + slab * 2 * N + offs_m, mask=m_valid, other=float("inf"))
         delta = tl.load(Delta + slab * N + offs_m, mask=m_valid, other=0.0)
         keep = _keep(Mask, b, r, offs_n, n_valid, smb, smr, smj, HAS_MASK)
-        p, ds = _ds_tile(q, k, do, v, lse, delta, bias2, keep, qk_scale, True, True, PRECISION)
+        p, ds = _ds_tile(q, k, do, v, lse, delta, bias2, keep, scale, True, True, PRECISION)
         acc += ds
     out = (split * (tl.num_programs(2)) + bbh).to(tl.int64) * N * N
     tl.store(DBias + out + offs_m[:, None] * N + offs_n[None, :],
@@ -731,7 +752,6 @@ class _Launch:
         self.batch = tuple(batch)
         self.B = math.prod(self.batch)
         self.scale = float(scale)
-        self.qk_scale = self.scale * LOG2E
         self.block_d = _block_d(self.D)
         self.precision = _precision(q.dtype)
         self.bias_shape = None if bias is None else bias.shape
@@ -920,8 +940,9 @@ def _backward(dy, q, k, v, gate, gate_bias, o_pre, lse, lp: _Launch, need_dbias:
         if dq_atomic:
             dq32.zero_()
         _bwd_dkdv[grid](q, k, v, bias, mask, do, lse, delta, dk, dv, dbias32, dq32,
-                        *lp.strides(), lp.R, lp.H, lp.N, lp.D, lp.qk_scale, lp.scale, sdbb,
-                        TWO_ROWS=cfg.rows == 2, EVEN=lp.even(cfg), DBIAS_ATOMIC=atomic,
+                        *lp.strides(), lp.R, lp.H, lp.N, lp.D, lp.scale, sdbb,
+                        TWO_ROWS=cfg.rows == 2, EVEN=lp.even(cfg), EVEN_D=lp.D == lp.block_d,
+                        DBIAS_ATOMIC=atomic,
                         DQ_ATOMIC=dq_atomic, TRANSPOSE=cfg.transpose,
                         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, **flags,
                         num_warps=cfg.num_warps, num_stages=cfg.num_stages)
@@ -929,7 +950,7 @@ def _backward(dy, q, k, v, gate, gate_bias, o_pre, lse, lp: _Launch, need_dbias:
     def launch_dq(cfg: tuning.Config):
         grid = (triton.cdiv(lp.N, cfg.block_m), triton.cdiv(lp.R, cfg.rows), lp.B * lp.H)
         _bwd_dq[grid](q, k, v, bias, mask, do, lse, delta, dq, *lp.strides(),
-                      lp.R, lp.H, lp.N, lp.D, lp.qk_scale, lp.scale,
+                      lp.R, lp.H, lp.N, lp.D, lp.scale,
                       TWO_ROWS=cfg.rows == 2, EVEN=lp.even(cfg),
                         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, **flags,
                       num_warps=cfg.num_warps, num_stages=cfg.num_stages)
@@ -957,7 +978,7 @@ def _backward(dy, q, k, v, gate, gate_bias, o_pre, lse, lp: _Launch, need_dbias:
                               dtype=lp.bias.dtype if splits == 1 else torch.float32)
             _bwd_dbias[(n_n * splits, n_m, lp.H * lp.Bb)](
                 q, k, v, bias, mask, do, lse, delta, out, *lp.strides(),
-                lp.R, lp.H, lp.N, lp.D, lp.qk_scale, rows_per_bias, per_split, n_n,
+                lp.R, lp.H, lp.N, lp.D, lp.scale, rows_per_bias, per_split, n_n,
                 HAS_MASK=lp.mask is not None, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
                 BLOCK_D=lp.block_d, PRECISION=lp.precision,
                 num_warps=cfg.num_warps, num_stages=cfg.num_stages)
