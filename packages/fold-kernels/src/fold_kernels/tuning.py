@@ -28,7 +28,7 @@ from fold_ops.env import EnvVar
 
 __all__ = [
     "Config", "arch", "interpreting", "pick", "attention_configs", "gemm_configs", "cache_path",
-    "multiprocessors", "bucket", "bucket_key", "pinned",
+    "multiprocessors", "bucket", "bucket_key", "pinned", "chosen",
 ]
 
 
@@ -287,6 +287,12 @@ def pinned(kernel: str, cfg: Config):
             del _PINNED[kernel]
         else:
             _PINNED[kernel] = before
+
+
+def chosen(kernel: str) -> dict[tuple, Config]:
+    """This process's choices for ``kernel`` (for example ``"evo_fwd"``): the key each launch
+    was tuned under -> the configuration picked (for a benchmark's record)."""
+    return {key: cfg for (k, _, key), (cfg, _) in list(_PICKED.items()) if k == kernel}
 
 
 def _capturing() -> bool:
