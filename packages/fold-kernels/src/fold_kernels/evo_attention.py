@@ -134,8 +134,8 @@ def _keep(Mask, b, r, offs_n, n_valid, smb, smr, smj, HAS_MASK: tl.constexpr):
 @triton.jit
 def _keep_fwd(Mask, b, r, offs_n, n_valid, smb, smr, smj, HAS_MASK: tl.constexpr,
               EVEN: tl.constexpr):
-    """:func:`_keep` for the forward: with ``EVEN`` every key of the block is < N, so the
-    mask is loaded unpredicated and keys need no bounds test."""
+    """:func:`_keep` for a loop over key blocks (the forward, dQ): with ``EVEN`` every key of
+    the block is < N, so the mask is loaded unpredicated."""
     if HAS_MASK:
         keep = _load(Mask + b * smb + r * smr + offs_n * smj, n_valid, EVEN) != 0
     else:
@@ -558,9 +558,10 @@ def _bwd_dkdv(Q, K, V, Bias, Mask, DO, LSE, Delta, DK, DV, DBias, DQ,
 
 @triton.jit
 def _dq_step(K, V, base, offs_n, offs_d, nd, q, do, lse, delta, bias2, keep, dq, scale, SN,
-             HAS_BIAS: tl.constexpr, NEED_KEEP: tl.constexpr, PRECISION: tl.constexpr):
-    k = tl.load(K + base + offs_n[:, None] * SN + offs_d[None, :], mask=nd, other=0.0)
-    v = tl.load(V + base + offs_n[:, None] * SN + offs_d[None, :], mask=nd, other=0.0)
+             HAS_BIAS: tl.constexpr, NEED_KEEP: tl.constexpr, FULL_KV: tl.constexpr,
+             PRECISION: tl.constexpr):
+    k = _load(K + base + offs_n[:, None] * SN + offs_d[None, :], nd, FULL_KV)
+    v = _load(V + base + offs_n[:, None] * SN + offs_d[None, :], nd, FULL_KV)
     p, ds = _ds_tile(q, k, do, v, lse, delta, bias2, keep, scale, HAS_BIAS, NEED_KEEP,
                      PRECISION)
     return dq + _mm(ds.to(k.dtype), k, PRECISION)
@@ -572,7 +573,7 @@ def _bwd_dq(Q, K, V, Bias, Mask, DO, LSE, Delta, DQ,
             sbb, sbh, sbi, sbj, smb, smr, smj, sqb, sqr, sqh, sqn, sob, sor, soh, son,
             R, H, N, D, scale,
             HAS_BIAS: tl.constexpr, HAS_MASK: tl.constexpr, TWO_ROWS: tl.constexpr,
-            EVEN: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+            EVEN: tl.constexpr, EVEN_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
             BLOCK_D: tl.constexpr, PRECISION: tl.constexpr):
     mb = tl.program_id(0)
     rp = tl.program_id(1)
@@ -615,13 +616,15 @@ def _bwd_dq(Q, K, V, Bias, Mask, DO, LSE, Delta, DQ,
                                EVEN)
         else:
             bias2 = 0.0
-        keep0 = _keep(Mask, b, r0, offs_n, n_valid, smb, smr, smj, HAS_MASK)
+        keep0 = _keep_fwd(Mask, b, r0, offs_n, n_valid, smb, smr, smj, HAS_MASK, EVEN)
         dq0 = _dq_step(K, V, base0, offs_n, offs_d, nd, q0, do0, lse0, delta0, bias2, keep0,
-                       dq0, scale, sqn, HAS_BIAS, HAS_MASK or not EVEN, PRECISION)
+                       dq0, scale, sqn, HAS_BIAS, HAS_MASK or not EVEN, EVEN and EVEN_D,
+                       PRECISION)
         if TWO_ROWS:
-            keep1 = _keep(Mask, b, r1, offs_n, n_valid, smb, smr, smj, HAS_MASK)
+            keep1 = _keep_fwd(Mask, b, r1, offs_n, n_valid, smb, smr, smj, HAS_MASK, EVEN)
             dq1 = _dq_step(K, V, base1, offs_n, offs_d, nd, q1, do1, lse1, delta1, bias2,
-                           keep1, dq1, scale, sqn, HAS_BIAS, HAS_MASK or not EVEN, PRECISION)
+                           keep1, dq1, scale, sqn, HAS_BIAS, HAS_MASK or not EVEN,
+                           EVEN and EVEN_D, PRECISION)
     tl.store(DQ + base0 + qo_off, (dq0 * scale).to(DQ.dtype.element_ty), mask=md)
     if TWO_ROWS:
         tl.store(DQ + base1 + qo_off, (dq1 * scale).to(DQ.dtype.element_ty), mask=md)
@@ -951,8 +954,8 @@ def _backward(dy, q, k, v, gate, gate_bias, o_pre, lse, lp: _Launch, need_dbias:
         grid = (triton.cdiv(lp.N, cfg.block_m), triton.cdiv(lp.R, cfg.rows), lp.B * lp.H)
         _bwd_dq[grid](q, k, v, bias, mask, do, lse, delta, dq, *lp.strides(),
                       lp.R, lp.H, lp.N, lp.D, lp.scale,
-                      TWO_ROWS=cfg.rows == 2, EVEN=lp.even(cfg),
-                        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, **flags,
+                      TWO_ROWS=cfg.rows == 2, EVEN=lp.even(cfg), EVEN_D=lp.D == lp.block_d,
+                      BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, **flags,
                       num_warps=cfg.num_warps, num_stages=cfg.num_stages)
 
     kernel = "dkdv" + ("_atomic" if atomic else "") + ("_dq" if dq_atomic else "")
