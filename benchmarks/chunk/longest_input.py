@@ -208,12 +208,12 @@ def predicted_seconds(n: int, n_last: int, seconds_last: float) -> float:
 
 
 def longest(args, family: str, checkpoint: Path, ladder: list[int], deadline: float,
-            emit, fam: dict) -> dict:
-    """Ladder up to the first failure, then bisection to ``--resolution``. A trial is not
-    started when its predicted time would pass ``deadline`` (:func:`predicted_seconds`); a
-    started one is stopped there."""
+            emit, fam: dict, known_ok: int = 0) -> dict:
+    """Ladder up to the first failure, then bisection to ``--resolution`` (from ``known_ok``,
+    a length an earlier run predicted, else from 0). A trial is not started when its predicted
+    time would pass ``deadline`` (:func:`predicted_seconds`); a started one is stopped there."""
     trials: list[dict] = fam.setdefault("trials", [])  # filled as they finish (saved by emit)
-    good, bad = 0, None
+    good, bad = known_ok, None
     last: tuple[int, float] | None = None  # (N, seconds) of the last successful trial
 
     def attempt(n: int) -> bool | None:
@@ -233,7 +233,7 @@ def longest(args, family: str, checkpoint: Path, ladder: list[int], deadline: fl
         emit(rec)
         return bool(rec["ok"])
 
-    for n in ladder:
+    for n in (n for n in ladder if n > known_ok):
         ok = attempt(n)
         if ok is None:
             break
@@ -308,6 +308,8 @@ def main(argv=None) -> int:
     p.add_argument("--chunking", default="auto",
                    help="'auto' (predict --autochunk auto) or a row chunk (predict --chunk-size N)")
     p.add_argument("--resolution", type=int, default=256)
+    p.add_argument("--known-ok", type=int, default=0,
+                   help="a length an earlier run predicted: the bisection's lower end")
     p.add_argument("--budget-seconds", type=float, default=450.0)
     p.add_argument("--trial-timeout", type=float, default=300.0)
     p.add_argument("--estimate", action="store_true",
@@ -369,7 +371,8 @@ def main(argv=None) -> int:
             fam = {"family": family, "longest_ok": None, "first_failure": None, "best": None,
                    "trials": []}
             result["families"].append(fam)
-            longest(args, family, ckpt, ladder, time.perf_counter() + share, emit, fam)
+            longest(args, family, ckpt, ladder, time.perf_counter() + share, emit, fam,
+                    known_ok=args.known_ok)
             save()
     save()
     print(to_markdown(result))

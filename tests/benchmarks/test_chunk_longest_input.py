@@ -37,6 +37,15 @@ def test_longest_input_cpu_smoke(tmp_path: Path) -> None:
     assert fam["best"]["wall_s"] > 0
 
 
+def test_bisection_starts_from_a_known_length(tmp_path: Path) -> None:
+    # an earlier run predicted 8 (--known-ok 8): 16 fails, the bisection tries 12, not 8 and 4
+    result = _run(tmp_path, "--families", "af2", "--af2-ladder", "8,16", "--known-ok", "8",
+                  "--af2-flags", "--max-tokens 12")
+    (fam,) = result["families"]
+    assert [(t["n_res"], t["ok"]) for t in fam["trials"]] == [(16, False), (12, True)]
+    assert fam["longest_ok"] == 12 and fam["first_failure"] == 16
+
+
 def test_estimate_mode_cpu_smoke(tmp_path: Path) -> None:
     result = _run(tmp_path, "--estimate", "--families", "af3")
     (rec,) = result["estimates"]

@@ -98,6 +98,8 @@ def test_sasa_of_a_crowded_structure_equals_the_direct_count():
     covered = (d2 < r[None, None, :] ** 2) & ~np.eye(len(x), dtype=bool)[:, None, :]
     direct = 4.0 * np.pi * r ** 2 * (~covered.any(-1)).mean(-1)
     np.testing.assert_allclose(atom_sasa(x, radii), direct, rtol=0, atol=1e-9)
+    # torch's path (on the GPU in a prediction; on the CPU here, the same code)
+    np.testing.assert_allclose(atom_sasa(x, radii, device="cpu"), direct, rtol=0, atol=1e-9)
     assert 0 < direct.sum() < 0.2 * (4.0 * np.pi * r ** 2).sum()  # mostly buried
 
 
@@ -130,9 +132,13 @@ def _same_checks(atoms, min_clashing: int = 0):
     # (|x|^2 ~ 1e4 A^2, float64) may differ, far below one point's share (~0.3 A^2)
     np.testing.assert_allclose(area, atom_sasa(atoms["positions"], radii, neighbours="all"),
                                rtol=0, atol=1e-9)
+    # torch's blocked all-pairs path (fold_train.sasa_device; the GPU's in a prediction)
+    np.testing.assert_allclose(area, atom_sasa(atoms["positions"], radii, device="cpu"),
+                               rtol=0, atol=1e-9)
     disorder = (atoms["positions"], atoms["chain"], atoms["residue"], atoms["protein"],
                 atoms["atom_names"], atoms["res_names"])
     assert fraction_disordered(*disorder) == fraction_disordered(*disorder, neighbours="all")
+    assert fraction_disordered(*disorder) == fraction_disordered(*disorder, device="cpu")
     return cells
 
 
@@ -161,6 +167,24 @@ def test_cells_equal_every_pair_on_a_collapsed_structure():
              "atom_names": names, "res_names": {c: ["GLY"] * 151 for c in range(3)}}
     _same_checks(atoms, min_clashing=n // 2)
     assert has_clash(atoms["positions"], chain, residue, atoms["polymer"])
+
+
+def test_structure_scores_on_a_device_equal_numpys():
+    """What a prediction on a GPU computes (``structure_scores(atoms, device)``) against the
+    numpy default, and which device a runner asks for."""
+    import torch
+    from fold_train.confidence_outputs import sasa_device_for, structure_scores
+
+    atoms = _atoms(MMCIFS[0])
+    assert structure_scores(atoms, torch.device("cpu")) == structure_scores(atoms)
+    assert sasa_device_for("cpu") is None
+    assert sasa_device_for(torch.device("cuda", 1)) == torch.device("cuda", 1)
+
+
+def test_device_sasa_of_no_atoms_and_of_one():
+    assert atom_sasa(np.zeros((0, 3)), np.zeros(0), device="cpu").shape == (0,)
+    one = atom_sasa(np.zeros((1, 3)), np.array([1.8]), device="cpu")
+    np.testing.assert_allclose(one, 4.0 * np.pi * (1.8 + 1.4) ** 2, rtol=1e-12)
 
 
 def test_neighbours_must_be_known(chain_a):

@@ -13,7 +13,10 @@ confidence head (supplement 5.9.3; definitions from AF3's released ``confidences
 Both are numpy, on all-atom coordinates of any size. Close atoms are found with a cell list
 (:mod:`fold_train.neighbours`), so the time grows with the atoms, not their square (a
 49k-atom prediction's ``has_clash`` took 11 s with all pairs); ``neighbours="all"`` keeps the
-all-pairs search as the reference the tests hold the cell list to.
+all-pairs search as the reference the tests hold the cell list to. A crowded structure (an
+untrained model's collapsed prediction) still puts every atom within reach of every other;
+``device=`` computes the accessible areas on the GPU that predicted instead
+(:mod:`fold_train.sasa_device`), which ``fold-train predict`` does on a GPU.
 """
 
 from __future__ import annotations
@@ -113,12 +116,14 @@ def _sphere(n: int = 100) -> np.ndarray:
 
 
 def atom_sasa(positions: np.ndarray, radii: np.ndarray, n_points: int = 100, *,
-              neighbours: str = "cells") -> np.ndarray:
+              neighbours: str = "cells", device=None) -> np.ndarray:
     """Shrake-Rupley solvent accessible area of each atom ``[A]`` (A^2) of ``positions [A, 3]``
     with van der Waals ``radii [A]`` and a water probe: the fraction of ``n_points`` points on
     the atom's expanded sphere that no other expanded sphere covers. ``neighbours``:
     ``"cells"`` (candidates from a cell list) or ``"all"`` (every atom a candidate: the
-    reference); the same areas either way."""
+    reference); the same areas either way. ``device`` (a torch device, e.g. the GPU that
+    predicted): computed there instead (:mod:`fold_train.sasa_device`; ``neighbours`` unused),
+    whatever the structure's density."""
     _check_neighbours(neighbours)
     x = positions.astype(np.float64)
     r = radii.astype(np.float64) + PROBE  # [A]
@@ -127,6 +132,10 @@ def atom_sasa(positions: np.ndarray, radii: np.ndarray, n_points: int = 100, *,
         raise ValueError(f"atom_sasa: atom {bad} has radius {radii[bad]!r}; expected a finite "
                          f"van der Waals radius > -{PROBE} A")
     dots = _sphere(n_points)  # [P, 3]
+    if device is not None:
+        from fold_train.sasa_device import atom_sasa_device
+
+        return atom_sasa_device(x, r, dots, device)
     area = np.zeros(len(x))
     block = 64  # consecutive atoms (a few residues): spatially compact, few candidates
     sq = (x * x).sum(-1)
@@ -162,11 +171,12 @@ def atom_sasa(positions: np.ndarray, radii: np.ndarray, n_points: int = 100, *,
 
 
 def relative_sasa(positions: np.ndarray, atom_names: np.ndarray, residue: np.ndarray,
-                  res_names: list[str], *, neighbours: str = "cells") -> np.ndarray:
+                  res_names: list[str], *, neighbours: str = "cells",
+                  device=None) -> np.ndarray:
     """RASA ``[R]`` of one protein chain: each residue's accessible area (DSSP radii) over its
     maximum, capped at 1. ``residue [A]`` indexes ``res_names`` (three-letter codes)."""
     radii = np.array([_DSSP_RADII.get(str(n), _SIDE_CHAIN_RADIUS) for n in atom_names])
-    area = atom_sasa(positions, radii, neighbours=neighbours)
+    area = atom_sasa(positions, radii, neighbours=neighbours, device=device)
     per_res = np.bincount(residue, weights=area, minlength=len(res_names))
     max_asa = np.array([MAX_ASA.get(n, MAX_ASA["ALA"]) for n in res_names])
     return np.minimum(per_res / max_asa, 1.0)
@@ -174,17 +184,18 @@ def relative_sasa(positions: np.ndarray, atom_names: np.ndarray, residue: np.nda
 
 def fraction_disordered(positions: np.ndarray, chain: np.ndarray, residue: np.ndarray,
                         protein: np.ndarray, atom_names: np.ndarray,
-                        res_names: dict[int, list[str]], *, neighbours: str = "cells") -> float:
+                        res_names: dict[int, list[str]], *, neighbours: str = "cells",
+                        device=None) -> float:
     """Fraction of protein residues with windowed RASA above 0.581 (0 without protein).
     ``chain``, ``residue`` ``[A]`` (residue index within the chain, from 0), ``protein [A]``,
     ``atom_names [A]``, ``res_names``: chain -> its residues' three-letter codes;
-    ``neighbours`` as for :func:`atom_sasa`."""
+    ``neighbours`` and ``device`` as for :func:`atom_sasa`."""
     rasa: list[np.ndarray] = []
     for c in np.unique(chain[protein.astype(bool)]):
         sel = np.flatnonzero((chain == c) & protein.astype(bool))
         names = res_names[int(c)]
         per_res = relative_sasa(positions[sel], atom_names[sel], residue[sel], names,
-                                neighbours=neighbours)
+                                neighbours=neighbours, device=device)
         present = np.unique(residue[sel])  # residues with atoms (all, in a prediction)
         values = per_res[present]
         half = (RASA_WINDOW - 1) // 2
