@@ -4,7 +4,8 @@ FlexAttention, side by side in one process on one GPU (bf16, D 32).
 For each shape, on the inputs of ``benchmarks/kernels/attention.py`` (q, k, v ``[1, R, H, N,
 D]``, a pair bias ``[1, H, N, N]`` shared by the R rows, a key mask with about 5% holes, one fixed
 output gradient), it times the forward and the forward+backward (median of ``--reps`` calls,
-each timed with CUDA events) of:
+each timed with CUDA events) at triangle N 768 and 1536 (H 4), MSA rows (512, 384) (H 8), then
+the small shapes where the old kernels already led (triangle 256, 384, MSA (128, 256)), of:
 
 * ``flex``: FlexAttention compiled with a bias ``score_mod``
   (``benchmarks.common.attention_inputs``);
@@ -51,9 +52,18 @@ SHAPES = {
     "triangle768": ("triangle", 768, 768, 4, 32),
     "triangle1536": ("triangle", 1536, 1536, 4, 32),
     "msa512": ("msa", 512, 384, 8, 32),
+    # where the kernels before this work already beat FlexAttention: the new candidates must not
+    # lose there (the tuner picks among all of them)
+    "triangle256": ("triangle", 256, 256, 4, 32),
+    "triangle384": ("triangle", 384, 384, 4, 32),
+    "msa128": ("msa", 128, 256, 8, 32),
+    # head dim 8 (extra MSA; FlexAttention cannot run it): the arithmetic changes at D < 16,
+    # same candidates as before; not a default (the backward pins are D 32's)
+    "extra1024": ("extra", 1024, 256, 8, 8),
     "tiny": ("triangle", 5, 24, 1, 32),  # CPU smoke test (Triton's interpreter)
 }
-DEFAULT_SHAPES = ["triangle768", "triangle1536", "msa512"]
+# the issue's shapes first: results are written after each shape
+DEFAULT_SHAPES = ["triangle768", "triangle1536", "msa512", "triangle256", "triangle384", "msa128"]
 # The backward's launch configurations for every EvoAttention row (see the module docstring):
 # (kernel, block_m, block_n, num_warps, num_stages, rows, transpose)
 BACKWARD_PINS = [("dkdv_atomic", 64, 64, 4, 3, 2, True), ("dq", 64, 32, 4, 3, 2, False)]
