@@ -18,8 +18,9 @@ bias and mask constant, and N a multiple of the blocks (``EVEN``).
         --module benchmarks.common.evo_attention_v0
     python -m benchmarks.tools.evo_sass --kernel dkdv --configs 64x64:w4:s3:r2:t
 
-Configs: ``BMxBN:wW:sS:rR`` (``:t`` key-major dK/dV tiles) or ``candidates`` (the tuner's forward
-candidates for bf16 at ``--head-dim``).
+Configs: ``BMxBN:wW:sS:rR`` (``:t`` key-major dK/dV tiles) or ``candidates`` (the tuner's
+candidates for bf16 at ``--head-dim``). Another Triton's code generation (the device image's 3.6,
+say) is a ``pip install --no-deps --target DIR triton==3.6.0`` and ``PYTHONPATH=DIR:...`` away.
 """
 
 from __future__ import annotations
