@@ -6,7 +6,7 @@ triangle attention), key mask ``[*, R, N]`` (true = attend). The ``R x H x N x N
 stored: the forward keeps a running max and sum per query (online softmax) and stores the
 log-sum-exp in fp32; the backward recomputes the logits tile by tile.
 
-Kernels (MegaFold III, FlashAttention-2), each program one tile of one or two rows:
+Kernels (MegaFold III, FlashAttention-2), each program one tile of one, two or four rows:
 
 * ``_fwd``     grid (N/BLOCK_M, R/rows, B*H). A program runs ``ROWS`` (1, 2 or 4) rows r, r+1..
   of the same query block, so each pair-bias tile is loaded and converted once for all of them
@@ -38,7 +38,7 @@ Kernels (MegaFold III, FlashAttention-2), each program one tile of one or two ro
   the summation order varies, so dbias is not bit-reproducible. See :func:`dbias_mode`.
 
 The forward stores, per query, the log2-sum-exp and (for a fully masked query) 1/l in fp32;
-the backward rebuilds P = exp2(s - lse) tile by tile (s in the log2 domain there).
+the backward rebuilds P = exp2(s log2(e) - lse) tile by tile (one FMA per logit, as the forward).
 
 Packed inputs (:func:`evo_attention_packed`): q, k, v and the gate may be views of one
 ``[*, R, N, P*H*D]`` projection (the model's single GEMM of the stacked weights). The kernels take
@@ -77,10 +77,11 @@ DBIAS_MODES = ("auto", "pass", "atomic")  # see dbias_mode()
 DQ_MODES = ("auto", "pass", "atomic")  # see dq_mode()
 DEFAULT_DBIAS_MODE = "auto"
 MAX_HEAD_DIM = 128
+LOG2E = tl.constexpr(1.4426950408889634)
 # The replaced logit of a masked key in the forward (natural-log domain): -2^100, so that
 # MASKED_NAT * log2(e) is exact in fp32 and a fully masked row gets exp2(0) = 1 for every key
 # (uniform weights). The backward zeroes masked keys' P directly.
-MASKED_NAT = -(2.0**100)
+MASKED_NAT = tl.constexpr(-(2.0**100))
 
 
 @triton.jit
@@ -122,20 +123,10 @@ def _base(b, r, h, sqb, sqr, sqh):
 
 
 @triton.jit
-def _keep(Mask, b, r, offs_n, n_valid, smb, smr, smj, HAS_MASK: tl.constexpr):
-    """Which keys of row r are attended, [BLOCK_N] (keys past N never are)."""
-    if HAS_MASK:
-        keep = tl.load(Mask + b * smb + r * smr + offs_n * smj, mask=n_valid, other=0) != 0
-    else:
-        keep = n_valid
-    return keep
-
-
-@triton.jit
-def _keep_fwd(Mask, b, r, offs_n, n_valid, smb, smr, smj, HAS_MASK: tl.constexpr,
-              EVEN: tl.constexpr):
-    """:func:`_keep` for a loop over key blocks (the forward, dQ): with ``EVEN`` every key of
-    the block is < N, so the mask is loaded unpredicated."""
+def _keep(Mask, b, r, offs_n, n_valid, smb, smr, smj, HAS_MASK: tl.constexpr,
+          EVEN: tl.constexpr):
+    """Which keys of row r are attended, [BLOCK_N] (keys past N never are). ``EVEN``: every key
+    of the block is < N, so the mask is loaded without a predicate."""
     if HAS_MASK:
         keep = _load(Mask + b * smb + r * smr + offs_n * smj, n_valid, EVEN) != 0
     else:
@@ -152,15 +143,6 @@ def _load(ptr, mask, FULL: tl.constexpr):
     else:
         x = tl.load(ptr, mask=mask, other=0.0)
     return x
-
-
-@triton.jit
-def _bias_tile_nat(Bias, b, h, offs_m, offs_n, m_valid, n_valid, sbb, sbh, sbi, sbj,
-                   EVEN: tl.constexpr):
-    """The pair-bias tile as stored (natural-log domain), fp32 [BLOCK_M, BLOCK_N]; one load and
-    conversion serve every row of the program."""
-    bptr = Bias + b * sbb + h * sbh + offs_m[:, None] * sbi + offs_n[None, :] * sbj
-    return _load(bptr, m_valid[:, None] & n_valid[None, :], EVEN).to(tl.float32)
 
 
 @triton.jit
@@ -196,13 +178,13 @@ def _fwd_step(q, K, V, base, offs_n, offs_d, nd, bias, keep, n_valid, acc, m_i, 
     if HAS_MASK:
         # replaced, not added: all masked -> uniform. MASKED_NAT * log2e is exact (a power of
         # two times log2e), so in a fully masked row exp2's FMA gives exactly 0 -> p = 1.
-        s = tl.where(keep[None, :], s, -1.2676506002282294e30)
+        s = tl.where(keep[None, :], s, MASKED_NAT)
     if not EVEN:  # keys past N (only when N is not a multiple of the block)
         s = tl.where(n_valid[None, :], s, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(s, 1))
-    m2 = m_new * 1.4426950408889634  # [BLOCK_M], log2 domain
-    alpha = tl.exp2(m_i * 1.4426950408889634 - m2)
-    p = tl.exp2(tl.fma(s, 1.4426950408889634, -m2[:, None]))
+    m2 = m_new * LOG2E  # [BLOCK_M], log2 domain
+    alpha = tl.exp2(m_i * LOG2E - m2)
+    p = tl.exp2(tl.fma(s, LOG2E, -m2[:, None]))
     l_i = l_i * alpha + tl.sum(p, 1)
     acc = acc * alpha[:, None] + _mm(p.to(v.dtype), v, PRECISION)
     return acc, m_new, l_i
@@ -219,7 +201,7 @@ def _fwd_store(acc, m_i, l_i, G, GB, O, OPre, LSE, b, r, h, R, H, offs_m, offs_d
     slab = ((b * R + r) * H + h).to(tl.int64)  # which [N, D] matrix of [B, R, H, N, D]
     all_masked = m_i < -1.0e29
     lse = tl.where(all_masked, float("inf"),  # inf: exp2(s - lse) = 0
-                   m_i * 1.4426950408889634 + tl.log2(l_i))
+                   m_i * LOG2E + tl.log2(l_i))
     tl.store(LSE + slab * 2 * N + offs_m, lse, mask=m_valid)
     tl.store(LSE + slab * 2 * N + N + offs_m, tl.where(all_masked, 1.0 / l_i, 0.0), mask=m_valid)
     o = acc / l_i[:, None]
@@ -277,25 +259,25 @@ def _fwd(Q, K, V, G, GB, Bias, Mask, O, OPre, LSE,
         n_valid = offs_n < N
         nd = n_valid[:, None] & (offs_d < D)[None, :]
         if HAS_BIAS:
-            bias = _bias_tile_nat(Bias, b, h, offs_m, offs_n, m_valid, n_valid, sbb, sbh, sbi,
-                                  sbj, EVEN)
+            bias = _bias_tile(Bias, b, h, offs_m, offs_n, m_valid, n_valid, sbb, sbh, sbi, sbj,
+                              EVEN)
         else:
             bias = 0.0
-        keep = _keep_fwd(Mask, b, r0, offs_n, n_valid, smb, smr, smj, HAS_MASK, EVEN)
+        keep = _keep(Mask, b, r0, offs_n, n_valid, smb, smr, smj, HAS_MASK, EVEN)
         acc0, m0, l0 = _fwd_step(q0, K, V, base0, offs_n, offs_d, nd, bias, keep, n_valid,
                                  acc0, m0, l0, scale, sqn, HAS_BIAS, HAS_MASK, EVEN,
                                  EVEN and EVEN_D, PRECISION)
         if ROWS >= 2:
-            keep = _keep_fwd(Mask, b, r1, offs_n, n_valid, smb, smr, smj, HAS_MASK, EVEN)
+            keep = _keep(Mask, b, r1, offs_n, n_valid, smb, smr, smj, HAS_MASK, EVEN)
             acc1, m1, l1 = _fwd_step(q1, K, V, base1, offs_n, offs_d, nd, bias, keep, n_valid,
                                      acc1, m1, l1, scale, sqn, HAS_BIAS, HAS_MASK, EVEN,
                                      EVEN and EVEN_D, PRECISION)
         if ROWS >= 4:
-            keep = _keep_fwd(Mask, b, r2, offs_n, n_valid, smb, smr, smj, HAS_MASK, EVEN)
+            keep = _keep(Mask, b, r2, offs_n, n_valid, smb, smr, smj, HAS_MASK, EVEN)
             acc2, m2, l2 = _fwd_step(q2, K, V, base2, offs_n, offs_d, nd, bias, keep, n_valid,
                                      acc2, m2, l2, scale, sqn, HAS_BIAS, HAS_MASK, EVEN,
                                      EVEN and EVEN_D, PRECISION)
-            keep = _keep_fwd(Mask, b, r3, offs_n, n_valid, smb, smr, smj, HAS_MASK, EVEN)
+            keep = _keep(Mask, b, r3, offs_n, n_valid, smb, smr, smj, HAS_MASK, EVEN)
             acc3, m3, l3 = _fwd_step(q3, K, V, base3, offs_n, offs_d, nd, bias, keep, n_valid,
                                      acc3, m3, l3, scale, sqn, HAS_BIAS, HAS_MASK, EVEN,
                                      EVEN and EVEN_D, PRECISION)
@@ -358,7 +340,7 @@ def _ds_tile(q, k, do, v, lse, delta, bias, keep, scale, HAS_BIAS: tl.constexpr,
         s = tl.fma(qk, scale, bias)
     else:
         s = qk * scale
-    p = tl.exp2(tl.fma(s, 1.4426950408889634, -lse[:, None]))
+    p = tl.exp2(tl.fma(s, LOG2E, -lse[:, None]))
     if NEED_KEEP:
         p = tl.where(keep[None, :], p, 0.0)
     dp = _mm(do, tl.trans(v), PRECISION)
@@ -414,7 +396,7 @@ def _dkdv_step_t(Q, DO, LSE, Delta, slab, base, obase, offs_m, offs_d, md, m_val
         s_t = tl.fma(qk_t, scale, bias_t)  # natural-log domain, as in _ds_tile
     else:
         s_t = qk_t * scale
-    p_t = tl.exp2(tl.fma(s_t, 1.4426950408889634, -lse[None, :]))
+    p_t = tl.exp2(tl.fma(s_t, LOG2E, -lse[None, :]))
     if HAS_MASK or not EVEN:
         p_t = tl.where(keep[:, None], p_t, 0.0)
     dp_t = _mm(v, tl.trans(do), PRECISION)  # [BLOCK_N, BLOCK_M]
@@ -480,7 +462,7 @@ def _bwd_dkdv(Q, K, V, Bias, Mask, DO, LSE, Delta, DK, DV, DBias, DQ,
     obase0 = _base(b, r0, h, sob, sor, soh)
     k0 = tl.load(K + base0 + kv_off, mask=nd, other=0.0)
     v0 = tl.load(V + base0 + kv_off, mask=nd, other=0.0)
-    keep0 = _keep(Mask, b, r0, offs_n, n_valid, smb, smr, smj, HAS_MASK)
+    keep0 = _keep(Mask, b, r0, offs_n, n_valid, smb, smr, smj, HAS_MASK, False)
     # 1/l of a fully masked row (else 0): every query of a row shares its key mask, so query 0's
     # value holds for the row, read once instead of a load and a reduction per query block
     uni0 = tl.load(LSE + slab0 * 2 * N + N)
@@ -492,7 +474,7 @@ def _bwd_dkdv(Q, K, V, Bias, Mask, DO, LSE, Delta, DK, DV, DBias, DQ,
         obase1 = _base(b, r1, h, sob, sor, soh)
         k1 = tl.load(K + base1 + kv_off, mask=nd, other=0.0)
         v1 = tl.load(V + base1 + kv_off, mask=nd, other=0.0)
-        keep1 = _keep(Mask, b, r1, offs_n, n_valid, smb, smr, smj, HAS_MASK)
+        keep1 = _keep(Mask, b, r1, offs_n, n_valid, smb, smr, smj, HAS_MASK, False)
         uni1 = tl.load(LSE + slab1 * 2 * N + N)
         dk1 = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
         dv1 = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
@@ -616,12 +598,12 @@ def _bwd_dq(Q, K, V, Bias, Mask, DO, LSE, Delta, DQ,
                                EVEN)
         else:
             bias2 = 0.0
-        keep0 = _keep_fwd(Mask, b, r0, offs_n, n_valid, smb, smr, smj, HAS_MASK, EVEN)
+        keep0 = _keep(Mask, b, r0, offs_n, n_valid, smb, smr, smj, HAS_MASK, EVEN)
         dq0 = _dq_step(K, V, base0, offs_n, offs_d, nd, q0, do0, lse0, delta0, bias2, keep0,
                        dq0, scale, sqn, HAS_BIAS, HAS_MASK or not EVEN, EVEN and EVEN_D,
                        PRECISION)
         if TWO_ROWS:
-            keep1 = _keep_fwd(Mask, b, r1, offs_n, n_valid, smb, smr, smj, HAS_MASK, EVEN)
+            keep1 = _keep(Mask, b, r1, offs_n, n_valid, smb, smr, smj, HAS_MASK, EVEN)
             dq1 = _dq_step(K, V, base1, offs_n, offs_d, nd, q1, do1, lse1, delta1, bias2,
                            keep1, dq1, scale, sqn, HAS_BIAS, HAS_MASK or not EVEN,
                            EVEN and EVEN_D, PRECISION)
@@ -670,7 +652,7 @@ def _bwd_dbias(Q, K, V, Bias, Mask, DO, LSE, Delta, DBias,
         v = tl.load(V + base + offs_n[:, None] * sqn + offs_d[None, :], mask=nd, other=0.0)
         lse = tl.load(LSE + slab * 2 * N + offs_m, mask=m_valid, other=float("inf"))
         delta = tl.load(Delta + slab * N + offs_m, mask=m_valid, other=0.0)
-        keep = _keep(Mask, b, r, offs_n, n_valid, smb, smr, smj, HAS_MASK)
+        keep = _keep(Mask, b, r, offs_n, n_valid, smb, smr, smj, HAS_MASK, False)
         p, ds = _ds_tile(q, k, do, v, lse, delta, bias2, keep, scale, True, True, PRECISION)
         acc += ds
     out = (split * (tl.num_programs(2)) + bbh).to(tl.int64) * N * N
