@@ -464,6 +464,22 @@ def test_forward_rows_without_mask_or_bias(rows):
         _check(q, k, v, None, None, None, torch.float32)
 
 
+def test_rows_a_kernel_cannot_run_are_refused():
+    """A pinned configuration with rows the kernel does not run (the grid would skip rows) is a
+    clear error, not silently missing rows."""
+    from fold_kernels import evo_attention, tuning
+
+    q, k, v, bias, mask, _ = _inputs((1, 5, 2, 16, 16), 2, 16, torch.float32, with_gate=False)
+    ins = [t.to(DEVICE).requires_grad_() for t in (q, k, v, bias)]
+    with tuning.pinned("evo_fwd", tuning.Config(16, 16, 1, 1, rows=3)):
+        with pytest.raises(ValueError, match=r"forward kernel runs \(1, 2, 4\) rows"):
+            evo_attention(*ins, mask.to(DEVICE))
+    o = evo_attention(*ins, mask.to(DEVICE))
+    with tuning.pinned("evo_dq", tuning.Config(16, 16, 1, 1, rows=4)):
+        with pytest.raises(ValueError, match="dQ kernel runs"):
+            o.sum().backward()
+
+
 def test_fully_masked_rows_are_uniform_for_every_rows_setting():
     """A fully masked row averages v exactly (weights exp2(0) = 1 for every key: the replaced
     logit -2^100 times log2(e) is exact), whatever the bias, in each rows-per-program setting."""

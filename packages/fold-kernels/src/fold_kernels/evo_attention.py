@@ -857,6 +857,14 @@ def _cfg(kernel: str, lp: _Launch, launch) -> tuning.Config:
     return tuning.pick(f"evo_{kernel}", lp.key(kernel), cands, launch)
 
 
+def _check_rows(cfg: tuning.Config, allowed: tuple[int, ...], kernel: str) -> None:
+    """A configuration's rows per program must be one the kernel runs (the grid divides R by
+    it: any other value would leave rows uncomputed)."""
+    if cfg.rows not in allowed:
+        raise ValueError(f"evo_attention: the {kernel} kernel runs {allowed} rows per program, "
+                         f"got a configuration with rows={cfg.rows}")
+
+
 def _forward(q, k, v, gate, gate_bias, lp: _Launch):
     o = lp.empty_out(q)
     o_pre = lp.empty_out(q) if gate is not None else o
@@ -864,6 +872,7 @@ def _forward(q, k, v, gate, gate_bias, lp: _Launch):
     dummy = q
 
     def launch(cfg: tuning.Config):
+        _check_rows(cfg, (1, 2, 4), "forward")
         grid = (triton.cdiv(lp.N, cfg.block_m), triton.cdiv(lp.R, cfg.rows), lp.B * lp.H)
         _fwd[grid](q, k, v, gate if gate is not None else dummy,
                    gate_bias if gate_bias is not None else dummy,
@@ -919,6 +928,7 @@ def _backward(dy, q, k, v, gate, gate_bias, o_pre, lse, lp: _Launch, need_dbias:
             if dq_atomic else dummy)
 
     def launch_dkdv(cfg: tuning.Config):
+        _check_rows(cfg, (1, 2), "dK/dV")
         grid = (triton.cdiv(lp.N, cfg.block_n), triton.cdiv(lp.R, cfg.rows), lp.B * lp.H)
         if atomic:
             dbias32.zero_()  # inside the launch: the tuner runs it repeatedly
@@ -933,6 +943,7 @@ def _backward(dy, q, k, v, gate, gate_bias, o_pre, lse, lp: _Launch, need_dbias:
                         num_warps=cfg.num_warps, num_stages=cfg.num_stages)
 
     def launch_dq(cfg: tuning.Config):
+        _check_rows(cfg, (1, 2), "dQ")
         grid = (triton.cdiv(lp.N, cfg.block_m), triton.cdiv(lp.R, cfg.rows), lp.B * lp.H)
         _bwd_dq[grid](q, k, v, bias, mask, do, lse, delta, dq, *lp.strides(),
                       lp.R, lp.H, lp.N, lp.D, lp.scale,
