@@ -54,7 +54,8 @@ PROTENIX_DEPS = ["optree==0.17.0", "ml_collections==1.1.0", "absl-py==2.5.1", "P
 # GPU, or the CPU for data.*); `nox -s bench -- model.evoformer train.af3` runs the named ones.
 # Helpers (benchmarks/common) and one-off tools (benchmarks/tools) are not entry points here.
 BENCHMARKS = [
-    "kernels.attention", "kernels.elementwise", "kernels.launch_overhead", "kernels.triangle_mult",
+    "kernels.attention", "kernels.attention_fwd_sweep", "kernels.elementwise",
+    "kernels.launch_overhead", "kernels.triangle_mult",
     "model.evoformer", "model.af3_blocks", "model.full", "model.loss_af3_pairs", "model.peers",
     "train.ablation", "train.af3", "train.af3_msa", "train.predict_graphs",
     "chunk.evoformer", "chunk.longest_input",

@@ -31,6 +31,7 @@ from pathlib import Path
 
 import torch
 
+from benchmarks.common.attention_inputs import make_flex, make_inputs, mask_bias
 from benchmarks.common.graphs import capture
 from benchmarks.common.machine import device_name, triton_version
 from benchmarks.common.results import RESULTS, write_result
@@ -41,31 +42,11 @@ SHAPES = {
     "msa": [(128, 256, 8, 32), (512, 384, 8, 32)],
     "extra": [(1024, 256, 8, 8), (5120, 384, 8, 8)],
 }
-MASK_NEG = -1e9
 # H100 SXM ceilings for the roofline column: dense bf16 tensor-core rate (TFLOP/s)
 H100_BF16_TFLOPS = 766.0
 
 
-def make_inputs(r, n, h, d, seed=0):
-    g = torch.Generator(device="cuda").manual_seed(seed)
-    dt = torch.bfloat16
-
-    def rnd(*shape):
-        return torch.randn(shape, device="cuda", generator=g, dtype=torch.float32).to(dt)
-
-    q, k, v = rnd(1, r, h, n, d), rnd(1, r, h, n, d), rnd(1, r, h, n, d)
-    bias = rnd(1, h, n, n)
-    mask = torch.rand(1, r, n, device="cuda", generator=g) > 0.05
-    do = rnd(1, r, h, n, d)
-    return q, k, v, bias, mask, do
-
-
 # ----------------------------------------------------------------------------- contenders
-
-
-def mask_bias(mask, dtype):
-    """0 where attended, -1e9 where masked (the additive form the peers use)."""
-    return (1 - mask.to(dtype)) * MASK_NEG
 
 
 def eager(q, k, v, bias, mask):
@@ -85,26 +66,6 @@ def sdpa(q, k, v, bias, mask):
     o = F.scaled_dot_product_attention(q.reshape(r, h, n, d), k.reshape(r, h, n, d),
                                        v.reshape(r, h, n, d), attn_mask=attn_mask)
     return o.reshape(1, r, h, n, d)
-
-
-def make_flex():
-    from torch.nn.attention.flex_attention import flex_attention
-
-    compiled = torch.compile(flex_attention, dynamic=False)
-
-    def flex(q, k, v, bias, mask):
-        _, r, h, n, d = q.shape
-        b2 = bias[0]  # [H, N, N]
-        mbias = mask_bias(mask[0], torch.float32)  # [R, N]
-
-        def score_mod(score, b, hh, qi, ki):
-            return score + b2[hh, qi, ki] + mbias[b, ki]
-
-        o = compiled(q.reshape(r, h, n, d), k.reshape(r, h, n, d), v.reshape(r, h, n, d),
-                     score_mod=score_mod)
-        return o.reshape(1, r, h, n, d)
-
-    return flex
 
 
 def make_trifast():

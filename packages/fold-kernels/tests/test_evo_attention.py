@@ -431,6 +431,73 @@ def test_dq_mode_picks_the_kernels(monkeypatch, dq):
     assert all(torch.isfinite(t.grad).all() for t in ins)
 
 
+# ----------------------------------------------------------------------------- forward tiles
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("rows", [1, 2, 4])
+@pytest.mark.parametrize("n", [29, 32])
+def test_forward_rows_per_program_match_reference(dtype, rows, n):
+    """The forward with 1, 2 or 4 rows of R per program (each bias tile shared by them), on
+    R = 5 (the last program repeats row 4), N odd (masked key tiles) or a multiple of the
+    blocks (the unmasked-load path), a mask with holes and a fully masked row: the output and
+    every gradient against float64."""
+    from fold_kernels import tuning
+
+    # blocks of 16 (interpreter) or 32 (GPU): N 32 is a multiple of both, N 29 of neither
+    cfg = tuning.Config(16, 16, 1, 1, rows=rows) if tuning.interpreting() else tuning.Config(
+        32, 32, 2, 2, rows=rows)
+    with tuning.pinned("evo_fwd", cfg):
+        _check(*_inputs((1, 5, 2, n, 32), 2, n, dtype, seed=rows + n), dtype)
+
+
+@pytest.mark.parametrize("rows", [1, 4])
+def test_forward_rows_without_mask_or_bias(rows):
+    """No key mask (no select in the loop) and no bias (MSA column attention), two batch
+    entries, a head dim padded to BLOCK_D (D 24 < 32: masked loads)."""
+    from fold_kernels import tuning
+
+    cfg = tuning.Config(16, 16, 1, 1, rows=rows) if tuning.interpreting() else tuning.Config(
+        64, 64, 4, 2, rows=rows)
+    with tuning.pinned("evo_fwd", cfg):
+        q, k, v, bias, _, gate = _inputs((2, 3, 2, 32, 24), 2, 32, torch.float32, seed=3)
+        _check(q, k, v, bias, None, gate, torch.float32)
+        _check(q, k, v, None, None, None, torch.float32)
+
+
+def test_rows_a_kernel_cannot_run_are_refused():
+    """A pinned configuration with rows the kernel does not run (the grid would skip rows) is a
+    clear error, not silently missing rows."""
+    from fold_kernels import evo_attention, tuning
+
+    q, k, v, bias, mask, _ = _inputs((1, 5, 2, 16, 16), 2, 16, torch.float32, with_gate=False)
+    ins = [t.to(DEVICE).requires_grad_() for t in (q, k, v, bias)]
+    with tuning.pinned("evo_fwd", tuning.Config(16, 16, 1, 1, rows=3)):
+        with pytest.raises(ValueError, match=r"forward kernel runs \(1, 2, 4\) rows"):
+            evo_attention(*ins, mask.to(DEVICE))
+    o = evo_attention(*ins, mask.to(DEVICE))
+    with tuning.pinned("evo_dq", tuning.Config(16, 16, 1, 1, rows=4)):
+        with pytest.raises(ValueError, match="dQ kernel runs"):
+            o.sum().backward()
+
+
+def test_fully_masked_rows_are_uniform_for_every_rows_setting():
+    """A fully masked row averages v exactly (weights exp2(0) = 1 for every key: the replaced
+    logit -2^100 times log2(e) is exact), whatever the bias, in each rows-per-program setting."""
+    from fold_kernels import evo_attention, tuning
+
+    q, k, v, bias, mask, _ = _inputs((1, 5, 2, 20, 16), 2, 20, torch.float32, with_gate=False)
+    mask[0, 3] = False
+    bias = bias * 50
+    for rows in (1, 2, 4):
+        with tuning.pinned("evo_fwd", tuning.Config(16, 16, 1, 1, rows=rows)
+                           if tuning.interpreting() else tuning.Config(64, 64, 4, 2, rows=rows)):
+            o = evo_attention(*(t.to(DEVICE) for t in (q, k, v, bias, mask))).cpu()
+        for r in (1, 3):
+            torch.testing.assert_close(o[0, r], v[0, r].mean(-2, keepdim=True).expand(2, 20, 16),
+                                       rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="launch candidates need a GPU")
 @pytest.mark.parametrize("kernel,d", [("fwd", 32), ("fwd", 8), ("dkdv_atomic_dq", 32),
@@ -449,15 +516,19 @@ def test_every_launch_candidate_matches_reference(monkeypatch, kernel, d):
     monkeypatch.setenv("FOLD_EVO_DBIAS", "atomic" if "atomic" in kernel else "pass")
     monkeypatch.setenv("FOLD_EVO_DQ", "pass" if kernel == "dq" else "atomic")
     monkeypatch.setenv("FOLD_EVO_DKDV", "auto")
-    cands = tuning._attention_configs(kernel, tuning.arch(), d)
+    cands = tuning._attention_configs(kernel, tuning.arch(), d,
+                                      2 if kernel == "fwd" else 4)  # bf16 below
     assert len(cands) > 1
     default = mod._cfg
     ran = 0
+    # N 93: every tile has keys past N; N 256: a multiple of every block (unpredicated loads)
+    sizes = (93, 256) if kernel == "fwd" else (93,)
     for cand in cands:
         monkeypatch.setattr(mod, "_cfg", lambda k, lp, launch, c=cand: (
             c if k == kernel else default(k, lp, launch)))
         try:
-            _check(*_inputs((1, 5, 2, 93, d), 2, 93, torch.bfloat16, seed=ran), torch.bfloat16)
+            for n in sizes:
+                _check(*_inputs((1, 5, 2, n, d), 2, n, torch.bfloat16, seed=ran), torch.bfloat16)
         except OutOfResources:
             continue
         ran += 1

@@ -15,8 +15,35 @@ def test_attention_candidates_per_architecture(kernel):
     amd = tuning.attention_configs(kernel, "gfx942", 32)
     assert len(nv) >= 2 and len(amd) == len(nv)
     assert all(c.num_stages <= 2 for c in amd)  # CDNA: shallower software pipelines
-    assert all(c.rows in (1, 2) for c in nv)
+    assert all(c.rows in (1, 2, 4) for c in nv)
     assert len(tuning.attention_configs(kernel, "interpreter", 32)) == 1
+
+
+def test_large_forward_tiles_only_for_half_dtypes_at_head_dim_32():
+    """The 128-query, multi-row forward tiles need up to 180 KB of shared memory in bf16 (twice
+    that in fp32): offered for 2-byte dtypes at head dims 17-32 only, after the default."""
+    fp32 = tuning.attention_configs("fwd", "sm90", 32)
+    half = tuning.attention_configs("fwd", "sm90", 32, itemsize=2)
+    assert half[: len(fp32)] == fp32 and len(half) > len(fp32)
+    assert {c.rows for c in half} == {1, 2, 4} and max(c.block_m for c in half) >= 128
+    assert all(c.rows <= 2 and c.block_m <= 64 for c in fp32)
+    for d in (16, 64):  # other head dims: the same candidates for every dtype
+        assert (tuning.attention_configs("fwd", "sm90", d, itemsize=2)
+                == tuning.attention_configs("fwd", "sm90", d))
+
+
+def test_pinned_config_bypasses_the_tuner(monkeypatch):
+    monkeypatch.setenv("FOLD_KERNELS_AUTOTUNE", "1")
+    cands = [tuning.Config(64, 64), tuning.Config(32, 32)]
+    launched = []
+    with tuning.pinned("k", cands[1]):
+        assert tuning.pick("k", (1,), cands, launched.append) == cands[1]
+        with tuning.pinned("k", cands[0]):  # nested: the inner one wins, then the outer again
+            assert tuning.pick("k", (1,), cands, launched.append) == cands[0]
+        assert tuning.pick("k", (1,), cands, launched.append) == cands[1]
+        monkeypatch.setenv("FOLD_KERNELS_AUTOTUNE", "0")
+        assert tuning.pick("other", (1,), cands, launched.append) == cands[0]  # not pinned
+    assert not launched and not tuning._PINNED  # nothing timed, nothing left pinned
 
 
 def test_pick_times_once_and_caches_on_disk(tmp_path, monkeypatch):

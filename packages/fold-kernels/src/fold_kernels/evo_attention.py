@@ -6,13 +6,17 @@ triangle attention), key mask ``[*, R, N]`` (true = attend). The ``R x H x N x N
 stored: the forward keeps a running max and sum per query (online softmax) and stores the
 log-sum-exp in fp32; the backward recomputes the logits tile by tile.
 
-Kernels (MegaFold III, FlashAttention-2), each program one tile of one or two rows:
+Kernels (MegaFold III, FlashAttention-2), each program one tile of one, two or four rows:
 
-* ``_fwd``     grid (N/BLOCK_M, R/rows, B*H). With ``TWO_ROWS`` a program runs two rows r, r+1
-  of the same query block, so each pair-bias tile is loaded once for both (the bias is shared by
-  the R rows: MegaFold re-reads it per row). The query block varies fastest, so the programs that
-  read one row's K and V run together (L2 hits), and the head varies slowest, so one head's bias
-  stays in L2 while all its rows are swept.
+* ``_fwd``     grid (N/BLOCK_M, R/rows, B*H). A program runs ``ROWS`` (1, 2 or 4) rows r, r+1..
+  of the same query block, so each pair-bias tile is loaded and converted once for all of them
+  (the bias is shared by the R rows: MegaFold re-reads it per row). The query block varies
+  fastest, so the programs that read one row's K and V run together (L2 hits), and the head
+  varies slowest, so one head's bias stays in L2 while all its rows are swept. Its logits stay
+  in the natural-log domain with log2(e) folded into exp2's FMA (:func:`_fwd_step`); at head
+  dim 32 the kernel is bound by instruction issue (about 16 SASS instructions per logit at the
+  old 64 x 32 tiles, 11 at 128-query tiles with these changes), not by the tensor cores or the
+  exp2 unit.
 * ``_bwd_pre``  delta = rowsum(dO * O) and, with a gate, dO through the gate and d(gate).
 * ``_bwd_dkdv`` grid (N/BLOCK_N, R/rows, B*H): dK, dV of one key block, looping over query blocks,
   on query-major tiles or key-major ones (S^T = K Q^T, no register transposes of P and dS;
@@ -34,7 +38,7 @@ Kernels (MegaFold III, FlashAttention-2), each program one tile of one or two ro
   the summation order varies, so dbias is not bit-reproducible. See :func:`dbias_mode`.
 
 The forward stores, per query, the log2-sum-exp and (for a fully masked query) 1/l in fp32;
-the backward rebuilds P = exp2(s - lse) tile by tile.
+the backward rebuilds P = exp2(s log2(e) - lse) tile by tile (one FMA per logit, as the forward).
 
 Packed inputs (:func:`evo_attention_packed`): q, k, v and the gate may be views of one
 ``[*, R, N, P*H*D]`` projection (the model's single GEMM of the stacked weights). The kernels take
@@ -42,7 +46,8 @@ two stride sets, q's (q, k, v, gate and their gradients) and the output's (o, dY
 are read in place, the output is written dense ``[*, R, N, H*D]`` and the four gradients land in one
 packed gradient.
 
-Masked keys have their logit *replaced* by a large negative constant (not added): a query whose
+Masked keys have their logit *replaced* by a large negative constant (not added; -2^100 in the
+forward, :data:`MASKED_NAT`): a query whose
 keys are all masked therefore gets uniform weights (the mean of v) in any precision, and no
 gradient flows to q, k or bias through a masked logit. Keys past N get ``-inf`` (weight 0).
 Head dims under 16 are padded to 16 inside the kernel with masked loads (``tl.dot`` needs K >= 16).
@@ -73,8 +78,11 @@ DBIAS_MODES = ("auto", "pass", "atomic")  # see dbias_mode()
 DQ_MODES = ("auto", "pass", "atomic")  # see dq_mode()
 DEFAULT_DBIAS_MODE = "auto"
 MAX_HEAD_DIM = 128
-LOG2E = 1.4426950408889634
-MASKED = -1.0e30  # the replaced logit of a masked key (log2 domain); uniform if all are masked
+LOG2E = tl.constexpr(1.4426950408889634)
+# The replaced logit of a masked key in the forward (natural-log domain): -2^100, so that
+# MASKED_NAT * log2(e) is exact in fp32 and a fully masked row gets exp2(0) = 1 for every key
+# (uniform weights). The backward zeroes masked keys' P directly.
+MASKED_NAT = tl.constexpr(-(2.0**100))
 
 
 @triton.jit
@@ -90,22 +98,22 @@ def _mm(a, b, PRECISION: tl.constexpr):
 
 
 @triton.jit
-def _bias_tile(Bias, b, h, offs_m, offs_n, m_valid, n_valid, sbb, sbh, sbi, sbj):
-    """The pair-bias tile in the log2 domain, fp32 [BLOCK_M, BLOCK_N]; one load serves every
-    row of the program (the bias is shared by the R rows)."""
+def _bias_tile(Bias, b, h, offs_m, offs_n, m_valid, n_valid, sbb, sbh, sbi, sbj,
+               EVEN: tl.constexpr):
+    """The pair-bias tile as stored (natural-log domain), fp32 [BLOCK_M, BLOCK_N]; one load
+    serves every row of the program (the bias is shared by the R rows). ``EVEN``: in bounds."""
     bptr = (Bias + b.to(tl.int64) * sbb + h.to(tl.int64) * sbh
             + offs_m[:, None] * sbi + offs_n[None, :] * sbj)  # in-tile terms: host-bounded
-    bias = tl.load(bptr, mask=m_valid[:, None] & n_valid[None, :], other=0.0)
-    return bias.to(tl.float32) * 1.4426950408889634
+    return _load(bptr, m_valid[:, None] & n_valid[None, :], EVEN).to(tl.float32)
 
 
 @triton.jit
-def _bias_tile_t(Bias, b, h, offs_m, offs_n, m_valid, n_valid, sbb, sbh, sbi, sbj):
-    """The pair-bias tile transposed, [BLOCK_N, BLOCK_M] (key-major), log2 domain, fp32."""
+def _bias_tile_t(Bias, b, h, offs_m, offs_n, m_valid, n_valid, sbb, sbh, sbi, sbj,
+                 EVEN: tl.constexpr):
+    """The pair-bias tile transposed, [BLOCK_N, BLOCK_M] (key-major), natural domain, fp32."""
     bptr = (Bias + b.to(tl.int64) * sbb + h.to(tl.int64) * sbh
             + offs_m[None, :] * sbi + offs_n[:, None] * sbj)
-    bias = tl.load(bptr, mask=n_valid[:, None] & m_valid[None, :], other=0.0)
-    return bias.to(tl.float32) * 1.4426950408889634
+    return _load(bptr, n_valid[:, None] & m_valid[None, :], EVEN).to(tl.float32)
 
 
 @triton.jit
@@ -118,51 +126,93 @@ def _base(b, r, h, sqb, sqr, sqh):
 
 
 @triton.jit
-def _keep(Mask, b, r, offs_n, n_valid, smb, smr, smj, HAS_MASK: tl.constexpr):
-    """Which keys of row r are attended, [BLOCK_N] (keys past N never are)."""
+def _keep(Mask, b, r, offs_n, n_valid, smb, smr, smj, HAS_MASK: tl.constexpr,
+          EVEN: tl.constexpr):
+    """Which keys of row r are attended, [BLOCK_N] (keys past N never are). ``EVEN``: every key
+    of the block is < N, so the mask is loaded without a predicate."""
     if HAS_MASK:
         mrow = Mask + b.to(tl.int64) * smb + r.to(tl.int64) * smr
-        keep = tl.load(mrow + offs_n * smj, mask=n_valid, other=0) != 0
+        keep = _load(mrow + offs_n * smj, n_valid, EVEN) != 0
     else:
         keep = n_valid
     return keep
 
 
 @triton.jit
-def _fwd_step(q, K, V, base, offs_n, offs_d, nd, bias2, keep, n_valid, acc, m_i, l_i,
-              qk_scale, SN, HAS_BIAS: tl.constexpr, HAS_MASK: tl.constexpr,
-              EVEN: tl.constexpr, PRECISION: tl.constexpr):
-    """One key block of the online softmax for one row: logits in the log2 domain."""
-    k = tl.load(K + base + offs_n[:, None] * SN + offs_d[None, :], mask=nd, other=0.0)
-    v = tl.load(V + base + offs_n[:, None] * SN + offs_d[None, :], mask=nd, other=0.0)
-    s = _mm(q, tl.trans(k), PRECISION) * qk_scale  # [BLOCK_M, BLOCK_N]
+def _load(ptr, mask, FULL: tl.constexpr):
+    """``tl.load`` of a tile known to be in bounds (``FULL``: no mask, no per-element predicate
+    in the loop) or masked with zeros."""
+    if FULL:
+        x = tl.load(ptr)
+    else:
+        x = tl.load(ptr, mask=mask, other=0.0)
+    return x
+
+
+@triton.jit
+def _fwd_init(Q, b, r, h, offs_m, offs_d, md, sqb, sqr, sqh, sqn,
+              BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr):
+    """One row's query tile [BLOCK_M, BLOCK_D] and its empty online-softmax state."""
+    base = _base(b, r, h, sqb, sqr, sqh)
+    q = tl.load(Q + base + offs_m[:, None] * sqn + offs_d[None, :], mask=md, other=0.0)
+    m = tl.full([BLOCK_M], -1.0e38, tl.float32)  # finite: a block of only -inf stays NaN-free
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    return q, base, acc, m, l_i
+
+
+@triton.jit
+def _fwd_step(q, K, V, base, offs_n, offs_d, nd, bias, keep, n_valid, acc, m_i, l_i,
+              scale, SN, HAS_BIAS: tl.constexpr, HAS_MASK: tl.constexpr,
+              EVEN: tl.constexpr, FULL_KV: tl.constexpr, PRECISION: tl.constexpr):
+    """One key block of the online softmax for one row.
+
+    The logits stay in the natural-log domain, ``s = scale * q k^T + bias`` (one FMA per element,
+    the bias tile shared by the program's rows unscaled), and log2(e) goes into exp2's argument,
+    ``exp2(s * log2e - m * log2e)`` (one FMA per element): no separate scaling of the product or
+    of the bias. ``m_i`` is the running row max of s (natural domain). ``FULL_KV``: the K and V
+    tiles are in bounds (N a multiple of the blocks, D of BLOCK_D), loaded without predicates."""
+    k = _load(K + base + offs_n[:, None] * SN + offs_d[None, :], nd, FULL_KV)
+    v = _load(V + base + offs_n[:, None] * SN + offs_d[None, :], nd, FULL_KV)
+    qk = _mm(q, tl.trans(k), PRECISION)  # [BLOCK_M, BLOCK_N]
     if HAS_BIAS:
-        s += bias2
+        s = tl.fma(qk, scale, bias)
+    else:
+        s = qk * scale
     if HAS_MASK:
-        s = tl.where(keep[None, :], s, -1.0e30)  # replaced, not added: all masked -> uniform
+        # replaced, not added: all masked -> uniform. MASKED_NAT * log2e is exact (a power of
+        # two times log2e), so in a fully masked row exp2's FMA gives exactly 0 -> p = 1.
+        s = tl.where(keep[None, :], s, MASKED_NAT)
     if not EVEN:  # keys past N (only when N is not a multiple of the block)
         s = tl.where(n_valid[None, :], s, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(s, 1))
-    alpha = tl.exp2(m_i - m_new)
-    p = tl.exp2(s - m_new[:, None])
+    m2 = m_new * LOG2E  # [BLOCK_M], log2 domain
+    alpha = tl.exp2(m_i * LOG2E - m2)
+    p = tl.exp2(tl.fma(s, LOG2E, -m2[:, None]))
     l_i = l_i * alpha + tl.sum(p, 1)
     acc = acc * alpha[:, None] + _mm(p.to(v.dtype), v, PRECISION)
     return acc, m_new, l_i
 
 
 @triton.jit
-def _fwd_store(acc, m_i, l_i, G, GB, O, OPre, LSE, slab, base, obase, h, offs_m, offs_d, m_valid,
-               md, N, D, SN, SON, HAS_GATE: tl.constexpr, HAS_GATE_BIAS: tl.constexpr):
-    # LSE[.., 0, :] = log2-sum-exp; LSE[.., 1, :] = 1/l for a fully masked row (else 0): its
-    # keys all sit at -1e30, where m + log2(l) would lose log2(l), so the backward uses 1/l.
+def _fwd_store(acc, m_i, l_i, G, GB, O, OPre, LSE, b, r, h, R, H, offs_m, offs_d, m_valid,
+               md, N, D, sqb, sqr, sqh, SN, sob, sor, soh, SON, HAS_GATE: tl.constexpr,
+               HAS_GATE_BIAS: tl.constexpr):
+    """Normalise one row's output, gate it, store it and its log2-sum-exp.
+
+    LSE[.., 0, :] = log2-sum-exp; LSE[.., 1, :] = 1/l for a fully masked row (else 0): its keys
+    all sit at MASKED_NAT, where m + log2(l) would lose log2(l), so the backward uses 1/l."""
+    slab = (b.to(tl.int64) * R + r) * H + h  # which [N, D] matrix of [B, R, H, N, D]
     all_masked = m_i < -1.0e29
-    lse = tl.where(all_masked, float("inf"), m_i + tl.log2(l_i))  # inf: exp2(s - lse) = 0
+    lse = tl.where(all_masked, float("inf"),  # inf: exp2(s - lse) = 0
+                   m_i * LOG2E + tl.log2(l_i))
     tl.store(LSE + slab * 2 * N + offs_m, lse, mask=m_valid)
     tl.store(LSE + slab * 2 * N + N + offs_m, tl.where(all_masked, 1.0 / l_i, 0.0), mask=m_valid)
     o = acc / l_i[:, None]
-    optrs = obase + offs_m[:, None] * SON + offs_d[None, :]  # the output layout
+    optrs = _base(b, r, h, sob, sor, soh) + offs_m[:, None] * SON + offs_d[None, :]
     if HAS_GATE:
         tl.store(OPre + optrs, o.to(OPre.dtype.element_ty), mask=md)
+        base = _base(b, r, h, sqb, sqr, sqh)
         g = tl.load(G + base + offs_m[:, None] * SN + offs_d[None, :], mask=md, other=0.0)
         g = g.to(tl.float32)
         if HAS_GATE_BIAS:
@@ -175,61 +225,76 @@ def _fwd_store(acc, m_i, l_i, G, GB, O, OPre, LSE, slab, base, obase, h, offs_m,
 @triton.jit
 def _fwd(Q, K, V, G, GB, Bias, Mask, O, OPre, LSE,
          sbb, sbh, sbi, sbj, smb, smr, smj, sqb, sqr, sqh, sqn, sob, sor, soh, son,
-         R, H, N, D, qk_scale,
+         R, H, N, D, scale,
          HAS_BIAS: tl.constexpr, HAS_MASK: tl.constexpr, HAS_GATE: tl.constexpr,
-         HAS_GATE_BIAS: tl.constexpr, TWO_ROWS: tl.constexpr, EVEN: tl.constexpr,
-         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-         PRECISION: tl.constexpr):
+         HAS_GATE_BIAS: tl.constexpr, ROWS: tl.constexpr, EVEN: tl.constexpr,
+         EVEN_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+         BLOCK_D: tl.constexpr, PRECISION: tl.constexpr):
+    """One query block of ``ROWS`` (1, 2 or 4) rows r0.. of R: each bias tile is loaded and
+    converted once for all of them (the bias is shared by the R rows), dividing the bias's L2
+    traffic and conversions by ROWS. Rows past R-1 repeat the last row (same values stored).
+    ``EVEN`` (N a multiple of both blocks) and ``EVEN_D`` (D == BLOCK_D): the loop's tiles are
+    in bounds and loaded without masks."""
     mb = tl.program_id(0)
     rp = tl.program_id(1)
     bh = tl.program_id(2)
     b = bh // H
     h = bh % H
-    if TWO_ROWS:  # two rows share each bias tile load (the last one repeats when R is odd)
-        r0 = rp * 2
-        r1 = tl.minimum(r0 + 1, R - 1)
-    else:
-        r0 = rp
     offs_m = mb * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
     m_valid = offs_m < N
     md = m_valid[:, None] & (offs_d < D)[None, :]
-    slab0 = (b.to(tl.int64) * R + r0) * H + h  # which [N, D] of [B, R, H, N, D]
-    base0 = _base(b, r0, h, sqb, sqr, sqh)
-    q0 = tl.load(Q + base0 + offs_m[:, None] * sqn + offs_d[None, :], mask=md, other=0.0)
-    m0 = tl.full([BLOCK_M], -1.0e38, tl.float32)  # finite: a block of only -inf stays NaN-free
-    l0 = tl.zeros([BLOCK_M], tl.float32)
-    acc0 = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
-    if TWO_ROWS:
-        slab1 = (b.to(tl.int64) * R + r1) * H + h
-        base1 = _base(b, r1, h, sqb, sqr, sqh)
-        q1 = tl.load(Q + base1 + offs_m[:, None] * sqn + offs_d[None, :], mask=md, other=0.0)
-        m1 = tl.full([BLOCK_M], -1.0e38, tl.float32)
-        l1 = tl.zeros([BLOCK_M], tl.float32)
-        acc1 = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    r0 = rp * ROWS
+    q0, base0, acc0, m0, l0 = _fwd_init(Q, b, r0, h, offs_m, offs_d, md, sqb, sqr, sqh, sqn,
+                                        BLOCK_M, BLOCK_D)
+    if ROWS >= 2:
+        r1 = tl.minimum(r0 + 1, R - 1)
+        q1, base1, acc1, m1, l1 = _fwd_init(Q, b, r1, h, offs_m, offs_d, md, sqb, sqr, sqh,
+                                            sqn, BLOCK_M, BLOCK_D)
+    if ROWS >= 4:
+        r2 = tl.minimum(r0 + 2, R - 1)
+        r3 = tl.minimum(r0 + 3, R - 1)
+        q2, base2, acc2, m2, l2 = _fwd_init(Q, b, r2, h, offs_m, offs_d, md, sqb, sqr, sqh,
+                                            sqn, BLOCK_M, BLOCK_D)
+        q3, base3, acc3, m3, l3 = _fwd_init(Q, b, r3, h, offs_m, offs_d, md, sqb, sqr, sqh,
+                                            sqn, BLOCK_M, BLOCK_D)
     for start_n in range(0, N, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
         n_valid = offs_n < N
         nd = n_valid[:, None] & (offs_d < D)[None, :]
         if HAS_BIAS:
-            bias2 = _bias_tile(Bias, b, h, offs_m, offs_n, m_valid, n_valid, sbb, sbh, sbi, sbj)
+            bias = _bias_tile(Bias, b, h, offs_m, offs_n, m_valid, n_valid, sbb, sbh, sbi, sbj,
+                              EVEN)
         else:
-            bias2 = 0.0
-        keep0 = _keep(Mask, b, r0, offs_n, n_valid, smb, smr, smj, HAS_MASK)
-        acc0, m0, l0 = _fwd_step(q0, K, V, base0, offs_n, offs_d, nd, bias2, keep0, n_valid,
-                                 acc0, m0, l0, qk_scale, sqn, HAS_BIAS, HAS_MASK, EVEN, PRECISION)
-        if TWO_ROWS:
-            keep1 = _keep(Mask, b, r1, offs_n, n_valid, smb, smr, smj, HAS_MASK)
-            acc1, m1, l1 = _fwd_step(q1, K, V, base1, offs_n, offs_d, nd, bias2, keep1,
-                                     n_valid, acc1, m1, l1, qk_scale, sqn, HAS_BIAS, HAS_MASK,
-                                     EVEN, PRECISION)
-    obase0 = _base(b, r0, h, sob, sor, soh)
-    _fwd_store(acc0, m0, l0, G, GB, O, OPre, LSE, slab0, base0, obase0, h, offs_m, offs_d,
-               m_valid, md, N, D, sqn, son, HAS_GATE, HAS_GATE_BIAS)
-    if TWO_ROWS:
-        obase1 = _base(b, r1, h, sob, sor, soh)
-        _fwd_store(acc1, m1, l1, G, GB, O, OPre, LSE, slab1, base1, obase1, h, offs_m, offs_d,
-                   m_valid, md, N, D, sqn, son, HAS_GATE, HAS_GATE_BIAS)
+            bias = 0.0
+        keep = _keep(Mask, b, r0, offs_n, n_valid, smb, smr, smj, HAS_MASK, EVEN)
+        acc0, m0, l0 = _fwd_step(q0, K, V, base0, offs_n, offs_d, nd, bias, keep, n_valid,
+                                 acc0, m0, l0, scale, sqn, HAS_BIAS, HAS_MASK, EVEN,
+                                 EVEN and EVEN_D, PRECISION)
+        if ROWS >= 2:
+            keep = _keep(Mask, b, r1, offs_n, n_valid, smb, smr, smj, HAS_MASK, EVEN)
+            acc1, m1, l1 = _fwd_step(q1, K, V, base1, offs_n, offs_d, nd, bias, keep, n_valid,
+                                     acc1, m1, l1, scale, sqn, HAS_BIAS, HAS_MASK, EVEN,
+                                     EVEN and EVEN_D, PRECISION)
+        if ROWS >= 4:
+            keep = _keep(Mask, b, r2, offs_n, n_valid, smb, smr, smj, HAS_MASK, EVEN)
+            acc2, m2, l2 = _fwd_step(q2, K, V, base2, offs_n, offs_d, nd, bias, keep, n_valid,
+                                     acc2, m2, l2, scale, sqn, HAS_BIAS, HAS_MASK, EVEN,
+                                     EVEN and EVEN_D, PRECISION)
+            keep = _keep(Mask, b, r3, offs_n, n_valid, smb, smr, smj, HAS_MASK, EVEN)
+            acc3, m3, l3 = _fwd_step(q3, K, V, base3, offs_n, offs_d, nd, bias, keep, n_valid,
+                                     acc3, m3, l3, scale, sqn, HAS_BIAS, HAS_MASK, EVEN,
+                                     EVEN and EVEN_D, PRECISION)
+    _fwd_store(acc0, m0, l0, G, GB, O, OPre, LSE, b, r0, h, R, H, offs_m, offs_d, m_valid, md,
+               N, D, sqb, sqr, sqh, sqn, sob, sor, soh, son, HAS_GATE, HAS_GATE_BIAS)
+    if ROWS >= 2:
+        _fwd_store(acc1, m1, l1, G, GB, O, OPre, LSE, b, r1, h, R, H, offs_m, offs_d, m_valid,
+                   md, N, D, sqb, sqr, sqh, sqn, sob, sor, soh, son, HAS_GATE, HAS_GATE_BIAS)
+    if ROWS >= 4:
+        _fwd_store(acc2, m2, l2, G, GB, O, OPre, LSE, b, r2, h, R, H, offs_m, offs_d, m_valid,
+                   md, N, D, sqb, sqr, sqh, sqn, sob, sor, soh, son, HAS_GATE, HAS_GATE_BIAS)
+        _fwd_store(acc3, m3, l3, G, GB, O, OPre, LSE, b, r3, h, R, H, offs_m, offs_d, m_valid,
+                   md, N, D, sqb, sqr, sqh, sqn, sob, sor, soh, son, HAS_GATE, HAS_GATE_BIAS)
 
 
 @fast
@@ -268,13 +333,18 @@ def _bwd_pre(DY, OPre, G, GB, DO, DG, Delta, rows, R, H, N, D, sqb, sqr, sqh, sq
 
 
 @triton.jit
-def _ds_tile(q, k, do, v, lse, delta, bias2, keep, qk_scale, HAS_BIAS: tl.constexpr,
+def _ds_tile(q, k, do, v, lse, delta, bias, keep, scale, HAS_BIAS: tl.constexpr,
              NEED_KEEP: tl.constexpr, PRECISION: tl.constexpr):
-    """P (attended keys only) and dS = P * (dO V^T - delta) of one tile, [BLOCK_M, BLOCK_N]."""
-    s = _mm(q, tl.trans(k), PRECISION) * qk_scale
+    """P (attended keys only) and dS = P * (dO V^T - delta) of one tile, [BLOCK_M, BLOCK_N].
+
+    As in the forward, s = scale q k^T + bias stays in the natural-log domain (one FMA) and
+    P = exp2(s log2e - lse) takes log2(e) and the log2-sum-exp in one more FMA."""
+    qk = _mm(q, tl.trans(k), PRECISION)
     if HAS_BIAS:
-        s += bias2
-    p = tl.exp2(s - lse[:, None])
+        s = tl.fma(qk, scale, bias)
+    else:
+        s = qk * scale
+    p = tl.exp2(tl.fma(s, LOG2E, -lse[:, None]))
     if NEED_KEEP:
         p = tl.where(keep[None, :], p, 0.0)
     dp = _mm(do, tl.trans(v), PRECISION)
@@ -282,14 +352,27 @@ def _ds_tile(q, k, do, v, lse, delta, bias2, keep, qk_scale, HAS_BIAS: tl.conste
 
 
 @triton.jit
+def _lse_delta(LSE, Delta, slab, offs_m, m_valid, N, EVEN: tl.constexpr):
+    """The log2-sum-exp and delta of queries offs_m of one row, [BLOCK_M] each (queries past N:
+    lse inf, so their P is 0)."""
+    if EVEN:
+        lse = tl.load(LSE + slab * 2 * N + offs_m)
+        delta = tl.load(Delta + slab * N + offs_m)
+    else:
+        lse = tl.load(LSE + slab * 2 * N + offs_m, mask=m_valid, other=float("inf"))
+        delta = tl.load(Delta + slab * N + offs_m, mask=m_valid, other=0.0)
+    return lse, delta
+
+
+@triton.jit
 def _dkdv_step(Q, DO, LSE, Delta, slab, base, obase, offs_m, offs_d, md, m_valid, k, v, bias2,
-               keep, uniform, n_valid, dk, dv, qk_scale, N, SN, SON, HAS_BIAS: tl.constexpr,
-               HAS_MASK: tl.constexpr, EVEN: tl.constexpr, PRECISION: tl.constexpr):
-    q = tl.load(Q + base + offs_m[:, None] * SN + offs_d[None, :], mask=md, other=0.0)
-    do = tl.load(DO + obase + offs_m[:, None] * SON + offs_d[None, :], mask=md, other=0.0)
-    lse = tl.load(LSE + slab * 2 * N + offs_m, mask=m_valid, other=float("inf"))
-    delta = tl.load(Delta + slab * N + offs_m, mask=m_valid, other=0.0)
-    p, ds = _ds_tile(q, k, do, v, lse, delta, bias2, keep, qk_scale, HAS_BIAS,
+               keep, uniform, n_valid, dk, dv, scale, N, SN, SON, HAS_BIAS: tl.constexpr,
+               HAS_MASK: tl.constexpr, EVEN: tl.constexpr, EVEN_D: tl.constexpr,
+               PRECISION: tl.constexpr):
+    q = _load(Q + base + offs_m[:, None] * SN + offs_d[None, :], md, EVEN and EVEN_D)
+    do = _load(DO + obase + offs_m[:, None] * SON + offs_d[None, :], md, EVEN and EVEN_D)
+    lse, delta = _lse_delta(LSE, Delta, slab, offs_m, m_valid, N, EVEN)
+    p, ds = _ds_tile(q, k, do, v, lse, delta, bias2, keep, scale, HAS_BIAS,
                      HAS_MASK or not EVEN, PRECISION)
     if HAS_MASK:  # a fully masked row spreads 1/l over every key, masked ones included
         if uniform > 0.0:  # rare: a scalar test, hoisted out of the loop by the caller
@@ -301,21 +384,23 @@ def _dkdv_step(Q, DO, LSE, Delta, slab, base, obase, offs_m, offs_d, md, m_valid
 
 @triton.jit
 def _dkdv_step_t(Q, DO, LSE, Delta, slab, base, obase, offs_m, offs_d, md, m_valid, k, v, bias_t,
-                 keep, uniform, n_valid, dk, dv, qk_scale, N, SN, SON, HAS_BIAS: tl.constexpr,
-                 HAS_MASK: tl.constexpr, EVEN: tl.constexpr, PRECISION: tl.constexpr):
+                 keep, uniform, n_valid, dk, dv, scale, N, SN, SON, HAS_BIAS: tl.constexpr,
+                 HAS_MASK: tl.constexpr, EVEN: tl.constexpr, EVEN_D: tl.constexpr,
+                 PRECISION: tl.constexpr):
     """:func:`_dkdv_step` on the transposed tile: S^T = K Q^T [BLOCK_N, BLOCK_M] is computed
     directly (q read as Q^T [BLOCK_D, BLOCK_M]), so P^T and dS^T, the left operands of dV and
     dK, come out of the products in registers instead of being transposed (FlashAttention-2's
     Triton backward does the same). Returns dk, dv and dS^T."""
-    q_t = tl.load(Q + base + offs_m[None, :] * SN + offs_d[:, None], mask=tl.trans(md),
-                  other=0.0)  # [BLOCK_D, BLOCK_M]
-    do = tl.load(DO + obase + offs_m[:, None] * SON + offs_d[None, :], mask=md, other=0.0)
-    lse = tl.load(LSE + slab * 2 * N + offs_m, mask=m_valid, other=float("inf"))
-    delta = tl.load(Delta + slab * N + offs_m, mask=m_valid, other=0.0)
-    s_t = _mm(k, q_t, PRECISION) * qk_scale  # [BLOCK_N, BLOCK_M]
+    q_t = _load(Q + base + offs_m[None, :] * SN + offs_d[:, None], tl.trans(md),
+                EVEN and EVEN_D)  # [BLOCK_D, BLOCK_M]
+    do = _load(DO + obase + offs_m[:, None] * SON + offs_d[None, :], md, EVEN and EVEN_D)
+    lse, delta = _lse_delta(LSE, Delta, slab, offs_m, m_valid, N, EVEN)
+    qk_t = _mm(k, q_t, PRECISION)  # [BLOCK_N, BLOCK_M]
     if HAS_BIAS:
-        s_t += bias_t
-    p_t = tl.exp2(s_t - lse[None, :])
+        s_t = tl.fma(qk_t, scale, bias_t)  # natural-log domain, as in _ds_tile
+    else:
+        s_t = qk_t * scale
+    p_t = tl.exp2(tl.fma(s_t, LOG2E, -lse[None, :]))
     if HAS_MASK or not EVEN:
         p_t = tl.where(keep[:, None], p_t, 0.0)
     dp_t = _mm(v, tl.trans(do), PRECISION)  # [BLOCK_N, BLOCK_M]
@@ -345,9 +430,10 @@ def _dq_atomic(DQ, slab, offs_m, offs_d, md, ds, k, scale, N, D, TRANSPOSE: tl.c
 @triton.jit
 def _bwd_dkdv(Q, K, V, Bias, Mask, DO, LSE, Delta, DK, DV, DBias, DQ,
               sbb, sbh, sbi, sbj, smb, smr, smj, sqb, sqr, sqh, sqn, sob, sor, soh, son,
-              R, H, N, D, qk_scale, scale, sdbb,
+              R, H, N, D, scale, sdbb,
               HAS_BIAS: tl.constexpr, HAS_MASK: tl.constexpr, TWO_ROWS: tl.constexpr,
-              EVEN: tl.constexpr, DBIAS_ATOMIC: tl.constexpr, DQ_ATOMIC: tl.constexpr,
+              EVEN: tl.constexpr, EVEN_D: tl.constexpr, DBIAS_ATOMIC: tl.constexpr,
+              DQ_ATOMIC: tl.constexpr,
               TRANSPOSE: tl.constexpr,
               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
               PRECISION: tl.constexpr):
@@ -380,7 +466,7 @@ def _bwd_dkdv(Q, K, V, Bias, Mask, DO, LSE, Delta, DK, DV, DBias, DQ,
     obase0 = _base(b, r0, h, sob, sor, soh)
     k0 = tl.load(K + base0 + kv_off, mask=nd, other=0.0)
     v0 = tl.load(V + base0 + kv_off, mask=nd, other=0.0)
-    keep0 = _keep(Mask, b, r0, offs_n, n_valid, smb, smr, smj, HAS_MASK)
+    keep0 = _keep(Mask, b, r0, offs_n, n_valid, smb, smr, smj, HAS_MASK, False)
     # 1/l of a fully masked row (else 0): every query of a row shares its key mask, so query 0's
     # value holds for the row, read once instead of a load and a reduction per query block
     uni0 = tl.load(LSE + slab0 * 2 * N + N)
@@ -392,7 +478,7 @@ def _bwd_dkdv(Q, K, V, Bias, Mask, DO, LSE, Delta, DK, DV, DBias, DQ,
         obase1 = _base(b, r1, h, sob, sor, soh)
         k1 = tl.load(K + base1 + kv_off, mask=nd, other=0.0)
         v1 = tl.load(V + base1 + kv_off, mask=nd, other=0.0)
-        keep1 = _keep(Mask, b, r1, offs_n, n_valid, smb, smr, smj, HAS_MASK)
+        keep1 = _keep(Mask, b, r1, offs_n, n_valid, smb, smr, smj, HAS_MASK, False)
         uni1 = tl.load(LSE + slab1 * 2 * N + N)
         dk1 = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
         dv1 = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
@@ -403,33 +489,33 @@ def _bwd_dkdv(Q, K, V, Bias, Mask, DO, LSE, Delta, DK, DV, DBias, DQ,
         if TRANSPOSE:  # key-major tiles [BLOCK_N, BLOCK_M]
             if HAS_BIAS:
                 bias2 = _bias_tile_t(Bias, b, h, offs_m, offs_n, m_valid, n_valid,
-                                     sbb, sbh, sbi, sbj)
+                                     sbb, sbh, sbi, sbj, EVEN)
             else:
                 bias2 = 0.0
             dk0, dv0, ds = _dkdv_step_t(Q, DO, LSE, Delta, slab0, base0, obase0, offs_m, offs_d,
                                         md, m_valid, k0, v0, bias2, keep0, uni0, n_valid, dk0,
-                                        dv0, qk_scale, N, sqn, son, HAS_BIAS, HAS_MASK, EVEN,
-                                        PRECISION)
+                                        dv0, scale, N, sqn, son, HAS_BIAS, HAS_MASK, EVEN,
+                                        EVEN_D, PRECISION)
             if TWO_ROWS:
                 dk1, dv1, ds1 = _dkdv_step_t(Q, DO, LSE, Delta, slab1, base1, obase1, offs_m,
                                              offs_d, md, m_valid, k1, v1, bias2, keep1, uni1,
-                                             n_valid, dk1, dv1, qk_scale, N, sqn, son, HAS_BIAS,
-                                             HAS_MASK, EVEN, PRECISION)
+                                             n_valid, dk1, dv1, scale, N, sqn, son, HAS_BIAS,
+                                             HAS_MASK, EVEN, EVEN_D, PRECISION)
         else:  # query-major tiles [BLOCK_M, BLOCK_N]
             if HAS_BIAS:
                 bias2 = _bias_tile(Bias, b, h, offs_m, offs_n, m_valid, n_valid,
-                                   sbb, sbh, sbi, sbj)
+                                   sbb, sbh, sbi, sbj, EVEN)
             else:
                 bias2 = 0.0
             dk0, dv0, ds = _dkdv_step(Q, DO, LSE, Delta, slab0, base0, obase0, offs_m, offs_d,
                                       md, m_valid, k0, v0, bias2, keep0, uni0, n_valid, dk0,
-                                      dv0, qk_scale, N, sqn, son, HAS_BIAS, HAS_MASK, EVEN,
-                                      PRECISION)
+                                      dv0, scale, N, sqn, son, HAS_BIAS, HAS_MASK, EVEN,
+                                      EVEN_D, PRECISION)
             if TWO_ROWS:
                 dk1, dv1, ds1 = _dkdv_step(Q, DO, LSE, Delta, slab1, base1, obase1, offs_m,
                                            offs_d, md, m_valid, k1, v1, bias2, keep1, uni1,
-                                           n_valid, dk1, dv1, qk_scale, N, sqn, son, HAS_BIAS,
-                                           HAS_MASK, EVEN, PRECISION)
+                                           n_valid, dk1, dv1, scale, N, sqn, son, HAS_BIAS,
+                                           HAS_MASK, EVEN, EVEN_D, PRECISION)
         if DQ_ATOMIC:
             _dq_atomic(DQ, slab0, offs_m, offs_d, md, ds, k0, scale, N, D, TRANSPOSE,
                        PRECISION)
@@ -438,8 +524,8 @@ def _bwd_dkdv(Q, K, V, Bias, Mask, DO, LSE, Delta, DK, DV, DBias, DQ,
                 _dq_atomic(DQ, slab1, offs_m, offs_d, md & last, ds1, k1, scale, N, D,
                            TRANSPOSE, PRECISION)
         if DBIAS_ATOMIC:
-            if TWO_ROWS:  # odd R: the repeated last row counts once
-                ds += tl.where(r0 + 1 < R, ds1, 0.0)
+            if TWO_ROWS:  # odd R: the repeated last row counts once (weight 0: one FMA)
+                ds = tl.fma(ds1, (r0 + 1 < R).to(tl.float32), ds)
             if TRANSPOSE:
                 dptr = (DBias + b.to(tl.int64) * sdbb + h.to(tl.int64) * N * N
                         + offs_m[None, :] * N + offs_n[:, None])  # [BLOCK_N, BLOCK_M]
@@ -457,11 +543,12 @@ def _bwd_dkdv(Q, K, V, Bias, Mask, DO, LSE, Delta, DK, DV, DBias, DQ,
 
 
 @triton.jit
-def _dq_step(K, V, base, offs_n, offs_d, nd, q, do, lse, delta, bias2, keep, dq, qk_scale, SN,
-             HAS_BIAS: tl.constexpr, NEED_KEEP: tl.constexpr, PRECISION: tl.constexpr):
-    k = tl.load(K + base + offs_n[:, None] * SN + offs_d[None, :], mask=nd, other=0.0)
-    v = tl.load(V + base + offs_n[:, None] * SN + offs_d[None, :], mask=nd, other=0.0)
-    p, ds = _ds_tile(q, k, do, v, lse, delta, bias2, keep, qk_scale, HAS_BIAS, NEED_KEEP,
+def _dq_step(K, V, base, offs_n, offs_d, nd, q, do, lse, delta, bias2, keep, dq, scale, SN,
+             HAS_BIAS: tl.constexpr, NEED_KEEP: tl.constexpr, FULL_KV: tl.constexpr,
+             PRECISION: tl.constexpr):
+    k = _load(K + base + offs_n[:, None] * SN + offs_d[None, :], nd, FULL_KV)
+    v = _load(V + base + offs_n[:, None] * SN + offs_d[None, :], nd, FULL_KV)
+    p, ds = _ds_tile(q, k, do, v, lse, delta, bias2, keep, scale, HAS_BIAS, NEED_KEEP,
                      PRECISION)
     return dq + _mm(ds.to(k.dtype), k, PRECISION)
 
@@ -470,9 +557,9 @@ def _dq_step(K, V, base, offs_n, offs_d, nd, q, do, lse, delta, bias2, keep, dq,
 @triton.jit
 def _bwd_dq(Q, K, V, Bias, Mask, DO, LSE, Delta, DQ,
             sbb, sbh, sbi, sbj, smb, smr, smj, sqb, sqr, sqh, sqn, sob, sor, soh, son,
-            R, H, N, D, qk_scale, scale,
+            R, H, N, D, scale,
             HAS_BIAS: tl.constexpr, HAS_MASK: tl.constexpr, TWO_ROWS: tl.constexpr,
-            EVEN: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+            EVEN: tl.constexpr, EVEN_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
             BLOCK_D: tl.constexpr, PRECISION: tl.constexpr):
     mb = tl.program_id(0)
     rp = tl.program_id(1)
@@ -511,16 +598,19 @@ def _bwd_dq(Q, K, V, Bias, Mask, DO, LSE, Delta, DQ,
         n_valid = offs_n < N
         nd = n_valid[:, None] & d_valid[None, :]
         if HAS_BIAS:
-            bias2 = _bias_tile(Bias, b, h, offs_m, offs_n, m_valid, n_valid, sbb, sbh, sbi, sbj)
+            bias2 = _bias_tile(Bias, b, h, offs_m, offs_n, m_valid, n_valid, sbb, sbh, sbi, sbj,
+                               EVEN)
         else:
             bias2 = 0.0
-        keep0 = _keep(Mask, b, r0, offs_n, n_valid, smb, smr, smj, HAS_MASK)
+        keep0 = _keep(Mask, b, r0, offs_n, n_valid, smb, smr, smj, HAS_MASK, EVEN)
         dq0 = _dq_step(K, V, base0, offs_n, offs_d, nd, q0, do0, lse0, delta0, bias2, keep0,
-                       dq0, qk_scale, sqn, HAS_BIAS, HAS_MASK or not EVEN, PRECISION)
+                       dq0, scale, sqn, HAS_BIAS, HAS_MASK or not EVEN, EVEN and EVEN_D,
+                       PRECISION)
         if TWO_ROWS:
-            keep1 = _keep(Mask, b, r1, offs_n, n_valid, smb, smr, smj, HAS_MASK)
+            keep1 = _keep(Mask, b, r1, offs_n, n_valid, smb, smr, smj, HAS_MASK, EVEN)
             dq1 = _dq_step(K, V, base1, offs_n, offs_d, nd, q1, do1, lse1, delta1, bias2,
-                           keep1, dq1, qk_scale, sqn, HAS_BIAS, HAS_MASK or not EVEN, PRECISION)
+                           keep1, dq1, scale, sqn, HAS_BIAS, HAS_MASK or not EVEN,
+                           EVEN and EVEN_D, PRECISION)
     tl.store(DQ + base0 + qo_off, (dq0 * scale).to(DQ.dtype.element_ty), mask=md)
     if TWO_ROWS:
         tl.store(DQ + base1 + qo_off, (dq1 * scale).to(DQ.dtype.element_ty), mask=md)
@@ -530,7 +620,7 @@ def _bwd_dq(Q, K, V, Bias, Mask, DO, LSE, Delta, DQ,
 @triton.jit
 def _bwd_dbias(Q, K, V, Bias, Mask, DO, LSE, Delta, DBias,
                sbb, sbh, sbi, sbj, smb, smr, smj, sqb, sqr, sqh, sqn, sob, sor, soh, son,
-               R, H, N, D, qk_scale, rows_per_bias, rows_per_split, n_blocks_n,
+               R, H, N, D, scale, rows_per_bias, rows_per_split, n_blocks_n,
                HAS_MASK: tl.constexpr,
                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
                PRECISION: tl.constexpr):
@@ -550,7 +640,7 @@ def _bwd_dbias(Q, K, V, Bias, Mask, DO, LSE, Delta, DBias,
     md = m_valid[:, None] & d_valid[None, :]
     nd = n_valid[:, None] & d_valid[None, :]
     # the bias tile is the same for every row: load it once, outside the loop over rows
-    bias2 = _bias_tile(Bias, bb, h, offs_m, offs_n, m_valid, n_valid, sbb, sbh, sbi, sbj)
+    bias2 = _bias_tile(Bias, bb, h, offs_m, offs_n, m_valid, n_valid, sbb, sbh, sbi, sbj, False)
     acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     t0 = split * rows_per_split
     t1 = tl.minimum(t0 + rows_per_split, rows_per_bias)
@@ -566,8 +656,8 @@ def _bwd_dbias(Q, K, V, Bias, Mask, DO, LSE, Delta, DBias,
         v = tl.load(V + base + offs_n[:, None] * sqn + offs_d[None, :], mask=nd, other=0.0)
         lse = tl.load(LSE + slab * 2 * N + offs_m, mask=m_valid, other=float("inf"))
         delta = tl.load(Delta + slab * N + offs_m, mask=m_valid, other=0.0)
-        keep = _keep(Mask, b, r, offs_n, n_valid, smb, smr, smj, HAS_MASK)
-        p, ds = _ds_tile(q, k, do, v, lse, delta, bias2, keep, qk_scale, True, True, PRECISION)
+        keep = _keep(Mask, b, r, offs_n, n_valid, smb, smr, smj, HAS_MASK, False)
+        p, ds = _ds_tile(q, k, do, v, lse, delta, bias2, keep, scale, True, True, PRECISION)
         acc += ds
     out = (split * (tl.num_programs(2)) + bbh).to(tl.int64) * N * N
     tl.store(DBias + out + offs_m[:, None] * N + offs_n[None, :],
@@ -653,10 +743,9 @@ class _Launch:
         *batch, self.R, self.H, self.N, self.D = q.shape
         self.batch = tuple(batch)
         self.B = math.prod(self.batch)
-        check_grid("evo_attention", f"R={self.R} rows", self.R)  # grid y: R (or R/2) programs
+        check_grid("evo_attention", f"R={self.R} rows", self.R)  # grid y: R (or R/rows) programs
         check_grid("evo_attention", f"B*H={self.B}*{self.H}", self.B * self.H)  # grid z
         self.scale = float(scale)
-        self.qk_scale = self.scale * LOG2E
         self.block_d = _block_d(self.D)
         self.precision = _precision(q.dtype)
         self.bias_shape = None if bias is None else bias.shape
@@ -776,9 +865,17 @@ def _dkdv_candidates(kernel: str, arch: str, d: int, tiles: str) -> tuple[tuning
 def _cfg(kernel: str, lp: _Launch, launch) -> tuning.Config:
     if kernel.startswith("dkdv"):
         cands = _dkdv_candidates(kernel, tuning.arch(), lp.D, _DKDV_TILES.get())
-    else:
-        cands = tuning._attention_configs(kernel, tuning.arch(), lp.D)  # memoised tuple
+    else:  # memoised tuple
+        cands = tuning._attention_configs(kernel, tuning.arch(), lp.D, lp.dtype.itemsize)
     return tuning.pick(f"evo_{kernel}", lp.key(kernel), cands, launch)
+
+
+def _check_rows(cfg: tuning.Config, allowed: tuple[int, ...], kernel: str) -> None:
+    """A configuration's rows per program must be one the kernel runs (the grid divides R by
+    it: any other value would leave rows uncomputed)."""
+    if cfg.rows not in allowed:
+        raise ValueError(f"evo_attention: the {kernel} kernel runs {allowed} rows per program, "
+                         f"got a configuration with rows={cfg.rows}")
 
 
 def _forward(q, k, v, gate, gate_bias, lp: _Launch):
@@ -788,15 +885,16 @@ def _forward(q, k, v, gate, gate_bias, lp: _Launch):
     dummy = q
 
     def launch(cfg: tuning.Config):
+        _check_rows(cfg, (1, 2, 4), "forward")
         grid = (triton.cdiv(lp.N, cfg.block_m), triton.cdiv(lp.R, cfg.rows), lp.B * lp.H)
         _fwd[grid](q, k, v, gate if gate is not None else dummy,
                    gate_bias if gate_bias is not None else dummy,
                    lp.bias if lp.bias is not None else dummy,
                    lp.mask if lp.mask is not None else dummy,
-                   o, o_pre, lse, *lp.strides(), lp.R, lp.H, lp.N, lp.D, lp.qk_scale,
+                   o, o_pre, lse, *lp.strides(), lp.R, lp.H, lp.N, lp.D, lp.scale,
                    HAS_BIAS=lp.bias is not None, HAS_MASK=lp.mask is not None,
                    HAS_GATE=gate is not None, HAS_GATE_BIAS=gate_bias is not None,
-                   TWO_ROWS=cfg.rows == 2, EVEN=lp.even(cfg),
+                   ROWS=cfg.rows, EVEN=lp.even(cfg), EVEN_D=lp.D == lp.block_d,
                    BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
                    BLOCK_D=lp.block_d, PRECISION=lp.precision,
                    num_warps=cfg.num_warps, num_stages=cfg.num_stages)
@@ -843,24 +941,27 @@ def _backward(dy, q, k, v, gate, gate_bias, o_pre, lse, lp: _Launch, need_dbias:
             if dq_atomic else dummy)
 
     def launch_dkdv(cfg: tuning.Config):
+        _check_rows(cfg, (1, 2), "dK/dV")
         grid = (triton.cdiv(lp.N, cfg.block_n), triton.cdiv(lp.R, cfg.rows), lp.B * lp.H)
         if atomic:
             dbias32.zero_()  # inside the launch: the tuner runs it repeatedly
         if dq_atomic:
             dq32.zero_()
         _bwd_dkdv[grid](q, k, v, bias, mask, do, lse, delta, dk, dv, dbias32, dq32,
-                        *lp.strides(), lp.R, lp.H, lp.N, lp.D, lp.qk_scale, lp.scale, sdbb,
-                        TWO_ROWS=cfg.rows == 2, EVEN=lp.even(cfg), DBIAS_ATOMIC=atomic,
+                        *lp.strides(), lp.R, lp.H, lp.N, lp.D, lp.scale, sdbb,
+                        TWO_ROWS=cfg.rows == 2, EVEN=lp.even(cfg), EVEN_D=lp.D == lp.block_d,
+                        DBIAS_ATOMIC=atomic,
                         DQ_ATOMIC=dq_atomic, TRANSPOSE=cfg.transpose,
                         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, **flags,
                         num_warps=cfg.num_warps, num_stages=cfg.num_stages)
 
     def launch_dq(cfg: tuning.Config):
+        _check_rows(cfg, (1, 2), "dQ")
         grid = (triton.cdiv(lp.N, cfg.block_m), triton.cdiv(lp.R, cfg.rows), lp.B * lp.H)
         _bwd_dq[grid](q, k, v, bias, mask, do, lse, delta, dq, *lp.strides(),
-                      lp.R, lp.H, lp.N, lp.D, lp.qk_scale, lp.scale,
-                      TWO_ROWS=cfg.rows == 2, EVEN=lp.even(cfg),
-                        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, **flags,
+                      lp.R, lp.H, lp.N, lp.D, lp.scale,
+                      TWO_ROWS=cfg.rows == 2, EVEN=lp.even(cfg), EVEN_D=lp.D == lp.block_d,
+                      BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, **flags,
                       num_warps=cfg.num_warps, num_stages=cfg.num_stages)
 
     kernel = "dkdv" + ("_atomic" if atomic else "") + ("_dq" if dq_atomic else "")
@@ -886,7 +987,7 @@ def _backward(dy, q, k, v, gate, gate_bias, o_pre, lse, lp: _Launch, need_dbias:
                               dtype=lp.bias.dtype if splits == 1 else torch.float32)
             _bwd_dbias[(n_n * splits, n_m, lp.H * lp.Bb)](
                 q, k, v, bias, mask, do, lse, delta, out, *lp.strides(),
-                lp.R, lp.H, lp.N, lp.D, lp.qk_scale, rows_per_bias, per_split, n_n,
+                lp.R, lp.H, lp.N, lp.D, lp.scale, rows_per_bias, per_split, n_n,
                 HAS_MASK=lp.mask is not None, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
                 BLOCK_D=lp.block_d, PRECISION=lp.precision,
                 num_warps=cfg.num_warps, num_stages=cfg.num_stages)

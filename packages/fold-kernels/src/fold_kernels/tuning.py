@@ -13,6 +13,7 @@ keys; an unreadable cache file is ignored with a warning and rewritten by the ne
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
@@ -27,7 +28,7 @@ from fold_ops.env import EnvVar
 
 __all__ = [
     "Config", "arch", "interpreting", "pick", "attention_configs", "gemm_configs", "cache_path",
-    "multiprocessors", "bucket", "bucket_key",
+    "multiprocessors", "bucket", "bucket_key", "pinned", "chosen",
 ]
 
 
@@ -40,7 +41,7 @@ class Config:
     num_warps: int = 4
     num_stages: int = 2
     block_k: int = 32
-    rows: int = 1  # EvoAttention: rows of R per program (sharing each bias tile)
+    rows: int = 1  # EvoAttention: rows of R per program (1, 2 or 4; sharing each bias tile)
     transpose: bool = False  # EvoAttention dK/dV: key-major tiles (S^T = K Q^T)
 
 
@@ -105,15 +106,29 @@ def _is_amd(name: str) -> bool:
     return name.startswith("gfx")
 
 
-def attention_configs(kernel: str, name: str, head_dim: int) -> list[Config]:
+def attention_configs(kernel: str, name: str, head_dim: int,
+                      itemsize: int = 4) -> list[Config]:
     """Candidates for the EvoAttention kernels (memoised; see :func:`_attention_configs`)."""
-    return list(_attention_configs(kernel, name, head_dim))
+    return list(_attention_configs(kernel, name, head_dim, itemsize))
+
+
+# Forward tiles for head dims 17-32 in 2-byte dtypes (bf16, fp16): 128-query tiles halve the L2
+# traffic of K and V per logit (4 D / BLOCK_M bytes) and, with more logits per thread, the
+# per-tile overhead; 2 or 4 rows per program divide the bias traffic and its conversion. Their
+# shared memory (num_stages x (rows x 2 x BLOCK_N x 32 + BLOCK_M x BLOCK_N) x 2 bytes, 64-180 KB)
+# fits an H100's 227 KB in bf16, not always in fp32, hence the dtype filter. The choice among
+# them is the tuner's; benchmarks/kernels/attention_fwd_sweep.py times each one.
+_FWD_HALF_D32 = [(128, 64, 8, 3, 2), (128, 64, 4, 3, 1), (128, 64, 4, 3, 2), (128, 128, 8, 3, 1),
+                 (128, 128, 8, 3, 2), (128, 64, 8, 3, 4), (128, 64, 8, 4, 2), (64, 64, 4, 3, 2),
+                 (64, 64, 4, 3, 4), (64, 128, 4, 3, 2), (256, 64, 8, 3, 2)]
 
 
 @functools.cache
-def _attention_configs(kernel: str, name: str, head_dim: int) -> tuple[Config, ...]:
+def _attention_configs(kernel: str, name: str, head_dim: int,
+                       itemsize: int = 4) -> tuple[Config, ...]:
     """Candidates for the EvoAttention kernels (``fwd``, ``dkdv``, ``dkdv_atomic``, ``dq``,
-    ``dbias``; ``dkdv_dq`` and ``dkdv_atomic_dq``: dK/dV adding dQ by atomics too).
+    ``dbias``; ``dkdv_dq`` and ``dkdv_atomic_dq``: dK/dV adding dQ by atomics too), for inputs
+    of ``itemsize`` bytes (4: every candidate fits fp32).
 
     Tuples are (block_m, block_n, num_warps, num_stages, rows[, transpose]); the first is the
     default. The dK/dV kernels have query-major and key-major (``transpose``) candidates.
@@ -152,6 +167,8 @@ def _attention_configs(kernel: str, name: str, head_dim: int) -> tuple[Config, .
         # they did not win (and a noisy pick cost 7% at N 768), so they are offered only here.
         table = [*table, (128, 32, 4, 4, 1), (128, 64, 4, 3, 1), (128, 64, 8, 3, 1),
                  (64, 64, 4, 4, 2), (128, 128, 8, 3, 1)]
+    elif kernel == "fwd" and head_dim <= 32 and itemsize <= 2:
+        table = [*table, *_FWD_HALF_D32]
     amd = _is_amd(name)
     out = []
     if kernel.startswith("dkdv"):
@@ -253,6 +270,31 @@ def bucket_key(key: tuple) -> tuple:
     return tuple(bucket(v) if type(v) is int else v for v in key)
 
 
+_PINNED: dict[str, Config] = {}
+
+
+@contextlib.contextmanager
+def pinned(kernel: str, cfg: Config):
+    """Within the block, :func:`pick` returns ``cfg`` for ``kernel`` (for example
+    ``"evo_fwd"``) without timing or caching anything: how a benchmark times each candidate of
+    a kernel through the op itself, and how a test runs one candidate."""
+    before = _PINNED.get(kernel)
+    _PINNED[kernel] = cfg
+    try:
+        yield cfg
+    finally:
+        if before is None:
+            del _PINNED[kernel]
+        else:
+            _PINNED[kernel] = before
+
+
+def chosen(kernel: str) -> dict[tuple, Config]:
+    """This process's choices for ``kernel`` (for example ``"evo_fwd"``): the key each launch
+    was tuned under -> the configuration picked (for a benchmark's record)."""
+    return {key: cfg for (k, _, key), (cfg, _) in list(_PICKED.items()) if k == kernel}
+
+
 def _capturing() -> bool:
     return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
 
@@ -263,6 +305,8 @@ def pick(kernel: str, key: tuple, candidates: Sequence[Config],
 
     The launch must be idempotent (it is run repeatedly on the same buffers).
     """
+    if _PINNED and kernel in _PINNED:
+        return _PINNED[kernel]
     if len(candidates) == 1 or not _AUTOTUNE.get():
         return candidates[0]  # FOLD_KERNELS_AUTOTUNE=0: the first (default) configuration
     name = arch()

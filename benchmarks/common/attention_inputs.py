@@ -1,0 +1,56 @@
+"""The EvoAttention benchmarks' shared inputs and the FlexAttention contender.
+
+``benchmarks/kernels/attention.py`` (every contender, every shape) and
+``benchmarks/kernels/attention_fwd_sweep.py`` (every forward launch candidate against
+FlexAttention) use the same inputs and the same compiled FlexAttention, so their numbers compare.
+"""
+
+from __future__ import annotations
+
+import torch
+
+MASK_NEG = -1e9
+
+
+def make_inputs(r: int, n: int, h: int, d: int, seed: int = 0, device: str = "cuda",
+                dtype: torch.dtype = torch.bfloat16):
+    """q, k, v ``[1, R, H, N, D]``, a pair bias ``[1, H, N, N]`` shared by the R rows, a key
+    mask ``[1, R, N]`` with about 5% holes and a fixed output gradient ``[1, R, H, N, D]``."""
+    g = torch.Generator(device=device).manual_seed(seed)
+
+    def rnd(*shape):
+        return torch.randn(shape, device=device, generator=g, dtype=torch.float32).to(dtype)
+
+    q, k, v = rnd(1, r, h, n, d), rnd(1, r, h, n, d), rnd(1, r, h, n, d)
+    bias = rnd(1, h, n, n)
+    mask = torch.rand(1, r, n, device=device, generator=g) > 0.05
+    do = rnd(1, r, h, n, d)
+    return q, k, v, bias, mask, do
+
+
+def mask_bias(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """0 where attended, -1e9 where masked (the additive form the peers use)."""
+    return (1 - mask.to(dtype)) * MASK_NEG
+
+
+def make_flex():
+    """FlexAttention as its users run it here: ``torch.compile(flex_attention)`` with a
+    ``score_mod`` adding the pair bias ``[H, N, N]`` and the key mask's additive bias; compiled
+    once per shape (``dynamic=False``; reset the compiler between shapes)."""
+    from torch.nn.attention.flex_attention import flex_attention
+
+    compiled = torch.compile(flex_attention, dynamic=False)
+
+    def flex(q, k, v, bias, mask):
+        _, r, h, n, d = q.shape
+        b2 = bias[0]  # [H, N, N]
+        mbias = mask_bias(mask[0], torch.float32)  # [R, N]
+
+        def score_mod(score, b, hh, qi, ki):
+            return score + b2[hh, qi, ki] + mbias[b, ki]
+
+        o = compiled(q.reshape(r, h, n, d), k.reshape(r, h, n, d), v.reshape(r, h, n, d),
+                     score_mod=score_mod)
+        return o.reshape(1, r, h, n, d)
+
+    return flex

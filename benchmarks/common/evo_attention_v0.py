@@ -1,0 +1,1121 @@
+"""FROZEN BASELINE, not product code: fold_kernels/evo_attention.py as of commit 5912db1 (before
+issue 21's forward work: two rows per program at most, logits scaled into the log2 domain per
+element, predicated loads), kept so that benchmarks/kernels/attention_fwd_sweep.py can time the
+old kernels against the new ones in one process on one GPU (the device machine has no git
+history). Its tuner keys are ``evo0_*`` so its choices never mix with the product's. Delete it
+once the sweep has decided the forward's candidates.
+
+The original docstring follows.
+
+EvoAttention: attention with a pair bias shared by R rows, FlashAttention-2 style.
+
+``o = softmax(scale * q k^T + bias + mask_bias) v`` (then ``o * sigmoid(gate)``), with
+q, k, v, gate ``[*, R, H, N, D]``, bias ``[*, H, N, N]`` shared by the R rows (MSA row attention,
+triangle attention), key mask ``[*, R, N]`` (true = attend). The ``R x H x N x N`` logits are never
+stored: the forward keeps a running max and sum per query (online softmax) and stores the
+log-sum-exp in fp32; the backward recomputes the logits tile by tile.
+
+Kernels (MegaFold III, FlashAttention-2), each program one tile of one or two rows:
+
+* ``_fwd``     grid (N/BLOCK_M, R/rows, B*H). With ``TWO_ROWS`` a program runs two rows r, r+1
+  of the same query block, so each pair-bias tile is loaded once for both (the bias is shared by
+  the R rows: MegaFold re-reads it per row). The query block varies fastest, so the programs that
+  read one row's K and V run together (L2 hits), and the head varies slowest, so one head's bias
+  stays in L2 while all its rows are swept.
+* ``_bwd_pre``  delta = rowsum(dO * O) and, with a gate, dO through the gate and d(gate).
+* ``_bwd_dkdv`` grid (N/BLOCK_N, R/rows, B*H): dK, dV of one key block, looping over query blocks,
+  on query-major tiles or key-major ones (S^T = K Q^T, no register transposes of P and dS;
+  a tuning choice, ``FOLD_EVO_DKDV``).
+* ``_bwd_dq``   grid (N/BLOCK_M, R/rows, B*H): dQ of one query block, looping over key blocks
+  (``FOLD_EVO_DQ=pass``, deterministic). With ``FOLD_EVO_DQ=atomic`` (the default for head
+  dims under 16 unless torch's deterministic mode is on) there is no ``_bwd_dq``:
+  ``_bwd_dkdv`` adds each tile's ``dS K`` into an fp32 dQ with atomics, so the logits are
+  rebuilt once, not twice, per backward. See :func:`dq_mode`.
+* ``_bwd_dbias`` grid (N/BLOCK_N * splits, N/BLOCK_M, H * B_bias): one bias tile; the program
+  loops over the R rows (and batch entries that share the bias), adding the dS tiles in
+  registers, and stores the tile once. No atomics, so the result is deterministic; with
+  ``splits > 1`` each split writes its partial sum to its own fp32 slab and the slabs are summed
+  afterwards in a fixed order. The price is recomputing S and dP once more (two more products
+  and one more exp per tile). This is ``FOLD_EVO_DBIAS=pass``.
+* ``FOLD_EVO_DBIAS=atomic``: no ``_bwd_dbias``; ``_bwd_dkdv`` adds each dS tile (summed over its
+  two rows first) into an fp32 ``[B_bias, H, N, N]`` buffer with atomics, as MegaFold and
+  FlexAttention do: R/2 x H x N x N atomic adds instead of a third recomputation of the logits;
+  the summation order varies, so dbias is not bit-reproducible. See :func:`dbias_mode`.
+
+The forward stores, per query, the log2-sum-exp and (for a fully masked query) 1/l in fp32;
+the backward rebuilds P = exp2(s - lse) tile by tile.
+
+Packed inputs (:func:`evo_attention_packed`): q, k, v and the gate may be views of one
+``[*, R, N, P*H*D]`` projection (the model's single GEMM of the stacked weights). The kernels take
+two stride sets, q's (q, k, v, gate and their gradients) and the output's (o, dY, dO), so the parts
+are read in place, the output is written dense ``[*, R, N, H*D]`` and the four gradients land in one
+packed gradient.
+
+Masked keys have their logit *replaced* by a large negative constant (not added): a query whose
+keys are all masked therefore gets uniform weights (the mean of v) in any precision, and no
+gradient flows to q, k or bias through a masked logit. Keys past N get ``-inf`` (weight 0).
+Head dims under 16 are padded to 16 inside the kernel with masked loads (``tl.dot`` needs K >= 16).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+
+import torch
+import triton
+import triton.language as tl
+from fold_kernels import tuning
+from fold_kernels.broadcast import broadcast_shape
+from fold_kernels.launch import fast
+from fold_kernels.reduce import column_sum, sum_partials
+from fold_ops.env import EnvVar
+
+__all__ = ["evo_attention", "evo_attention_packed", "dbias_mode", "dq_mode", "SUPPORTED_DTYPES",
+           "MAX_HEAD_DIM", "DBIAS_MODES", "DQ_MODES"]
+
+SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+DBIAS_MODES = ("auto", "pass", "atomic")  # see dbias_mode()
+DQ_MODES = ("auto", "pass", "atomic")  # see dq_mode()
+DEFAULT_DBIAS_MODE = "auto"
+MAX_HEAD_DIM = 128
+LOG2E = 1.4426950408889634
+MASKED = -1.0e30  # the replaced logit of a masked key (log2 domain); uniform if all are masked
+
+
+@triton.jit
+def _mm(a, b, PRECISION: tl.constexpr):
+    """``tl.dot`` with fp32 accumulation; ``PRECISION="interp"`` upcasts the operands first,
+    because Triton's CPU interpreter computes bf16/fp16 dots wrongly (the rounding of the
+    operands to the input dtype is kept: they are cast before this call)."""
+    if PRECISION == "interp":
+        return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
+    else:
+        return tl.dot(a, b, input_precision=PRECISION)
+
+
+
+@triton.jit
+def _bias_tile(Bias, b, h, offs_m, offs_n, m_valid, n_valid, sbb, sbh, sbi, sbj):
+    """The pair-bias tile in the log2 domain, fp32 [BLOCK_M, BLOCK_N]; one load serves every
+    row of the program (the bias is shared by the R rows)."""
+    bptr = Bias + b * sbb + h * sbh + offs_m[:, None] * sbi + offs_n[None, :] * sbj
+    bias = tl.load(bptr, mask=m_valid[:, None] & n_valid[None, :], other=0.0)
+    return bias.to(tl.float32) * 1.4426950408889634
+
+
+@triton.jit
+def _bias_tile_t(Bias, b, h, offs_m, offs_n, m_valid, n_valid, sbb, sbh, sbi, sbj):
+    """The pair-bias tile transposed, [BLOCK_N, BLOCK_M] (key-major), log2 domain, fp32."""
+    bptr = Bias + b * sbb + h * sbh + offs_m[None, :] * sbi + offs_n[:, None] * sbj
+    bias = tl.load(bptr, mask=n_valid[:, None] & m_valid[None, :], other=0.0)
+    return bias.to(tl.float32) * 1.4426950408889634
+
+
+@triton.jit
+def _base(b, r, h, sqb, sqr, sqh):
+    """Offset of the [N, D] matrix (b, r, h) in a tensor with strides sqb, sqr, sqh over
+    [B, R, H] (rows sqn apart, D contiguous). Two layouts exist: q's (q, k, v, gate and their
+    gradients) and the output's (o, dY, dO), the same unless the inputs are packed."""
+    h64 = h.to(tl.int64)
+    return (h64 * 0 + b) * sqb + (h64 * 0 + r) * sqr + h64 * sqh
+
+
+@triton.jit
+def _keep(Mask, b, r, offs_n, n_valid, smb, smr, smj, HAS_MASK: tl.constexpr):
+    """Which keys of row r are attended, [BLOCK_N] (keys past N never are)."""
+    if HAS_MASK:
+        keep = tl.load(Mask + b * smb + r * smr + offs_n * smj, mask=n_valid, other=0) != 0
+    else:
+        keep = n_valid
+    return keep
+
+
+@triton.jit
+def _fwd_step(q, K, V, base, offs_n, offs_d, nd, bias2, keep, n_valid, acc, m_i, l_i,
+              qk_scale, SN, HAS_BIAS: tl.constexpr, HAS_MASK: tl.constexpr,
+              EVEN: tl.constexpr, PRECISION: tl.constexpr):
+    """One key block of the online softmax for one row: logits in the log2 domain."""
+    k = tl.load(K + base + offs_n[:, None] * SN + offs_d[None, :], mask=nd, other=0.0)
+    v = tl.load(V + base + offs_n[:, None] * SN + offs_d[None, :], mask=nd, other=0.0)
+    s = _mm(q, tl.trans(k), PRECISION) * qk_scale  # [BLOCK_M, BLOCK_N]
+    if HAS_BIAS:
+        s += bias2
+    if HAS_MASK:
+        s = tl.where(keep[None, :], s, -1.0e30)  # replaced, not added: all masked -> uniform
+    if not EVEN:  # keys past N (only when N is not a multiple of the block)
+        s = tl.where(n_valid[None, :], s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    alpha = tl.exp2(m_i - m_new)
+    p = tl.exp2(s - m_new[:, None])
+    l_i = l_i * alpha + tl.sum(p, 1)
+    acc = acc * alpha[:, None] + _mm(p.to(v.dtype), v, PRECISION)
+    return acc, m_new, l_i
+
+
+@triton.jit
+def _fwd_store(acc, m_i, l_i, G, GB, O, OPre, LSE, slab, base, obase, h, offs_m, offs_d, m_valid,
+               md, N, D, SN, SON, HAS_GATE: tl.constexpr, HAS_GATE_BIAS: tl.constexpr):
+    # LSE[.., 0, :] = log2-sum-exp; LSE[.., 1, :] = 1/l for a fully masked row (else 0): its
+    # keys all sit at -1e30, where m + log2(l) would lose log2(l), so the backward uses 1/l.
+    all_masked = m_i < -1.0e29
+    lse = tl.where(all_masked, float("inf"), m_i + tl.log2(l_i))  # inf: exp2(s - lse) = 0
+    tl.store(LSE + slab * 2 * N + offs_m, lse, mask=m_valid)
+    tl.store(LSE + slab * 2 * N + N + offs_m, tl.where(all_masked, 1.0 / l_i, 0.0), mask=m_valid)
+    o = acc / l_i[:, None]
+    optrs = obase + offs_m[:, None] * SON + offs_d[None, :]  # the output layout
+    if HAS_GATE:
+        tl.store(OPre + optrs, o.to(OPre.dtype.element_ty), mask=md)
+        g = tl.load(G + base + offs_m[:, None] * SN + offs_d[None, :], mask=md, other=0.0)
+        g = g.to(tl.float32)
+        if HAS_GATE_BIAS:
+            g += tl.load(GB + h * D + offs_d, mask=offs_d < D, other=0.0).to(tl.float32)[None, :]
+        o = o * tl.sigmoid(g)
+    tl.store(O + optrs, o.to(O.dtype.element_ty), mask=md)
+
+
+@fast
+@triton.jit
+def _fwd(Q, K, V, G, GB, Bias, Mask, O, OPre, LSE,
+         sbb, sbh, sbi, sbj, smb, smr, smj, sqb, sqr, sqh, sqn, sob, sor, soh, son,
+         R, H, N, D, qk_scale,
+         HAS_BIAS: tl.constexpr, HAS_MASK: tl.constexpr, HAS_GATE: tl.constexpr,
+         HAS_GATE_BIAS: tl.constexpr, TWO_ROWS: tl.constexpr, EVEN: tl.constexpr,
+         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+         PRECISION: tl.constexpr):
+    mb = tl.program_id(0)
+    rp = tl.program_id(1)
+    bh = tl.program_id(2)
+    b = bh // H
+    h = bh % H
+    if TWO_ROWS:  # two rows share each bias tile load (the last one repeats when R is odd)
+        r0 = rp * 2
+        r1 = tl.minimum(r0 + 1, R - 1)
+    else:
+        r0 = rp
+    offs_m = mb * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    m_valid = offs_m < N
+    md = m_valid[:, None] & (offs_d < D)[None, :]
+    slab0 = ((b * R + r0) * H + h).to(tl.int64)  # which [N, D] matrix of [B, R, H, N, D]
+    base0 = _base(b, r0, h, sqb, sqr, sqh)
+    q0 = tl.load(Q + base0 + offs_m[:, None] * sqn + offs_d[None, :], mask=md, other=0.0)
+    m0 = tl.full([BLOCK_M], -1.0e38, tl.float32)  # finite: a block of only -inf stays NaN-free
+    l0 = tl.zeros([BLOCK_M], tl.float32)
+    acc0 = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    if TWO_ROWS:
+        slab1 = ((b * R + r1) * H + h).to(tl.int64)
+        base1 = _base(b, r1, h, sqb, sqr, sqh)
+        q1 = tl.load(Q + base1 + offs_m[:, None] * sqn + offs_d[None, :], mask=md, other=0.0)
+        m1 = tl.full([BLOCK_M], -1.0e38, tl.float32)
+        l1 = tl.zeros([BLOCK_M], tl.float32)
+        acc1 = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    for start_n in range(0, N, BLOCK_N):
+        offs_n = start_n + tl.arange(0, BLOCK_N)
+        n_valid = offs_n < N
+        nd = n_valid[:, None] & (offs_d < D)[None, :]
+        if HAS_BIAS:
+            bias2 = _bias_tile(Bias, b, h, offs_m, offs_n, m_valid, n_valid, sbb, sbh, sbi, sbj)
+        else:
+            bias2 = 0.0
+        keep0 = _keep(Mask, b, r0, offs_n, n_valid, smb, smr, smj, HAS_MASK)
+        acc0, m0, l0 = _fwd_step(q0, K, V, base0, offs_n, offs_d, nd, bias2, keep0, n_valid,
+                                 acc0, m0, l0, qk_scale, sqn, HAS_BIAS, HAS_MASK, EVEN, PRECISION)
+        if TWO_ROWS:
+            keep1 = _keep(Mask, b, r1, offs_n, n_valid, smb, smr, smj, HAS_MASK)
+            acc1, m1, l1 = _fwd_step(q1, K, V, base1, offs_n, offs_d, nd, bias2, keep1,
+                                     n_valid, acc1, m1, l1, qk_scale, sqn, HAS_BIAS, HAS_MASK,
+                                     EVEN, PRECISION)
+    obase0 = _base(b, r0, h, sob, sor, soh)
+    _fwd_store(acc0, m0, l0, G, GB, O, OPre, LSE, slab0, base0, obase0, h, offs_m, offs_d,
+               m_valid, md, N, D, sqn, son, HAS_GATE, HAS_GATE_BIAS)
+    if TWO_ROWS:
+        obase1 = _base(b, r1, h, sob, sor, soh)
+        _fwd_store(acc1, m1, l1, G, GB, O, OPre, LSE, slab1, base1, obase1, h, offs_m, offs_d,
+                   m_valid, md, N, D, sqn, son, HAS_GATE, HAS_GATE_BIAS)
+
+
+@fast
+@triton.jit
+def _bwd_pre(DY, OPre, G, GB, DO, DG, Delta, rows, R, H, N, D, sqb, sqr, sqh, sqn,
+             sob, sor, soh, son, HAS_GATE: tl.constexpr, HAS_GATE_BIAS: tl.constexpr,
+             BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr):
+    """delta = rowsum(dO * O); with a gate, dO = dY * sigmoid(g), dg = dY * O * sig'(g).
+
+    Rows are logical (b, r, h, n) rows in slab order (Delta's layout); dY, O and dO are read in
+    the output layout, the gate and its gradient in q's."""
+    offs_r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    offs_d = tl.arange(0, BLOCK_D)
+    rd = (offs_r < rows)[:, None] & (offs_d < D)[None, :]
+    row = offs_r.to(tl.int64)
+    n = row % N
+    slab = row // N
+    h = slab % H
+    r = (slab // H) % R
+    b = slab // (H * R)
+    optrs = (b * sob + r * sor + h * soh + n * son)[:, None] + offs_d[None, :]
+    dy = tl.load(DY + optrs, mask=rd, other=0.0).to(tl.float32)
+    o = tl.load(OPre + optrs, mask=rd, other=0.0).to(tl.float32)
+    if HAS_GATE:
+        gptrs = (b * sqb + r * sqr + h * sqh + n * sqn)[:, None] + offs_d[None, :]
+        g = tl.load(G + gptrs, mask=rd, other=0.0).to(tl.float32)
+        if HAS_GATE_BIAS:
+            g += tl.load(GB + h[:, None] * D + offs_d[None, :], mask=rd, other=0.0).to(tl.float32)
+        sig = tl.sigmoid(g)
+        tl.store(DG + gptrs, (dy * o * sig * (1.0 - sig)).to(DG.dtype.element_ty), mask=rd)
+        do = dy * sig
+        tl.store(DO + optrs, do.to(DO.dtype.element_ty), mask=rd)
+    else:
+        do = dy
+    tl.store(Delta + offs_r, tl.sum(do * o, 1), mask=offs_r < rows)
+
+
+@triton.jit
+def _ds_tile(q, k, do, v, lse, delta, bias2, keep, qk_scale, HAS_BIAS: tl.constexpr,
+             NEED_KEEP: tl.constexpr, PRECISION: tl.constexpr):
+    """P (attended keys only) and dS = P * (dO V^T - delta) of one tile, [BLOCK_M, BLOCK_N]."""
+    s = _mm(q, tl.trans(k), PRECISION) * qk_scale
+    if HAS_BIAS:
+        s += bias2
+    p = tl.exp2(s - lse[:, None])
+    if NEED_KEEP:
+        p = tl.where(keep[None, :], p, 0.0)
+    dp = _mm(do, tl.trans(v), PRECISION)
+    return p, p * (dp - delta[:, None])
+
+
+@triton.jit
+def _dkdv_step(Q, DO, LSE, Delta, slab, base, obase, offs_m, offs_d, md, m_valid, k, v, bias2,
+               keep, uniform, n_valid, dk, dv, qk_scale, N, SN, SON, HAS_BIAS: tl.constexpr,
+               HAS_MASK: tl.constexpr, EVEN: tl.constexpr, PRECISION: tl.constexpr):
+    q = tl.load(Q + base + offs_m[:, None] * SN + offs_d[None, :], mask=md, other=0.0)
+    do = tl.load(DO + obase + offs_m[:, None] * SON + offs_d[None, :], mask=md, other=0.0)
+    lse = tl.load(LSE + slab * 2 * N + offs_m, mask=m_valid, other=float("inf"))
+    delta = tl.load(Delta + slab * N + offs_m, mask=m_valid, other=0.0)
+    p, ds = _ds_tile(q, k, do, v, lse, delta, bias2, keep, qk_scale, HAS_BIAS,
+                     HAS_MASK or not EVEN, PRECISION)
+    if HAS_MASK:  # a fully masked row spreads 1/l over every key, masked ones included
+        if uniform > 0.0:  # rare: a scalar test, hoisted out of the loop by the caller
+            p += tl.where(n_valid[None, :] & (keep == 0)[None, :], uniform, 0.0)
+    dv += _mm(tl.trans(p.to(do.dtype)), do, PRECISION)
+    dk += _mm(tl.trans(ds.to(q.dtype)), q, PRECISION)
+    return dk, dv, ds
+
+
+@triton.jit
+def _dkdv_step_t(Q, DO, LSE, Delta, slab, base, obase, offs_m, offs_d, md, m_valid, k, v, bias_t,
+                 keep, uniform, n_valid, dk, dv, qk_scale, N, SN, SON, HAS_BIAS: tl.constexpr,
+                 HAS_MASK: tl.constexpr, EVEN: tl.constexpr, PRECISION: tl.constexpr):
+    """:func:`_dkdv_step` on the transposed tile: S^T = K Q^T [BLOCK_N, BLOCK_M] is computed
+    directly (q read as Q^T [BLOCK_D, BLOCK_M]), so P^T and dS^T, the left operands of dV and
+    dK, come out of the products in registers instead of being transposed (FlashAttention-2's
+    Triton backward does the same). Returns dk, dv and dS^T."""
+    q_t = tl.load(Q + base + offs_m[None, :] * SN + offs_d[:, None], mask=tl.trans(md),
+                  other=0.0)  # [BLOCK_D, BLOCK_M]
+    do = tl.load(DO + obase + offs_m[:, None] * SON + offs_d[None, :], mask=md, other=0.0)
+    lse = tl.load(LSE + slab * 2 * N + offs_m, mask=m_valid, other=float("inf"))
+    delta = tl.load(Delta + slab * N + offs_m, mask=m_valid, other=0.0)
+    s_t = _mm(k, q_t, PRECISION) * qk_scale  # [BLOCK_N, BLOCK_M]
+    if HAS_BIAS:
+        s_t += bias_t
+    p_t = tl.exp2(s_t - lse[None, :])
+    if HAS_MASK or not EVEN:
+        p_t = tl.where(keep[:, None], p_t, 0.0)
+    dp_t = _mm(v, tl.trans(do), PRECISION)  # [BLOCK_N, BLOCK_M]
+    ds_t = p_t * (dp_t - delta[None, :])
+    if HAS_MASK:  # a fully masked row spreads 1/l over every key, masked ones included
+        if uniform > 0.0:
+            p_t += tl.where(n_valid[:, None] & (keep == 0)[:, None], uniform, 0.0)
+    dv += _mm(p_t.to(do.dtype), do, PRECISION)
+    dk += _mm(ds_t.to(q_t.dtype), tl.trans(q_t), PRECISION)
+    return dk, dv, ds_t
+
+
+@triton.jit
+def _dq_atomic(DQ, slab, offs_m, offs_d, md, ds, k, scale, N, D, TRANSPOSE: tl.constexpr,
+               PRECISION: tl.constexpr):
+    """Add one tile's dQ part, ``scale * dS K`` [BLOCK_M, BLOCK_D], into the fp32 dense
+    ``DQ [B, R, H, N, D]`` (``ds`` is dS^T [BLOCK_N, BLOCK_M] on key-major tiles)."""
+    if TRANSPOSE:
+        dq = _mm(tl.trans(ds.to(k.dtype)), k, PRECISION)
+    else:
+        dq = _mm(ds.to(k.dtype), k, PRECISION)
+    dptr = DQ + slab * N * D + offs_m[:, None] * D + offs_d[None, :]
+    tl.atomic_add(dptr, dq * scale, mask=md, sem="relaxed")
+
+
+@fast
+@triton.jit
+def _bwd_dkdv(Q, K, V, Bias, Mask, DO, LSE, Delta, DK, DV, DBias, DQ,
+              sbb, sbh, sbi, sbj, smb, smr, smj, sqb, sqr, sqh, sqn, sob, sor, soh, son,
+              R, H, N, D, qk_scale, scale, sdbb,
+              HAS_BIAS: tl.constexpr, HAS_MASK: tl.constexpr, TWO_ROWS: tl.constexpr,
+              EVEN: tl.constexpr, DBIAS_ATOMIC: tl.constexpr, DQ_ATOMIC: tl.constexpr,
+              TRANSPOSE: tl.constexpr,
+              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+              PRECISION: tl.constexpr):
+    """dK, dV of one key block; with ``DBIAS_ATOMIC`` also the bias gradient, each program
+    adding its rows' dS tiles (both rows summed first) into the fp32 ``DBias [B_bias, H, N, N]``
+    (zeroed; batch stride ``sdbb``, 0 when the bias is shared) with one atomic add per element:
+    no separate dbias pass, but the order of the additions, hence the rounding, varies.
+    With ``DQ_ATOMIC`` also dQ: each tile's ``scale * dS K`` [BLOCK_M, D] is added with fp32
+    atomics into the zeroed dense ``DQ [B, R, H, N, D]`` (FlashAttention-2's original backward),
+    so S and P are recomputed once instead of again in :func:`_bwd_dq` (not bit-reproducible).
+    ``TRANSPOSE``: the tiles are computed key-major (:func:`_dkdv_step_t`)."""
+    nb = tl.program_id(0)
+    rp = tl.program_id(1)
+    bh = tl.program_id(2)
+    b = bh // H
+    h = bh % H
+    if TWO_ROWS:
+        r0 = rp * 2
+        r1 = tl.minimum(r0 + 1, R - 1)
+    else:
+        r0 = rp
+    offs_n = nb * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    n_valid = offs_n < N
+    d_valid = offs_d < D
+    nd = n_valid[:, None] & d_valid[None, :]
+    kv_off = offs_n[:, None] * sqn + offs_d[None, :]
+    slab0 = ((b * R + r0) * H + h).to(tl.int64)
+    base0 = _base(b, r0, h, sqb, sqr, sqh)
+    obase0 = _base(b, r0, h, sob, sor, soh)
+    k0 = tl.load(K + base0 + kv_off, mask=nd, other=0.0)
+    v0 = tl.load(V + base0 + kv_off, mask=nd, other=0.0)
+    keep0 = _keep(Mask, b, r0, offs_n, n_valid, smb, smr, smj, HAS_MASK)
+    # 1/l of a fully masked row (else 0): every query of a row shares its key mask, so query 0's
+    # value holds for the row, read once instead of a load and a reduction per query block
+    uni0 = tl.load(LSE + slab0 * 2 * N + N)
+    dk0 = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
+    dv0 = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
+    if TWO_ROWS:
+        slab1 = ((b * R + r1) * H + h).to(tl.int64)
+        base1 = _base(b, r1, h, sqb, sqr, sqh)
+        obase1 = _base(b, r1, h, sob, sor, soh)
+        k1 = tl.load(K + base1 + kv_off, mask=nd, other=0.0)
+        v1 = tl.load(V + base1 + kv_off, mask=nd, other=0.0)
+        keep1 = _keep(Mask, b, r1, offs_n, n_valid, smb, smr, smj, HAS_MASK)
+        uni1 = tl.load(LSE + slab1 * 2 * N + N)
+        dk1 = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
+        dv1 = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
+    for start_m in range(0, N, BLOCK_M):
+        offs_m = start_m + tl.arange(0, BLOCK_M)
+        m_valid = offs_m < N
+        md = m_valid[:, None] & d_valid[None, :]
+        if TRANSPOSE:  # key-major tiles [BLOCK_N, BLOCK_M]
+            if HAS_BIAS:
+                bias2 = _bias_tile_t(Bias, b, h, offs_m, offs_n, m_valid, n_valid,
+                                     sbb, sbh, sbi, sbj)
+            else:
+                bias2 = 0.0
+            dk0, dv0, ds = _dkdv_step_t(Q, DO, LSE, Delta, slab0, base0, obase0, offs_m, offs_d,
+                                        md, m_valid, k0, v0, bias2, keep0, uni0, n_valid, dk0,
+                                        dv0, qk_scale, N, sqn, son, HAS_BIAS, HAS_MASK, EVEN,
+                                        PRECISION)
+            if TWO_ROWS:
+                dk1, dv1, ds1 = _dkdv_step_t(Q, DO, LSE, Delta, slab1, base1, obase1, offs_m,
+                                             offs_d, md, m_valid, k1, v1, bias2, keep1, uni1,
+                                             n_valid, dk1, dv1, qk_scale, N, sqn, son, HAS_BIAS,
+                                             HAS_MASK, EVEN, PRECISION)
+        else:  # query-major tiles [BLOCK_M, BLOCK_N]
+            if HAS_BIAS:
+                bias2 = _bias_tile(Bias, b, h, offs_m, offs_n, m_valid, n_valid,
+                                   sbb, sbh, sbi, sbj)
+            else:
+                bias2 = 0.0
+            dk0, dv0, ds = _dkdv_step(Q, DO, LSE, Delta, slab0, base0, obase0, offs_m, offs_d,
+                                      md, m_valid, k0, v0, bias2, keep0, uni0, n_valid, dk0,
+                                      dv0, qk_scale, N, sqn, son, HAS_BIAS, HAS_MASK, EVEN,
+                                      PRECISION)
+            if TWO_ROWS:
+                dk1, dv1, ds1 = _dkdv_step(Q, DO, LSE, Delta, slab1, base1, obase1, offs_m,
+                                           offs_d, md, m_valid, k1, v1, bias2, keep1, uni1,
+                                           n_valid, dk1, dv1, qk_scale, N, sqn, son, HAS_BIAS,
+                                           HAS_MASK, EVEN, PRECISION)
+        if DQ_ATOMIC:
+            _dq_atomic(DQ, slab0, offs_m, offs_d, md, ds, k0, scale, N, D, TRANSPOSE,
+                       PRECISION)
+            if TWO_ROWS:  # odd R: the repeated last row adds its dQ once (masked off)
+                last = (offs_m * 0 + r0 + 1 < R)[:, None]
+                _dq_atomic(DQ, slab1, offs_m, offs_d, md & last, ds1, k1, scale, N, D,
+                           TRANSPOSE, PRECISION)
+        if DBIAS_ATOMIC:
+            if TWO_ROWS:  # odd R: the repeated last row counts once
+                ds += tl.where(r0 + 1 < R, ds1, 0.0)
+            if TRANSPOSE:
+                dptr = (DBias + b.to(tl.int64) * sdbb + h.to(tl.int64) * N * N
+                        + offs_m[None, :] * N + offs_n[:, None])  # [BLOCK_N, BLOCK_M]
+                dmask = n_valid[:, None] & m_valid[None, :]
+            else:
+                dptr = (DBias + b.to(tl.int64) * sdbb + h.to(tl.int64) * N * N
+                        + offs_m[:, None] * N + offs_n[None, :])  # [BLOCK_M, BLOCK_N]
+                dmask = m_valid[:, None] & n_valid[None, :]
+            tl.atomic_add(dptr, ds, mask=dmask, sem="relaxed")
+    tl.store(DK + base0 + kv_off, (dk0 * scale).to(DK.dtype.element_ty), mask=nd)
+    tl.store(DV + base0 + kv_off, dv0.to(DV.dtype.element_ty), mask=nd)
+    if TWO_ROWS:
+        tl.store(DK + base1 + kv_off, (dk1 * scale).to(DK.dtype.element_ty), mask=nd)
+        tl.store(DV + base1 + kv_off, dv1.to(DV.dtype.element_ty), mask=nd)
+
+
+@triton.jit
+def _dq_step(K, V, base, offs_n, offs_d, nd, q, do, lse, delta, bias2, keep, dq, qk_scale, SN,
+             HAS_BIAS: tl.constexpr, NEED_KEEP: tl.constexpr, PRECISION: tl.constexpr):
+    k = tl.load(K + base + offs_n[:, None] * SN + offs_d[None, :], mask=nd, other=0.0)
+    v = tl.load(V + base + offs_n[:, None] * SN + offs_d[None, :], mask=nd, other=0.0)
+    p, ds = _ds_tile(q, k, do, v, lse, delta, bias2, keep, qk_scale, HAS_BIAS, NEED_KEEP,
+                     PRECISION)
+    return dq + _mm(ds.to(k.dtype), k, PRECISION)
+
+
+@fast
+@triton.jit
+def _bwd_dq(Q, K, V, Bias, Mask, DO, LSE, Delta, DQ,
+            sbb, sbh, sbi, sbj, smb, smr, smj, sqb, sqr, sqh, sqn, sob, sor, soh, son,
+            R, H, N, D, qk_scale, scale,
+            HAS_BIAS: tl.constexpr, HAS_MASK: tl.constexpr, TWO_ROWS: tl.constexpr,
+            EVEN: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+            BLOCK_D: tl.constexpr, PRECISION: tl.constexpr):
+    mb = tl.program_id(0)
+    rp = tl.program_id(1)
+    bh = tl.program_id(2)
+    b = bh // H
+    h = bh % H
+    if TWO_ROWS:
+        r0 = rp * 2
+        r1 = tl.minimum(r0 + 1, R - 1)
+    else:
+        r0 = rp
+    offs_m = mb * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    m_valid = offs_m < N
+    d_valid = offs_d < D
+    md = m_valid[:, None] & d_valid[None, :]
+    qo_off = offs_m[:, None] * sqn + offs_d[None, :]
+    do_off = offs_m[:, None] * son + offs_d[None, :]
+    slab0 = ((b * R + r0) * H + h).to(tl.int64)
+    base0 = _base(b, r0, h, sqb, sqr, sqh)
+    q0 = tl.load(Q + base0 + qo_off, mask=md, other=0.0)
+    do0 = tl.load(DO + _base(b, r0, h, sob, sor, soh) + do_off, mask=md, other=0.0)
+    lse0 = tl.load(LSE + slab0 * 2 * N + offs_m, mask=m_valid, other=float("inf"))
+    delta0 = tl.load(Delta + slab0 * N + offs_m, mask=m_valid, other=0.0)
+    dq0 = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    if TWO_ROWS:
+        slab1 = ((b * R + r1) * H + h).to(tl.int64)
+        base1 = _base(b, r1, h, sqb, sqr, sqh)
+        q1 = tl.load(Q + base1 + qo_off, mask=md, other=0.0)
+        do1 = tl.load(DO + _base(b, r1, h, sob, sor, soh) + do_off, mask=md, other=0.0)
+        lse1 = tl.load(LSE + slab1 * 2 * N + offs_m, mask=m_valid, other=float("inf"))
+        delta1 = tl.load(Delta + slab1 * N + offs_m, mask=m_valid, other=0.0)
+        dq1 = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    for start_n in range(0, N, BLOCK_N):
+        offs_n = start_n + tl.arange(0, BLOCK_N)
+        n_valid = offs_n < N
+        nd = n_valid[:, None] & d_valid[None, :]
+        if HAS_BIAS:
+            bias2 = _bias_tile(Bias, b, h, offs_m, offs_n, m_valid, n_valid, sbb, sbh, sbi, sbj)
+        else:
+            bias2 = 0.0
+        keep0 = _keep(Mask, b, r0, offs_n, n_valid, smb, smr, smj, HAS_MASK)
+        dq0 = _dq_step(K, V, base0, offs_n, offs_d, nd, q0, do0, lse0, delta0, bias2, keep0,
+                       dq0, qk_scale, sqn, HAS_BIAS, HAS_MASK or not EVEN, PRECISION)
+        if TWO_ROWS:
+            keep1 = _keep(Mask, b, r1, offs_n, n_valid, smb, smr, smj, HAS_MASK)
+            dq1 = _dq_step(K, V, base1, offs_n, offs_d, nd, q1, do1, lse1, delta1, bias2,
+                           keep1, dq1, qk_scale, sqn, HAS_BIAS, HAS_MASK or not EVEN, PRECISION)
+    tl.store(DQ + base0 + qo_off, (dq0 * scale).to(DQ.dtype.element_ty), mask=md)
+    if TWO_ROWS:
+        tl.store(DQ + base1 + qo_off, (dq1 * scale).to(DQ.dtype.element_ty), mask=md)
+
+
+@fast
+@triton.jit
+def _bwd_dbias(Q, K, V, Bias, Mask, DO, LSE, Delta, DBias,
+               sbb, sbh, sbi, sbj, smb, smr, smj, sqb, sqr, sqh, sqn, sob, sor, soh, son,
+               R, H, N, D, qk_scale, rows_per_bias, rows_per_split, n_blocks_n,
+               HAS_MASK: tl.constexpr,
+               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+               PRECISION: tl.constexpr):
+    """dbias[bb, h, i, j] = sum over the rows (r, and b when the bias is broadcast) of dS."""
+    split = tl.program_id(0) // n_blocks_n
+    nb = tl.program_id(0) % n_blocks_n
+    mb = tl.program_id(1)
+    bbh = tl.program_id(2)
+    bb = bbh // H
+    h = bbh % H
+    offs_m = mb * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = nb * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    m_valid = offs_m < N
+    n_valid = offs_n < N
+    d_valid = offs_d < D
+    md = m_valid[:, None] & d_valid[None, :]
+    nd = n_valid[:, None] & d_valid[None, :]
+    # the bias tile is the same for every row: load it once, outside the loop over rows
+    bias2 = _bias_tile(Bias, bb, h, offs_m, offs_n, m_valid, n_valid, sbb, sbh, sbi, sbj)
+    acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    t0 = split * rows_per_split
+    t1 = tl.minimum(t0 + rows_per_split, rows_per_bias)
+    for t in range(t0, t1):
+        b = bb * (rows_per_bias // R) + t // R  # the bias batch entry bb serves these b
+        r = t % R
+        slab = ((b * R + r) * H + h).to(tl.int64)
+        base = _base(b, r, h, sqb, sqr, sqh)
+        q = tl.load(Q + base + offs_m[:, None] * sqn + offs_d[None, :], mask=md, other=0.0)
+        obase = _base(b, r, h, sob, sor, soh)
+        do = tl.load(DO + obase + offs_m[:, None] * son + offs_d[None, :], mask=md, other=0.0)
+        k = tl.load(K + base + offs_n[:, None] * sqn + offs_d[None, :], mask=nd, other=0.0)
+        v = tl.load(V + base + offs_n[:, None] * sqn + offs_d[None, :], mask=nd, other=0.0)
+        lse = tl.load(LSE + slab * 2 * N + offs_m, mask=m_valid, other=float("inf"))
+        delta = tl.load(Delta + slab * N + offs_m, mask=m_valid, other=0.0)
+        keep = _keep(Mask, b, r, offs_n, n_valid, smb, smr, smj, HAS_MASK)
+        p, ds = _ds_tile(q, k, do, v, lse, delta, bias2, keep, qk_scale, True, True, PRECISION)
+        acc += ds
+    out = (split * (tl.num_programs(2)) + bbh).to(tl.int64) * N * N
+    tl.store(DBias + out + offs_m[:, None] * N + offs_n[None, :],
+             acc.to(DBias.dtype.element_ty), mask=m_valid[:, None] & n_valid[None, :])
+
+
+# ----------------------------------------------------------------------------- host side
+
+
+def _precision(dtype: torch.dtype) -> str:
+    # fp32 inputs get exact fp32 products (1e-5 agreement); half types use the tensor cores
+    if tuning.interpreting():
+        return "interp"
+    return "ieee" if dtype == torch.float32 else "tf32"
+
+
+def _block_d(d: int) -> int:
+    return max(16, triton.next_power_of_2(d))
+
+
+def _check(q, k, v, bias, mask, gate) -> None:
+    if q.dim() < 4:
+        raise ValueError(f"evo_attention: q must be [*, R, H, N, D], got shape {tuple(q.shape)}")
+    if k.shape != q.shape or v.shape != q.shape:
+        raise ValueError(f"evo_attention: q, k, v must have one shape (self-attention), got "
+                         f"{tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
+    if gate is not None and gate.shape != q.shape:
+        raise ValueError(f"evo_attention: gate must have q's shape {tuple(q.shape)}, "
+                         f"got {tuple(gate.shape)}")
+    if q.dtype not in SUPPORTED_DTYPES or k.dtype != q.dtype or v.dtype != q.dtype:
+        raise ValueError(f"evo_attention: q, k, v must share a dtype among {SUPPORTED_DTYPES}")
+    if q.shape[-1] > MAX_HEAD_DIM:
+        raise ValueError(f"evo_attention: head dim {q.shape[-1]} > {MAX_HEAD_DIM}")
+    *_, h, n, _ = q.shape
+    _check_bias_mask("evo_attention", h, n, bias, mask)
+    tuning.require_device("evo_attention", q, "fold_ops.reference.attention")
+
+
+def _check_bias_mask(op: str, h: int, n: int, bias, mask) -> None:
+    if bias is not None and tuple(bias.shape[-3:]) != (h, n, n):
+        raise ValueError(f"{op}: bias must be [*, H={h}, N={n}, N={n}], "
+                         f"got {tuple(bias.shape)}")
+    if mask is not None and mask.shape[-1] != n:
+        raise ValueError(f"{op}: mask must be [*, R, N={n}], got {tuple(mask.shape)}")
+
+
+def _bias_view(bias: torch.Tensor, batch: tuple[int, ...]) -> tuple[torch.Tensor, int]:
+    """The bias as [B_bias, H, N, N] (B_bias 1 if shared by every batch entry, else B)."""
+    h, n = bias.shape[-3], bias.shape[-1]
+    lead = tuple(bias.shape[:-3])
+    nb = math.prod(batch)
+    if len(lead) > len(batch):  # the output would broadcast beyond q's shape
+        raise ValueError(f"evo_attention: bias batch dims {lead} have more dims than q's "
+                         f"batch {batch}")
+    if math.prod(lead) == 1:
+        return bias.reshape(1, h, n, n), 1
+    if broadcast_shape(lead, batch) != batch:
+        raise ValueError(f"evo_attention: bias batch dims {lead} do not broadcast to {batch}")
+    return bias.expand(*batch, h, n, n).reshape(nb, h, n, n), nb
+
+
+def _mask_view(mask: torch.Tensor, batch: tuple[int, ...], r: int, n: int) -> torch.Tensor:
+    """The key mask as a [B, R, N] view (broadcast dims keep stride 0) in its own dtype: the
+    kernels test ``!= 0``, so a float or bool mask is read in place, never converted per call
+    (a bool mask is reinterpreted as uint8, a free view)."""
+    m = mask.view(torch.uint8) if mask.dtype == torch.bool else mask
+    return m.expand(*batch, r, n).reshape(-1, r, n)
+
+
+class _Launch:
+    """Flattened tensors and the scalars shared by the forward and backward launches.
+
+    Two layouts (strides of a [B, R, H, N, D] tensor): ``layout`` for q, k, v, gate and their
+    gradients, ``out_layout`` for o, dY and dO. They are the same for separate q/k/v; with
+    packed projections (:func:`evo_attention_packed`) the inputs are views of one
+    ``[B, R, N, P*H*D]`` tensor and the output is a dense ``[B, R, N, H*D]``.
+    """
+
+    def __init__(self, q, bias, mask, scale):
+        *batch, self.R, self.H, self.N, self.D = q.shape
+        self.batch = tuple(batch)
+        self.B = math.prod(self.batch)
+        self.scale = float(scale)
+        self.qk_scale = self.scale * LOG2E
+        self.block_d = _block_d(self.D)
+        self.precision = _precision(q.dtype)
+        self.bias_shape = None if bias is None else bias.shape
+        if bias is not None:
+            self.bias, self.Bb = _bias_view(bias, self.batch)
+            if self.bias.stride(-1) != 1:
+                # The model's bias is a head-last projection viewed [H, N, N] (movedim): its
+                # tiles would be read H elements apart, once per row and query block (3x
+                # slower kernels at N 768); one copy of H x N x N costs far less.
+                self.bias = self.bias.contiguous()
+            self.bias_strides = list(self.bias.stride())
+            if self.Bb == 1:
+                self.bias_strides[0] = 0
+        else:
+            self.bias, self.Bb, self.bias_strides = None, 1, [0, 0, 0, 0]
+        if mask is not None:
+            self.mask = _mask_view(mask, self.batch, self.R, self.N)
+            self.mask_strides = list(self.mask.stride())
+        else:
+            self.mask, self.mask_strides = None, [0, 0, 0]
+        self.dtype = q.dtype
+        self.layout: tuple[int, ...] = ()  # q's layout (set_layout / packed)
+        self.out_layout: tuple[int, ...] = ()  # o's layout
+        self.packed = False
+
+    def set_layout(self, q, k, v, gate):
+        """Adopt q's strides for q, k, v, gate, o, dO and the gradients when they share them and
+        are dense with D contiguous (the model's heads are a transposed view of a projection
+        ``[*, R, N, H, D]``: read and written in place, no copies); else copy to contiguous."""
+        tensors = [t for t in (q, k, v, gate) if t is not None]
+        stride = q.stride()
+        if not (_dense(q) and all(t.stride() == stride for t in tensors)):
+            q, k, v = (t.contiguous() for t in (q, k, v))
+            gate = gate.contiguous() if gate is not None else None
+            stride = q.stride()
+        self.layout = self.out_layout = tuple(stride)
+        return q, k, v, gate
+
+    def set_packed_layout(self, q):
+        """q, k, v, gate are views of one packed ``[B, R, N, P*H*D]`` projection (q's strides);
+        the output is a dense ``[B, R, N, H, D]`` seen as [B, R, H, N, D]."""
+        self.layout = tuple(q.stride())
+        n_hd = self.H * self.D
+        self.out_layout = (self.R * self.N * n_hd, self.N * n_hd, self.D, n_hd, 1)
+        self.packed = True
+
+    def empty(self, like: torch.Tensor) -> torch.Tensor:
+        """A new [B, R, H, N, D] tensor in q's layout (separate q/k/v only)."""
+        return torch.empty_strided(like.shape, self.layout, device=like.device, dtype=like.dtype)
+
+    def empty_out(self, like: torch.Tensor) -> torch.Tensor:
+        """A new [B, R, H, N, D] tensor in the output layout."""
+        return torch.empty_strided(like.shape, self.out_layout, device=like.device,
+                                   dtype=like.dtype)
+
+    def conform(self, t: torch.Tensor) -> torch.Tensor:
+        """``t`` (an output-side tensor: dY) in the output layout (a copy only when its strides
+        differ)."""
+        if t.stride() == self.out_layout:
+            return t
+        out = self.empty_out(t)
+        out.copy_(t)
+        return out
+
+    def even(self, cfg: tuning.Config) -> bool:
+        """N is a multiple of both block sizes: no key-boundary selects needed."""
+        return self.N % cfg.block_m == 0 and self.N % cfg.block_n == 0
+
+    def strides(self):
+        return (*self.bias_strides, *self.mask_strides, *self.layout[:4], *self.out_layout[:4])
+
+    def key(self, kernel: str) -> tuple:
+        return (kernel, self.R, self.N, self.D, self.dtype, self.bias is not None,
+                self.mask is not None, self.packed)
+
+
+def _dense(t: torch.Tensor) -> bool:
+    """Non-overlapping and dense, with the last dim contiguous."""
+    if t.stride(-1) != 1:
+        return False
+    expected = 1
+    for size, stride in sorted(zip(t.shape, t.stride()), key=lambda p: p[1]):
+        if size == 1:
+            continue
+        if stride != expected:
+            return False
+        expected *= size
+    return True
+
+
+def _parse_dkdv_tiles(value: str | None) -> str:
+    mode = (value or "auto").strip().lower()
+    if mode not in ("auto", "query", "key"):
+        raise ValueError(f"FOLD_EVO_DKDV={value!r}: expected auto, query or key")
+    return mode
+
+
+_DKDV_TILES = EnvVar("FOLD_EVO_DKDV", _parse_dkdv_tiles)
+
+
+@functools.cache
+def _dkdv_candidates(kernel: str, arch: str, d: int, tiles: str) -> tuple[tuning.Config, ...]:
+    """dK/dV's candidates, all (``auto``: the tuner picks) or only query-major (``query``) or
+    key-major (``key``) tiles (``FOLD_EVO_DKDV``: both timed side by side in one process)."""
+    cands = tuning._attention_configs(kernel, arch, d)
+    if tiles == "auto":
+        return cands
+    if arch == "interpreter":  # one candidate there: the same tiles in the asked order
+        return (dataclasses.replace(cands[0], transpose=tiles == "key"),)
+    return tuple(c for c in cands if c.transpose == (tiles == "key"))
+
+
+def _cfg(kernel: str, lp: _Launch, launch) -> tuning.Config:
+    if kernel.startswith("dkdv"):
+        cands = _dkdv_candidates(kernel, tuning.arch(), lp.D, _DKDV_TILES.get())
+    else:
+        cands = tuning._attention_configs(kernel, tuning.arch(), lp.D)  # memoised tuple
+    return tuning.pick(f"evo0_{kernel}", lp.key(kernel), cands, launch)
+
+
+def _forward(q, k, v, gate, gate_bias, lp: _Launch):
+    o = lp.empty_out(q)
+    o_pre = lp.empty_out(q) if gate is not None else o
+    lse = torch.empty((lp.B, lp.R, lp.H, 2, lp.N), device=q.device, dtype=torch.float32)
+    dummy = q
+
+    def launch(cfg: tuning.Config):
+        grid = (triton.cdiv(lp.N, cfg.block_m), triton.cdiv(lp.R, cfg.rows), lp.B * lp.H)
+        _fwd[grid](q, k, v, gate if gate is not None else dummy,
+                   gate_bias if gate_bias is not None else dummy,
+                   lp.bias if lp.bias is not None else dummy,
+                   lp.mask if lp.mask is not None else dummy,
+                   o, o_pre, lse, *lp.strides(), lp.R, lp.H, lp.N, lp.D, lp.qk_scale,
+                   HAS_BIAS=lp.bias is not None, HAS_MASK=lp.mask is not None,
+                   HAS_GATE=gate is not None, HAS_GATE_BIAS=gate_bias is not None,
+                   TWO_ROWS=cfg.rows == 2, EVEN=lp.even(cfg),
+                   BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
+                   BLOCK_D=lp.block_d, PRECISION=lp.precision,
+                   num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+
+    launch(_cfg("fwd", lp, launch))
+    return o, o_pre, lse
+
+
+def _backward(dy, q, k, v, gate, gate_bias, o_pre, lse, lp: _Launch, need_dbias: bool,
+              grads=None):
+    """dq, dk, dv, dbias, dgate; ``grads`` = (dq, dk, dv, dgate) to write into (views of one
+    packed gradient), else they are allocated in q's layout."""
+    dy = lp.conform(dy)
+    rows = lp.B * lp.R * lp.H * lp.N
+    delta = torch.empty((lp.B, lp.R, lp.H, lp.N), device=q.device, dtype=torch.float32)
+    if grads is None:
+        grads = (lp.empty(q), lp.empty(k), lp.empty(v),
+                 lp.empty(gate) if gate is not None else None)
+    dq, dk, dv, dgate = grads
+    do = lp.empty_out(q) if gate is not None else dy
+    block_r = 16 if tuning.interpreting() else 64
+    _bwd_pre[(triton.cdiv(rows, block_r),)](
+        dy, o_pre, gate if gate is not None else dy,
+        gate_bias if gate_bias is not None else dy, do, dgate if gate is not None else dy,
+        delta, rows, lp.R, lp.H, lp.N, lp.D, *lp.layout[:4], *lp.out_layout[:4],
+        HAS_GATE=gate is not None, HAS_GATE_BIAS=gate_bias is not None,
+        BLOCK_R=block_r, BLOCK_D=lp.block_d)
+
+    dummy = q
+    bias = lp.bias if lp.bias is not None else dummy
+    mask = lp.mask if lp.mask is not None else dummy
+    flags = dict(HAS_BIAS=lp.bias is not None, HAS_MASK=lp.mask is not None,
+                 BLOCK_D=lp.block_d, PRECISION=lp.precision)
+
+    want_dbias = need_dbias and lp.bias is not None
+    atomic = want_dbias and dbias_mode() == "atomic"
+    # atomic mode: dK/dV's pass adds every dS tile into one fp32 [B_bias, H, N, N] buffer
+    dbias32 = (torch.empty((lp.Bb, lp.H, lp.N, lp.N), device=q.device, dtype=torch.float32)
+               if atomic else dummy)
+    sdbb = lp.H * lp.N * lp.N if lp.Bb > 1 else 0
+    # dq_mode() "atomic": dK/dV's pass also adds dQ into a dense fp32 [B, R, H, N, D] buffer
+    dq_atomic = dq_mode(lp.D) == "atomic"
+    dq32 = (torch.empty((lp.B, lp.R, lp.H, lp.N, lp.D), device=q.device, dtype=torch.float32)
+            if dq_atomic else dummy)
+
+    def launch_dkdv(cfg: tuning.Config):
+        grid = (triton.cdiv(lp.N, cfg.block_n), triton.cdiv(lp.R, cfg.rows), lp.B * lp.H)
+        if atomic:
+            dbias32.zero_()  # inside the launch: the tuner runs it repeatedly
+        if dq_atomic:
+            dq32.zero_()
+        _bwd_dkdv[grid](q, k, v, bias, mask, do, lse, delta, dk, dv, dbias32, dq32,
+                        *lp.strides(), lp.R, lp.H, lp.N, lp.D, lp.qk_scale, lp.scale, sdbb,
+                        TWO_ROWS=cfg.rows == 2, EVEN=lp.even(cfg), DBIAS_ATOMIC=atomic,
+                        DQ_ATOMIC=dq_atomic, TRANSPOSE=cfg.transpose,
+                        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, **flags,
+                        num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+
+    def launch_dq(cfg: tuning.Config):
+        grid = (triton.cdiv(lp.N, cfg.block_m), triton.cdiv(lp.R, cfg.rows), lp.B * lp.H)
+        _bwd_dq[grid](q, k, v, bias, mask, do, lse, delta, dq, *lp.strides(),
+                      lp.R, lp.H, lp.N, lp.D, lp.qk_scale, lp.scale,
+                      TWO_ROWS=cfg.rows == 2, EVEN=lp.even(cfg),
+                        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, **flags,
+                      num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+
+    kernel = "dkdv" + ("_atomic" if atomic else "") + ("_dq" if dq_atomic else "")
+    launch_dkdv(_cfg(kernel, lp, launch_dkdv))
+    if dq_atomic:
+        dq.copy_(dq32)  # into q's dtype and layout (a view of the packed gradient too)
+    else:
+        launch_dq(_cfg("dq", lp, launch_dq))
+
+    dbias = None
+    if atomic:
+        dbias = dbias32 if lp.bias.dtype == torch.float32 else dbias32.to(lp.bias.dtype)
+    elif want_dbias:
+        rows_per_bias = lp.R * (lp.B // lp.Bb)
+        state = {}
+
+        def launch_dbias(cfg: tuning.Config):
+            n_m, n_n = triton.cdiv(lp.N, cfg.block_m), triton.cdiv(lp.N, cfg.block_n)
+            splits = _dbias_splits(n_m * n_n * lp.H * lp.Bb, rows_per_bias, q.device)
+            per_split = triton.cdiv(rows_per_bias, splits)
+            # one split: the kernel stores the bias's dtype directly; more: fp32 partials
+            out = torch.empty((splits, lp.Bb, lp.H, lp.N, lp.N), device=q.device,
+                              dtype=lp.bias.dtype if splits == 1 else torch.float32)
+            _bwd_dbias[(n_n * splits, n_m, lp.H * lp.Bb)](
+                q, k, v, bias, mask, do, lse, delta, out, *lp.strides(),
+                lp.R, lp.H, lp.N, lp.D, lp.qk_scale, rows_per_bias, per_split, n_n,
+                HAS_MASK=lp.mask is not None, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
+                BLOCK_D=lp.block_d, PRECISION=lp.precision,
+                num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+            state["out"] = out
+
+        launch_dbias(_cfg("dbias", lp, launch_dbias))
+        out = state["out"]
+        dbias = sum_partials(out, lp.bias.dtype)  # fixed order: deterministic, one launch
+    return dq, dk, dv, dbias, dgate
+
+
+def _parse_dbias_mode(value: str | None) -> str:
+    mode = (value or DEFAULT_DBIAS_MODE).strip().lower()
+    if mode not in DBIAS_MODES:
+        raise ValueError(f"FOLD_EVO_DBIAS={value!r}: expected one of {DBIAS_MODES}")
+    return mode
+
+
+_DBIAS_MODE = EnvVar("FOLD_EVO_DBIAS", _parse_dbias_mode)
+
+
+def dbias_mode() -> str:
+    """How the backward reduces the bias gradient over the R rows (``FOLD_EVO_DBIAS``):
+
+    * ``pass``: a separate kernel per bias tile loops over the rows in a fixed order
+      (deterministic; recomputes the logits and dP once more);
+    * ``atomic``: dK/dV's pass adds each dS tile with fp32 atomics (one pass fewer; the
+      summation order, so the last bits of dbias, vary from run to run);
+    * ``auto`` (default): ``pass`` under ``torch.use_deterministic_algorithms(True)``, else
+      ``atomic`` (faster on an H100 at every measured shape but the smallest:
+      benchmarks/results/kernels/kernels_attention.md), PyTorch's own convention for atomics.
+    """
+    mode = _DBIAS_MODE.get()
+    if mode == "auto":
+        return "pass" if torch.are_deterministic_algorithms_enabled() else "atomic"
+    return mode
+
+
+def _parse_dq_mode(value: str | None) -> str:
+    mode = (value or "auto").strip().lower()
+    if mode not in DQ_MODES:
+        raise ValueError(f"FOLD_EVO_DQ={value!r}: expected one of {DQ_MODES}")
+    return mode
+
+
+_DQ_MODE = EnvVar("FOLD_EVO_DQ", _parse_dq_mode)
+
+
+def dq_mode(head_dim: int) -> str:
+    """How the backward computes dQ for heads of ``head_dim`` (``FOLD_EVO_DQ``):
+
+    * ``pass``: :func:`_bwd_dq`, one program per query block looping over the keys
+      (deterministic; recomputes S, P and dP a second time);
+    * ``atomic``: dK/dV's pass adds each tile's ``dS K`` into an fp32 ``[B, R, H, N, D]``
+      buffer with atomics, as FlashAttention-2's original kernel does (one recomputation fewer,
+      a zeroed buffer and a copy more; the summation order, so the last bits of dQ, vary);
+    * ``auto`` (default): ``pass`` under ``torch.use_deterministic_algorithms(True)``; else
+      ``atomic`` for head dims under 16 and ``pass`` from 16 up. Measured on an H100 (bf16,
+      benchmarks/results/kernels/kernels_attention_dq.md): at D 8 (extra MSA) ``atomic`` is
+      7-8% faster forward+backward; at D 32 the dQ atomics cost as much as the pass they
+      replace (up to 6% slower from N 256 to 768, within 2% at 1536) and the fp32 buffer adds
+      R H N D x 4 bytes.
+    """
+    mode = _DQ_MODE.get()
+    if mode == "auto":
+        if torch.are_deterministic_algorithms_enabled():
+            return "pass"
+        return "atomic" if head_dim < 16 else "pass"
+    return mode
+
+
+def _dbias_splits(tiles: int, rows: int, device: torch.device) -> int:
+    """How many slabs the R-reduction is split into so that the grid fills the GPU."""
+    if tuning.interpreting() or device.type != "cuda":
+        return 2 if rows > 2 else 1  # exercise the two-stage path in CPU tests too
+    sms = tuning.multiprocessors(device)
+    want = max(1, (2 * sms) // max(tiles, 1))
+    return int(min(want, max(rows // 32, 1), 16))
+
+
+def _dbias_shape(dbias: torch.Tensor | None, lp: _Launch) -> torch.Tensor | None:
+    """The bias gradient ``[B_bias, H, N, N]`` in the bias's own shape."""
+    if dbias is None:
+        return None
+    if lp.Bb == 1:  # one bias for every batch entry: its leading dims are all 1
+        return dbias.reshape(lp.bias_shape)
+    # [B, H, N, N] -> [*batch, H, N, N], summed over the bias's broadcast dims
+    return dbias.reshape(*lp.batch, lp.H, lp.N, lp.N).sum_to_size(lp.bias_shape)
+
+
+class _EvoAttention(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, bias, mask, gate, scale):
+        lp = _Launch(q, bias, mask, scale)
+        shape = q.shape
+        flat = (lp.B, lp.R, lp.H, lp.N, lp.D)
+        q_, k_, v_ = (t.reshape(flat) for t in (q, k, v))  # views for the usual layouts
+        g_ = gate.reshape(flat) if gate is not None else None
+        q_, k_, v_, g_ = lp.set_layout(q_, k_, v_, g_)
+        o, o_pre, lse = _forward(q_, k_, v_, g_, None, lp)
+        ctx.save_for_backward(q_, k_, v_, g_, o_pre, lse)
+        ctx.lp = lp
+        ctx.shape = shape
+        return o.reshape(shape)
+
+    @staticmethod
+    def backward(ctx, dy):
+        q, k, v, g, o_pre, lse = ctx.saved_tensors
+        lp: _Launch = ctx.lp
+        need_dbias = ctx.needs_input_grad[3]
+        dq, dk, dv, dbias, dgate = _backward(dy.reshape(q.shape), q, k, v, g, None, o_pre, lse,
+                                             lp, need_dbias)
+        shape = ctx.shape
+        return (dq.reshape(shape), dk.reshape(shape), dv.reshape(shape), _dbias_shape(dbias, lp),
+                None, None if dgate is None else dgate.reshape(shape), None)
+
+
+def _unpack(proj: torch.Tensor, parts: int, no_heads: int) -> list[torch.Tensor]:
+    """``proj [B, R, N, parts*H*D]`` -> ``parts`` views ``[B, R, H, N, D]`` (q, k, v[, gate]),
+    all with the same strides (rows ``parts*H*D`` apart)."""
+    n_hd = proj.shape[-1] // parts
+    return [proj[..., i * n_hd:(i + 1) * n_hd].unflatten(-1, (no_heads, -1)).transpose(2, 3)
+            for i in range(parts)]
+
+
+class _EvoAttentionPacked(torch.autograd.Function):
+    """Self-attention from one packed projection: the kernels read q, k, v and the gate in place
+    and write their gradients into one packed gradient, so the model's single GEMM for the four
+    projections needs no split in the forward and no concatenation (or gradient sum over four
+    GEMMs) in the backward."""
+
+    @staticmethod
+    def forward(ctx, proj, bias, mask, gate_bias, scale, no_heads, gated):
+        *batch, r, n, width = proj.shape
+        parts = 4 if gated else 3
+        flat = proj.reshape(math.prod(batch), r, n, width)  # [B, R, N, P*H*D]
+        if flat.stride(-1) != 1:
+            flat = flat.contiguous()
+        views = _unpack(flat, parts, no_heads)  # q, k, v[, gate]: [B, R, H, N, D]
+        q, k, v = views[:3]
+        g = views[3] if gated else None
+        lp = _Launch(q.reshape(*batch, *q.shape[1:]), bias, mask, scale)
+        lp.set_packed_layout(q)
+        o, o_pre, lse = _forward(q, k, v, g, gate_bias, lp)
+        ctx.save_for_backward(flat, gate_bias, o_pre, lse)
+        ctx.lp, ctx.parts, ctx.no_heads, ctx.shape = lp, parts, no_heads, proj.shape
+        # o is dense [B, R, N, H, D] seen as [B, R, H, N, D]: back to [*, R, N, H*D], a view
+        return o.transpose(2, 3).reshape(*batch, r, n, -1)
+
+    @staticmethod
+    def backward(ctx, dy):
+        flat, gate_bias, o_pre, lse = ctx.saved_tensors
+        lp: _Launch = ctx.lp
+        views = _unpack(flat, ctx.parts, ctx.no_heads)
+        q, k, v = views[:3]
+        g = views[3] if ctx.parts == 4 else None
+        dflat = torch.empty(flat.shape, device=flat.device, dtype=flat.dtype)  # [B, R, N, P*H*D]
+        grads = _unpack(dflat, ctx.parts, ctx.no_heads)
+        dy = dy.reshape(lp.B, lp.R, lp.N, lp.H, lp.D).transpose(2, 3)  # [B, R, H, N, D]
+        _, _, _, dbias, _ = _backward(dy, q, k, v, g, gate_bias, o_pre, lse, lp,
+                                      ctx.needs_input_grad[1],
+                                      grads=(*grads[:3], grads[3] if g is not None else None))
+        dgate_bias = None
+        if gate_bias is not None and ctx.needs_input_grad[3]:
+            n_hd = lp.H * lp.D
+            dg = dflat.view(-1, dflat.shape[-1])[:, 3 * n_hd:]  # [B*R*N, H*D], strided rows
+            dgate_bias = column_sum(dg, gate_bias.dtype)
+        return (dflat.reshape(ctx.shape), _dbias_shape(dbias, lp), None, dgate_bias, None, None,
+                None)
+
+
+def evo_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                  bias: torch.Tensor | None = None, mask: torch.Tensor | None = None,
+                  scale: float | None = None, gate: torch.Tensor | None = None) -> torch.Tensor:
+    """Attention with a pair bias shared over R rows, optionally gated (AF2 gated attention).
+
+    Args:
+        q, k, v: ``[*, R, H, N, D]``, fp16/bf16/fp32, D <= 128 (8, 16, 32, 64 are tuned).
+        bias: ``[*, H, N, N]`` (leading dims broadcast to q's), or None (MSA column attention).
+        mask: ``[*, R, N]`` bool or float, true/1 = attend; None attends to every key.
+        scale: multiplies ``q k^T``; defaults to ``D ** -0.5``.
+        gate: ``[*, R, H, N, D]`` or None; the output becomes ``o * sigmoid(gate)``.
+
+    Returns:
+        ``[*, R, H, N, D]`` in q's dtype. Differentiable in q, k, v, bias and gate.
+    """
+    _check(q, k, v, bias, mask, gate)
+    if scale is None:
+        scale = q.shape[-1] ** -0.5
+    return _EvoAttention.apply(q, k, v, bias, mask, gate, scale)
+
+
+def evo_attention_packed(proj: torch.Tensor, no_heads: int, bias: torch.Tensor | None = None,
+                         mask: torch.Tensor | None = None, scale: float | None = None,
+                         gate_bias: torch.Tensor | None = None, gated: bool = True
+                         ) -> torch.Tensor:
+    """Self-attention whose q, k, v (and gate) come packed in one projection.
+
+    Args:
+        proj: ``[*, R, N, P*H*D]`` with P = 4 (``gated``: q | k | v | gate) or 3 (q | k | v),
+            each part head-major ``[H, D]``: the output of one linear layer with the four
+            weight matrices stacked.
+        no_heads: H.
+        bias, mask, scale: as :func:`evo_attention` (bias ``[*, H, N, N]``, mask ``[*, R, N]``).
+        gate_bias: ``[H*D]`` added to the gate before the sigmoid, or None.
+
+    Returns:
+        ``o [*, R, N, H*D]`` (heads merged, ready for the output projection), gated by
+        ``sigmoid(gate + gate_bias)`` when ``gated``. Differentiable in proj, bias and gate_bias.
+    """
+    _check_packed(proj, no_heads, bias, mask, gate_bias, gated)
+    d = proj.shape[-1] // ((4 if gated else 3) * no_heads)
+    if scale is None:
+        scale = d ** -0.5
+    return _EvoAttentionPacked.apply(proj, bias, mask, gate_bias, scale, no_heads, gated)
+
+
+def _check_packed(proj, no_heads, bias, mask, gate_bias, gated) -> None:
+    parts = 4 if gated else 3
+    if proj.dim() < 3:
+        raise ValueError(f"evo_attention_packed: proj must be [*, R, N, P*H*D], got shape "
+                         f"{tuple(proj.shape)}")
+    if no_heads < 1 or proj.shape[-1] % (parts * no_heads):
+        raise ValueError(f"evo_attention_packed: the last dim {proj.shape[-1]} of proj is not "
+                         f"{parts} x H={no_heads} x D")
+    d = proj.shape[-1] // (parts * no_heads)
+    if gate_bias is not None and (not gated or gate_bias.shape != (no_heads * d,)):
+        raise ValueError(f"evo_attention_packed: gate_bias must be [H*D={no_heads * d}] with "
+                         f"gated=True, got {tuple(gate_bias.shape)} (gated={gated})")
+    if proj.dtype not in SUPPORTED_DTYPES:
+        raise ValueError(f"evo_attention_packed: proj must be one of {SUPPORTED_DTYPES}, got "
+                         f"{proj.dtype}")
+    if d > MAX_HEAD_DIM:
+        raise ValueError(f"evo_attention_packed: head dim {d} > {MAX_HEAD_DIM}")
+    _check_bias_mask("evo_attention_packed", no_heads, proj.shape[-2], bias, mask)
+    tuning.require_device("evo_attention_packed", proj,
+                          "fold_ops.reference.attention_packed")
