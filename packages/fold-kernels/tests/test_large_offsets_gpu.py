@@ -14,7 +14,7 @@ The last test checks PyTorch's own GEMMs (cuBLAS) at the pair sizes of triangle
 multiplication, to tell a fold kernel's failure from one outside fold.
 
 Run on a GPU: ``python -m pytest -c pytest.ini --rootdir . -q -m gpu
-packages/fold-kernels/tests/test_large_offsets_gpu.py`` (about 2 minutes on an H100, most of it
+packages/fold-kernels/tests/test_large_offsets_gpu.py`` (2-4 minutes on an H100, most of it
 Triton compiling; the CPU interpreter's tests of the same offsets are test_large_offsets.py).
 """
 
@@ -300,8 +300,9 @@ def test_fused_adam_and_grad_norm():
 def test_torch_gemms_at_pair_sizes():
     """Not fold's kernels: cuBLAS through PyTorch at triangle multiplication's sizes (N 4100,
     c 128: every operand 2.15e9 elements), ``linear_channel_first`` (the projections) and the
-    batched product over k. If the kernels' tests pass and a long input still fails, this is
-    the next suspect."""
+    batched product over k, and a linear layer whose output passes 2**31 elements (the pair
+    transition's). If the kernels' tests pass and a long input still fails, these are the next
+    suspects."""
     n = 4100
     x = _randn(1, n, n, C, seed=42).requires_grad_()
     w = _randn(C, C, seed=43) * C**-0.5
@@ -319,3 +320,9 @@ def test_torch_gemms_at_pair_sizes():
     for ch in (0, C - 1):
         want = a[ch, -8:].double() @ b[ch].double().t()
         assert rel_err(out[ch, -8:], want) < TOL
+    del a, b, out
+    x = _randn(2**22 + 2048, C, seed=46)  # the pair transition's first layer: C -> 4C
+    w = _randn(4 * C, C, seed=47) * C**-0.5
+    y = torch.nn.functional.linear(x, w)  # [N*N, 4C]: 2.15e9 elements
+    for rows in (slice(0, 8), slice(x.shape[0] - 8, x.shape[0])):
+        assert rel_err(y[rows], x[rows].double() @ w.double().t()) < TOL
