@@ -90,6 +90,33 @@ def test_layer_norm():
     assert rel_err(w.grad, dw) < TOL and rel_err(b.grad, db) < TOL
 
 
+def test_layer_norm_channel_first_product():
+    """Issue 23's failure: triangle multiplication's ``layer_norm_out(x.movedim(-3, -1))``
+    reads the channel-first product ``[c, N, N]`` through its strides; channel 127 starts at
+    127 * N * N elements, past 2**31 from N = 4113 (4096 ran, 4608 gave non-finite output).
+    N = 4160 here, unchunked; forward, and the backward's x and dx (in x's layout)."""
+    n = 4160
+    x_cf = _randn(C, n, n, seed=48).requires_grad_()  # [c, N_i, N_j]: 2.2e9 elements
+    w, b = _randn(C, seed=49).requires_grad_(), _randn(C, seed=50).requires_grad_()
+    y = fk.layer_norm(x_cf.movedim(0, -1), w, b)  # [N_i, N_j, c]
+    dy = _randn(n, n, C, seed=51)
+    y.backward(dy)
+    for i in (0, n - 1):
+        xs = _leaf(x_cf[:, i].t())  # [N_j, c]
+        ys = ref.layer_norm(xs, w.detach().double(), b.detach().double())
+        ys.backward(dy[i].double())
+        assert rel_err(y[i], ys) < TOL
+        assert rel_err(x_cf.grad[:, i].t(), xs.grad) < TOL
+    dw = torch.zeros(C, device=DEV, dtype=torch.float64)
+    db = torch.zeros_like(dw)
+    for i in range(0, n, 256):
+        xc, dyc = x_cf.detach()[:, i:i + 256].movedim(0, -1).float(), dy[i:i + 256].float()
+        var, mean = torch.var_mean(xc, -1, unbiased=False, keepdim=True)
+        dw += (dyc * (xc - mean) * torch.rsqrt(var + 1e-5)).sum((0, 1)).double()
+        db += dyc.sum((0, 1)).double()
+    assert rel_err(w.grad, dw) < TOL and rel_err(b.grad, db) < TOL
+
+
 def test_softmax_mask_bias():
     r, h, n = 129, 4, 2048  # logits [R, H, N, N]: 2.16e9 elements; row 128 starts past 2**31
     logits = _randn(r, h, n, n, seed=5)
