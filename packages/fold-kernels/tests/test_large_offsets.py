@@ -102,11 +102,17 @@ def test_softmax_column_strides():
     _check(fk.softmax_mask_bias, ref.softmax_mask_bias, kin, [z, m, b], 10, 1e-6)
 
 
-def test_layer_norm_column_stride():
-    """x read with a column stride of 2**27 (forward and backward)."""
-    x, w, b = _rand(5, 24, seed=4), _rand(24, seed=5), _rand(24, seed=6)
-    kin = [huge(x, (1, BIG)), w.clone(), b.clone()]
-    _check(fk.layer_norm, ref.layer_norm, kin, [x, w, b], 11, 1e-5)
+def test_layer_norm_channel_first_view():
+    """Triangle multiplication's ``layer_norm_out(x.movedim(-3, -1))``: LayerNorm reads the
+    channel-first product ``[c, I, J]`` through its strides, so channel k sits ``k * I * J``
+    elements from channel 0. With c = 128 that passes 2**31 once ``I * J >= 2**31 / 127``,
+    i.e. from N = 4113 when the product is not chunked: issue 23's failure at 4608 residues
+    (4096 was fine). Here the channel stride is 2**27 (forward, and the backward's x and dx,
+    which keeps x's layout)."""
+    x, w, b = _rand(24, 2, 3, seed=4), _rand(24, seed=5), _rand(24, seed=6)
+    kx = huge(x, (BIG, 3, 1)).movedim(0, -1)  # [I, J, c], channel stride 2**27
+    _check(fk.layer_norm, ref.layer_norm, [kx, w.clone(), b.clone()], [x.movedim(0, -1), w, b],
+           11, 1e-5)
 
 
 def test_column_sum_column_stride():

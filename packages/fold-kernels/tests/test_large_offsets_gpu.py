@@ -14,7 +14,7 @@ The last test checks PyTorch's own GEMMs (cuBLAS) at the pair sizes of triangle
 multiplication, to tell a fold kernel's failure from one outside fold.
 
 Run on a GPU: ``python -m pytest -c pytest.ini --rootdir . -q -m gpu
-packages/fold-kernels/tests/test_large_offsets_gpu.py`` (about 2 minutes on an H100, most of it
+packages/fold-kernels/tests/test_large_offsets_gpu.py`` (2-4 minutes on an H100, most of it
 Triton compiling; the CPU interpreter's tests of the same offsets are test_large_offsets.py).
 """
 
@@ -87,6 +87,33 @@ def test_layer_norm():
         var, mean = torch.var_mean(xc, -1, unbiased=False, keepdim=True)
         dw += (dyc * (xc - mean) * torch.rsqrt(var + 1e-5)).sum(0).double()
         db += dyc.sum(0).double()
+    assert rel_err(w.grad, dw) < TOL and rel_err(b.grad, db) < TOL
+
+
+def test_layer_norm_channel_first_product():
+    """Issue 23's failure: triangle multiplication's ``layer_norm_out(x.movedim(-3, -1))``
+    reads the channel-first product ``[c, N, N]`` through its strides; channel 127 starts at
+    127 * N * N elements, past 2**31 from N = 4113 (4096 ran, 4608 gave non-finite output).
+    N = 4160 here, unchunked; forward, and the backward's x and dx (in x's layout)."""
+    n = 4160
+    x_cf = _randn(C, n, n, seed=48).requires_grad_()  # [c, N_i, N_j]: 2.2e9 elements
+    w, b = _randn(C, seed=49).requires_grad_(), _randn(C, seed=50).requires_grad_()
+    y = fk.layer_norm(x_cf.movedim(0, -1), w, b)  # [N_i, N_j, c]
+    dy = _randn(n, n, C, seed=51)
+    y.backward(dy)
+    for i in (0, n - 1):
+        xs = _leaf(x_cf[:, i].t())  # [N_j, c]
+        ys = ref.layer_norm(xs, w.detach().double(), b.detach().double())
+        ys.backward(dy[i].double())
+        assert rel_err(y[i], ys) < TOL
+        assert rel_err(x_cf.grad[:, i].t(), xs.grad) < TOL
+    dw = torch.zeros(C, device=DEV, dtype=torch.float64)
+    db = torch.zeros_like(dw)
+    for i in range(0, n, 256):
+        xc, dyc = x_cf.detach()[:, i:i + 256].movedim(0, -1).float(), dy[i:i + 256].float()
+        var, mean = torch.var_mean(xc, -1, unbiased=False, keepdim=True)
+        dw += (dyc * (xc - mean) * torch.rsqrt(var + 1e-5)).sum((0, 1)).double()
+        db += dyc.sum((0, 1)).double()
     assert rel_err(w.grad, dw) < TOL and rel_err(b.grad, db) < TOL
 
 
@@ -300,8 +327,9 @@ def test_fused_adam_and_grad_norm():
 def test_torch_gemms_at_pair_sizes():
     """Not fold's kernels: cuBLAS through PyTorch at triangle multiplication's sizes (N 4100,
     c 128: every operand 2.15e9 elements), ``linear_channel_first`` (the projections) and the
-    batched product over k. If the kernels' tests pass and a long input still fails, this is
-    the next suspect."""
+    batched product over k, and a linear layer whose output passes 2**31 elements (the pair
+    transition's). If the kernels' tests pass and a long input still fails, these are the next
+    suspects."""
     n = 4100
     x = _randn(1, n, n, C, seed=42).requires_grad_()
     w = _randn(C, C, seed=43) * C**-0.5
@@ -319,3 +347,9 @@ def test_torch_gemms_at_pair_sizes():
     for ch in (0, C - 1):
         want = a[ch, -8:].double() @ b[ch].double().t()
         assert rel_err(out[ch, -8:], want) < TOL
+    del a, b, out
+    x = _randn(2**22 + 2048, C, seed=46)  # the pair transition's first layer: C -> 4C
+    w = _randn(4 * C, C, seed=47) * C**-0.5
+    y = torch.nn.functional.linear(x, w)  # [N*N, 4C]: 2.15e9 elements
+    for rows in (slice(0, 8), slice(x.shape[0] - 8, x.shape[0])):
+        assert rel_err(y[rows], x[rows].double() @ w.double().t()) < TOL
