@@ -20,12 +20,13 @@ def test_attention_candidates_per_architecture(kernel):
 
 
 def test_large_forward_tiles_only_for_half_dtypes_at_head_dim_32():
-    """The 128-query, multi-row forward tiles need up to 180 KB of shared memory in bf16 (twice
-    that in fp32): offered for 2-byte dtypes at head dims 17-32 only, after the default."""
+    """The 128-query forward tiles (the two that won an H100 sweep) need about 100 KB of shared
+    memory in bf16 (twice that in fp32): offered for 2-byte dtypes at head dims 17-32 only,
+    after the default."""
     fp32 = tuning.attention_configs("fwd", "sm90", 32)
     half = tuning.attention_configs("fwd", "sm90", 32, itemsize=2)
     assert half[: len(fp32)] == fp32 and len(half) > len(fp32)
-    assert {c.rows for c in half} == {1, 2, 4} and max(c.block_m for c in half) >= 128
+    assert {c.rows for c in half} == {1, 2} and max(c.block_m for c in half) >= 128
     assert all(c.rows <= 2 and c.block_m <= 64 for c in fp32)
     for d in (16, 64):  # other head dims: the same candidates for every dtype
         assert (tuning.attention_configs("fwd", "sm90", d, itemsize=2)

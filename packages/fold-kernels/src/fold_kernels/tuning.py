@@ -113,14 +113,13 @@ def attention_configs(kernel: str, name: str, head_dim: int,
 
 
 # Forward tiles for head dims 17-32 in 2-byte dtypes (bf16, fp16): 128-query tiles halve the L2
-# traffic of K and V per logit (4 D / BLOCK_M bytes) and, with more logits per thread, the
-# per-tile overhead; 2 or 4 rows per program divide the bias traffic and its conversion. Their
-# shared memory (num_stages x (rows x 2 x BLOCK_N x 32 + BLOCK_M x BLOCK_N) x 2 bytes, 64-180 KB)
-# fits an H100's 227 KB in bf16, not always in fp32, hence the dtype filter. The choice among
-# them is the tuner's; benchmarks/kernels/attention_fwd_sweep.py times each one.
-_FWD_HALF_D32 = [(128, 64, 8, 3, 2), (128, 64, 4, 3, 1), (128, 64, 4, 3, 2), (128, 128, 8, 3, 1),
-                 (128, 128, 8, 3, 2), (128, 64, 8, 3, 4), (128, 64, 8, 4, 2), (64, 64, 4, 3, 2),
-                 (64, 64, 4, 3, 4), (64, 128, 4, 3, 2), (256, 64, 8, 3, 2)]
+# traffic of K and V per logit (4 D / BLOCK_M bytes). Their shared memory fits an H100's 227 KB
+# in bf16, not always in fp32, hence the dtype filter. Of eleven such candidates timed on an
+# H100 (benchmarks/results/kernels/kernels_attention_fwd_sweep.md: triangle N 256-1536, MSA
+# rows) only these two were the fastest forward anywhere (triangle N 384: 0.381 ms against the
+# base list's best 0.432); 8 warps, 128-key blocks and four rows per program lost everywhere,
+# up to 2x, and each candidate costs every new shape a compile and a timing.
+_FWD_HALF_D32 = [(128, 64, 4, 3, 1), (128, 64, 4, 3, 2)]
 
 
 @functools.cache
