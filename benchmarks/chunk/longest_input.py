@@ -32,8 +32,9 @@ real prediction with the same (unchunked) settings and ``--no-cuda-graphs`` (the
 the eager predictor), and reports estimate / measured.
 
 Measured times (benchmarks/results/chunk/longest_input.md, one H100 80GB / H200 141GB, start-up
-included): AF2 `--autochunk auto` 2048 residues 85 s, 4096 180 s (H100); AF2 `--chunk-size 64`
-6144 residues 549 s (H200); AF3 2048 tokens 162 s (H100). A trial's start-up is 20-40 s
+included): AF2 `--autochunk auto` 2048 residues 85 s, 4096 180 s, 4608 268 s (H100); AF2
+`--chunk-size 64` 6144 residues 549 s (H200); AF3 2048 / 3072 / 4096 tokens 162 / 252 / 389 s
+(H100, before the structure checks' areas moved to the GPU). A trial's start-up is 20-40 s
 (imports, CUDA, checkpoint load) plus AutoChunk's planning of each stack and the kernels'
 autotuning at new shapes. Each family gets ``--budget-seconds`` (default 450 s: a trial is not
 started when it would not finish), so run the families as separate calls, each under the device
