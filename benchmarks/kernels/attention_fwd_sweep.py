@@ -1,16 +1,14 @@
-"""EvoAttention's forward: every launch candidate, the kernels before issue 21's forward work and
-FlexAttention, side by side in one process on one GPU (bf16, D 32).
+"""EvoAttention's forward: every launch candidate, the tuned op and FlexAttention, side by side in
+one process on one GPU (bf16, D 32).
 
 For each shape, on the inputs of ``benchmarks/kernels/attention.py`` (q, k, v ``[1, R, H, N,
 D]``, a pair bias ``[1, H, N, N]`` shared by the R rows, a key mask with about 5% holes, one fixed
 output gradient), it times the forward and the forward+backward (median of ``--reps`` calls,
 each timed with CUDA events) at triangle N 768 and 1536 (H 4), MSA rows (512, 384) (H 8), then
-the small shapes where the old kernels already led (triangle 256, 384, MSA (128, 256)), of:
+the small shapes (triangle 256, 384, MSA (128, 256)), of:
 
 * ``flex``: FlexAttention compiled with a bias ``score_mod``
   (``benchmarks.common.attention_inputs``);
-* ``v0``: the EvoAttention kernels as of commit 5912db1 (``benchmarks.common.evo_attention_v0``),
-  with their tuner's forward pick among their own candidates;
 * ``tuned``: ``fold_kernels.evo_attention`` as a user runs it, the tuner picking the forward;
 * ``fwd[BMxBN wW sS rR]``: ``fold_kernels.evo_attention`` with the forward pinned to each of its
   candidates in turn (``tuning.pinned``), so every candidate is measured, not only the pick.
@@ -18,9 +16,11 @@ the small shapes where the old kernels already led (triangle 256, 384, MSA (128,
 The backward of every EvoAttention row runs the same pinned kernels (by default the tuner's
 picks recorded on an H100 in kernels_attention_dq_tuning.json: dK/dV 64 x 64, 4 warps, 3
 stages, two rows, key-major, dbias by atomics; dQ 64 x 32 two rows), so forward+backward rows
-differ by their forward, and ``v0`` against the others also by the backward's arithmetic (same
-tiles). ``--tune-backward`` lets the tuners pick instead (slower: every backward candidate is
-compiled). Outputs and gradients of every row are compared with ``v0``'s (both bf16).
+differ by their forward only. ``--tune-backward`` lets the tuners pick instead (slower: every
+backward candidate is compiled). Outputs and gradients of every candidate are compared with the
+tuned op's (both bf16). The committed 2026-11-25 results also have a ``v0`` row, the kernels of
+commit 5912db1 before issue 21's forward work (a frozen copy then; check that commit out to
+time them again).
 
     python -m benchmarks.kernels.attention_fwd_sweep \\
         --out benchmarks/results/kernels/kernels_attention_fwd_sweep.json
@@ -88,15 +88,14 @@ def forward_candidates(device: torch.device, head_dim: int) -> list:
 
 @contextlib.contextmanager
 def pinned_backward(enabled: bool):
-    """Pin the backward kernels of both the product (``evo_*``) and v0 (``evo0_*``)."""
+    """Pin the backward kernels (``evo_*`` tuner keys)."""
     from fold_kernels import tuning
 
     with contextlib.ExitStack() as stack:
         if enabled and not tuning.interpreting():
             for kernel, bm, bn, w, s, rows, t in BACKWARD_PINS:
                 cfg = tuning.Config(bm, bn, w, s, rows=rows, transpose=t)
-                for prefix in ("evo_", "evo0_"):
-                    stack.enter_context(tuning.pinned(prefix + kernel, cfg))
+                stack.enter_context(tuning.pinned("evo_" + kernel, cfg))
         yield
 
 
@@ -126,9 +125,9 @@ def time_one(fn, inputs, device, reps: int, reference=None) -> tuple[dict, tuple
     except Exception as exc:  # FlexAttention has no CPU backward; out of memory; ...
         res["fwd_bwd_error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:160]}"
     if reference is not None:
-        res["err_vs_v0"] = [rel_err(out, reference[0])]
+        res["err_vs_tuned"] = [rel_err(out, reference[0])]
         if grads is not None and reference[1] is not None:
-            res["err_vs_v0"] += [rel_err(a, b) for a, b in zip(grads, reference[1])]
+            res["err_vs_tuned"] += [rel_err(a, b) for a, b in zip(grads, reference[1])]
     for t in leaves:
         t.grad = None
     return res, (out, grads)
@@ -137,8 +136,6 @@ def time_one(fn, inputs, device, reps: int, reference=None) -> tuple[dict, tuple
 def run_shape(name: str, contenders: list[str], device: torch.device, reps: int,
               pin_backward: bool) -> dict:
     from fold_kernels import evo_attention, tuning
-
-    from benchmarks.common import evo_attention_v0
 
     group, r, n, h, d = SHAPES[name]
     row = {"shape": name, "group": group, "R": r, "N": n, "H": h, "D": d, "results": {}}
@@ -154,7 +151,7 @@ def run_shape(name: str, contenders: list[str], device: torch.device, reps: int,
             with pinned_backward(pin_backward), (tuning.pinned("evo_fwd", pin) if pin
                                                  else contextlib.nullcontext()):
                 res, outs = time_one(fn, inputs, device, reps, ref)
-            if label == "v0":
+            if label == "tuned":
                 ref = outs
             del outs
         except torch.cuda.OutOfMemoryError:
@@ -165,20 +162,18 @@ def run_shape(name: str, contenders: list[str], device: torch.device, reps: int,
             res["config"] = [pin.block_m, pin.block_n, pin.num_warps, pin.num_stages, pin.rows]
         res["wall_s"] = round(time.time() - t0, 1)
         row["results"][label] = res
-        print(name, label, {k: v for k, v in res.items() if k != "err_vs_v0"}, flush=True)
+        print(name, label, {k: v for k, v in res.items() if k != "err_vs_tuned"}, flush=True)
 
     if "flex" in contenders:
         torch._dynamo.reset()
         record("flex", make_flex())
-    if "v0" in contenders:
-        record("v0", evo_attention_v0.evo_attention)
-    if "candidates" in contenders:
-        for cfg in forward_candidates(device, d):
-            record(cfg_name(cfg), evo_attention, pin=cfg)
-    if "tuned" in contenders:
+    if "tuned" in contenders:  # first: the candidates' reference
         record("tuned", evo_attention)
         picks = [cfg for key, cfg in tuning.chosen("evo_fwd").items() if key[1:3] == (r, n)]
         row["tuner_pick"] = cfg_name(picks[0]) if picks else None
+    if "candidates" in contenders:
+        for cfg in forward_candidates(device, d):
+            record(cfg_name(cfg), evo_attention, pin=cfg)
     return row
 
 
@@ -214,7 +209,7 @@ def to_markdown(doc: dict) -> str:
         out += [f"## {row['group']} R={row['R']} N={row['N']} H={row['H']} D={row['D']}"
                 + (f" (tuner's pick: {row.get('tuner_pick')})" if row.get("tuner_pick") else ""),
                 "", "| contender | fwd ms | fwd vs flex | fwd TFLOP/s | fwd+bwd ms | fwd+bwd vs "
-                "flex | max rel err vs v0 (o, dq, dk, dv, dbias) |",
+                "flex | max rel err vs tuned (o, dq, dk, dv, dbias) |",
                 "|---|---|---|---|---|---|---|"]
         for label, x in res.items():
             if "error" in x:
@@ -231,7 +226,7 @@ def to_markdown(doc: dict) -> str:
                 if kind == "fwd_ms":
                     tf = 4.0 * row["R"] * row["H"] * row["N"] ** 2 * row["D"] / (ms * 1e-3) / 1e12
                     cells.append(f"{tf:.0f} ({100 * tf / H100_BF16_TFLOPS:.0f}%)")
-            err = x.get("err_vs_v0")
+            err = x.get("err_vs_tuned", x.get("err_vs_v0"))  # v0: the 2026-11-25 files
             cells.append(f"{max(err):.1e}" if err else "-")
             out.append("| " + " | ".join(cells) + " |")
         out.append("")
@@ -241,8 +236,8 @@ def to_markdown(doc: dict) -> str:
 def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--shapes", nargs="+", default=DEFAULT_SHAPES, choices=list(SHAPES))
-    p.add_argument("--contenders", nargs="+", default=["flex", "v0", "candidates", "tuned"],
-                   choices=["flex", "v0", "candidates", "tuned"])
+    p.add_argument("--contenders", nargs="+", default=["flex", "tuned", "candidates"],
+                   choices=["flex", "tuned", "candidates"])
     p.add_argument("--reps", type=int, default=20)
     p.add_argument("--tune-backward", action="store_true",
                    help="let the tuners pick the backward kernels (compiles every candidate)")

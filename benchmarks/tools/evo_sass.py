@@ -1,7 +1,7 @@
 """Static census of EvoAttention's inner loops in Hopper machine code (no GPU needed).
 
-Compiles a kernel of ``fold_kernels.evo_attention`` (or of the frozen pre-issue-21 copy,
-``--module benchmarks.common.evo_attention_v0``) for sm_90 with Triton's own ``ptxas``, disassembles
+Compiles a kernel of ``fold_kernels.evo_attention`` (or of another module with the same kernels,
+``--module``: e.g. an older copy of it) for sm_90 with Triton's own ``ptxas``, disassembles
 it with the ``cuobjdump`` that ships with Triton, finds the key loop (the longest backward branch)
 and counts its SASS instructions by opcode. At head dim 32 the forward is bound by instruction
 issue (4 warp instructions per clock per SM), so instructions per logit element of the loop
@@ -14,8 +14,7 @@ mask): 16-byte aligned pointers, every int divisible by 16 except R and H, the u
 bias and mask constant, and N a multiple of the blocks (``EVEN``).
 
     python -m benchmarks.tools.evo_sass --kernel fwd --configs candidates
-    python -m benchmarks.tools.evo_sass --kernel fwd --configs 64x32:w4:s3:r2 \\
-        --module benchmarks.common.evo_attention_v0
+    python -m benchmarks.tools.evo_sass --kernel fwd --configs 64x32:w4:s3:r2
     python -m benchmarks.tools.evo_sass --kernel dkdv --configs 64x64:w4:s3:r2:t
 
 Configs: ``BMxBN:wW:sS:rR`` (``:t`` key-major dK/dV tiles) or ``candidates`` (the tuner's
