@@ -122,6 +122,23 @@ def test_ranking_order_and_top_level_copy(tmp_path):
     assert json.loads((tmp_path / "summary_confidences.json").read_text())["ranking_score"] == 0.9
 
 
+def test_confidence_arrays_stay_arrays_until_written():
+    """The [N, N] matrices are rounded numpy arrays in a SampleResult (no Python lists for a
+    prediction that writes no --out-dir) and written as the nested lists AF3 writes; a
+    non-finite value is refused, not written as NaN."""
+    from fold_train.confidence_outputs import _json_bytes, rounded
+
+    pae = rounded(np.array([[0.04, 1.26], [30.75, 2.0]], np.float32), 1)
+    assert isinstance(pae, np.ndarray)
+    text = _json_bytes({"pae": pae, "token_plddts": rounded(np.array([50.126]), 2)}, None)
+    assert json.loads(text) == {"pae": [[0.0, 1.3], [30.8, 2.0]], "token_plddts": [50.13]}
+    assert b"1.3" in text and b"1.2999" not in text  # shortest repr of the rounded value
+    with pytest.raises(ValueError):
+        _json_bytes({"pae": np.array([[np.nan]])}, None)
+    with pytest.raises(TypeError, match="set"):
+        _json_bytes({"x": {1}}, None)
+
+
 def test_af2_seeds_layout_and_model_outputs(af2_checkpoint, tmp_path, capsys):
     from fold_train.predict import load_trained_model, make_raw_features, predict_structure
 

@@ -44,7 +44,7 @@ __all__ = [
     "output_targets",
     "provenance",
     "rank",
-    "rounded_list",
+    "rounded",
     "sasa_device_for",
     "structure_scores",
     "structure_atoms",
@@ -265,13 +265,23 @@ def json_number(v, digits: int = 4):
     return None if math.isnan(v) else round(v, digits)
 
 
-def rounded_list(a, digits: int) -> list:
-    """An array as nested lists of floats rounded to ``digits`` (AF3 rounds its arrays)."""
-    return np.round(np.asarray(a, np.float64), digits).tolist()
+def rounded(a, digits: int) -> np.ndarray:
+    """An array rounded to ``digits`` (AF3 rounds its arrays), float64; kept an array until
+    ``confidences.json`` is written (:func:`_json_bytes`): a prediction that writes no
+    ``--out-dir`` never turns its ``[N, N]`` matrices into Python lists (at 4608 residues,
+    7 s per AF2 sample)."""
+    return np.round(np.asarray(a, np.float64), digits)
+
+
+def _jsonable(value):
+    """json's hook for what it cannot write itself: numpy arrays as (nested) lists."""
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    raise TypeError(f"{type(value).__name__} is not JSON serialisable")
 
 
 def _json_bytes(obj: dict, indent: int | None) -> bytes:
-    return (json.dumps(obj, indent=indent, allow_nan=False) + "\n").encode()
+    return (json.dumps(obj, indent=indent, allow_nan=False, default=_jsonable) + "\n").encode()
 
 
 def _write_sample_files(folder: Path, result: SampleResult) -> None:

@@ -30,7 +30,7 @@ def af2_result(pred, name: str, seed: int, prov: dict, *, sasa_device=None):
         SampleResult,
         chain_keyed,
         json_number,
-        rounded_list,
+        rounded,
         structure_atoms,
         structure_scores,
     )
@@ -55,12 +55,12 @@ def af2_result(pred, name: str, seed: int, prov: dict, *, sasa_device=None):
         **prov}
     full = {
         "atom_chain_ids": ["A"] * len(atoms["plddt"]),
-        "atom_plddts": rounded_list(np.clip(atoms["plddt"], 0.0, 99.99), 2),
+        "atom_plddts": rounded(np.clip(atoms["plddt"], 0.0, 99.99), 2),
         "contact_probs": (None if pred.contact_probs is None
-                          else rounded_list(np.clip(pred.contact_probs, 0.0, 1.0), 2)),
-        "pae": None if pred.pae is None else rounded_list(pred.pae, 1),
+                          else rounded(np.clip(pred.contact_probs, 0.0, 1.0), 2)),
+        "pae": None if pred.pae is None else rounded(pred.pae, 1),
         "token_chain_ids": ["A"] * n,
-        "token_plddts": rounded_list(pred.plddt, 2),
+        "token_plddts": rounded(pred.plddt, 2),
         "token_res_ids": list(range(1, n + 1)),
     }
     return SampleResult(seed, 0, st, summary, full, score=float(pred.plddt.mean()))

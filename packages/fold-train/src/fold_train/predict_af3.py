@@ -245,7 +245,7 @@ def af3_results(samples: AF3Samples, raw, entry, prov: dict, *, sasa_device=None
         SampleResult,
         chain_keyed,
         json_number,
-        rounded_list,
+        rounded,
         structure_atoms,
     )
 
@@ -279,12 +279,12 @@ def af3_results(samples: AF3Samples, raw, entry, prov: dict, *, sasa_device=None
                        / np.maximum(np.bincount(tok, minlength=len(asym)), 1))
         full = {
             "atom_chain_ids": [chain_ids[c] for c in atoms["chain"]],
-            "atom_plddts": rounded_list(np.clip(atoms["plddt"], 0.0, 99.99), 2),
-            "contact_probs": rounded_list(np.clip(samples.contact_probs, 0.0, 1.0), 2),
-            "pae": rounded_list(samples.pae[s], 1),
-            "pde": rounded_list(samples.pde[s], 1),
+            "atom_plddts": rounded(np.clip(atoms["plddt"], 0.0, 99.99), 2),
+            "contact_probs": rounded(np.clip(samples.contact_probs, 0.0, 1.0), 2),
+            "pae": rounded(samples.pae[s], 1),
+            "pde": rounded(samples.pde[s], 1),
             "token_chain_ids": token_chain,
-            "token_plddts": rounded_list(token_plddt, 2),
+            "token_plddts": rounded(token_plddt, 2),
             "token_res_ids": [int(r) + 1 for r in np.asarray(raw["residue_index"])],
         }
         # the structure's atoms are the raw atoms in raw order (af3_prediction_to_structure)
