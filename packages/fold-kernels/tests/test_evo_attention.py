@@ -435,10 +435,10 @@ def test_dq_mode_picks_the_kernels(monkeypatch, dq):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("rows", [1, 2, 4])
+@pytest.mark.parametrize("rows", [1, 2])
 @pytest.mark.parametrize("n", [29, 32])
 def test_forward_rows_per_program_match_reference(dtype, rows, n):
-    """The forward with 1, 2 or 4 rows of R per program (each bias tile shared by them), on
+    """The forward with 1 or 2 rows of R per program (each bias tile shared by them), on
     R = 5 (the last program repeats row 4), N odd (masked key tiles) or a multiple of the
     blocks (the unmasked-load path), a mask with holes and a fully masked row: the output and
     every gradient against float64."""
@@ -451,7 +451,7 @@ def test_forward_rows_per_program_match_reference(dtype, rows, n):
         _check(*_inputs((1, 5, 2, n, 32), 2, n, dtype, seed=rows + n), dtype)
 
 
-@pytest.mark.parametrize("rows", [1, 4])
+@pytest.mark.parametrize("rows", [1, 2])
 def test_forward_rows_without_mask_or_bias(rows):
     """No key mask (no select in the loop) and no bias (MSA column attention), two batch
     entries, a head dim padded to BLOCK_D (D 24 < 32: masked loads)."""
@@ -472,9 +472,10 @@ def test_rows_a_kernel_cannot_run_are_refused():
 
     q, k, v, bias, mask, _ = _inputs((1, 5, 2, 16, 16), 2, 16, torch.float32, with_gate=False)
     ins = [t.to(DEVICE).requires_grad_() for t in (q, k, v, bias)]
-    with tuning.pinned("evo_fwd", tuning.Config(16, 16, 1, 1, rows=3)):
-        with pytest.raises(ValueError, match=r"forward kernel runs \(1, 2, 4\) rows"):
-            evo_attention(*ins, mask.to(DEVICE))
+    for rows in (3, 4):
+        with tuning.pinned("evo_fwd", tuning.Config(16, 16, 1, 1, rows=rows)):
+            with pytest.raises(ValueError, match=r"forward kernel runs \(1, 2\) rows"):
+                evo_attention(*ins, mask.to(DEVICE))
     o = evo_attention(*ins, mask.to(DEVICE))
     with tuning.pinned("evo_dq", tuning.Config(16, 16, 1, 1, rows=4)):
         with pytest.raises(ValueError, match="dQ kernel runs"):
@@ -489,7 +490,7 @@ def test_fully_masked_rows_are_uniform_for_every_rows_setting():
     q, k, v, bias, mask, _ = _inputs((1, 5, 2, 20, 16), 2, 20, torch.float32, with_gate=False)
     mask[0, 3] = False
     bias = bias * 50
-    for rows in (1, 2, 4):
+    for rows in (1, 2):
         with tuning.pinned("evo_fwd", tuning.Config(16, 16, 1, 1, rows=rows)
                            if tuning.interpreting() else tuning.Config(64, 64, 4, 2, rows=rows)):
             o = evo_attention(*(t.to(DEVICE) for t in (q, k, v, bias, mask))).cpu()

@@ -6,9 +6,9 @@ triangle attention), key mask ``[*, R, N]`` (true = attend). The ``R x H x N x N
 stored: the forward keeps a running max and sum per query (online softmax) and stores the
 log-sum-exp in fp32; the backward recomputes the logits tile by tile.
 
-Kernels (MegaFold III, FlashAttention-2), each program one tile of one, two or four rows:
+Kernels (MegaFold III, FlashAttention-2), each program one tile of one or two rows:
 
-* ``_fwd``     grid (N/BLOCK_M, R/rows, B*H). A program runs ``ROWS`` (1, 2 or 4) rows r, r+1..
+* ``_fwd``     grid (N/BLOCK_M, R/rows, B*H). A program runs ``ROWS`` (1 or 2) rows r, r+1
   of the same query block, so each pair-bias tile is loaded and converted once for all of them
   (the bias is shared by the R rows: MegaFold re-reads it per row). The query block varies
   fastest, so the programs that read one row's K and V run together (L2 hits), and the head
@@ -230,7 +230,7 @@ def _fwd(Q, K, V, G, GB, Bias, Mask, O, OPre, LSE,
          HAS_GATE_BIAS: tl.constexpr, ROWS: tl.constexpr, EVEN: tl.constexpr,
          EVEN_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
          BLOCK_D: tl.constexpr, PRECISION: tl.constexpr):
-    """One query block of ``ROWS`` (1, 2 or 4) rows r0.. of R: each bias tile is loaded and
+    """One query block of ``ROWS`` (1 or 2) rows r0, r0+1 of R: each bias tile is loaded and
     converted once for all of them (the bias is shared by the R rows), dividing the bias's L2
     traffic and conversions by ROWS. Rows past R-1 repeat the last row (same values stored).
     ``EVEN`` (N a multiple of both blocks) and ``EVEN_D`` (D == BLOCK_D): the loop's tiles are
@@ -251,13 +251,6 @@ def _fwd(Q, K, V, G, GB, Bias, Mask, O, OPre, LSE,
         r1 = tl.minimum(r0 + 1, R - 1)
         q1, base1, acc1, m1, l1 = _fwd_init(Q, b, r1, h, offs_m, offs_d, md, sqb, sqr, sqh,
                                             sqn, BLOCK_M, BLOCK_D)
-    if ROWS >= 4:
-        r2 = tl.minimum(r0 + 2, R - 1)
-        r3 = tl.minimum(r0 + 3, R - 1)
-        q2, base2, acc2, m2, l2 = _fwd_init(Q, b, r2, h, offs_m, offs_d, md, sqb, sqr, sqh,
-                                            sqn, BLOCK_M, BLOCK_D)
-        q3, base3, acc3, m3, l3 = _fwd_init(Q, b, r3, h, offs_m, offs_d, md, sqb, sqr, sqh,
-                                            sqn, BLOCK_M, BLOCK_D)
     for start_n in range(0, N, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
         n_valid = offs_n < N
@@ -276,24 +269,10 @@ def _fwd(Q, K, V, G, GB, Bias, Mask, O, OPre, LSE,
             acc1, m1, l1 = _fwd_step(q1, K, V, base1, offs_n, offs_d, nd, bias, keep, n_valid,
                                      acc1, m1, l1, scale, sqn, HAS_BIAS, HAS_MASK, EVEN,
                                      EVEN and EVEN_D, PRECISION)
-        if ROWS >= 4:
-            keep = _keep(Mask, b, r2, offs_n, n_valid, smb, smr, smj, HAS_MASK, EVEN)
-            acc2, m2, l2 = _fwd_step(q2, K, V, base2, offs_n, offs_d, nd, bias, keep, n_valid,
-                                     acc2, m2, l2, scale, sqn, HAS_BIAS, HAS_MASK, EVEN,
-                                     EVEN and EVEN_D, PRECISION)
-            keep = _keep(Mask, b, r3, offs_n, n_valid, smb, smr, smj, HAS_MASK, EVEN)
-            acc3, m3, l3 = _fwd_step(q3, K, V, base3, offs_n, offs_d, nd, bias, keep, n_valid,
-                                     acc3, m3, l3, scale, sqn, HAS_BIAS, HAS_MASK, EVEN,
-                                     EVEN and EVEN_D, PRECISION)
     _fwd_store(acc0, m0, l0, G, GB, O, OPre, LSE, b, r0, h, R, H, offs_m, offs_d, m_valid, md,
                N, D, sqb, sqr, sqh, sqn, sob, sor, soh, son, HAS_GATE, HAS_GATE_BIAS)
     if ROWS >= 2:
         _fwd_store(acc1, m1, l1, G, GB, O, OPre, LSE, b, r1, h, R, H, offs_m, offs_d, m_valid,
-                   md, N, D, sqb, sqr, sqh, sqn, sob, sor, soh, son, HAS_GATE, HAS_GATE_BIAS)
-    if ROWS >= 4:
-        _fwd_store(acc2, m2, l2, G, GB, O, OPre, LSE, b, r2, h, R, H, offs_m, offs_d, m_valid,
-                   md, N, D, sqb, sqr, sqh, sqn, sob, sor, soh, son, HAS_GATE, HAS_GATE_BIAS)
-        _fwd_store(acc3, m3, l3, G, GB, O, OPre, LSE, b, r3, h, R, H, offs_m, offs_d, m_valid,
                    md, N, D, sqb, sqr, sqh, sqn, sob, sor, soh, son, HAS_GATE, HAS_GATE_BIAS)
 
 
@@ -885,7 +864,7 @@ def _forward(q, k, v, gate, gate_bias, lp: _Launch):
     dummy = q
 
     def launch(cfg: tuning.Config):
-        _check_rows(cfg, (1, 2, 4), "forward")
+        _check_rows(cfg, (1, 2), "forward")
         grid = (triton.cdiv(lp.N, cfg.block_m), triton.cdiv(lp.R, cfg.rows), lp.B * lp.H)
         _fwd[grid](q, k, v, gate if gate is not None else dummy,
                    gate_bias if gate_bias is not None else dummy,

@@ -41,7 +41,7 @@ class Config:
     num_warps: int = 4
     num_stages: int = 2
     block_k: int = 32
-    rows: int = 1  # EvoAttention: rows of R per program (1, 2 or 4; sharing each bias tile)
+    rows: int = 1  # EvoAttention: rows of R per program (1 or 2; sharing each bias tile)
     transpose: bool = False  # EvoAttention dK/dV: key-major tiles (S^T = K Q^T)
 
 
