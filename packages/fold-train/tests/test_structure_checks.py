@@ -169,16 +169,30 @@ def test_cells_equal_every_pair_on_a_collapsed_structure():
     assert has_clash(atoms["positions"], chain, residue, atoms["polymer"])
 
 
-def test_structure_scores_on_a_device_equal_numpys():
+def test_structure_scores_on_a_device_equal_numpys(monkeypatch):
     """What a prediction on a GPU computes (``structure_scores(atoms, device)``) against the
-    numpy default, and which device a runner asks for."""
+    numpy default, and which device the areas are computed on: the prediction's when it is a
+    GPU, numpy's cell list otherwise."""
+    import fold_train.sasa_device as sasa_device
     import torch
-    from fold_train.confidence_outputs import sasa_device_for, structure_scores
+    from fold_train.confidence_outputs import structure_scores
 
     atoms = _atoms(MMCIFS[0])
+    radii = np.array([DSSP_RADII.get(str(n), 1.8) for n in atoms["atom_names"]])
+    np.testing.assert_allclose(atom_sasa(atoms["positions"], radii, device="cpu"),
+                               atom_sasa(atoms["positions"], radii), rtol=0, atol=1e-9)
+    asked = []
+    real = sasa_device.atom_sasa_device
+
+    def spy(positions, radii, dots, device):  # a CUDA device, computed here on the CPU
+        asked.append(torch.device(device))
+        return real(positions, radii, dots, "cpu")
+
+    monkeypatch.setattr(sasa_device, "atom_sasa_device", spy)
     assert structure_scores(atoms, torch.device("cpu")) == structure_scores(atoms)
-    assert sasa_device_for("cpu") is None
-    assert sasa_device_for(torch.device("cuda", 1)) == torch.device("cuda", 1)
+    assert asked == []
+    assert structure_scores(atoms, torch.device("cuda", 1)) == structure_scores(atoms)
+    assert set(asked) == {torch.device("cuda", 1)}
 
 
 def test_device_sasa_of_no_atoms_and_of_one():

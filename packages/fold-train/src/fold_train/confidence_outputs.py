@@ -45,7 +45,6 @@ __all__ = [
     "provenance",
     "rank",
     "rounded",
-    "sasa_device_for",
     "structure_scores",
     "structure_atoms",
     "write_prediction",
@@ -232,24 +231,21 @@ def structure_atoms(structure) -> dict[str, np.ndarray]:
 
 def structure_scores(atoms: dict, device=None) -> dict[str, float]:
     """``has_clash`` (0.0 / 1.0, as AF3 writes it) and ``fraction_disordered`` of the atoms of
-    :func:`structure_atoms` (:mod:`fold_train.structure_checks`); ``device``: a GPU to compute
-    the accessible areas on (:func:`sasa_device_for`)."""
+    :func:`structure_atoms` (:mod:`fold_train.structure_checks`). ``device``: where the
+    prediction ran; on a GPU the accessible areas are computed there (a crowded structure
+    costs the CPU ``O(A^2)``), else with numpy and a cell list."""
+    import torch
+
     from fold_train.structure_checks import fraction_disordered, has_clash
+
+    if device is not None and torch.device(device).type != "cuda":
+        device = None
 
     clash = has_clash(atoms["positions"], atoms["chain"], atoms["residue"], atoms["polymer"])
     disorder = fraction_disordered(atoms["positions"], atoms["chain"], atoms["residue"],
                                    atoms["protein"], atoms["atom_names"], atoms["res_names"],
                                    device=device)
     return {"has_clash": float(clash), "fraction_disordered": disorder}
-
-
-def sasa_device_for(device):
-    """Where a prediction on ``device`` computes its accessible areas: that device when it is a
-    GPU (crowded structures cost the CPU ``O(A^2)``), else ``None`` (numpy, cell list)."""
-    import torch
-
-    device = torch.device(device)
-    return device if device.type == "cuda" else None
 
 
 def chain_keyed(values: np.ndarray, chain_ids: list[str]) -> dict:

@@ -20,10 +20,10 @@ import torch
 __all__ = ["AF2Runner", "af2_result"]
 
 
-def af2_result(pred, name: str, seed: int, prov: dict, *, sasa_device=None):
+def af2_result(pred, name: str, seed: int, prov: dict, *, device=None):
     """The :class:`~fold_train.confidence_outputs.SampleResult` of one AF2 prediction (a
-    ``fold_data.af2.write.Prediction``; ``sasa_device``: a GPU for the accessible areas,
-    :func:`~fold_train.confidence_outputs.sasa_device_for`)."""
+    ``fold_data.af2.write.Prediction``; ``device``: where it ran, as for
+    :func:`~fold_train.confidence_outputs.structure_scores`)."""
     from fold_data.af2.write import prediction_to_structure
 
     from fold_train.confidence_outputs import (
@@ -44,7 +44,7 @@ def af2_result(pred, name: str, seed: int, prov: dict, *, sasa_device=None):
     summary = {
         "ptm": json_number(ptm), "iptm": None,
         "ranking_score": json_number(float(pred.plddt.mean())),
-        **{k: json_number(v) for k, v in structure_scores(atoms, sasa_device).items()},
+        **{k: json_number(v) for k, v in structure_scores(atoms, device).items()},
         "chain_ptm": chain_keyed(np.array([ptm]), chains),
         "chain_iptm": {"A": None},
         "chain_pair_iptm": chain_keyed(np.array([[ptm]]), chains),
@@ -171,7 +171,6 @@ class AF2Runner:
             output_targets,
             provenance,
             rank,
-            sasa_device_for,
             write_prediction,
         )
         from fold_train.outputs import check_prediction
@@ -191,8 +190,7 @@ class AF2Runner:
             check_prediction(pred.positions, pred.plddt, self.checkpoint, pred.atom_mask > 0.5)
             preds[seed] = pred
             with self.timer("confidence"):  # pTM, PAE, has_clash, fraction_disordered
-                results.append(af2_result(pred, name, seed, prov,
-                                          sasa_device=sasa_device_for(self.device)))
+                results.append(af2_result(pred, name, seed, prov, device=self.device))
         ranked = rank(results)
         if self.parallel.writes:  # DAP: one rank writes
             with self.timer("write"):

@@ -166,10 +166,7 @@ def predict_af3(model, raw: dict[str, np.ndarray], *, seed: int = 0, **kwargs) -
     """The sample of :func:`sample_af3` (same arguments) with the highest ranking score, as an
     ``AF3Prediction`` (``sample_plddt``: every sample's mean pLDDT)."""
     samples = sample_af3(model, raw, seed=seed, **kwargs)
-    from fold_train.confidence_outputs import sasa_device_for
-
-    sasa = sasa_device_for(kwargs.get("device", "cpu"))
-    scores = [_sample_scores(samples, s, raw, sasa_device=sasa)["ranking_score"]
+    scores = [_sample_scores(samples, s, raw, device=kwargs.get("device"))["ranking_score"]
               for s in range(len(samples.positions))]
     best = int(np.nanargmax(scores)) if not np.isnan(scores).all() else 0
     return AF3Prediction(positions=samples.positions[best], plddt=samples.plddt[best],
@@ -177,11 +174,11 @@ def predict_af3(model, raw: dict[str, np.ndarray], *, seed: int = 0, **kwargs) -
 
 
 def _sample_scores(samples: AF3Samples, s: int, raw, atoms: dict | None = None, *,
-                   sasa_device=None) -> dict:
+                   device=None) -> dict:
     """pTM, ipTM, chain-pair ipTM, chain-pair minimum PAE and the ranking score of sample
     ``s`` (chains in the order of their ``asym_id``; ``atoms``: the written structure's atoms
-    for the clash and disorder terms, else built here; ``sasa_device``: a GPU for the
-    accessible areas, :func:`~fold_train.confidence_outputs.sasa_device_for`)."""
+    for the clash and disorder terms, else built here; ``device``: where the samples were
+    predicted, as for :func:`~fold_train.confidence_outputs.structure_scores`)."""
     from fold_train.confidence import (
         chain_iptm,
         chain_pair_iptm,
@@ -198,7 +195,7 @@ def _sample_scores(samples: AF3Samples, s: int, raw, atoms: dict | None = None, 
     pair = chain_pair_iptm(samples.tm_interface[s], fm, asym)
     if atoms is None:
         atoms = _atoms_of_raw(samples.positions[s], samples.plddt[s], raw)
-    scores = structure_scores(atoms, device=sasa_device)
+    scores = structure_scores(atoms, device)
     return {"ptm": ptm, "iptm": iptm, "chain_pair_iptm": pair,
             "chain_ptm": np.diagonal(pair).copy(), "chain_iptm": chain_iptm(pair),
             "chain_pair_pae_min": chain_pair_pae_min(samples.pae[s], fm, asym),
@@ -234,11 +231,11 @@ def _atoms_of_raw(positions: np.ndarray, plddt: np.ndarray, raw) -> dict:
             "res_names": res_names}
 
 
-def af3_results(samples: AF3Samples, raw, entry, prov: dict, *, sasa_device=None) -> list:
+def af3_results(samples: AF3Samples, raw, entry, prov: dict, *, device=None) -> list:
     """One :class:`~fold_train.confidence_outputs.SampleResult` per sample: its structure,
     ``summary_confidences.json`` and ``confidences.json`` (AF3's keys; ``prov``: the
-    provenance keys of :func:`~fold_train.confidence_outputs.provenance`; ``sasa_device``: as
-    for :func:`_sample_scores`)."""
+    provenance keys of :func:`~fold_train.confidence_outputs.provenance`; ``device``: as for
+    :func:`_sample_scores`)."""
     from fold_data.af3.write import af3_prediction_to_structure
 
     from fold_train.confidence_outputs import (
@@ -260,7 +257,7 @@ def af3_results(samples: AF3Samples, raw, entry, prov: dict, *, sasa_device=None
                              sample_plddt=samples.plddt.mean(-1))
         st = af3_prediction_to_structure(pred, raw, entry)
         atoms = structure_atoms(st)
-        sc = _sample_scores(samples, s, raw, atoms, sasa_device=sasa_device)
+        sc = _sample_scores(samples, s, raw, atoms, device=device)
         summary = {
             "ptm": json_number(sc["ptm"]), "iptm": json_number(sc["iptm"]),
             "ranking_score": json_number(sc["ranking_score"]),
@@ -431,7 +428,6 @@ class AF3Runner:
             output_targets,
             provenance,
             rank,
-            sasa_device_for,
             write_prediction,
         )
         from fold_train.outputs import check_prediction
@@ -454,8 +450,7 @@ class AF3Runner:
             for s in range(len(samples.positions)):
                 check_prediction(samples.positions[s], samples.plddt[s], self.checkpoint)
             with self.timer("confidence"):  # ipTM, PAE, has_clash, fraction_disordered
-                results += af3_results(samples, raw, entry, prov,
-                                       sasa_device=sasa_device_for(self.device))
+                results += af3_results(samples, raw, entry, prov, device=self.device)
         ranked = rank(results)
         if self.parallel.writes:  # DAP: one rank writes
             with self.timer("write"):
