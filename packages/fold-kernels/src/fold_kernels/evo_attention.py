@@ -66,7 +66,7 @@ from fold_ops.env import EnvVar
 
 from fold_kernels import tuning
 from fold_kernels.broadcast import broadcast_shape
-from fold_kernels.index32 import check_grid, span_fits
+from fold_kernels.index32 import check_grid, pair_bias_fits, span_fits
 from fold_kernels.launch import fast
 from fold_kernels.reduce import column_sum, sum_partials
 
@@ -681,7 +681,7 @@ def _check_bias_mask(op: str, h: int, n: int, bias, mask) -> None:
                          f"got {tuple(bias.shape)}")
     if mask is not None and mask.shape[-1] != n:
         raise ValueError(f"{op}: mask must be [*, R, N={n}], got {tuple(mask.shape)}")
-    if bias is not None and not span_fits(n, n, n - 1):
+    if bias is not None and not pair_bias_fits(n):
         raise ValueError(f"{op}: N={n} keys: the kernels index an N x N bias tile in 32 bits "
                          f"(N <= 46340)")
 

@@ -22,8 +22,8 @@ instead of raising.
 
 from __future__ import annotations
 
-__all__ = ["INT32_LIMIT", "GRID_YZ_LIMIT", "rows_fit", "check_rows", "span_fits", "grid_fits",
-           "check_grid"]
+__all__ = ["INT32_LIMIT", "GRID_YZ_LIMIT", "rows_fit", "check_rows", "span_fits",
+           "pair_bias_fits", "grid_fits", "check_grid"]
 
 INT32_LIMIT = 2**31  # indices must stay below this
 GRID_YZ_LIMIT = 65535  # CUDA's largest grid y and z dimension
@@ -46,6 +46,12 @@ def span_fits(n: int, stride: int, extra: int = 0) -> bool:
     """``(n - 1) * |stride| + extra`` fits in int32: the largest in-tile offset of an index
     ``< n`` times ``stride``, plus ``extra`` (e.g. the head dim added to it)."""
     return max(n - 1, 0) * abs(stride) + extra < INT32_LIMIT
+
+
+def pair_bias_fits(n: int) -> bool:
+    """A contiguous ``[N, N]`` pair-bias matrix's in-tile offsets ``i * N + j`` fit in int32
+    (N <= 46340)."""
+    return span_fits(n, n, n - 1)
 
 
 def grid_fits(programs: int) -> bool:

@@ -27,7 +27,7 @@ from fold_ops.tracing import compiling, fx_tracing
 import fold_kernels as kernels
 from fold_kernels.broadcast import broadcast_shape
 from fold_kernels.fakes import FAKES
-from fold_kernels.index32 import grid_fits, rows_fit, span_fits
+from fold_kernels.index32 import grid_fits, pair_bias_fits, rows_fit
 
 __all__ = ["register", "SUPPORTS"]
 
@@ -67,7 +67,7 @@ def _rows(x: torch.Tensor) -> int:
 def _indexable_attention(batch: tuple[int, ...], r: int, h: int, n: int, has_bias: bool) -> bool:
     """EvoAttention's grid (R rows in y, B*H in z) and 32-bit N x N bias offsets fit."""
     return (grid_fits(r) and grid_fits(math.prod(batch) * h)
-            and (not has_bias or span_fits(n, n, n - 1)))
+            and (not has_bias or pair_bias_fits(n)))
 
 
 def supports_attention(q, k, v, bias=None, mask=None, scale=None, gate=None) -> bool:
