@@ -19,6 +19,7 @@ import pytest
 import torch
 from _af3_helpers import CCD, INPUTS, fkbp_crop_batch, needs_af3_demo, noisy_tiny_af3
 from fold_train.checkpoint import save_checkpoint
+from fold_train.families import af3 as af3_family
 from fold_train.cli import main
 from fold_train.config import apply_overrides, preset
 from fold_train.loop import CHECKPOINT_FORMAT
@@ -100,13 +101,19 @@ def test_chunked_and_grouped_prediction_equals_unchunked(batch, reference, techn
     _close(out, reference)
 
 
-def test_autochunked_prediction_equals_unchunked(batch, reference):
+def test_autochunked_prediction_equals_unchunked(batch, reference, monkeypatch):
     """Budgets below each stack's unchunked estimate (template pair stack ~23 MB, MSA module and
     Pairformer ~5.9 MB, diffusion transformer ~0.5 MB, confidence Pairformer ~18 MB at these
-    sizes): every stack is planned with chunk regions and meets its budget."""
+    sizes): every stack is planned with chunk regions and meets its budget. The per-pair steps
+    outside the stacks (the diffusion's pair conditioning, the PAE / PDE reduction) run in row
+    blocks: 16 rows here, so 67 tokens make four blocks and a short one."""
+    monkeypatch.setattr(af3_family, "AUTOCHUNK_PAIR_ROWS", 16)
     budgets = {"template_embedder.pair_stack": 4_000_000, "msa_module": 2_000_000,
                "pairformer": 2_000_000, "diffusion.transformer": 350_000,
                "confidence_head.pairformer": 5_000_000}
+    family, model = _model()
+    parallelize(model, family, Techniques(autochunk=10**9))
+    assert model.diffusion.conditioning.chunk_size == model.confidence_head.chunk_size == 16
     out, done = _predict(batch, Techniques(autochunk=10**9), budgets)
     assert sorted(done.autochunked) == sorted(budgets)
     for name, wrapper in done.autochunked.items():
@@ -114,6 +121,39 @@ def test_autochunked_prediction_equals_unchunked(batch, reference):
         assert report is not None and report.regions, name
         assert report.simulated_peak_after <= budgets[name] < report.estimated_peak_before, name
     _close(out, reference)
+
+
+def test_eager_prediction_frees_what_the_confidence_head_does_not_read(batch):
+    """Without graphs, the pair-sized tensors only earlier pieces read are gone when the
+    confidence head runs (at 6144 tokens each [N, N, C_z] in fp32 is 18 GiB): the trunk pass's
+    outputs (copied into the recycled s, z), the trunk inputs' z_init, s_init and MSA, and the
+    diffusion's pair conditioning; the fp32 distogram is made after the head. With graphs the
+    outputs stay (their pool is reused by every replay)."""
+    for graphs in (False, True):
+        _, model = _model()
+        predictor = AF3Predictor(model, "cpu", cuda_graphs=False)
+        if graphs:  # the tests' capture: graphs (and padding) on, replays run eagerly
+            from fold_train.cuda_graphs import EagerCapture
+
+            predictor = AF3Predictor(model, "cpu", backend=EagerCapture())
+        seen: dict[str, set] = {}
+
+        def hook(module, args, predictor=predictor, seen=seen):
+            (state,) = predictor._states.values()
+            seen.update({name: set(outputs) for name, (_, outputs) in state["graphs"].items()})
+
+        handle = model.confidence_head.register_forward_pre_hook(hook)
+        out = predictor(batch, generator=torch.Generator().manual_seed(3), **RUN)
+        handle.remove()
+        assert torch.isfinite(out["x"]).all() and torch.isfinite(out["distogram_logits"]).all()
+        if graphs:
+            assert seen["trunk_cycle"] == {"s", "z"} and "z_cond" in seen["pair_conditioning"]
+            assert "z_init" in seen["trunk_inputs"]
+            continue
+        assert seen["trunk_cycle"] == set()
+        assert not {"z_init", "s_init", "msa", "msa_mask"} & seen["trunk_inputs"]
+        assert "s_inputs" in seen["trunk_inputs"]  # the head reads it
+        assert seen["pair_conditioning"] == {"distogram_logits"}
 
 
 def test_sample_groups_draw_the_same_noise(batch):

@@ -170,6 +170,17 @@ class _Predictor:
         self.timings.setdefault(name, []).append(time.perf_counter() - t0)
         return outputs
 
+    def _drop(self, state: dict, name: str, keys: tuple[str, ...] | None = None) -> None:
+        """Eager (graphs off): forget outputs ``keys`` (None: all) of piece ``name`` that no later
+        piece of this prediction reads, so their memory is free for the pieces after (at 6144
+        tokens each AF3 pair ``[N, N, C_z]`` in fp32 is 18 GiB). With graphs the outputs live in
+        the graph's pool and are overwritten by the next replay: nothing to free."""
+        if self.graphs:
+            return
+        outputs = state["graphs"][name][1]
+        for k in list(outputs) if keys is None else keys:
+            outputs.pop(k, None)
+
     @staticmethod
     def _load(state: dict, name: str, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """Copy ``tensors`` into the bucket's static buffers ``name`` (allocated on first use,
@@ -293,6 +304,10 @@ class AF3Predictor(_Predictor):
         for _ in range(no_cycles):
             out = self._run(state, "trunk_cycle", trunk_cycle)
             prev["s"].copy_(out["s"]), prev["z"].copy_(out["z"])
+        out = None
+        # eager: prev holds the last pass's s, z; z_init [B, N, N, C_z] served the passes only
+        self._drop(state, "trunk_cycle")
+        self._drop(state, "trunk_inputs", ("z_init", "s_init", "msa", "msa_mask"))
 
         def pair_conditioning() -> Outputs:
             with self._autocast():
@@ -347,18 +362,22 @@ class AF3Predictor(_Predictor):
             step_in["step_coef"].fill_(step_coef)
             out = self._run(state, "sampler_step", sampler_step)
             step_in["x"].copy_(out["x"])
+        out = None
         x = step_in["x"]
-        distogram = cond["distogram_logits"][:, :n_tok, :n_tok].float().clone()
+        self._drop(state, "pair_conditioning", ("z_cond",))  # eager: the sampler's only
         asym_id = feats["asym_id"][:, :n_tok]
         if self.reduce_in_head:  # the PAE / PDE logits reduced per sample group and row block
             with self._autocast():
                 out = model.confidence_head(feats, inputs["s_inputs"], prev["s"], prev["z"], x,
                                             reduce_pair=pair_reducer(asym_id, cfg))
             pairs = {k: out[k][:, :, :n_tok, :n_tok] for k in PAIR_REDUCED}
+            # the fp32 logits [B, N, N, bins] made after the head: not live while it runs
+            distogram = cond["distogram_logits"][:, :n_tok, :n_tok].float().clone()
             pairs["contact_probs"] = _contact_probs(distogram, cfg)
         else:  # the reference: every sample's logits [B, S, N, N, bins], then reduced
             with self._autocast():
                 out = model.confidence_head(feats, inputs["s_inputs"], prev["s"], prev["z"], x)
+            distogram = cond["distogram_logits"][:, :n_tok, :n_tok].float().clone()
             pairs = _pair_confidences(out, asym_id, distogram, cfg)
         plddt = expected_value(out["plddt"].float(), 100.0)  # [B, S, A]
         return {"x": x[:, :, :a_real].float().clone(), "plddt": plddt[:, :, :a_real],

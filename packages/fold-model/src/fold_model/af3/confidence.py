@@ -166,7 +166,7 @@ class ConfidenceHead(nn.Module):
                                                                     x_pred))
         S = x_pred.shape[1]
         z = z_trunk + self.linear_s_i(s_inputs).unsqueeze(-2)  # [B, N, N, C_z]
-        z = z + self.linear_s_j(s_inputs).unsqueeze(-3)
+        z += self.linear_s_j(s_inputs).unsqueeze(-3)  # in place: one pair-sized temporary less
         # Distances between the tokens' representative atoms (AF3's pseudo-beta: CB, CA for
         # glycine, C4 / C2 for purines / pyrimidines, the atom of a one-atom token), one-hot in
         # AF3's bins: lower edges linspace(min, max, no_bins), each bin open up to the next
@@ -177,7 +177,15 @@ class ConfidenceHead(nn.Module):
                                device=d.device, dtype=d.dtype)
         upper = torch.cat([lower[1:], lower.new_full((1,), 1e6)])
         onehot = (d[..., None] > lower) & (d[..., None] < upper)  # [B, S, N, N, bins]
-        z = z.unsqueeze(1) + self.linear_d(onehot.to(z.dtype))  # [B, S, N, N, C_z]
+        # 0 / 1 are exact in any dtype: the one autocast's matmul reads, not a float32 copy
+        kind = z.device.type
+        onehot = onehot.to(torch.get_autocast_dtype(kind) if torch.is_autocast_enabled(kind)
+                           else z.dtype)
+        z_d = self.linear_d(onehot)  # [B, S, N, N, C_z]
+        del onehot
+        # one sample (a group of 1, long inputs): in place, no second [B, 1, N, N, C_z]
+        z = z.unsqueeze(1).add_(z_d) if S == 1 else z.unsqueeze(1) + z_d
+        del z_d
         if self.protenix:
             z = z + self.linear_d_raw(d[..., None].to(z.dtype))
             s_trunk = self.layer_norm_s_trunk(s_trunk.clamp(-512, 512))

@@ -33,6 +33,9 @@ __all__ = ["AF3Family", "AF3_PRESETS"]
 
 # Training preset -> (fold-model preset, fold-data preset).
 AF3_PRESETS = {"af3": ("af3", "af3_initial"), "af3_tiny": ("tiny", "af3_tiny")}
+# --autochunk: pair rows per block of the diffusion's pair conditioning and the confidence
+# head's PAE / PDE reduction (not traced stacks; at 6144 tokens a block's temporaries ~2 GiB)
+AUTOCHUNK_PAIR_ROWS = 128
 _PAIRS = "loss_pairs"  # prefix of the loss's pair lists among the static graph inputs
 _AF3_ADAM = {"beta1": 0.9, "beta2": 0.95, "eps": 1e-8, "clip_norm": 10.0}
 
@@ -242,6 +245,13 @@ class AF3Family(Family):
         from fold_train.autochunk import AutoChunkedStack
 
         out = super().enable_autochunk(model, memory_budget, min_chunk)
+        # The per-pair steps outside the traced stacks run in row blocks, as with --chunk-size:
+        # whole, the diffusion's pair conditioning holds [N, N, 2 C_z] and [N, N, 4 C_z]
+        # temporaries (at 6144 tokens in fp32 over 90 GiB) and the confidence head the PAE / PDE
+        # logits [N, N, bins] of a sample. Rows of a pair are independent: exact.
+        model.diffusion.conditioning.chunk_size = AUTOCHUNK_PAIR_ROWS
+        if model.confidence_head is not None:
+            model.confidence_head.chunk_size = AUTOCHUNK_PAIR_ROWS
         embedder = model.template_embedder
         if embedder is not None:
             wrapper = AutoChunkedStack(TemplatePairStack(embedder), memory_budget,
