@@ -11,6 +11,8 @@ accounting on the real tensors."""
 from __future__ import annotations
 
 import json
+from contextlib import nullcontext
+from unittest.mock import patch
 
 import pytest
 import torch
@@ -24,9 +26,11 @@ from fold_train.config import apply_overrides, preset
 from fold_train.data import collate
 from fold_train.families import make_family
 from fold_train.loop import CHECKPOINT_FORMAT
+from fold_train import predict_plan
 from fold_train.predict_plan import (
     AF2_STAGES,
     AF3_STAGES,
+    PLAN_BLOCKS,
     af2_run,
     af3_run,
     plan_chunking,
@@ -185,3 +189,52 @@ def test_cli_dry_run(checkpoint, tmp_path, capsys):
                                                           "--sample-group", "1"]
     assert "does not fit" in captured.err
     assert not (tmp_path / "never.cif").exists()  # a dry run writes nothing
+
+
+def test_dry_run_of_the_first_blocks_equals_the_whole_stacks(af3_raw):
+    """The dry run runs each stack's first two blocks (``first_blocks``): on stacks of 5, 4 and
+    3 blocks its stage peaks equal those of the FakeTensor run of every block, byte for byte,
+    and stay within 15% of the real run's; the stacks have all their blocks again after."""
+    from fold_data.af2 import make_sample
+    from fold_model.af2 import AlphaFold2
+    from fold_train.predict import make_raw_features
+
+    assert PLAN_BLOCKS == 2
+    cases = []
+    cfg = apply_overrides(preset("af3_tiny"), ["model.pairformer.no_blocks=5",
+                                               "model.diffusion.no_blocks=4",
+                                               "model.msa.no_blocks=3"])
+    mc = cfg.model_config()
+    torch.manual_seed(0)
+    model = make_family("af3", mc).build_model(mc).eval()
+    batch = _af3_batch(af3_raw, 3)
+    cases.append((model, AF3_STAGES, af3_run(model, real_extent(batch, "af3"), no_samples=2),
+                  batch, {"pairformer": 5, "diffusion.transformer": 4, "msa_module": 3}))
+    msa = DEMO / "alignments" / "1psm_A" / "bfd_uniclust_hits.a3m"
+    cfg = apply_overrides(preset("tiny"), ["model.evoformer.no_blocks=5",
+                                           "model.extra_msa.no_blocks=3"])
+    torch.manual_seed(7)
+    model = AlphaFold2(cfg.model_config()).eval()
+    _, raw, _ = make_raw_features(mmcif=DEMO / "mmcifs" / "1psm.cif", chain="A", msas=[msa])
+    batch = collate([make_sample(raw, cfg.data_preset(), seed=0, training=False)])
+    cases.append((model, AF2_STAGES, af2_run(model, real_extent(batch, "af2")), batch,
+                  {"evoformer": 5, "extra_msa_stack": 3}))
+    for model, stages, run, batch, sizes in cases:
+        for path, n in sizes.items():
+            assert len(model.get_submodule(path).blocks) == n, path
+        calls = {path: 0 for path in sizes}  # of each stack's last block
+        hooks = [model.get_submodule(path).blocks[-1].register_forward_pre_hook(
+            lambda *_, path=path: calls.__setitem__(path, calls[path] + 1)) for path in sizes]
+        est = stage_peaks(model, stages, run, batch)
+        assert set(calls.values()) == {0}  # the dry run did not run them
+        with patch.object(predict_plan, "first_blocks", lambda m: nullcontext()):
+            whole = stage_peaks(model, stages, run, batch)
+        assert 0 not in calls.values()
+        for h in hooks:
+            h.remove()
+        measured = stage_peaks(model, stages, run, batch, fake=False)
+        assert est.stages == whole.stages and est.peak == whole.peak
+        for name, v in est.stages.items():
+            _within(v, measured.stages[name], name)
+        for path, n in sizes.items():
+            assert len(model.get_submodule(path).blocks) == n, path
