@@ -4,7 +4,8 @@ the measured one at a few real sizes (``--estimate``).
 
 Each trial is one prediction through the product's CLI (``fold_train.cli.main(["predict",
 ...])``) in a subprocess of its own (``--trial``), so an out-of-memory error, a CUDA error or a
-hang (``--trial-timeout``) ends that trial only. Inputs are written as a user gives them:
+hang (``--trial-timeout``) ends that trial only; a trial that timed out is undecided (it may fit
+and need more time) and ends the search without a failure. Inputs are written as a user gives them:
 
 * AF2: a FASTA of N random residues (uniform over the 20 amino acids, seeded) and an a3m of
   ``--msa-depth`` rows mutated from it (30% substitutions, 5% gaps); the ``af2_finetune`` preset
@@ -170,8 +171,9 @@ def _cli(cli, argv: list[str]) -> tuple[str, str, int]:
 
 def trial(args, family: str, n: int, checkpoint: Path, *, estimate: bool = False,
           timeout: float | None = None) -> dict:
-    """Run one trial in a subprocess; a crash or a timeout (``timeout``, default
-    ``--trial-timeout``) is a failed trial."""
+    """Run one trial in a subprocess; a crash is a failed trial (``ok`` False), a timeout
+    (``timeout``, default ``--trial-timeout``) an undecided one (``ok`` None: the length may fit
+    the memory and need more time than the call had)."""
     cmd = [sys.executable, "-m", "benchmarks.chunk.longest_input", "--trial", family,
            "--n", str(n), "--checkpoint", str(checkpoint), "--device", args.device,
            "--msa-depth", str(args.msa_depth), "--samples", str(args.samples),
@@ -184,7 +186,9 @@ def trial(args, family: str, n: int, checkpoint: Path, *, estimate: bool = False
         proc = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO,
                               timeout=timeout or args.trial_timeout)
     except subprocess.TimeoutExpired:
-        return {"family": family, "n_res": n, "ok": False, "error": "timeout",
+        limit = timeout or args.trial_timeout
+        return {"family": family, "n_res": n, "ok": None,
+                "error": f"timeout: no result within {limit:.0f} s (undecided, not a failure)",
                 "trial_s": time.perf_counter() - t0}
     elapsed = time.perf_counter() - t0
     lines = [x for x in proc.stdout.splitlines() if x.startswith("{")]
@@ -232,7 +236,7 @@ def longest(args, family: str, checkpoint: Path, ladder: list[int], deadline: fl
             last = (n, rec.get("trial_s", 0.0))
         trials.append(rec)
         emit(rec)
-        return bool(rec["ok"])
+        return None if rec["ok"] is None else bool(rec["ok"])  # None: timed out, stop
 
     for n in (n for n in ladder if n > known_ok):
         ok = attempt(n)

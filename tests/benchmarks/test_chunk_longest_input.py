@@ -60,3 +60,13 @@ def test_predicted_time_keeps_the_start_up_and_scales_the_rest() -> None:
     # the measured H100 pair: 2048 residues in 85 s, 4096 in 180 s (the cube said 680 s)
     assert 150.0 < predicted_seconds(4096, 2048, 85.0) < 300.0
     assert predicted_seconds(4096, 2048, 10.0) == STARTUP_S  # all start-up: nothing to scale
+
+
+def test_a_timeout_is_undecided_not_a_failure(tmp_path: Path) -> None:
+    # a trial limit shorter than a start-up: 8 times out, the search stops there without a
+    # failure (the length might fit and need more time), 16 is not tried
+    result = _run(tmp_path, "--families", "af2", "--af2-ladder", "8,16", "--trial-timeout", "0.5")
+    (fam,) = result["families"]
+    assert [(t["n_res"], t["ok"]) for t in fam["trials"]] == [(8, None)]
+    assert fam["trials"][0]["error"].startswith("timeout")
+    assert fam["longest_ok"] is None and fam["first_failure"] is None and fam["best"] is None
