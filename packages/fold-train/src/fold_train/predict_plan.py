@@ -156,8 +156,8 @@ def first_blocks(model: torch.nn.Module, keep: int = PLAN_BLOCKS) -> Iterator[No
     stack, template pair stacks, Pairformer, AF3 MSA module; and the AF3 diffusion transformer)
     with its first ``keep`` blocks only, restored after. A block takes and returns the stack's
     state at the same shapes and keeps nothing, so the most bytes live inside block ``k >= 1``
-    are the same for every ``k``: the stage's peak is unchanged, and a 48-block trunk's dry run
-    is ~20x shorter (on the CPU at thousands of tokens, minutes instead of most of an hour)."""
+    are the same for every ``k``: the stage's peak is unchanged, and the fake run of a 48-block
+    trunk runs 2 blocks."""
     from fold_model.af3.diffusion import DiffusionTransformer
     from fold_model.layers.stack import BlockStack
 
