@@ -8,8 +8,6 @@ mask shared along the rows of one dimension) are read through strides, never exp
 
 from __future__ import annotations
 
-import math
-
 import torch
 import triton
 import triton.language as tl
@@ -123,7 +121,7 @@ def _broadcast(name: str, *tensors: torch.Tensor | None) -> tuple[int, ...]:
     shape = broadcast_shape(*shapes)
     if shape is None:
         raise ValueError(f"{name}: operand shapes {shapes} do not broadcast")
-    check_rows(name, math.prod(shape[:-1]), shape[-1])  # the kernels' row index is int32
+    check_rows(name, shape)  # the kernels' row index is int32
     return shape
 
 

@@ -22,6 +22,9 @@ instead of raising.
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
+
 __all__ = ["INT32_LIMIT", "GRID_YZ_LIMIT", "rows_fit", "check_rows", "span_fits",
            "pair_bias_fits", "grid_fits", "check_grid"]
 
@@ -29,17 +32,18 @@ INT32_LIMIT = 2**31  # indices must stay below this
 GRID_YZ_LIMIT = 65535  # CUDA's largest grid y and z dimension
 
 
-def rows_fit(rows: int) -> bool:
-    """A row index below ``rows`` fits in int32."""
-    return rows < INT32_LIMIT
+def rows_fit(shape: Sequence[int]) -> bool:
+    """The row index of a ``[*, C]`` walk over ``shape`` (rows: every dim but the last) fits in
+    int32."""
+    return math.prod(shape[:-1]) < INT32_LIMIT
 
 
-def check_rows(op: str, rows: int, width: int) -> None:
-    """Refuse a ``[rows, width]`` walk whose row index would not fit in int32."""
-    if not rows_fit(rows):
-        raise ValueError(f"{op}: {rows} rows of {width} (numel / last dim) is more than the "
-                         f"kernel's 32-bit row index allows ({INT32_LIMIT - 1}); split the "
-                         f"input or use the torch reference")
+def check_rows(op: str, shape: Sequence[int]) -> None:
+    """Refuse a ``[*, C]`` walk over ``shape`` whose row index would not fit in int32."""
+    if not rows_fit(shape):
+        raise ValueError(f"{op}: {math.prod(shape[:-1])} rows of {shape[-1]} (shape "
+                         f"{tuple(shape)}) is more than the kernel's 32-bit row index allows "
+                         f"({INT32_LIMIT - 1}); split the input or use the torch reference")
 
 
 def span_fits(n: int, stride: int, extra: int = 0) -> bool:

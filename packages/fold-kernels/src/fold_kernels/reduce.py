@@ -116,7 +116,7 @@ def column_sum(x: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tenso
     if x.dim() != 2:
         raise ValueError(f"column_sum: x must be [M, C], got shape {tuple(x.shape)}")
     tuning.require_device("column_sum", x)
-    check_rows("column_sum", x.shape[0], x.shape[1])
+    check_rows("column_sum", x.shape)
     dtype = x.dtype if dtype is None else dtype
     m, c = x.shape
     if m == 0:

@@ -25,6 +25,7 @@ from fold_ops.contract import OPS
 from fold_ops.tracing import compiling, fx_tracing
 
 import fold_kernels as kernels
+from fold_kernels import triangle_gate
 from fold_kernels.broadcast import broadcast_shape
 from fold_kernels.fakes import FAKES
 from fold_kernels.index32 import grid_fits, pair_bias_fits, rows_fit
@@ -57,11 +58,6 @@ def _autocast_fp32(x: torch.Tensor) -> bool:
 def _common(x, *others) -> bool:
     return (not _tracing() and _on_gpu(x, *others) and x.dtype in _DTYPES
             and not _autocast_fp32(x))
-
-
-def _rows(x: torch.Tensor) -> int:
-    """Rows of a ``[*, C]`` walk."""
-    return x.numel() // max(x.shape[-1], 1)
 
 
 def _indexable_attention(batch: tuple[int, ...], r: int, h: int, n: int, has_bias: bool) -> bool:
@@ -129,14 +125,14 @@ def supports_linear(x, weight, bias=None) -> bool:
         return False
     return (weight.dim() == 2 and weight.shape[1] == x.shape[-1] and x.dim() >= 2
             and weight.dtype == x.dtype and bias.dtype == x.dtype
-            and bias.shape == (weight.shape[0],) and rows_fit(_rows(x)))  # column_sum's rows
+            and bias.shape == (weight.shape[0],) and rows_fit(x.shape))  # column_sum's rows
 
 
 def supports_layer_norm(x, weight, bias, eps=1e-5) -> bool:
     if not _common(x, weight, bias) or weight is None or bias is None:
         return False
     c = x.shape[-1]
-    return weight.shape == (c,) and bias.shape == (c,) and c <= 8192 and rows_fit(_rows(x))
+    return weight.shape == (c,) and bias.shape == (c,) and c <= 8192 and rows_fit(x.shape)
 
 
 def supports_layer_norm_linear(x, ln_weight, ln_bias, weight, bias=None, eps=1e-5) -> bool:
@@ -154,13 +150,13 @@ def supports_swiglu(x, weight, bias=None) -> bool:
         return False
     if weight.dtype != x.dtype or (bias is not None and bias.dtype != x.dtype):
         return False
-    return (bias is None or bias.shape == (weight.shape[0],)) and rows_fit(_rows(x))
+    return (bias is None or bias.shape == (weight.shape[0],)) and rows_fit(x.shape)
 
 
 def _broadcasts(*tensors) -> bool:
     """The operands broadcast, to a shape whose rows (all dims but the last) fit in int32."""
     shape = broadcast_shape(*(tuple(t.shape) for t in tensors if t is not None))
-    return shape is not None and rows_fit(math.prod(shape[:-1]))
+    return shape is not None and rows_fit(shape)
 
 
 def supports_bias_sigmoid_gate(x, gate, bias=None) -> bool:
@@ -171,8 +167,8 @@ def supports_triangle_projection_gate(proj, bias, mask) -> bool:
     if not _common(proj, bias, mask) or proj.dim() < 3 or proj.shape[-3] % 4:
         return False
     return (bias.shape == (proj.shape[-3],) and tuple(mask.shape[-2:]) == tuple(proj.shape[-2:])
-            and mask.dim() <= proj.dim() - 1 and grid_fits(proj.shape[-3] // 4)
-            and grid_fits(math.prod(proj.shape[:-3])))
+            and mask.dim() <= proj.dim() - 1
+            and all(map(grid_fits, triangle_gate.grid_sizes(proj.shape).values())))
 
 
 def supports_linear_channel_first(x, weight) -> bool:

@@ -187,6 +187,11 @@ class _TriangleProjectionGate(torch.autograd.Function):
         return dp.reshape(ctx.shape), dbias, None
 
 
+def grid_sizes(shape: tuple[int, ...]) -> dict[str, int]:
+    """The launch's grid y (the c channels) and z (the batch) of a ``[*, 4c, I, J]`` proj."""
+    return {"c channels": shape[-3] // 4, "the batch": math.prod(shape[:-3])}
+
+
 def triangle_projection_gate(proj: torch.Tensor, bias: torch.Tensor,
                              mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """The gated, masked operands of triangle multiplication from channel-first projections.
@@ -211,6 +216,6 @@ def triangle_projection_gate(proj: torch.Tensor, bias: torch.Tensor,
                          f"[*, {proj.shape[-2]}, {proj.shape[-1]}], got {tuple(mask.shape)}")
     tuning.require_device("triangle_projection_gate", proj,
                           "fold_ops.reference.triangle_projection_gate")
-    check_grid("triangle_projection_gate", "c channels", proj.shape[-3] // 4)  # grid y
-    check_grid("triangle_projection_gate", "the batch", math.prod(proj.shape[:-3]))  # grid z
+    for what, programs in grid_sizes(proj.shape).items():
+        check_grid("triangle_projection_gate", what, programs)
     return _TriangleProjectionGate.apply(proj, bias, mask)
