@@ -19,9 +19,9 @@ import pytest
 import torch
 from _af3_helpers import CCD, INPUTS, fkbp_crop_batch, needs_af3_demo, noisy_tiny_af3
 from fold_train.checkpoint import save_checkpoint
-from fold_train.families import af3 as af3_family
 from fold_train.cli import main
 from fold_train.config import apply_overrides, preset
+from fold_train.families import af3 as af3_family
 from fold_train.loop import CHECKPOINT_FORMAT
 from fold_train.parallelize import Techniques, parallelize
 from fold_train.predict_graphs import AF3Predictor

@@ -19,6 +19,7 @@ import torch
 import torch.profiler as tp
 from _af3_helpers import CCD, INPUTS, ligand_crop, needs_af3_demo
 from _train_helpers import DEMO
+from fold_train import predict_plan
 from fold_train.buckets import real_extent
 from fold_train.checkpoint import save_checkpoint
 from fold_train.cli import main
@@ -26,7 +27,6 @@ from fold_train.config import apply_overrides, preset
 from fold_train.data import collate
 from fold_train.families import make_family
 from fold_train.loop import CHECKPOINT_FORMAT
-from fold_train import predict_plan
 from fold_train.predict_plan import (
     AF2_STAGES,
     AF3_STAGES,
@@ -224,7 +224,8 @@ def test_dry_run_of_the_first_blocks_equals_the_whole_stacks(af3_raw):
             assert len(model.get_submodule(path).blocks) == n, path
         calls = {path: 0 for path in sizes}  # of each stack's last block
         hooks = [model.get_submodule(path).blocks[-1].register_forward_pre_hook(
-            lambda *_, path=path: calls.__setitem__(path, calls[path] + 1)) for path in sizes]
+            lambda *_, path=path, calls=calls: calls.__setitem__(path, calls[path] + 1))
+            for path in sizes]
         est = stage_peaks(model, stages, run, batch)
         assert set(calls.values()) == {0}  # the dry run did not run them
         with patch.object(predict_plan, "first_blocks", lambda m: nullcontext()):

@@ -56,8 +56,8 @@ def test_one_sample_pair_embedding_equals_the_broadcast_one(variant):
     """A sample scored alone (``S = 1``: groups of one, long inputs) builds its pair input in
     place; with another sample beside it the head broadcasts into a new ``[B, S, N, N, C_z]``.
     Sample 0's logits and the gradients of every weight of the head agree (its inputs are
-    detached: the trunk gets no gradient from it; float64 on both sides, the same sums in the same order: 1e-12), odd token count, a masked
-    hole."""
+    detached: the trunk gets no gradient from it). float64 on both sides, the same sums in the
+    same order: 1e-12; odd token count, a masked hole."""
     torch.manual_seed(0)
     model = randomize_(AlphaFold3(config("tiny", confidence__variant=variant)), scale=0.5)
     model = model.double().eval()  # no dropout: both runs see the same network
