@@ -134,9 +134,17 @@ class AlphaFold3(nn.Module):
             m.set_chunk_size(chunk_size)
         if self.confidence_head is not None:
             self.confidence_head.pairformer.set_chunk_size(chunk_size)
-            self.confidence_head.chunk_size = chunk_size
         self.diffusion.transformer.set_chunk_size(chunk_size)
-        self.diffusion.conditioning.chunk_size = chunk_size
+        self.set_pair_row_blocks(chunk_size)
+
+    def set_pair_row_blocks(self, rows: int | None) -> None:
+        """Inference: the per-pair steps outside the stacks, the diffusion's pair conditioning
+        and the confidence head's PAE / PDE logits (reduced in the head), ``rows`` pair rows at
+        a time (None: all). Part of :meth:`set_chunk_size`; alone where the stacks are chunked
+        otherwise (AutoChunk)."""
+        if self.confidence_head is not None:
+            self.confidence_head.chunk_size = rows
+        self.diffusion.conditioning.chunk_size = rows
 
     def set_sample_group_size(self, group_size: int | None) -> None:
         """Inference: the diffusion network and the confidence head run on the samples in

@@ -249,9 +249,7 @@ class AF3Family(Family):
         # whole, the diffusion's pair conditioning holds [N, N, 2 C_z] and [N, N, 4 C_z]
         # temporaries (at 6144 tokens in fp32 over 90 GiB) and the confidence head the PAE / PDE
         # logits [N, N, bins] of a sample. Rows of a pair are independent: exact.
-        model.diffusion.conditioning.chunk_size = AUTOCHUNK_PAIR_ROWS
-        if model.confidence_head is not None:
-            model.confidence_head.chunk_size = AUTOCHUNK_PAIR_ROWS
+        model.set_pair_row_blocks(AUTOCHUNK_PAIR_ROWS)
         embedder = model.template_embedder
         if embedder is not None:
             wrapper = AutoChunkedStack(TemplatePairStack(embedder), memory_budget,
