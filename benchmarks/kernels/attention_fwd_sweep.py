@@ -71,16 +71,7 @@ H100_BF16_TFLOPS = 766.0
 
 
 def cfg_name(cfg) -> str:
-    flags = (" sum-dot" if cfg.sum_dot else "") + (" exp-half" if cfg.exp_half else "")
-    return (f"fwd[{cfg.block_m}x{cfg.block_n} w{cfg.num_warps} s{cfg.num_stages} r{cfg.rows}"
-            f"{flags}]")
-
-
-# ``--candidates half-softmax``: the tiles that won somewhere in the 2026-11-25 sweep, each with
-# the forward's half-precision softmax options off, one at a time and both (tuning.Config's
-# sum_dot, exp_half)
-HALF_SOFTMAX_TILES = [(64, 32, 4, 3, 1), (64, 32, 4, 3, 2), (128, 64, 4, 3, 1),
-                      (128, 64, 4, 3, 2)]
+    return f"fwd[{cfg.block_m}x{cfg.block_n} w{cfg.num_warps} s{cfg.num_stages} r{cfg.rows}]"
 
 
 def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -88,22 +79,11 @@ def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
     return ((a - b).norm() / b.norm().clamp_min(1e-30)).item()
 
 
-def forward_candidates(device: torch.device, head_dim: int, which: str = "tuner") -> list:
-    """Every forward candidate the tuner may pick for bf16 inputs of this head dim
-    (``tuner``), or ``HALF_SOFTMAX_TILES`` with and without each half-precision softmax
-    option (``half-softmax``; exp-half only where the device has its instructions)."""
+def forward_candidates(device: torch.device, head_dim: int) -> list:
+    """Every forward candidate the tuner may pick for bf16 inputs of this head dim."""
     from fold_kernels import tuning
 
-    name = tuning.arch(device)
-    if which == "tuner":
-        return list(tuning.attention_configs("fwd", name, head_dim, itemsize=2))
-    exp_half = [False, True] if name == "interpreter" or tuning.sm_at_least(name, 90) else [False]
-    if name == "interpreter":
-        tiles = [(16, 16, 1, 1, 2)]
-    else:
-        tiles = HALF_SOFTMAX_TILES
-    return [tuning.Config(bm, bn, w, s, rows=r, sum_dot=sd, exp_half=eh)
-            for bm, bn, w, s, r in tiles for sd in (False, True) for eh in exp_half]
+    return list(tuning.attention_configs("fwd", tuning.arch(device), head_dim, itemsize=2))
 
 
 @contextlib.contextmanager
@@ -154,7 +134,7 @@ def time_one(fn, inputs, device, reps: int, reference=None) -> tuple[dict, tuple
 
 
 def run_shape(name: str, contenders: list[str], device: torch.device, reps: int,
-              pin_backward: bool, which: str = "tuner") -> dict:
+              pin_backward: bool) -> dict:
     from fold_kernels import evo_attention, tuning
 
     group, r, n, h, d = SHAPES[name]
@@ -179,8 +159,7 @@ def run_shape(name: str, contenders: list[str], device: torch.device, reps: int,
         except Exception as exc:  # a candidate that does not fit (shared memory, registers)
             res = {"error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:160]}"}
         if pin is not None:
-            res["config"] = [pin.block_m, pin.block_n, pin.num_warps, pin.num_stages, pin.rows,
-                             pin.sum_dot, pin.exp_half]
+            res["config"] = [pin.block_m, pin.block_n, pin.num_warps, pin.num_stages, pin.rows]
         res["wall_s"] = round(time.time() - t0, 1)
         row["results"][label] = res
         print(name, label, {k: v for k, v in res.items() if k != "err_vs_tuned"}, flush=True)
@@ -193,7 +172,7 @@ def run_shape(name: str, contenders: list[str], device: torch.device, reps: int,
         picks = [cfg for key, cfg in tuning.chosen("evo_fwd").items() if key[1:3] == (r, n)]
         row["tuner_pick"] = cfg_name(picks[0]) if picks else None
     if "candidates" in contenders:
-        for cfg in forward_candidates(device, d, which):
+        for cfg in forward_candidates(device, d):
             record(cfg_name(cfg), evo_attention, pin=cfg)
     return row
 
@@ -259,8 +238,6 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--shapes", nargs="+", default=DEFAULT_SHAPES, choices=list(SHAPES))
     p.add_argument("--contenders", nargs="+", default=["flex", "tuned", "candidates"],
                    choices=["flex", "tuned", "candidates"])
-    p.add_argument("--candidates", default="tuner", choices=["tuner", "half-softmax"],
-                   help="which forward configurations the 'candidates' contender times")
     p.add_argument("--reps", type=int, default=20)
     p.add_argument("--tune-backward", action="store_true",
                    help="let the tuners pick the backward kernels (compiles every candidate)")
@@ -289,7 +266,7 @@ def main(argv: list[str] | None = None) -> dict:
             FOLD_EVO_DBIAS="atomic", FOLD_EVO_DQ="pass"):
         for name in args.shapes:
             doc["rows"].append(run_shape(name, args.contenders, device, args.reps,
-                                         not args.tune_backward, args.candidates))
+                                         not args.tune_backward))
             doc["wall_s"] = round(time.time() - t0, 1)
             write_result(args.out, doc, to_markdown(doc))
     sys.stdout.write(args.out.with_suffix(".md").read_text())

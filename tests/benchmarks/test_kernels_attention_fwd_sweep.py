@@ -32,22 +32,3 @@ def test_tiny_sweep_times_every_candidate_against_the_tuned_op(tmp_path):
     assert "| tuned |" in out.with_suffix(".md").read_text()
     # the sweep's environment (backward modes, tuner cache) does not outlive it
     assert {k: os.environ.get(k) for k in before} == before
-
-
-def test_half_softmax_candidates_are_timed_and_named(tmp_path):
-    """``--candidates half-softmax``: each tile with the forward's sum-dot / exp-half options off,
-    one at a time and both, every one agreeing with the tuned op; their names carry the flags."""
-    out = tmp_path / "sweep.json"
-    doc = sweep.main(["--device", "cpu", "--shapes", "tiny", "--contenders", "tuned",
-                      "candidates", "--candidates", "half-softmax", "--reps", "1",
-                      "--out", str(out)])
-    res = doc["rows"][0]["results"]
-    cands = sweep.forward_candidates(torch.device("cpu"), 32, "half-softmax")
-    assert len(cands) == 4 and {(c.sum_dot, c.exp_half) for c in cands} == {
-        (False, False), (True, False), (False, True), (True, True)}
-    assert set(res) == {"tuned", *map(sweep.cfg_name, cands)}
-    assert "fwd[16x16 w1 s1 r2 sum-dot exp-half]" in res
-    for label, x in res.items():
-        assert "error" not in x, (label, x)
-        if label != "tuned":
-            assert max(x["err_vs_tuned"]) < 2e-2, (label, x)

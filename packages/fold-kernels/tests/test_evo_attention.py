@@ -465,58 +465,6 @@ def test_forward_rows_without_mask_or_bias(rows):
         _check(q, k, v, None, None, None, torch.float32)
 
 
-# fp16: a masked key's argument (-2^100 log2 e) rounds to -inf (exp2 -> 0, as meant); numpy's
-# interpreter warns about that cast
-@pytest.mark.filterwarnings("ignore:overflow encountered in cast:RuntimeWarning")
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("sum_dot,exp_half", [(True, False), (False, True), (True, True)])
-@pytest.mark.parametrize("rows", [1, 2])
-@pytest.mark.parametrize("n", [29, 32])
-def test_forward_half_softmax_options_match_reference(dtype, sum_dot, exp_half, rows, n):
-    """The forward's half-precision softmax options (row sums as a product with ones, exp2 of
-    the argument rounded to the half dtype; on a GPU the sm_90 PTX, in the interpreter its
-    emulation): odd and block-multiple N, R = 5, holes, a fully masked row; the output and every
-    gradient (the backward reads the forward's log-sum-exp) against float64 at the dtype's
-    tolerance."""
-    from fold_kernels import tuning
-
-    if exp_half and not (tuning.interpreting() or tuning.sm_at_least(tuning.arch(), 90)):
-        pytest.skip("exp_half needs sm_90")
-    tiles = (16, 16, 1, 1) if tuning.interpreting() else (32, 32, 2, 2)
-    cfg = tuning.Config(*tiles, rows=rows, sum_dot=sum_dot, exp_half=exp_half)
-    with tuning.pinned("evo_fwd", cfg):
-        _check(*_inputs((1, 5, 2, n, 32), 2, n, dtype, seed=rows + n), dtype)
-
-
-def test_half_softmax_options_keep_fully_masked_rows_uniform():
-    """A fully masked row's weights are exactly 1 with both options too (exp2(0) in bf16, a
-    row sum of ones): the row averages v up to the output's bf16 rounding."""
-    from fold_kernels import evo_attention, tuning
-
-    q, k, v, bias, mask, _ = _inputs((1, 5, 2, 20, 16), 2, 20, torch.bfloat16, with_gate=False)
-    mask[0, 3] = False
-    tiles = (16, 16, 1, 1) if tuning.interpreting() else (32, 32, 2, 2)
-    exp_half = tuning.interpreting() or tuning.sm_at_least(tuning.arch(), 90)
-    cfg = tuning.Config(*tiles, rows=2, sum_dot=True, exp_half=exp_half)
-    with tuning.pinned("evo_fwd", cfg):
-        o = evo_attention(*(t.to(DEVICE) for t in (q, k, v, bias * 50, mask))).cpu()
-    for r in (1, 3):
-        mean = v[0, r].double().mean(-2, keepdim=True).expand(2, 20, 16)
-        torch.testing.assert_close(o[0, r].double(), mean, rtol=8e-3, atol=8e-3)
-
-
-def test_half_softmax_options_refuse_fp32():
-    """sum_dot / exp_half round P to a half dtype: pinned on fp32 inputs they are an error,
-    not a silent loss of fp32's accuracy."""
-    from fold_kernels import evo_attention, tuning
-
-    q, k, v, bias, mask, _ = _inputs((1, 3, 2, 16, 16), 2, 16, torch.float32, with_gate=False)
-    for flags in ({"sum_dot": True}, {"exp_half": True}):
-        with tuning.pinned("evo_fwd", tuning.Config(16, 16, 1, 1, **flags)):
-            with pytest.raises(ValueError, match="needs bf16 or fp16 inputs, got torch.float32"):
-                evo_attention(*(t.to(DEVICE) for t in (q, k, v, bias, mask)))
-
-
 def test_rows_a_kernel_cannot_run_are_refused():
     """A pinned configuration with rows the kernel does not run (the grid would skip rows) is a
     clear error, not silently missing rows."""

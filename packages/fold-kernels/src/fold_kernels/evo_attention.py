@@ -83,9 +83,6 @@ LOG2E = tl.constexpr(1.4426950408889634)
 # MASKED_NAT * log2(e) is exact in fp32 and a fully masked row gets exp2(0) = 1 for every key
 # (uniform weights). The backward zeroes masked keys' P directly.
 MASKED_NAT = tl.constexpr(-(2.0**100))
-# Columns of the forward's row-sum product P @ ones (SUM_DOT): the smallest N of a tensor-core
-# product; every column holds the same sum.
-SUM_COLS = tl.constexpr(16)
 
 
 @triton.jit
@@ -154,58 +151,27 @@ def _load(ptr, mask, FULL: tl.constexpr):
 
 @triton.jit
 def _fwd_init(Q, b, r, h, offs_m, offs_d, md, sqb, sqr, sqh, sqn,
-              BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, SUM_DOT: tl.constexpr):
-    """One row's query tile [BLOCK_M, BLOCK_D] and its empty online-softmax state (``SUM_DOT``:
-    the row sums as [BLOCK_M, SUM_COLS], every column the same sum, see ``_fwd_step``)."""
+              BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr):
+    """One row's query tile [BLOCK_M, BLOCK_D] and its empty online-softmax state."""
     base = _base(b, r, h, sqb, sqr, sqh)
     q = tl.load(Q + base + offs_m[:, None] * sqn + offs_d[None, :], mask=md, other=0.0)
     m = tl.full([BLOCK_M], -1.0e38, tl.float32)  # finite: a block of only -inf stays NaN-free
-    if SUM_DOT:
-        l_i = tl.zeros([BLOCK_M, SUM_COLS], tl.float32)
-    else:
-        l_i = tl.zeros([BLOCK_M], tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     return q, base, acc, m, l_i
 
 
 @triton.jit
-def _exp2_half(x, ASM: tl.constexpr):
-    """2^x elementwise for x in bf16 or fp16 (the softmax argument rounded to the dtype of the
-    PV product), two values per instruction of the special-function unit on sm_90
-    (``ex2.approx[.ftz].{bf16x2,f16x2}``); ``ASM=False`` (the interpreter, which cannot run
-    PTX) rounds the same argument and takes fp32's exp2, rounded to the dtype."""
-    if ASM:
-        if x.dtype == tl.bfloat16:
-            y = tl.inline_asm_elementwise("ex2.approx.ftz.bf16x2 $0, $1;", "=r,r", [x],
-                                          dtype=tl.bfloat16, is_pure=True, pack=2)
-        else:
-            y = tl.inline_asm_elementwise("ex2.approx.f16x2 $0, $1;", "=r,r", [x],
-                                          dtype=tl.float16, is_pure=True, pack=2)
-    else:
-        y = tl.exp2(x.to(tl.float32)).to(x.dtype)
-    return y
-
-
-@triton.jit
 def _fwd_step(q, K, V, base, offs_n, offs_d, nd, bias, keep, n_valid, acc, m_i, l_i,
               scale, SN, HAS_BIAS: tl.constexpr, HAS_MASK: tl.constexpr,
-              EVEN: tl.constexpr, FULL_KV: tl.constexpr, PRECISION: tl.constexpr,
-              BLOCK_N: tl.constexpr, SUM_DOT: tl.constexpr, EXP_HALF: tl.constexpr,
-              ASM: tl.constexpr):
+              EVEN: tl.constexpr, FULL_KV: tl.constexpr, PRECISION: tl.constexpr):
     """One key block of the online softmax for one row.
 
     The logits stay in the natural-log domain, ``s = scale * q k^T + bias`` (one FMA per element,
     the bias tile shared by the program's rows unscaled), and log2(e) goes into exp2's argument,
     ``exp2(s * log2e - m * log2e)`` (one FMA per element): no separate scaling of the product or
     of the bias. ``m_i`` is the running row max of s (natural domain). ``FULL_KV``: the K and V
-    tiles are in bounds (N a multiple of the blocks, D of BLOCK_D), loaded without predicates.
-
-    Two ways to issue fewer instructions per logit (the loop is bound by instruction issue at D
-    32: benchmarks/results/kernels/kernels_attention_fwd_analysis.md), for bf16/fp16 inputs:
-    ``SUM_DOT`` adds P's row sums on the tensor cores (``P @ ones[BLOCK_N, SUM_COLS]``: the sum
-    of the rounded P that the PV product weighs, instead of one fp32 add per logit);
-    ``EXP_HALF`` rounds exp2's argument to the half dtype and computes two exponentials per
-    instruction (``_exp2_half``): P comes out in the PV product's dtype, no conversion after."""
+    tiles are in bounds (N a multiple of the blocks, D of BLOCK_D), loaded without predicates."""
     k = _load(K + base + offs_n[:, None] * SN + offs_d[None, :], nd, FULL_KV)
     v = _load(V + base + offs_n[:, None] * SN + offs_d[None, :], nd, FULL_KV)
     qk = _mm(q, tl.trans(k), PRECISION)  # [BLOCK_M, BLOCK_N]
@@ -222,16 +188,8 @@ def _fwd_step(q, K, V, base, offs_n, offs_d, nd, bias, keep, n_valid, acc, m_i, 
     m_new = tl.maximum(m_i, tl.max(s, 1))
     m2 = m_new * LOG2E  # [BLOCK_M], log2 domain
     alpha = tl.exp2(m_i * LOG2E - m2)
-    arg = tl.fma(s, LOG2E, -m2[:, None])
-    if EXP_HALF:
-        p = _exp2_half(arg.to(v.dtype), ASM)  # [BLOCK_M, BLOCK_N], v's dtype
-    else:
-        p = tl.exp2(arg)  # fp32
-    if SUM_DOT:
-        ones = tl.full([BLOCK_N, SUM_COLS], 1.0, v.dtype)
-        l_i = l_i * alpha[:, None] + _mm(p.to(v.dtype), ones, PRECISION)
-    else:
-        l_i = l_i * alpha + tl.sum(p.to(tl.float32), 1)
+    p = tl.exp2(tl.fma(s, LOG2E, -m2[:, None]))
+    l_i = l_i * alpha + tl.sum(p, 1)
     acc = acc * alpha[:, None] + _mm(p.to(v.dtype), v, PRECISION)
     return acc, m_new, l_i
 
@@ -271,14 +229,12 @@ def _fwd(Q, K, V, G, GB, Bias, Mask, O, OPre, LSE,
          HAS_BIAS: tl.constexpr, HAS_MASK: tl.constexpr, HAS_GATE: tl.constexpr,
          HAS_GATE_BIAS: tl.constexpr, ROWS: tl.constexpr, EVEN: tl.constexpr,
          EVEN_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-         BLOCK_D: tl.constexpr, PRECISION: tl.constexpr, SUM_DOT: tl.constexpr,
-         EXP_HALF: tl.constexpr, ASM: tl.constexpr):
+         BLOCK_D: tl.constexpr, PRECISION: tl.constexpr):
     """One query block of ``ROWS`` (1 or 2) rows r0, r0+1 of R: each bias tile is loaded and
     converted once for all of them (the bias is shared by the R rows), dividing the bias's L2
     traffic and conversions by ROWS. Rows past R-1 repeat the last row (same values stored).
     ``EVEN`` (N a multiple of both blocks) and ``EVEN_D`` (D == BLOCK_D): the loop's tiles are
-    in bounds and loaded without masks. ``SUM_DOT``, ``EXP_HALF``: see ``_fwd_step`` (``ASM``:
-    the PTX exponentials, off in the interpreter)."""
+    in bounds and loaded without masks."""
     mb = tl.program_id(0)
     rp = tl.program_id(1)
     bh = tl.program_id(2)
@@ -290,11 +246,11 @@ def _fwd(Q, K, V, G, GB, Bias, Mask, O, OPre, LSE,
     md = m_valid[:, None] & (offs_d < D)[None, :]
     r0 = rp * ROWS
     q0, base0, acc0, m0, l0 = _fwd_init(Q, b, r0, h, offs_m, offs_d, md, sqb, sqr, sqh, sqn,
-                                        BLOCK_M, BLOCK_D, SUM_DOT)
+                                        BLOCK_M, BLOCK_D)
     if ROWS >= 2:
         r1 = tl.minimum(r0 + 1, R - 1)
         q1, base1, acc1, m1, l1 = _fwd_init(Q, b, r1, h, offs_m, offs_d, md, sqb, sqr, sqh,
-                                            sqn, BLOCK_M, BLOCK_D, SUM_DOT)
+                                            sqn, BLOCK_M, BLOCK_D)
     for start_n in range(0, N, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
         n_valid = offs_n < N
@@ -307,17 +263,12 @@ def _fwd(Q, K, V, G, GB, Bias, Mask, O, OPre, LSE,
         keep = _keep(Mask, b, r0, offs_n, n_valid, smb, smr, smj, HAS_MASK, EVEN)
         acc0, m0, l0 = _fwd_step(q0, K, V, base0, offs_n, offs_d, nd, bias, keep, n_valid,
                                  acc0, m0, l0, scale, sqn, HAS_BIAS, HAS_MASK, EVEN,
-                                 EVEN and EVEN_D, PRECISION, BLOCK_N, SUM_DOT, EXP_HALF, ASM)
+                                 EVEN and EVEN_D, PRECISION)
         if ROWS >= 2:
             keep = _keep(Mask, b, r1, offs_n, n_valid, smb, smr, smj, HAS_MASK, EVEN)
             acc1, m1, l1 = _fwd_step(q1, K, V, base1, offs_n, offs_d, nd, bias, keep, n_valid,
                                      acc1, m1, l1, scale, sqn, HAS_BIAS, HAS_MASK, EVEN,
-                                     EVEN and EVEN_D, PRECISION, BLOCK_N, SUM_DOT, EXP_HALF,
-                                     ASM)
-    if SUM_DOT:  # every column holds the row sum
-        l0 = tl.max(l0, 1)
-        if ROWS >= 2:
-            l1 = tl.max(l1, 1)
+                                     EVEN and EVEN_D, PRECISION)
     _fwd_store(acc0, m0, l0, G, GB, O, OPre, LSE, b, r0, h, R, H, offs_m, offs_d, m_valid, md,
                N, D, sqb, sqr, sqh, sqn, sob, sor, soh, son, HAS_GATE, HAS_GATE_BIAS)
     if ROWS >= 2:
@@ -906,21 +857,6 @@ def _check_rows(cfg: tuning.Config, allowed: tuple[int, ...], kernel: str) -> No
                          f"got a configuration with rows={cfg.rows}")
 
 
-def _check_half_softmax(cfg: tuning.Config, dtype: torch.dtype) -> None:
-    """The forward's half-precision softmax options need bf16/fp16 inputs (P is rounded to
-    the PV product's dtype; an fp32 or tf32 row-sum product would lose fp32's accuracy), and
-    ``exp_half`` needs sm_90's packed exponentials (or the interpreter's emulation)."""
-    if not (cfg.sum_dot or cfg.exp_half):
-        return
-    if dtype not in (torch.bfloat16, torch.float16):
-        raise ValueError(f"evo_attention: a forward configuration with sum_dot/exp_half needs "
-                         f"bf16 or fp16 inputs, got {dtype}")
-    name = tuning.arch()
-    if cfg.exp_half and not (name == "interpreter" or tuning.sm_at_least(name, 90)):
-        raise ValueError(f"evo_attention: exp_half needs sm_90 or newer (ex2.approx.bf16x2), "
-                         f"this device is {name}")
-
-
 def _forward(q, k, v, gate, gate_bias, lp: _Launch):
     o = lp.empty_out(q)
     o_pre = lp.empty_out(q) if gate is not None else o
@@ -929,7 +865,6 @@ def _forward(q, k, v, gate, gate_bias, lp: _Launch):
 
     def launch(cfg: tuning.Config):
         _check_rows(cfg, (1, 2), "forward")
-        _check_half_softmax(cfg, lp.dtype)
         grid = (triton.cdiv(lp.N, cfg.block_m), triton.cdiv(lp.R, cfg.rows), lp.B * lp.H)
         _fwd[grid](q, k, v, gate if gate is not None else dummy,
                    gate_bias if gate_bias is not None else dummy,
@@ -940,8 +875,7 @@ def _forward(q, k, v, gate, gate_bias, lp: _Launch):
                    HAS_GATE=gate is not None, HAS_GATE_BIAS=gate_bias is not None,
                    ROWS=cfg.rows, EVEN=lp.even(cfg), EVEN_D=lp.D == lp.block_d,
                    BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
-                   BLOCK_D=lp.block_d, PRECISION=lp.precision, SUM_DOT=cfg.sum_dot,
-                   EXP_HALF=cfg.exp_half, ASM=not tuning.interpreting(),
+                   BLOCK_D=lp.block_d, PRECISION=lp.precision,
                    num_warps=cfg.num_warps, num_stages=cfg.num_stages)
 
     launch(_cfg("fwd", lp, launch))

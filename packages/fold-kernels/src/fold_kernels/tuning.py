@@ -43,10 +43,6 @@ class Config:
     block_k: int = 32
     rows: int = 1  # EvoAttention: rows of R per program (1 or 2; sharing each bias tile)
     transpose: bool = False  # EvoAttention dK/dV: key-major tiles (S^T = K Q^T)
-    # EvoAttention forward, bf16/fp16 only: P's row sums on the tensor cores; exp2 in the half
-    # dtype, two per instruction (sm_90 PTX)
-    sum_dot: bool = False
-    exp_half: bool = False
 
 
 _INTERPRET = EnvVar("TRITON_INTERPRET", lambda v: (v or "0") not in ("", "0"))
@@ -108,12 +104,6 @@ def multiprocessors(device: torch.device) -> int:
 
 def _is_amd(name: str) -> bool:
     return name.startswith("gfx")
-
-
-def sm_at_least(name: str, version: int) -> bool:
-    """``name`` (from :func:`arch`) is an NVIDIA architecture ``sm<major><minor>`` of at least
-    ``version`` (90 for Hopper)."""
-    return name.startswith("sm") and name[2:].isdigit() and int(name[2:]) >= version
 
 
 def attention_configs(kernel: str, name: str, head_dim: int,
