@@ -43,6 +43,8 @@ def triton_backend(monkeypatch):
     assert ops.resolve("linear_channel_first", x, x[0, 0]) is fold_kernels.linear_channel_first
     proj = torch.randn(1, 2, 5, 4 * 2 * 8, device=DEVICE)
     assert ops.resolve("attention_packed", proj, 2) is fold_kernels.evo_attention_packed
+    w = torch.randn(4, device=DEVICE)
+    assert ops.resolve("layer_norm_fork", x, w, w, 1e-5, 2) is fold_kernels.layer_norm_fork
 
 
 def _compare(block: torch.nn.Module, inputs: list, float_inputs: list[int]) -> None:
@@ -178,3 +180,35 @@ def test_pairformer_block_saves_no_more_than_torch(triton_backend):
     pair_bytes = N * N * cfg.c_z * 4
     assert torch_bytes >= 5 * pair_bytes  # the five pair sub-layers' inputs, at least
     assert kernel_bytes <= torch_bytes, (kernel_bytes, torch_bytes)
+
+
+def test_extra_msa_block(triton_backend):
+    """Global column attention (its LayerNorm forked) and the extra MSA's small C_e."""
+    from fold_model.af2 import config
+    from fold_model.af2.evoformer import make_block
+
+    cfg = config("tiny")
+    c_z = cfg.evoformer.c_z
+    block = make_block(cfg.extra_msa, cfg.extra_msa.c_e, c_z, "af2", extra_msa=True)
+    g = torch.Generator().manual_seed(11)
+    e = torch.randn(1, 7, N, cfg.extra_msa.c_e, generator=g)
+    z = torch.randn(1, N, N, c_z, generator=g)
+    seq = holes((1, N), seed=12)
+    msa_mask = holes((1, 7, N), seed=13) * seq[:, None]
+    _compare(block, [e, z, msa_mask, seq[:, :, None] * seq[:, None]], [0, 1])
+
+
+def test_af3_msa_module_block(triton_backend):
+    """The AF3 MSA module's block: outer product mean, pair-weighted averaging (its MSA
+    LayerNorm read by the values and the gate) and the pair updates."""
+    from fold_model.af3.config import config
+    from fold_model.af3.msa_module import MSAModuleBlock
+
+    cfg = config("tiny")
+    block = MSAModuleBlock(cfg.msa, cfg.c_z, last=False)
+    g = torch.Generator().manual_seed(14)
+    m = torch.randn(1, 6, N, cfg.msa.c_m, generator=g)
+    z = torch.randn(1, N, N, cfg.c_z, generator=g)
+    tokens = holes((1, N), seed=15)
+    _compare(block, [m, z, holes((1, 6, N), seed=16) * tokens[:, None],
+                     tokens[:, :, None] * tokens[:, None], tokens], [0, 1])

@@ -32,6 +32,7 @@ def _args(op: str):
         "attention_packed": (t(R, N, 4 * H * D), H, t(H, N, N), mask, None, t(H * D)),
         "triangle_attention": (t(R, N, 3 * H * D), H, t(H, N, N), mask, None, None, False),
         "layer_norm": (t(R, N, C), t(C), t(C)),
+        "layer_norm_fork": (t(R, N, C), t(C), t(C), 1e-5, 2),
         "layer_norm_linear": (t(R, N, C), t(C), t(C), t(O, C), t(O)),
         "softmax_mask_bias": (t(R, H, N, N), mask[:, None, None, :], t(H, N, N)),
         "swiglu": (t(R, N, C), t(2 * O, C), t(2 * O)),

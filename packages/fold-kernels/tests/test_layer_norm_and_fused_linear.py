@@ -89,3 +89,76 @@ def test_bad_shapes_are_rejected():
                              torch.randn(8, 15, device=DEVICE))
     with pytest.raises(ValueError, match="2 H"):
         fk.swiglu(x, torch.randn(7, 16, device=DEVICE))
+
+
+def _fork_reference(x, w, b, branches, dys, dres):
+    """float64 reference of layer_norm_fork's gradients: autograd adds them."""
+    ins = [t.double().cpu().clone().requires_grad_() for t in (x, w, b)]
+    outs = ref.layer_norm_fork(*ins, 1e-5, branches)
+    seeds = [(o, g) for o, g in zip(outs, (dres, *dys)) if g is not None]
+    torch.autograd.backward([o for o, _ in seeds], [g.double().cpu() for _, g in seeds])
+    return outs[1], [t.grad for t in ins]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("branches", [1, 2, 3])
+@pytest.mark.parametrize("read", ["all", "branches only", "stream and first branch"])
+def test_layer_norm_fork(dtype, branches, read):
+    """Outputs and the gradients of x, weight and bias against float64 when the stream and any
+    set of the branches are read (an unread output's gradient is None: nothing is added)."""
+    c = 72
+    gen = torch.Generator().manual_seed(branches)
+    x = _rand(3, 11, c, seed=20 + branches, scale=2.0, shift=3.0).to(dtype)
+    w, b = _rand(c, seed=30).to(dtype), _rand(c, seed=31).to(dtype)
+    dys = [torch.randn(3, 11, c, generator=gen).to(dtype) for _ in range(branches)]
+    dres = torch.randn(3, 11, c, generator=gen).to(dtype)
+    if read == "branches only":
+        dres = None
+    elif read == "stream and first branch":
+        dys = dys[:1] + [None] * (branches - 1)
+    ins = [t.to(DEVICE).clone().requires_grad_() for t in (x, w, b)]
+    outs = fk.layer_norm_fork(*ins, 1e-5, branches)
+    assert len(outs) == branches + 1 and torch.equal(outs[0], ins[0])
+    seeds = [(o, g) for o, g in zip(outs, (dres, *dys)) if g is not None]
+    torch.autograd.backward([o for o, _ in seeds], [g.to(DEVICE) for _, g in seeds])
+    y_ref, grads_ref = _fork_reference(x, w, b, branches, dys, dres)
+    tol = TOL[dtype]
+    for y in outs[1:]:
+        assert rel_err(y, y_ref) < tol
+    for name, t, g in zip(("x", "weight", "bias"), ins, grads_ref):
+        assert rel_err(t.grad, g) < tol, name
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_layer_norm_fork_strided(dtype):
+    """A transposed x (the ending node's pair) and gradients in other layouts: read through
+    their strides, dx in x's layout, the same numbers as for contiguous tensors."""
+    c = 40
+    gen = torch.Generator().manual_seed(5)
+    base = _rand(2, 9, 7, c, seed=40, scale=1.5, shift=-1.0).to(dtype)  # [B, I, J, C]
+    w, b = _rand(c, seed=41).to(dtype), _rand(c, seed=42).to(dtype)
+    dy1 = torch.randn(2, 7, 9, c, generator=gen).to(dtype)  # [B, J, I, C]: contiguous
+    dy2 = torch.randn(2, 9, 7, c, generator=gen).to(dtype).transpose(1, 2)  # transposed
+    dres = torch.randn(2, 9, 7, c, generator=gen).to(dtype).transpose(1, 2)
+    leaf = base.to(DEVICE).clone().requires_grad_()
+    wd, bd = (t.to(DEVICE).clone().requires_grad_() for t in (w, b))
+    x = leaf.transpose(1, 2)  # [B, J, I, C], a view
+    xs, y1, y2 = fk.layer_norm_fork(x, wd, bd, 1e-5, 2)
+    assert xs.stride() == x.stride()
+    torch.autograd.backward([xs, y1, y2], [g.to(DEVICE) for g in (dres, dy1, dy2)])
+    y_ref, (gx, gw, gb) = _fork_reference(base.transpose(1, 2), w, b, 2, [dy1, dy2], dres)
+    tol = TOL[dtype]
+    assert rel_err(y1, y_ref) < tol
+    assert rel_err(leaf.grad, gx.transpose(1, 2)) < tol
+    assert rel_err(wd.grad, gw) < tol and rel_err(bd.grad, gb) < tol
+
+
+def test_layer_norm_fork_without_autograd_is_layer_norm():
+    x = _rand(4, 33, seed=50).to(DEVICE)
+    w, b = _rand(33, seed=51).to(DEVICE), _rand(33, seed=52).to(DEVICE)
+    with torch.no_grad():
+        xs, y1, y2 = fk.layer_norm_fork(x, w, b, 1e-5, 2)
+    assert xs is x and y1 is y2
+    assert torch.equal(y1, fk.layer_norm(x, w, b))
+    with pytest.raises(ValueError, match="branches must be >= 1"):
+        fk.layer_norm_fork(x, w, b, 1e-5, 0)

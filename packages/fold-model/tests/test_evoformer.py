@@ -144,16 +144,17 @@ def test_block_orders_compose_differently():
     af2 = outs["af2"]
     blk = _block("af2").eval()
     # af2: the pair stack sees z + OPM(m after the MSA stack).
-    m_col = blk._msa_stack(m, z, msa_mask)
+    m_col, z_out = blk._msa_stack(m, z, msa_mask)
+    assert torch.equal(z_out, z)  # the pair passed on by the row attention's LayerNorm
     z_ref = blk._pair_stack(z + blk.outer_product_mean(m_col, msa_mask), pair_mask)
     assert rel_err(af2[1], z_ref) < 1e-6 and rel_err(af2[0], m_col) < 1e-6
     # multimer: OPM of the input MSA first; the MSA stack sees the updated pair.
     z1 = z + blk.outer_product_mean(m, msa_mask)
-    m_ref = blk._msa_stack(m, z1, msa_mask)
+    m_ref = blk._msa_stack(m, z1, msa_mask)[0]
     assert rel_err(outs["multimer"][0], m_ref) < 1e-6
     assert rel_err(outs["multimer"][1], blk._pair_stack(z1, pair_mask)) < 1e-6
     # parallel: both branches read the block inputs; OPM of the new MSA joins at the end.
-    m_par = blk._msa_stack(m, z, msa_mask)
+    m_par = blk._msa_stack(m, z, msa_mask)[0]
     z_par = blk._pair_stack(z, pair_mask) + blk.outer_product_mean(m_par, msa_mask)
     assert rel_err(outs["parallel"][0], m_par) < 1e-6
     assert rel_err(outs["parallel"][1], z_par) < 1e-6

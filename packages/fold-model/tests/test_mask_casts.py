@@ -87,6 +87,7 @@ def test_outer_product_mean_mask_in_projection_dtype():
         out = _run(mod, m, mask)
     assert not [sh for sh in casts.shapes if sh[-1] == c and len(sh) >= 3], casts.shapes
     # the masked projections: exactly zero where the mask has holes
-    a, b, _ = mod._projections(m, mask)
+    a, b, _, m_out = mod._projections(m, mask)
+    assert m_out is m or torch.equal(m_out, m)  # m passed on
     assert bool((a[mask == 0] == 0).all()) and bool((b[mask == 0] == 0).all())
     assert out.shape == (1, n, n, c_z) and torch.isfinite(out.float()).all()

@@ -51,6 +51,10 @@ LEAF_OPS: dict[str, LeafOp] = {
     "linear": LeafOp(("x", "weight", "bias"), {"x": "C", "weight": "OC", "bias": "O"}, "O", {}),
     "layer_norm": LeafOp(("x", "weight", "bias", "eps"), {"x": "C", "weight": "C", "bias": "C"},
                          "C", {"C": "LayerNorm normalises over the channels"}),
+    # -> (x, y_1, ..., y_branches), each [*, C]
+    "layer_norm_fork": LeafOp(("x", "weight", "bias", "eps", "branches"),
+                              {"x": "C", "weight": "C", "bias": "C"}, "C",
+                              {"C": "LayerNorm normalises over the channels"}),
     "layer_norm_linear": LeafOp(
         ("x", "ln_weight", "ln_bias", "weight", "bias", "eps"),
         {"x": "C", "ln_weight": "C", "ln_bias": "C", "weight": "OC", "bias": "O"}, "O", {}),
@@ -73,7 +77,8 @@ LEAF_OPS: dict[str, LeafOp] = {
 }
 LEAF_OPS["triangle_attention"] = LEAF_OPS["attention_packed"]  # the same contract
 _NO_BATCH = {"weight", "ln_weight", "ln_bias", "gate_bias"}  # parameters: no batch dims
-_NO_BATCH_BY_OP = {"linear": {"bias"}, "layer_norm": {"bias"}, "layer_norm_linear": {"bias"},
+_NO_BATCH_BY_OP = {"linear": {"bias"}, "layer_norm": {"bias"}, "layer_norm_fork": {"bias"},
+                   "layer_norm_linear": {"bias"},
                    "swiglu": {"bias"}, "triangle_projection_gate": {"bias"}}
 
 

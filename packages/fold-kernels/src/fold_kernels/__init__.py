@@ -1,6 +1,7 @@
 """fold-kernels: portable Triton kernels for AlphaFold-style models.
 
-EvoAttention (forward + backward with the pair-bias gradient), LayerNorm, Linear (bias gradient
+EvoAttention (forward + backward with the pair-bias gradient), LayerNorm (and its fork, whose
+backward sums the residual stream's gradient), Linear (bias gradient
 as a deterministic column sum), fused LayerNorm+Linear, SwiGLU, the AF2 gating fusions, the gated
 projections of triangle multiplication (and their channel-first GEMM, cuBLAS with a channel-last
 input gradient), fused softmax with mask and bias, and fused Adam+EMA over
@@ -17,7 +18,7 @@ from fold_kernels.channel_first import linear_channel_first
 from fold_kernels.elementwise import bias_dropout_residual, bias_sigmoid_gate
 from fold_kernels.evo_attention import evo_attention, evo_attention_packed
 from fold_kernels.fused_linear import layer_norm_linear, swiglu
-from fold_kernels.layer_norm import layer_norm
+from fold_kernels.layer_norm import layer_norm, layer_norm_fork
 from fold_kernels.linear import linear
 from fold_kernels.optim import clip_coefficient, fused_adam_ema_, global_grad_norm, swa_decay
 from fold_kernels.softmax import softmax_mask_bias
@@ -31,6 +32,7 @@ __all__ = [
     "evo_attention",
     "evo_attention_packed",
     "layer_norm",
+    "layer_norm_fork",
     "layer_norm_linear",
     "swiglu",
     "bias_sigmoid_gate",

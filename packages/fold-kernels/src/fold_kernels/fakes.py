@@ -70,6 +70,12 @@ def layer_norm(x, weight, bias, eps=1e-5):
     return y
 
 
+def layer_norm_fork(x, weight, bias, eps=1e-5, branches=1):
+    """x and ``branches`` aliases of one y (:func:`layer_norm`'s)."""
+    y = layer_norm(x, weight, bias, eps)
+    return (x,) + (y,) * branches
+
+
 def layer_norm_linear(x, ln_weight, ln_bias, weight, bias=None, eps=1e-5):
     """y ``[*, O]``; transients: fp32 mean and rstd per row (x read through its strides)."""
     rows = x.numel() // x.shape[-1]
@@ -121,6 +127,7 @@ FAKES = {
     "attention_packed": attention_packed,
     "triangle_attention": attention_packed,
     "layer_norm": layer_norm,
+    "layer_norm_fork": layer_norm_fork,
     "layer_norm_linear": layer_norm_linear,
     "softmax_mask_bias": softmax_mask_bias,
     "swiglu": swiglu,

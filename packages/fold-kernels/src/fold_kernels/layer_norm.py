@@ -25,7 +25,7 @@ from fold_kernels.index32 import check_rows
 from fold_kernels.launch import fast
 from fold_kernels.reduce import sum_partials
 
-__all__ = ["layer_norm", "ln_forward", "ln_backward", "MAX_HIDDEN"]
+__all__ = ["layer_norm", "layer_norm_fork", "ln_forward", "ln_backward", "MAX_HIDDEN"]
 
 MAX_HIDDEN = 8192
 
@@ -57,10 +57,14 @@ def _ln_fwd(X, W, B, Y, Mean, Rstd, rows, C, eps, d1, d2, xs0, xs1, xs2, xsc,
 
 @fast
 @triton.jit
-def _ln_bwd(X, W, DY, Mean, Rstd, DX, DWp, DBp, sp, rows, C, d1, d2,
-            xs0, xs1, xs2, xsc, ys0, ys1, ys2, ysc, ds0, ds1, ds2, dsc,
+def _ln_bwd(X, W, DY, DY2, DR, Mean, Rstd, DX, DWp, DBp, sp, rows, C, d1, d2,
+            xs0, xs1, xs2, xsc, ys0, ys1, ys2, ysc, y2s0, y2s1, y2s2, y2sc,
+            rs0, rs1, rs2, rsc, ds0, ds1, ds2, dsc,
+            HAS_DY2: tl.constexpr, HAS_DR: tl.constexpr,
             BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
-    """x, dy and dx each through their own row strides (the row dims are shared)."""
+    """x, dy (+ dy2) (+ dr) and dx each through their own row strides (the row dims are
+    shared). ``dy2``: a second reader's gradient of y, summed into dy; ``dr``: the gradient of
+    x from outside the LayerNorm (the residual stream), added to dx (:func:`layer_norm_fork`)."""
     pid = tl.program_id(0)
     n_prog = tl.num_programs(0)
     offs_c = tl.arange(0, BLOCK_C)
@@ -79,6 +83,9 @@ def _ln_bwd(X, W, DY, Mean, Rstd, DX, DWp, DBp, sp, rows, C, d1, d2,
         dp = row_offsets(offs_r, d1, d2, ds0, ds1, ds2)[:, None] + c64[None, :] * dsc
         x = tl.load(X + xp, mask=rc, other=0.0).to(tl.float32)
         dy = tl.load(DY + yp, mask=rc, other=0.0).to(tl.float32)
+        if HAS_DY2:
+            y2p = row_offsets(offs_r, d1, d2, y2s0, y2s1, y2s2)[:, None] + c64[None, :] * y2sc
+            dy += tl.load(DY2 + y2p, mask=rc, other=0.0).to(tl.float32)
         mean = tl.load(Mean + offs_r, mask=r_valid, other=0.0)
         rstd = tl.load(Rstd + offs_r, mask=r_valid, other=0.0)
         xhat = tl.where(rc, (x - mean[:, None]) * rstd[:, None], 0.0)
@@ -86,6 +93,9 @@ def _ln_bwd(X, W, DY, Mean, Rstd, DX, DWp, DBp, sp, rows, C, d1, d2,
         c1 = tl.sum(xhat * wdy, 1) / C
         c2 = tl.sum(wdy, 1) / C
         dx = (wdy - xhat * c1[:, None] - c2[:, None]) * rstd[:, None]
+        if HAS_DR:
+            rp = row_offsets(offs_r, d1, d2, rs0, rs1, rs2)[:, None] + c64[None, :] * rsc
+            dx += tl.load(DR + rp, mask=rc, other=0.0).to(tl.float32)
         tl.store(DX + dp, dx.to(DX.dtype.element_ty), mask=rc)
         dw += tl.sum(dy * xhat, 0)
         db += tl.sum(dy, 0)
@@ -158,19 +168,29 @@ def _bwd_configs_for(c: int, interpreting: bool) -> tuple[tuning.Config, ...]:
     return tuple(out)
 
 
-def ln_backward(dy, x, weight, mean, rstd, dw_dtype=torch.float32, db_dtype=torch.float32):
+def ln_backward(dy, x, weight, mean, rstd, dw_dtype=torch.float32, db_dtype=torch.float32,
+                dy2=None, dres=None):
     """Gradients ``(dx, dweight [C], dbias [C])`` of LayerNorm for ``x, dy [*, C]`` in any
     layouts (dx in x's layout when x is dense); two-stage dw/db, the second stage
     (:func:`fold_kernels.reduce.sum_partials`) one launch for both, writing ``dw_dtype`` /
-    ``db_dtype`` directly (no separate cast). The launch configuration is autotuned per shape
-    and layout (:func:`fold_kernels.tuning.pick`)."""
+    ``db_dtype`` directly (no separate cast). ``dy2`` (a second gradient of y, added to dy) and
+    ``dres`` (a gradient of x from outside, added to dx) are read in the same pass
+    (:func:`layer_norm_fork`). The launch configuration is autotuned per shape and layout
+    (:func:`fold_kernels.tuning.pick`)."""
     c = x.shape[-1]
     rows = x.numel() // max(c, 1)
     dx = torch.empty_like(x)  # keeps x's strides when x is dense: the caller's grad layout
-    dims, (xv, dyv, dxv), (xs, ys, ds) = _layout(x, dy, dx)
+    dims, views, strides = _layout(x, dy, dx, *(t for t in (dy2, dres) if t is not None))
+    xv, dyv, dxv = views[:3]
     if dxv.data_ptr() != dx.data_ptr() or dxv.stride() != dx.stride():  # merge fell back
         dx = torch.empty(x.shape, device=x.device, dtype=x.dtype)
-        dims, (xv, dyv, dxv), (xs, ys, ds) = _layout(xv.contiguous(), dyv.contiguous(), dx)
+        dims, views, strides = _layout(*(t.contiguous() for t in (xv, dyv)), dx,
+                                       *(t.contiguous() for t in views[3:]))
+        xv, dyv, dxv = views[:3]
+    xs, ys, ds = strides[:3]
+    extra = iter(zip(views[3:], strides[3:]))
+    dy2v, y2s = next(extra) if dy2 is not None else (dyv, ys)  # unused when absent
+    drv, rs = next(extra) if dres is not None else (dyv, ys)
     block_c = triton.next_power_of_2(c)
     sms = None if tuning.interpreting() or not x.is_cuda else tuning.multiprocessors(x.device)
     state = {}
@@ -179,14 +199,17 @@ def ln_backward(dy, x, weight, mean, rstd, dw_dtype=torch.float32, db_dtype=torc
         n_blocks = triton.cdiv(rows, cfg.block_m)
         n_prog = min(n_blocks, 3 if sms is None else cfg.block_n * sms)
         partials = torch.empty((n_prog, 2, c), device=x.device, dtype=torch.float32)  # dw | db
-        _ln_bwd[(n_prog,)](xv, weight, dyv, mean, rstd, dxv, partials, partials[:, 1], 2 * c,
-                           rows, c, dims[1], dims[2], *xs, *ys, *ds,
+        _ln_bwd[(n_prog,)](xv, weight, dyv, dy2v, drv, mean, rstd, dxv, partials,
+                           partials[:, 1], 2 * c, rows, c, dims[1], dims[2],
+                           *xs, *ys, *y2s, *rs, *ds,
+                           HAS_DY2=dy2 is not None, HAS_DR=dres is not None,
                            BLOCK_R=cfg.block_m, BLOCK_C=block_c, num_warps=cfg.num_warps)
         state["partials"] = partials
 
     # Only the first stage is timed: host overhead would swamp the few microseconds of the
     # second, which stays short for any number of programs (sum_partials adds in a tree).
-    key = (rows, c, x.dtype, dy.dtype, tuple(xs), tuple(ys), tuple(ds))
+    key = (rows, c, x.dtype, dy.dtype, tuple(xs), tuple(ys), tuple(ds),
+           None if dy2 is None else tuple(y2s), None if dres is None else tuple(rs))
     launch(tuning.pick("ln_bwd", key, _bwd_configs(c), launch))
     if dw_dtype == db_dtype:
         dwdb = sum_partials(state["partials"], dw_dtype)  # [2, C]
@@ -229,3 +252,46 @@ def layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,
     """LayerNorm over the last dim of ``x [*, C]``, like ``F.layer_norm``; y in x's dtype."""
     check_layer_norm(x, weight, bias)
     return _LayerNorm.apply(x, weight, bias, eps)
+
+
+class _LayerNormFork(torch.autograd.Function):
+    """``(x, y, ..., y)``: x passed on (autograd makes it a view of the input) and ``branches``
+    aliases of one ``y``; the backward sums every gradient it gets in LayerNorm's pass."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, eps, branches):
+        y, mean, rstd = ln_forward(x, weight.contiguous(), bias.contiguous(), eps)
+        ctx.save_for_backward(x, weight, mean, rstd)
+        ctx.bias_dtype = bias.dtype
+        ctx.set_materialize_grads(False)  # an unread output's gradient is None, not zeros
+        # detach: an alias that is no view of y (each output gets its own gradient)
+        return (x, y) + tuple(y.detach() for _ in range(branches - 1))
+
+    @staticmethod
+    def backward(ctx, dres, *dys):
+        x, weight, mean, rstd = ctx.saved_tensors
+        dys = [d for d in dys if d is not None]
+        if not dys:  # no branch was read: the stream's gradient passes through
+            return dres, None, None, None, None
+        dy2 = None
+        if len(dys) > 1:  # a third reader and more (none in fold-model) are added first
+            dy2 = dys[1] if len(dys) == 2 else torch.stack(dys[1:]).sum(0)
+        dx, dw, db = ln_backward(dys[0], x, weight, mean, rstd, weight.dtype, ctx.bias_dtype,
+                                 dy2=dy2, dres=dres)
+        return dx, dw, db, None, None
+
+
+def layer_norm_fork(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,
+                    eps: float = 1e-5, branches: int = 1) -> tuple[torch.Tensor, ...]:
+    """``(x, y_1, ..., y_branches)`` with ``y = layer_norm(x)`` (:func:`fold_ops.reference.
+    layer_norm_fork`): the backward adds the gradients of x and of every y while it computes
+    LayerNorm's dx, one pass over ``[*, C]`` where autograd would add each pair in a pass of
+    three. Without autograd (inference) it is ``layer_norm`` and x."""
+    if branches < 1:
+        raise ValueError(f"layer_norm_fork: branches must be >= 1, got {branches}")
+    check_layer_norm(x, weight, bias)
+    if not (torch.is_grad_enabled()
+            and (x.requires_grad or weight.requires_grad or bias.requires_grad)):
+        y, _, _ = ln_forward(x, weight.contiguous(), bias.contiguous(), eps)
+        return (x,) + (y,) * branches
+    return _LayerNormFork.apply(x, weight, bias, eps, branches)

@@ -135,6 +135,10 @@ def supports_layer_norm(x, weight, bias, eps=1e-5) -> bool:
     return weight.shape == (c,) and bias.shape == (c,) and c <= 8192 and rows_fit(x.shape)
 
 
+def supports_layer_norm_fork(x, weight, bias, eps=1e-5, branches=1) -> bool:
+    return isinstance(branches, int) and branches >= 1 and supports_layer_norm(x, weight, bias)
+
+
 def supports_layer_norm_linear(x, ln_weight, ln_bias, weight, bias=None, eps=1e-5) -> bool:
     if not supports_layer_norm(x, ln_weight, ln_bias) or not _on_gpu(weight, bias):
         return False
@@ -196,6 +200,7 @@ SUPPORTS: dict[str, tuple[Callable, Callable[..., bool]]] = {
     # its own is registered here
     "triangle_attention": (kernels.evo_attention_packed, supports_attention_packed),
     "layer_norm": (kernels.layer_norm, supports_layer_norm),
+    "layer_norm_fork": (kernels.layer_norm_fork, supports_layer_norm_fork),
     "layer_norm_linear": (kernels.layer_norm_linear,
                           supports_layer_norm_linear),
     "softmax_mask_bias": (kernels.softmax_mask_bias,

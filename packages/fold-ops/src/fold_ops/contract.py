@@ -25,6 +25,9 @@ neither states an op again. An op's signature is its reference's signature
 ``linear(x, weight, bias=None) -> y``                ``F.linear``; a backend may compute the
     backward differently (fold-kernels: the bias gradient as a fast deterministic column sum).
 ``layer_norm(x, weight, bias, eps=1e-5) -> y``        over the last dim, like F.layer_norm.
+``layer_norm_fork(x, weight, bias, eps=1e-5, branches=1) -> (x, y_1, ..., y_branches)``
+    x passed on and ``branches`` handles on ``layer_norm(x)``: a residual stream and the layers
+    its LayerNorm feeds. A backend sums the gradients of all of them in LayerNorm's backward.
 ``layer_norm_linear(x, ln_weight, ln_bias, weight, bias=None, eps=1e-5) -> y``
     ``F.linear(F.layer_norm(x), weight, bias)``.
 ``softmax_mask_bias(logits, mask=None, bias=None) -> p``
@@ -82,6 +85,7 @@ OPS: dict[str, Op] = {op.name: op for op in (
     _op(reference.attention_packed),
     _op(reference.attention_packed, "triangle_attention", falls_back_to="attention_packed"),
     _op(reference.layer_norm),
+    _op(reference.layer_norm_fork),
     _op(reference.layer_norm_linear),
     _op(reference.softmax_mask_bias),
     _op(reference.swiglu),

@@ -23,6 +23,7 @@ __all__ = [
     "attention",
     "attention_packed",
     "layer_norm",
+    "layer_norm_fork",
     "layer_norm_linear",
     "softmax_mask_bias",
     "swiglu",
@@ -115,6 +116,26 @@ def layer_norm(
     w = weight.to(x.dtype) if weight is not None else None
     b = bias.to(x.dtype) if bias is not None else None
     return F.layer_norm(x, (x.shape[-1],), w, b, eps)
+
+
+def layer_norm_fork(
+    x: torch.Tensor,
+    weight: torch.Tensor | None,
+    bias: torch.Tensor | None,
+    eps: float = 1e-5,
+    branches: int = 1,
+) -> tuple[torch.Tensor, ...]:
+    """``(x, y, ..., y)``: x passed on and ``branches`` handles on ``y = layer_norm(x)``.
+
+    For a residual stream whose LayerNorm feeds ``branches`` layers (the residual's sum reads the
+    passed-on x): the gradients of x and of every y meet in this op, so a backend's backward can
+    sum them while it computes LayerNorm's ``dx`` instead of autograd adding them pairwise (one
+    pass over ``[*, C]`` less per extra reader). Here autograd adds them.
+    """
+    if branches < 1:
+        raise ValueError(f"layer_norm_fork: branches must be >= 1, got {branches}")
+    y = layer_norm(x, weight, bias, eps)
+    return (x,) + (y,) * branches
 
 
 def layer_norm_linear(

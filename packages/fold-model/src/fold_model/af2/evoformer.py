@@ -122,17 +122,20 @@ class _EvoformerLayers(nn.Module):
 
     def _msa_stack(
         self, m: torch.Tensor, z: torch.Tensor, msa_mask: torch.Tensor
-    ) -> torch.Tensor:
-        """``m [*, N_seq/P, N_res, C_m]`` (row) -> ``[*, N_seq, N_res/P, C_m]`` (column)."""
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``m [*, N_seq/P, N_res, C_m]`` (row) -> ``([*, N_seq, N_res/P, C_m]`` (column), z
+        passed on by the row attention's forked LayerNorm: read it, not z, after this)."""
         comm, chunk, train = self.comm, self.chunk_size, self.training
         mask_row = comm.scatter(msa_mask, -2)  # [*, N_seq/P, N_res]
         mask_col = comm.scatter(msa_mask, -1)  # [*, N_seq, N_res/P]
+        update, m, z = self.msa_att_row.forward_residual(m, z, mask_row, comm, chunk)
         # DropoutRowwise: one mask shared by all MSA rows (dim -3).
-        m = dropout_residual(self.msa_att_row(m, z, mask_row, comm, chunk), m, self.msa_dropout,
-                             -3, train)
+        m = dropout_residual(update, m, self.msa_dropout, -3, train)
         m = comm.row_to_col(m)  # [*, N_seq, N_res/P, C_m]
-        m = m + self.msa_att_col(m, mask_col, chunk)
-        return m + self.msa_transition(m, chunk)
+        update, m = self.msa_att_col.forward_residual(m, mask_col, chunk)
+        m = m + update
+        del update  # not held while the transition runs
+        return m + self.msa_transition(m, chunk), z
 
     def _pair_stack(self, z: torch.Tensor, pair_mask: torch.Tensor) -> torch.Tensor:
         """``z [*, N_res/P, N_res, C_z]`` (row) -> same layout (Alg. 6 lines 5-9)."""
@@ -142,9 +145,10 @@ class _EvoformerLayers(nn.Module):
         self, m: torch.Tensor, z: torch.Tensor, msa_mask: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Order ``"af2"``: MSA stack, then the outer product mean of the column-layout MSA."""
-        m_col = self._msa_stack(m, z, msa_mask)
+        m_col, z = self._msa_stack(m, z, msa_mask)
         mask_col = self.comm.scatter(msa_mask, -1)
-        opm = self.outer_product_mean(m_col, mask_col, self.comm, self.chunk_size, layout="col")
+        opm, m_col = self.outer_product_mean.forward_residual(m_col, mask_col, self.comm,
+                                                              self.chunk_size, layout="col")
         return m_col, add_residual(z, opm, in_place_residuals(self.chunk_size, self.training))
 
     def _opm_before_msa(
@@ -153,9 +157,10 @@ class _EvoformerLayers(nn.Module):
         """Order ``"multimer"``: the outer product mean of the block's input MSA first, so the
         MSA's row attention reads the updated pair."""
         mask_row = self.comm.scatter(msa_mask, -2)
-        opm = self.outer_product_mean(m, mask_row, self.comm, self.chunk_size, layout="row")
+        opm, m = self.outer_product_mean.forward_residual(m, mask_row, self.comm,
+                                                          self.chunk_size, layout="row")
         z = add_residual(z, opm, in_place_residuals(self.chunk_size, self.training))
-        return self._msa_stack(m, z, msa_mask), z
+        return self._msa_stack(m, z, msa_mask)
 
 
 class EvoformerBlock(_EvoformerLayers):
@@ -211,7 +216,9 @@ class ParallelEvoformerBlock(_EvoformerLayers):
     ) -> torch.Tensor:
         """Row attention (with the input pair's bias), column attention, transition; returns the
         row-layout MSA ``[*, N_seq/P, N_res, C_m]``."""
-        return self.comm.col_to_row(self._msa_stack(m, z, msa_mask))
+        # z is read by the pair branch too (on another rank under BP): its passed-on copy is
+        # not used, autograd adds the two branches' gradients of z
+        return self.comm.col_to_row(self._msa_stack(m, z, msa_mask)[0])
 
     def pair_branch(self, z: torch.Tensor, pair_mask: torch.Tensor) -> torch.Tensor:
         """Triangle updates, triangle attention, transition on the input pair."""

@@ -86,6 +86,17 @@ class AttentionPairBias(nn.Module):
         bias = chunked_rows(project, chunk_size, ((z, -3),), out_dim=-3)  # [*, N_i/P, N_j, H]
         return comm.gather(bias, -3).movedim(-1, -3)  # [*, H, N_i, N_j]
 
+    def bias_from_pair_residual(self, z: torch.Tensor, comm: AxialComm = IDENTITY_COMM,
+                                chunk_size: int | None = None
+                                ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(bias, z)``: :meth:`bias_from_pair` and z passed on, its LayerNorm forked
+        (``LayerNorm.fork``: the gradient of the z read after this joins LayerNorm's backward
+        pass). With ``chunk_size`` (inference) z is returned as it came."""
+        if chunk_size is not None:
+            return self.bias_from_pair(z, comm, chunk_size), z
+        z, z_ln = self.layer_norm_z.fork(z)
+        return pair_bias(z_ln, self.linear_z, comm), z
+
     def normalize(self, a: torch.Tensor, s: torch.Tensor | None) -> torch.Tensor:
         if self.ada_ln is not None:
             return self.ada_ln(a, s)
@@ -110,6 +121,21 @@ class AttentionPairBias(nn.Module):
         """Self-attention of ``a [*, R, N, C_a]`` -> update ``[*, R, N, C_a]``."""
         x = self.normalize(a, s)
         return self.attend(x, x, mask, bias, s, chunk_size)
+
+    def forward_residual(
+        self,
+        a: torch.Tensor,
+        bias: torch.Tensor | None,
+        mask: torch.Tensor | None,
+        chunk_size: int | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(update, a)`` of the unconditioned attention (a LayerNorm, no ``s``): the update
+        and ``a`` passed on for the residual sum, its LayerNorm forked (``LayerNorm.fork``)."""
+        if self.layer_norm_a is None:
+            raise ValueError("forward_residual: the conditioned attention (AdaLN) has no plain "
+                             "LayerNorm to fork")
+        a, x = self.layer_norm_a.fork(a)
+        return self.attend(x, x, mask, bias, None, chunk_size), a
 
     def attend(
         self,

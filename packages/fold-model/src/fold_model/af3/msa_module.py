@@ -59,10 +59,12 @@ class MSAPairWeightedAveraging(nn.Module):
         self.linear_g = Linear(c_m, c_hidden * no_heads, bias=False, init="gating")
         self.linear_o = Linear(c_hidden * no_heads, c_m, bias=False, init="final")
 
-    def _average(self, m: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-        v = self.linear_v(m).unflatten(-1, (self.no_heads, self.c_hidden))  # [*, S, N_j, H, c]
+    def _average(self, m_v: torch.Tensor, m_g: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        """The update from the normalised MSA (``m_v`` for the values, ``m_g``, the same numbers,
+        for the gate) and the weights ``w [*, H, N_i, N_j]``."""
+        v = self.linear_v(m_v).unflatten(-1, (self.no_heads, self.c_hidden))  # [*, S, N_j, H, c]
         o = torch.einsum("...hij,...sjhc->...sihc", w, v).flatten(-2)  # [*, S, N_i, H * c]
-        return self.linear_o(ops.bias_sigmoid_gate(o, self.linear_g(m)))
+        return self.linear_o(ops.bias_sigmoid_gate(o, self.linear_g(m_g)))
 
     def forward(
         self,
@@ -72,10 +74,25 @@ class MSAPairWeightedAveraging(nn.Module):
         comm: AxialComm = IDENTITY_COMM,
         chunk_size: int | None = None,
     ) -> torch.Tensor:
-        m = self.layer_norm_m(m)
-        b = pair_bias(self.layer_norm_z(z), self.linear_b, comm)  # [*, H, N_i, N_j]
+        return self.forward_residual(m, z, token_mask, comm, chunk_size)[0]
+
+    def forward_residual(
+        self,
+        m: torch.Tensor,
+        z: torch.Tensor,
+        token_mask: torch.Tensor,
+        comm: AxialComm = IDENTITY_COMM,
+        chunk_size: int | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``(update, m, z)``: the update, and m and z passed on for what reads them next (the
+        residual sum, the pair stack), both LayerNorms forked (``LayerNorm.fork``)."""
+        m, m_v, m_g = self.layer_norm_m.fork(m, 2)  # read by the values and the gate
+        z, z_ln = self.layer_norm_z.fork(z)
+        b = pair_bias(z_ln, self.linear_b, comm)  # [*, H, N_i, N_j]
         w = ops.softmax_mask_bias(b, token_mask[..., None, None, :])  # [*, H, N_i, N_j]
-        return chunked_rows(self._average, chunk_size, ((m, -3),), (w,), out_dim=-3)
+        update = chunked_rows(self._average, chunk_size, ((m_v, -3), (m_g, -3)), (w,),
+                              out_dim=-3)
+        return update, m, z
 
 
 class MSAModuleBlock(PairUpdates):
@@ -117,11 +134,17 @@ class MSAModuleBlock(PairUpdates):
     def _forward(self, m, z, msa_mask, pair_mask, token_mask):
         comm, chunk = self.comm, self.chunk_size
         mask_row = comm.scatter(msa_mask, -2)  # [*, N_seq/P, N]
-        z = z + self._run(self.outer_product_mean, m, mask_row, comm, chunk, "row")
+        update, m = self._run(self.outer_product_mean.forward_residual, m, mask_row, comm,
+                              chunk, "row")
+        z = z + update
+        del update  # each update is freed once added: none is held while the pair stack runs
         if not self.last:
-            upd = self._run(self.pair_weighted_averaging, m, z, token_mask, comm, chunk)
-            m = self._residual(upd, m, self.msa_dropout, -3)  # DropoutRowwise
-            m = m + self._run(self.msa_transition, m, chunk)
+            update, m, z = self._run(self.pair_weighted_averaging.forward_residual, m, z,
+                                     token_mask, comm, chunk)
+            m = self._residual(update, m, self.msa_dropout, -3)  # DropoutRowwise
+            update, m = self._run(self.msa_transition.forward_residual, m, chunk)
+            m = m + update
+            del update
         return m, self.pair_stack(z, pair_mask)
 
 

@@ -142,11 +142,15 @@ class PairformerBlock(PairUpdates):
 
     def _single_attention(
         self, s: torch.Tensor, z: torch.Tensor, single_mask: torch.Tensor
-    ) -> torch.Tensor:
-        bias = self.single_attention.bias_from_pair(z, self.comm, self.chunk_size)  # [*, H, N, N]
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``(update of s, s, z)``: s and z passed on, both LayerNorms forked so that the
+        gradients of the residual's s and of the block's output z join their backward passes."""
+        bias, z = self.single_attention.bias_from_pair_residual(
+            z, self.comm, self.chunk_size)  # [*, H, N, N]
         s_rows = s.unsqueeze(-3)  # [*, 1, N, C_s]: one row shares the bias
-        out = self.single_attention(s_rows, bias, single_mask.unsqueeze(-2))
-        return out.squeeze(-3)  # [*, N, C_s]
+        out, s_rows = self.single_attention.forward_residual(s_rows, bias,
+                                                             single_mask.unsqueeze(-2))
+        return out.squeeze(-3), s_rows.squeeze(-3), z  # [*, N, C_s] each
 
     def forward(
         self,
@@ -159,9 +163,11 @@ class PairformerBlock(PairUpdates):
 
     def _forward(self, s, z, single_mask, pair_mask):
         z = self.pair_stack(z, pair_mask)
-        s = s + self._run(self._single_attention, s, z, single_mask)
-        s = s + self._run(self.single_transition, s, self.chunk_size, -2)
-        return s, z
+        update, s, z = self._run(self._single_attention, s, z, single_mask)
+        s = s + update
+        del update  # not held while the transition runs
+        update, s = self._run(self.single_transition.forward_residual, s, self.chunk_size, -2)
+        return s + update, z
 
 
 class PairformerStack(BlockStack):

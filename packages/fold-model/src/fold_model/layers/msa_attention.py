@@ -35,9 +35,22 @@ class MSARowAttentionWithPairBias(nn.Module):
         comm: AxialComm = IDENTITY_COMM,
         chunk_size: int | None = None,
     ) -> torch.Tensor:
-        bias = pair_bias(self.layer_norm_z(z), self.linear_z, comm)  # [*, H, N_res, N_res]
-        m = self.layer_norm_m(m)
-        return self.mha(m, m, msa_mask, bias, chunk_size)
+        return self.forward_residual(m, z, msa_mask, comm, chunk_size)[0]
+
+    def forward_residual(
+        self,
+        m: torch.Tensor,
+        z: torch.Tensor,
+        msa_mask: torch.Tensor,
+        comm: AxialComm = IDENTITY_COMM,
+        chunk_size: int | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``(update, m, z)``: the update, and m and z passed on for what reads them next (the
+        residual sum, the pair stack), both LayerNorms forked (``LayerNorm.fork``)."""
+        z, z_ln = self.layer_norm_z.fork(z)
+        bias = pair_bias(z_ln, self.linear_z, comm)  # [*, H, N_res, N_res]
+        m, m_ln = self.layer_norm_m.fork(m)
+        return self.mha(m_ln, m_ln, msa_mask, bias, chunk_size), m, z
 
 
 class MSAColumnAttention(nn.Module):
@@ -52,9 +65,16 @@ class MSAColumnAttention(nn.Module):
     def forward(
         self, m: torch.Tensor, msa_mask: torch.Tensor, chunk_size: int | None = None
     ) -> torch.Tensor:
-        m = self.layer_norm_m(m.transpose(-2, -3))  # [*, N_res/P, N_seq, C_m]
+        return self.forward_residual(m, msa_mask, chunk_size)[0]
+
+    def forward_residual(
+        self, m: torch.Tensor, msa_mask: torch.Tensor, chunk_size: int | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(update, m)``: the update and m passed on for the residual sum (LayerNorm forked)."""
+        m, m_ln = self.layer_norm_m.fork(m.transpose(-2, -3))  # [*, N_res/P, N_seq, C_m]
         mask = msa_mask.transpose(-1, -2)  # [*, N_res/P, N_seq]
-        return self.mha(m, m, mask, None, chunk_size).transpose(-2, -3)
+        out = self.mha(m_ln, m_ln, mask, None, chunk_size)
+        return out.transpose(-2, -3), m.transpose(-2, -3)
 
 
 class MSAColumnGlobalAttention(nn.Module):
@@ -68,6 +88,13 @@ class MSAColumnGlobalAttention(nn.Module):
     def forward(
         self, m: torch.Tensor, msa_mask: torch.Tensor, chunk_size: int | None = None
     ) -> torch.Tensor:
-        m = self.layer_norm_m(m.transpose(-2, -3))  # [*, N_res/P, N_seq, C_m]
+        return self.forward_residual(m, msa_mask, chunk_size)[0]
+
+    def forward_residual(
+        self, m: torch.Tensor, msa_mask: torch.Tensor, chunk_size: int | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(update, m)``: the update and m passed on for the residual sum (LayerNorm forked)."""
+        m, m_ln = self.layer_norm_m.fork(m.transpose(-2, -3))  # [*, N_res/P, N_seq, C_m]
         mask = msa_mask.transpose(-1, -2)  # [*, N_res/P, N_seq]
-        return self.global_attention(m, mask, chunk_size).transpose(-2, -3)
+        out = self.global_attention(m_ln, mask, chunk_size)
+        return out.transpose(-2, -3), m.transpose(-2, -3)

@@ -44,14 +44,17 @@ class OuterProductMean(nn.Module):
 
     def _projections(
         self, m: torch.Tensor, msa_mask: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        m = self.layer_norm(m)
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``(a, b, mask, m)``: the masked projections, the mask ``[*, N_seq, N_res, 1]`` and m
+        passed on (its LayerNorm forked: the gradients of a, b and of the m read after the
+        outer product mean meet in LayerNorm's backward pass)."""
+        m, m_a, m_b = self.layer_norm.fork(m, 2)
         mask = msa_mask.unsqueeze(-1).to(m.dtype)  # [*, N_seq, N_res, 1]
-        a, b = self.linear_1(m), self.linear_2(m)
+        a, b = self.linear_1(m_a), self.linear_2(m_b)
         # the 0/1 mask in the projections' dtype (bf16 under autocast): a and b are not promoted
         # to fp32 only to be cast back by the einsum (and their gradients likewise)
         mask_ab = mask.to(a.dtype)
-        return a * mask_ab, b * mask_ab, mask
+        return a * mask_ab, b * mask_ab, mask, m
 
     @staticmethod
     def _outer_sum(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -66,7 +69,31 @@ class OuterProductMean(nn.Module):
         chunk_size: int | None = None,
         layout: Literal["row", "col"] = "col",
     ) -> torch.Tensor:
-        a, b, mask = self._projections(m, msa_mask)
+        return self.forward_residual(m, msa_mask, comm, chunk_size, layout)[0]
+
+    def forward_residual(
+        self,
+        m: torch.Tensor,
+        msa_mask: torch.Tensor,
+        comm: AxialComm = IDENTITY_COMM,
+        chunk_size: int | None = None,
+        layout: Literal["row", "col"] = "col",
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(update, m)``: the pair update and m passed on for whatever reads the MSA next."""
+        a, b, mask, m = self._projections(m, msa_mask)
+        return self._update(a, b, mask, comm, chunk_size, layout), m
+
+    def _update(
+        self,
+        a: torch.Tensor,
+        b: torch.Tensor,
+        mask: torch.Tensor,
+        comm: AxialComm,
+        chunk_size: int | None,
+        layout: str,
+    ) -> torch.Tensor:
+        """The row-layout pair update ``[*, N_res/P, N_res, C_z]`` from the masked projections
+        ``a, b [*, N_seq, N_res, c]`` and ``mask [*, N_seq, N_res, 1]`` (layouts: see the class)."""
         if layout == "col":
             b = comm.all_gather_for_outer_product(b)  # [*, N_seq, N_res, c]
             mask_b = comm.all_gather_for_outer_product(mask)  # [*, N_seq, N_res, 1]

@@ -23,6 +23,17 @@ def _call(fn: Callable[..., torch.Tensor], *args) -> torch.Tensor:
     return fn(*args)
 
 
+def _update(layer: nn.Module) -> Callable[..., tuple[torch.Tensor, torch.Tensor]]:
+    """``(update, z)`` of a sub-layer: its ``forward_residual``, whose LayerNorm forks the
+    stream (the residual's gradient of z joins LayerNorm's backward pass), or ``(layer(z,
+    ...), z)`` for a layer without one (AF2's ``PairTransition``: its LayerNorm is fused with
+    the first linear)."""
+    fork = getattr(layer, "forward_residual", None)
+    if fork is not None:
+        return fork
+    return lambda z, *args: (layer(z, *args), z)
+
+
 def pair_stack(
     block: nn.Module,
     z: torch.Tensor,
@@ -49,13 +60,15 @@ def pair_stack(
 
     mask_row = comm.scatter(pair_mask, -2)  # [*, N/P, N]
     mask_col = comm.scatter(pair_mask, -1)  # [*, N, N/P]
-    z = residual(run(block.tri_mul_out, z, mask_row, comm, chunk_size), z, -3)
+    z = residual(*run(_update(block.tri_mul_out), z, mask_row, comm, chunk_size), -3)
     z = comm.row_to_col(z)  # [*, N, N/P, C_z]
-    z = residual(run(block.tri_mul_in, z, mask_col, comm, chunk_size), z, -3)
+    z = residual(*run(_update(block.tri_mul_in), z, mask_col, comm, chunk_size), -3)
     z = comm.col_to_row(z)  # [*, N/P, N, C_z]
-    z = residual(run(block.tri_att_start, z, mask_row, comm, chunk_size), z, -3)
+    z = residual(*run(_update(block.tri_att_start), z, mask_row, comm, chunk_size), -3)
     z = comm.row_to_col(z)  # [*, N, N/P, C_z]
     # DropoutColumnwise: one mask shared by all columns (dim -2).
-    z = residual(run(block.tri_att_end, z, mask_col, comm, chunk_size), z, -2)
-    z = add_residual(z, run(block.pair_transition, z, chunk_size), in_place)
+    z = residual(*run(_update(block.tri_att_end), z, mask_col, comm, chunk_size), -2)
+    update, z = run(_update(block.pair_transition), z, chunk_size)
+    z = add_residual(z, update, in_place)
+    del update  # not held while col_to_row allocates the row layout (DAP)
     return comm.col_to_row(z)  # [*, N/P, N, C_z]

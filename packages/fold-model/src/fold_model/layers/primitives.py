@@ -121,6 +121,12 @@ class LayerNorm(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return ops.layer_norm(x, self.weight, self.bias, self.eps)
 
+    def fork(self, x: torch.Tensor, branches: int = 1) -> tuple[torch.Tensor, ...]:
+        """``(x, y_1, ..., y_branches)`` through ``ops.layer_norm_fork``: x passed on for the
+        residual sum and one ``y = LN(x)`` per layer that reads it, so that in backward every
+        gradient of x meets in LayerNorm's pass instead of autograd adding them in pairs."""
+        return ops.layer_norm_fork(x, self.weight, self.bias, self.eps, branches)
+
 
 def chunked_rows(
     fn: Callable[..., torch.Tensor],

@@ -59,3 +59,14 @@ class SwiGLUTransition(nn.Module):
         self, x: torch.Tensor, chunk_size: int | None = None, row_dim: int = -3
     ) -> torch.Tensor:
         return chunked_rows(self._transition, chunk_size, ((x, row_dim),), out_dim=row_dim)
+
+    def forward_residual(
+        self, x: torch.Tensor, chunk_size: int | None = None, row_dim: int = -3
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(update, x)``: the update and x passed on for the residual sum, x's LayerNorm
+        forked (``LayerNorm.fork``) so that the residual's gradient joins its backward pass.
+        With ``chunk_size`` (inference: nothing to join) the rows are sliced as in forward."""
+        if chunk_size is not None:
+            return self(x, chunk_size, row_dim), x
+        x, x_ln = self.layer_norm.fork(x)
+        return self.linear_out(ops.swiglu(x_ln, self.linear_ab.weight)), x

@@ -38,13 +38,27 @@ class TriangleAttention(nn.Module):
         comm: AxialComm = IDENTITY_COMM,
         chunk_size: int | None = None,
     ) -> torch.Tensor:
+        return self.forward_residual(z, pair_mask, comm, chunk_size)[0]
+
+    def forward_residual(
+        self,
+        z: torch.Tensor,
+        pair_mask: torch.Tensor,
+        comm: AxialComm = IDENTITY_COMM,
+        chunk_size: int | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(update, z)``: the update and z passed on for the residual sum. The normalised z
+        is read by the bias projection and by q, k, v and the gate (``LayerNorm.fork``): in
+        backward their gradients and the residual's meet in LayerNorm's one pass."""
         if not self.starting:
             z = z.transpose(-2, -3)  # [*, N_j/P, N_i, C_z]
             pair_mask = pair_mask.transpose(-1, -2)
-        z = self.layer_norm(z)
-        bias = pair_bias(z, self.linear_bias, comm)  # [*, H, N, N]
-        out = self.mha(z, z, pair_mask, bias, chunk_size)
-        return out if self.starting else out.transpose(-2, -3)
+        z, z_bias, z_att = self.layer_norm.fork(z, 2)
+        bias = pair_bias(z_bias, self.linear_bias, comm)  # [*, H, N, N]
+        out = self.mha(z_att, z_att, pair_mask, bias, chunk_size)
+        if self.starting:
+            return out, z
+        return out.transpose(-2, -3), z.transpose(-2, -3)
 
 
 class TriangleAttentionStartingNode(TriangleAttention):

@@ -68,7 +68,19 @@ class TriangleMultiplication(nn.Module):
         comm: AxialComm = IDENTITY_COMM,
         chunk_size: int | None = None,
     ) -> torch.Tensor:
-        z_ln = self.layer_norm_in(z)
+        return self.forward_residual(z, pair_mask, comm, chunk_size)[0]
+
+    def forward_residual(
+        self,
+        z: torch.Tensor,
+        pair_mask: torch.Tensor,
+        comm: AxialComm = IDENTITY_COMM,
+        chunk_size: int | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(update, z)``: the update and z passed on for the residual sum. The normalised z
+        is read by the projections and by the output gate (``LayerNorm.fork``): in backward the
+        gradients of both and of the residual's z meet in LayerNorm's one pass."""
+        z, z_ln, z_ln_gate = self.layer_norm_in.fork(z, 2)
         # [*, c, rows, cols] each; with chunk_size in row slices, so the four projections
         # [*, 4c, rows, cols] (twice the pair at c = C_z) exist for one slice at a time
         a, b = chunked_rows(self._gated_projections, chunk_size, ((z_ln, -3), (pair_mask, -2)),
@@ -86,7 +98,7 @@ class TriangleMultiplication(nn.Module):
             x = self.linear_z(self.layer_norm_out(x.movedim(-3, -1)))  # [*, I, J, C_z]
             return ops.bias_sigmoid_gate(x, self.linear_g(z_ln_i))
 
-        return chunked_rows(product, chunk_size, (left, (z_ln, -3)), out_dim=-3)
+        return chunked_rows(product, chunk_size, (left, (z_ln_gate, -3)), out_dim=-3), z
 
 
 class TriangleMultiplicationOutgoing(TriangleMultiplication):
