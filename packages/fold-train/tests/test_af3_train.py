@@ -64,8 +64,10 @@ def test_a_directory_of_json_inputs_is_not_training_data(tmp_path):
 
 @pytest.mark.slow
 def test_tiny_af3_learns_protein_ligand_complex(tmp_path):
-    """100 steps of ``fold-train train --preset af3_tiny`` on the FK506 pocket of 3O5R at least
+    """150 steps of ``fold-train train --preset af3_tiny`` on the FK506 pocket of 3O5R at least
     halve its loss on 8 fixed noise draws: the run's initial weights against its last checkpoint.
+    (After 100 steps the ratio sat on the threshold: 0.505 on one CPU, under 0.5 on another, as
+    float rounding differs between machines; 120 steps 0.44, 150 steps 0.44 on the first.)
 
     The entry is 3O5R's features from the AF3 cache (built from the bundled mmCIF and CCD) cut
     by fold-data's ``crop_features`` to the whole FK506 (57 atom tokens) and its 8 nearest
@@ -84,7 +86,7 @@ def test_tiny_af3_learns_protein_ligand_complex(tmp_path):
     from fold_train.optim import learning_rate
 
     needs_af3_demo()
-    run, steps = tmp_path / "run", 100
+    run, steps = tmp_path / "run", 150
     cache = af3_cache(af3_cache_dir(run / "cache"))
     source = AF3_DEMO / "mmcifs" / "3o5r.cif"
     raw = fetch_af3_features(cache, source, ccd=Ccd([CCD], use_biotite=False)).features
