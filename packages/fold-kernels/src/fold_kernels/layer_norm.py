@@ -180,17 +180,16 @@ def ln_backward(dy, x, weight, mean, rstd, dw_dtype=torch.float32, db_dtype=torc
     c = x.shape[-1]
     rows = x.numel() // max(c, 1)
     dx = torch.empty_like(x)  # keeps x's strides when x is dense: the caller's grad layout
-    dims, views, strides = _layout(x, dy, dx, *(t for t in (dy2, dres) if t is not None))
-    xv, dyv, dxv = views[:3]
+    has_dy2, has_dres = dy2 is not None, dres is not None
+    # an absent gradient is stood in for by dy (same layout, never read: HAS_DY2 / HAS_DR)
+    dy2, dres = (dy2 if has_dy2 else dy), (dres if has_dres else dy)
+    dims, (xv, dyv, dxv, dy2v, drv), (xs, ys, ds, y2s, rs) = _layout(x, dy, dx, dy2, dres)
     if dxv.data_ptr() != dx.data_ptr() or dxv.stride() != dx.stride():  # merge fell back
         dx = torch.empty(x.shape, device=x.device, dtype=x.dtype)
-        dims, views, strides = _layout(*(t.contiguous() for t in (xv, dyv)), dx,
-                                       *(t.contiguous() for t in views[3:]))
-        xv, dyv, dxv = views[:3]
-    xs, ys, ds = strides[:3]
-    extra = iter(zip(views[3:], strides[3:]))
-    dy2v, y2s = next(extra) if dy2 is not None else (dyv, ys)  # unused when absent
-    drv, rs = next(extra) if dres is not None else (dyv, ys)
+        dyc = dyv.contiguous()
+        dims, (xv, dyv, dxv, dy2v, drv), (xs, ys, ds, y2s, rs) = _layout(
+            xv.contiguous(), dyc, dx, dy2v.contiguous() if has_dy2 else dyc,
+            drv.contiguous() if has_dres else dyc)
     block_c = triton.next_power_of_2(c)
     sms = None if tuning.interpreting() or not x.is_cuda else tuning.multiprocessors(x.device)
     state = {}
@@ -202,14 +201,14 @@ def ln_backward(dy, x, weight, mean, rstd, dw_dtype=torch.float32, db_dtype=torc
         _ln_bwd[(n_prog,)](xv, weight, dyv, dy2v, drv, mean, rstd, dxv, partials,
                            partials[:, 1], 2 * c, rows, c, dims[1], dims[2],
                            *xs, *ys, *y2s, *rs, *ds,
-                           HAS_DY2=dy2 is not None, HAS_DR=dres is not None,
+                           HAS_DY2=has_dy2, HAS_DR=has_dres,
                            BLOCK_R=cfg.block_m, BLOCK_C=block_c, num_warps=cfg.num_warps)
         state["partials"] = partials
 
     # Only the first stage is timed: host overhead would swamp the few microseconds of the
     # second, which stays short for any number of programs (sum_partials adds in a tree).
     key = (rows, c, x.dtype, dy.dtype, tuple(xs), tuple(ys), tuple(ds),
-           None if dy2 is None else tuple(y2s), None if dres is None else tuple(rs))
+           tuple(y2s) if has_dy2 else None, tuple(rs) if has_dres else None)
     launch(tuning.pick("ln_bwd", key, _bwd_configs(c), launch))
     if dw_dtype == db_dtype:
         dwdb = sum_partials(state["partials"], dw_dtype)  # [2, C]
@@ -218,21 +217,31 @@ def ln_backward(dy, x, weight, mean, rstd, dw_dtype=torch.float32, db_dtype=torc
     return dx, dwdb[0].to(dw_dtype), dwdb[1].to(db_dtype)
 
 
+def _save_forward(ctx, x, weight, bias, eps) -> torch.Tensor:
+    """``y = LN(x)`` for an autograd function's forward, saving what its backward reads. x is
+    read in its own layout (e.g. the transposed MSA of column attention): the transpose copy is
+    fused into the normalisation, y comes out contiguous."""
+    y, mean, rstd = ln_forward(x, weight.contiguous(), bias.contiguous(), eps)
+    ctx.save_for_backward(x, weight, mean, rstd)
+    ctx.bias_dtype = bias.dtype
+    return y
+
+
+def _saved_backward(ctx, dy, dy2=None, dres=None):
+    """``(dx, dweight, dbias)`` from what :func:`_save_forward` saved."""
+    x, weight, mean, rstd = ctx.saved_tensors
+    return ln_backward(dy, x, weight, mean, rstd, weight.dtype, ctx.bias_dtype, dy2=dy2,
+                       dres=dres)
+
+
 class _LayerNorm(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, bias, eps):
-        # x is read in its own layout (e.g. the transposed MSA of column attention): the
-        # transpose copy is fused into the normalisation, y comes out contiguous
-        y, mean, rstd = ln_forward(x, weight.contiguous(), bias.contiguous(), eps)
-        ctx.save_for_backward(x, weight, mean, rstd)
-        ctx.bias_dtype = bias.dtype
-        return y
+        return _save_forward(ctx, x, weight, bias, eps)
 
     @staticmethod
     def backward(ctx, dy):
-        x, weight, mean, rstd = ctx.saved_tensors
-        dx, dw, db = ln_backward(dy, x, weight, mean, rstd, weight.dtype, ctx.bias_dtype)
-        return dx, dw, db, None
+        return (*_saved_backward(ctx, dy), None)
 
 
 def check_layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> None:
@@ -260,25 +269,20 @@ class _LayerNormFork(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, weight, bias, eps, branches):
-        y, mean, rstd = ln_forward(x, weight.contiguous(), bias.contiguous(), eps)
-        ctx.save_for_backward(x, weight, mean, rstd)
-        ctx.bias_dtype = bias.dtype
+        y = _save_forward(ctx, x, weight, bias, eps)
         ctx.set_materialize_grads(False)  # an unread output's gradient is None, not zeros
         # detach: an alias that is no view of y (each output gets its own gradient)
         return (x, y) + tuple(y.detach() for _ in range(branches - 1))
 
     @staticmethod
     def backward(ctx, dres, *dys):
-        x, weight, mean, rstd = ctx.saved_tensors
         dys = [d for d in dys if d is not None]
         if not dys:  # no branch was read: the stream's gradient passes through
             return dres, None, None, None, None
         dy2 = None
         if len(dys) > 1:  # a third reader and more (none in fold-model) are added first
             dy2 = dys[1] if len(dys) == 2 else torch.stack(dys[1:]).sum(0)
-        dx, dw, db = ln_backward(dys[0], x, weight, mean, rstd, weight.dtype, ctx.bias_dtype,
-                                 dy2=dy2, dres=dres)
-        return dx, dw, db, None, None
+        return (*_saved_backward(ctx, dys[0], dy2, dres), None, None)
 
 
 def layer_norm_fork(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,

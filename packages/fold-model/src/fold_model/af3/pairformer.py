@@ -16,6 +16,7 @@ data-dependent control flow, so torch.fx traces them (chunking and checkpointing
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import nn
@@ -59,7 +60,7 @@ class SubLayers(nn.Module):
     def _recompute(self) -> bool:
         return self.use_checkpoint and self.training and torch.is_grad_enabled()
 
-    def _run(self, fn: Callable[..., torch.Tensor], *args) -> torch.Tensor:
+    def _run(self, fn: Callable[..., Any], *args) -> Any:
         """``fn(*args)`` (a sub-layer), recomputed in backward when per-sub-layer checkpointing
         is on while training."""
         if self._recompute() and not self.checkpoint_blocks:

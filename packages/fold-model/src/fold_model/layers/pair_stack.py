@@ -5,6 +5,7 @@ Pairformer and the AF3 MSA module and template embedder run them through :func:`
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import nn
@@ -19,19 +20,8 @@ from fold_model.seams import AxialComm
 __all__ = ["pair_stack"]
 
 
-def _call(fn: Callable[..., torch.Tensor], *args) -> torch.Tensor:
+def _call(fn: Callable[..., Any], *args) -> Any:
     return fn(*args)
-
-
-def _update(layer: nn.Module) -> Callable[..., tuple[torch.Tensor, torch.Tensor]]:
-    """``(update, z)`` of a sub-layer: its ``forward_residual``, whose LayerNorm forks the
-    stream (the residual's gradient of z joins LayerNorm's backward pass), or ``(layer(z,
-    ...), z)`` for a layer without one (AF2's ``PairTransition``: its LayerNorm is fused with
-    the first linear)."""
-    fork = getattr(layer, "forward_residual", None)
-    if fork is not None:
-        return fork
-    return lambda z, *args: (layer(z, *args), z)
 
 
 def pair_stack(
@@ -41,11 +31,13 @@ def pair_stack(
     comm: AxialComm,
     chunk_size: int | None,
     rate: float,
-    run: Callable[..., torch.Tensor] = _call,
+    run: Callable[..., Any] = _call,
 ) -> torch.Tensor:
     """Triangle multiplication outgoing, incoming, triangle attention starting, ending node,
     transition: ``block``'s ``tri_mul_out``, ``tri_mul_in``, ``tri_att_start``, ``tri_att_end``,
     ``pair_transition``, with dropout ``rate`` (row-wise, then column-wise for the ending node).
+    Each sub-layer's ``forward_residual`` returns ``(update, z passed on)``: its LayerNorm forks
+    the stream, so the residual's gradient of z joins LayerNorm's backward pass.
 
     ``z [*, N/P, N, C_z]`` (row layout) -> same layout; ``pair_mask [*, N, N]`` whole. ``run(fn,
     *args)`` calls a sub-layer (AF3 passes its per-sub-layer checkpointing).
@@ -60,15 +52,15 @@ def pair_stack(
 
     mask_row = comm.scatter(pair_mask, -2)  # [*, N/P, N]
     mask_col = comm.scatter(pair_mask, -1)  # [*, N, N/P]
-    z = residual(*run(_update(block.tri_mul_out), z, mask_row, comm, chunk_size), -3)
+    z = residual(*run(block.tri_mul_out.forward_residual, z, mask_row, comm, chunk_size), -3)
     z = comm.row_to_col(z)  # [*, N, N/P, C_z]
-    z = residual(*run(_update(block.tri_mul_in), z, mask_col, comm, chunk_size), -3)
+    z = residual(*run(block.tri_mul_in.forward_residual, z, mask_col, comm, chunk_size), -3)
     z = comm.col_to_row(z)  # [*, N/P, N, C_z]
-    z = residual(*run(_update(block.tri_att_start), z, mask_row, comm, chunk_size), -3)
+    z = residual(*run(block.tri_att_start.forward_residual, z, mask_row, comm, chunk_size), -3)
     z = comm.row_to_col(z)  # [*, N, N/P, C_z]
     # DropoutColumnwise: one mask shared by all columns (dim -2).
-    z = residual(*run(_update(block.tri_att_end), z, mask_col, comm, chunk_size), -2)
-    update, z = run(_update(block.pair_transition), z, chunk_size)
+    z = residual(*run(block.tri_att_end.forward_residual, z, mask_col, comm, chunk_size), -2)
+    update, z = run(block.pair_transition.forward_residual, z, chunk_size)
     z = add_residual(z, update, in_place)
     del update  # not held while col_to_row allocates the row layout (DAP)
     return comm.col_to_row(z)  # [*, N/P, N, C_z]

@@ -32,6 +32,14 @@ class Transition(nn.Module):
     def forward(self, x: torch.Tensor, chunk_size: int | None = None) -> torch.Tensor:
         return chunked_rows(self._transition, chunk_size, ((x, -3),), out_dim=-3)
 
+    def forward_residual(
+        self, x: torch.Tensor, chunk_size: int | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(update, x)``, the pair stack's sub-layer interface. Nothing is forked: the
+        LayerNorm is fused with the first linear (``ops.layer_norm_linear``), so autograd still
+        adds the residual's gradient of x."""
+        return self(x, chunk_size), x
+
 
 class MSATransition(Transition):
     """Alg. 9 (n = 4)."""
