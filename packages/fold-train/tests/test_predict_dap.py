@@ -406,15 +406,23 @@ def test_one_rank_failing_ends_every_rank_with_its_name(tmp_path, world):
     # the failed rank: its own error, named
     res = (tmp_path / "result1.txt").read_text()
     assert res.startswith("RankFailed: rank 1 failed to predict: ValueError: /data/q1.a3m")
+    reason = ("rank 1 failed to predict: ValueError: /data/q1.a3m, record 3: expected an A3M "
+              "sequence")
     for r in range(world):
         if r == 1:
             continue
-        # blocked in the collective: ended by the watcher, exit status 1, the reason on stderr
-        assert procs[r].exitcode == 1, r
-        assert not (tmp_path / f"result{r}.txt").exists()
-        err = (tmp_path / f"stderr{r}.txt").read_text()
-        assert (f"rank 1 failed to predict: ValueError: /data/q1.a3m, record 3: expected an "
-                f"A3M sequence; rank {r} stops") in err
+        result = tmp_path / f"result{r}.txt"
+        if procs[r].exitcode == 1:
+            # blocked in the collective: ended by the watcher, the reason on stderr
+            assert not result.exists()
+            assert f"{reason}; rank {r} stops" in (tmp_path / f"stderr{r}.txt").read_text()
+        else:
+            # its collective broke first (gloo: the failed rank's connection closed), so its
+            # own block raised: RankFailed naming rank 1 (fail_together's documented path;
+            # seen at 4 ranks on a loaded 2-core machine)
+            assert procs[r].exitcode == 0, (r, procs[r].exitcode)
+            text = result.read_text()
+            assert text.startswith(f"RankFailed: {reason}; rank {r} stopped"), text
 
 
 # -- the command line under torchrun ------------------------------------------------------------
