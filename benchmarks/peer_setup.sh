@@ -22,9 +22,13 @@
 # platformdirs: cuequivariance-ops and trifast import it; optree: protenix.model.utils imports it.
 # Everything else the block modules import at import time (torch, triton, numpy, scipy, einops,
 # jaxtyping, networkx, sympy, opt-einsum, tqdm) is on the GPU image. Optional, for
-# benchmarks/model/peers.py only: WHEEL_DIR/openfold/ (OpenFold's evoformer modules at a commit,
-# see its COMMIT file) and WHEEL_DIR/build_protenix_layernorm.py; the kernels benchmark needs
-# neither, so a lighter carry of WHEEL_DIR/wheels and the tar suffices for it.
+# benchmarks/model/peers.py only: WHEEL_DIR/openfold/ (OpenFold's source at a commit, its COMMIT
+# file naming it: `git archive COMMIT openfold setup.py | tar -x -C WHEEL_DIR/openfold`); the
+# kernels benchmark needs none of it, so a lighter carry of WHEEL_DIR/wheels and the tar suffices.
+# The peers' own CUDA extensions are built here for this GPU only (benchmarks/peer_extensions.py,
+# about a minute): OpenFold's in-place attention softmax, which its MSA row attention calls by
+# default, and Protenix's fast LayerNorm, its default LAYERNORM_TYPE. A failed build is reported;
+# Protenix then runs LAYERNORM_TYPE=torch and the results say why (PEERS_PROTENIX_LAYERNORM_ERROR).
 _peer_setup() {
   local dir site w
   dir="${1:-.whl}"
@@ -51,10 +55,30 @@ _peer_setup() {
   tar -xJf "$dir/cuequivariance_ops_cu13-0.13.0.tar.xz" -C "$site" \
     || { echo "peer_setup.sh: unpacking the cuEquivariance ops FAILED" >&2; return 1; }
   if [ -d "$dir/openfold/openfold" ]; then
-    cp -r "$dir/openfold/openfold" "$dir/openfold/attn_core_inplace_cuda.py" "$site/" || return 1
+    cp -r "$dir/openfold/openfold" "$site/" || return 1
     export PEERS_OPENFOLD_COMMIT="$(cat "$dir/openfold/COMMIT")"
   fi
   export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}"
+  if python3 -c "import torch, sys; sys.exit(not torch.cuda.is_available())"; then
+    local of_pid=""
+    if [ -d "$site/openfold" ]; then
+      PEERS_SITE="$site" python3 -m benchmarks.peer_extensions openfold > /tmp/peer_ext_openfold.log 2>&1 &
+      of_pid=$!
+    fi
+    if [ -d "$site/protenix" ]; then
+      if python3 -m benchmarks.peer_extensions protenix > /tmp/peer_ext_protenix.log 2>&1; then
+        echo "peer_setup.sh: Protenix's fast LayerNorm built"
+      else
+        export PEERS_PROTENIX_LAYERNORM=torch
+        export PEERS_PROTENIX_LAYERNORM_ERROR="$(tail -c 500 /tmp/peer_ext_protenix.log)"
+        echo "peer_setup.sh: WARNING Protenix's fast LayerNorm did not build: $PEERS_PROTENIX_LAYERNORM_ERROR"
+      fi
+    fi
+    if [ -n "$of_pid" ]; then
+      if wait "$of_pid"; then echo "peer_setup.sh: OpenFold's attn_core_inplace_cuda built"
+      else echo "peer_setup.sh: WARNING OpenFold's extension did not build: $(tail -c 500 /tmp/peer_ext_openfold.log)"; fi
+    fi
+  fi
   python3 - <<'PY'
 import importlib
 for m in ("cuequivariance_torch", "cuequivariance_ops_torch", "trifast"):

@@ -13,11 +13,11 @@ dtype), eagerly and as a CUDA-graph replay (benchmarks/common/graphs.py), and fo
 after ``--warmup`` calls (CUDA events). The table gives, per row and mode, fold's ms over the best
 peer's (``fold/peer`` < 1: fold is faster).
 
-Peers are imported when installed (see .whl/setup.sh in the lead's checkout: wheels carried to the
-GPU machine) and their versions recorded; a peer that is not installed, fails to build or fails a
+Peers are imported when installed (benchmarks/peer_setup.sh: wheels carried to the GPU machine,
+their CUDA extensions built there) and their versions recorded; a peer that is not installed, fails to build or fails a
 mode gets its error text in that place, never a number.
 
-    source .whl/setup.sh && source benchmarks/gpu_setup.sh && \\
+    source benchmarks/peer_setup.sh && source benchmarks/gpu_setup.sh && \\
       python3 -m benchmarks.model.peers --out benchmarks/results/model/model_peers.json
     python -m benchmarks.model.peers --device cpu --tiny --reps 1 --warmup 0   # smoke, fold only
 
@@ -307,7 +307,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
                          "training; Boltz's fp32 regions reject bf16 LayerNorm weights)")
     ap.add_argument("--protenix-layernorm", choices=["fast_layernorm", "torch"], default=None,
                     help="Protenix's LAYERNORM_TYPE (default: fast_layernorm on CUDA, its "
-                         "default, built by .whl/setup.sh; torch on CPU)")
+                         "default, built by benchmarks/peer_setup.sh; torch on CPU)")
     ap.add_argument("--out", type=Path, default=None, help="JSON path (markdown beside it)")
     ap.add_argument("--append", action="store_true",
                     help="keep --out's rows, measure only those missing or failed there (a run "
@@ -331,7 +331,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     args.fold_dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     args.peer_dtype = torch.float32 if (args.peer_weights == "fp32" or device.type != "cuda") \
         else torch.bfloat16
-    if args.protenix_layernorm is None:  # .whl/setup.sh sets the env after its build
+    if args.protenix_layernorm is None:  # peer_setup.sh sets it when the build fails
         args.protenix_layernorm = os.environ.get("PEERS_PROTENIX_LAYERNORM") or (
             "fast_layernorm" if device.type == "cuda" else "torch")
     shapes = parse_rows(args.blocks) if args.blocks else (TINY_ROWS if args.tiny else ROWS)
