@@ -7,7 +7,8 @@ Their build scripts compile for 5-6 architectures (minutes each); the benchmarks
 - Protenix's ``fast_layer_norm_cuda_v2`` (its default ``LAYERNORM_TYPE``), by its own ``compile``,
   with nvcc's architecture list read as this GPU's only.
 
-Usage (benchmarks/peer_setup.sh runs it): ``python3 -m benchmarks.peer_extensions openfold|protenix``.
+Usage (benchmarks/peer_setup.sh runs it):
+``python3 -m benchmarks.peer_extensions openfold|protenix``.
 Exits 1 with the error when a build fails; the benchmark then records that peer's import error.
 """
 

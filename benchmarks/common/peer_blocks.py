@@ -200,8 +200,9 @@ _RDKIT_NOTE = "rdkit absent: protenix.data.constants' element list made from pla
 
 
 def peer_version(dist: str) -> str:
-    if dist == "openfold":
-        return getattr(importlib.import_module("openfold"), "__commit__", "unknown commit")
+    if dist == "openfold":  # a source tree, no distribution: peer_setup.sh exports its commit
+        importlib.import_module("openfold")
+        return os.environ.get("PEERS_OPENFOLD_COMMIT") or "unknown commit"
     return importlib.metadata.version(dist)
 
 
@@ -300,9 +301,10 @@ def build_boltz(shape: Shape, sizes, x, device, weights, kernels: bool) -> Case:
 
 
 def build_openfold(shape: Shape, sizes, x, device, weights, kernels: bool) -> Case:
-    """OpenFold's ``EvoformerBlock`` (AF2 order) with its AF2 config values; its kernels
-    (DeepSpeed's DS4Sci EvoformerAttention, the in-place attention CUDA extension) are not
-    carried, so only its PyTorch path runs."""
+    """OpenFold's ``EvoformerBlock`` (AF2 order) with its AF2 config values. "Kernels off" is
+    OpenFold as its default install runs it: its MSA row attention calls its own in-place softmax
+    CUDA extension (``attn_core_inplace_cuda``, built by peer_setup.sh), the rest is PyTorch.
+    "Kernels on" would be DeepSpeed's DS4Sci EvoformerAttention, which is not installed."""
     if shape.block != "evoformer":
         raise ValueError(f"OpenFold is benchmarked on the Evoformer only, not {shape.block}")
     if kernels:

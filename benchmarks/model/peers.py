@@ -14,8 +14,8 @@ after ``--warmup`` calls (CUDA events). The table gives, per row and mode, fold'
 peer's (``fold/peer`` < 1: fold is faster).
 
 Peers are imported when installed (benchmarks/peer_setup.sh: wheels carried to the GPU machine,
-their CUDA extensions built there) and their versions recorded; a peer that is not installed, fails to build or fails a
-mode gets its error text in that place, never a number.
+their CUDA extensions built there) and their versions recorded; a peer that is not installed,
+fails to build or fails a mode gets its error text in that place, never a number.
 
     source benchmarks/peer_setup.sh && source benchmarks/gpu_setup.sh && \\
       python3 -m benchmarks.model.peers --out benchmarks/results/model/model_peers.json

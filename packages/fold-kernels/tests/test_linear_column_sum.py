@@ -8,7 +8,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 from fold_kernels import linear
-from fold_kernels.reduce import column_sum, sum_partials
+from fold_kernels.broadcast import reduce_to
+from fold_kernels.reduce import column_sum, column_sum_fits, sum_partials
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 # fp32 sums of fp32 values: ~1e-6 relative; bf16/fp16 outputs: one rounding of the fp32 sum
@@ -44,6 +45,44 @@ def test_column_sum_reads_strides_and_writes_the_requested_dtype():
     out = column_sum(strided.to(torch.bfloat16), torch.float32)
     assert out.dtype == torch.float32
     assert _rel(out, strided.to(torch.bfloat16).double().sum(0)) < 1e-5  # fp32 accumulation
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("full,shape,transpose,kernel", [
+    ((3, 5, 33), (33,), False, True),          # a [C] bias: the column-sum kernel
+    ((2, 3, 7, 20), (1, 7, 20), False, True),  # a mask shared by dim 1's rows, leading dim summed
+    ((3, 5, 33), (33,), True, False),          # grad a transposed view: no [M, C] view
+    ((2, 3, 1, 9), (2, 1, 1, 9), False, False),  # a middle dim summed: torch's sum
+    ((4, 6), (4, 6), False, False),            # nothing to sum: a cast
+])
+def test_reduce_to_sums_broadcast_dims_like_float64(dtype, full, shape, transpose, kernel,
+                                                    monkeypatch):
+    import fold_kernels.broadcast as bc
+
+    calls = []
+    monkeypatch.setattr(bc, "column_sum", lambda x, dt: calls.append(x.shape) or column_sum(x, dt))
+    g = torch.Generator().manual_seed(len(full) * 100 + full[-1])
+    base = torch.randn(*full, generator=g, dtype=torch.float64)
+    if transpose:
+        base = base.transpose(0, 1).contiguous().transpose(0, 1)  # same values, other strides
+    grad = base.to(dtype).to(DEVICE)
+    if transpose:
+        grad = grad.transpose(0, 1).contiguous().transpose(0, 1)
+        assert not grad.is_contiguous()
+    out = reduce_to(grad, torch.Size(shape), torch.float32)
+    expanded = [d for d in range(len(full)) if d < len(full) - len(shape)
+                or shape[d - len(full) + len(shape)] == 1 and full[d] != 1]
+    want = grad.double().cpu().sum(dim=expanded, keepdim=False).reshape(shape) \
+        if expanded else grad.double().cpu()
+    assert out.dtype == torch.float32 and tuple(out.shape) == shape
+    assert bool(calls) == kernel, calls
+    assert _rel(out, want) < 1e-5  # fp32 sums of the dtype's values
+    assert torch.equal(out, reduce_to(grad, torch.Size(shape), torch.float32))  # deterministic
+
+
+def test_column_sum_fits_bounds_the_grid():
+    assert column_sum_fits(10, 128)
+    assert not column_sum_fits(2, 10**9)  # column blocks past CUDA's 65535 grid y programs
 
 
 def test_column_sum_empty_nan_and_bad_shape():

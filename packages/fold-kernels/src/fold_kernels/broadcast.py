@@ -9,9 +9,13 @@ into (i0, i1, i2) once per row, not per element.
 
 from __future__ import annotations
 
+import math
+
 import torch
 import triton
 import triton.language as tl
+
+from fold_kernels.reduce import column_sum, column_sum_fits
 
 __all__ = ["RowLayout", "row_layout", "row_offsets", "broadcast_shape", "reduce_to"]
 
@@ -95,10 +99,31 @@ def row_offsets(rows, d1, d2, s0, s1, s2):
 
 def reduce_to(grad: torch.Tensor, shape: torch.Size, dtype: torch.dtype) -> torch.Tensor:
     """Sum a full-shape gradient over the dims a broadcast operand of ``shape`` was expanded
-    along, accumulating in fp32 without an fp32 copy of ``grad``; result in ``dtype``."""
+    along, accumulating in fp32 without an fp32 copy of ``grad``; result in ``dtype``.
+
+    The common case, a ``[C]`` bias or a mask shared along the leading dims (``[1, N, C]``),
+    sums over a prefix of grad's dims: that is a column sum of the ``[M, rest]`` view, done by
+    :func:`fold_kernels.reduce.column_sum` (deterministic, one pass near bandwidth, the result
+    stored in ``dtype``). PyTorch's sum over outer dims runs far below bandwidth on a GPU and
+    its cast is one more launch; it stays the path for other patterns (a ``[*, 1, 1, N]``
+    mask)."""
     if grad.shape == shape:
         return grad.to(dtype)
     lead = grad.dim() - len(shape)
     dims = list(range(lead)) + [lead + i for i, n in enumerate(shape)
                                 if n == 1 and grad.shape[lead + i] != 1]
+    k = len(dims)
+    if dims == list(range(k)) and k < grad.dim():  # a prefix: [M, rest] columns
+        rest = math.prod(grad.shape[k:])
+        flat = _view_2d(grad, rest)
+        if flat is not None and column_sum_fits(flat.shape[0], rest):
+            return column_sum(flat, dtype).reshape(shape)
     return grad.sum(dim=dims, dtype=torch.float32).reshape(shape).to(dtype)
+
+
+def _view_2d(grad: torch.Tensor, rest: int) -> torch.Tensor | None:
+    """``grad`` as a ``[M, rest]`` view (no copy), or None when its strides do not allow one."""
+    try:
+        return grad.view(-1, rest)
+    except RuntimeError:
+        return None

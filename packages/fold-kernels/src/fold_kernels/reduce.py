@@ -22,10 +22,10 @@ import triton
 import triton.language as tl
 
 from fold_kernels import tuning
-from fold_kernels.index32 import check_rows
+from fold_kernels.index32 import check_grid, check_rows, grid_fits, rows_fit
 from fold_kernels.launch import fast
 
-__all__ = ["sum_partials", "column_sum"]
+__all__ = ["sum_partials", "column_sum", "column_sum_fits"]
 
 
 @fast
@@ -110,6 +110,17 @@ def _column_partials(X, P, M, C, sxm, sxc, BLOCK_M: tl.constexpr, BLOCK_C: tl.co
     tl.store(P + pid * C + offs_c, tl.sum(acc, 0), mask=c_valid)
 
 
+def _block_c(c: int) -> int:
+    """Columns a program: compiled, 128 (32 rows of them: an 8 KB bf16 tile); interpreter, 16."""
+    return min(16 if tuning.interpreting() else 128, triton.next_power_of_2(c))
+
+
+def column_sum_fits(m: int, c: int) -> bool:
+    """:func:`column_sum` takes an ``[m, c]`` input: its row index fits in int32 and its column
+    blocks in one grid dimension."""
+    return rows_fit((m, c)) and grid_fits(triton.cdiv(c, _block_c(c)))
+
+
 def column_sum(x: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
     """``x [M, C]`` (any strides) -> ``x.sum(0)`` ``[C]`` accumulated in fp32, stored in ``dtype``
     (default x's). Deterministic: the same bits on every call."""
@@ -122,10 +133,10 @@ def column_sum(x: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tenso
     if m == 0:
         return torch.zeros(c, device=x.device, dtype=dtype)
     interpreting = tuning.interpreting()
-    # compiled: 32 rows of 128 columns (an 8 KB bf16 tile); interpreter: small tiles
-    block_c = min(16 if interpreting else 128, triton.next_power_of_2(c))
+    block_c = _block_c(c)
     block_m = 4 if interpreting else max(8, 4096 // block_c)
     n_cblk = triton.cdiv(c, block_c)
+    check_grid("column_sum", f"{c} columns", n_cblk)
     # programs per column block: 3 in the interpreter (the strided loop and several partial
     # rows are exercised), else about 4 programs per SM in all
     per_cblk = 3 if interpreting else max(1, 4 * tuning.multiprocessors(x.device) // n_cblk)
