@@ -33,7 +33,8 @@ from benchmarks.common.backends import ensure_kernels
 from benchmarks.common.machine import device_name, triton_version
 from benchmarks.common.results import write_atomic
 
-PRODUCTS = {"fwd": 2, "dkdv": 4, "dkdv_atomic": 4, "dq": 3, "dbias": 3}
+PRODUCTS = {"fwd": 2, "dkdv": 4, "dkdv_atomic": 4, "dkdv_dq": 5, "dkdv_atomic_dq": 5, "dq": 3,
+            "dbias": 3}
 
 
 def shape_of(target: str) -> tuple[int, int, int, int]:
@@ -63,21 +64,29 @@ def inputs(r: int, n: int, h: int, d: int, layout: str):
     return q, k, v, gate, bias, mask, do
 
 
-def grid(kernel: str) -> list:
+def grid(kernel: str, rows_wanted: tuple[int, ...] = (4, 2, 1)) -> list:
+    """The sweep's configurations: one or two rows per program; dK/dV also key-major tiles and
+    four rows (its bias gradient's atomics summed over them)."""
     from fold_kernels.tuning import Config
 
+    dkdv = kernel.startswith("dkdv")
     out = []
-    for bm, bn, w, s, rows in itertools.product((32, 64, 128), (32, 64, 128), (4, 8),
-                                                (3, 2), (2, 1)):
-        if kernel == "dbias" and rows == 2:
+    for bm, bn, w, s, rows, t in itertools.product((32, 64, 128), (32, 64, 128), (4, 8),
+                                                   (3, 2), (4, 2, 1), (False, True)):
+        if (kernel == "dbias" and rows > 1) or (not dkdv and (rows == 4 or t)):
+            continue
+        if rows not in rows_wanted:
             continue
         if bm * bn > 128 * 64 or (w == 8 and bm * bn < 64 * 64):
             continue
-        out.append(Config(bm, bn, w, s, rows=rows))
+        if rows == 4 and (w == 4 and bm * bn > 32 * 64):
+            continue  # four rows' dK/dV accumulators: more warps or narrower tiles
+        out.append(Config(bm, bn, w, s, rows=rows, transpose=t))
     return out
 
 
-def sweep(target: str, layout: str, budget_s: float) -> dict:
+def sweep(target: str, layout: str, budget_s: float, kernels: list[str] | None = None,
+          rows_wanted: tuple[int, ...] = (4, 2, 1)) -> dict:
     from fold_kernels import tuning
     from triton.testing import do_bench
 
@@ -106,12 +115,14 @@ def sweep(target: str, layout: str, budget_s: float) -> dict:
     finally:
         tuning.pick = real_pick
     result = {"target": target, "layout": layout, "R": r, "N": n, "H": h, "D": d, "kernels": {}}
+    if kernels:
+        captured = {k: f for k, f in captured.items() if k in kernels}
     for kernel, launch in captured.items():
         t_end = time.time() + budget_s / len(captured)
         shipped = tuning.attention_configs(kernel, tuning.arch(), d)
         flops = 2 * PRODUCTS[kernel] * logits * d
         rows = []
-        for cfg in list(dict.fromkeys(shipped + grid(kernel))):
+        for cfg in list(dict.fromkeys(shipped + grid(kernel, rows_wanted))):
             if time.time() > t_end:
                 break
             try:
@@ -121,7 +132,8 @@ def sweep(target: str, layout: str, budget_s: float) -> dict:
                 ms = None
                 err = type(e).__name__
             rows.append({"cfg": [cfg.block_m, cfg.block_n, cfg.num_warps, cfg.num_stages,
-                                 cfg.rows], "shipped": cfg in shipped, "ms": ms,
+                                 cfg.rows, *(["key"] if cfg.transpose else [])],
+                         "shipped": cfg in shipped, "ms": ms,
                          **({} if ms is not None else {"error": err})})
         ok = [x for x in rows if x["ms"] is not None]
         best = min(ok, key=lambda x: x["ms"])
@@ -142,6 +154,10 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--layouts", nargs="+", default=["model", "contig"])
     ap.add_argument("--budget-s", type=float, default=120.0,
                     help="per target and layout, split evenly over the kernels")
+    ap.add_argument("--kernels", nargs="+", default=None,
+                    help="only these kernels (fwd, dkdv_atomic, dq, ...; default: all that ran)")
+    ap.add_argument("--rows", nargs="+", type=int, default=[4, 2, 1],
+                    help="rows per program of the sweep's grid (the shipped ones always run)")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args(argv)
     ensure_kernels("cuda")
@@ -150,7 +166,8 @@ def main(argv: list[str] | None = None) -> None:
     results = []
     for target in args.targets:
         for layout in args.layouts:
-            results.append(sweep(target, layout, args.budget_s))
+            results.append(sweep(target, layout, args.budget_s, args.kernels,
+                                 tuple(args.rows)))
             if args.out:
                 write_atomic(args.out, json.dumps({"meta": meta, "results": results}, indent=1))
 

@@ -18,9 +18,9 @@ Kernels (MegaFold III, FlashAttention-2), each program one tile of one or two ro
   old 64 x 32 tiles, 11 at 128-query tiles with these changes), not by the tensor cores or the
   exp2 unit.
 * ``_bwd_pre``  delta = rowsum(dO * O) and, with a gate, dO through the gate and d(gate).
-* ``_bwd_dkdv`` grid (N/BLOCK_N, R/rows, B*H): dK, dV of one key block, looping over query blocks,
-  on query-major tiles or key-major ones (S^T = K Q^T, no register transposes of P and dS;
-  a tuning choice, ``FOLD_EVO_DKDV``).
+* ``_bwd_dkdv`` grid (N/BLOCK_N, R/rows, B*H): dK, dV of one key block of 1, 2 or 4 rows,
+  looping over query blocks, on query-major tiles or key-major ones (S^T = K Q^T, no register
+  transposes of P and dS; a tuning choice, ``FOLD_EVO_DKDV``).
 * ``_bwd_dq``   grid (N/BLOCK_M, R/rows, B*H): dQ of one query block, looping over key blocks
   (``FOLD_EVO_DQ=pass``, deterministic). With ``FOLD_EVO_DQ=atomic`` (the default for head
   dims under 16 unless torch's deterministic mode is on) there is no ``_bwd_dq``:
@@ -32,10 +32,11 @@ Kernels (MegaFold III, FlashAttention-2), each program one tile of one or two ro
   ``splits > 1`` each split writes its partial sum to its own fp32 slab and the slabs are summed
   afterwards in a fixed order. The price is recomputing S and dP once more (two more products
   and one more exp per tile). This is ``FOLD_EVO_DBIAS=pass``.
-* ``FOLD_EVO_DBIAS=atomic``: no ``_bwd_dbias``; ``_bwd_dkdv`` adds each dS tile (summed over its
-  two rows first) into an fp32 ``[B_bias, H, N, N]`` buffer with atomics, as MegaFold and
-  FlexAttention do: R/2 x H x N x N atomic adds instead of a third recomputation of the logits;
-  the summation order varies, so dbias is not bit-reproducible. See :func:`dbias_mode`.
+* ``FOLD_EVO_DBIAS=atomic``: no ``_bwd_dbias``; ``_bwd_dkdv`` adds each dS tile (summed over
+  its 1, 2 or 4 rows first, in registers) into an fp32 ``[B_bias, H, N, N]`` buffer with atomics,
+  as MegaFold and FlexAttention do: R/rows x H x N x N atomic adds instead of a third
+  recomputation of the logits; the summation order varies, so dbias is not bit-reproducible.
+  See :func:`dbias_mode`.
 
 The forward stores, per query, the log2-sum-exp and (for a fully masked query) 1/l in fp32;
 the backward rebuilds P = exp2(s log2(e) - lse) tile by tile (one FMA per logit, as the forward).
@@ -405,21 +406,71 @@ def _dq_atomic(DQ, slab, offs_m, offs_d, md, ds, k, scale, N, D, TRANSPOSE: tl.c
     tl.atomic_add(dptr, dq * scale, mask=md, sem="relaxed")
 
 
+@triton.jit
+def _dkdv_row(K, V, Mask, LSE, b, r, h, R, H, N, offs_n, n_valid, nd, kv_off,
+              sqb, sqr, sqh, sob, sor, soh, smb, smr, smj, HAS_MASK: tl.constexpr):
+    """What :func:`_bwd_dkdv` holds for row ``r`` of its key block: the row's slab and bases,
+    its K and V tiles [BLOCK_N, BLOCK_D], its key mask and 1/l of a fully masked row (else 0:
+    every query of a row shares its key mask, so query 0's value holds for the row, read once
+    instead of a load and a reduction per query block)."""
+    slab = (b.to(tl.int64) * R + r) * H + h
+    base = _base(b, r, h, sqb, sqr, sqh)
+    obase = _base(b, r, h, sob, sor, soh)
+    k = tl.load(K + base + kv_off, mask=nd, other=0.0)
+    v = tl.load(V + base + kv_off, mask=nd, other=0.0)
+    keep = _keep(Mask, b, r, offs_n, n_valid, smb, smr, smj, HAS_MASK, False)
+    uni = tl.load(LSE + slab * 2 * N + N)
+    return slab, base, obase, k, v, keep, uni
+
+
+@triton.jit
+def _dkdv_tile(Q, DO, LSE, Delta, DQ, slab, base, obase, offs_m, offs_d, md, m_valid, k, v,
+               bias2, keep, uni, n_valid, dk, dv, scale, R, N, D, SN, SON, r,
+               HAS_BIAS: tl.constexpr, HAS_MASK: tl.constexpr, EVEN: tl.constexpr,
+               EVEN_D: tl.constexpr, DQ_ATOMIC: tl.constexpr, TRANSPOSE: tl.constexpr,
+               PRECISION: tl.constexpr):
+    """One row's query block in :func:`_bwd_dkdv`: dK, dV updated, dQ's part added by atomics
+    (``DQ_ATOMIC``; masked off when ``r``, the row before clamping, is past R-1: a repeated
+    row), and its dS (key-major: dS^T) returned for the bias gradient."""
+    if TRANSPOSE:  # key-major tiles [BLOCK_N, BLOCK_M]
+        dk, dv, ds = _dkdv_step_t(Q, DO, LSE, Delta, slab, base, obase, offs_m, offs_d, md,
+                                  m_valid, k, v, bias2, keep, uni, n_valid, dk, dv, scale, N,
+                                  SN, SON, HAS_BIAS, HAS_MASK, EVEN, EVEN_D, PRECISION)
+    else:  # query-major tiles [BLOCK_M, BLOCK_N]
+        dk, dv, ds = _dkdv_step(Q, DO, LSE, Delta, slab, base, obase, offs_m, offs_d, md,
+                                m_valid, k, v, bias2, keep, uni, n_valid, dk, dv, scale, N,
+                                SN, SON, HAS_BIAS, HAS_MASK, EVEN, EVEN_D, PRECISION)
+    if DQ_ATOMIC:
+        last = (offs_m * 0 + r < R)[:, None]
+        _dq_atomic(DQ, slab, offs_m, offs_d, md & last, ds, k, scale, N, D, TRANSPOSE,
+                   PRECISION)
+    return dk, dv, ds
+
+
+@triton.jit
+def _dkdv_store(DK, DV, base, kv_off, nd, dk, dv, scale):
+    tl.store(DK + base + kv_off, (dk * scale).to(DK.dtype.element_ty), mask=nd)
+    tl.store(DV + base + kv_off, dv.to(DV.dtype.element_ty), mask=nd)
+
+
 @fast
 @triton.jit
 def _bwd_dkdv(Q, K, V, Bias, Mask, DO, LSE, Delta, DK, DV, DBias, DQ,
               sbb, sbh, sbi, sbj, smb, smr, smj, sqb, sqr, sqh, sqn, sob, sor, soh, son,
               R, H, N, D, scale, sdbb,
-              HAS_BIAS: tl.constexpr, HAS_MASK: tl.constexpr, TWO_ROWS: tl.constexpr,
+              HAS_BIAS: tl.constexpr, HAS_MASK: tl.constexpr, ROWS: tl.constexpr,
               EVEN: tl.constexpr, EVEN_D: tl.constexpr, DBIAS_ATOMIC: tl.constexpr,
               DQ_ATOMIC: tl.constexpr,
               TRANSPOSE: tl.constexpr,
               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
               PRECISION: tl.constexpr):
-    """dK, dV of one key block; with ``DBIAS_ATOMIC`` also the bias gradient, each program
-    adding its rows' dS tiles (both rows summed first) into the fp32 ``DBias [B_bias, H, N, N]``
-    (zeroed; batch stride ``sdbb``, 0 when the bias is shared) with one atomic add per element:
-    no separate dbias pass, but the order of the additions, hence the rounding, varies.
+    """dK, dV of one key block of ``ROWS`` (1, 2 or 4) rows r0.. of R (rows past R-1 repeat the
+    last row: the same values stored, their dQ and dS weighted 0); each bias tile is loaded
+    once for all of them. With ``DBIAS_ATOMIC`` also the bias gradient: each program sums its
+    rows' dS tiles in registers, then adds the sum into the fp32 ``DBias [B_bias, H, N, N]``
+    (zeroed; batch stride ``sdbb``, 0 when the bias is shared) with one atomic add per element,
+    so R/ROWS atomics per bias element: no separate dbias pass, but the order of the additions,
+    hence the rounding, varies.
     With ``DQ_ATOMIC`` also dQ: each tile's ``scale * dS K`` [BLOCK_M, D] is added with fp32
     atomics into the zeroed dense ``DQ [B, R, H, N, D]`` (FlashAttention-2's original backward),
     so S and P are recomputed once instead of again in :func:`_bwd_dq` (not bit-reproducible).
@@ -429,82 +480,75 @@ def _bwd_dkdv(Q, K, V, Bias, Mask, DO, LSE, Delta, DK, DV, DBias, DQ,
     bh = tl.program_id(2)
     b = bh // H
     h = bh % H
-    if TWO_ROWS:
-        r0 = rp * 2
-        r1 = tl.minimum(r0 + 1, R - 1)
-    else:
-        r0 = rp
+    r0 = rp * ROWS
     offs_n = nb * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
     n_valid = offs_n < N
     d_valid = offs_d < D
     nd = n_valid[:, None] & d_valid[None, :]
     kv_off = offs_n[:, None] * sqn + offs_d[None, :]
-    slab0 = (b.to(tl.int64) * R + r0) * H + h
-    base0 = _base(b, r0, h, sqb, sqr, sqh)
-    obase0 = _base(b, r0, h, sob, sor, soh)
-    k0 = tl.load(K + base0 + kv_off, mask=nd, other=0.0)
-    v0 = tl.load(V + base0 + kv_off, mask=nd, other=0.0)
-    keep0 = _keep(Mask, b, r0, offs_n, n_valid, smb, smr, smj, HAS_MASK, False)
-    # 1/l of a fully masked row (else 0): every query of a row shares its key mask, so query 0's
-    # value holds for the row, read once instead of a load and a reduction per query block
-    uni0 = tl.load(LSE + slab0 * 2 * N + N)
+    slab0, base0, obase0, k0, v0, keep0, uni0 = _dkdv_row(
+        K, V, Mask, LSE, b, r0, h, R, H, N, offs_n, n_valid, nd, kv_off,
+        sqb, sqr, sqh, sob, sor, soh, smb, smr, smj, HAS_MASK)
     dk0 = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
     dv0 = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
-    if TWO_ROWS:
-        slab1 = (b.to(tl.int64) * R + r1) * H + h
-        base1 = _base(b, r1, h, sqb, sqr, sqh)
-        obase1 = _base(b, r1, h, sob, sor, soh)
-        k1 = tl.load(K + base1 + kv_off, mask=nd, other=0.0)
-        v1 = tl.load(V + base1 + kv_off, mask=nd, other=0.0)
-        keep1 = _keep(Mask, b, r1, offs_n, n_valid, smb, smr, smj, HAS_MASK, False)
-        uni1 = tl.load(LSE + slab1 * 2 * N + N)
+    if ROWS >= 2:
+        slab1, base1, obase1, k1, v1, keep1, uni1 = _dkdv_row(
+            K, V, Mask, LSE, b, tl.minimum(r0 + 1, R - 1), h, R, H, N, offs_n, n_valid, nd,
+            kv_off, sqb, sqr, sqh, sob, sor, soh, smb, smr, smj, HAS_MASK)
         dk1 = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
         dv1 = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
+    if ROWS >= 4:
+        slab2, base2, obase2, k2, v2, keep2, uni2 = _dkdv_row(
+            K, V, Mask, LSE, b, tl.minimum(r0 + 2, R - 1), h, R, H, N, offs_n, n_valid, nd,
+            kv_off, sqb, sqr, sqh, sob, sor, soh, smb, smr, smj, HAS_MASK)
+        slab3, base3, obase3, k3, v3, keep3, uni3 = _dkdv_row(
+            K, V, Mask, LSE, b, tl.minimum(r0 + 3, R - 1), h, R, H, N, offs_n, n_valid, nd,
+            kv_off, sqb, sqr, sqh, sob, sor, soh, smb, smr, smj, HAS_MASK)
+        dk2 = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
+        dv2 = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
+        dk3 = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
+        dv3 = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
     for start_m in range(0, N, BLOCK_M):
         offs_m = start_m + tl.arange(0, BLOCK_M)
         m_valid = offs_m < N
         md = m_valid[:, None] & d_valid[None, :]
-        if TRANSPOSE:  # key-major tiles [BLOCK_N, BLOCK_M]
-            if HAS_BIAS:
+        if HAS_BIAS:
+            if TRANSPOSE:
                 bias2 = _bias_tile_t(Bias, b, h, offs_m, offs_n, m_valid, n_valid,
                                      sbb, sbh, sbi, sbj, EVEN)
             else:
-                bias2 = 0.0
-            dk0, dv0, ds = _dkdv_step_t(Q, DO, LSE, Delta, slab0, base0, obase0, offs_m, offs_d,
-                                        md, m_valid, k0, v0, bias2, keep0, uni0, n_valid, dk0,
-                                        dv0, scale, N, sqn, son, HAS_BIAS, HAS_MASK, EVEN,
-                                        EVEN_D, PRECISION)
-            if TWO_ROWS:
-                dk1, dv1, ds1 = _dkdv_step_t(Q, DO, LSE, Delta, slab1, base1, obase1, offs_m,
-                                             offs_d, md, m_valid, k1, v1, bias2, keep1, uni1,
-                                             n_valid, dk1, dv1, scale, N, sqn, son, HAS_BIAS,
-                                             HAS_MASK, EVEN, EVEN_D, PRECISION)
-        else:  # query-major tiles [BLOCK_M, BLOCK_N]
-            if HAS_BIAS:
                 bias2 = _bias_tile(Bias, b, h, offs_m, offs_n, m_valid, n_valid,
                                    sbb, sbh, sbi, sbj, EVEN)
-            else:
-                bias2 = 0.0
-            dk0, dv0, ds = _dkdv_step(Q, DO, LSE, Delta, slab0, base0, obase0, offs_m, offs_d,
-                                      md, m_valid, k0, v0, bias2, keep0, uni0, n_valid, dk0,
-                                      dv0, scale, N, sqn, son, HAS_BIAS, HAS_MASK, EVEN,
-                                      EVEN_D, PRECISION)
-            if TWO_ROWS:
-                dk1, dv1, ds1 = _dkdv_step(Q, DO, LSE, Delta, slab1, base1, obase1, offs_m,
-                                           offs_d, md, m_valid, k1, v1, bias2, keep1, uni1,
-                                           n_valid, dk1, dv1, scale, N, sqn, son, HAS_BIAS,
-                                           HAS_MASK, EVEN, EVEN_D, PRECISION)
-        if DQ_ATOMIC:
-            _dq_atomic(DQ, slab0, offs_m, offs_d, md, ds, k0, scale, N, D, TRANSPOSE,
-                       PRECISION)
-            if TWO_ROWS:  # odd R: the repeated last row adds its dQ once (masked off)
-                last = (offs_m * 0 + r0 + 1 < R)[:, None]
-                _dq_atomic(DQ, slab1, offs_m, offs_d, md & last, ds1, k1, scale, N, D,
-                           TRANSPOSE, PRECISION)
-        if DBIAS_ATOMIC:
-            if TWO_ROWS:  # odd R: the repeated last row counts once (weight 0: one FMA)
+        else:
+            bias2 = 0.0
+        dk0, dv0, ds = _dkdv_tile(Q, DO, LSE, Delta, DQ, slab0, base0, obase0, offs_m, offs_d,
+                                  md, m_valid, k0, v0, bias2, keep0, uni0, n_valid, dk0, dv0,
+                                  scale, R, N, D, sqn, son, r0, HAS_BIAS, HAS_MASK, EVEN,
+                                  EVEN_D, DQ_ATOMIC, TRANSPOSE, PRECISION)
+        # a row past R-1 repeats the last one: its dQ is masked off and its dS weighted 0
+        # (one FMA) so that each row counts once
+        if ROWS >= 2:
+            dk1, dv1, ds1 = _dkdv_tile(Q, DO, LSE, Delta, DQ, slab1, base1, obase1, offs_m,
+                                       offs_d, md, m_valid, k1, v1, bias2, keep1, uni1, n_valid,
+                                       dk1, dv1, scale, R, N, D, sqn, son, r0 + 1, HAS_BIAS,
+                                       HAS_MASK, EVEN, EVEN_D, DQ_ATOMIC, TRANSPOSE, PRECISION)
+            if DBIAS_ATOMIC:
                 ds = tl.fma(ds1, (r0 + 1 < R).to(tl.float32), ds)
+        if ROWS >= 4:
+            dk2, dv2, ds2 = _dkdv_tile(Q, DO, LSE, Delta, DQ, slab2, base2, obase2, offs_m,
+                                       offs_d, md, m_valid, k2, v2, bias2, keep2, uni2, n_valid,
+                                       dk2, dv2, scale, R, N, D, sqn, son, r0 + 2, HAS_BIAS,
+                                       HAS_MASK, EVEN, EVEN_D, DQ_ATOMIC, TRANSPOSE, PRECISION)
+            if DBIAS_ATOMIC:
+                ds = tl.fma(ds2, (r0 + 2 < R).to(tl.float32), ds)
+            dk3, dv3, ds3 = _dkdv_tile(Q, DO, LSE, Delta, DQ, slab3, base3, obase3, offs_m,
+                                       offs_d, md, m_valid, k3, v3, bias2, keep3, uni3, n_valid,
+                                       dk3, dv3, scale, R, N, D, sqn, son, r0 + 3, HAS_BIAS,
+                                       HAS_MASK, EVEN, EVEN_D, DQ_ATOMIC, TRANSPOSE, PRECISION)
+            if DBIAS_ATOMIC:
+                ds = tl.fma(ds3, (r0 + 3 < R).to(tl.float32), ds)
+        if DBIAS_ATOMIC:
             if TRANSPOSE:
                 dptr = (DBias + b.to(tl.int64) * sdbb + h.to(tl.int64) * N * N
                         + offs_m[None, :] * N + offs_n[:, None])  # [BLOCK_N, BLOCK_M]
@@ -514,11 +558,12 @@ def _bwd_dkdv(Q, K, V, Bias, Mask, DO, LSE, Delta, DK, DV, DBias, DQ,
                         + offs_m[:, None] * N + offs_n[None, :])  # [BLOCK_M, BLOCK_N]
                 dmask = m_valid[:, None] & n_valid[None, :]
             tl.atomic_add(dptr, ds, mask=dmask, sem="relaxed")
-    tl.store(DK + base0 + kv_off, (dk0 * scale).to(DK.dtype.element_ty), mask=nd)
-    tl.store(DV + base0 + kv_off, dv0.to(DV.dtype.element_ty), mask=nd)
-    if TWO_ROWS:
-        tl.store(DK + base1 + kv_off, (dk1 * scale).to(DK.dtype.element_ty), mask=nd)
-        tl.store(DV + base1 + kv_off, dv1.to(DV.dtype.element_ty), mask=nd)
+    _dkdv_store(DK, DV, base0, kv_off, nd, dk0, dv0, scale)
+    if ROWS >= 2:
+        _dkdv_store(DK, DV, base1, kv_off, nd, dk1, dv1, scale)
+    if ROWS >= 4:
+        _dkdv_store(DK, DV, base2, kv_off, nd, dk2, dv2, scale)
+        _dkdv_store(DK, DV, base3, kv_off, nd, dk3, dv3, scale)
 
 
 @triton.jit
@@ -920,7 +965,7 @@ def _backward(dy, q, k, v, gate, gate_bias, o_pre, lse, lp: _Launch, need_dbias:
             if dq_atomic else dummy)
 
     def launch_dkdv(cfg: tuning.Config):
-        _check_rows(cfg, (1, 2), "dK/dV")
+        _check_rows(cfg, (1, 2, 4), "dK/dV")
         grid = (triton.cdiv(lp.N, cfg.block_n), triton.cdiv(lp.R, cfg.rows), lp.B * lp.H)
         if atomic:
             dbias32.zero_()  # inside the launch: the tuner runs it repeatedly
@@ -928,7 +973,7 @@ def _backward(dy, q, k, v, gate, gate_bias, o_pre, lse, lp: _Launch, need_dbias:
             dq32.zero_()
         _bwd_dkdv[grid](q, k, v, bias, mask, do, lse, delta, dk, dv, dbias32, dq32,
                         *lp.strides(), lp.R, lp.H, lp.N, lp.D, lp.scale, sdbb,
-                        TWO_ROWS=cfg.rows == 2, EVEN=lp.even(cfg), EVEN_D=lp.D == lp.block_d,
+                        ROWS=cfg.rows, EVEN=lp.even(cfg), EVEN_D=lp.D == lp.block_d,
                         DBIAS_ATOMIC=atomic,
                         DQ_ATOMIC=dq_atomic, TRANSPOSE=cfg.transpose,
                         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, **flags,

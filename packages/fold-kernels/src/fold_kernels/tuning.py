@@ -41,7 +41,7 @@ class Config:
     num_warps: int = 4
     num_stages: int = 2
     block_k: int = 32
-    rows: int = 1  # EvoAttention: rows of R per program (1 or 2; sharing each bias tile)
+    rows: int = 1  # EvoAttention: rows of R per program (1 or 2; 4 in dK/dV; sharing bias tiles)
     transpose: bool = False  # EvoAttention dK/dV: key-major tiles (S^T = K Q^T)
 
 
@@ -177,6 +177,13 @@ def _attention_configs(kernel: str, name: str, head_dim: int,
         table = [*table[:1], (32, 128, 4, 3, 1, True), (64, 64, 4, 3, 2, True),
                  (64, 128, 4, 3, 1, True), (64, 64, 4, 3, 1, True), (128, 64, 8, 3, 2, True),
                  (64, 128, 8, 3, 2, True), *table[1:]]
+    if kernel.startswith("dkdv_atomic") and head_dim <= 32:
+        # four rows per program, key-major: each program sums four rows' dS tiles before its
+        # atomic add into dbias, half the atomics of two rows (at triangle N 768 they cost a
+        # third of dK/dV's time on an H200). Four rows' dK and dV accumulators need 8 warps or
+        # narrow tiles to stay in registers, and head dims up to 32.
+        table = [*table, (32, 64, 4, 3, 4, True), (64, 64, 8, 3, 4, True),
+                 (32, 128, 8, 3, 4, True)]
     for bm, bn, w, s, rows, *t in table:
         if head_dim > 64 and bm * bn > 8192:
             continue  # large head dims: keep register pressure in check
