@@ -122,7 +122,8 @@ def sweep(target: str, layout: str, budget_s: float, kernels: list[str] | None =
         shipped = tuning.attention_configs(kernel, tuning.arch(), d)
         flops = 2 * PRODUCTS[kernel] * logits * d
         rows = []
-        for cfg in list(dict.fromkeys(shipped + grid(kernel, rows_wanted))):
+        extra = grid(kernel, rows_wanted) if rows_wanted else []
+        for cfg in list(dict.fromkeys(shipped + extra)):
             if time.time() > t_end:
                 break
             try:
@@ -132,7 +133,8 @@ def sweep(target: str, layout: str, budget_s: float, kernels: list[str] | None =
                 ms = None
                 err = type(e).__name__
             rows.append({"cfg": [cfg.block_m, cfg.block_n, cfg.num_warps, cfg.num_stages,
-                                 cfg.rows, *(["key"] if cfg.transpose else [])],
+                                 cfg.rows, *(["key"] if cfg.transpose else []),
+                                 *(["tma"] if cfg.tma else [])],
                          "shipped": cfg in shipped, "ms": ms,
                          **({} if ms is not None else {"error": err})})
         ok = [x for x in rows if x["ms"] is not None]
@@ -156,8 +158,9 @@ def main(argv: list[str] | None = None) -> None:
                     help="per target and layout, split evenly over the kernels")
     ap.add_argument("--kernels", nargs="+", default=None,
                     help="only these kernels (fwd, dkdv_atomic, dq, ...; default: all that ran)")
-    ap.add_argument("--rows", nargs="+", type=int, default=[4, 2, 1],
-                    help="rows per program of the sweep's grid (the shipped ones always run)")
+    ap.add_argument("--rows", nargs="*", type=int, default=[4, 2, 1],
+                    help="rows per program of the sweep's grid (the shipped candidates always "
+                         "run; none: only them)")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args(argv)
     ensure_kernels("cuda")

@@ -361,21 +361,26 @@ def test_dkdv_tiles_and_dbias_modes_match_reference(monkeypatch, dtype, d, dbias
 @pytest.mark.parametrize("dbias,dq", [("atomic", "pass"), ("atomic", "atomic"),
                                       ("pass", "atomic")])
 @pytest.mark.parametrize("r", [4, 7])
-def test_dkdv_rows_per_program_match_reference(monkeypatch, rows, transpose, dbias, dq, r):
+@pytest.mark.parametrize("tma", [False, True] if torch.cuda.is_available() else [False])
+def test_dkdv_rows_per_program_match_reference(monkeypatch, rows, transpose, dbias, dq, r, tma):
     """dK/dV with 1, 2 or 4 rows of R per program, query- or key-major, adding the bias
     gradient (the rows' dS tiles summed before each atomic add) and/or dQ by atomics: R 7
     leaves the last program three rows (its repeated rows must count once in dbias and add
     their dQ once), R 4 none. Odd N, holes and a fully masked row; outputs and every gradient
-    against float64."""
+    against float64. ``tma``: the bias gradient's tiles by TMA bulk reduce (sm_90+ GPUs)."""
     from fold_kernels import tuning
 
+    if tma and not tuning.tma_reduce(tuning.arch()):
+        pytest.skip("TMA bulk reduce needs an NVIDIA sm_90+ GPU (not in the interpreter)")
+    if tma and dbias != "atomic":
+        pytest.skip("TMA only adds the bias gradient's tiles (FOLD_EVO_DBIAS=atomic)")
     monkeypatch.setenv("FOLD_EVO_DBIAS", dbias)
     monkeypatch.setenv("FOLD_EVO_DQ", dq)
     kernel = ("evo_dkdv" + ("_atomic" if dbias == "atomic" else "")
               + ("_dq" if dq == "atomic" else ""))
     cfg = (tuning.Config(16, 16, 1, 1, rows=rows, transpose=transpose)
            if tuning.interpreting() else
-           tuning.Config(32, 64, 4, 2, rows=rows, transpose=transpose))
+           tuning.Config(32, 64, 4, 2, rows=rows, transpose=transpose, tma=tma))
     with tuning.pinned(kernel, cfg):
         _check(*_inputs((1, r, 2, 23, 16), 2, 23, torch.float32, seed=rows + r), torch.float32)
         if not tuning.interpreting():  # the tensor-core path too (bf16 products)

@@ -70,6 +70,7 @@ from fold_kernels.broadcast import broadcast_shape
 from fold_kernels.index32 import check_grid, pair_bias_fits, span_fits
 from fold_kernels.launch import fast
 from fold_kernels.reduce import column_sum, sum_partials
+from fold_kernels.tuning import TensorDescriptor
 
 __all__ = ["evo_attention", "evo_attention_packed", "dbias_mode", "dq_mode", "SUPPORTED_DTYPES",
            "MAX_HEAD_DIM", "DBIAS_MODES", "DQ_MODES"]
@@ -457,20 +458,23 @@ def _dkdv_store(DK, DV, base, kv_off, nd, dk, dv, scale):
 @triton.jit
 def _bwd_dkdv(Q, K, V, Bias, Mask, DO, LSE, Delta, DK, DV, DBias, DQ,
               sbb, sbh, sbi, sbj, smb, smr, smj, sqb, sqr, sqh, sqn, sob, sor, soh, son,
-              R, H, N, D, scale, sdbb,
+              R, H, N, D, scale, sdbb, sdbi,
               HAS_BIAS: tl.constexpr, HAS_MASK: tl.constexpr, ROWS: tl.constexpr,
               EVEN: tl.constexpr, EVEN_D: tl.constexpr, DBIAS_ATOMIC: tl.constexpr,
-              DQ_ATOMIC: tl.constexpr,
-              TRANSPOSE: tl.constexpr,
+              DBIAS_TMA: tl.constexpr, DQ_ATOMIC: tl.constexpr, TRANSPOSE: tl.constexpr,
               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
               PRECISION: tl.constexpr):
     """dK, dV of one key block of ``ROWS`` (1, 2 or 4) rows r0.. of R (rows past R-1 repeat the
     last row: the same values stored, their dQ and dS weighted 0); each bias tile is loaded
     once for all of them. With ``DBIAS_ATOMIC`` also the bias gradient: each program sums its
     rows' dS tiles in registers, then adds the sum into the fp32 ``DBias [B_bias, H, N, N]``
-    (zeroed; batch stride ``sdbb``, 0 when the bias is shared) with one atomic add per element,
+    (zeroed; batch stride ``sdbb``, 0 when the bias is shared; row stride ``sdbi``, N padded to
+    a multiple of 4) with one atomic add per element,
     so R/ROWS atomics per bias element: no separate dbias pass, but the order of the additions,
-    hence the rounding, varies.
+    hence the rounding, varies. With ``DBIAS_TMA`` (sm_90+) ``DBias`` is a tensor descriptor
+    of that buffer seen as ``[B_bias * H, N, N]`` (rows 16-byte aligned by the padding) and
+    each summed tile is added by one TMA bulk reduce-add, which the copy engine clips at N,
+    instead of a scattered fp32 atomic per element from the registers.
     With ``DQ_ATOMIC`` also dQ: each tile's ``scale * dS K`` [BLOCK_M, D] is added with fp32
     atomics into the zeroed dense ``DQ [B, R, H, N, D]`` (FlashAttention-2's original backward),
     so S and P are recomputed once instead of again in :func:`_bwd_dq` (not bit-reproducible).
@@ -549,15 +553,21 @@ def _bwd_dkdv(Q, K, V, Bias, Mask, DO, LSE, Delta, DK, DV, DBias, DQ,
             if DBIAS_ATOMIC:
                 ds = tl.fma(ds3, (r0 + 3 < R).to(tl.float32), ds)
         if DBIAS_ATOMIC:
-            if TRANSPOSE:
-                dptr = (DBias + b.to(tl.int64) * sdbb + h.to(tl.int64) * N * N
-                        + offs_m[None, :] * N + offs_n[:, None])  # [BLOCK_N, BLOCK_M]
+            if DBIAS_TMA:  # the whole tile in one bulk reduce-add by the TMA unit (sm_90+)
+                if TRANSPOSE:
+                    ds = tl.trans(ds)  # [BLOCK_M, BLOCK_N], the bias's own order
+                DBias.atomic_add([b * (sdbb // (N * sdbi)) + h, start_m, nb * BLOCK_N],
+                                 ds.reshape([1, BLOCK_M, BLOCK_N]))
+            elif TRANSPOSE:
+                dptr = (DBias + b.to(tl.int64) * sdbb + h.to(tl.int64) * N * sdbi
+                        + offs_m[None, :] * sdbi + offs_n[:, None])  # [BLOCK_N, BLOCK_M]
                 dmask = n_valid[:, None] & m_valid[None, :]
+                tl.atomic_add(dptr, ds, mask=dmask, sem="relaxed")
             else:
-                dptr = (DBias + b.to(tl.int64) * sdbb + h.to(tl.int64) * N * N
-                        + offs_m[:, None] * N + offs_n[None, :])  # [BLOCK_M, BLOCK_N]
+                dptr = (DBias + b.to(tl.int64) * sdbb + h.to(tl.int64) * N * sdbi
+                        + offs_m[:, None] * sdbi + offs_n[None, :])  # [BLOCK_M, BLOCK_N]
                 dmask = m_valid[:, None] & n_valid[None, :]
-            tl.atomic_add(dptr, ds, mask=dmask, sem="relaxed")
+                tl.atomic_add(dptr, ds, mask=dmask, sem="relaxed")
     _dkdv_store(DK, DV, base0, kv_off, nd, dk0, dv0, scale)
     if ROWS >= 2:
         _dkdv_store(DK, DV, base1, kv_off, nd, dk1, dv1, scale)
@@ -955,10 +965,12 @@ def _backward(dy, q, k, v, gate, gate_bias, o_pre, lse, lp: _Launch, need_dbias:
 
     want_dbias = need_dbias and lp.bias is not None
     atomic = want_dbias and dbias_mode() == "atomic"
-    # atomic mode: dK/dV's pass adds every dS tile into one fp32 [B_bias, H, N, N] buffer
-    dbias32 = (torch.empty((lp.Bb, lp.H, lp.N, lp.N), device=q.device, dtype=torch.float32)
+    # atomic mode: dK/dV's pass adds every dS tile into one fp32 [B_bias, H, N, N] buffer, its
+    # rows padded to a multiple of 4 (16 bytes, what a TMA descriptor needs)
+    n_pad = -(-lp.N // 4) * 4
+    dbias32 = (torch.empty((lp.Bb, lp.H, lp.N, n_pad), device=q.device, dtype=torch.float32)
                if atomic else dummy)
-    sdbb = lp.H * lp.N * lp.N if lp.Bb > 1 else 0
+    sdbb = lp.H * lp.N * n_pad if lp.Bb > 1 else 0
     # dq_mode() "atomic": dK/dV's pass also adds dQ into a dense fp32 [B, R, H, N, D] buffer
     dq_atomic = dq_mode(lp.D) == "atomic"
     dq32 = (torch.empty((lp.B, lp.R, lp.H, lp.N, lp.D), device=q.device, dtype=torch.float32)
@@ -966,15 +978,22 @@ def _backward(dy, q, k, v, gate, gate_bias, o_pre, lse, lp: _Launch, need_dbias:
 
     def launch_dkdv(cfg: tuning.Config):
         _check_rows(cfg, (1, 2, 4), "dK/dV")
+        if cfg.tma and atomic and not tuning.tma_reduce(tuning.arch()):
+            raise ValueError(f"evo_attention: a dK/dV configuration with tma=True needs TMA "
+                             f"bulk reduce (NVIDIA sm_90+, Triton 3.4+), not {tuning.arch()}")
         grid = (triton.cdiv(lp.N, cfg.block_n), triton.cdiv(lp.R, cfg.rows), lp.B * lp.H)
+        out = dbias32
         if atomic:
             dbias32.zero_()  # inside the launch: the tuner runs it repeatedly
+            if cfg.tma:  # [B_bias * H, N, N] with padded rows, one [BM, BN] tile per add
+                out = TensorDescriptor(dbias32, [lp.Bb * lp.H, lp.N, lp.N],
+                                       [lp.N * n_pad, n_pad, 1], [1, cfg.block_m, cfg.block_n])
         if dq_atomic:
             dq32.zero_()
-        _bwd_dkdv[grid](q, k, v, bias, mask, do, lse, delta, dk, dv, dbias32, dq32,
-                        *lp.strides(), lp.R, lp.H, lp.N, lp.D, lp.scale, sdbb,
+        _bwd_dkdv[grid](q, k, v, bias, mask, do, lse, delta, dk, dv, out, dq32,
+                        *lp.strides(), lp.R, lp.H, lp.N, lp.D, lp.scale, sdbb, n_pad,
                         ROWS=cfg.rows, EVEN=lp.even(cfg), EVEN_D=lp.D == lp.block_d,
-                        DBIAS_ATOMIC=atomic,
+                        DBIAS_ATOMIC=atomic, DBIAS_TMA=atomic and cfg.tma,
                         DQ_ATOMIC=dq_atomic, TRANSPOSE=cfg.transpose,
                         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, **flags,
                         num_warps=cfg.num_warps, num_stages=cfg.num_stages)
@@ -997,7 +1016,9 @@ def _backward(dy, q, k, v, gate, gate_bias, o_pre, lse, lp: _Launch, need_dbias:
 
     dbias = None
     if atomic:
-        dbias = dbias32 if lp.bias.dtype == torch.float32 else dbias32.to(lp.bias.dtype)
+        dbias32 = dbias32[..., :lp.N]  # a view: copied once below (cast or contiguous)
+        dbias = (dbias32.contiguous() if lp.bias.dtype == torch.float32
+                 else dbias32.to(lp.bias.dtype, memory_format=torch.contiguous_format))
     elif want_dbias:
         rows_per_bias = lp.R * (lp.B // lp.Bb)
         state = {}
