@@ -64,29 +64,26 @@ def inputs(r: int, n: int, h: int, d: int, layout: str):
     return q, k, v, gate, bias, mask, do
 
 
-def grid(kernel: str, rows_wanted: tuple[int, ...] = (4, 2, 1)) -> list:
-    """The sweep's configurations: one or two rows per program; dK/dV also key-major tiles and
-    four rows (its bias gradient's atomics summed over them)."""
+def grid(kernel: str, rows_wanted: tuple[int, ...] = (2, 1)) -> list:
+    """The sweep's configurations: one or two rows per program; dK/dV also key-major tiles."""
     from fold_kernels.tuning import Config
 
     dkdv = kernel.startswith("dkdv")
     out = []
     for bm, bn, w, s, rows, t in itertools.product((32, 64, 128), (32, 64, 128), (4, 8),
-                                                   (3, 2), (4, 2, 1), (False, True)):
-        if (kernel == "dbias" and rows > 1) or (not dkdv and (rows == 4 or t)):
+                                                   (3, 2), (2, 1), (False, True)):
+        if (kernel == "dbias" and rows > 1) or (not dkdv and t):
             continue
         if rows not in rows_wanted:
             continue
         if bm * bn > 128 * 64 or (w == 8 and bm * bn < 64 * 64):
             continue
-        if rows == 4 and (w == 4 and bm * bn > 32 * 64):
-            continue  # four rows' dK/dV accumulators: more warps or narrower tiles
         out.append(Config(bm, bn, w, s, rows=rows, transpose=t))
     return out
 
 
 def sweep(target: str, layout: str, budget_s: float, kernels: list[str] | None = None,
-          rows_wanted: tuple[int, ...] = (4, 2, 1)) -> dict:
+          rows_wanted: tuple[int, ...] = (2, 1)) -> dict:
     from fold_kernels import tuning
     from triton.testing import do_bench
 
@@ -133,8 +130,7 @@ def sweep(target: str, layout: str, budget_s: float, kernels: list[str] | None =
                 ms = None
                 err = type(e).__name__
             rows.append({"cfg": [cfg.block_m, cfg.block_n, cfg.num_warps, cfg.num_stages,
-                                 cfg.rows, *(["key"] if cfg.transpose else []),
-                                 *(["tma"] if cfg.tma else [])],
+                                 cfg.rows, *(["key"] if cfg.transpose else [])],
                          "shipped": cfg in shipped, "ms": ms,
                          **({} if ms is not None else {"error": err})})
         ok = [x for x in rows if x["ms"] is not None]
@@ -158,7 +154,7 @@ def main(argv: list[str] | None = None) -> None:
                     help="per target and layout, split evenly over the kernels")
     ap.add_argument("--kernels", nargs="+", default=None,
                     help="only these kernels (fwd, dkdv_atomic, dq, ...; default: all that ran)")
-    ap.add_argument("--rows", nargs="*", type=int, default=[4, 2, 1],
+    ap.add_argument("--rows", nargs="*", type=int, default=[2, 1],
                     help="rows per program of the sweep's grid (the shipped candidates always "
                          "run; none: only them)")
     ap.add_argument("--out", type=Path, default=None)

@@ -18,9 +18,9 @@ Kernels (MegaFold III, FlashAttention-2), each program one tile of one or two ro
   old 64 x 32 tiles, 11 at 128-query tiles with these changes), not by the tensor cores or the
   exp2 unit.
 * ``_bwd_pre``  delta = rowsum(dO * O) and, with a gate, dO through the gate and d(gate).
-* ``_bwd_dkdv`` grid (N/BLOCK_N, R/rows, B*H): dK, dV of one key block of 1, 2 or 4 rows,
-  looping over query blocks, on query-major tiles or key-major ones (S^T = K Q^T, no register
-  transposes of P and dS; a tuning choice, ``FOLD_EVO_DKDV``).
+* ``_bwd_dkdv`` grid (N/BLOCK_N, R/rows, B*H): dK, dV of one key block, looping over query blocks,
+  on query-major tiles or key-major ones (S^T = K Q^T, no register transposes of P and dS;
+  a tuning choice, ``FOLD_EVO_DKDV``).
 * ``_bwd_dq``   grid (N/BLOCK_M, R/rows, B*H): dQ of one query block, looping over key blocks
   (``FOLD_EVO_DQ=pass``, deterministic). With ``FOLD_EVO_DQ=atomic`` (the default for head
   dims under 16 unless torch's deterministic mode is on) there is no ``_bwd_dq``:
@@ -32,11 +32,10 @@ Kernels (MegaFold III, FlashAttention-2), each program one tile of one or two ro
   ``splits > 1`` each split writes its partial sum to its own fp32 slab and the slabs are summed
   afterwards in a fixed order. The price is recomputing S and dP once more (two more products
   and one more exp per tile). This is ``FOLD_EVO_DBIAS=pass``.
-* ``FOLD_EVO_DBIAS=atomic``: no ``_bwd_dbias``; ``_bwd_dkdv`` adds each dS tile (summed over
-  its 1, 2 or 4 rows first, in registers) into an fp32 ``[B_bias, H, N, N]`` buffer with atomics,
-  as MegaFold and FlexAttention do: R/rows x H x N x N atomic adds instead of a third
-  recomputation of the logits; the summation order varies, so dbias is not bit-reproducible.
-  See :func:`dbias_mode`.
+* ``FOLD_EVO_DBIAS=atomic``: no ``_bwd_dbias``; ``_bwd_dkdv`` adds each dS tile (summed over its
+  two rows first) into an fp32 ``[B_bias, H, N, N]`` buffer with atomics, as MegaFold and
+  FlexAttention do: R/2 x H x N x N atomic adds instead of a third recomputation of the logits;
+  the summation order varies, so dbias is not bit-reproducible. See :func:`dbias_mode`.
 
 The forward stores, per query, the log2-sum-exp and (for a fully masked query) 1/l in fp32;
 the backward rebuilds P = exp2(s log2(e) - lse) tile by tile (one FMA per logit, as the forward).
@@ -70,7 +69,6 @@ from fold_kernels.broadcast import broadcast_shape
 from fold_kernels.index32 import check_grid, pair_bias_fits, span_fits
 from fold_kernels.launch import fast
 from fold_kernels.reduce import column_sum, sum_partials
-from fold_kernels.tuning import TensorDescriptor
 
 __all__ = ["evo_attention", "evo_attention_packed", "dbias_mode", "dq_mode", "SUPPORTED_DTYPES",
            "MAX_HEAD_DIM", "DBIAS_MODES", "DQ_MODES"]
@@ -407,74 +405,21 @@ def _dq_atomic(DQ, slab, offs_m, offs_d, md, ds, k, scale, N, D, TRANSPOSE: tl.c
     tl.atomic_add(dptr, dq * scale, mask=md, sem="relaxed")
 
 
-@triton.jit
-def _dkdv_row(K, V, Mask, LSE, b, r, h, R, H, N, offs_n, n_valid, nd, kv_off,
-              sqb, sqr, sqh, sob, sor, soh, smb, smr, smj, HAS_MASK: tl.constexpr):
-    """What :func:`_bwd_dkdv` holds for row ``r`` of its key block: the row's slab and bases,
-    its K and V tiles [BLOCK_N, BLOCK_D], its key mask and 1/l of a fully masked row (else 0:
-    every query of a row shares its key mask, so query 0's value holds for the row, read once
-    instead of a load and a reduction per query block)."""
-    slab = (b.to(tl.int64) * R + r) * H + h
-    base = _base(b, r, h, sqb, sqr, sqh)
-    obase = _base(b, r, h, sob, sor, soh)
-    k = tl.load(K + base + kv_off, mask=nd, other=0.0)
-    v = tl.load(V + base + kv_off, mask=nd, other=0.0)
-    keep = _keep(Mask, b, r, offs_n, n_valid, smb, smr, smj, HAS_MASK, False)
-    uni = tl.load(LSE + slab * 2 * N + N)
-    return slab, base, obase, k, v, keep, uni
-
-
-@triton.jit
-def _dkdv_tile(Q, DO, LSE, Delta, DQ, slab, base, obase, offs_m, offs_d, md, m_valid, k, v,
-               bias2, keep, uni, n_valid, dk, dv, scale, R, N, D, SN, SON, r,
-               HAS_BIAS: tl.constexpr, HAS_MASK: tl.constexpr, EVEN: tl.constexpr,
-               EVEN_D: tl.constexpr, DQ_ATOMIC: tl.constexpr, TRANSPOSE: tl.constexpr,
-               PRECISION: tl.constexpr):
-    """One row's query block in :func:`_bwd_dkdv`: dK, dV updated, dQ's part added by atomics
-    (``DQ_ATOMIC``; masked off when ``r``, the row before clamping, is past R-1: a repeated
-    row), and its dS (key-major: dS^T) returned for the bias gradient."""
-    if TRANSPOSE:  # key-major tiles [BLOCK_N, BLOCK_M]
-        dk, dv, ds = _dkdv_step_t(Q, DO, LSE, Delta, slab, base, obase, offs_m, offs_d, md,
-                                  m_valid, k, v, bias2, keep, uni, n_valid, dk, dv, scale, N,
-                                  SN, SON, HAS_BIAS, HAS_MASK, EVEN, EVEN_D, PRECISION)
-    else:  # query-major tiles [BLOCK_M, BLOCK_N]
-        dk, dv, ds = _dkdv_step(Q, DO, LSE, Delta, slab, base, obase, offs_m, offs_d, md,
-                                m_valid, k, v, bias2, keep, uni, n_valid, dk, dv, scale, N,
-                                SN, SON, HAS_BIAS, HAS_MASK, EVEN, EVEN_D, PRECISION)
-    if DQ_ATOMIC:
-        last = (offs_m * 0 + r < R)[:, None]
-        _dq_atomic(DQ, slab, offs_m, offs_d, md & last, ds, k, scale, N, D, TRANSPOSE,
-                   PRECISION)
-    return dk, dv, ds
-
-
-@triton.jit
-def _dkdv_store(DK, DV, base, kv_off, nd, dk, dv, scale):
-    tl.store(DK + base + kv_off, (dk * scale).to(DK.dtype.element_ty), mask=nd)
-    tl.store(DV + base + kv_off, dv.to(DV.dtype.element_ty), mask=nd)
-
-
 @fast
 @triton.jit
 def _bwd_dkdv(Q, K, V, Bias, Mask, DO, LSE, Delta, DK, DV, DBias, DQ,
               sbb, sbh, sbi, sbj, smb, smr, smj, sqb, sqr, sqh, sqn, sob, sor, soh, son,
-              R, H, N, D, scale, sdbb, sdbi,
-              HAS_BIAS: tl.constexpr, HAS_MASK: tl.constexpr, ROWS: tl.constexpr,
+              R, H, N, D, scale, sdbb,
+              HAS_BIAS: tl.constexpr, HAS_MASK: tl.constexpr, TWO_ROWS: tl.constexpr,
               EVEN: tl.constexpr, EVEN_D: tl.constexpr, DBIAS_ATOMIC: tl.constexpr,
-              DBIAS_TMA: tl.constexpr, DQ_ATOMIC: tl.constexpr, TRANSPOSE: tl.constexpr,
+              DQ_ATOMIC: tl.constexpr,
+              TRANSPOSE: tl.constexpr,
               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
               PRECISION: tl.constexpr):
-    """dK, dV of one key block of ``ROWS`` (1, 2 or 4) rows r0.. of R (rows past R-1 repeat the
-    last row: the same values stored, their dQ and dS weighted 0); each bias tile is loaded
-    once for all of them. With ``DBIAS_ATOMIC`` also the bias gradient: each program sums its
-    rows' dS tiles in registers, then adds the sum into the fp32 ``DBias [B_bias, H, N, N]``
-    (zeroed; batch stride ``sdbb``, 0 when the bias is shared; row stride ``sdbi``, N padded to
-    a multiple of 4) with one atomic add per element,
-    so R/ROWS atomics per bias element: no separate dbias pass, but the order of the additions,
-    hence the rounding, varies. With ``DBIAS_TMA`` (sm_90+) ``DBias`` is a tensor descriptor
-    of that buffer seen as ``[B_bias * H, N, N]`` (rows 16-byte aligned by the padding) and
-    each summed tile is added by one TMA bulk reduce-add, which the copy engine clips at N,
-    instead of a scattered fp32 atomic per element from the registers.
+    """dK, dV of one key block; with ``DBIAS_ATOMIC`` also the bias gradient, each program
+    adding its rows' dS tiles (both rows summed first) into the fp32 ``DBias [B_bias, H, N, N]``
+    (zeroed; batch stride ``sdbb``, 0 when the bias is shared) with one atomic add per element:
+    no separate dbias pass, but the order of the additions, hence the rounding, varies.
     With ``DQ_ATOMIC`` also dQ: each tile's ``scale * dS K`` [BLOCK_M, D] is added with fp32
     atomics into the zeroed dense ``DQ [B, R, H, N, D]`` (FlashAttention-2's original backward),
     so S and P are recomputed once instead of again in :func:`_bwd_dq` (not bit-reproducible).
@@ -484,96 +429,96 @@ def _bwd_dkdv(Q, K, V, Bias, Mask, DO, LSE, Delta, DK, DV, DBias, DQ,
     bh = tl.program_id(2)
     b = bh // H
     h = bh % H
-    r0 = rp * ROWS
+    if TWO_ROWS:
+        r0 = rp * 2
+        r1 = tl.minimum(r0 + 1, R - 1)
+    else:
+        r0 = rp
     offs_n = nb * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
     n_valid = offs_n < N
     d_valid = offs_d < D
     nd = n_valid[:, None] & d_valid[None, :]
     kv_off = offs_n[:, None] * sqn + offs_d[None, :]
-    slab0, base0, obase0, k0, v0, keep0, uni0 = _dkdv_row(
-        K, V, Mask, LSE, b, r0, h, R, H, N, offs_n, n_valid, nd, kv_off,
-        sqb, sqr, sqh, sob, sor, soh, smb, smr, smj, HAS_MASK)
+    slab0 = (b.to(tl.int64) * R + r0) * H + h
+    base0 = _base(b, r0, h, sqb, sqr, sqh)
+    obase0 = _base(b, r0, h, sob, sor, soh)
+    k0 = tl.load(K + base0 + kv_off, mask=nd, other=0.0)
+    v0 = tl.load(V + base0 + kv_off, mask=nd, other=0.0)
+    keep0 = _keep(Mask, b, r0, offs_n, n_valid, smb, smr, smj, HAS_MASK, False)
+    # 1/l of a fully masked row (else 0): every query of a row shares its key mask, so query 0's
+    # value holds for the row, read once instead of a load and a reduction per query block
+    uni0 = tl.load(LSE + slab0 * 2 * N + N)
     dk0 = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
     dv0 = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
-    if ROWS >= 2:
-        slab1, base1, obase1, k1, v1, keep1, uni1 = _dkdv_row(
-            K, V, Mask, LSE, b, tl.minimum(r0 + 1, R - 1), h, R, H, N, offs_n, n_valid, nd,
-            kv_off, sqb, sqr, sqh, sob, sor, soh, smb, smr, smj, HAS_MASK)
+    if TWO_ROWS:
+        slab1 = (b.to(tl.int64) * R + r1) * H + h
+        base1 = _base(b, r1, h, sqb, sqr, sqh)
+        obase1 = _base(b, r1, h, sob, sor, soh)
+        k1 = tl.load(K + base1 + kv_off, mask=nd, other=0.0)
+        v1 = tl.load(V + base1 + kv_off, mask=nd, other=0.0)
+        keep1 = _keep(Mask, b, r1, offs_n, n_valid, smb, smr, smj, HAS_MASK, False)
+        uni1 = tl.load(LSE + slab1 * 2 * N + N)
         dk1 = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
         dv1 = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
-    if ROWS >= 4:
-        slab2, base2, obase2, k2, v2, keep2, uni2 = _dkdv_row(
-            K, V, Mask, LSE, b, tl.minimum(r0 + 2, R - 1), h, R, H, N, offs_n, n_valid, nd,
-            kv_off, sqb, sqr, sqh, sob, sor, soh, smb, smr, smj, HAS_MASK)
-        slab3, base3, obase3, k3, v3, keep3, uni3 = _dkdv_row(
-            K, V, Mask, LSE, b, tl.minimum(r0 + 3, R - 1), h, R, H, N, offs_n, n_valid, nd,
-            kv_off, sqb, sqr, sqh, sob, sor, soh, smb, smr, smj, HAS_MASK)
-        dk2 = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
-        dv2 = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
-        dk3 = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
-        dv3 = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
     for start_m in range(0, N, BLOCK_M):
         offs_m = start_m + tl.arange(0, BLOCK_M)
         m_valid = offs_m < N
         md = m_valid[:, None] & d_valid[None, :]
-        if HAS_BIAS:
-            if TRANSPOSE:
+        if TRANSPOSE:  # key-major tiles [BLOCK_N, BLOCK_M]
+            if HAS_BIAS:
                 bias2 = _bias_tile_t(Bias, b, h, offs_m, offs_n, m_valid, n_valid,
                                      sbb, sbh, sbi, sbj, EVEN)
             else:
+                bias2 = 0.0
+            dk0, dv0, ds = _dkdv_step_t(Q, DO, LSE, Delta, slab0, base0, obase0, offs_m, offs_d,
+                                        md, m_valid, k0, v0, bias2, keep0, uni0, n_valid, dk0,
+                                        dv0, scale, N, sqn, son, HAS_BIAS, HAS_MASK, EVEN,
+                                        EVEN_D, PRECISION)
+            if TWO_ROWS:
+                dk1, dv1, ds1 = _dkdv_step_t(Q, DO, LSE, Delta, slab1, base1, obase1, offs_m,
+                                             offs_d, md, m_valid, k1, v1, bias2, keep1, uni1,
+                                             n_valid, dk1, dv1, scale, N, sqn, son, HAS_BIAS,
+                                             HAS_MASK, EVEN, EVEN_D, PRECISION)
+        else:  # query-major tiles [BLOCK_M, BLOCK_N]
+            if HAS_BIAS:
                 bias2 = _bias_tile(Bias, b, h, offs_m, offs_n, m_valid, n_valid,
                                    sbb, sbh, sbi, sbj, EVEN)
-        else:
-            bias2 = 0.0
-        dk0, dv0, ds = _dkdv_tile(Q, DO, LSE, Delta, DQ, slab0, base0, obase0, offs_m, offs_d,
-                                  md, m_valid, k0, v0, bias2, keep0, uni0, n_valid, dk0, dv0,
-                                  scale, R, N, D, sqn, son, r0, HAS_BIAS, HAS_MASK, EVEN,
-                                  EVEN_D, DQ_ATOMIC, TRANSPOSE, PRECISION)
-        # a row past R-1 repeats the last one: its dQ is masked off and its dS weighted 0
-        # (one FMA) so that each row counts once
-        if ROWS >= 2:
-            dk1, dv1, ds1 = _dkdv_tile(Q, DO, LSE, Delta, DQ, slab1, base1, obase1, offs_m,
-                                       offs_d, md, m_valid, k1, v1, bias2, keep1, uni1, n_valid,
-                                       dk1, dv1, scale, R, N, D, sqn, son, r0 + 1, HAS_BIAS,
-                                       HAS_MASK, EVEN, EVEN_D, DQ_ATOMIC, TRANSPOSE, PRECISION)
-            if DBIAS_ATOMIC:
-                ds = tl.fma(ds1, (r0 + 1 < R).to(tl.float32), ds)
-        if ROWS >= 4:
-            dk2, dv2, ds2 = _dkdv_tile(Q, DO, LSE, Delta, DQ, slab2, base2, obase2, offs_m,
-                                       offs_d, md, m_valid, k2, v2, bias2, keep2, uni2, n_valid,
-                                       dk2, dv2, scale, R, N, D, sqn, son, r0 + 2, HAS_BIAS,
-                                       HAS_MASK, EVEN, EVEN_D, DQ_ATOMIC, TRANSPOSE, PRECISION)
-            if DBIAS_ATOMIC:
-                ds = tl.fma(ds2, (r0 + 2 < R).to(tl.float32), ds)
-            dk3, dv3, ds3 = _dkdv_tile(Q, DO, LSE, Delta, DQ, slab3, base3, obase3, offs_m,
-                                       offs_d, md, m_valid, k3, v3, bias2, keep3, uni3, n_valid,
-                                       dk3, dv3, scale, R, N, D, sqn, son, r0 + 3, HAS_BIAS,
-                                       HAS_MASK, EVEN, EVEN_D, DQ_ATOMIC, TRANSPOSE, PRECISION)
-            if DBIAS_ATOMIC:
-                ds = tl.fma(ds3, (r0 + 3 < R).to(tl.float32), ds)
-        if DBIAS_ATOMIC:
-            if DBIAS_TMA:  # the whole tile in one bulk reduce-add by the TMA unit (sm_90+)
-                if TRANSPOSE:
-                    ds = tl.trans(ds)  # [BLOCK_M, BLOCK_N], the bias's own order
-                DBias.atomic_add([b * (sdbb // (N * sdbi)) + h, start_m, nb * BLOCK_N],
-                                 ds.reshape([1, BLOCK_M, BLOCK_N]))
-            elif TRANSPOSE:
-                dptr = (DBias + b.to(tl.int64) * sdbb + h.to(tl.int64) * N * sdbi
-                        + offs_m[None, :] * sdbi + offs_n[:, None])  # [BLOCK_N, BLOCK_M]
-                dmask = n_valid[:, None] & m_valid[None, :]
-                tl.atomic_add(dptr, ds, mask=dmask, sem="relaxed")
             else:
-                dptr = (DBias + b.to(tl.int64) * sdbb + h.to(tl.int64) * N * sdbi
-                        + offs_m[:, None] * sdbi + offs_n[None, :])  # [BLOCK_M, BLOCK_N]
+                bias2 = 0.0
+            dk0, dv0, ds = _dkdv_step(Q, DO, LSE, Delta, slab0, base0, obase0, offs_m, offs_d,
+                                      md, m_valid, k0, v0, bias2, keep0, uni0, n_valid, dk0,
+                                      dv0, scale, N, sqn, son, HAS_BIAS, HAS_MASK, EVEN,
+                                      EVEN_D, PRECISION)
+            if TWO_ROWS:
+                dk1, dv1, ds1 = _dkdv_step(Q, DO, LSE, Delta, slab1, base1, obase1, offs_m,
+                                           offs_d, md, m_valid, k1, v1, bias2, keep1, uni1,
+                                           n_valid, dk1, dv1, scale, N, sqn, son, HAS_BIAS,
+                                           HAS_MASK, EVEN, EVEN_D, PRECISION)
+        if DQ_ATOMIC:
+            _dq_atomic(DQ, slab0, offs_m, offs_d, md, ds, k0, scale, N, D, TRANSPOSE,
+                       PRECISION)
+            if TWO_ROWS:  # odd R: the repeated last row adds its dQ once (masked off)
+                last = (offs_m * 0 + r0 + 1 < R)[:, None]
+                _dq_atomic(DQ, slab1, offs_m, offs_d, md & last, ds1, k1, scale, N, D,
+                           TRANSPOSE, PRECISION)
+        if DBIAS_ATOMIC:
+            if TWO_ROWS:  # odd R: the repeated last row counts once (weight 0: one FMA)
+                ds = tl.fma(ds1, (r0 + 1 < R).to(tl.float32), ds)
+            if TRANSPOSE:
+                dptr = (DBias + b.to(tl.int64) * sdbb + h.to(tl.int64) * N * N
+                        + offs_m[None, :] * N + offs_n[:, None])  # [BLOCK_N, BLOCK_M]
+                dmask = n_valid[:, None] & m_valid[None, :]
+            else:
+                dptr = (DBias + b.to(tl.int64) * sdbb + h.to(tl.int64) * N * N
+                        + offs_m[:, None] * N + offs_n[None, :])  # [BLOCK_M, BLOCK_N]
                 dmask = m_valid[:, None] & n_valid[None, :]
-                tl.atomic_add(dptr, ds, mask=dmask, sem="relaxed")
-    _dkdv_store(DK, DV, base0, kv_off, nd, dk0, dv0, scale)
-    if ROWS >= 2:
-        _dkdv_store(DK, DV, base1, kv_off, nd, dk1, dv1, scale)
-    if ROWS >= 4:
-        _dkdv_store(DK, DV, base2, kv_off, nd, dk2, dv2, scale)
-        _dkdv_store(DK, DV, base3, kv_off, nd, dk3, dv3, scale)
+            tl.atomic_add(dptr, ds, mask=dmask, sem="relaxed")
+    tl.store(DK + base0 + kv_off, (dk0 * scale).to(DK.dtype.element_ty), mask=nd)
+    tl.store(DV + base0 + kv_off, dv0.to(DV.dtype.element_ty), mask=nd)
+    if TWO_ROWS:
+        tl.store(DK + base1 + kv_off, (dk1 * scale).to(DK.dtype.element_ty), mask=nd)
+        tl.store(DV + base1 + kv_off, dv1.to(DV.dtype.element_ty), mask=nd)
 
 
 @triton.jit
@@ -965,35 +910,26 @@ def _backward(dy, q, k, v, gate, gate_bias, o_pre, lse, lp: _Launch, need_dbias:
 
     want_dbias = need_dbias and lp.bias is not None
     atomic = want_dbias and dbias_mode() == "atomic"
-    # atomic mode: dK/dV's pass adds every dS tile into one fp32 [B_bias, H, N, N] buffer, its
-    # rows padded to a multiple of 4 (16 bytes, what a TMA descriptor needs)
-    n_pad = -(-lp.N // 4) * 4
-    dbias32 = (torch.empty((lp.Bb, lp.H, lp.N, n_pad), device=q.device, dtype=torch.float32)
+    # atomic mode: dK/dV's pass adds every dS tile into one fp32 [B_bias, H, N, N] buffer
+    dbias32 = (torch.empty((lp.Bb, lp.H, lp.N, lp.N), device=q.device, dtype=torch.float32)
                if atomic else dummy)
-    sdbb = lp.H * lp.N * n_pad if lp.Bb > 1 else 0
+    sdbb = lp.H * lp.N * lp.N if lp.Bb > 1 else 0
     # dq_mode() "atomic": dK/dV's pass also adds dQ into a dense fp32 [B, R, H, N, D] buffer
     dq_atomic = dq_mode(lp.D) == "atomic"
     dq32 = (torch.empty((lp.B, lp.R, lp.H, lp.N, lp.D), device=q.device, dtype=torch.float32)
             if dq_atomic else dummy)
 
     def launch_dkdv(cfg: tuning.Config):
-        _check_rows(cfg, (1, 2, 4), "dK/dV")
-        if cfg.tma and atomic and not tuning.tma_reduce(tuning.arch()):
-            raise ValueError(f"evo_attention: a dK/dV configuration with tma=True needs TMA "
-                             f"bulk reduce (NVIDIA sm_90+, Triton 3.4+), not {tuning.arch()}")
+        _check_rows(cfg, (1, 2), "dK/dV")
         grid = (triton.cdiv(lp.N, cfg.block_n), triton.cdiv(lp.R, cfg.rows), lp.B * lp.H)
-        out = dbias32
         if atomic:
             dbias32.zero_()  # inside the launch: the tuner runs it repeatedly
-            if cfg.tma:  # [B_bias * H, N, N] with padded rows, one [BM, BN] tile per add
-                out = TensorDescriptor(dbias32, [lp.Bb * lp.H, lp.N, lp.N],
-                                       [lp.N * n_pad, n_pad, 1], [1, cfg.block_m, cfg.block_n])
         if dq_atomic:
             dq32.zero_()
-        _bwd_dkdv[grid](q, k, v, bias, mask, do, lse, delta, dk, dv, out, dq32,
-                        *lp.strides(), lp.R, lp.H, lp.N, lp.D, lp.scale, sdbb, n_pad,
-                        ROWS=cfg.rows, EVEN=lp.even(cfg), EVEN_D=lp.D == lp.block_d,
-                        DBIAS_ATOMIC=atomic, DBIAS_TMA=atomic and cfg.tma,
+        _bwd_dkdv[grid](q, k, v, bias, mask, do, lse, delta, dk, dv, dbias32, dq32,
+                        *lp.strides(), lp.R, lp.H, lp.N, lp.D, lp.scale, sdbb,
+                        TWO_ROWS=cfg.rows == 2, EVEN=lp.even(cfg), EVEN_D=lp.D == lp.block_d,
+                        DBIAS_ATOMIC=atomic,
                         DQ_ATOMIC=dq_atomic, TRANSPOSE=cfg.transpose,
                         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, **flags,
                         num_warps=cfg.num_warps, num_stages=cfg.num_stages)
@@ -1016,9 +952,7 @@ def _backward(dy, q, k, v, gate, gate_bias, o_pre, lse, lp: _Launch, need_dbias:
 
     dbias = None
     if atomic:
-        dbias32 = dbias32[..., :lp.N]  # a view: copied once below (cast or contiguous)
-        dbias = (dbias32.contiguous() if lp.bias.dtype == torch.float32
-                 else dbias32.to(lp.bias.dtype, memory_format=torch.contiguous_format))
+        dbias = dbias32 if lp.bias.dtype == torch.float32 else dbias32.to(lp.bias.dtype)
     elif want_dbias:
         rows_per_bias = lp.R * (lp.B // lp.Bb)
         state = {}

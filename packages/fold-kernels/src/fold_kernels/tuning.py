@@ -24,17 +24,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
-import triton.language as tl
 from fold_ops.env import EnvVar
-
-try:  # a host-side TMA descriptor (Triton 3.4+)
-    from triton.tools.tensor_descriptor import TensorDescriptor
-except ImportError:  # pragma: no cover - older Triton
-    TensorDescriptor = None
 
 __all__ = [
     "Config", "arch", "interpreting", "pick", "attention_configs", "gemm_configs", "cache_path",
-    "multiprocessors", "bucket", "bucket_key", "pinned", "chosen", "tma_reduce",
+    "multiprocessors", "bucket", "bucket_key", "pinned", "chosen",
 ]
 
 
@@ -47,9 +41,8 @@ class Config:
     num_warps: int = 4
     num_stages: int = 2
     block_k: int = 32
-    rows: int = 1  # EvoAttention: rows of R per program (1 or 2; 4 in dK/dV; sharing bias tiles)
+    rows: int = 1  # EvoAttention: rows of R per program (1 or 2; sharing each bias tile)
     transpose: bool = False  # EvoAttention dK/dV: key-major tiles (S^T = K Q^T)
-    tma: bool = False  # EvoAttention dK/dV: dbias tiles added by TMA bulk reduce (sm_90+)
 
 
 _INTERPRET = EnvVar("TRITON_INTERPRET", lambda v: (v or "0") not in ("", "0"))
@@ -111,16 +104,6 @@ def multiprocessors(device: torch.device) -> int:
 
 def _is_amd(name: str) -> bool:
     return name.startswith("gfx")
-
-
-def tma_reduce(name: str) -> bool:
-    """The architecture ``name`` (see :func:`arch`) runs TMA bulk reduce-adds from Triton
-    kernels: NVIDIA sm_90 or newer, with a Triton that has host tensor descriptors and their
-    ``atomic_add`` (not the interpreter, which lacks them)."""
-    if not (name.startswith("sm") and name[2:].isdigit() and int(name[2:]) >= 90):
-        return False
-    return (TensorDescriptor is not None
-            and hasattr(getattr(tl, "tensor_descriptor", None), "atomic_add"))
 
 
 def attention_configs(kernel: str, name: str, head_dim: int,
@@ -194,20 +177,11 @@ def _attention_configs(kernel: str, name: str, head_dim: int,
         table = [*table[:1], (32, 128, 4, 3, 1, True), (64, 64, 4, 3, 2, True),
                  (64, 128, 4, 3, 1, True), (64, 64, 4, 3, 1, True), (128, 64, 8, 3, 2, True),
                  (64, 128, 8, 3, 2, True), *table[1:]]
-    if kernel.startswith("dkdv_atomic") and tma_reduce(name):
-        # the bias gradient's tiles added by TMA bulk reduce instead of per-element atomics
-        # (at triangle N 768 those cost a third of dK/dV's time on an H200): the tiles that
-        # won with atomics, and four rows per program, whose dS sum halves the adds again
-        table = [*table, (64, 64, 4, 3, 2, True, True), (64, 128, 8, 3, 2, True, True),
-                 (64, 64, 4, 3, 2, False, True), (64, 128, 4, 3, 1, False, True),
-                 (32, 64, 4, 3, 4, False, True), (64, 64, 8, 3, 4, True, True)]
     for bm, bn, w, s, rows, *t in table:
         if head_dim > 64 and bm * bn > 8192:
             continue  # large head dims: keep register pressure in check
-        if rows == 4 and head_dim > 32:
-            continue  # four rows' dK/dV accumulators: registers for head dims <= 32 only
         out.append(Config(bm, bn, w, min(s, 2) if amd else s, rows=rows,
-                          transpose=bool(t and t[0]), tma=len(t) > 1 and t[1]))
+                          transpose=bool(t and t[0])))
     return tuple(out)
 
 
