@@ -55,36 +55,6 @@ def _ln_fwd(X, W, B, Y, Mean, Rstd, rows, C, eps, d1, d2, xs0, xs1, xs2, xsc,
     tl.store(Rstd + offs_r, rstd, mask=r_valid)
 
 
-@triton.jit
-def _ln_bwd_load(X, DY, DY2, DR, Mean, Rstd, blk, rows, c64, c_valid, d1, d2,
-                 xs0, xs1, xs2, xsc, ys0, ys1, ys2, ysc, y2s0, y2s1, y2s2, y2sc,
-                 rs0, rs1, rs2, rsc, HAS_DY2: tl.constexpr, HAS_DR: tl.constexpr,
-                 BLOCK_R: tl.constexpr):
-    """Row block ``blk``'s inputs, in their dtypes: x, dy, dy2, dr, mean, rstd (an absent dy2
-    or dr is an alias of dy or x, never read). A block past the last loads nothing (every row
-    masked)."""
-    offs_r = blk * BLOCK_R + tl.arange(0, BLOCK_R)
-    r_valid = offs_r < rows
-    rc = r_valid[:, None] & c_valid[None, :]
-    xp = row_offsets(offs_r, d1, d2, xs0, xs1, xs2)[:, None] + c64[None, :] * xsc
-    yp = row_offsets(offs_r, d1, d2, ys0, ys1, ys2)[:, None] + c64[None, :] * ysc
-    x = tl.load(X + xp, mask=rc, other=0.0)
-    dy = tl.load(DY + yp, mask=rc, other=0.0)
-    if HAS_DY2:
-        y2p = row_offsets(offs_r, d1, d2, y2s0, y2s1, y2s2)[:, None] + c64[None, :] * y2sc
-        dy2 = tl.load(DY2 + y2p, mask=rc, other=0.0)
-    else:  # never read; a tensor of one type every iteration (a loop-carried value)
-        dy2 = dy
-    if HAS_DR:
-        rp = row_offsets(offs_r, d1, d2, rs0, rs1, rs2)[:, None] + c64[None, :] * rsc
-        dr = tl.load(DR + rp, mask=rc, other=0.0)
-    else:
-        dr = x
-    mean = tl.load(Mean + offs_r, mask=r_valid, other=0.0)
-    rstd = tl.load(Rstd + offs_r, mask=r_valid, other=0.0)
-    return x, dy, dy2, dr, mean, rstd
-
-
 @fast
 @triton.jit
 def _ln_bwd(X, W, DY, DY2, DR, Mean, Rstd, DX, DWp, DBp, sp, rows, C, d1, d2,
@@ -94,12 +64,7 @@ def _ln_bwd(X, W, DY, DY2, DR, Mean, Rstd, DX, DWp, DBp, sp, rows, C, d1, d2,
             BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
     """x, dy (+ dy2) (+ dr) and dx each through their own row strides (the row dims are
     shared). ``dy2``: a second reader's gradient of y, summed into dy; ``dr``: the gradient of
-    x from outside the LayerNorm (the residual stream), added to dx (:func:`layer_norm_fork`).
-
-    Each program walks row blocks pid, pid + programs, ...; the next block's loads are issued
-    before the current block's reductions and stores, so a program keeps memory busy while it
-    computes (a persistent loop has no other program's loads to hide its own latency behind:
-    without this the pass reached about half of the forward's bandwidth on an H200)."""
+    x from outside the LayerNorm (the residual stream), added to dx (:func:`layer_norm_fork`)."""
     pid = tl.program_id(0)
     n_prog = tl.num_programs(0)
     offs_c = tl.arange(0, BLOCK_C)
@@ -109,33 +74,31 @@ def _ln_bwd(X, W, DY, DY2, DR, Mean, Rstd, DX, DWp, DBp, sp, rows, C, d1, d2,
     dw = tl.zeros([BLOCK_C], tl.float32)
     db = tl.zeros([BLOCK_C], tl.float32)
     n_blocks = tl.cdiv(rows, BLOCK_R)
-    x, dy, dy2, dr, mean, rstd = _ln_bwd_load(
-        X, DY, DY2, DR, Mean, Rstd, pid, rows, c64, c_valid, d1, d2, xs0, xs1, xs2, xsc,
-        ys0, ys1, ys2, ysc, y2s0, y2s1, y2s2, y2sc, rs0, rs1, rs2, rsc, HAS_DY2, HAS_DR, BLOCK_R)
     for blk in range(pid, n_blocks, n_prog):
-        # the next block's inputs in flight while this one is reduced (past the end: masked)
-        x_n, dy_n, dy2_n, dr_n, mean_n, rstd_n = _ln_bwd_load(
-            X, DY, DY2, DR, Mean, Rstd, blk + n_prog, rows, c64, c_valid, d1, d2,
-            xs0, xs1, xs2, xsc, ys0, ys1, ys2, ysc, y2s0, y2s1, y2s2, y2sc, rs0, rs1, rs2, rsc,
-            HAS_DY2, HAS_DR, BLOCK_R)
         offs_r = blk * BLOCK_R + tl.arange(0, BLOCK_R)
         r_valid = offs_r < rows
         rc = r_valid[:, None] & c_valid[None, :]
-        g = dy.to(tl.float32)
+        xp = row_offsets(offs_r, d1, d2, xs0, xs1, xs2)[:, None] + c64[None, :] * xsc
+        yp = row_offsets(offs_r, d1, d2, ys0, ys1, ys2)[:, None] + c64[None, :] * ysc
+        dp = row_offsets(offs_r, d1, d2, ds0, ds1, ds2)[:, None] + c64[None, :] * dsc
+        x = tl.load(X + xp, mask=rc, other=0.0).to(tl.float32)
+        dy = tl.load(DY + yp, mask=rc, other=0.0).to(tl.float32)
         if HAS_DY2:
-            g += dy2.to(tl.float32)
-        xhat = tl.where(rc, (x.to(tl.float32) - mean[:, None]) * rstd[:, None], 0.0)
-        wdy = g * w[None, :]
+            y2p = row_offsets(offs_r, d1, d2, y2s0, y2s1, y2s2)[:, None] + c64[None, :] * y2sc
+            dy += tl.load(DY2 + y2p, mask=rc, other=0.0).to(tl.float32)
+        mean = tl.load(Mean + offs_r, mask=r_valid, other=0.0)
+        rstd = tl.load(Rstd + offs_r, mask=r_valid, other=0.0)
+        xhat = tl.where(rc, (x - mean[:, None]) * rstd[:, None], 0.0)
+        wdy = dy * w[None, :]
         c1 = tl.sum(xhat * wdy, 1) / C
         c2 = tl.sum(wdy, 1) / C
         dx = (wdy - xhat * c1[:, None] - c2[:, None]) * rstd[:, None]
         if HAS_DR:
-            dx += dr.to(tl.float32)
-        dp = row_offsets(offs_r, d1, d2, ds0, ds1, ds2)[:, None] + c64[None, :] * dsc
+            rp = row_offsets(offs_r, d1, d2, rs0, rs1, rs2)[:, None] + c64[None, :] * rsc
+            dx += tl.load(DR + rp, mask=rc, other=0.0).to(tl.float32)
         tl.store(DX + dp, dx.to(DX.dtype.element_ty), mask=rc)
-        dw += tl.sum(g * xhat, 0)
-        db += tl.sum(g, 0)
-        x, dy, dy2, dr, mean, rstd = x_n, dy_n, dy2_n, dr_n, mean_n, rstd_n
+        dw += tl.sum(dy * xhat, 0)
+        db += tl.sum(dy, 0)
     tl.store(DWp + pid * sp + offs_c, dw, mask=c_valid)  # sp: stride between programs' rows
     tl.store(DBp + pid * sp + offs_c, db, mask=c_valid)
 
