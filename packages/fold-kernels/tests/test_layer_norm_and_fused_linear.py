@@ -153,6 +153,28 @@ def test_layer_norm_fork_strided(dtype):
     assert rel_err(wd.grad, gw) < tol and rel_err(bd.grad, gb) < tol
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_layer_norm_fork_many_row_blocks_per_program(dtype):
+    """Enough rows that each backward program walks several row blocks (on a GPU too: more
+    than its programs times rows per block), its partial weight and bias sums carried across
+    them, with a ragged last block."""
+    c = 72
+    rows = 45 if DEVICE == "cpu" else 3 * 132 * 16 * 64 + 5
+    gen = torch.Generator().manual_seed(6)
+    x = _rand(rows, c, seed=60, scale=2.0, shift=3.0).to(dtype)
+    w, b = _rand(c, seed=61).to(dtype), _rand(c, seed=62).to(dtype)
+    dys = [torch.randn(rows, c, generator=gen).to(dtype) for _ in range(2)]
+    dres = torch.randn(rows, c, generator=gen).to(dtype)
+    ins = [t.to(DEVICE).clone().requires_grad_() for t in (x, w, b)]
+    outs = fk.layer_norm_fork(*ins, 1e-5, 2)
+    torch.autograd.backward(list(outs), [g.to(DEVICE) for g in (dres, *dys)])
+    y_ref, grads_ref = _fork_reference(x, w, b, 2, dys, dres)
+    tol = TOL[dtype]
+    assert rel_err(outs[1], y_ref) < tol
+    for name, t, g in zip(("x", "weight", "bias"), ins, grads_ref):
+        assert rel_err(t.grad, g) < tol, name
+
+
 def test_layer_norm_fork_without_autograd_is_layer_norm():
     x = _rand(4, 33, seed=50).to(DEVICE)
     w, b = _rand(33, seed=51).to(DEVICE), _rand(33, seed=52).to(DEVICE)
