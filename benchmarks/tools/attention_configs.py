@@ -24,7 +24,6 @@ import argparse
 import importlib
 import itertools
 import json
-import os
 import time
 from pathlib import Path
 
@@ -158,8 +157,6 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--rows", nargs="*", type=int, default=[2, 1],
                     help="rows per program of the sweep's grid (the shipped candidates always "
                          "run; none: only them)")
-    ap.add_argument("--grids", nargs="+", default=["rows"], choices=["rows", "heads"],
-                    help="FOLD_EVO_GRID settings to sweep, in this process (launch order)")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args(argv)
     ensure_kernels("cuda")
@@ -168,11 +165,8 @@ def main(argv: list[str] | None = None) -> None:
     results = []
     for target in args.targets:
         for layout in args.layouts:
-            for order in args.grids:
-                os.environ["FOLD_EVO_GRID"] = order
-                print(f"-- FOLD_EVO_GRID={order}", flush=True)
-                results.append({**sweep(target, layout, args.budget_s, args.kernels,
-                                        tuple(args.rows)), "grid": order})
+            results.append(sweep(target, layout, args.budget_s, args.kernels,
+                                 tuple(args.rows)))
             if args.out:
                 write_atomic(args.out, json.dumps({"meta": meta, "results": results}, indent=1))
 

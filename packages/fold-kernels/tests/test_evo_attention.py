@@ -356,18 +356,6 @@ def test_dkdv_tiles_and_dbias_modes_match_reference(monkeypatch, dtype, d, dbias
     _check(*_inputs((1, r, h, n, d), h, n, dtype, seed=11 + d), dtype)
 
 
-@pytest.mark.parametrize("order", ["rows", "heads"])
-@pytest.mark.parametrize("dbias", ["pass", "atomic"])
-def test_grid_orders_match_reference(monkeypatch, order, dbias):
-    """Both launch orders of the forward, dK/dV and dQ grids (FOLD_EVO_GRID): two batch
-    entries, three heads, odd R and N, holes and a fully masked row."""
-    monkeypatch.setenv("FOLD_EVO_GRID", order)
-    monkeypatch.setenv("FOLD_EVO_DBIAS", dbias)
-    monkeypatch.setenv("FOLD_EVO_DQ", "pass")
-    q, k, v, bias, mask, gate = _inputs((2, 5, 3, 19, 16), 3, 19, torch.float32, seed=13)
-    _check(q, k, v, bias, mask, gate, torch.float32)
-
-
 @pytest.mark.parametrize("bias_batch", ["shared", "per_batch"])
 @pytest.mark.parametrize("tiles", ["query", "key"])
 def test_atomic_dbias_batch_and_broadcast_bias(monkeypatch, bias_batch, tiles):
@@ -403,16 +391,16 @@ def test_atomic_and_pass_agree(monkeypatch):
         assert rel_err(a, b) < 1e-6
 
 
-@pytest.mark.parametrize("var", ["FOLD_EVO_DBIAS", "FOLD_EVO_DKDV", "FOLD_EVO_DQ",
-                                 "FOLD_EVO_GRID"])
+@pytest.mark.parametrize("var", ["FOLD_EVO_DBIAS", "FOLD_EVO_DKDV", "FOLD_EVO_DQ"])
 def test_unknown_modes_are_rejected(monkeypatch, var):
     from fold_kernels import evo_attention
 
     monkeypatch.setenv(var, "fast")
     q, k, v, bias, mask, _ = _inputs((1, 2, 2, 9, 8), 2, 9, torch.float32)
     ins = [t.to(DEVICE).requires_grad_() for t in (q, k, v, bias)]
-    with pytest.raises(ValueError, match=var):  # FOLD_EVO_GRID: in the forward already
-        evo_attention(*ins, mask.to(DEVICE)).sum().backward()
+    o = evo_attention(*ins, mask.to(DEVICE))
+    with pytest.raises(ValueError, match=var):
+        o.sum().backward()
 
 
 @pytest.mark.parametrize("dq", ["pass", "atomic"])

@@ -150,19 +150,6 @@ def _load(ptr, mask, FULL: tl.constexpr):
 
 
 @triton.jit
-def _row_head_ids(HEADS_FAST: tl.constexpr):
-    """(row group, b * H + h) of this program from grid axes 1 and 2: heads on axis 1 with
-    ``HEADS_FAST`` (the heads of one row run together), else rows (see :func:`grid_order`)."""
-    if HEADS_FAST:
-        rp = tl.program_id(2)
-        bh = tl.program_id(1)
-    else:
-        rp = tl.program_id(1)
-        bh = tl.program_id(2)
-    return rp, bh
-
-
-@triton.jit
 def _fwd_init(Q, b, r, h, offs_m, offs_d, md, sqb, sqr, sqh, sqn,
               BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr):
     """One row's query tile [BLOCK_M, BLOCK_D] and its empty online-softmax state."""
@@ -241,15 +228,16 @@ def _fwd(Q, K, V, G, GB, Bias, Mask, O, OPre, LSE,
          R, H, N, D, scale,
          HAS_BIAS: tl.constexpr, HAS_MASK: tl.constexpr, HAS_GATE: tl.constexpr,
          HAS_GATE_BIAS: tl.constexpr, ROWS: tl.constexpr, EVEN: tl.constexpr,
-         EVEN_D: tl.constexpr, HEADS_FAST: tl.constexpr, BLOCK_M: tl.constexpr,
-         BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, PRECISION: tl.constexpr):
+         EVEN_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+         BLOCK_D: tl.constexpr, PRECISION: tl.constexpr):
     """One query block of ``ROWS`` (1 or 2) rows r0, r0+1 of R: each bias tile is loaded and
     converted once for all of them (the bias is shared by the R rows), dividing the bias's L2
     traffic and conversions by ROWS. Rows past R-1 repeat the last row (same values stored).
     ``EVEN`` (N a multiple of both blocks) and ``EVEN_D`` (D == BLOCK_D): the loop's tiles are
     in bounds and loaded without masks."""
     mb = tl.program_id(0)
-    rp, bh = _row_head_ids(HEADS_FAST)
+    rp = tl.program_id(1)
+    bh = tl.program_id(2)
     b = bh // H
     h = bh % H
     offs_m = mb * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -424,7 +412,8 @@ def _bwd_dkdv(Q, K, V, Bias, Mask, DO, LSE, Delta, DK, DV, DBias, DQ,
               R, H, N, D, scale, sdbb,
               HAS_BIAS: tl.constexpr, HAS_MASK: tl.constexpr, TWO_ROWS: tl.constexpr,
               EVEN: tl.constexpr, EVEN_D: tl.constexpr, DBIAS_ATOMIC: tl.constexpr,
-              DQ_ATOMIC: tl.constexpr, TRANSPOSE: tl.constexpr, HEADS_FAST: tl.constexpr,
+              DQ_ATOMIC: tl.constexpr,
+              TRANSPOSE: tl.constexpr,
               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
               PRECISION: tl.constexpr):
     """dK, dV of one key block; with ``DBIAS_ATOMIC`` also the bias gradient, each program
@@ -436,7 +425,8 @@ def _bwd_dkdv(Q, K, V, Bias, Mask, DO, LSE, Delta, DK, DV, DBias, DQ,
     so S and P are recomputed once instead of again in :func:`_bwd_dq` (not bit-reproducible).
     ``TRANSPOSE``: the tiles are computed key-major (:func:`_dkdv_step_t`)."""
     nb = tl.program_id(0)
-    rp, bh = _row_head_ids(HEADS_FAST)
+    rp = tl.program_id(1)
+    bh = tl.program_id(2)
     b = bh // H
     h = bh % H
     if TWO_ROWS:
@@ -548,11 +538,11 @@ def _bwd_dq(Q, K, V, Bias, Mask, DO, LSE, Delta, DQ,
             sbb, sbh, sbi, sbj, smb, smr, smj, sqb, sqr, sqh, sqn, sob, sor, soh, son,
             R, H, N, D, scale,
             HAS_BIAS: tl.constexpr, HAS_MASK: tl.constexpr, TWO_ROWS: tl.constexpr,
-            EVEN: tl.constexpr, EVEN_D: tl.constexpr, HEADS_FAST: tl.constexpr,
-            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-            PRECISION: tl.constexpr):
+            EVEN: tl.constexpr, EVEN_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+            BLOCK_D: tl.constexpr, PRECISION: tl.constexpr):
     mb = tl.program_id(0)
-    rp, bh = _row_head_ids(HEADS_FAST)
+    rp = tl.program_id(1)
+    bh = tl.program_id(2)
     b = bh // H
     h = bh % H
     if TWO_ROWS:
@@ -875,7 +865,7 @@ def _forward(q, k, v, gate, gate_bias, lp: _Launch):
 
     def launch(cfg: tuning.Config):
         _check_rows(cfg, (1, 2), "forward")
-        grid = _grid(triton.cdiv(lp.N, cfg.block_m), triton.cdiv(lp.R, cfg.rows), lp.B * lp.H)
+        grid = (triton.cdiv(lp.N, cfg.block_m), triton.cdiv(lp.R, cfg.rows), lp.B * lp.H)
         _fwd[grid](q, k, v, gate if gate is not None else dummy,
                    gate_bias if gate_bias is not None else dummy,
                    lp.bias if lp.bias is not None else dummy,
@@ -884,7 +874,7 @@ def _forward(q, k, v, gate, gate_bias, lp: _Launch):
                    HAS_BIAS=lp.bias is not None, HAS_MASK=lp.mask is not None,
                    HAS_GATE=gate is not None, HAS_GATE_BIAS=gate_bias is not None,
                    ROWS=cfg.rows, EVEN=lp.even(cfg), EVEN_D=lp.D == lp.block_d,
-                   HEADS_FAST=grid_order() == "heads", BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
+                   BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
                    BLOCK_D=lp.block_d, PRECISION=lp.precision,
                    num_warps=cfg.num_warps, num_stages=cfg.num_stages)
 
@@ -931,7 +921,7 @@ def _backward(dy, q, k, v, gate, gate_bias, o_pre, lse, lp: _Launch, need_dbias:
 
     def launch_dkdv(cfg: tuning.Config):
         _check_rows(cfg, (1, 2), "dK/dV")
-        grid = _grid(triton.cdiv(lp.N, cfg.block_n), triton.cdiv(lp.R, cfg.rows), lp.B * lp.H)
+        grid = (triton.cdiv(lp.N, cfg.block_n), triton.cdiv(lp.R, cfg.rows), lp.B * lp.H)
         if atomic:
             dbias32.zero_()  # inside the launch: the tuner runs it repeatedly
         if dq_atomic:
@@ -941,17 +931,15 @@ def _backward(dy, q, k, v, gate, gate_bias, o_pre, lse, lp: _Launch, need_dbias:
                         TWO_ROWS=cfg.rows == 2, EVEN=lp.even(cfg), EVEN_D=lp.D == lp.block_d,
                         DBIAS_ATOMIC=atomic,
                         DQ_ATOMIC=dq_atomic, TRANSPOSE=cfg.transpose,
-                        HEADS_FAST=grid_order() == "heads",
                         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, **flags,
                         num_warps=cfg.num_warps, num_stages=cfg.num_stages)
 
     def launch_dq(cfg: tuning.Config):
         _check_rows(cfg, (1, 2), "dQ")
-        grid = _grid(triton.cdiv(lp.N, cfg.block_m), triton.cdiv(lp.R, cfg.rows), lp.B * lp.H)
+        grid = (triton.cdiv(lp.N, cfg.block_m), triton.cdiv(lp.R, cfg.rows), lp.B * lp.H)
         _bwd_dq[grid](q, k, v, bias, mask, do, lse, delta, dq, *lp.strides(),
                       lp.R, lp.H, lp.N, lp.D, lp.scale,
                       TWO_ROWS=cfg.rows == 2, EVEN=lp.even(cfg), EVEN_D=lp.D == lp.block_d,
-                      HEADS_FAST=grid_order() == "heads",
                       BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, **flags,
                       num_warps=cfg.num_warps, num_stages=cfg.num_stages)
 
@@ -988,34 +976,6 @@ def _backward(dy, q, k, v, gate, gate_bias, o_pre, lse, lp: _Launch, need_dbias:
         out = state["out"]
         dbias = sum_partials(out, lp.bias.dtype)  # fixed order: deterministic, one launch
     return dq, dk, dv, dbias, dgate
-
-
-GRID_ORDERS = ("rows", "heads")  # see grid_order()
-
-
-def _parse_grid_order(value: str | None) -> str:
-    order = (value or "rows").strip().lower()
-    if order not in GRID_ORDERS:
-        raise ValueError(f"FOLD_EVO_GRID={value!r}: expected one of {GRID_ORDERS}")
-    return order
-
-
-_GRID_ORDER = EnvVar("FOLD_EVO_GRID", _parse_grid_order)
-
-
-def grid_order() -> str:
-    """Which index varies right after the query or key block in the forward, dK/dV and dQ grids
-    (``FOLD_EVO_GRID``): ``rows`` (default), so one head's bias stays in L2 while its rows are
-    swept; or ``heads``, so the heads of one row run together and share the cache lines of the
-    model's head-interleaved q/k/v/gate (a head's D values are 64 of a token's 128-byte line)."""
-    return _GRID_ORDER.get()
-
-
-def _grid(blocks: int, row_groups: int, bh: int) -> tuple[int, int, int]:
-    """The launch grid of a kernel that reads :func:`_row_head_ids`."""
-    if grid_order() == "heads":
-        return (blocks, bh, row_groups)
-    return (blocks, row_groups, bh)
 
 
 def _parse_dbias_mode(value: str | None) -> str:
