@@ -113,14 +113,17 @@ def sweep(target: str, layout: str, budget_s: float, kernels: list[str] | None =
         tuning.pick = real_pick
     result = {"target": target, "layout": layout, "R": r, "N": n, "H": h, "D": d, "kernels": {}}
     if kernels:
+        missing = set(kernels) - set(captured)
+        if missing:
+            raise SystemExit(f"--kernels: {sorted(missing)} did not run for {target} "
+                             f"(ran: {sorted(captured)})")
         captured = {k: f for k, f in captured.items() if k in kernels}
     for kernel, launch in captured.items():
         t_end = time.time() + budget_s / len(captured)
         shipped = tuning.attention_configs(kernel, tuning.arch(), d)
         flops = 2 * PRODUCTS[kernel] * logits * d
         rows = []
-        extra = grid(kernel, rows_wanted) if rows_wanted else []
-        for cfg in list(dict.fromkeys(shipped + extra)):
+        for cfg in list(dict.fromkeys(shipped + grid(kernel, rows_wanted))):
             if time.time() > t_end:
                 break
             try:
