@@ -1,14 +1,22 @@
-"""Host (Python) time per call of fold-kernels' wrappers and fold-model's dispatch, kernels stubbed.
+"""Host (Python) time per call of fold-kernels' wrappers and fold-model's dispatch.
 
-A development tool for CPU: Triton runs in its interpreter (``TRITON_INTERPRET=1``) and every
-kernel launch is replaced by a no-op, so what is timed is only what the GPU path also pays on the
-host per call: the registry's backend choice (``supports``), argument checks, layout views, launch
-metadata, autograd bookkeeping and the allocation of outputs. Tiny tensors keep the remaining
-aten work (allocations, views, the model's own small matmuls) small. Outputs are garbage (the
-kernels do not run): only timings are printed.
+Two modes, both on tiny tensors so that a call's time is its host work:
 
-    python -m benchmarks.tools.host_overhead              # us per call, best of --reps rounds
+* **CPU** (default): Triton runs in its interpreter (``TRITON_INTERPRET=1``) and every kernel
+  launch is replaced by a no-op. What is timed is only the host work that the GPU path also pays
+  per call: the registry's backend choice (``supports``), argument checks, layout views, launch
+  metadata, autograd bookkeeping and the allocation of outputs. The interpreter's own argument
+  binding is included; the GPU's cached launcher (``fold_kernels.launch``) skips it. Outputs are
+  garbage (the kernels do not run).
+* **GPU** (``--gpu``): real launches on a CUDA device. A round of calls is timed without a
+  synchronization inside it, so what it measures is everything a user's eager step pays on the
+  host: the above, plus Triton's C launcher, the driver and the autograd engine's backward call.
+  Also timed: each op's forward alone under ``no_grad``, and the fixed cost of a backward call
+  (PyTorch alone: ``(x * 2).sum().backward()``).
+
+    python -m benchmarks.tools.host_overhead              # CPU, us per call, best of --reps rounds
     python -m benchmarks.tools.host_overhead --calls 500 --reps 7
+    python -m benchmarks.tools.host_overhead --gpu --out results/host_overhead_gpu.json
 
 Rows: each op's forward+backward through ``fold_model.ops`` (backend ``triton``, and ``torch``
 for scale), the registry's ``resolve`` alone, and one tiny Evoformer / Pairformer block step.
@@ -19,13 +27,7 @@ from __future__ import annotations
 import argparse
 import os
 import time
-
-os.environ["TRITON_INTERPRET"] = "1"  # before triton is imported: launches become Python calls
-
-import torch  # noqa: E402
-
-from benchmarks.common.backends import allow_cpu_in_interpreter  # noqa: E402
-from benchmarks.common.blocks import evoformer_step, pairformer_step  # noqa: E402
+from pathlib import Path
 
 
 def stub_launches() -> None:
@@ -35,83 +37,164 @@ def stub_launches() -> None:
     InterpretedFunction.run = lambda self, *args, grid, warmup, **kwargs: None
 
 
-def _time_us(fn, calls: int, reps: int) -> float:
+def _time_us(fn, calls: int, reps: int, sync=None) -> float:
+    """Best of ``reps`` rounds of ``calls`` calls, in microseconds per call. ``sync`` (the GPU's)
+    runs before a round starts and after its last call: the launches of a round queue up, the
+    round's time is the host's."""
     fn()
     fn()
     out = []
     for _ in range(reps):
+        if sync is not None:
+            sync()
         t0 = time.perf_counter()
         for _ in range(calls):
             fn()
+        if sync is not None:
+            sync()
         out.append((time.perf_counter() - t0) / calls * 1e6)
     return min(out)  # the least-disturbed round: the machine is shared
 
 
-def op_cases():
+def op_cases(device=None):
+    """``{name: (forward, leaves)}``: one call of each op on tiny bf16 tensors."""
+    import torch
     from fold_model import ops
 
+    device = torch.device("cpu") if device is None else torch.device(device)
     g = torch.Generator().manual_seed(0)
     dt = torch.bfloat16
 
     def rnd(*shape):
-        return torch.randn(*shape, generator=g).to(dt).requires_grad_()
+        return torch.randn(*shape, generator=g).to(device, dt).requires_grad_()
 
     q, k, v, gate = (rnd(1, 4, 2, 16, 8) for _ in range(4))
     bias = rnd(1, 2, 16, 16)
-    mask = (torch.rand(1, 4, 16, generator=g) > 0.2).to(dt)
+    mask = (torch.rand(1, 4, 16, generator=g) > 0.2).to(device, dt)
     x = rnd(1, 4, 16, 32)
     w, b = rnd(32), rnd(32)
     lin = rnd(64, 32)
     res = rnd(1, 4, 16, 32)
-    drop = (torch.rand(1, 1, 16, 32, generator=g) > 0.2).to(dt)
-
-    def fb(fn):
-        def run():
-            fn().float().sum().backward()
-        return run
-
+    drop = (torch.rand(1, 1, 16, 32, generator=g) > 0.2).to(device, dt)
     return {
-        "attention (bias, mask, gate)": fb(lambda: ops.attention(q, k, v, bias, mask, None,
-                                                                  gate)),
-        "layer_norm": fb(lambda: ops.layer_norm(x, w, b)),
-        "layer_norm_linear": fb(lambda: ops.layer_norm_linear(x, w, b, lin)),
-        "bias_sigmoid_gate": fb(lambda: ops.bias_sigmoid_gate(x, res)),
-        "bias_dropout_residual": fb(lambda: ops.bias_dropout_residual(x, res, None, drop)),
-        "softmax_mask_bias": fb(lambda: ops.softmax_mask_bias(x, None, res)),
-        "resolve('attention') only": lambda: ops.resolve("attention", q, k, v, bias, mask,
-                                                         None, gate),
+        "attention (bias, mask, gate)": (
+            lambda: ops.attention(q, k, v, bias, mask, None, gate), [q, k, v, bias, gate]),
+        "layer_norm": (lambda: ops.layer_norm(x, w, b), [x, w, b]),
+        "layer_norm_linear": (lambda: ops.layer_norm_linear(x, w, b, lin), [x, w, b, lin]),
+        "bias_sigmoid_gate": (lambda: ops.bias_sigmoid_gate(x, res), [x, res]),
+        "bias_dropout_residual": (lambda: ops.bias_dropout_residual(x, res, None, drop),
+                                  [x, res]),
+        "softmax_mask_bias": (lambda: ops.softmax_mask_bias(x, None, res), [x, res]),
     }
 
 
-def main(argv: list[str] | None = None) -> str:
+def _forward_backward(fn):
+    def run():
+        fn().float().sum().backward()
+    return run
+
+
+def measure(device, calls: int, reps: int) -> list[dict]:
+    """Rows ``{"call", "mode", "triton_us", "torch_us"}``; on a GPU also forward-only rows and the
+    fixed cost of a backward call (``torch_us`` only)."""
+    import torch
+    from fold_model import ops
+
+    from benchmarks.common.blocks import evoformer_step, pairformer_step
+
+    gpu = device.type == "cuda"
+    sync = torch.cuda.synchronize if gpu else None
+
+    def both(fn, n):
+        row = {}
+        for backend in ("triton", "torch"):
+            with ops.use_backend(backend):
+                row[f"{backend}_us"] = round(_time_us(fn, n, reps, sync), 1)
+        return row
+
+    rows = []
+    cases = op_cases(device)
+    for name, (fwd, _) in cases.items():
+        rows.append({"call": name, "mode": "fwd+bwd", **both(_forward_backward(fwd), calls)})
+        print(rows[-1], flush=True)
+    if gpu:
+        for name, (fwd, _) in cases.items():
+            with torch.no_grad():
+                rows.append({"call": name, "mode": "fwd, no_grad", **both(fwd, calls)})
+            print(rows[-1], flush=True)
+        x = torch.randn(64, 128, device=device, requires_grad=True)
+        backward = _forward_backward(lambda: x * 2)
+        rows.append({"call": "(x * 2).sum().backward(), PyTorch alone", "mode": "fwd+bwd",
+                     "triton_us": None, "torch_us": round(_time_us(backward, calls, reps, sync),
+                                                          1)})
+        print(rows[-1], flush=True)
+    q, k, v, bias, gate = cases["attention (bias, mask, gate)"][1]
+    mask = (torch.rand(1, 4, 16) > 0.2).to(device, torch.bfloat16)
+    rows.append({"call": "resolve('attention') only", "mode": "-",
+                 **both(lambda: ops.resolve("attention", q, k, v, bias, mask, None, gate),
+                        calls)})
+    print(rows[-1], flush=True)
+    for name, make in (("evoformer block step (tiny)", evoformer_step),
+                       ("pairformer block step (tiny)", pairformer_step)):
+        step = make(device, torch.bfloat16)
+        rows.append({"call": name, "mode": "fwd+bwd", **both(step, max(1, calls // 20))})
+        print(rows[-1], flush=True)
+    return rows
+
+
+def markdown(meta: dict, rows: list[dict]) -> str:
+    def cell(v):
+        return "-" if v is None else f"{v:.1f}"
+
+    lines = [f"# Host time per call, {meta['device']}, {meta['date']}", "",
+             f"torch {meta['torch']}, Triton {meta['triton']}; mode {meta['mode']}; best of "
+             f"{meta['reps']} rounds of {meta['calls']} calls (block steps: calls / 20).", "",
+             "| call | mode | triton us | torch us |", "|---|---|---|---|"]
+    lines += [f"| {r['call']} | {r['mode']} | {cell(r['triton_us'])} | {cell(r['torch_us'])} |"
+              for r in rows]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> list[dict]:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--calls", type=int, default=200)
     ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--gpu", action="store_true",
+                    help="real launches on the current CUDA device (default: CPU, stubbed)")
+    ap.add_argument("--out", type=Path, default=None, help="JSON path (markdown beside it)")
     args = ap.parse_args(argv)
-    torch.set_num_threads(1)
-    from fold_model import ops
+    if not args.gpu:
+        # before triton is imported (fold-kernels imports it): launches become Python calls
+        os.environ["TRITON_INTERPRET"] = "1"
+    import torch
 
-    allow_cpu_in_interpreter()
-    stub_launches()
-    cases = op_cases()
-    lines = ["| call (fwd+bwd unless noted) | triton us | torch us |", "|---|---|---|"]
-    for name, fn in cases.items():
-        row = []
-        for backend in ("triton", "torch"):
-            with ops.use_backend(backend):
-                row.append(_time_us(fn, args.calls, args.reps))
-        lines.append(f"| {name} | {row[0]:.1f} | {row[1]:.1f} |")
-        print(lines[-1], flush=True)
-    for name, make in (("evoformer block step (tiny)", evoformer_step),
-                       ("pairformer block step (tiny)", pairformer_step)):
-        step = make(torch.device("cpu"), torch.bfloat16)
-        row = []
-        for backend in ("triton", "torch"):
-            with ops.use_backend(backend):
-                row.append(_time_us(step, max(1, args.calls // 20), args.reps))
-        lines.append(f"| {name} | {row[0]:.0f} | {row[1]:.0f} |")
-        print(lines[-1], flush=True)
-    return "\n".join(lines)
+    from benchmarks.common.backends import allow_cpu_in_interpreter, ensure_kernels
+    from benchmarks.common.machine import versions
+    from benchmarks.common.results import write_result
+
+    if args.gpu:
+        if not torch.cuda.is_available():
+            raise SystemExit("host_overhead --gpu: no CUDA device")
+        device = torch.device("cuda")
+        ensure_kernels(device)
+    else:
+        from fold_kernels import tuning
+
+        if not tuning.interpreting():
+            raise SystemExit("host_overhead: Triton was imported before TRITON_INTERPRET=1 "
+                             "could be set; run it as its own process (python -m ...)")
+        torch.set_num_threads(1)
+        device = torch.device("cpu")
+        allow_cpu_in_interpreter()
+        stub_launches()
+    rows = measure(device, args.calls, args.reps)
+    meta = {**versions(device), "mode": "gpu" if args.gpu else "cpu, launches stubbed",
+            "calls": args.calls, "reps": args.reps}
+    text = markdown(meta, rows)
+    print(text)
+    if args.out is not None:
+        write_result(args.out, {**meta, "rows": rows}, text)
+    return rows
 
 
 if __name__ == "__main__":

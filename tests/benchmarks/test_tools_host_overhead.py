@@ -1,0 +1,45 @@
+"""The host-time tool (benchmarks/tools/host_overhead.py) in its CPU mode: Triton's interpreter
+with every launch stubbed, run in a fresh interpreter (it sets TRITON_INTERPRET and replaces the
+interpreter's launch, which must not leak into this process). Its ``--gpu`` mode needs a CUDA
+device; without one it stops with a message."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _run(*args: str) -> subprocess.CompletedProcess:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")])
+    return subprocess.run([sys.executable, "-m", "benchmarks.tools.host_overhead", *args],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+
+
+def test_cpu_mode_times_every_op_on_both_backends(tmp_path):
+    out = tmp_path / "host.json"
+    proc = _run("--calls", "2", "--reps", "1", "--out", str(out))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    doc = json.loads(out.read_text())
+    assert doc["mode"] == "cpu, launches stubbed" and doc["device"] == "cpu"
+    calls = {r["call"] for r in doc["rows"]}
+    assert {"layer_norm", "attention (bias, mask, gate)", "resolve('attention') only",
+            "evoformer block step (tiny)", "pairformer block step (tiny)"} <= calls
+    for r in doc["rows"]:
+        assert r["triton_us"] > 0 and r["torch_us"] > 0, r
+    assert "| layer_norm | fwd+bwd |" in out.with_suffix(".md").read_text()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the GPU mode runs here")
+def test_gpu_mode_refuses_without_a_device():
+    proc = _run("--gpu", "--calls", "1", "--reps", "1")
+    assert proc.returncode != 0
+    assert "no CUDA device" in proc.stderr
