@@ -15,6 +15,7 @@ import triton.language as tl
 from fold_kernels import tuning
 from fold_kernels.broadcast import broadcast_shape, reduce_to, row_layout, row_offsets
 from fold_kernels.index32 import check_rows
+from fold_kernels.ints import cdiv, next_power_of_2
 from fold_kernels.launch import fast
 
 __all__ = ["bias_sigmoid_gate", "bias_dropout_residual"]
@@ -108,12 +109,12 @@ def _bdr_bwd(DY, Mask, DX, d0, d1, d2, C, ms0, ms1, ms2, msc, ys0, ys1, ys2, ysc
 def _blocks(c: int) -> tuple[int, int, int]:
     if tuning.interpreting():
         return 4, 32, 1
-    block_c = min(triton.next_power_of_2(c), 256)
+    block_c = min(next_power_of_2(c), 256)
     return max(1, 4096 // block_c), block_c, 8
 
 
 def _grid(dims, c, block_r, block_c):
-    return (triton.cdiv(dims[0] * dims[1] * dims[2], block_r), triton.cdiv(c, block_c))
+    return (cdiv(dims[0] * dims[1] * dims[2], block_r), cdiv(c, block_c))
 
 
 def _broadcast(name: str, *tensors: torch.Tensor | None) -> tuple[int, ...]:

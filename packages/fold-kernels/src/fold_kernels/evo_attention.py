@@ -67,6 +67,7 @@ from fold_ops.env import EnvVar
 from fold_kernels import tuning
 from fold_kernels.broadcast import broadcast_shape
 from fold_kernels.index32 import check_grid, pair_bias_fits, span_fits
+from fold_kernels.ints import cdiv, next_power_of_2
 from fold_kernels.launch import fast
 from fold_kernels.reduce import column_sum, sum_partials
 
@@ -654,7 +655,7 @@ def _precision(dtype: torch.dtype) -> str:
 
 
 def _block_d(d: int) -> int:
-    return max(16, triton.next_power_of_2(d))
+    return max(16, next_power_of_2(d))
 
 
 def _check(q, k, v, bias, mask, gate) -> None:
@@ -865,7 +866,7 @@ def _forward(q, k, v, gate, gate_bias, lp: _Launch):
 
     def launch(cfg: tuning.Config):
         _check_rows(cfg, (1, 2), "forward")
-        grid = (triton.cdiv(lp.N, cfg.block_m), triton.cdiv(lp.R, cfg.rows), lp.B * lp.H)
+        grid = (cdiv(lp.N, cfg.block_m), cdiv(lp.R, cfg.rows), lp.B * lp.H)
         _fwd[grid](q, k, v, gate if gate is not None else dummy,
                    gate_bias if gate_bias is not None else dummy,
                    lp.bias if lp.bias is not None else dummy,
@@ -895,7 +896,7 @@ def _backward(dy, q, k, v, gate, gate_bias, o_pre, lse, lp: _Launch, need_dbias:
     dq, dk, dv, dgate = grads
     do = lp.empty_out(q) if gate is not None else dy
     block_r = 16 if tuning.interpreting() else 64
-    _bwd_pre[(triton.cdiv(rows, block_r),)](
+    _bwd_pre[(cdiv(rows, block_r),)](
         dy, o_pre, gate if gate is not None else dy,
         gate_bias if gate_bias is not None else dy, do, dgate if gate is not None else dy,
         delta, rows, lp.R, lp.H, lp.N, lp.D, *lp.layout[:4], *lp.out_layout[:4],
@@ -921,7 +922,7 @@ def _backward(dy, q, k, v, gate, gate_bias, o_pre, lse, lp: _Launch, need_dbias:
 
     def launch_dkdv(cfg: tuning.Config):
         _check_rows(cfg, (1, 2), "dK/dV")
-        grid = (triton.cdiv(lp.N, cfg.block_n), triton.cdiv(lp.R, cfg.rows), lp.B * lp.H)
+        grid = (cdiv(lp.N, cfg.block_n), cdiv(lp.R, cfg.rows), lp.B * lp.H)
         if atomic:
             dbias32.zero_()  # inside the launch: the tuner runs it repeatedly
         if dq_atomic:
@@ -936,7 +937,7 @@ def _backward(dy, q, k, v, gate, gate_bias, o_pre, lse, lp: _Launch, need_dbias:
 
     def launch_dq(cfg: tuning.Config):
         _check_rows(cfg, (1, 2), "dQ")
-        grid = (triton.cdiv(lp.N, cfg.block_m), triton.cdiv(lp.R, cfg.rows), lp.B * lp.H)
+        grid = (cdiv(lp.N, cfg.block_m), cdiv(lp.R, cfg.rows), lp.B * lp.H)
         _bwd_dq[grid](q, k, v, bias, mask, do, lse, delta, dq, *lp.strides(),
                       lp.R, lp.H, lp.N, lp.D, lp.scale,
                       TWO_ROWS=cfg.rows == 2, EVEN=lp.even(cfg), EVEN_D=lp.D == lp.block_d,
@@ -958,9 +959,9 @@ def _backward(dy, q, k, v, gate, gate_bias, o_pre, lse, lp: _Launch, need_dbias:
         state = {}
 
         def launch_dbias(cfg: tuning.Config):
-            n_m, n_n = triton.cdiv(lp.N, cfg.block_m), triton.cdiv(lp.N, cfg.block_n)
+            n_m, n_n = cdiv(lp.N, cfg.block_m), cdiv(lp.N, cfg.block_n)
             splits = _dbias_splits(n_m * n_n * lp.H * lp.Bb, rows_per_bias, q.device)
-            per_split = triton.cdiv(rows_per_bias, splits)
+            per_split = cdiv(rows_per_bias, splits)
             # one split: the kernel stores the bias's dtype directly; more: fp32 partials
             out = torch.empty((splits, lp.Bb, lp.H, lp.N, lp.N), device=q.device,
                               dtype=lp.bias.dtype if splits == 1 else torch.float32)

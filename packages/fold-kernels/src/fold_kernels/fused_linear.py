@@ -21,6 +21,7 @@ import triton.language as tl
 
 from fold_kernels import tuning
 from fold_kernels.index32 import check_rows
+from fold_kernels.ints import cdiv, next_power_of_2
 from fold_kernels.launch import fast
 from fold_kernels.layer_norm import check_layer_norm, ln_backward, ln_forward
 from fold_kernels.reduce import column_sum
@@ -165,14 +166,14 @@ class _LayerNormLinear(torch.autograd.Function):
         y = torch.empty((m, nout), device=x.device, dtype=x.dtype)
         mean = torch.empty(m, device=x.device, dtype=torch.float32)
         rstd = torch.empty_like(mean)
-        block_k = triton.next_power_of_2(k)
+        block_k = next_power_of_2(k)
         block_r = 4 if tuning.interpreting() else max(1, min(64, 4096 // block_k))
-        _row_stats[(triton.cdiv(m, block_r),)](x2, mean, rstd, m, k, eps, BLOCK_R=block_r,
+        _row_stats[(cdiv(m, block_r),)](x2, mean, rstd, m, k, eps, BLOCK_R=block_r,
                                                BLOCK_K=block_k, num_warps=1 if
                                                tuning.interpreting() else 4)
 
         def launch(cfg: tuning.Config):
-            grid = (triton.cdiv(m, cfg.block_m), triton.cdiv(nout, cfg.block_n))
+            grid = (cdiv(m, cfg.block_m), cdiv(nout, cfg.block_n))
             _ln_linear_fwd[grid](x2, ln_weight, ln_bias, w, bias if bias is not None else w,
                                  y, mean, rstd, m, k, nout, HAS_BIAS=bias is not None,
                                  BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
@@ -223,7 +224,7 @@ def _run_swiglu(kernel, name: str, x2: torch.Tensor, w: torch.Tensor,
     (m, k), nh = x2.shape, w.shape[0] // 2
 
     def launch(cfg: tuning.Config):
-        grid = (triton.cdiv(m, cfg.block_m), triton.cdiv(nh, cfg.block_n))
+        grid = (cdiv(m, cfg.block_m), cdiv(nh, cfg.block_n))
         kernel[grid](x2, w, bias if bias is not None else w, *io, m, k, nh,
                      HAS_BIAS=bias is not None, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
                      BLOCK_K=cfg.block_k, PRECISION=_precision(x2.dtype),

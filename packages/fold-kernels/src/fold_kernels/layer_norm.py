@@ -22,6 +22,7 @@ import triton.language as tl
 from fold_kernels import tuning
 from fold_kernels.broadcast import row_layout, row_offsets
 from fold_kernels.index32 import check_rows
+from fold_kernels.ints import cdiv, next_power_of_2
 from fold_kernels.launch import fast
 from fold_kernels.reduce import sum_partials
 
@@ -107,7 +108,7 @@ def _block_r(c: int) -> int:
     if tuning.interpreting():
         return 4
     # about 4K elements a program: 64 rows of 64, 16 rows of 256, 8 rows of 384 (512 padded)
-    return max(1, min(64, 4096 // triton.next_power_of_2(c)))
+    return max(1, min(64, 4096 // next_power_of_2(c)))
 
 
 def _num_warps(block_r: int, block_c: int) -> int:
@@ -135,9 +136,9 @@ def ln_forward(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: f
     mean = torch.empty(rows, device=x.device, dtype=torch.float32)
     rstd = torch.empty_like(mean)
     dims, (xv,), (xs,) = _layout(x)
-    block_c = triton.next_power_of_2(c)
+    block_c = next_power_of_2(c)
     block_r = _block_r(c)
-    _ln_fwd[(triton.cdiv(rows, block_r),)](
+    _ln_fwd[(cdiv(rows, block_r),)](
         xv, weight, bias, y, mean, rstd, rows, c, eps, dims[1], dims[2], *xs,
         BLOCK_R=block_r, BLOCK_C=block_c, num_warps=_num_warps(block_r, block_c))
     return y, mean, rstd
@@ -154,7 +155,7 @@ def _bwd_configs_for(c: int, interpreting: bool) -> tuple[tuning.Config, ...]:
     programs per multiprocessor (each walks a strided set of row blocks). The first is the
     default: about 4K elements a block, 4 programs a multiprocessor."""
     block_r = _block_r(c)
-    warps = _num_warps(block_r, triton.next_power_of_2(c))
+    warps = _num_warps(block_r, next_power_of_2(c))
     default = tuning.Config(block_m=block_r, block_n=4, num_warps=warps)
     if interpreting:
         return (default,)
@@ -190,12 +191,12 @@ def ln_backward(dy, x, weight, mean, rstd, dw_dtype=torch.float32, db_dtype=torc
         dims, (xv, dyv, dxv, dy2v, drv), (xs, ys, ds, y2s, rs) = _layout(
             xv.contiguous(), dyc, dx, dy2v.contiguous() if has_dy2 else dyc,
             drv.contiguous() if has_dres else dyc)
-    block_c = triton.next_power_of_2(c)
+    block_c = next_power_of_2(c)
     sms = None if tuning.interpreting() or not x.is_cuda else tuning.multiprocessors(x.device)
     state = {}
 
     def launch(cfg: tuning.Config):
-        n_blocks = triton.cdiv(rows, cfg.block_m)
+        n_blocks = cdiv(rows, cfg.block_m)
         n_prog = min(n_blocks, 3 if sms is None else cfg.block_n * sms)
         partials = torch.empty((n_prog, 2, c), device=x.device, dtype=torch.float32)  # dw | db
         _ln_bwd[(n_prog,)](xv, weight, dyv, dy2v, drv, mean, rstd, dxv, partials,

@@ -18,6 +18,7 @@ import triton
 import triton.language as tl
 
 from fold_kernels import tuning
+from fold_kernels.ints import cdiv
 from fold_kernels.launch import fast
 
 __all__ = ["fused_adam_ema_", "global_grad_norm", "clip_coefficient", "swa_decay"]
@@ -104,7 +105,7 @@ def fused_adam_ema_(param: torch.Tensor, grad: torch.Tensor, exp_avg: torch.Tens
     n = param.numel()
     block = _block()
     has_ema = ema is not None and ema_decay is not None
-    _adam_ema[(triton.cdiv(n, block),)](
+    _adam_ema[(cdiv(n, block),)](
         param, grad, exp_avg, exp_avg_sq, ema if has_ema else param,
         grad_scale if grad_scale is not None else param, n, float(lr), float(beta1),
         float(beta2), float(eps), float(weight_decay), 1.0 - beta1**step, 1.0 - beta2**step,
@@ -127,7 +128,7 @@ def global_grad_norm(grads: list[torch.Tensor] | torch.Tensor) -> torch.Tensor:
         g = g.reshape(-1)
         if not g.is_contiguous():
             g = g.contiguous()
-        n_prog = max(1, triton.cdiv(g.numel(), block * iters))
+        n_prog = max(1, cdiv(g.numel(), block * iters))
         part = torch.empty(n_prog, device=g.device, dtype=torch.float32)
         _sumsq[(n_prog,)](g, part, g.numel(), BLOCK=block, ITERS=iters,
                           num_warps=1 if tuning.interpreting() else 8)

@@ -23,6 +23,7 @@ import triton.language as tl
 
 from fold_kernels import tuning
 from fold_kernels.index32 import check_grid, check_rows, grid_fits, rows_fit
+from fold_kernels.ints import cdiv, next_power_of_2
 from fold_kernels.launch import fast
 
 __all__ = ["sum_partials", "column_sum", "column_sum_fits"]
@@ -55,7 +56,7 @@ def _partial_blocks(s: int, m: int) -> tuple[int, int]:
     many partial rows (the LayerNorm's 4 x SMs), wide tiles when there are few (EvoAttention)."""
     if tuning.interpreting():
         return 4, 64
-    block_s = min(64, triton.next_power_of_2(max(s, 1)))
+    block_s = min(64, next_power_of_2(max(s, 1)))
     block_m = max(64, min(1024, 4096 // block_s))
     return block_s, block_m
 
@@ -79,15 +80,15 @@ def sum_partials(partials: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     group = _group_rows()
     warps = 1 if tuning.interpreting() else 4
     while s > group:  # one level: [S, M] -> [ceil(S / group), M] fp32
-        n_groups = triton.cdiv(s, group)
+        n_groups = cdiv(s, group)
         level = torch.empty((n_groups, m), device=partials.device, dtype=torch.float32)
         block_s, block_m = _partial_blocks(group, m)
-        _sum_partials[(triton.cdiv(m, block_m), n_groups)](
+        _sum_partials[(cdiv(m, block_m), n_groups)](
             flat, level, s, m, group, BLOCK_S=block_s, BLOCK_M=block_m, num_warps=warps)
         flat, s = level, n_groups
     out = torch.empty(partials.shape[1:], device=partials.device, dtype=dtype)
     block_s, block_m = _partial_blocks(s, m)
-    _sum_partials[(triton.cdiv(m, block_m), 1)](flat, out, s, m, s, BLOCK_S=block_s,
+    _sum_partials[(cdiv(m, block_m), 1)](flat, out, s, m, s, BLOCK_S=block_s,
                                                  BLOCK_M=block_m, num_warps=warps)
     return out
 
@@ -112,13 +113,13 @@ def _column_partials(X, P, M, C, sxm, sxc, BLOCK_M: tl.constexpr, BLOCK_C: tl.co
 
 def _block_c(c: int) -> int:
     """Columns a program: compiled, 128 (32 rows of them: an 8 KB bf16 tile); interpreter, 16."""
-    return min(16 if tuning.interpreting() else 128, triton.next_power_of_2(c))
+    return min(16 if tuning.interpreting() else 128, next_power_of_2(c))
 
 
 def column_sum_fits(m: int, c: int) -> bool:
     """:func:`column_sum` takes an ``[m, c]`` input: its row index fits in int32 and its column
     blocks in one grid dimension."""
-    return rows_fit((m, c)) and grid_fits(triton.cdiv(c, _block_c(c)))
+    return rows_fit((m, c)) and grid_fits(cdiv(c, _block_c(c)))
 
 
 def column_sum(x: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
@@ -135,12 +136,12 @@ def column_sum(x: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tenso
     interpreting = tuning.interpreting()
     block_c = _block_c(c)
     block_m = 4 if interpreting else max(8, 4096 // block_c)
-    n_cblk = triton.cdiv(c, block_c)
+    n_cblk = cdiv(c, block_c)
     check_grid("column_sum", f"{c} columns", n_cblk)
     # programs per column block: 3 in the interpreter (the strided loop and several partial
     # rows are exercised), else about 4 programs per SM in all
     per_cblk = 3 if interpreting else max(1, 4 * tuning.multiprocessors(x.device) // n_cblk)
-    n_prog = min(triton.cdiv(m, block_m), per_cblk)
+    n_prog = min(cdiv(m, block_m), per_cblk)
     partials = torch.empty((n_prog, c), device=x.device, dtype=torch.float32)
     _column_partials[(n_prog, n_cblk)](x, partials, m, c, x.stride(0), x.stride(1),
                                        BLOCK_M=block_m, BLOCK_C=block_c,

@@ -21,6 +21,7 @@ import triton.language as tl
 from fold_kernels import tuning
 from fold_kernels.broadcast import broadcast_shape, reduce_to, row_layout, row_offsets
 from fold_kernels.index32 import check_rows
+from fold_kernels.ints import cdiv, next_power_of_2
 from fold_kernels.launch import fast
 
 __all__ = ["softmax_mask_bias", "MAX_ROW"]
@@ -74,7 +75,7 @@ def _softmax_bwd(P, DP, Mask, DZ, d0, d1, d2, L, ms0, ms1, ms2, msc,
 
 
 def _blocks(length: int) -> tuple[int, int, int]:
-    block_l = triton.next_power_of_2(length)
+    block_l = next_power_of_2(length)
     if tuning.interpreting():
         return 2, block_l, 1
     block_r = max(1, min(16, 2048 // block_l))
@@ -103,7 +104,7 @@ class _SoftmaxMaskBias(torch.autograd.Function):
         block_r, block_l, warps = _blocks(length)
         rows = lay.dims[0] * lay.dims[1] * lay.dims[2]
         zv, bv, mv = lay.operands
-        _softmax_fwd[(triton.cdiv(rows, block_r),)](
+        _softmax_fwd[(cdiv(rows, block_r),)](
             zv, bv if bv is not None else zv, mv if mv is not None else zv, p, *lay.dims,
             length, *lay.strides[0], *lay.strides[1], *lay.strides[2],
             HAS_BIAS=bias is not None, HAS_MASK=mask is not None,
@@ -123,7 +124,7 @@ class _SoftmaxMaskBias(torch.autograd.Function):
         block_r, block_l, warps = _blocks(length)
         rows = lay.dims[0] * lay.dims[1] * lay.dims[2]
         mv = lay.operands[0]
-        _softmax_bwd[(triton.cdiv(rows, block_r),)](
+        _softmax_bwd[(cdiv(rows, block_r),)](
             p, dp.contiguous(), mv if mv is not None else p, dz, *lay.dims, length,
             *lay.strides[0], HAS_MASK=m8 is not None, BLOCK_R=block_r, BLOCK_L=block_l,
             num_warps=warps)

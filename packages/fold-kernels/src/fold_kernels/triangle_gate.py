@@ -27,6 +27,7 @@ import triton.language as tl
 
 from fold_kernels import tuning
 from fold_kernels.index32 import check_grid
+from fold_kernels.ints import cdiv
 from fold_kernels.launch import fast
 from fold_kernels.reduce import sum_partials
 
@@ -158,7 +159,7 @@ class _TriangleProjectionGate(torch.autograd.Function):
         a = torch.empty((*lead, c, n_i, n_j), device=proj.device, dtype=proj.dtype)
         b = torch.empty_like(a)
         bi, bj, warps = _blocks()
-        grid = (triton.cdiv(n_i, bi) * triton.cdiv(n_j, bj), c, p.shape[0])
+        grid = (cdiv(n_i, bi) * cdiv(n_j, bj), c, p.shape[0])
         _tri_gate_fwd[grid](p, bias, m, a, b, c, n_i, n_j, *p.stride(), *m.stride(),
                    BLOCK_I=bi, BLOCK_J=bj, num_warps=warps)
         ctx.save_for_backward(p, bias, m)
@@ -175,7 +176,7 @@ class _TriangleProjectionGate(torch.autograd.Function):
         da, db = _flat(da, lead), _flat(db, lead)  # read through their strides
         dp = torch.empty((bt, c4, n_i, n_j), device=p.device, dtype=p.dtype)
         bi, bj, warps = _blocks()
-        n_tiles = triton.cdiv(n_i, bi) * triton.cdiv(n_j, bj)
+        n_tiles = cdiv(n_i, bi) * cdiv(n_j, bj)
         bias_grad = ctx.needs_input_grad[1]
         # one fp32 partial row per (batch entry, tile), every entry written by the kernel
         partials = (torch.empty((bt * n_tiles, c4), device=p.device, dtype=torch.float32)
