@@ -169,8 +169,8 @@ class _LayerNormLinear(torch.autograd.Function):
         block_k = next_power_of_2(k)
         block_r = 4 if tuning.interpreting() else max(1, min(64, 4096 // block_k))
         _row_stats[(cdiv(m, block_r),)](x2, mean, rstd, m, k, eps, BLOCK_R=block_r,
-                                               BLOCK_K=block_k, num_warps=1 if
-                                               tuning.interpreting() else 4)
+                                        BLOCK_K=block_k, num_warps=1 if
+                                        tuning.interpreting() else 4)
 
         def launch(cfg: tuning.Config):
             grid = (cdiv(m, cfg.block_m), cdiv(nout, cfg.block_n))

@@ -89,7 +89,7 @@ def sum_partials(partials: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     out = torch.empty(partials.shape[1:], device=partials.device, dtype=dtype)
     block_s, block_m = _partial_blocks(s, m)
     _sum_partials[(cdiv(m, block_m), 1)](flat, out, s, m, s, BLOCK_S=block_s,
-                                                 BLOCK_M=block_m, num_warps=warps)
+                                         BLOCK_M=block_m, num_warps=warps)
     return out
 
 
