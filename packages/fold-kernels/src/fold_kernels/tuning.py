@@ -26,6 +26,8 @@ from pathlib import Path
 import torch
 from fold_ops.env import EnvVar
 
+from fold_kernels.ints import next_power_of_2
+
 __all__ = [
     "Config", "arch", "interpreting", "pick", "attention_configs", "gemm_configs", "cache_path",
     "multiprocessors", "bucket", "bucket_key", "pinned", "chosen",
@@ -259,7 +261,7 @@ def bucket(n: int) -> int:
     keys instead of one per crop."""
     if n <= 64:
         return n
-    p = 1 << (n - 1).bit_length()  # next power of two >= n
+    p = next_power_of_2(n)
     return p * 3 // 4 if n <= p * 3 // 4 else p
 
 
