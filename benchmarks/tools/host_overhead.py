@@ -57,7 +57,8 @@ def _time_us(fn, calls: int, reps: int, sync=None) -> float:
 
 
 def op_cases(device=None):
-    """``{name: (forward, leaves)}``: one call of each op on tiny bf16 tensors."""
+    """``({name: forward}, resolve)``: one call of each op on tiny bf16 tensors, and the
+    registry's choice of backend alone for the attention call."""
     import torch
     from fold_model import ops
 
@@ -76,16 +77,15 @@ def op_cases(device=None):
     lin = rnd(64, 32)
     res = rnd(1, 4, 16, 32)
     drop = (torch.rand(1, 1, 16, 32, generator=g) > 0.2).to(device, dt)
-    return {
-        "attention (bias, mask, gate)": (
-            lambda: ops.attention(q, k, v, bias, mask, None, gate), [q, k, v, bias, gate]),
-        "layer_norm": (lambda: ops.layer_norm(x, w, b), [x, w, b]),
-        "layer_norm_linear": (lambda: ops.layer_norm_linear(x, w, b, lin), [x, w, b, lin]),
-        "bias_sigmoid_gate": (lambda: ops.bias_sigmoid_gate(x, res), [x, res]),
-        "bias_dropout_residual": (lambda: ops.bias_dropout_residual(x, res, None, drop),
-                                  [x, res]),
-        "softmax_mask_bias": (lambda: ops.softmax_mask_bias(x, None, res), [x, res]),
+    forwards = {
+        "attention (bias, mask, gate)": lambda: ops.attention(q, k, v, bias, mask, None, gate),
+        "layer_norm": lambda: ops.layer_norm(x, w, b),
+        "layer_norm_linear": lambda: ops.layer_norm_linear(x, w, b, lin),
+        "bias_sigmoid_gate": lambda: ops.bias_sigmoid_gate(x, res),
+        "bias_dropout_residual": lambda: ops.bias_dropout_residual(x, res, None, drop),
+        "softmax_mask_bias": lambda: ops.softmax_mask_bias(x, None, res),
     }
+    return forwards, lambda: ops.resolve("attention", q, k, v, bias, mask, None, gate)
 
 
 def _forward_backward(fn):
@@ -113,12 +113,12 @@ def measure(device, calls: int, reps: int) -> list[dict]:
         return row
 
     rows = []
-    cases = op_cases(device)
-    for name, (fwd, _) in cases.items():
+    cases, resolve = op_cases(device)
+    for name, fwd in cases.items():
         rows.append({"call": name, "mode": "fwd+bwd", **both(_forward_backward(fwd), calls)})
         print(rows[-1], flush=True)
     if gpu:
-        for name, (fwd, _) in cases.items():
+        for name, fwd in cases.items():
             with torch.no_grad():
                 rows.append({"call": name, "mode": "fwd, no_grad", **both(fwd, calls)})
             print(rows[-1], flush=True)
@@ -128,11 +128,7 @@ def measure(device, calls: int, reps: int) -> list[dict]:
                      "triton_us": None, "torch_us": round(_time_us(backward, calls, reps, sync),
                                                           1)})
         print(rows[-1], flush=True)
-    q, k, v, bias, gate = cases["attention (bias, mask, gate)"][1]
-    mask = (torch.rand(1, 4, 16) > 0.2).to(device, torch.bfloat16)
-    rows.append({"call": "resolve('attention') only", "mode": "-",
-                 **both(lambda: ops.resolve("attention", q, k, v, bias, mask, None, gate),
-                        calls)})
+    rows.append({"call": "resolve('attention') only", "mode": "-", **both(resolve, calls)})
     print(rows[-1], flush=True)
     for name, make in (("evoformer block step (tiny)", evoformer_step),
                        ("pairformer block step (tiny)", pairformer_step)):
