@@ -110,13 +110,14 @@ def _layout_trace(order: str) -> list[str]:
 
 
 def test_dap_seam_calls_af2_order():
-    # Row attention gathers its pair bias; the MSA goes to column layout for column attention and
-    # the outer product mean (right operand gathered); the pair alternates layouts through the
-    # triangle updates / attention (FastFold section 4.2).
+    # Row attention gathers its heads-first pair bias [*, H, N_i/P, N_j] along i (-2); the MSA
+    # goes to column layout for column attention and the outer product mean (right operand
+    # gathered); the pair alternates layouts through the triangle updates / attention (FastFold
+    # section 4.2).
     assert _layout_trace("af2") == [
-        "gather-3", "row_to_col", "gather_opm", "gather_opm", "col_to_row",
-        "gather_tri", "row_to_col", "gather_tri", "col_to_row", "gather-3", "row_to_col",
-        "gather-3", "col_to_row",
+        "gather-2", "row_to_col", "gather_opm", "gather_opm", "col_to_row",
+        "gather_tri", "row_to_col", "gather_tri", "col_to_row", "gather-2", "row_to_col",
+        "gather-2", "col_to_row",
     ]
 
 

@@ -322,10 +322,18 @@ def pair_bias(
     z_ln: torch.Tensor, linear: Linear, comm: AxialComm = IDENTITY_COMM
 ) -> torch.Tensor:
     """Per-head bias from the (normalized) row-split pair: ``[*, N_i/P, N_j, C_z]`` ->
-    ``[*, H, N_i, N_j]`` (gathered: the bias of every query row needs all of i)."""
-    bias = linear(z_ln)  # [*, N_i/P, N_j, H]
-    bias = comm.gather(bias, -3)  # [*, N_i, N_j, H]
-    return bias.movedim(-1, -3)  # [*, H, N_i, N_j]
+    ``[*, H, N_i, N_j]`` (gathered: the bias of every query row needs all of i).
+
+    The GEMM writes the heads-first layout (``W z^T``, :func:`ops.linear_channel_first`): each
+    head's ``N_i x N_j`` bias is dense, so the attention kernels read a bias tile row with vector
+    loads. The heads-last projection ``[*, N_i, N_j, H]`` seen through ``movedim`` would hand them
+    H-strided 2-byte gathers for the same values. ``linear`` has no bias (``bias=False`` in every
+    caller)."""
+    if linear.bias is not None:
+        raise ValueError("pair_bias: the projection must have no bias (AF2/AF3 pair biases have "
+                         "none)")
+    bias = ops.linear_channel_first(z_ln, linear.weight)  # [*, H, N_i/P, N_j]
+    return comm.gather(bias, -2)  # [*, H, N_i, N_j]
 
 
 def shared_dropout_mask(
