@@ -9,9 +9,9 @@ Evoformer, extra-MSA and template pair blocks are written to work on a *shard*:
   under DAP);
 * where an operation needs the whole of a split axis it gathers a small derived tensor: the pair
   bias of MSA row attention and of triangle attention (heads-first ``[*, H, N_i/P, N_j]``,
-  ``gather(bias, -2)``), the right-hand
-  projection of the outer product mean (:meth:`all_gather_for_outer_product`) and of triangle
-  multiplication (:meth:`all_gather_for_triangle`);
+  ``gather(bias, -2)``), the right-hand projection of the outer product mean
+  (:meth:`all_gather_for_outer_product`) and of triangle multiplication
+  (:meth:`all_gather_for_triangle`);
 * masks enter blocks whole and are sliced to the local shard with :meth:`scatter` (no
   communication).
 
