@@ -74,6 +74,9 @@ def test_gpu_shapes_and_dtypes():
     assert registration.supports_layer_norm(x, torch.ones(8, device=dev),
                                             torch.zeros(8, device=dev))
     assert not registration.supports_layer_norm(x, None, None)
+    assert registration.supports_adaptive_layer_norm(x, x, x)
+    assert not registration.supports_adaptive_layer_norm(x, x[:1], x)  # broadcast: PyTorch
+    assert not registration.supports_adaptive_layer_norm(x, x.bfloat16(), x)
     pair, w = torch.randn(2, 3, 8, device=dev), torch.randn(5, 8, device=dev)
     assert registration.supports_linear_channel_first(pair, w)
     assert not registration.supports_linear_channel_first(x, w)  # [I, J, C] at least

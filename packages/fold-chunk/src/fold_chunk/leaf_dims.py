@@ -58,6 +58,9 @@ LEAF_OPS: dict[str, LeafOp] = {
     "layer_norm_linear": LeafOp(
         ("x", "ln_weight", "ln_bias", "weight", "bias", "eps"),
         {"x": "C", "ln_weight": "C", "ln_bias": "C", "weight": "OC", "bias": "O"}, "O", {}),
+    "adaptive_layer_norm": LeafOp(("a", "gate", "shift", "eps"),
+                                  {"a": "C", "gate": "C", "shift": "C"}, "C",
+                                  {"C": "LayerNorm normalises over the channels"}),
     "softmax_mask_bias": LeafOp(("logits", "mask", "bias"),
                                 {"logits": "L", "mask": "L", "bias": "L"}, "L",
                                 {"L": "softmax over the last dim"}),

@@ -163,8 +163,8 @@ def find_max_chunk(g: GraphIndex, est: MemoryEstimate, p: int, max_span: int
 
 # (fold_op: the contract's leaf ops, fold_chunk.leaf_dims: a LayerNorm, a residual add, a gate)
 _NORMS = {"layer_norm", "rms_norm", "module:LayerNorm", "fold_op:layer_norm",
-          "fold_op:layer_norm_fork", "fold_op:bias_dropout_residual",
-          "fold_op:bias_sigmoid_gate"}
+          "fold_op:layer_norm_fork", "fold_op:adaptive_layer_norm",
+          "fold_op:bias_dropout_residual", "fold_op:bias_sigmoid_gate"}
 
 
 def _folds_into_region(g: GraphIndex, i: int) -> bool:

@@ -1,7 +1,7 @@
 """fold-kernels: portable Triton kernels for AlphaFold-style models.
 
 EvoAttention (forward + backward with the pair-bias gradient), LayerNorm (and its fork, whose
-backward sums the residual stream's gradient), Linear (bias gradient
+backward sums the residual stream's gradient; and AF3's adaptive LayerNorm), Linear (bias gradient
 as a deterministic column sum), fused LayerNorm+Linear, SwiGLU, the AF2 gating fusions, the gated
 projections of triangle multiplication (and their channel-first GEMM, cuBLAS with a channel-last
 input gradient), fused softmax with mask and bias, and fused Adam+EMA over
@@ -14,6 +14,7 @@ interpreter: set ``TRITON_INTERPRET=1`` before importing this package to run on 
 
 from __future__ import annotations
 
+from fold_kernels.adaptive_layer_norm import adaptive_layer_norm
 from fold_kernels.channel_first import linear_channel_first
 from fold_kernels.elementwise import bias_dropout_residual, bias_sigmoid_gate
 from fold_kernels.evo_attention import evo_attention, evo_attention_packed
@@ -34,6 +35,7 @@ __all__ = [
     "layer_norm",
     "layer_norm_fork",
     "layer_norm_linear",
+    "adaptive_layer_norm",
     "swiglu",
     "bias_sigmoid_gate",
     "bias_dropout_residual",

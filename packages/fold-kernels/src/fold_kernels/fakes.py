@@ -85,6 +85,11 @@ def layer_norm_linear(x, ln_weight, ln_bias, weight, bias=None, eps=1e-5):
     return y
 
 
+def adaptive_layer_norm(a, gate, shift, eps=1e-5):
+    """y like a; transients: fp32 mean and rstd per row."""
+    return layer_norm(a, None, None, eps)
+
+
 def swiglu(x, weight, bias=None):
     """y ``[*, O/2]``; the kernel copies a non-contiguous x to ``[M, K]`` rows first."""
     x2 = x.reshape(-1, x.shape[-1]).contiguous()
@@ -129,6 +134,7 @@ FAKES = {
     "layer_norm": layer_norm,
     "layer_norm_fork": layer_norm_fork,
     "layer_norm_linear": layer_norm_linear,
+    "adaptive_layer_norm": adaptive_layer_norm,
     "softmax_mask_bias": softmax_mask_bias,
     "swiglu": swiglu,
     "bias_sigmoid_gate": bias_sigmoid_gate,

@@ -29,6 +29,7 @@ from fold_kernels import triangle_gate
 from fold_kernels.broadcast import broadcast_shape
 from fold_kernels.fakes import FAKES
 from fold_kernels.index32 import grid_fits, pair_bias_fits, rows_fit
+from fold_kernels.layer_norm import MAX_HIDDEN
 
 __all__ = ["register", "SUPPORTS"]
 
@@ -147,6 +148,15 @@ def supports_layer_norm_linear(x, ln_weight, ln_bias, weight, bias=None, eps=1e-
     return bias is None or bias.shape == (weight.shape[0],)
 
 
+def supports_adaptive_layer_norm(a, gate, shift, eps=1e-5) -> bool:
+    """a, gate and shift of one shape and dtype (the diffusion and atom transformers' AdaLN;
+    a broadcast conditioning takes the PyTorch path)."""
+    if not _common(a, gate, shift) or a.dim() == 0:
+        return False
+    return (gate.shape == a.shape and shift.shape == a.shape and gate.dtype == a.dtype
+            and shift.dtype == a.dtype and 0 < a.shape[-1] <= MAX_HIDDEN and rows_fit(a.shape))
+
+
 def supports_swiglu(x, weight, bias=None) -> bool:
     if not _common(x, weight, bias):
         return False
@@ -203,6 +213,7 @@ SUPPORTS: dict[str, tuple[Callable, Callable[..., bool]]] = {
     "layer_norm_fork": (kernels.layer_norm_fork, supports_layer_norm_fork),
     "layer_norm_linear": (kernels.layer_norm_linear,
                           supports_layer_norm_linear),
+    "adaptive_layer_norm": (kernels.adaptive_layer_norm, supports_adaptive_layer_norm),
     "softmax_mask_bias": (kernels.softmax_mask_bias,
                           supports_softmax_mask_bias),
     "swiglu": (kernels.swiglu, supports_swiglu),

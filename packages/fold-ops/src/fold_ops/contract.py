@@ -30,6 +30,10 @@ neither states an op again. An op's signature is its reference's signature
     its LayerNorm feeds. A backend sums the gradients of all of them in LayerNorm's backward.
 ``layer_norm_linear(x, ln_weight, ln_bias, weight, bias=None, eps=1e-5) -> y``
     ``F.linear(F.layer_norm(x), weight, bias)``.
+``adaptive_layer_norm(a, gate, shift, eps=1e-5) -> y``
+    AF3's adaptive LayerNorm (Alg. 26) given its projections of the conditioning:
+    ``sigmoid(gate) * layer_norm(a) + shift`` over the last dim, no affine parameters;
+    a, gate, shift ``[*, C]``.
 ``softmax_mask_bias(logits, mask=None, bias=None) -> p``
     softmax over the last dim of ``logits + bias + (mask - 1) * inf``; mask/bias broadcast.
 ``swiglu(x, weight, bias=None) -> y``
@@ -87,6 +91,7 @@ OPS: dict[str, Op] = {op.name: op for op in (
     _op(reference.layer_norm),
     _op(reference.layer_norm_fork),
     _op(reference.layer_norm_linear),
+    _op(reference.adaptive_layer_norm),
     _op(reference.softmax_mask_bias),
     _op(reference.swiglu),
     _op(reference.bias_sigmoid_gate),

@@ -25,6 +25,7 @@ __all__ = [
     "layer_norm",
     "layer_norm_fork",
     "layer_norm_linear",
+    "adaptive_layer_norm",
     "softmax_mask_bias",
     "swiglu",
     "bias_sigmoid_gate",
@@ -148,6 +149,14 @@ def layer_norm_linear(
 ) -> torch.Tensor:
     """``F.linear(layer_norm(x), weight, bias)`` (the linear follows autocast if active)."""
     return F.linear(layer_norm(x, ln_weight, ln_bias, eps), weight, bias)
+
+
+def adaptive_layer_norm(
+    a: torch.Tensor, gate: torch.Tensor, shift: torch.Tensor, eps: float = 1e-5
+) -> torch.Tensor:
+    """AF3's adaptive LayerNorm (Alg. 26) given its conditioning projections:
+    ``sigmoid(gate) * layer_norm(a) + shift``, the LayerNorm without affine parameters."""
+    return torch.sigmoid(gate) * layer_norm(a, None, None, eps) + shift
 
 
 def softmax_mask_bias(
