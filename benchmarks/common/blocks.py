@@ -83,8 +83,9 @@ def loss(block: torch.nn.Module, args: tuple) -> torch.Tensor:
     return sum(o.float().square().mean() for o in outs)
 
 
-def evoformer_step(device, dtype, n_seq: int = 6, n_res: int = 10):
-    """One training step of a tiny AF2 Evoformer block (masks with ~10% holes)."""
+def evoformer_step(device, dtype, n_seq: int = 6, n_res: int = 10, forward_only: bool = False):
+    """One training step of a tiny AF2 Evoformer block (masks with ~10% holes); with
+    ``forward_only`` its forward in eval mode (inference: the caller sets ``no_grad``)."""
     from fold_model.af2 import config as af2_config
     from fold_model.af2.evoformer import make_block
 
@@ -96,6 +97,10 @@ def evoformer_step(device, dtype, n_seq: int = 6, n_res: int = 10):
     msa_mask = (torch.rand(1, n_seq, n_res, device=device) > 0.1).to(dtype)
     pair_mask = (torch.rand(1, n_res, n_res, device=device) > 0.1).to(dtype)
 
+    if forward_only:
+        block.eval()
+        return lambda: block(m, z, msa_mask, pair_mask)
+
     def run():
         m_out, z_out = block(m, z, msa_mask, pair_mask)
         (m_out.float().sum() + z_out.float().sum()).backward()
@@ -104,7 +109,11 @@ def evoformer_step(device, dtype, n_seq: int = 6, n_res: int = 10):
     return run
 
 
-def pairformer_step(device, dtype, n: int = 10):
-    """One training step of a tiny AF3 Pairformer block."""
+def pairformer_step(device, dtype, n: int = 10, forward_only: bool = False):
+    """One training step of a tiny AF3 Pairformer block; with ``forward_only`` its forward in
+    eval mode (inference: the caller sets ``no_grad``)."""
     block, args = build("pairformer", n, 1, True, device, dtype)
+    if forward_only:
+        block.eval()
+        return lambda: block(*args)
     return lambda: step(block, args)

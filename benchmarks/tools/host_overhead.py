@@ -95,8 +95,9 @@ def _forward_backward(fn):
 
 
 def measure(device, calls: int, reps: int) -> list[dict]:
-    """Rows ``{"call", "mode", "triton_us", "torch_us"}``; on a GPU also forward-only rows and the
-    fixed cost of a backward call (``torch_us`` only)."""
+    """Rows ``{"call", "mode", "triton_us", "torch_us"}``: each op forward+backward and forward
+    alone under ``no_grad``, the tiny block steps and forwards; on a GPU also the fixed cost of a
+    backward call (``torch_us`` only)."""
     import torch
     from fold_model import ops
 
@@ -117,11 +118,11 @@ def measure(device, calls: int, reps: int) -> list[dict]:
     for name, fwd in cases.items():
         rows.append({"call": name, "mode": "fwd+bwd", **both(_forward_backward(fwd), calls)})
         print(rows[-1], flush=True)
+    for name, fwd in cases.items():  # inference: no autograd graph
+        with torch.no_grad():
+            rows.append({"call": name, "mode": "fwd, no_grad", **both(fwd, calls)})
+        print(rows[-1], flush=True)
     if gpu:
-        for name, fwd in cases.items():
-            with torch.no_grad():
-                rows.append({"call": name, "mode": "fwd, no_grad", **both(fwd, calls)})
-            print(rows[-1], flush=True)
         x = torch.randn(64, 128, device=device, requires_grad=True)
         backward = _forward_backward(lambda: x * 2)
         rows.append({"call": "(x * 2).sum().backward(), PyTorch alone", "mode": "fwd+bwd",
@@ -134,6 +135,11 @@ def measure(device, calls: int, reps: int) -> list[dict]:
                        ("pairformer block step (tiny)", pairformer_step)):
         step = make(device, torch.bfloat16)
         rows.append({"call": name, "mode": "fwd+bwd", **both(step, max(1, calls // 20))})
+        print(rows[-1], flush=True)
+        forward = make(device, torch.bfloat16, forward_only=True)
+        with torch.no_grad():
+            rows.append({"call": name.replace("step", "forward"), "mode": "fwd, no_grad",
+                         **both(forward, max(1, calls // 20))})
         print(rows[-1], flush=True)
     return rows
 

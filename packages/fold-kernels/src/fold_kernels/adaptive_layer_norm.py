@@ -22,7 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
-from fold_kernels import tuning
+from fold_kernels import nograd, tuning
 from fold_kernels.index32 import check_rows
 from fold_kernels.ints import cdiv, next_power_of_2
 from fold_kernels.launch import fast
@@ -147,8 +147,4 @@ def adaptive_layer_norm(a: torch.Tensor, gate: torch.Tensor, shift: torch.Tensor
     tuning.require_device("adaptive_layer_norm", a, "fold_ops.reference.adaptive_layer_norm")
     if a.numel() == 0:
         return a + gate + shift  # no rows: an empty result, and gradients for all three
-    if not (torch.is_grad_enabled()
-            and (a.requires_grad or gate.requires_grad or shift.requires_grad)):
-        # inference: no autograd node (a quarter of the op's host time) and nothing saved
-        return _forward(_dense(a), _dense(gate), _dense(shift), eps)[0]
-    return _AdaptiveLayerNorm.apply(a, gate, shift, eps)
+    return nograd.apply(_AdaptiveLayerNorm, a, gate, shift, eps)  # inference: no autograd node

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from fold_kernels import tuning
+from fold_kernels import nograd, tuning
 
 __all__ = ["linear_channel_first"]
 
@@ -73,4 +73,4 @@ def linear_channel_first(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
                          f"and {weight.dtype}")
     tuning.require_device("linear_channel_first", x,
                           "fold_ops.reference.linear_channel_first")
-    return _LinearChannelFirst.apply(x, weight)
+    return nograd.apply(_LinearChannelFirst, x, weight)

@@ -12,7 +12,7 @@ import torch
 import triton
 import triton.language as tl
 
-from fold_kernels import tuning
+from fold_kernels import nograd, tuning
 from fold_kernels.broadcast import broadcast_shape, reduce_to, row_layout, row_offsets
 from fold_kernels.index32 import check_rows
 from fold_kernels.ints import cdiv, next_power_of_2
@@ -171,7 +171,7 @@ def bias_sigmoid_gate(x: torch.Tensor, gate: torch.Tensor,
                       bias: torch.Tensor | None = None) -> torch.Tensor:
     """``x * sigmoid(gate + bias)``; operands broadcast (e.g. bias ``[C]``), y in x's dtype."""
     tuning.require_device("bias_sigmoid_gate", x, "fold_ops.reference.bias_sigmoid_gate")
-    return _BiasSigmoidGate.apply(x, gate, bias)
+    return nograd.apply(_BiasSigmoidGate, x, gate, bias)
 
 
 class _BiasDropoutResidual(torch.autograd.Function):
@@ -226,4 +226,4 @@ def bias_dropout_residual(x: torch.Tensor, residual: torch.Tensor,
     """
     tuning.require_device("bias_dropout_residual", x,
                           "fold_ops.reference.bias_dropout_residual")
-    return _BiasDropoutResidual.apply(x, residual, bias, dropout_mask)
+    return nograd.apply(_BiasDropoutResidual, x, residual, bias, dropout_mask)

@@ -64,7 +64,7 @@ import triton
 import triton.language as tl
 from fold_ops.env import EnvVar
 
-from fold_kernels import tuning
+from fold_kernels import nograd, tuning
 from fold_kernels.broadcast import broadcast_shape
 from fold_kernels.index32 import check_grid, pair_bias_fits, span_fits
 from fold_kernels.ints import cdiv, next_power_of_2
@@ -1160,7 +1160,7 @@ def evo_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     _check(q, k, v, bias, mask, gate)
     if scale is None:
         scale = q.shape[-1] ** -0.5
-    return _EvoAttention.apply(q, k, v, bias, mask, gate, scale)
+    return nograd.apply(_EvoAttention, q, k, v, bias, mask, gate, scale)
 
 
 def evo_attention_packed(proj: torch.Tensor, no_heads: int, bias: torch.Tensor | None = None,
@@ -1185,7 +1185,7 @@ def evo_attention_packed(proj: torch.Tensor, no_heads: int, bias: torch.Tensor |
     d = proj.shape[-1] // ((4 if gated else 3) * no_heads)
     if scale is None:
         scale = d ** -0.5
-    return _EvoAttentionPacked.apply(proj, bias, mask, gate_bias, scale, no_heads, gated)
+    return nograd.apply(_EvoAttentionPacked, proj, bias, mask, gate_bias, scale, no_heads, gated)
 
 
 def _check_packed(proj, no_heads, bias, mask, gate_bias, gated) -> None:

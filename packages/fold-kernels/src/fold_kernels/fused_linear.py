@@ -19,7 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
-from fold_kernels import tuning
+from fold_kernels import nograd, tuning
 from fold_kernels.index32 import check_rows
 from fold_kernels.ints import cdiv, next_power_of_2
 from fold_kernels.launch import fast
@@ -214,7 +214,7 @@ def layer_norm_linear(x: torch.Tensor, ln_weight: torch.Tensor, ln_bias: torch.T
     if bias is not None and bias.shape != (weight.shape[0],):
         raise ValueError(f"layer_norm_linear: bias must be [{weight.shape[0]}], "
                          f"got {tuple(bias.shape)}")
-    return _LayerNormLinear.apply(x, ln_weight, ln_bias, weight, bias, eps)
+    return nograd.apply(_LayerNormLinear, x, ln_weight, ln_bias, weight, bias, eps)
 
 
 def _run_swiglu(kernel, name: str, x2: torch.Tensor, w: torch.Tensor,
@@ -273,4 +273,4 @@ def swiglu(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
         raise ValueError(f"swiglu: bias must be [{weight.shape[0]}], got {tuple(bias.shape)}")
     tuning.require_device("swiglu", x, "fold_ops.reference.swiglu")
     check_rows("swiglu", x.shape)
-    return _SwiGLU.apply(x, weight, bias)
+    return nograd.apply(_SwiGLU, x, weight, bias)

@@ -19,7 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
-from fold_kernels import tuning
+from fold_kernels import nograd, tuning
 from fold_kernels.broadcast import row_layout, row_offsets
 from fold_kernels.index32 import check_rows
 from fold_kernels.ints import cdiv, next_power_of_2
@@ -261,7 +261,7 @@ def layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,
                eps: float = 1e-5) -> torch.Tensor:
     """LayerNorm over the last dim of ``x [*, C]``, like ``F.layer_norm``; y in x's dtype."""
     check_layer_norm(x, weight, bias)
-    return _LayerNorm.apply(x, weight, bias, eps)
+    return nograd.apply(_LayerNorm, x, weight, bias, eps)
 
 
 class _LayerNormFork(torch.autograd.Function):

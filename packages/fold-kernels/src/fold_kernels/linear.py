@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from fold_kernels import tuning
+from fold_kernels import nograd, tuning
 from fold_kernels.reduce import column_sum
 
 __all__ = ["linear"]
@@ -59,4 +59,4 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
         raise ValueError(f"linear: x, weight and bias must share a dtype, got {x.dtype}, "
                          f"{weight.dtype}, {bias.dtype}")
     tuning.require_device("linear", x, "torch.nn.functional.linear")
-    return _Linear.apply(x, weight, bias)
+    return nograd.apply(_Linear, x, weight, bias)

@@ -18,7 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
-from fold_kernels import tuning
+from fold_kernels import nograd, tuning
 from fold_kernels.broadcast import broadcast_shape, reduce_to, row_layout, row_offsets
 from fold_kernels.index32 import check_rows
 from fold_kernels.ints import cdiv, next_power_of_2
@@ -146,4 +146,4 @@ def softmax_mask_bias(logits: torch.Tensor, mask: torch.Tensor | None = None,
                          f"got {logits.shape[-1]}")
     tuning.require_device("softmax_mask_bias", logits, "fold_ops.reference.softmax_mask_bias")
     check_rows("softmax_mask_bias", logits.shape)
-    return _SoftmaxMaskBias.apply(logits, mask, bias)
+    return nograd.apply(_SoftmaxMaskBias, logits, mask, bias)

@@ -25,7 +25,7 @@ import torch
 import triton
 import triton.language as tl
 
-from fold_kernels import tuning
+from fold_kernels import nograd, tuning
 from fold_kernels.index32 import check_grid
 from fold_kernels.ints import cdiv
 from fold_kernels.launch import fast
@@ -219,4 +219,4 @@ def triangle_projection_gate(proj: torch.Tensor, bias: torch.Tensor,
                           "fold_ops.reference.triangle_projection_gate")
     for what, programs in grid_sizes(proj.shape).items():
         check_grid("triangle_projection_gate", what, programs)
-    return _TriangleProjectionGate.apply(proj, bias, mask)
+    return nograd.apply(_TriangleProjectionGate, proj, bias, mask)
