@@ -2,10 +2,11 @@
 
 The LayerNorm of ``a`` has no affine parameters; ``gate = Linear(LN(s))`` and
 ``shift = LinearNoBias(LN(s))`` come from the conditioning ``s`` (cuBLAS GEMMs, outside this op).
-AF3's diffusion transformer runs it twice per block over ``[samples, N_token, 768]`` and its atom
-transformer likewise. PyTorch runs it as four passes over ``[*, C]`` forward (LayerNorm,
-sigmoid, multiply, add) and about five backward; here one each way, rows of C held in registers
-as in :mod:`fold_kernels.layer_norm`:
+AF3's diffusion transformer runs it twice per block over ``[samples, N_token, 768]``. (The atom
+transformers' AdaLN, whose conditioning broadcasts over the samples, is left to PyTorch by the
+registry: see ``registration.supports_adaptive_layer_norm``.) PyTorch runs it as four passes
+over ``[*, C]`` forward (LayerNorm, sigmoid, multiply, add) and about five backward; here one
+each way, rows of C held in registers as in :mod:`fold_kernels.layer_norm`:
 
 * forward: reads a, gate, shift; writes y and each row's fp32 mean and 1/std;
 * backward: reads a, gate, dy and the statistics; writes da and d(gate):

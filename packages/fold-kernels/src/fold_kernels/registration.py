@@ -149,8 +149,9 @@ def supports_layer_norm_linear(x, ln_weight, ln_bias, weight, bias=None, eps=1e-
 
 
 def supports_adaptive_layer_norm(a, gate, shift, eps=1e-5) -> bool:
-    """a, gate and shift of one shape and dtype (the diffusion and atom transformers' AdaLN;
-    a broadcast conditioning takes the PyTorch path)."""
+    """a, gate and shift of one shape and dtype (the diffusion transformer's AdaLN). A
+    conditioning that broadcasts (the atom transformers': ``[B, 1, A, C]`` over the samples)
+    takes the PyTorch path."""
     if not _common(a, gate, shift) or a.dim() == 0:
         return False
     return (gate.shape == a.shape and shift.shape == a.shape and gate.dtype == a.dtype
