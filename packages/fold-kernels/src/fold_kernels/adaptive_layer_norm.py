@@ -17,8 +17,6 @@ each way, rows of C held in registers as in :mod:`fold_kernels.layer_norm`:
 
 from __future__ import annotations
 
-import functools
-
 import torch
 import triton
 import triton.language as tl
@@ -27,9 +25,22 @@ from fold_kernels import nograd, tuning
 from fold_kernels.index32 import check_rows
 from fold_kernels.ints import cdiv, next_power_of_2
 from fold_kernels.launch import fast
-from fold_kernels.layer_norm import MAX_HIDDEN
+from fold_kernels.layer_norm import MAX_HIDDEN, _block_r, _num_warps, row_stats
 
 __all__ = ["adaptive_layer_norm"]
+
+
+@triton.jit
+def _rows(rows, C, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
+    """This program's rows of contiguous ``[rows, C]`` tensors: ``(offs_r, r_valid, rc, ptrs)``,
+    ``ptrs`` the element offsets of the ``[BLOCK_R, BLOCK_C]`` tile (int64: rows * C may pass
+    2**31), ``rc`` its in-bounds mask."""
+    offs_r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    offs_c = tl.arange(0, BLOCK_C)
+    r_valid = offs_r < rows
+    rc = r_valid[:, None] & (offs_c < C)[None, :]
+    ptrs = offs_r.to(tl.int64)[:, None] * C + offs_c[None, :]
+    return offs_r, r_valid, rc, ptrs
 
 
 @fast
@@ -37,15 +48,9 @@ __all__ = ["adaptive_layer_norm"]
 def _ada_ln_fwd(A, G, S, Y, Mean, Rstd, rows, C, eps,
                 BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
     """Rows [BLOCK_R] of contiguous ``[rows, C]`` a, gate, shift -> y, mean, rstd."""
-    offs_r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
-    offs_c = tl.arange(0, BLOCK_C)
-    r_valid = offs_r < rows
-    rc = r_valid[:, None] & (offs_c < C)[None, :]
-    ptrs = offs_r.to(tl.int64)[:, None] * C + offs_c[None, :]  # rows * C may pass 2**31
+    offs_r, r_valid, rc, ptrs = _rows(rows, C, BLOCK_R, BLOCK_C)
     x = tl.load(A + ptrs, mask=rc, other=0.0).to(tl.float32)  # [BLOCK_R, BLOCK_C]
-    mean = tl.sum(x, 1) / C
-    xc = tl.where(rc, x - mean[:, None], 0.0)
-    rstd = 1.0 / tl.sqrt(tl.sum(xc * xc, 1) / C + eps)
+    mean, xc, rstd = row_stats(x, rc, C, eps)
     g = tl.load(G + ptrs, mask=rc, other=0.0).to(tl.float32)
     shift = tl.load(S + ptrs, mask=rc, other=0.0).to(tl.float32)
     y = tl.sigmoid(g) * (xc * rstd[:, None]) + shift
@@ -59,11 +64,7 @@ def _ada_ln_fwd(A, G, S, Y, Mean, Rstd, rows, C, eps,
 def _ada_ln_bwd(A, G, DY, Mean, Rstd, DA, DG, rows, C,
                 BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
     """Rows [BLOCK_R]: da and d(gate) from a, gate, dy and the forward's statistics."""
-    offs_r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
-    offs_c = tl.arange(0, BLOCK_C)
-    r_valid = offs_r < rows
-    rc = r_valid[:, None] & (offs_c < C)[None, :]
-    ptrs = offs_r.to(tl.int64)[:, None] * C + offs_c[None, :]
+    offs_r, r_valid, rc, ptrs = _rows(rows, C, BLOCK_R, BLOCK_C)
     x = tl.load(A + ptrs, mask=rc, other=0.0).to(tl.float32)
     g = tl.load(G + ptrs, mask=rc, other=0.0).to(tl.float32)
     dy = tl.load(DY + ptrs, mask=rc, other=0.0).to(tl.float32)
@@ -80,21 +81,10 @@ def _ada_ln_bwd(A, G, DY, Mean, Rstd, DA, DG, rows, C,
 
 
 def _blocks(c: int) -> tuple[int, int, int]:
-    """(BLOCK_R, BLOCK_C, num_warps): about 4K elements a program, as the LayerNorm's."""
-    return _blocks_for(c, tuning.interpreting())
-
-
-@functools.cache
-def _blocks_for(c: int, interpreting: bool) -> tuple[int, int, int]:
+    """(BLOCK_R, BLOCK_C, num_warps): the LayerNorm's (about 4K elements a program)."""
     block_c = next_power_of_2(c)
-    if interpreting:
-        return 4, block_c, 1
-    block_r = max(1, min(64, 4096 // block_c))
-    return block_r, block_c, 8 if block_r * block_c >= 8192 else 4
-
-
-def _dense(t: torch.Tensor) -> torch.Tensor:
-    return t if t.is_contiguous() else t.contiguous()
+    block_r = _block_r(c)
+    return block_r, block_c, _num_warps(block_r, block_c)
 
 
 def _forward(a, gate, shift, eps):
@@ -112,7 +102,7 @@ def _forward(a, gate, shift, eps):
 class _AdaptiveLayerNorm(torch.autograd.Function):
     @staticmethod
     def forward(ctx, a, gate, shift, eps):
-        a, gate, shift = _dense(a), _dense(gate), _dense(shift)
+        a, gate, shift = a.contiguous(), gate.contiguous(), shift.contiguous()
         y, stats = _forward(a, gate, shift, eps)
         ctx.save_for_backward(a, gate, stats)
         return y
@@ -120,7 +110,7 @@ class _AdaptiveLayerNorm(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dy):
         a, gate, stats = ctx.saved_tensors
-        dy = _dense(dy)
+        dy = dy.contiguous()
         c = a.shape[-1]
         rows = a.numel() // c
         da = torch.empty_like(a)

@@ -26,9 +26,21 @@ from fold_kernels.ints import cdiv, next_power_of_2
 from fold_kernels.launch import fast
 from fold_kernels.reduce import sum_partials
 
-__all__ = ["layer_norm", "layer_norm_fork", "ln_forward", "ln_backward", "MAX_HIDDEN"]
+__all__ = ["layer_norm", "layer_norm_fork", "ln_forward", "ln_backward", "row_stats",
+           "MAX_HIDDEN"]
 
 MAX_HIDDEN = 8192
+
+
+@triton.jit
+def row_stats(x, rc, C, eps):
+    """``(mean, xc, rstd)`` of each row of ``x [BLOCK_R, BLOCK_C]`` (fp32, zeros outside ``rc``):
+    the mean, the centered rows (zero outside ``rc``) and 1/std, the variance taken from the
+    centered values in registers (one pass over memory)."""
+    mean = tl.sum(x, 1) / C
+    xc = tl.where(rc, x - mean[:, None], 0.0)
+    rstd = 1.0 / tl.sqrt(tl.sum(xc * xc, 1) / C + eps)
+    return mean, xc, rstd
 
 
 @fast
@@ -45,9 +57,7 @@ def _ln_fwd(X, W, B, Y, Mean, Rstd, rows, C, eps, d1, d2, xs0, xs1, xs2, xsc,
     xptrs = (row_offsets(offs_r, d1, d2, xs0, xs1, xs2)[:, None]
              + offs_c.to(tl.int64)[None, :] * xsc)
     x = tl.load(X + xptrs, mask=rc, other=0.0).to(tl.float32)  # [BLOCK_R, BLOCK_C]
-    mean = tl.sum(x, 1) / C
-    xc = tl.where(rc, x - mean[:, None], 0.0)
-    rstd = 1.0 / tl.sqrt(tl.sum(xc * xc, 1) / C + eps)
+    mean, xc, rstd = row_stats(x, rc, C, eps)
     w = tl.load(W + offs_c, mask=c_valid, other=0.0).to(tl.float32)
     b = tl.load(B + offs_c, mask=c_valid, other=0.0).to(tl.float32)
     y = xc * rstd[:, None] * w[None, :] + b[None, :]
