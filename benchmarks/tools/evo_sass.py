@@ -72,7 +72,7 @@ def compile_kernel(module, kernel: str, cfg: dict, head_dim: int, has_mask: bool
                   ROWS=cfg["rows"], TWO_ROWS=cfg["rows"] == 2, EVEN=True,
                   EVEN_D=head_dim == block_d, DBIAS_ATOMIC=True, DQ_ATOMIC=False,
                   TRANSPOSE=cfg["transpose"], BLOCK_M=cfg["block_m"], BLOCK_N=cfg["block_n"],
-                  BLOCK_D=block_d, PRECISION="tf32", sbj=1, smj=1)
+                  BLOCK_D=block_d, PRECISION="tf32", PDL=True, sbj=1, smj=1)
     sig, const, attrs = {}, {}, {}
     for p in jit.params:
         i = (names.index(p.name),)

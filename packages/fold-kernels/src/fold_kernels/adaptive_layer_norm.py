@@ -21,7 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
-from fold_kernels import nograd, tuning
+from fold_kernels import nograd, pdl, tuning
 from fold_kernels.index32 import check_rows
 from fold_kernels.ints import cdiv, next_power_of_2
 from fold_kernels.launch import fast
@@ -46,8 +46,9 @@ def _rows(rows, C, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
 @fast
 @triton.jit
 def _ada_ln_fwd(A, G, S, Y, Mean, Rstd, rows, C, eps,
-                BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
+                BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, PDL: tl.constexpr = False):
     """Rows [BLOCK_R] of contiguous ``[rows, C]`` a, gate, shift -> y, mean, rstd."""
+    pdl.enter(PDL)
     offs_r, r_valid, rc, ptrs = _rows(rows, C, BLOCK_R, BLOCK_C)
     x = tl.load(A + ptrs, mask=rc, other=0.0).to(tl.float32)  # [BLOCK_R, BLOCK_C]
     mean, xc, rstd = row_stats(x, rc, C, eps)
@@ -62,8 +63,9 @@ def _ada_ln_fwd(A, G, S, Y, Mean, Rstd, rows, C, eps,
 @fast
 @triton.jit
 def _ada_ln_bwd(A, G, DY, Mean, Rstd, DA, DG, rows, C,
-                BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
+                BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, PDL: tl.constexpr = False):
     """Rows [BLOCK_R]: da and d(gate) from a, gate, dy and the forward's statistics."""
+    pdl.enter(PDL)
     offs_r, r_valid, rc, ptrs = _rows(rows, C, BLOCK_R, BLOCK_C)
     x = tl.load(A + ptrs, mask=rc, other=0.0).to(tl.float32)
     g = tl.load(G + ptrs, mask=rc, other=0.0).to(tl.float32)

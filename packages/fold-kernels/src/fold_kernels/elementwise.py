@@ -12,7 +12,7 @@ import torch
 import triton
 import triton.language as tl
 
-from fold_kernels import nograd, tuning
+from fold_kernels import nograd, pdl, tuning
 from fold_kernels.broadcast import broadcast_shape, reduce_to, row_layout, row_offsets
 from fold_kernels.index32 import check_rows
 from fold_kernels.ints import cdiv, next_power_of_2
@@ -38,7 +38,9 @@ def _ptrs(P, rows, cols, d1, d2, s0, s1, s2, sc):
 @triton.jit
 def _gate_fwd(X, G, Bias, Y, d0, d1, d2, C,
               xs0, xs1, xs2, xsc, gs0, gs1, gs2, gsc, bs0, bs1, bs2, bsc,
-              HAS_BIAS: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
+              HAS_BIAS: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
+              PDL: tl.constexpr = False):
+    pdl.enter(PDL)
     rows, cols, valid = _tile(d0, d1, d2, C, BLOCK_R, BLOCK_C)
     x = tl.load(_ptrs(X, rows, cols, d1, d2, xs0, xs1, xs2, xsc), mask=valid, other=0.0)
     z = tl.load(_ptrs(G, rows, cols, d1, d2, gs0, gs1, gs2, gsc), mask=valid, other=0.0)
@@ -55,7 +57,9 @@ def _gate_fwd(X, G, Bias, Y, d0, d1, d2, C,
 @triton.jit
 def _gate_bwd(X, G, Bias, DY, DX, DZ, d0, d1, d2, C,
               xs0, xs1, xs2, xsc, gs0, gs1, gs2, gsc, bs0, bs1, bs2, bsc, ys0, ys1, ys2, ysc,
-              HAS_BIAS: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
+              HAS_BIAS: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
+              PDL: tl.constexpr = False):
+    pdl.enter(PDL)
     rows, cols, valid = _tile(d0, d1, d2, C, BLOCK_R, BLOCK_C)
     x = tl.load(_ptrs(X, rows, cols, d1, d2, xs0, xs1, xs2, xsc), mask=valid, other=0.0)
     z = tl.load(_ptrs(G, rows, cols, d1, d2, gs0, gs1, gs2, gsc), mask=valid, other=0.0)
@@ -78,7 +82,8 @@ def _bdr_fwd(X, Res, Bias, Mask, Y, d0, d1, d2, C,
              xs0, xs1, xs2, xsc, rs0, rs1, rs2, rsc, bs0, bs1, bs2, bsc,
              ms0, ms1, ms2, msc,
              HAS_BIAS: tl.constexpr, HAS_MASK: tl.constexpr,
-             BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
+             BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, PDL: tl.constexpr = False):
+    pdl.enter(PDL)
     rows, cols, valid = _tile(d0, d1, d2, C, BLOCK_R, BLOCK_C)
     y = tl.load(_ptrs(X, rows, cols, d1, d2, xs0, xs1, xs2, xsc), mask=valid, other=0.0)
     y = y.to(tl.float32)
@@ -97,7 +102,8 @@ def _bdr_fwd(X, Res, Bias, Mask, Y, d0, d1, d2, C,
 @fast
 @triton.jit
 def _bdr_bwd(DY, Mask, DX, d0, d1, d2, C, ms0, ms1, ms2, msc, ys0, ys1, ys2, ysc,
-             BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
+             BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, PDL: tl.constexpr = False):
+    pdl.enter(PDL)
     rows, cols, valid = _tile(d0, d1, d2, C, BLOCK_R, BLOCK_C)
     out = rows.to(tl.int64)[:, None] * C + cols[None, :]
     dy = tl.load(_ptrs(DY, rows, cols, d1, d2, ys0, ys1, ys2, ysc), mask=valid, other=0.0)

@@ -64,7 +64,7 @@ import triton
 import triton.language as tl
 from fold_ops.env import EnvVar
 
-from fold_kernels import nograd, tuning
+from fold_kernels import nograd, pdl, tuning
 from fold_kernels.broadcast import broadcast_shape
 from fold_kernels.index32 import check_grid, pair_bias_fits, span_fits
 from fold_kernels.ints import cdiv, next_power_of_2
@@ -230,12 +230,13 @@ def _fwd(Q, K, V, G, GB, Bias, Mask, O, OPre, LSE,
          HAS_BIAS: tl.constexpr, HAS_MASK: tl.constexpr, HAS_GATE: tl.constexpr,
          HAS_GATE_BIAS: tl.constexpr, ROWS: tl.constexpr, EVEN: tl.constexpr,
          EVEN_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-         BLOCK_D: tl.constexpr, PRECISION: tl.constexpr):
+         BLOCK_D: tl.constexpr, PRECISION: tl.constexpr, PDL: tl.constexpr = False):
     """One query block of ``ROWS`` (1 or 2) rows r0, r0+1 of R: each bias tile is loaded and
     converted once for all of them (the bias is shared by the R rows), dividing the bias's L2
     traffic and conversions by ROWS. Rows past R-1 repeat the last row (same values stored).
     ``EVEN`` (N a multiple of both blocks) and ``EVEN_D`` (D == BLOCK_D): the loop's tiles are
     in bounds and loaded without masks."""
+    pdl.enter(PDL)
     mb = tl.program_id(0)
     rp = tl.program_id(1)
     bh = tl.program_id(2)
@@ -281,11 +282,12 @@ def _fwd(Q, K, V, G, GB, Bias, Mask, O, OPre, LSE,
 @triton.jit
 def _bwd_pre(DY, OPre, G, GB, DO, DG, Delta, rows, R, H, N, D, sqb, sqr, sqh, sqn,
              sob, sor, soh, son, HAS_GATE: tl.constexpr, HAS_GATE_BIAS: tl.constexpr,
-             BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr):
+             BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, PDL: tl.constexpr = False):
     """delta = rowsum(dO * O); with a gate, dO = dY * sigmoid(g), dg = dY * O * sig'(g).
 
     Rows are logical (b, r, h, n) rows in slab order (Delta's layout); dY, O and dO are read in
     the output layout, the gate and its gradient in q's."""
+    pdl.enter(PDL)
     offs_r = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
     offs_d = tl.arange(0, BLOCK_D)
     rd = (offs_r < rows)[:, None] & (offs_d < D)[None, :]
@@ -416,7 +418,7 @@ def _bwd_dkdv(Q, K, V, Bias, Mask, DO, LSE, Delta, DK, DV, DBias, DQ,
               DQ_ATOMIC: tl.constexpr,
               TRANSPOSE: tl.constexpr,
               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-              PRECISION: tl.constexpr):
+              PRECISION: tl.constexpr, PDL: tl.constexpr = False):
     """dK, dV of one key block; with ``DBIAS_ATOMIC`` also the bias gradient, each program
     adding its rows' dS tiles (both rows summed first) into the fp32 ``DBias [B_bias, H, N, N]``
     (zeroed; batch stride ``sdbb``, 0 when the bias is shared) with one atomic add per element:
@@ -425,6 +427,7 @@ def _bwd_dkdv(Q, K, V, Bias, Mask, DO, LSE, Delta, DK, DV, DBias, DQ,
     atomics into the zeroed dense ``DQ [B, R, H, N, D]`` (FlashAttention-2's original backward),
     so S and P are recomputed once instead of again in :func:`_bwd_dq` (not bit-reproducible).
     ``TRANSPOSE``: the tiles are computed key-major (:func:`_dkdv_step_t`)."""
+    pdl.enter(PDL)
     nb = tl.program_id(0)
     rp = tl.program_id(1)
     bh = tl.program_id(2)
@@ -540,7 +543,8 @@ def _bwd_dq(Q, K, V, Bias, Mask, DO, LSE, Delta, DQ,
             R, H, N, D, scale,
             HAS_BIAS: tl.constexpr, HAS_MASK: tl.constexpr, TWO_ROWS: tl.constexpr,
             EVEN: tl.constexpr, EVEN_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-            BLOCK_D: tl.constexpr, PRECISION: tl.constexpr):
+            BLOCK_D: tl.constexpr, PRECISION: tl.constexpr, PDL: tl.constexpr = False):
+    pdl.enter(PDL)
     mb = tl.program_id(0)
     rp = tl.program_id(1)
     bh = tl.program_id(2)
@@ -603,8 +607,9 @@ def _bwd_dbias(Q, K, V, Bias, Mask, DO, LSE, Delta, DBias,
                R, H, N, D, scale, rows_per_bias, rows_per_split, n_blocks_n,
                HAS_MASK: tl.constexpr,
                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-               PRECISION: tl.constexpr):
+               PRECISION: tl.constexpr, PDL: tl.constexpr = False):
     """dbias[bb, h, i, j] = sum over the rows (r, and b when the bias is broadcast) of dS."""
+    pdl.enter(PDL)
     split = tl.program_id(0) // n_blocks_n
     nb = tl.program_id(0) % n_blocks_n
     mb = tl.program_id(1)

@@ -19,7 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
-from fold_kernels import nograd, tuning
+from fold_kernels import nograd, pdl, tuning
 from fold_kernels.index32 import check_rows
 from fold_kernels.ints import cdiv, next_power_of_2
 from fold_kernels.launch import fast
@@ -39,8 +39,10 @@ def _mm(a, b, PRECISION: tl.constexpr):
 
 @fast
 @triton.jit
-def _row_stats(X, Mean, Rstd, M, K, eps, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr):
+def _row_stats(X, Mean, Rstd, M, K, eps, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr,
+               PDL: tl.constexpr = False):
     """Mean and 1/std of each row of x [M, K], rows held whole in registers (K <= 8192)."""
+    pdl.enter(PDL)
     offs_r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     offs_k = tl.arange(0, BLOCK_K)
     r_valid = offs_r < M
@@ -57,7 +59,8 @@ def _row_stats(X, Mean, Rstd, M, K, eps, BLOCK_R: tl.constexpr, BLOCK_K: tl.cons
 @triton.jit
 def _ln_linear_fwd(X, LW, LB, W, Bias, Y, Mean, Rstd, M, K, NOUT,
                    HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                   BLOCK_K: tl.constexpr, PRECISION: tl.constexpr):
+                   BLOCK_K: tl.constexpr, PRECISION: tl.constexpr, PDL: tl.constexpr = False):
+    pdl.enter(PDL)
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -120,7 +123,8 @@ def _swiglu_projection(X, W, Bias, M, K, NH, HAS_BIAS: tl.constexpr, BLOCK_M: tl
 @triton.jit
 def _swiglu_fwd(X, W, Bias, Y, M, K, NH,
                 HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                BLOCK_K: tl.constexpr, PRECISION: tl.constexpr):
+                BLOCK_K: tl.constexpr, PRECISION: tl.constexpr, PDL: tl.constexpr = False):
+    pdl.enter(PDL)
     a, b, row, col, mn = _swiglu_projection(X, W, Bias, M, K, NH, HAS_BIAS, BLOCK_M, BLOCK_N,
                                             BLOCK_K, PRECISION)
     y = a * tl.sigmoid(a) * b
@@ -131,10 +135,11 @@ def _swiglu_fwd(X, W, Bias, Y, M, K, NH,
 @triton.jit
 def _swiglu_bwd(X, W, Bias, DY, DH, M, K, NH,
                 HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                BLOCK_K: tl.constexpr, PRECISION: tl.constexpr):
+                BLOCK_K: tl.constexpr, PRECISION: tl.constexpr, PDL: tl.constexpr = False):
     """Recomputes the projection tile as the forward does and writes ``d[a, b]`` from it:
     ``da = dY b silu'(a)``, ``db = dY silu(a)``. The ``[M, 2 NH]`` projection is never written
     (recomputing it with cuBLAS and reading it back cost a third of the transition's backward)."""
+    pdl.enter(PDL)
     a, b, row, col, mn = _swiglu_projection(X, W, Bias, M, K, NH, HAS_BIAS, BLOCK_M, BLOCK_N,
                                             BLOCK_K, PRECISION)
     dy = tl.load(DY + row * NH + col, mask=mn, other=0.0).to(tl.float32)

@@ -24,6 +24,9 @@ finer than Triton's own rules (a finer key only costs a cache entry):
 
 Under ``TRITON_INTERPRET=1`` (CPU tests) and with ``FOLD_KERNELS_FAST_LAUNCH=0`` every call takes
 Triton's path unchanged.
+
+A kernel with a ``PDL: tl.constexpr`` parameter gets it here, on every path, and with it Triton's
+``launch_pdl`` option where programmatic dependent launch is on (:mod:`fold_kernels.pdl`).
 """
 
 from __future__ import annotations
@@ -34,13 +37,14 @@ from collections.abc import Callable, Sequence
 import torch
 from fold_ops.env import EnvVar
 
+from fold_kernels import pdl
 from fold_kernels.tuning import interpreting
 
 __all__ = ["FastKernel", "fast", "spec_key", "enabled"]
 
 _ENABLED = EnvVar("FOLD_KERNELS_FAST_LAUNCH", lambda v: (v if v is not None else "1") != "0")
 _INT32 = (-(2**31), 2**31)
-_LAUNCH_OPTIONS = ("num_warps", "num_stages", "num_ctas", "maxnreg")
+_LAUNCH_OPTIONS = ("num_warps", "num_stages", "num_ctas", "maxnreg", "launch_pdl")
 
 
 def enabled() -> bool:
@@ -103,6 +107,8 @@ class FastKernel:
         self._cache: dict[tuple, _Launch] = {}
         params = getattr(jit_fn, "params", None)
         self._params = [(p.name, p.default) for p in params] if params else None
+        fn = getattr(jit_fn, "fn", jit_fn)  # the Python function (the interpreter's too)
+        self._pdl = pdl.PARAM in inspect.signature(fn).parameters
 
     def __getattr__(self, name: str):
         return getattr(self.jit, name)
@@ -124,6 +130,11 @@ class FastKernel:
         return tuple(tail)
 
     def launch(self, grid, args: tuple, kwargs: dict):
+        if self._pdl:  # the kernel waits for its predecessors itself when PDL is True
+            if not interpreting() and pdl.active(torch.cuda.current_device()):
+                kwargs = {**kwargs, pdl.PARAM: True, "launch_pdl": True}
+            else:
+                kwargs = {**kwargs, pdl.PARAM: False}
         if callable(grid) or not enabled():
             return self.jit[grid](*args, **kwargs)
         try:

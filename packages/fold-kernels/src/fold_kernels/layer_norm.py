@@ -19,7 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
-from fold_kernels import nograd, tuning
+from fold_kernels import nograd, pdl, tuning
 from fold_kernels.broadcast import row_layout, row_offsets
 from fold_kernels.index32 import check_rows
 from fold_kernels.ints import cdiv, next_power_of_2
@@ -46,7 +46,8 @@ def row_stats(x, rc, C, eps):
 @fast
 @triton.jit
 def _ln_fwd(X, W, B, Y, Mean, Rstd, rows, C, eps, d1, d2, xs0, xs1, xs2, xsc,
-            BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
+            BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, PDL: tl.constexpr = False):
+    pdl.enter(PDL)
     offs_r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     offs_c = tl.arange(0, BLOCK_C)
     r_valid = offs_r < rows
@@ -72,10 +73,11 @@ def _ln_bwd(X, W, DY, DY2, DR, Mean, Rstd, DX, DWp, DBp, sp, rows, C, d1, d2,
             xs0, xs1, xs2, xsc, ys0, ys1, ys2, ysc, y2s0, y2s1, y2s2, y2sc,
             rs0, rs1, rs2, rsc, ds0, ds1, ds2, dsc,
             HAS_DY2: tl.constexpr, HAS_DR: tl.constexpr,
-            BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
+            BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, PDL: tl.constexpr = False):
     """x, dy (+ dy2) (+ dr) and dx each through their own row strides (the row dims are
     shared). ``dy2``: a second reader's gradient of y, summed into dy; ``dr``: the gradient of
     x from outside the LayerNorm (the residual stream), added to dx (:func:`layer_norm_fork`)."""
+    pdl.enter(PDL)
     pid = tl.program_id(0)
     n_prog = tl.num_programs(0)
     offs_c = tl.arange(0, BLOCK_C)

@@ -17,7 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
-from fold_kernels import tuning
+from fold_kernels import pdl, tuning
 from fold_kernels.ints import cdiv
 from fold_kernels.launch import fast
 
@@ -28,7 +28,9 @@ __all__ = ["fused_adam_ema_", "global_grad_norm", "clip_coefficient", "swa_decay
 @triton.jit
 def _adam_ema(P, G, M, V, E, Scale, n, lr, beta1, beta2, eps, weight_decay,
               bias_corr1, bias_corr2, ema_decay,
-              HAS_SCALE: tl.constexpr, HAS_EMA: tl.constexpr, BLOCK: tl.constexpr):
+              HAS_SCALE: tl.constexpr, HAS_EMA: tl.constexpr, BLOCK: tl.constexpr,
+              PDL: tl.constexpr = False):
+    pdl.enter(PDL)
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     valid = offs < n
     g = tl.load(G + offs, mask=valid, other=0.0).to(tl.float32)
@@ -52,7 +54,8 @@ def _adam_ema(P, G, M, V, E, Scale, n, lr, beta1, beta2, eps, weight_decay,
 
 @fast
 @triton.jit
-def _sumsq(G, Partial, n, BLOCK: tl.constexpr, ITERS: tl.constexpr):
+def _sumsq(G, Partial, n, BLOCK: tl.constexpr, ITERS: tl.constexpr, PDL: tl.constexpr = False):
+    pdl.enter(PDL)
     pid = tl.program_id(0)
     acc = tl.zeros([BLOCK], tl.float32)
     for i in range(ITERS):

@@ -21,7 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
-from fold_kernels import tuning
+from fold_kernels import pdl, tuning
 from fold_kernels.index32 import check_grid, check_rows, grid_fits, rows_fit
 from fold_kernels.ints import cdiv, next_power_of_2
 from fold_kernels.launch import fast
@@ -31,9 +31,11 @@ __all__ = ["sum_partials", "column_sum", "column_sum_fits"]
 
 @fast
 @triton.jit
-def _sum_partials(P, Out, S, M, rows_per_group, BLOCK_S: tl.constexpr, BLOCK_M: tl.constexpr):
+def _sum_partials(P, Out, S, M, rows_per_group, BLOCK_S: tl.constexpr, BLOCK_M: tl.constexpr,
+                  PDL: tl.constexpr = False):
     """Program (j, g) sums rows [g * rows_per_group, (g + 1) * rows_per_group) of column block j
     of ``P [S, M]`` into row g of ``Out [groups, M]``."""
+    pdl.enter(PDL)
     # int64: M (the partials' row length, e.g. a [B, H, N, N] bias gradient) can pass 2**31
     offs_m = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
     g = tl.program_id(1)
@@ -95,8 +97,10 @@ def sum_partials(partials: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 
 @fast
 @triton.jit
-def _column_partials(X, P, M, C, sxm, sxc, BLOCK_M: tl.constexpr, BLOCK_C: tl.constexpr):
+def _column_partials(X, P, M, C, sxm, sxc, BLOCK_M: tl.constexpr, BLOCK_C: tl.constexpr,
+                     PDL: tl.constexpr = False):
     """Program (p, j) sums row blocks p, p + P, p + 2P, ... of columns block j into P[p, cols]."""
+    pdl.enter(PDL)
     pid = tl.program_id(0)
     n_prog = tl.num_programs(0)
     offs_c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)

@@ -18,7 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
-from fold_kernels import nograd, tuning
+from fold_kernels import nograd, pdl, tuning
 from fold_kernels.broadcast import broadcast_shape, reduce_to, row_layout, row_offsets
 from fold_kernels.index32 import check_rows
 from fold_kernels.ints import cdiv, next_power_of_2
@@ -34,7 +34,8 @@ MAX_ROW = 16384
 def _softmax_fwd(Z, Bias, Mask, P, d0, d1, d2, L,
                  zs0, zs1, zs2, zsc, bs0, bs1, bs2, bsc, ms0, ms1, ms2, msc,
                  HAS_BIAS: tl.constexpr, HAS_MASK: tl.constexpr,
-                 BLOCK_R: tl.constexpr, BLOCK_L: tl.constexpr):
+                 BLOCK_R: tl.constexpr, BLOCK_L: tl.constexpr, PDL: tl.constexpr = False):
+    pdl.enter(PDL)
     rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     cols = tl.arange(0, BLOCK_L)
     c_valid = cols < L
@@ -59,7 +60,9 @@ def _softmax_fwd(Z, Bias, Mask, P, d0, d1, d2, L,
 @fast
 @triton.jit
 def _softmax_bwd(P, DP, Mask, DZ, d0, d1, d2, L, ms0, ms1, ms2, msc,
-                 HAS_MASK: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_L: tl.constexpr):
+                 HAS_MASK: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_L: tl.constexpr,
+                 PDL: tl.constexpr = False):
+    pdl.enter(PDL)
     rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     cols = tl.arange(0, BLOCK_L)
     valid = (rows < d0 * d1 * d2)[:, None] & (cols < L)[None, :]

@@ -25,7 +25,7 @@ import torch
 import triton
 import triton.language as tl
 
-from fold_kernels import nograd, tuning
+from fold_kernels import nograd, pdl, tuning
 from fold_kernels.index32 import check_grid
 from fold_kernels.ints import cdiv
 from fold_kernels.launch import fast
@@ -52,7 +52,8 @@ def _at(base, offs_i, offs_j, si, sj):
 @triton.jit
 def _tri_gate_fwd(P, Bias, Mask, A, B, C, I, J,
          spb, spc, spi, spj, smb, smi, smj,
-         BLOCK_I: tl.constexpr, BLOCK_J: tl.constexpr):
+         BLOCK_I: tl.constexpr, BLOCK_J: tl.constexpr, PDL: tl.constexpr = False):
+    pdl.enter(PDL)
     offs_i, offs_j, valid = _tile(I, J, BLOCK_I, BLOCK_J)
     ch = tl.program_id(1)
     bt = tl.program_id(2).to(tl.int64)
@@ -105,7 +106,9 @@ def _store_bias_partials(Partials, bt, C, ch, dpa, dga, dpb, dgb, valid):
 @triton.jit
 def _tri_gate_bwd(P, Bias, Mask, DA, DB, DP, Partials, C, I, J,
          spb, spc, spi, spj, smb, smi, smj, sab, sac, sai, saj, sbb, sbc, sbi, sbj,
-         BLOCK_I: tl.constexpr, BLOCK_J: tl.constexpr, BIAS_GRAD: tl.constexpr):
+         BLOCK_I: tl.constexpr, BLOCK_J: tl.constexpr, BIAS_GRAD: tl.constexpr,
+                  PDL: tl.constexpr = False):
+    pdl.enter(PDL)
     offs_i, offs_j, valid = _tile(I, J, BLOCK_I, BLOCK_J)
     ch = tl.program_id(1)
     bt = tl.program_id(2).to(tl.int64)
