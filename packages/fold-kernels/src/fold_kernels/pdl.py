@@ -55,11 +55,22 @@ def active(index: int) -> bool:
     return _ENABLED.get() and not interpreting() and _capable(index)
 
 
-@triton.jit
-def enter(PDL: tl.constexpr):
-    """A kernel's first statement: with ``PDL``, wait for the kernels before it, then let the
-    next one be scheduled. Without it, nothing (the interpreter and pre-Hopper GPUs never see
-    the instructions)."""
-    if PDL:
-        tl.extra.cuda.gdc_wait()
-        tl.extra.cuda.gdc_launch_dependents()
+try:
+    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+except ImportError:  # a Triton built without its NVIDIA backend (ROCm): PDL is never on
+    gdc_wait = gdc_launch_dependents = None
+
+if gdc_wait is not None:
+    @triton.jit
+    def enter(PDL: tl.constexpr):
+        """A kernel's first statement: with ``PDL``, wait for the kernels before it, then let
+        the next one be scheduled. Without it, nothing (the interpreter and pre-Hopper GPUs
+        never see the instructions)."""
+        if PDL:
+            gdc_wait()
+            gdc_launch_dependents()
+else:
+    @triton.jit
+    def enter(PDL: tl.constexpr):
+        """Nothing: this Triton cannot emit the NVIDIA instructions (and PDL is never on)."""
+        pass
