@@ -9,6 +9,7 @@ into (i0, i1, i2) once per row, not per element.
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -26,6 +27,13 @@ def broadcast_shape(*shapes: tuple[int, ...]) -> tuple[int, ...] | None:
     ``torch.broadcast_shapes`` in plain Python: it costs a few microseconds per call through
     torch._refs and the symbolic-shape guards, and the ops call it on every dispatch.
     """
+    if shapes and all(shape == shapes[0] for shape in shapes):
+        return tuple(shapes[0])  # the blocks' usual call: no broadcasting at all
+    return _broadcast(tuple(map(tuple, shapes)))
+
+
+@functools.lru_cache(maxsize=4096)  # a model calls a handful of shape combinations per crop
+def _broadcast(shapes: tuple[tuple[int, ...], ...]) -> tuple[int, ...] | None:
     out: list[int] = []
     for shape in shapes:
         if len(shape) > len(out):
@@ -61,6 +69,47 @@ def row_layout(shape: torch.Size, *operands: torch.Tensor | None) -> RowLayout:
 
     None operands stay None (their strides are zeros).
     """
+    if all(t is None or (t.shape == shape and t.is_contiguous()) for t in operands):
+        return _dense_layout(shape, operands)
+    return _strided_layout(shape, operands)
+
+
+def _dense_layout(shape: torch.Size, operands) -> RowLayout:
+    """:func:`row_layout` when every operand is a contiguous ``shape`` (the blocks' usual call):
+    one row dim, what the general merge arrives at, without its expands and stride lists."""
+    rows = math.prod(shape[:-1])
+    c = shape[-1] if len(shape) else 1
+    row_stride = 0 if rows == 1 else c  # the general path drops a single row's dim
+    strides = [(0, 0, 0, 0) if t is None else (0, 0, row_stride, t.stride(-1))
+               for t in operands]
+    return RowLayout((1, 1, rows), list(operands), strides)
+
+
+# (shape, each operand's shape and strides) -> (dims, strides): the merge below costs about 15 us
+# of Python per call, and an eager step repeats a few dozen layouts (row-shared dropout masks,
+# [C] biases, masks) on every call. Bounded: cleared when it outgrows _MAX_LAYOUTS.
+_LAYOUTS: dict[tuple, tuple] = {}
+_MAX_LAYOUTS = 4096
+
+
+def _strided_layout(shape: torch.Size, operands) -> RowLayout:
+    """:func:`row_layout` for any operands: broadcast views, size-1 dims dropped, neighbouring
+    dims that every operand walks linearly merged. The operands are returned as given (the
+    kernels read them through the strides; an expanded view has the same data pointer)."""
+    key = (tuple(shape), *[None if t is None else (tuple(t.shape), t.stride())
+                           for t in operands])
+    hit = _LAYOUTS.get(key)
+    if hit is not None:
+        return RowLayout(hit[0], list(operands), hit[1])
+    lay = _merge(shape, operands)
+    if all(a is b for a, b in zip(lay.operands, operands)):  # no operand had to be copied
+        if len(_LAYOUTS) >= _MAX_LAYOUTS:
+            _LAYOUTS.clear()
+        _LAYOUTS[key] = (lay.dims, lay.strides)
+    return lay
+
+
+def _merge(shape: torch.Size, operands) -> RowLayout:
     sizes = list(shape[:-1])
     views = [None if t is None else t.expand(shape) for t in operands]
     strides = [[0] * len(shape) if v is None else list(v.stride()) for v in views]
@@ -80,11 +129,11 @@ def row_layout(shape: torch.Size, *operands: torch.Tensor | None) -> RowLayout:
             i += 1
     if len(sizes) > 3:  # rare layouts: copy the operands that block merging, then retry
         dense = [None if v is None else v.contiguous() for v in views]
-        return row_layout(shape, *dense)
+        return _merge(shape, dense)
     pad = 3 - len(sizes)
     dims = tuple([1] * pad + sizes)
     out_strides = [tuple([0] * pad + rs + [s[-1]]) for rs, s in zip(row_strides, strides)]
-    return RowLayout(dims, views, out_strides)  # type: ignore[arg-type]
+    return RowLayout(dims, list(operands), out_strides)  # type: ignore[arg-type]
 
 
 @triton.jit
