@@ -130,15 +130,18 @@ class FastKernel:
         return tuple(tail)
 
     def launch(self, grid, args: tuple, kwargs: dict):
-        if self._pdl:  # the kernel waits for its predecessors itself when PDL is True
-            if not interpreting() and pdl.active(torch.cuda.current_device()):
-                kwargs = {**kwargs, pdl.PARAM: True, "launch_pdl": True}
-            else:
+        if interpreting():  # the interpreter: Triton's path, never PDL
+            if self._pdl:
                 kwargs = {**kwargs, pdl.PARAM: False}
-        if callable(grid) or not enabled():
+            return self.jit[grid](*args, **kwargs)
+        device = torch.cuda.current_device()
+        if self._pdl:  # the kernel waits for its predecessors itself when PDL is True
+            kwargs = ({**kwargs, pdl.PARAM: True, "launch_pdl": True} if pdl.on(device)
+                      else {**kwargs, pdl.PARAM: False})
+        if callable(grid) or not _ENABLED.get():
             return self.jit[grid](*args, **kwargs)
         try:
-            key = (torch.cuda.current_device(), tuple(kwargs.items()), *map(_arg_key, args))
+            key = (device, tuple(kwargs.items()), *map(_arg_key, args))
         except TypeError:
             return self.jit[grid](*args, **kwargs)  # an argument type the key does not cover
         entry = self._cache.get(key)

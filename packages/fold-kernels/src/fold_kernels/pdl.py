@@ -32,7 +32,7 @@ from fold_ops.env import EnvVar
 
 from fold_kernels.tuning import arch, interpreting
 
-__all__ = ["enter", "active", "PARAM"]
+__all__ = ["enter", "active", "on", "PARAM"]
 
 PARAM = "PDL"  # the constexpr parameter name the launcher looks for
 
@@ -52,7 +52,12 @@ def _capable(index: int) -> bool:
 
 def active(index: int) -> bool:
     """Kernels launched now on device ``index`` use programmatic dependent launch."""
-    return _ENABLED.get() and not interpreting() and _capable(index)
+    return not interpreting() and on(index)
+
+
+def on(index: int) -> bool:
+    """:func:`active` for a caller that knows it is not under the interpreter (the launcher)."""
+    return _ENABLED.get() and _capable(index)
 
 
 try:
