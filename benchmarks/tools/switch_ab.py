@@ -1,0 +1,186 @@
+"""One of fold's switches off against on, in one process: block steps as CUDA-graph replays and
+eagerly, in alternating rounds.
+
+A kernel-path change behind an environment variable that is read at launch
+(``FOLD_KERNELS_PDL``, ``FOLD_KERNELS_FAST_LAUNCH``, ...) is measured here, not by a private
+driver. For each setting, each target is built and captured with the variable set, and the
+variable stays set while its rounds run. A replay keeps the kernels of its capture; an eager step
+launches under the setting of its round. Rounds alternate the settings, so the host's drift
+reaches both. Each cell is the median of ``--reps`` calls, and the table compares the best rounds.
+
+    python -m benchmarks.tools.switch_ab FOLD_KERNELS_PDL=0,1 pairformer:256 evoformer:128,256 \\
+        "fwd pairformer:256" "fwd diffusion:384,48" --out benchmarks/results/tools/pdl_ab.json
+
+Targets are those of ``benchmarks.common.targets``: training steps from the fp32 loss, e.g.
+``pairformer:256``, ``diffusion:384,48``, ``evoformer:128,256``, ``attention:R,N,H,D``. With the
+prefix ``fwd``, an AF3 block's eval-mode forward under ``no_grad``, which is what prediction runs:
+``fwd pairformer:N``, ``fwd diffusion:N,samples``. bf16 throughout. On a machine without CUDA, a
+"replay" is the eager step and times are wall-clock: a smoke run, not a measurement.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from benchmarks.common import blocks
+from benchmarks.common.graphs import capture
+from benchmarks.common.targets import build
+
+_FORWARD_KINDS = {"pairformer": "pairformer", "diffusion": "diffusion_transformer"}
+
+
+def parse_switch(text: str) -> tuple[str, tuple[str, str]]:
+    """``NAME=OFF,ON`` -> ``(NAME, (OFF, ON))``."""
+    name, sep, values = text.partition("=")
+    parts = values.split(",")
+    if not sep or not name or len(parts) != 2 or not all(parts):
+        raise SystemExit(f"switch_ab: the switch must read NAME=OFF,ON, got {text!r}")
+    return name, (parts[0], parts[1])
+
+
+def _forward(target: str, device: torch.device) -> Callable[[], object]:
+    """The eval-mode forward of an AF3 block under no_grad (``fwd pairformer:N`` or
+    ``fwd diffusion:N,samples``)."""
+    kind, _, dims = target.partition(":")
+    if kind not in _FORWARD_KINDS or not dims:
+        raise SystemExit(f"switch_ab: forward targets are 'fwd pairformer:N' and "
+                         f"'fwd diffusion:N,samples', got {target!r}")
+    sizes = [int(x) for x in dims.split(",")]
+    block, args = blocks.build(_FORWARD_KINDS[kind], sizes[0], sizes[1] if len(sizes) > 1 else 1,
+                               False, device, torch.bfloat16)
+    block.eval()
+
+    def forward():
+        with torch.no_grad():
+            return block(*args)
+    return forward
+
+
+def steps(target: str, device: torch.device) -> tuple[Callable[[], object], Callable[[], object]]:
+    """``(replay, eager)`` of a target, built under the current environment."""
+    if target.startswith("fwd "):
+        eager = _forward(target[4:].strip(), device)
+        return capture(eager, device)[0], eager
+    return (build(target, device, torch.bfloat16, graphs=True),
+            build(target, device, torch.bfloat16))
+
+
+def _median_ms(fn: Callable[[], object], device: torch.device, reps: int, wall: bool) -> float:
+    """Median of ``reps`` calls: GPU time between events for a replay, synchronized wall time for
+    an eager step (its host work is part of what a user waits for)."""
+    times = []
+    for _ in range(reps):
+        if device.type == "cuda" and not wall:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end))
+        else:
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            t0 = time.perf_counter()
+            fn()
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            times.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(times)
+
+
+def measure(switch: str, values: tuple[str, str], targets: list[str], device: torch.device,
+            rounds: int, reps: int) -> list[dict]:
+    """One row per target: each setting's rounds (ms) for replays and eager steps, and
+    ``off / on`` of the best rounds (above 1: the second setting is faster)."""
+    previous = os.environ.get(switch)
+    rows = []
+    try:
+        for target in targets:
+            built = {}
+            for value in values:
+                os.environ[switch] = value
+                built[value] = steps(target, device)
+                built[value][0]()  # warm-up: compilation and autotuning of this setting
+                built[value][1]()
+            row = {"target": target, "replay_ms": {v: [] for v in values},
+                   "eager_ms": {v: [] for v in values}}
+            for mode, index, wall in (("replay_ms", 0, False), ("eager_ms", 1, True)):
+                for _ in range(rounds):
+                    for value in values:
+                        os.environ[switch] = value
+                        row[mode][value].append(
+                            round(_median_ms(built[value][index], device, reps, wall), 4))
+            off, on = values
+            for mode in ("replay_ms", "eager_ms"):
+                row[mode.replace("_ms", "_off_over_on")] = round(
+                    min(row[mode][off]) / min(row[mode][on]), 4)
+            rows.append(row)
+            print(row, flush=True)
+            del built
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+    finally:
+        if previous is None:
+            os.environ.pop(switch, None)
+        else:
+            os.environ[switch] = previous
+    return rows
+
+
+def markdown(meta: dict, rows: list[dict]) -> str:
+    off, on = meta["values"]
+    name = meta["switch"]
+
+    def rounds(xs):
+        return " / ".join(f"{x:.3f}" for x in xs)
+
+    lines = [f"# {name}={off} against {name}={on}, {meta['device']}, {meta['date']}", "",
+             f"torch {meta['torch']}, Triton {meta['triton']}; bf16; {meta['rounds']} alternating "
+             f"rounds, each the median of {meta['reps']} calls (replays: GPU time; eager: "
+             "synchronized wall time). Ratio: best rounds, off / on (above 1: on is faster).", "",
+             f"| target | replay ms, {off} | replay ms, {on} | replay off/on | eager ms, {off} | "
+             f"eager ms, {on} | eager off/on |", "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['target']} | {rounds(r['replay_ms'][off])} | "
+                     f"{rounds(r['replay_ms'][on])} | {r['replay_off_over_on']:.3f} | "
+                     f"{rounds(r['eager_ms'][off])} | {rounds(r['eager_ms'][on])} | "
+                     f"{r['eager_off_over_on']:.3f} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> list[dict]:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("switch", help="NAME=OFF,ON, e.g. FOLD_KERNELS_PDL=0,1")
+    ap.add_argument("targets", nargs="+")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--out", type=Path, default=None, help="JSON path (markdown beside it)")
+    args = ap.parse_args(argv)
+    name, values = parse_switch(args.switch)
+
+    from benchmarks.common.backends import ensure_kernels
+    from benchmarks.common.machine import versions
+    from benchmarks.common.results import write_result
+
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device.type == "cuda":
+        ensure_kernels(device)
+    rows = measure(name, values, args.targets, device, args.rounds, args.reps)
+    meta = {**versions(device), "switch": name, "values": list(values), "rounds": args.rounds,
+            "reps": args.reps}
+    text = markdown(meta, rows)
+    print(text)
+    if args.out is not None:
+        write_result(args.out, {**meta, "rows": rows}, text)
+    return rows
+
+
+if __name__ == "__main__":
+    main()
