@@ -6,7 +6,9 @@ A kernel-path change behind an environment variable that is read at launch
 driver. For each setting, each target is built and captured with the variable set, and the
 variable stays set while its rounds run. A replay keeps the kernels of its capture; an eager step
 launches under the setting of its round. Rounds alternate the settings, so the host's drift
-reaches both. Each cell is the median of ``--reps`` calls, and the table compares the best rounds.
+reaches both. Each cell is the median of ``--reps`` calls (``benchmarks.common.timing``: CUDA
+events around each call, then a synchronization; an eager step's events span its host time), and
+the table compares the best rounds.
 
     python -m benchmarks.tools.switch_ab FOLD_KERNELS_PDL=0,1 pairformer:256 evoformer:128,256 \\
         "fwd pairformer:256" "fwd diffusion:384,48" --out benchmarks/results/tools/pdl_ab.json
@@ -22,8 +24,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -32,6 +32,7 @@ import torch
 from benchmarks.common import blocks
 from benchmarks.common.graphs import capture
 from benchmarks.common.targets import build
+from benchmarks.common.timing import median_ms
 
 _FORWARD_KINDS = {"pairformer": "pairformer", "diffusion": "diffusion_transformer"}
 
@@ -72,29 +73,6 @@ def steps(target: str, device: torch.device) -> tuple[Callable[[], object], Call
             build(target, device, torch.bfloat16))
 
 
-def _median_ms(fn: Callable[[], object], device: torch.device, reps: int, wall: bool) -> float:
-    """Median of ``reps`` calls: GPU time between events for a replay, synchronized wall time for
-    an eager step (its host work is part of what a user waits for)."""
-    times = []
-    for _ in range(reps):
-        if device.type == "cuda" and not wall:
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end))
-        else:
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
-            t0 = time.perf_counter()
-            fn()
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
-            times.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(times)
-
-
 def measure(switch: str, values: tuple[str, str], targets: list[str], device: torch.device,
             rounds: int, reps: int) -> list[dict]:
     """One row per target: each setting's rounds (ms) for replays and eager steps, and
@@ -111,12 +89,12 @@ def measure(switch: str, values: tuple[str, str], targets: list[str], device: to
                 built[value][1]()
             row = {"target": target, "replay_ms": {v: [] for v in values},
                    "eager_ms": {v: [] for v in values}}
-            for mode, index, wall in (("replay_ms", 0, False), ("eager_ms", 1, True)):
+            for mode, index in (("replay_ms", 0), ("eager_ms", 1)):
                 for _ in range(rounds):
                     for value in values:
                         os.environ[switch] = value
                         row[mode][value].append(
-                            round(_median_ms(built[value][index], device, reps, wall), 4))
+                            round(median_ms(built[value][index], device, reps, warmup=0), 4))
             off, on = values
             for mode in ("replay_ms", "eager_ms"):
                 row[mode.replace("_ms", "_off_over_on")] = round(
@@ -143,8 +121,9 @@ def markdown(meta: dict, rows: list[dict]) -> str:
 
     lines = [f"# {name}={off} against {name}={on}, {meta['device']}, {meta['date']}", "",
              f"torch {meta['torch']}, Triton {meta['triton']}; bf16; {meta['rounds']} alternating "
-             f"rounds, each the median of {meta['reps']} calls (replays: GPU time; eager: "
-             "synchronized wall time). Ratio: best rounds, off / on (above 1: on is faster).", "",
+             f"rounds, each the median of {meta['reps']} calls (CUDA events around each call; an "
+             "eager step's span includes its host time). Ratio: best rounds, off / on (above 1: "
+             "on is faster).", "",
              f"| target | replay ms, {off} | replay ms, {on} | replay off/on | eager ms, {off} | "
              f"eager ms, {on} | eager off/on |", "|---|---|---|---|---|---|---|"]
     for r in rows:

@@ -69,20 +69,19 @@ def row_layout(shape: torch.Size, *operands: torch.Tensor | None) -> RowLayout:
 
     None operands stay None (their strides are zeros).
     """
-    if all(t is None or (t.shape == shape and t.is_contiguous()) for t in operands):
-        return _dense_layout(shape, operands)
-    return _strided_layout(shape, operands)
+    for t in operands:
+        if t is not None and (t.shape != shape or not t.is_contiguous()):
+            return _strided_layout(shape, operands)
+    return _dense_layout(shape, operands)
 
 
 def _dense_layout(shape: torch.Size, operands) -> RowLayout:
     """:func:`row_layout` when every operand is a contiguous ``shape`` (the blocks' usual call):
     one row dim, what the general merge arrives at, without its expands and stride lists."""
     rows = math.prod(shape[:-1])
-    c = shape[-1] if len(shape) else 1
-    row_stride = 0 if rows == 1 else c  # the general path drops a single row's dim
-    strides = [(0, 0, 0, 0) if t is None else (0, 0, row_stride, t.stride(-1))
-               for t in operands]
-    return RowLayout((1, 1, rows), list(operands), strides)
+    dense = (0, 0, 0 if rows == 1 else shape[-1], 1)  # the general path drops a single row's dim
+    return RowLayout((1, 1, rows), list(operands),
+                     [(0, 0, 0, 0) if t is None else dense for t in operands])
 
 
 # (shape, each operand's shape and strides) -> (dims, strides): the merge below costs about 15 us

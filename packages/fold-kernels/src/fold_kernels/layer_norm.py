@@ -129,13 +129,9 @@ def _num_warps(block_r: int, block_c: int) -> int:
 
 def _layout(*tensors: torch.Tensor):
     """Shared row dims ``(d0, d1, d2)`` and each tensor's ``(s0, s1, s2, sc)`` strides for
-    tensors of one shape ``[*, C]``; contiguous tensors skip the general (slower) merge."""
-    shape = tensors[0].shape
-    c = shape[-1]
-    if all(t.is_contiguous() for t in tensors):
-        rows = tensors[0].numel() // max(c, 1)
-        return (1, 1, rows), list(tensors), [(0, 0, c, 1)] * len(tensors)
-    lay = row_layout(shape, *tensors)
+    tensors of one shape ``[*, C]`` (:func:`fold_kernels.broadcast.row_layout`: contiguous
+    tensors skip the general merge)."""
+    lay = row_layout(tensors[0].shape, *tensors)
     return lay.dims, lay.operands, lay.strides
 
 

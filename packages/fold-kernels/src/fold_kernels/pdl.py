@@ -15,9 +15,9 @@ Every fold-kernels kernel takes a ``PDL: tl.constexpr`` parameter and calls :fun
 before any load or store: with ``PDL`` it waits, then releases its own dependents (all of this
 kernel's programs are resident or done when the release takes effect, so the early release costs
 the kernel nothing). :class:`fold_kernels.launch.FastKernel` passes ``PDL`` and Triton's
-``launch_pdl`` option to every kernel that has the parameter where :func:`active` holds: NVIDIA
-sm_90 and later, not under the interpreter, and not with ``FOLD_KERNELS_PDL=0``. Elsewhere ``PDL`` is
-False and the kernel compiles without the instructions.
+``launch_pdl`` option to every kernel that has the parameter where :func:`active` holds:
+NVIDIA sm_90 and later, not under the interpreter, and not with ``FOLD_KERNELS_PDL=0``.
+Elsewhere ``PDL`` is False and the kernel compiles without the instructions.
 
 Kernels of other libraries (cuBLAS, PyTorch) are launched without the attribute, so the stream
 orders them as always; a fold kernel after one of them waits for it like any other.
