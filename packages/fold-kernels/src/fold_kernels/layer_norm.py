@@ -7,8 +7,9 @@ then the centered variance from the same registers), and x is read once and y wr
 Backward: ``dx = rstd * (w dy - xhat * mean(xhat w dy) - mean(w dy))``. The weight and bias
 gradients are sums over all rows; instead of one atomic add per row, a fixed grid of programs
 each walks a strided set of row blocks and keeps its partial sums in registers, writes them to
-its own row of a ``[programs, C]`` fp32 buffer, and a second stage sums that buffer in a fixed
-order: deterministic, no atomics.
+its own row of a ``[programs, C]`` fp32 buffer, and the programs that finish last sum that
+buffer in a fixed order (:mod:`fold_kernels.one_pass`): deterministic, no atomics on the data,
+one launch.
 """
 
 from __future__ import annotations
@@ -19,11 +20,12 @@ import torch
 import triton
 import triton.language as tl
 
-from fold_kernels import nograd, pdl, tuning
+from fold_kernels import nograd, one_pass, pdl, tuning
 from fold_kernels.broadcast import row_layout, row_offsets
 from fold_kernels.index32 import check_rows
 from fold_kernels.ints import cdiv, next_power_of_2
 from fold_kernels.launch import fast
+from fold_kernels.one_pass import finish_sum
 from fold_kernels.reduce import sum_partials
 
 __all__ = ["layer_norm", "layer_norm_fork", "ln_forward", "ln_backward", "row_stats",
@@ -69,14 +71,19 @@ def _ln_fwd(X, W, B, Y, Mean, Rstd, rows, C, eps, d1, d2, xs0, xs1, xs2, xsc,
 
 @fast
 @triton.jit
-def _ln_bwd(X, W, DY, DY2, DR, Mean, Rstd, DX, DWp, DBp, sp, rows, C, d1, d2,
+def _ln_bwd(X, W, DY, DY2, DR, Mean, Rstd, DX, DWp, DBp, DWDB, Cnt, sp, rows, C, d1, d2,
             xs0, xs1, xs2, xsc, ys0, ys1, ys2, ysc, y2s0, y2s1, y2s2, y2sc,
             rs0, rs1, rs2, rsc, ds0, ds1, ds2, dsc,
             HAS_DY2: tl.constexpr, HAS_DR: tl.constexpr,
-            BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, PDL: tl.constexpr = False):
+            BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, ONE_PASS: tl.constexpr,
+            GROUP: tl.constexpr, TAIL_S: tl.constexpr, TAIL_M: tl.constexpr,
+            PDL: tl.constexpr = False):
     """x, dy (+ dy2) (+ dr) and dx each through their own row strides (the row dims are
     shared). ``dy2``: a second reader's gradient of y, summed into dy; ``dr``: the gradient of
-    x from outside the LayerNorm (the residual stream), added to dx (:func:`layer_norm_fork`)."""
+    x from outside the LayerNorm (the residual stream), added to dx (:func:`layer_norm_fork`).
+    Each program's ``[dw | db]`` partial row goes to ``DWp`` / ``DBp`` (rows ``sp`` apart);
+    with ``ONE_PASS`` the last programs add them into ``DWDB [2, C]``
+    (:func:`fold_kernels.one_pass.finish_sum`)."""
     pdl.enter(PDL)
     pid = tl.program_id(0)
     n_prog = tl.num_programs(0)
@@ -114,6 +121,8 @@ def _ln_bwd(X, W, DY, DY2, DR, Mean, Rstd, DX, DWp, DBp, sp, rows, C, d1, d2,
         db += tl.sum(dy, 0)
     tl.store(DWp + pid * sp + offs_c, dw, mask=c_valid)  # sp: stride between programs' rows
     tl.store(DBp + pid * sp + offs_c, db, mask=c_valid)
+    if ONE_PASS:  # DWp's rows are [dw | db]: 2C columns
+        finish_sum(DWp, DWDB, Cnt, pid, n_prog, sp, 0, 2 * C, GROUP, TAIL_S, TAIL_M)
 
 
 def _block_r(c: int) -> int:
@@ -180,12 +189,13 @@ def _bwd_configs_for(c: int, interpreting: bool) -> tuple[tuning.Config, ...]:
 def ln_backward(dy, x, weight, mean, rstd, dw_dtype=torch.float32, db_dtype=torch.float32,
                 dy2=None, dres=None):
     """Gradients ``(dx, dweight [C], dbias [C])`` of LayerNorm for ``x, dy [*, C]`` in any
-    layouts (dx in x's layout when x is dense); two-stage dw/db, the second stage
-    (:func:`fold_kernels.reduce.sum_partials`) one launch for both, writing ``dw_dtype`` /
-    ``db_dtype`` directly (no separate cast). ``dy2`` (a second gradient of y, added to dy) and
-    ``dres`` (a gradient of x from outside, added to dx) are read in the same pass
-    (:func:`layer_norm_fork`). The launch configuration is autotuned per shape and layout
-    (:func:`fold_kernels.tuning.pick`)."""
+    layouts (dx in x's layout when x is dense). dw and db are added in one pass: the last
+    programs of the kernel add the partial rows (:mod:`fold_kernels.one_pass`), writing
+    ``dw_dtype`` / ``db_dtype`` directly (no separate cast); with ``FOLD_KERNELS_ONE_PASS=0``
+    a second launch does (:func:`fold_kernels.reduce.sum_partials`). ``dy2`` (a second
+    gradient of y, added to dy) and ``dres`` (a gradient of x from outside, added to dx) are
+    read in the same pass (:func:`layer_norm_fork`). The launch configuration is autotuned per
+    shape and layout (:func:`fold_kernels.tuning.pick`)."""
     c = x.shape[-1]
     rows = x.numel() // max(c, 1)
     dx = torch.empty_like(x)  # keeps x's strides when x is dense: the caller's grad layout
@@ -201,28 +211,41 @@ def ln_backward(dy, x, weight, mean, rstd, dw_dtype=torch.float32, db_dtype=torc
             drv.contiguous() if has_dres else dyc)
     block_c = next_power_of_2(c)
     sms = None if tuning.interpreting() or not x.is_cuda else tuning.multiprocessors(x.device)
+    # one pass: the kernel adds the partial rows itself, stored in the gradients' dtype
+    fused = one_pass.enabled()
+    out_dtype = dw_dtype if dw_dtype == db_dtype else torch.float32
+    group = one_pass.group_size()
+    tail_m = min(256, next_power_of_2(2 * c))
     state = {}
 
     def launch(cfg: tuning.Config):
         n_blocks = cdiv(rows, cfg.block_m)
         n_prog = min(n_blocks, 3 if sms is None else cfg.block_n * sms)
-        partials = torch.empty((n_prog, 2, c), device=x.device, dtype=torch.float32)  # dw | db
+        one = fused and one_pass.slots(n_prog) <= one_pass.SLOTS
+        extra = cdiv(n_prog, group) if one else 0  # group rows after the programs' rows
+        partials = torch.empty((n_prog + extra, 2, c), device=x.device,
+                               dtype=torch.float32)  # dw | db
+        dwdb = (torch.empty((2, c), device=x.device, dtype=out_dtype) if one else partials)
         _ln_bwd[(n_prog,)](xv, weight, dyv, dy2v, drv, mean, rstd, dxv, partials,
-                           partials[:, 1], 2 * c, rows, c, dims[1], dims[2],
-                           *xs, *ys, *y2s, *rs, *ds,
-                           HAS_DY2=has_dy2, HAS_DR=has_dres,
-                           BLOCK_R=cfg.block_m, BLOCK_C=block_c, num_warps=cfg.num_warps)
+                           partials[:, 1], dwdb, one_pass.counters(x.device) if one else dwdb,
+                           2 * c, rows, c, dims[1], dims[2], *xs, *ys, *y2s, *rs, *ds,
+                           HAS_DY2=has_dy2, HAS_DR=has_dres, BLOCK_R=cfg.block_m,
+                           BLOCK_C=block_c, ONE_PASS=one, GROUP=group if one else 1,
+                           TAIL_S=group if one else 1, TAIL_M=tail_m if one else 1,
+                           num_warps=cfg.num_warps)
+        state["dwdb"] = dwdb if one else None
         state["partials"] = partials
 
-    # Only the first stage is timed: host overhead would swamp the few microseconds of the
-    # second, which stays short for any number of programs (sum_partials adds in a tree).
+    # Timed with the second stage where the kernel does it (one pass); otherwise the first
+    # stage alone: host overhead would swamp the few microseconds of sum_partials' tree.
     key = (rows, c, x.dtype, dy.dtype, tuple(xs), tuple(ys), tuple(ds),
-           tuple(y2s) if has_dy2 else None, tuple(rs) if has_dres else None)
+           tuple(y2s) if has_dy2 else None, tuple(rs) if has_dres else None, fused)
     launch(tuning.pick("ln_bwd", key, _bwd_configs(c), launch))
+    dwdb = state["dwdb"]
+    if dwdb is None:
+        dwdb = sum_partials(state["partials"], out_dtype)  # [2, C]
     if dw_dtype == db_dtype:
-        dwdb = sum_partials(state["partials"], dw_dtype)  # [2, C]
         return dx, dwdb[0], dwdb[1]
-    dwdb = sum_partials(state["partials"], torch.float32)
     return dx, dwdb[0].to(dw_dtype), dwdb[1].to(db_dtype)
 
 

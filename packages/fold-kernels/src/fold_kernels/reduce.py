@@ -9,7 +9,8 @@ per program; ``torch.sum(0)`` then ``.to(dtype)`` would be two more launches per
 its rows). PyTorch's reduction over the outer dim of a ``[65536, 128]`` bf16 tensor runs near
 0.3 TB/s on an H100 (55 us, 27 of them per Evoformer block); here a fixed grid of programs each
 walks a strided set of ``[BLOCK_M, BLOCK_C]`` tiles, keeps fp32 sums in registers and writes one
-partial row, and ``sum_partials`` adds the rows in order.
+partial row, and the programs that finish last add the rows in order, in the same launch
+(:mod:`fold_kernels.one_pass`; with ``FOLD_KERNELS_ONE_PASS=0``, ``sum_partials`` does).
 
 Both stages read tiles of many rows at once: a loop that adds one row per iteration is bound by
 load latency (a single program summing 528 partial rows of 512 took 60 us).
@@ -21,10 +22,11 @@ import torch
 import triton
 import triton.language as tl
 
-from fold_kernels import pdl, tuning
+from fold_kernels import one_pass, pdl, tuning
 from fold_kernels.index32 import check_grid, check_rows, grid_fits, rows_fit
 from fold_kernels.ints import cdiv, next_power_of_2
 from fold_kernels.launch import fast
+from fold_kernels.one_pass import finish_sum
 
 __all__ = ["sum_partials", "column_sum", "column_sum_fits"]
 
@@ -97,9 +99,12 @@ def sum_partials(partials: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 
 @fast
 @triton.jit
-def _column_partials(X, P, M, C, sxm, sxc, BLOCK_M: tl.constexpr, BLOCK_C: tl.constexpr,
-                     PDL: tl.constexpr = False):
-    """Program (p, j) sums row blocks p, p + P, p + 2P, ... of columns block j into P[p, cols]."""
+def _column_partials(X, P, Out, Cnt, M, C, sxm, sxc, BLOCK_M: tl.constexpr,
+                     BLOCK_C: tl.constexpr, ONE_PASS: tl.constexpr, GROUP: tl.constexpr,
+                     TAIL_S: tl.constexpr, PDL: tl.constexpr = False):
+    """Program (p, j) sums row blocks p, p + P, p + 2P, ... of columns block j into P[p, cols];
+    with ``ONE_PASS`` the last programs of column block j add P's rows into ``Out[cols]``
+    (:func:`fold_kernels.one_pass.finish_sum`, counters ``Cnt[j * slots:]``)."""
     pdl.enter(PDL)
     pid = tl.program_id(0)
     n_prog = tl.num_programs(0)
@@ -113,6 +118,10 @@ def _column_partials(X, P, M, C, sxm, sxc, BLOCK_M: tl.constexpr, BLOCK_C: tl.co
         ptrs = X + offs_m.to(tl.int64)[:, None] * sxm + c_off
         acc += tl.load(ptrs, mask=mask, other=0.0).to(tl.float32)
     tl.store(P + pid * C + offs_c, tl.sum(acc, 0), mask=c_valid)
+    if ONE_PASS:
+        col0 = tl.program_id(1) * BLOCK_C
+        finish_sum(P, Out, Cnt + tl.program_id(1) * (1 + tl.cdiv(n_prog, GROUP)), pid, n_prog,
+                   C, col0, tl.minimum(BLOCK_C, C - col0), GROUP, TAIL_S, BLOCK_C)
 
 
 def _block_c(c: int) -> int:
@@ -146,8 +155,20 @@ def column_sum(x: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tenso
     # rows are exercised), else about 4 programs per SM in all
     per_cblk = 3 if interpreting else max(1, 4 * tuning.multiprocessors(x.device) // n_cblk)
     n_prog = min(cdiv(m, block_m), per_cblk)
+    warps = 1 if interpreting else 4
+    if n_prog > 1 and one_pass.enabled() and n_cblk * one_pass.slots(n_prog) <= one_pass.SLOTS:
+        group = one_pass.group_size()
+        # the programs' partial rows, then one row per group of programs
+        partials = torch.empty((n_prog + cdiv(n_prog, group), c), device=x.device,
+                               dtype=torch.float32)
+        out = torch.empty(c, device=x.device, dtype=dtype)
+        _column_partials[(n_prog, n_cblk)](x, partials, out, one_pass.counters(x.device), m, c,
+                                           x.stride(0), x.stride(1), BLOCK_M=block_m,
+                                           BLOCK_C=block_c, ONE_PASS=True, GROUP=group,
+                                           TAIL_S=group, num_warps=warps)
+        return out
     partials = torch.empty((n_prog, c), device=x.device, dtype=torch.float32)
-    _column_partials[(n_prog, n_cblk)](x, partials, m, c, x.stride(0), x.stride(1),
-                                       BLOCK_M=block_m, BLOCK_C=block_c,
-                                       num_warps=1 if interpreting else 4)
+    _column_partials[(n_prog, n_cblk)](x, partials, partials, partials, m, c, x.stride(0),
+                                       x.stride(1), BLOCK_M=block_m, BLOCK_C=block_c,
+                                       ONE_PASS=False, GROUP=1, TAIL_S=1, num_warps=warps)
     return sum_partials(partials, dtype)
