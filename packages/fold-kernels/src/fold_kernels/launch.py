@@ -40,7 +40,7 @@ from fold_ops.env import EnvVar
 from fold_kernels import pdl
 from fold_kernels.tuning import interpreting
 
-__all__ = ["FastKernel", "fast", "spec_key", "enabled"]
+__all__ = ["FastKernel", "fast", "spec_key", "enabled", "raw_stream"]
 
 _ENABLED = EnvVar("FOLD_KERNELS_FAST_LAUNCH", lambda v: (v if v is not None else "1") != "0")
 _INT32 = (-(2**31), 2**31)
@@ -75,7 +75,7 @@ def spec_key(args: Sequence[object]) -> tuple:
 
 
 # The current CUDA stream's handle for a device index (what Triton's own launch path reads).
-_RAW_STREAM = getattr(torch._C, "_cuda_getCurrentRawStream", None) or (
+raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None) or (
     lambda device: torch.cuda.current_stream(device).cuda_stream)
 
 
@@ -148,7 +148,7 @@ class FastKernel:
         if entry is None:
             return self._miss(key, grid, args, kwargs)
         n = len(grid)
-        stream = _RAW_STREAM(key[0])
+        stream = raw_stream(key[0])
         full = args + entry.tail
         rt = entry.knobs  # Triton's launch hooks, read per launch as its own path does
         enter, exit_ = rt.launch_enter_hook, rt.launch_exit_hook

@@ -34,6 +34,7 @@ import triton
 import triton.language as tl
 from fold_ops.env import EnvVar
 
+from fold_kernels.launch import raw_stream
 from fold_kernels.tuning import interpreting
 
 __all__ = ["finish_sum", "counters", "enabled", "group_size", "slots", "SLOTS"]
@@ -41,9 +42,6 @@ __all__ = ["finish_sum", "counters", "enabled", "group_size", "slots", "SLOTS"]
 _ENABLED = EnvVar("FOLD_KERNELS_ONE_PASS", lambda v: (v if v is not None else "1") != "0")
 SLOTS = 4096  # counters per (device, stream): 16 KB
 _COUNTERS: dict[tuple[int, int], torch.Tensor] = {}
-# the current CUDA stream's handle for a device index
-_RAW_STREAM = getattr(torch._C, "_cuda_getCurrentRawStream", None) or (
-    lambda index: torch.cuda.current_stream(index).cuda_stream)
 
 
 def enabled() -> bool:
@@ -68,7 +66,7 @@ def counters(device: torch.device) -> torch.Tensor:
     if interpreting() or device.type != "cuda":
         return torch.zeros(SLOTS, dtype=torch.int32, device=device)
     index = device.index if device.index is not None else torch.cuda.current_device()
-    key = (index, _RAW_STREAM(index))
+    key = (index, raw_stream(index))
     buf = _COUNTERS.get(key)
     if buf is None:  # under CUDA-graph capture, the graph's pool holds it and replays zero it
         buf = _COUNTERS[key] = torch.zeros(SLOTS, dtype=torch.int32, device=device)
