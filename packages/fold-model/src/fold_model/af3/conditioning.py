@@ -150,8 +150,8 @@ class AttentionPairBias(nn.Module):
         """Attention of normalised queries ``[*, R, N_q, C_a]`` to normalised keys/values
         ``[*, R, N_k, C_a]``; ``s_q: [*, R, N_q, C_s]`` gates the output when conditioned."""
         out = self.mha(q_x, kv_x, mask, bias, chunk_size)  # [*, R, N_q, C_a]
-        if self.ada_ln is not None:
-            out = torch.sigmoid(self.linear_s_gate(s_q)) * out
+        if self.ada_ln is not None:  # out * sigmoid(Linear(s)): one fused op each way
+            out = ops.bias_sigmoid_gate(out, self.linear_s_gate(s_q))
         return out
 
 
@@ -171,4 +171,4 @@ class ConditionedTransitionBlock(nn.Module):
     def forward(self, a: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
         a = self.ada_ln(a, s)
         b = ops.swiglu(a, self.linear_ab.weight)  # [*, N, n C_a]
-        return torch.sigmoid(self.linear_s_gate(s)) * self.linear_out(b)
+        return ops.bias_sigmoid_gate(self.linear_out(b), self.linear_s_gate(s))
