@@ -52,6 +52,26 @@ def test_layer_norm(dtype, c):
     _run(fk.layer_norm, ref.layer_norm, [x, _rand(c, seed=1), _rand(c, seed=2)], dtype)
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("c", [72, 128])
+def test_layer_norm_gain_only(dtype, c):
+    # AF3's AdaLN normalises s with a gain and no bias: no bias gradient, the rest as above
+    x = _rand(3, 11, c, seed=c + 1, scale=2.0, shift=-1.0)
+    _run(fk.layer_norm, ref.layer_norm, [x, _rand(c, seed=3), None], dtype)
+
+
+def test_layer_norm_gain_only_transposed_input_and_refusals():
+    x = _rand(13, 6, 40, seed=8).to(DEVICE).transpose(0, 1)  # [6, 13, 40], rows strided
+    w = _rand(40, seed=9).to(DEVICE)
+    y = fk.layer_norm(x, w, None)
+    y_ref = ref.layer_norm(x.double().cpu(), w.double().cpu(), None)
+    assert rel_err(y, y_ref) < TOL[torch.float32]
+    with pytest.raises(ValueError, match="weight and bias"):
+        fk.layer_norm_fork(x, w, None)  # the fork keeps its bias
+    with pytest.raises(ValueError, match="weight and bias"):
+        fk.layer_norm(x, w, torch.zeros(39, device=DEVICE))
+
+
 def test_layer_norm_fp32_weight_with_bf16_input():
     x = _rand(7, 40, seed=3).to(torch.bfloat16).to(DEVICE)
     w, b = _rand(40, seed=4).to(DEVICE), _rand(40, seed=5).to(DEVICE)

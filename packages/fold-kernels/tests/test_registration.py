@@ -74,6 +74,11 @@ def test_gpu_shapes_and_dtypes():
     assert registration.supports_layer_norm(x, torch.ones(8, device=dev),
                                             torch.zeros(8, device=dev))
     assert not registration.supports_layer_norm(x, None, None)
+    gain = torch.ones(8, device=dev)
+    assert registration.supports_layer_norm(x, gain, None)  # gain only (AdaLN's LN(s))
+    assert not registration.supports_layer_norm_fork(x, gain, None)  # these need a bias
+    assert not registration.supports_layer_norm_linear(x, gain, None, torch.ones(4, 8,
+                                                                                 device=dev))
     assert registration.supports_adaptive_layer_norm(x, x, x)
     assert not registration.supports_adaptive_layer_norm(x, x[:1], x)  # broadcast: PyTorch
     assert not registration.supports_adaptive_layer_norm(x, x.bfloat16(), x)

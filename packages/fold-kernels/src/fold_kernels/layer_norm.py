@@ -48,7 +48,9 @@ def row_stats(x, rc, C, eps):
 @fast
 @triton.jit
 def _ln_fwd(X, W, B, Y, Mean, Rstd, rows, C, eps, d1, d2, xs0, xs1, xs2, xsc,
-            BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, PDL: tl.constexpr = False):
+            HAS_BIAS: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
+            PDL: tl.constexpr = False):
+    """Without ``HAS_BIAS`` (a gain-only LayerNorm, AF3's AdaLN of s) B is not read."""
     pdl.enter(PDL)
     offs_r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     offs_c = tl.arange(0, BLOCK_C)
@@ -62,8 +64,9 @@ def _ln_fwd(X, W, B, Y, Mean, Rstd, rows, C, eps, d1, d2, xs0, xs1, xs2, xsc,
     x = tl.load(X + xptrs, mask=rc, other=0.0).to(tl.float32)  # [BLOCK_R, BLOCK_C]
     mean, xc, rstd = row_stats(x, rc, C, eps)
     w = tl.load(W + offs_c, mask=c_valid, other=0.0).to(tl.float32)
-    b = tl.load(B + offs_c, mask=c_valid, other=0.0).to(tl.float32)
-    y = xc * rstd[:, None] * w[None, :] + b[None, :]
+    y = xc * rstd[:, None] * w[None, :]
+    if HAS_BIAS:
+        y += tl.load(B + offs_c, mask=c_valid, other=0.0).to(tl.float32)[None, :]
     tl.store(Y + ptrs, y.to(Y.dtype.element_ty), mask=rc)
     tl.store(Mean + offs_r, mean, mask=r_valid)
     tl.store(Rstd + offs_r, rstd, mask=r_valid)
@@ -144,9 +147,10 @@ def _layout(*tensors: torch.Tensor):
     return lay.dims, lay.operands, lay.strides
 
 
-def ln_forward(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float):
+def ln_forward(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, eps: float):
     """``x [*, C]`` in any layout (read through row strides, no copy) -> ``y`` contiguous
-    ``[*, C]``, ``mean``, ``rstd`` ``[rows]`` fp32 (rows in x's logical order)."""
+    ``[*, C]``, ``mean``, ``rstd`` ``[rows]`` fp32 (rows in x's logical order). ``bias`` None:
+    a gain-only LayerNorm."""
     c = x.shape[-1]
     rows = x.numel() // max(c, 1)
     y = torch.empty(x.shape, device=x.device, dtype=x.dtype)
@@ -156,8 +160,9 @@ def ln_forward(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: f
     block_c = next_power_of_2(c)
     block_r = _block_r(c)
     _ln_fwd[(cdiv(rows, block_r),)](
-        xv, weight, bias, y, mean, rstd, rows, c, eps, dims[1], dims[2], *xs,
-        BLOCK_R=block_r, BLOCK_C=block_c, num_warps=_num_warps(block_r, block_c))
+        xv, weight, weight if bias is None else bias, y, mean, rstd, rows, c, eps, dims[1],
+        dims[2], *xs, HAS_BIAS=bias is not None, BLOCK_R=block_r, BLOCK_C=block_c,
+        num_warps=_num_warps(block_r, block_c))
     return y, mean, rstd
 
 
@@ -253,17 +258,21 @@ def _save_forward(ctx, x, weight, bias, eps) -> torch.Tensor:
     """``y = LN(x)`` for an autograd function's forward, saving what its backward reads. x is
     read in its own layout (e.g. the transposed MSA of column attention): the transpose copy is
     fused into the normalisation, y comes out contiguous."""
-    y, mean, rstd = ln_forward(x, weight.contiguous(), bias.contiguous(), eps)
+    y, mean, rstd = ln_forward(x, weight.contiguous(),
+                               None if bias is None else bias.contiguous(), eps)
     ctx.save_for_backward(x, weight, mean, rstd)
-    ctx.bias_dtype = bias.dtype
+    ctx.bias_dtype = None if bias is None else bias.dtype  # None: no bias gradient
     return y
 
 
 def _saved_backward(ctx, dy, dy2=None, dres=None):
-    """``(dx, dweight, dbias)`` from what :func:`_save_forward` saved."""
+    """``(dx, dweight, dbias)`` from what :func:`_save_forward` saved (dbias None without a
+    bias: the kernel's bias sums are dropped)."""
     x, weight, mean, rstd = ctx.saved_tensors
-    return ln_backward(dy, x, weight, mean, rstd, weight.dtype, ctx.bias_dtype, dy2=dy2,
-                       dres=dres)
+    bias_dtype = weight.dtype if ctx.bias_dtype is None else ctx.bias_dtype
+    dx, dw, db = ln_backward(dy, x, weight, mean, rstd, weight.dtype, bias_dtype, dy2=dy2,
+                             dres=dres)
+    return dx, dw, None if ctx.bias_dtype is None else db
 
 
 class _LayerNorm(torch.autograd.Function):
@@ -276,9 +285,12 @@ class _LayerNorm(torch.autograd.Function):
         return (*_saved_backward(ctx, dy), None)
 
 
-def check_layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> None:
+def check_layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                     bias_optional: bool = False) -> None:
+    """``weight [C]`` and ``bias [C]`` (None allowed with ``bias_optional``: gain only)."""
     c = x.shape[-1]
-    if weight is None or bias is None or weight.shape != (c,) or bias.shape != (c,):
+    if (weight is None or weight.shape != (c,)
+            or (bias is None and not bias_optional) or (bias is not None and bias.shape != (c,))):
         raise ValueError(f"layer_norm: weight and bias must be [C={c}], got "
                          f"{None if weight is None else tuple(weight.shape)} and "
                          f"{None if bias is None else tuple(bias.shape)}")
@@ -288,10 +300,11 @@ def check_layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) 
     tuning.require_device("layer_norm", x, "fold_ops.reference.layer_norm")
 
 
-def layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,
+def layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
                eps: float = 1e-5) -> torch.Tensor:
-    """LayerNorm over the last dim of ``x [*, C]``, like ``F.layer_norm``; y in x's dtype."""
-    check_layer_norm(x, weight, bias)
+    """LayerNorm over the last dim of ``x [*, C]``, like ``F.layer_norm``; y in x's dtype.
+    ``bias`` None: gain only (AF3's AdaLN normalises s so)."""
+    check_layer_norm(x, weight, bias, bias_optional=True)
     return nograd.apply(_LayerNorm, x, weight, bias, eps)
 
 

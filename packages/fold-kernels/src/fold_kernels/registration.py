@@ -130,18 +130,22 @@ def supports_linear(x, weight, bias=None) -> bool:
 
 
 def supports_layer_norm(x, weight, bias, eps=1e-5) -> bool:
-    if not _common(x, weight, bias) or weight is None or bias is None:
+    """A weight, and a bias or none (gain only)."""
+    if not _common(x, weight, bias) or weight is None:
         return False
     c = x.shape[-1]
-    return weight.shape == (c,) and bias.shape == (c,) and c <= 8192 and rows_fit(x.shape)
+    return (weight.shape == (c,) and (bias is None or bias.shape == (c,)) and c <= 8192
+            and rows_fit(x.shape))
 
 
 def supports_layer_norm_fork(x, weight, bias, eps=1e-5, branches=1) -> bool:
-    return isinstance(branches, int) and branches >= 1 and supports_layer_norm(x, weight, bias)
+    return (isinstance(branches, int) and branches >= 1 and bias is not None
+            and supports_layer_norm(x, weight, bias))
 
 
 def supports_layer_norm_linear(x, ln_weight, ln_bias, weight, bias=None, eps=1e-5) -> bool:
-    if not supports_layer_norm(x, ln_weight, ln_bias) or not _on_gpu(weight, bias):
+    if (ln_bias is None or not supports_layer_norm(x, ln_weight, ln_bias)
+            or not _on_gpu(weight, bias)):
         return False
     if weight.dim() != 2 or weight.shape[1] != x.shape[-1] or weight.dtype != x.dtype:
         return False
