@@ -160,6 +160,12 @@ def test_shared_dropout_mask():
     assert set(a.unique().tolist()) <= {0.0, torch.tensor(1 / 0.75).item()}
     col = shared_dropout_mask(x, 0.25, -2, training=True)
     assert col.shape == (4, 6, 1, 3)
+    # the rate: a quarter dropped (200k draws: standard error 0.001), kept entries scaled
+    big = shared_dropout_mask(torch.empty(1, 8, 200_000, dtype=torch.bfloat16), 0.25, -2, True)
+    assert big.dtype == torch.bfloat16 and big.shape == (1, 1, 200_000)
+    big = shared_dropout_mask(torch.empty(200_000, 3, 1), 0.25, -2, True)
+    assert abs((big == 0).float().mean().item() - 0.25) < 0.006
+    assert torch.allclose(big.mean(), torch.tensor(1.0), atol=0.01)
 
 
 def test_chunked_rows_matches_whole():

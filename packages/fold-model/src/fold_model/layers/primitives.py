@@ -348,8 +348,9 @@ def shared_dropout_mask(
     if not training or rate == 0.0:
         return None
     keep = 1.0 - rate
-    probs = torch.full_like(x.narrow(shared_dim, 0, 1), keep)  # size 1 along shared_dim
-    return torch.bernoulli(probs) / keep
+    # size 1 along shared_dim; drawn and scaled in place: two launches, not three
+    mask = x.new_empty(x.narrow(shared_dim, 0, 1).shape)
+    return mask.bernoulli_(keep).div_(keep)
 
 
 def in_place_residuals(chunk_size: int | None, training: bool) -> bool:
