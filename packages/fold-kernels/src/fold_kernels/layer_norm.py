@@ -216,29 +216,28 @@ def ln_backward(dy, x, weight, mean, rstd, dw_dtype=torch.float32, db_dtype=torc
             drv.contiguous() if has_dres else dyc)
     block_c = next_power_of_2(c)
     sms = None if tuning.interpreting() or not x.is_cuda else tuning.multiprocessors(x.device)
-    # one pass: the kernel adds the partial rows itself, stored in the gradients' dtype
+    # one pass: the kernel adds the partial rows itself, stored in the gradients' dtype. At
+    # most 16 programs per SM: far fewer counters than one_pass.SLOTS on any GPU.
     fused = one_pass.enabled()
     out_dtype = dw_dtype if dw_dtype == db_dtype else torch.float32
-    group = one_pass.group_size()
-    tail_m = min(256, next_power_of_2(2 * c))
+    group = one_pass.group_size() if fused else 1
+    tail_m = min(256, next_power_of_2(2 * c)) if fused else 1
     state = {}
 
     def launch(cfg: tuning.Config):
         n_blocks = cdiv(rows, cfg.block_m)
         n_prog = min(n_blocks, 3 if sms is None else cfg.block_n * sms)
-        one = fused and one_pass.slots(n_prog) <= one_pass.SLOTS
-        extra = cdiv(n_prog, group) if one else 0  # group rows after the programs' rows
+        extra = cdiv(n_prog, group) if fused else 0  # group rows after the programs' rows
         partials = torch.empty((n_prog + extra, 2, c), device=x.device,
                                dtype=torch.float32)  # dw | db
-        dwdb = (torch.empty((2, c), device=x.device, dtype=out_dtype) if one else partials)
+        dwdb = torch.empty((2, c), device=x.device, dtype=out_dtype) if fused else partials
         _ln_bwd[(n_prog,)](xv, weight, dyv, dy2v, drv, mean, rstd, dxv, partials,
-                           partials[:, 1], dwdb, one_pass.counters(x.device) if one else dwdb,
+                           partials[:, 1], dwdb, one_pass.counters(x.device) if fused else dwdb,
                            2 * c, rows, c, dims[1], dims[2], *xs, *ys, *y2s, *rs, *ds,
                            HAS_DY2=has_dy2, HAS_DR=has_dres, BLOCK_R=cfg.block_m,
-                           BLOCK_C=block_c, ONE_PASS=one, GROUP=group if one else 1,
-                           TAIL_S=group if one else 1, TAIL_M=tail_m if one else 1,
-                           num_warps=cfg.num_warps)
-        state["dwdb"] = dwdb if one else None
+                           BLOCK_C=block_c, ONE_PASS=fused, GROUP=group, TAIL_S=group,
+                           TAIL_M=tail_m, num_warps=cfg.num_warps)
+        state["dwdb"] = dwdb if fused else None
         state["partials"] = partials
 
     # Timed with the second stage where the kernel does it (one pass); otherwise the first
