@@ -91,4 +91,10 @@ def test_one_sample_pair_embedding_equals_the_broadcast_one(variant):
         assert rel_err(alone[k], pair[k]) < 1e-12, k
     assert g_alone.keys() == g_pair.keys() and len(g_alone) > 10
     for name in g_alone:
+        if g_pair[name].norm() < 1e-12:
+            # zero by symmetry (the bias of a LayerNorm before a bias-free pair-bias projection
+            # shifts every logit of a row alike): rounding noise whose bits depend on how a
+            # multi-threaded BLAS splits the two runs' different GEMM shapes
+            assert g_alone[name].norm() < 1e-12, name
+            continue
         assert rel_err(g_alone[name], g_pair[name]) < 1e-12, name
