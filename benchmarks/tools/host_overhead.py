@@ -19,7 +19,10 @@ Two modes, both on tiny tensors so that a call's time is its host work:
     python -m benchmarks.tools.host_overhead --gpu --out results/host_overhead_gpu.json
 
 Rows: each op's forward+backward through ``fold_model.ops`` (backend ``triton``, and ``torch``
-for scale), the registry's ``resolve`` alone, and one tiny Evoformer / Pairformer block step.
+for scale), the registry's ``resolve`` alone, chains of 32 nodes with one backward at the
+end (what a block step pays per op: the fixed cost of a backward call spread over the chain,
+beside PyTorch's native nodes and a Python autograd Function as the floors), and one tiny
+Evoformer / Pairformer block step.
 """
 
 from __future__ import annotations
@@ -94,10 +97,96 @@ def _forward_backward(fn):
     return run
 
 
-def measure(device, calls: int, reps: int) -> list[dict]:
-    """Rows ``{"call", "mode", "triton_us", "torch_us"}``: each op forward+backward and forward
-    alone under ``no_grad``, the tiny block steps and forwards; on a GPU also the fixed cost of a
-    backward call (``torch_us`` only)."""
+CHAIN = 32  # nodes per chain
+
+
+def chain_cases(device):
+    """``{name: (node, x0, fold_op)}``: one node of a chain ``x = node(x)`` on a tiny bf16
+    ``x0``, and whether it goes through fold-model's dispatch (then timed on both backends).
+    The PyTorch rows are the floor a fold op is compared with: a native node, a Python
+    autograd Function around the same native op (what any Python-level op pays), and PyTorch's
+    own LayerNorm."""
+    import torch
+    import torch.nn.functional as F
+    from fold_model import ops
+
+    class PyMul(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x * 2
+
+        @staticmethod
+        def backward(ctx, grad):
+            return grad * 2
+
+    g = torch.Generator().manual_seed(0)
+    dt = torch.bfloat16
+
+    def rnd(*shape, grad=True):
+        return torch.randn(*shape, generator=g).to(device, dt).requires_grad_(grad)
+
+    x0 = rnd(4, 16, 32, grad=False)
+    w, b, res = rnd(32), rnd(32), rnd(4, 16, 32)
+    q0 = rnd(1, 4, 2, 16, 8, grad=False)  # [B, R, H, N, D]
+    k, v, gate = (rnd(1, 4, 2, 16, 8) for _ in range(3))
+    bias = rnd(1, 2, 16, 16)
+    mask = (torch.rand(1, 4, 16, generator=g) > 0.2).to(device, dt)
+    return {
+        "x * 2 (PyTorch node)": (lambda x: x * 2, x0, False),
+        "Python autograd Function (x * 2)": (PyMul.apply, x0, False),
+        "F.layer_norm (PyTorch node)": (lambda x: F.layer_norm(x, (32,), w, b), x0, False),
+        "layer_norm": (lambda x: ops.layer_norm(x, w, b), x0, True),
+        "bias_sigmoid_gate": (lambda x: ops.bias_sigmoid_gate(x, res), x0, True),
+        "attention (bias, mask, gate)": (
+            lambda x: ops.attention(x, k, v, bias, mask, None, gate), q0, True),
+    }
+
+
+def chain_rows(device, steps: int, reps: int, sync=None) -> list[dict]:
+    """Host microseconds per node of a chain of :data:`CHAIN` nodes with one backward at its
+    end, as a block's training step runs its ops: the fixed cost of the backward call is
+    spread over the chain, each node pays its forward, its backward in the autograd engine
+    and the gradient accumulation into the shared leaves (weights, biases)."""
+    import torch
+    from fold_model import ops
+
+    def chain(node, x0, grad):
+        def run():
+            x = x0.clone().requires_grad_(grad)
+            for _ in range(CHAIN):
+                x = node(x)
+            if grad:
+                x.float().sum().backward()
+        return run
+
+    def per_node(run, grad):
+        with torch.set_grad_enabled(grad):
+            return round(_time_us(run, steps, reps, sync) / CHAIN, 1)
+
+    rows = []
+    for name, (node, x0, fold_op) in chain_cases(device).items():
+        for grad, mode in ((True, "chain fwd+bwd, per node"),
+                           (False, "chain fwd no_grad, per node")):
+            row = {"call": name, "mode": mode, "triton_us": None}
+            if fold_op:
+                for backend in ("triton", "torch"):
+                    with ops.use_backend(backend):
+                        row[f"{backend}_us"] = per_node(chain(node, x0, grad), grad)
+            else:
+                row["torch_us"] = per_node(chain(node, x0, grad), grad)
+            rows.append(row)
+            print(rows[-1], flush=True)
+    return rows
+
+
+SECTIONS = ("ops", "chain", "blocks")
+
+
+def measure(device, calls: int, reps: int, sections=SECTIONS) -> list[dict]:
+    """Rows ``{"call", "mode", "triton_us", "torch_us"}`` of the ``sections`` asked for: "ops",
+    each op forward+backward and forward alone under ``no_grad`` (on a GPU also the fixed cost
+    of a backward call, ``torch_us`` only) and ``resolve``; "chain", :func:`chain_rows`;
+    "blocks", the tiny block steps and forwards."""
     import torch
     from fold_model import ops
 
@@ -114,23 +203,28 @@ def measure(device, calls: int, reps: int) -> list[dict]:
         return row
 
     rows = []
-    cases, resolve = op_cases(device)
-    for name, fwd in cases.items():
-        rows.append({"call": name, "mode": "fwd+bwd", **both(_forward_backward(fwd), calls)})
+    if "ops" in sections:
+        cases, resolve = op_cases(device)
+        for name, fwd in cases.items():
+            rows.append({"call": name, "mode": "fwd+bwd", **both(_forward_backward(fwd), calls)})
+            print(rows[-1], flush=True)
+        for name, fwd in cases.items():  # inference: no autograd graph
+            with torch.no_grad():
+                rows.append({"call": name, "mode": "fwd, no_grad", **both(fwd, calls)})
+            print(rows[-1], flush=True)
+        if gpu:
+            x = torch.randn(64, 128, device=device, requires_grad=True)
+            backward = _forward_backward(lambda: x * 2)
+            rows.append({"call": "(x * 2).sum().backward(), PyTorch alone", "mode": "fwd+bwd",
+                         "triton_us": None, "torch_us": round(_time_us(backward, calls, reps, sync),
+                                                              1)})
+            print(rows[-1], flush=True)
+        rows.append({"call": "resolve('attention') only", "mode": "-", **both(resolve, calls)})
         print(rows[-1], flush=True)
-    for name, fwd in cases.items():  # inference: no autograd graph
-        with torch.no_grad():
-            rows.append({"call": name, "mode": "fwd, no_grad", **both(fwd, calls)})
-        print(rows[-1], flush=True)
-    if gpu:
-        x = torch.randn(64, 128, device=device, requires_grad=True)
-        backward = _forward_backward(lambda: x * 2)
-        rows.append({"call": "(x * 2).sum().backward(), PyTorch alone", "mode": "fwd+bwd",
-                     "triton_us": None, "torch_us": round(_time_us(backward, calls, reps, sync),
-                                                          1)})
-        print(rows[-1], flush=True)
-    rows.append({"call": "resolve('attention') only", "mode": "-", **both(resolve, calls)})
-    print(rows[-1], flush=True)
+    if "chain" in sections:
+        rows += chain_rows(device, max(1, calls // 10), reps, sync)
+    if "blocks" not in sections:
+        return rows
     for name, make in (("evoformer block step (tiny)", evoformer_step),
                        ("pairformer block step (tiny)", pairformer_step)):
         step = make(device, torch.bfloat16)
@@ -161,6 +255,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--calls", type=int, default=200)
     ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--sections", default=",".join(SECTIONS),
+                    help=f"comma-separated subset of {','.join(SECTIONS)}")
     ap.add_argument("--gpu", action="store_true",
                     help="real launches on the current CUDA device (default: CPU, stubbed)")
     ap.add_argument("--out", type=Path, default=None, help="JSON path (markdown beside it)")
@@ -189,9 +285,14 @@ def main(argv: list[str] | None = None) -> list[dict]:
         device = torch.device("cpu")
         allow_cpu_in_interpreter()
         stub_launches()
-    rows = measure(device, args.calls, args.reps)
+    sections = tuple(x.strip() for x in args.sections.split(",") if x.strip())
+    unknown = set(sections) - set(SECTIONS)
+    if unknown:
+        raise SystemExit(f"host_overhead: unknown --sections {sorted(unknown)}; "
+                         f"choose from {','.join(SECTIONS)}")
+    rows = measure(device, args.calls, args.reps, sections)
     meta = {**versions(device), "mode": "gpu" if args.gpu else "cpu, launches stubbed",
-            "calls": args.calls, "reps": args.reps}
+            "calls": args.calls, "reps": args.reps, "sections": list(sections)}
     text = markdown(meta, rows)
     print(text)
     if args.out is not None:

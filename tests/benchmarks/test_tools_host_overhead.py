@@ -33,9 +33,27 @@ def test_cpu_mode_times_every_op_on_both_backends(tmp_path):
     calls = {r["call"] for r in doc["rows"]}
     assert {"layer_norm", "attention (bias, mask, gate)", "resolve('attention') only",
             "evoformer block step (tiny)", "pairformer block step (tiny)"} <= calls
+    chained = {r["call"] for r in doc["rows"] if r["mode"].startswith("chain")}
+    assert {"x * 2 (PyTorch node)", "Python autograd Function (x * 2)", "layer_norm",
+            "attention (bias, mask, gate)"} <= chained
     for r in doc["rows"]:
-        assert r["triton_us"] > 0 and r["torch_us"] > 0, r
+        assert r["torch_us"] > 0, r
+        # only PyTorch's own nodes (the chains' floors) have no fold-kernels path
+        assert (r["triton_us"] is None) == ("PyTorch node" in r["call"]
+                                            or "Python autograd" in r["call"]), r
+        assert r["triton_us"] is None or r["triton_us"] > 0, r
     assert "| layer_norm | fwd+bwd |" in out.with_suffix(".md").read_text()
+
+
+def test_sections_select_the_rows(tmp_path):
+    out = tmp_path / "chain.json"
+    proc = _run("--calls", "10", "--reps", "1", "--sections", "chain", "--out", str(out))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    doc = json.loads(out.read_text())
+    assert doc["sections"] == ["chain"]
+    assert doc["rows"] and all(r["mode"].startswith("chain") for r in doc["rows"])
+    proc = _run("--sections", "chain,kernels")
+    assert proc.returncode != 0 and "unknown --sections ['kernels']" in proc.stderr
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the GPU mode runs here")
