@@ -82,3 +82,55 @@ def test_cached_launches_equal_tritons_path(monkeypatch):
         for ta, tb in zip(a, b):
             assert torch.isfinite(tb).all(), name
             assert torch.equal(ta, tb), name
+
+
+def test_an_empty_hook_chain_is_handed_to_the_launcher_as_none():
+    def hook(metadata):
+        return None
+
+    assert launch.active_hook(None) is None
+    assert launch.active_hook(hook) is hook  # a Triton whose hooks are plain attributes
+    chain_cls = getattr(pytest.importorskip("triton.knobs"), "HookChain", None)
+    if chain_cls is None:
+        pytest.skip("this Triton keeps no hook chains")
+    chain = chain_cls()
+    assert launch.active_hook(chain) is None  # nothing to run: no metadata, no calls
+    chain.add(hook)
+    assert launch.active_hook(chain) is chain
+    chain.remove(hook)
+    assert launch.active_hook(chain) is None
+
+
+@pytest.mark.skipif(not GPU, reason="the cached path launches compiled CUDA kernels")
+def test_a_profilers_launch_hook_sees_cached_launches(monkeypatch):
+    """Triton's launch hooks (a profiler's) run on cached launches, with the kernel's name in
+    the metadata, and stop once removed."""
+    from fold_kernels.elementwise import bias_sigmoid_gate
+    from triton import knobs
+
+    monkeypatch.setenv("FOLD_KERNELS_FAST_LAUNCH", "1")
+    x, gate = (torch.randn(3, 17, 48, device="cuda") for _ in range(2))
+    bias_sigmoid_gate(x, gate)  # compiled and cached: the calls below are cached launches
+    seen = []
+
+    def hook(metadata):
+        seen.append(metadata.get()["name"])
+
+    rt = knobs.runtime
+    chain = hasattr(rt.launch_enter_hook, "add")
+    if chain:
+        rt.launch_enter_hook.add(hook)
+    else:
+        monkeypatch.setattr(rt, "launch_enter_hook", hook)
+    try:
+        bias_sigmoid_gate(x, gate)
+        torch.cuda.synchronize()
+    finally:
+        if chain:
+            rt.launch_enter_hook.remove(hook)
+        else:
+            monkeypatch.setattr(rt, "launch_enter_hook", None)
+    assert seen and all(isinstance(n, str) and n for n in seen), seen
+    count = len(seen)
+    bias_sigmoid_gate(x, gate)
+    assert len(seen) == count

@@ -40,7 +40,7 @@ from fold_ops.env import EnvVar
 from fold_kernels import pdl
 from fold_kernels.tuning import interpreting
 
-__all__ = ["FastKernel", "fast", "spec_key", "enabled", "raw_stream"]
+__all__ = ["FastKernel", "fast", "spec_key", "enabled", "raw_stream", "active_hook"]
 
 _ENABLED = EnvVar("FOLD_KERNELS_FAST_LAUNCH", lambda v: (v if v is not None else "1") != "0")
 _INT32 = (-(2**31), 2**31)
@@ -77,6 +77,19 @@ def spec_key(args: Sequence[object]) -> tuple:
 # The current CUDA stream's handle for a device index (what Triton's own launch path reads).
 raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None) or (
     lambda device: torch.cuda.current_stream(device).cuda_stream)
+
+
+def active_hook(hook):
+    """A launch hook to hand to Triton's launcher, or None when nothing would run.
+
+    Triton 3.6 and later keep each launch hook in a ``HookChain`` that is never None, empty
+    unless a profiler adds to it. Handed over as is, an empty chain costs every launch the
+    launch metadata (a Python object) and two calls from the launcher into Python; as None, the
+    launcher skips all three, as it does on Tritons whose hooks are plain attributes."""
+    if hook is None:
+        return None
+    calls = getattr(hook, "calls", None)  # a HookChain's hooks; a plain callable has none
+    return hook if calls is None or calls else None
 
 
 class _Launch:
@@ -151,7 +164,7 @@ class FastKernel:
         stream = raw_stream(key[0])
         full = args + entry.tail
         rt = entry.knobs  # Triton's launch hooks, read per launch as its own path does
-        enter, exit_ = rt.launch_enter_hook, rt.launch_exit_hook
+        enter, exit_ = active_hook(rt.launch_enter_hook), active_hook(rt.launch_exit_hook)
         # the launch metadata is only handed to the hooks (a profiler's): none set, none built
         meta = (entry.compiled.launch_metadata(grid, stream, *full)
                 if enter is not None or exit_ is not None else None)
