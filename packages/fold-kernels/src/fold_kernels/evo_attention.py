@@ -1090,12 +1090,13 @@ class _EvoAttention(torch.autograd.Function):
                 None, None if dgate is None else dgate.reshape(shape), None)
 
 
-def _unpack(proj: torch.Tensor, parts: int, no_heads: int) -> list[torch.Tensor]:
-    """``proj [B, R, N, parts*H*D]`` -> ``parts`` views ``[B, R, H, N, D]`` (q, k, v[, gate]),
-    all with the same strides (rows ``parts*H*D`` apart)."""
-    n_hd = proj.shape[-1] // parts
-    return [proj[..., i * n_hd:(i + 1) * n_hd].unflatten(-1, (no_heads, -1)).transpose(2, 3)
-            for i in range(parts)]
+def _unpack(proj: torch.Tensor, parts: int, no_heads: int) -> tuple[torch.Tensor, ...]:
+    """``proj [B, R, N, parts*H*D]`` (contiguous) -> ``parts`` views ``[B, R, H, N, D]`` (q, k,
+    v[, gate]), all with the same strides (rows ``parts*H*D`` apart). Three view calls for all
+    parts: this runs three times per attention call, on the eager path's host time."""
+    b, r, n, _ = proj.shape
+    # [B, R, N, P*H*D] -> [B, R, N, P, H, D] -> [P, B, R, H, N, D] -> P x [B, R, H, N, D]
+    return proj.view(b, r, n, parts, no_heads, -1).permute(3, 0, 1, 4, 2, 5).unbind(0)
 
 
 class _EvoAttentionPacked(torch.autograd.Function):
