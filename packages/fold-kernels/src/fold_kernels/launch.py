@@ -67,11 +67,21 @@ def _arg_key(a) -> object:
     raise TypeError(t)  # not a type the key understands: Triton's own path decides
 
 
+def _arg_keys(args: Sequence[object]) -> list:
+    """``[_arg_key(a) for a in args]``, with the two common types inlined: a launch of the
+    LayerNorm backward has 37 arguments, and without a call per argument their key takes about
+    a quarter less host time (about 9.7 -> 7.2 us on the development CPU). Same keys."""
+    lo, hi = _INT32
+    return [(a == 1, a % 16 == 0, lo <= a < hi) if type(a) is int else
+            (a.dtype, a.data_ptr() % 16 == 0) if isinstance(a, torch.Tensor) else
+            _arg_key(a) for a in args]
+
+
 def spec_key(args: Sequence[object]) -> tuple:
     """fold's specialization key of positional kernel arguments (see the module docstring).
 
     Raises ``TypeError`` for an argument type the key does not cover."""
-    return tuple(map(_arg_key, args))
+    return tuple(_arg_keys(args))
 
 
 # The current CUDA stream's handle for a device index (what Triton's own launch path reads).
@@ -154,7 +164,7 @@ class FastKernel:
         if callable(grid) or not _ENABLED.get():
             return self.jit[grid](*args, **kwargs)
         try:
-            key = (device, tuple(kwargs.items()), *map(_arg_key, args))
+            key = (device, tuple(kwargs.items()), *_arg_keys(args))
         except TypeError:
             return self.jit[grid](*args, **kwargs)  # an argument type the key does not cover
         entry = self._cache.get(key)
