@@ -24,6 +24,13 @@ def test_key_separates_what_triton_specializes():
         k(["a string"])
 
 
+def test_inlined_key_equals_the_per_argument_key():
+    x = torch.zeros(64)
+    args = [x, x[1:], x.to(torch.float64), torch.nn.Parameter(torch.zeros(3)), 0, 1, -1, 16,
+            -32, 33, 2**31 - 16, 2**31, -(2**31), -(2**31) - 16, 2**40, 1.5, True, False, None]
+    assert launch.spec_key(args) == tuple(launch._arg_key(a) for a in args)
+
+
 def test_interpreter_and_off_switch_take_tritons_path(monkeypatch):
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     assert not launch.enabled()
