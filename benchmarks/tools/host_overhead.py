@@ -17,6 +17,7 @@ Two modes, both on tiny tensors so that a call's time is its host work:
     python -m benchmarks.tools.host_overhead              # CPU, us per call, best of --reps rounds
     python -m benchmarks.tools.host_overhead --calls 500 --reps 7
     python -m benchmarks.tools.host_overhead --gpu --out results/host_overhead_gpu.json
+    python -m benchmarks.tools.host_overhead --gpu --sections ops,chain   # no block rows
 
 Rows: each op's forward+backward through ``fold_model.ops`` (backend ``triton``, and ``torch``
 for scale), the registry's ``resolve`` alone, chains of 32 nodes with one backward at the
