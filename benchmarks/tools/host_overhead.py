@@ -60,6 +60,30 @@ def _time_us(fn, calls: int, reps: int, sync=None) -> float:
     return min(out)  # the least-disturbed round: the machine is shared
 
 
+def _inputs(device) -> dict:
+    """The tiny bf16 inputs of :func:`op_cases` and :func:`chain_cases`, the float ones leaves
+    with gradients: attention's ``q, k, v, gate [1, 4, 2, 16, 8]``, ``bias [1, 2, 16, 16]`` and
+    key ``mask``; ``x``, ``res [1, 4, 16, 32]``, LayerNorm ``w, b [32]``, ``lin [64, 32]`` and
+    a row-shared dropout mask ``drop``."""
+    import torch
+
+    g = torch.Generator().manual_seed(0)
+    dt = torch.bfloat16
+
+    def rnd(*shape):
+        return torch.randn(*shape, generator=g).to(device, dt).requires_grad_()
+
+    t = {name: rnd(1, 4, 2, 16, 8) for name in ("q", "k", "v", "gate")}
+    t["bias"] = rnd(1, 2, 16, 16)
+    t["mask"] = (torch.rand(1, 4, 16, generator=g) > 0.2).to(device, dt)
+    t["x"] = rnd(1, 4, 16, 32)
+    t["w"], t["b"] = rnd(32), rnd(32)
+    t["lin"] = rnd(64, 32)
+    t["res"] = rnd(1, 4, 16, 32)
+    t["drop"] = (torch.rand(1, 1, 16, 32, generator=g) > 0.2).to(device, dt)
+    return t
+
+
 def op_cases(device=None):
     """``({name: forward}, resolve)``: one call of each op on tiny bf16 tensors, and the
     registry's choice of backend alone for the attention call."""
@@ -67,26 +91,15 @@ def op_cases(device=None):
     from fold_model import ops
 
     device = torch.device("cpu") if device is None else torch.device(device)
-    g = torch.Generator().manual_seed(0)
-    dt = torch.bfloat16
-
-    def rnd(*shape):
-        return torch.randn(*shape, generator=g).to(device, dt).requires_grad_()
-
-    q, k, v, gate = (rnd(1, 4, 2, 16, 8) for _ in range(4))
-    bias = rnd(1, 2, 16, 16)
-    mask = (torch.rand(1, 4, 16, generator=g) > 0.2).to(device, dt)
-    x = rnd(1, 4, 16, 32)
-    w, b = rnd(32), rnd(32)
-    lin = rnd(64, 32)
-    res = rnd(1, 4, 16, 32)
-    drop = (torch.rand(1, 1, 16, 32, generator=g) > 0.2).to(device, dt)
+    t = _inputs(device)
+    q, k, v, gate, bias, mask = (t[n] for n in ("q", "k", "v", "gate", "bias", "mask"))
+    x, w, b, res = t["x"], t["w"], t["b"], t["res"]
     forwards = {
         "attention (bias, mask, gate)": lambda: ops.attention(q, k, v, bias, mask, None, gate),
         "layer_norm": lambda: ops.layer_norm(x, w, b),
-        "layer_norm_linear": lambda: ops.layer_norm_linear(x, w, b, lin),
+        "layer_norm_linear": lambda: ops.layer_norm_linear(x, w, b, t["lin"]),
         "bias_sigmoid_gate": lambda: ops.bias_sigmoid_gate(x, res),
-        "bias_dropout_residual": lambda: ops.bias_dropout_residual(x, res, None, drop),
+        "bias_dropout_residual": lambda: ops.bias_dropout_residual(x, res, None, t["drop"]),
         "softmax_mask_bias": lambda: ops.softmax_mask_bias(x, None, res),
     }
     return forwards, lambda: ops.resolve("attention", q, k, v, bias, mask, None, gate)
@@ -120,18 +133,10 @@ def chain_cases(device):
         def backward(ctx, grad):
             return grad * 2
 
-    g = torch.Generator().manual_seed(0)
-    dt = torch.bfloat16
-
-    def rnd(*shape, grad=True):
-        return torch.randn(*shape, generator=g).to(device, dt).requires_grad_(grad)
-
-    x0 = rnd(4, 16, 32, grad=False)
-    w, b, res = rnd(32), rnd(32), rnd(4, 16, 32)
-    q0 = rnd(1, 4, 2, 16, 8, grad=False)  # [B, R, H, N, D]
-    k, v, gate = (rnd(1, 4, 2, 16, 8) for _ in range(3))
-    bias = rnd(1, 2, 16, 16)
-    mask = (torch.rand(1, 4, 16, generator=g) > 0.2).to(device, dt)
+    t = _inputs(device)
+    x0, q0 = t["x"].detach(), t["q"].detach()  # a chain's start: [1, 4, 16, 32], [B, R, H, N, D]
+    w, b, res, k, v, gate, bias, mask = (
+        t[n] for n in ("w", "b", "res", "k", "v", "gate", "bias", "mask"))
     return {
         "x * 2 (PyTorch node)": (lambda x: x * 2, x0, False),
         "Python autograd Function (x * 2)": (PyMul.apply, x0, False),
