@@ -230,6 +230,7 @@ def ln_backward(dy, x, weight, mean, rstd, dw_dtype=torch.float32, db_dtype=torc
         extra = cdiv(n_prog, group) if fused else 0  # group rows after the programs' rows
         partials = torch.empty((n_prog + extra, 2, c), device=x.device,
                                dtype=torch.float32)  # dw | db
+        # [2, C] in the gradients' dtype; without one pass, partials stand in (never written)
         dwdb = torch.empty((2, c), device=x.device, dtype=out_dtype) if fused else partials
         _ln_bwd[(n_prog,)](xv, weight, dyv, dy2v, drv, mean, rstd, dxv, partials,
                            partials[:, 1], dwdb, one_pass.counters(x.device) if fused else dwdb,
@@ -237,17 +238,14 @@ def ln_backward(dy, x, weight, mean, rstd, dw_dtype=torch.float32, db_dtype=torc
                            HAS_DY2=has_dy2, HAS_DR=has_dres, BLOCK_R=cfg.block_m,
                            BLOCK_C=block_c, ONE_PASS=fused, GROUP=group, TAIL_S=group,
                            TAIL_M=tail_m, num_warps=cfg.num_warps)
-        state["dwdb"] = dwdb if fused else None
-        state["partials"] = partials
+        state["out"] = dwdb  # the sums (one pass), or the partial rows to sum
 
     # Timed with the second stage where the kernel does it (one pass); otherwise the first
     # stage alone: host overhead would swamp the few microseconds of sum_partials' tree.
     key = (rows, c, x.dtype, dy.dtype, tuple(xs), tuple(ys), tuple(ds),
            tuple(y2s) if has_dy2 else None, tuple(rs) if has_dres else None, fused)
     launch(tuning.pick("ln_bwd", key, _bwd_configs(c), launch))
-    dwdb = state["dwdb"]
-    if dwdb is None:
-        dwdb = sum_partials(state["partials"], out_dtype)  # [2, C]
+    dwdb = state["out"] if fused else sum_partials(state["out"], out_dtype)  # [2, C]
     if dw_dtype == db_dtype:
         return dx, dwdb[0], dwdb[1]
     return dx, dwdb[0].to(dw_dtype), dwdb[1].to(db_dtype)
