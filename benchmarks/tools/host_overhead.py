@@ -188,6 +188,37 @@ def chain_rows(device, steps: int, reps: int, sync=None) -> list[dict]:
 SECTIONS = ("ops", "chain", "blocks")
 
 
+def profile(device, name: str, calls: int, top: int = 25) -> str:
+    """cProfile of ``calls`` calls of the op case ``name`` (:func:`op_cases`) on the triton
+    backend, forward under ``no_grad`` and forward + backward, sorted by own time."""
+    import cProfile
+    import io
+    import pstats
+
+    import torch
+    from fold_model import ops
+
+    cases, _ = op_cases(device)
+    if name not in cases:
+        raise SystemExit(f"host_overhead --profile: unknown call {name!r}; one of {list(cases)}")
+    out = []
+    for mode, fn, grad in (("fwd, no_grad", cases[name], False),
+                           ("fwd+bwd", _forward_backward(cases[name]), True)):
+        with ops.use_backend("triton"), torch.set_grad_enabled(grad):
+            for _ in range(3):
+                fn()
+            prof = cProfile.Profile()
+            prof.enable()
+            for _ in range(calls):
+                fn()
+            prof.disable()
+        buf = io.StringIO()
+        pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(top)
+        out += [f"## {name}, {mode}, {calls} calls"]
+        out += [line for line in buf.getvalue().splitlines() if line.strip()]
+    return "\n".join(out)
+
+
 def measure(device, calls: int, reps: int, sections=SECTIONS) -> list[dict]:
     """Rows ``{"call", "mode", "triton_us", "torch_us"}`` of the ``sections`` asked for: "ops",
     each op forward+backward and forward alone under ``no_grad`` (on a GPU also the fixed cost
@@ -266,6 +297,10 @@ def main(argv: list[str] | None = None) -> list[dict]:
     ap.add_argument("--gpu", action="store_true",
                     help="real launches on the current CUDA device (default: CPU, stubbed)")
     ap.add_argument("--out", type=Path, default=None, help="JSON path (markdown beside it)")
+    ap.add_argument("--profile", default=None, metavar="CALL",
+                    help="instead of timing: cProfile CALL (an op row's name, e.g. layer_norm) "
+                         "on the triton backend, forward alone under no_grad and forward + "
+                         "backward, and print where the host time goes")
     args = ap.parse_args(argv)
     if not args.gpu:
         # before triton is imported (fold-kernels imports it): launches become Python calls
@@ -291,6 +326,14 @@ def main(argv: list[str] | None = None) -> list[dict]:
         device = torch.device("cpu")
         allow_cpu_in_interpreter()
         stub_launches()
+    if args.profile is not None:
+        text = profile(device, args.profile, args.calls)
+        print(text)
+        if args.out is not None:
+            from benchmarks.common.results import write_atomic
+
+            write_atomic(args.out, text + "\n")
+        return []
     sections = tuple(x.strip() for x in args.sections.split(",") if x.strip())
     unknown = set(sections) - set(SECTIONS)
     if unknown:

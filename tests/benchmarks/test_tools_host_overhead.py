@@ -61,3 +61,14 @@ def test_gpu_mode_refuses_without_a_device():
     proc = _run("--gpu", "--calls", "1", "--reps", "1")
     assert proc.returncode != 0
     assert "no CUDA device" in proc.stderr
+
+
+def test_profile_names_the_wrappers_of_the_call(tmp_path):
+    out = tmp_path / "profile.txt"
+    proc = _run("--profile", "layer_norm", "--calls", "5", "--out", str(out))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    text = out.read_text()
+    assert "## layer_norm, fwd, no_grad, 5 calls" in text and "## layer_norm, fwd+bwd" in text
+    assert "ln_forward" in text and "ln_backward" in text  # fold-kernels' wrappers were profiled
+    proc = _run("--profile", "no_such_op", "--calls", "1")
+    assert proc.returncode != 0 and "unknown call 'no_such_op'" in proc.stderr

@@ -141,3 +141,61 @@ def test_a_profilers_launch_hook_sees_cached_launches(monkeypatch):
     count = len(seen)
     bias_sigmoid_gate(x, gate)
     assert len(seen) == count
+
+
+def test_launch_args_hand_tensors_over_as_their_pointers():
+    x = torch.zeros(64)
+    args = [x, x[1:], 7, 2.5, None, True]
+    keys, launched = launch.launch_args(args)
+    assert keys == [launch._arg_key(a) for a in args]
+    assert launched == [x.data_ptr(), x[1:].data_ptr(), 7, 2.5, None, True]
+
+
+def test_direct_launch_only_where_tritons_call_is_known():
+    class Launcher:  # scratch sizes unknown: the launcher's own __call__ must run
+        launch = staticmethod(lambda *a: None)
+
+    assert launch.direct_launch(Launcher()) is None
+
+
+@pytest.mark.skipif(not GPU, reason="the cached path launches compiled CUDA kernels")
+def test_a_cpu_tensor_after_cached_launches_gets_tritons_error(monkeypatch):
+    """The cached path hands pointers over unchecked: a CPU tensor must miss the cache and meet
+    Triton's own check, never reach a kernel as a host pointer."""
+    import triton
+    import triton.language as tl
+
+    @launch.fast
+    @triton.jit
+    def copy(X, Y, n, BLOCK: tl.constexpr):
+        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        tl.store(Y + offs, tl.load(X + offs, mask=offs < n), mask=offs < n)
+
+    monkeypatch.setenv("FOLD_KERNELS_FAST_LAUNCH", "1")
+    x = torch.randn(100, device="cuda")
+    y = torch.empty_like(x)
+    for _ in range(2):  # the second is a cached launch
+        copy[(2,)](x, y, 100, BLOCK=64)
+    assert torch.equal(x, y)
+    assert launch.launch_args([x])[0] != launch.launch_args([x.cpu()])[0]
+    with pytest.raises(ValueError, match="cpu tensor"):
+        copy[(2,)](x.cpu(), y, 100, BLOCK=64)
+    torch.cuda.synchronize()
+
+
+@pytest.mark.skipif(not GPU, reason="the cached path launches compiled CUDA kernels")
+def test_a_repeated_call_hits_the_cache(monkeypatch):
+    """The key a launch looks up is the key its miss stored: the second call of the same
+    specialization launches from the cache (a key computed two ways would miss every time and
+    still give right results, only slowly)."""
+    from fold_kernels.elementwise import bias_sigmoid_gate
+
+    monkeypatch.setenv("FOLD_KERNELS_FAST_LAUNCH", "1")
+    x, gate = (torch.randn(5, 17, 48, device="cuda") for _ in range(2))
+    expected = bias_sigmoid_gate(x, gate)
+
+    def no_miss(self, *args):
+        raise AssertionError(f"cache miss on a repeated call of {self.jit}")
+
+    monkeypatch.setattr(launch.FastKernel, "_miss", no_miss)
+    assert torch.equal(bias_sigmoid_gate(x, gate), expected)

@@ -13,14 +13,25 @@ The key must distinguish every pair of calls that Triton would compile different
 compiled for one set of assumptions would run on arguments that break them. It is deliberately
 finer than Triton's own rules (a finer key only costs a cache entry):
 
-* a tensor: its dtype and whether its data pointer is 16-byte aligned (Triton's pointer
-  alignment specialization);
+* a tensor: its dtype, whether its data pointer is 16-byte aligned (Triton's pointer
+  alignment specialization) and whether it is a GPU tensor (a CPU tensor misses the cache, and
+  Triton's path gives its own error);
 * an int: whether it equals 1, whether it is divisible by 16, and whether it fits in int32
   (Triton specializes ``== 1`` to a constant, ``% 16 == 0`` to a divisibility attribute, and
   types ints as i32 / i64 / u64 by range);
 * bool, float and None by type; any other argument type is not cached (Triton's path runs);
 * the keyword arguments (the ``tl.constexpr`` meta-parameters, ``num_warps``, ``num_stages``)
   by value, and the current device.
+
+A cached launch hands each tensor to the launcher as its data pointer, an int, which the key
+has read anyway. Given a tensor, Triton's C launcher calls its ``data_ptr`` method and asks the
+driver whether the pointer is a device pointer (``cuPointerGetAttribute``): per pointer
+argument, per launch. Given an int, it takes the value as the pointer. The first launch of each
+specialization (Triton's path) has made that check for the key's dtypes and devices.
+
+On Triton 3.6, whose launcher object is a Python ``__call__`` that allocates no scratch for
+kernels that need none, a cached launch calls the launcher's C function directly
+(:func:`direct_launch`); other versions go through ``__call__``.
 
 Under ``TRITON_INTERPRET=1`` (CPU tests) and with ``FOLD_KERNELS_FAST_LAUNCH=0`` every call takes
 Triton's path unchanged.
@@ -40,7 +51,8 @@ from fold_ops.env import EnvVar
 from fold_kernels import pdl
 from fold_kernels.tuning import interpreting
 
-__all__ = ["FastKernel", "fast", "spec_key", "enabled", "raw_stream", "active_hook"]
+__all__ = ["FastKernel", "fast", "spec_key", "launch_args", "enabled", "raw_stream",
+           "active_hook", "direct_launch"]
 
 _ENABLED = EnvVar("FOLD_KERNELS_FAST_LAUNCH", lambda v: (v if v is not None else "1") != "0")
 _INT32 = (-(2**31), 2**31)
@@ -57,7 +69,7 @@ def _arg_key(a) -> object:
     if t is int:
         return (a == 1, a % 16 == 0, _INT32[0] <= a < _INT32[1])
     if isinstance(a, torch.Tensor):
-        return (a.dtype, a.data_ptr() % 16 == 0)
+        return (a.dtype, a.data_ptr() % 16 == 0, a.is_cuda)
     if t is float:
         return "f"
     if t is bool:
@@ -67,21 +79,30 @@ def _arg_key(a) -> object:
     raise TypeError(t)  # not a type the key understands: Triton's own path decides
 
 
-def _arg_keys(args: Sequence[object]) -> list:
-    """``[_arg_key(a) for a in args]``, with the two common types inlined: a launch of the
-    LayerNorm backward has 37 arguments, and without a call per argument their key takes about
-    a quarter less host time (about 9.7 -> 7.2 us on the development CPU). Same keys."""
+def launch_args(args: Sequence[object]) -> tuple[list, list]:
+    """``(keys, launch)``: ``[_arg_key(a) for a in args]``, with the two common types inlined
+    (a launch of the LayerNorm backward has 37 arguments; without a call per argument their key
+    takes about a quarter less host time), and the arguments to launch with: each tensor
+    replaced by its data pointer (an int: see the module docstring), the rest as given."""
     lo, hi = _INT32
-    return [(a == 1, a % 16 == 0, lo <= a < hi) if type(a) is int else
-            (a.dtype, a.data_ptr() % 16 == 0) if isinstance(a, torch.Tensor) else
-            _arg_key(a) for a in args]
+    keys = []
+    out = list(args)
+    for i, a in enumerate(args):
+        if type(a) is int:
+            keys.append((a == 1, a % 16 == 0, lo <= a < hi))
+        elif isinstance(a, torch.Tensor):
+            ptr = out[i] = a.data_ptr()
+            keys.append((a.dtype, ptr % 16 == 0, a.is_cuda))
+        else:
+            keys.append(_arg_key(a))
+    return keys, out
 
 
 def spec_key(args: Sequence[object]) -> tuple:
     """fold's specialization key of positional kernel arguments (see the module docstring).
 
     Raises ``TypeError`` for an argument type the key does not cover."""
-    return tuple(_arg_keys(args))
+    return tuple(launch_args(args)[0])
 
 
 # The current CUDA stream's handle for a device index (what Triton's own launch path reads).
@@ -102,11 +123,28 @@ def active_hook(hook):
     return hook if calls is None or calls else None
 
 
+def direct_launch(run) -> Callable | None:
+    """The C launch function of Triton's launcher object ``run``, to call with Triton 3.6's
+    argument order ``(gridX, gridY, gridZ, stream, function, cooperative, pdl, global_scratch,
+    profile_scratch, metadata, launch_metadata, enter_hook, exit_hook, *args)``; None where that
+    is not known to be right (another Triton, or a kernel that needs scratch memory, which only
+    the launcher's ``__call__`` allocates): the launcher object is then called as it is."""
+    import triton
+
+    if tuple(int(p) for p in triton.__version__.split(".")[:2]) != (3, 6):
+        return None
+    if (getattr(run, "global_scratch_size", 1) != 0
+            or getattr(run, "profile_scratch_size", 1) != 0
+            or not hasattr(run, "launch_cooperative_grid") or not hasattr(run, "launch_pdl")):
+        return None
+    return getattr(run, "launch", None)
+
+
 class _Launch:
     """One compiled specialization: the launcher, its handles and the trailing arguments
     (the meta-parameters, in signature order) appended to every call."""
 
-    __slots__ = ("compiled", "run", "function", "metadata", "tail", "knobs")
+    __slots__ = ("compiled", "run", "direct", "flags", "function", "metadata", "tail", "knobs")
 
     def __init__(self, compiled, tail: tuple) -> None:
         from triton import knobs
@@ -114,6 +152,9 @@ class _Launch:
         self.knobs = knobs.runtime
         self.compiled = compiled
         self.run = compiled.run  # loads the module on first access
+        self.direct = direct_launch(self.run)
+        self.flags = ((self.run.launch_cooperative_grid, self.run.launch_pdl)
+                      if self.direct is not None else None)
         self.function = compiled.function
         self.metadata = compiled.packed_metadata
         self.tail = tail
@@ -164,22 +205,27 @@ class FastKernel:
         if callable(grid) or not _ENABLED.get():
             return self.jit[grid](*args, **kwargs)
         try:
-            key = (device, tuple(kwargs.items()), *_arg_keys(args))
+            keys, ptrs = launch_args(args)
         except TypeError:
             return self.jit[grid](*args, **kwargs)  # an argument type the key does not cover
+        key = (device, tuple(kwargs.items()), *keys)
         entry = self._cache.get(key)
         if entry is None:
             return self._miss(key, grid, args, kwargs)
         n = len(grid)
-        stream = raw_stream(key[0])
-        full = args + entry.tail
+        stream = raw_stream(device)
         rt = entry.knobs  # Triton's launch hooks, read per launch as its own path does
         enter, exit_ = active_hook(rt.launch_enter_hook), active_hook(rt.launch_exit_hook)
         # the launch metadata is only handed to the hooks (a profiler's): none set, none built
-        meta = (entry.compiled.launch_metadata(grid, stream, *full)
+        meta = (entry.compiled.launch_metadata(grid, stream, *args, *entry.tail)
                 if enter is not None or exit_ is not None else None)
-        entry.run(grid[0], grid[1] if n > 1 else 1, grid[2] if n > 2 else 1, stream,
-                  entry.function, entry.metadata, meta, enter, exit_, *full)
+        gx, gy, gz = grid[0], grid[1] if n > 1 else 1, grid[2] if n > 2 else 1
+        if entry.direct is not None:
+            entry.direct(gx, gy, gz, stream, entry.function, *entry.flags, None, None,
+                         entry.metadata, meta, enter, exit_, *ptrs, *entry.tail)
+        else:
+            entry.run(gx, gy, gz, stream, entry.function, entry.metadata, meta, enter, exit_,
+                      *ptrs, *entry.tail)
         return entry.compiled
 
     def _miss(self, key: tuple, grid, args: tuple, kwargs: dict):
