@@ -79,6 +79,7 @@ def _inputs(device) -> dict:
     t["x"] = rnd(1, 4, 16, 32)
     t["w"], t["b"] = rnd(32), rnd(32)
     t["lin"] = rnd(64, 32)
+    t["square"] = rnd(32, 32)  # a chain's F.linear weight: [32, 32] keeps x's shape
     t["res"] = rnd(1, 4, 16, 32)
     t["drop"] = (torch.rand(1, 1, 16, 32, generator=g) > 0.2).to(device, dt)
     return t
@@ -139,6 +140,8 @@ def chain_cases(device):
         t[n] for n in ("w", "b", "res", "k", "v", "gate", "bias", "mask"))
     return {
         "x * 2 (PyTorch node)": (lambda x: x * 2, x0, False),
+        # a GEMM through cuBLAS: what every projection of a block pays on the host
+        "F.linear, no bias (PyTorch node)": (lambda x: F.linear(x, t["square"]), x0, False),
         "Python autograd Function (x * 2)": (PyMul.apply, x0, False),
         "F.layer_norm (PyTorch node)": (lambda x: F.layer_norm(x, (32,), w, b), x0, False),
         "layer_norm": (lambda x: ops.layer_norm(x, w, b), x0, True),
