@@ -26,8 +26,9 @@ finer than Triton's own rules (a finer key only costs a cache entry):
 A cached launch hands each tensor to the launcher as its data pointer, an int, which the key
 has read anyway. Given a tensor, Triton's C launcher calls its ``data_ptr`` method and asks the
 driver whether the pointer is a device pointer (``cuPointerGetAttribute``): per pointer
-argument, per launch. Given an int, it takes the value as the pointer. The first launch of each
-specialization (Triton's path) has made that check for the key's dtypes and devices.
+argument, per launch. Given an int, it takes the value as the pointer. The key's GPU flag
+stands in for that check: a CPU tensor misses the cache and goes through Triton's path, which
+refuses it.
 
 On Triton 3.6, whose launcher object is a Python ``__call__`` that allocates no scratch for
 kernels that need none, a cached launch calls the launcher's C function directly
