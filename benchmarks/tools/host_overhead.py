@@ -185,6 +185,40 @@ def chain_rows(device, steps: int, reps: int, sync=None) -> list[dict]:
                 row["torch_us"] = per_node(chain(node, x0, grad), grad)
             rows.append(row)
             print(rows[-1], flush=True)
+    if device.type == "cuda":
+        rows += _blas_rows(device, per_node, chain)
+    return rows
+
+
+def _blas_rows(device, per_node, chain) -> list[dict]:
+    """The chain's ``F.linear`` node with a bias under each of PyTorch's GPU BLAS back ends
+    (``torch.backends.cuda.preferred_blas_library``): how much host time a GEMM node costs
+    through cuBLAS and through cuBLASLt (the bias epilogue's path)."""
+    import torch
+    import torch.nn.functional as F
+
+    prefer = getattr(torch.backends.cuda, "preferred_blas_library", None)
+    if prefer is None:
+        return []
+    t = _inputs(device)
+    x0, w, b = t["x"].detach(), t["square"], t["w"]
+    before = prefer()
+    rows = []
+    try:
+        for lib in ("cublas", "cublaslt"):
+            try:
+                prefer(lib)
+            except RuntimeError as err:  # a build without it (ROCm, or no cuBLASLt)
+                print(f"host_overhead: no {lib} row: {err}", flush=True)
+                continue
+            for grad, mode in ((True, "chain fwd+bwd, per node"),
+                               (False, "chain fwd no_grad, per node")):
+                run = chain(lambda x: F.linear(x, w, b), x0, grad)
+                rows.append({"call": f"F.linear + bias, {lib} (PyTorch node)", "mode": mode,
+                             "triton_us": None, "torch_us": per_node(run, grad)})
+                print(rows[-1], flush=True)
+    finally:
+        prefer(before)
     return rows
 
 

@@ -72,3 +72,38 @@ def test_profile_names_the_wrappers_of_the_call(tmp_path):
     assert "ln_forward" in text and "ln_backward" in text  # fold-kernels' wrappers were profiled
     proc = _run("--profile", "no_such_op", "--calls", "1")
     assert proc.returncode != 0 and "unknown call 'no_such_op'" in proc.stderr
+
+
+def test_blas_rows_time_each_backend_and_restore_the_preference(monkeypatch):
+    """The GPU-only F.linear rows, their logic on the CPU: each BLAS back end PyTorch accepts
+    gets a row per mode, one it refuses none, and the preference is restored."""
+    from benchmarks.tools import host_overhead
+
+    state = {"now": "default", "set": []}
+
+    def prefer(lib=None):
+        if lib is None:
+            return state["now"]
+        if lib == "cublaslt":
+            raise RuntimeError("not compiled with cuBLASLt")
+        state["set"].append(lib)
+        state["now"] = lib
+        return lib
+
+    monkeypatch.setattr(torch.backends.cuda, "preferred_blas_library", prefer)
+    ran = []
+
+    def chain(node, x0, grad):
+        return lambda: ran.append(tuple(node(x0).shape))
+
+    def per_node(run, grad):
+        run()
+        return 1.5
+
+    rows = host_overhead._blas_rows(torch.device("cpu"), per_node, chain)
+    assert [(r["call"], r["mode"]) for r in rows] == [
+        ("F.linear + bias, cublas (PyTorch node)", "chain fwd+bwd, per node"),
+        ("F.linear + bias, cublas (PyTorch node)", "chain fwd no_grad, per node")]
+    assert all(r["torch_us"] == 1.5 and r["triton_us"] is None for r in rows)
+    assert ran == [(1, 4, 16, 32)] * 2
+    assert state["set"] == ["cublas", "default"] and state["now"] == "default"
