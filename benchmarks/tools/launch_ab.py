@@ -1,7 +1,7 @@
 """Host time of one cached Triton launch, four ways, in one process (A/B of fold_kernels.launch).
 
 A development measurement beside ``host_overhead``: each variant launches fold-kernels' real
-kernels (LayerNorm forward: 8 arguments, 6 of them tensors; LayerNorm backward: 37 arguments, 13
+kernels (LayerNorm forward: 15 arguments, 6 of them tensors; LayerNorm backward: 37 arguments, 12
 tensors) on tiny tensors in a host-bound loop (the GPU syncs once per round), and the variants
 alternate round by round so that the machine's drift falls on all of them alike:
 
