@@ -213,6 +213,11 @@ class FastKernel:
         entry = self._cache.get(key)
         if entry is None:
             return self._miss(key, grid, args, kwargs)
+        return self._launch_cached(entry, grid, args, ptrs, device)
+
+    def _launch_cached(self, entry: _Launch, grid, args: tuple, ptrs: list, device: int):
+        """Launch ``entry`` (a cache hit) with ``ptrs``: ``args`` with each tensor as its data
+        pointer (:func:`launch_args`)."""
         n = len(grid)
         stream = raw_stream(device)
         rt = entry.knobs  # Triton's launch hooks, read per launch as its own path does
