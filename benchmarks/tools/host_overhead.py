@@ -113,6 +113,8 @@ def _forward_backward(fn):
 
 
 CHAIN = 32  # nodes per chain
+CHAIN_MODES = ((True, "chain fwd+bwd, per node"), (False, "chain fwd no_grad, per node"))
+LINEAR = "F.linear + bias (PyTorch node)"  # the chain row that _blas_rows times per BLAS
 
 
 def chain_cases(device):
@@ -141,7 +143,7 @@ def chain_cases(device):
     return {
         "x * 2 (PyTorch node)": (lambda x: x * 2, x0, False),
         # a GEMM through cuBLAS: what every projection of a block pays on the host
-        "F.linear, no bias (PyTorch node)": (lambda x: F.linear(x, t["square"]), x0, False),
+        LINEAR: (lambda x: F.linear(x, t["square"], b), x0, False),
         "Python autograd Function (x * 2)": (PyMul.apply, x0, False),
         "F.layer_norm (PyTorch node)": (lambda x: F.layer_norm(x, (32,), w, b), x0, False),
         "layer_norm": (lambda x: ops.layer_norm(x, w, b), x0, True),
@@ -173,9 +175,9 @@ def chain_rows(device, steps: int, reps: int, sync=None) -> list[dict]:
             return round(_time_us(run, steps, reps, sync) / CHAIN, 1)
 
     rows = []
-    for name, (node, x0, fold_op) in chain_cases(device).items():
-        for grad, mode in ((True, "chain fwd+bwd, per node"),
-                           (False, "chain fwd no_grad, per node")):
+    cases = chain_cases(device)
+    for name, (node, x0, fold_op) in cases.items():
+        for grad, mode in CHAIN_MODES:
             row = {"call": name, "mode": mode, "triton_us": None}
             if fold_op:
                 for backend in ("triton", "torch"):
@@ -186,22 +188,19 @@ def chain_rows(device, steps: int, reps: int, sync=None) -> list[dict]:
             rows.append(row)
             print(rows[-1], flush=True)
     if device.type == "cuda":
-        rows += _blas_rows(device, per_node, chain)
+        rows += _blas_rows(*cases[LINEAR][:2], per_node, chain)
     return rows
 
 
-def _blas_rows(device, per_node, chain) -> list[dict]:
-    """The chain's ``F.linear`` node with a bias under each of PyTorch's GPU BLAS back ends
-    (``torch.backends.cuda.preferred_blas_library``): how much host time a GEMM node costs
+def _blas_rows(node, x0, per_node, chain) -> list[dict]:
+    """The chain's ``F.linear`` node (:data:`LINEAR`) under each of PyTorch's GPU BLAS back
+    ends (``torch.backends.cuda.preferred_blas_library``): how much host time a GEMM node costs
     through cuBLAS and through cuBLASLt (the bias epilogue's path)."""
     import torch
-    import torch.nn.functional as F
 
     prefer = getattr(torch.backends.cuda, "preferred_blas_library", None)
     if prefer is None:
         return []
-    t = _inputs(device)
-    x0, w, b = t["x"].detach(), t["square"], t["w"]
     before = prefer()
     rows = []
     try:
@@ -211,11 +210,9 @@ def _blas_rows(device, per_node, chain) -> list[dict]:
             except RuntimeError as err:  # a build without it (ROCm, or no cuBLASLt)
                 print(f"host_overhead: no {lib} row: {err}", flush=True)
                 continue
-            for grad, mode in ((True, "chain fwd+bwd, per node"),
-                               (False, "chain fwd no_grad, per node")):
-                run = chain(lambda x: F.linear(x, w, b), x0, grad)
+            for grad, mode in CHAIN_MODES:
                 rows.append({"call": f"F.linear + bias, {lib} (PyTorch node)", "mode": mode,
-                             "triton_us": None, "torch_us": per_node(run, grad)})
+                             "triton_us": None, "torch_us": per_node(chain(node, x0, grad), grad)})
                 print(rows[-1], flush=True)
     finally:
         prefer(before)

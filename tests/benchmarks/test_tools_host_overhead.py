@@ -100,7 +100,8 @@ def test_blas_rows_time_each_backend_and_restore_the_preference(monkeypatch):
         run()
         return 1.5
 
-    rows = host_overhead._blas_rows(torch.device("cpu"), per_node, chain)
+    node, x0, _ = host_overhead.chain_cases(torch.device("cpu"))[host_overhead.LINEAR]
+    rows = host_overhead._blas_rows(node, x0, per_node, chain)
     assert [(r["call"], r["mode"]) for r in rows] == [
         ("F.linear + bias, cublas (PyTorch node)", "chain fwd+bwd, per node"),
         ("F.linear + bias, cublas (PyTorch node)", "chain fwd no_grad, per node")]
