@@ -38,6 +38,14 @@ def write_result(path: Path, doc: dict, markdown: str, *, indent: int = 1) -> No
     write_atomic(path.with_suffix(".md"), markdown)
 
 
+def publish(out: Path | None, meta: dict, rows: list[dict], markdown: str) -> None:
+    """A tool's ending: its ``markdown`` printed and, with ``out``, ``{**meta, "rows": rows}``
+    written there with the markdown beside it (:func:`write_result`)."""
+    print(markdown)
+    if out is not None:
+        write_result(out, {**meta, "rows": rows}, markdown)
+
+
 def merged_rows(paths: list) -> tuple[list[dict], set[str]]:
     """The ``rows`` of several JSON results of one benchmark (runs split over device calls) and
     the set of ``"<device>, torch <v>, triton <v>"`` they ran on."""

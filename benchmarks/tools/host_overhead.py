@@ -343,7 +343,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
 
     from benchmarks.common.backends import allow_cpu_in_interpreter, ensure_kernels
     from benchmarks.common.machine import versions
-    from benchmarks.common.results import write_result
+    from benchmarks.common.results import publish
 
     if args.gpu:
         if not torch.cuda.is_available():
@@ -376,10 +376,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     rows = measure(device, args.calls, args.reps, sections)
     meta = {**versions(device), "mode": "gpu" if args.gpu else "cpu, launches stubbed",
             "calls": args.calls, "reps": args.reps, "sections": list(sections)}
-    text = markdown(meta, rows)
-    print(text)
-    if args.out is not None:
-        write_result(args.out, {**meta, "rows": rows}, text)
+    publish(args.out, meta, rows, markdown(meta, rows))
     return rows
 
 

@@ -134,17 +134,14 @@ def main(argv: list[str] | None = None) -> list[dict]:
 
     from benchmarks.common.backends import ensure_kernels
     from benchmarks.common.machine import versions
-    from benchmarks.common.results import write_result
+    from benchmarks.common.results import publish
 
     if not torch.cuda.is_available():
         raise SystemExit("launch_ab: no CUDA device")
     ensure_kernels(torch.device("cuda"))
     rows = measure(args.calls, args.rounds)
     meta = {**versions(torch.device("cuda")), "calls": args.calls, "rounds": args.rounds}
-    text = markdown(meta, rows)
-    print(text)
-    if args.out is not None:
-        write_result(args.out, {**meta, "rows": rows}, text)
+    publish(args.out, meta, rows, markdown(meta, rows))
     return rows
 
 

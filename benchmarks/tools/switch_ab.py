@@ -146,7 +146,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
 
     from benchmarks.common.backends import ensure_kernels
     from benchmarks.common.machine import versions
-    from benchmarks.common.results import write_result
+    from benchmarks.common.results import publish
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if device.type == "cuda":
@@ -154,10 +154,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     rows = measure(name, values, args.targets, device, args.rounds, args.reps)
     meta = {**versions(device), "switch": name, "values": list(values), "rounds": args.rounds,
             "reps": args.reps}
-    text = markdown(meta, rows)
-    print(text)
-    if args.out is not None:
-        write_result(args.out, {**meta, "rows": rows}, text)
+    publish(args.out, meta, rows, markdown(meta, rows))
     return rows
 
 
