@@ -9,8 +9,9 @@ instead, where nothing times out:
 * rank 0 runs ``work()`` while a background thread counts heartbeats in the store; the other
   ranks poll the store for rank 0's result, printing how long they have waited now and then, and
   give up only when the heartbeats stop for ``stall_s`` (rank 0 dead or frozen), naming rank 0;
-* rank 0's failure reaches every rank: rank 0 raises its own exception, the others an error
-  that carries its message (an :class:`InputError` stays one);
+* rank 0's failure reaches every rank: rank 0 raises its own exception once every other rank
+  has read it (or ``check_in_s`` has passed), the others an error that carries its message (an
+  :class:`InputError` stays one);
 * then the other ranks do their part (read what rank 0 wrote) and every rank checks in; a rank
   missing ``check_in_s`` after rank 0 finished is named in a :class:`RankStalled` on the ranks
   that did arrive.
@@ -113,6 +114,16 @@ def _wait_for_rank0(store, base: str, rank: int, phase: str, policy: SyncPolicy)
     return json.loads(store.get(f"{base}/status").decode())
 
 
+def _wait_for_acks(store, base: str, world: int, policy: SyncPolicy) -> None:
+    """Rank 0, after reporting its failure: wait until every other rank has read it (at most
+    ``check_in_s``). Rank 0's exit ends the job (torchrun stops the other ranks, and its store
+    may go with it), so a rank still polling would die without the message."""
+    deadline = time.monotonic() + policy.check_in_s
+    while (_count(store, f"{base}/failure_seen") < world - 1
+           and time.monotonic() < deadline):
+        time.sleep(policy.poll_s)
+
+
 def _check_in(store, base: str, rank: int, world: int, phase: str, policy: SyncPolicy) -> None:
     store.set(f"{base}/rank/{rank}", "1")
     store.add(f"{base}/arrived", 1)
@@ -158,10 +169,12 @@ def run_on_rank0(ctx, phase: str, work: Callable[[], T], *, after: Callable[[], 
             beat.stopped.set()
         store.set(f"{base}/status", _status_of(error))
         if error is not None:
+            _wait_for_acks(store, base, ctx.world_size, policy)
             raise error
     else:
         status = _wait_for_rank0(store, base, ctx.rank, phase, policy)
         if not status["ok"]:
+            store.add(f"{base}/failure_seen", 1)  # rank 0 may exit now: its message is here
             _raise_rank0_failure(status, phase)
         result = after() if after is not None else None
     _check_in(store, base, ctx.rank, ctx.world_size, phase, policy)
