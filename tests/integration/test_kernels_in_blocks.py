@@ -45,7 +45,8 @@ def triton_backend(monkeypatch):
     assert ops.resolve("attention_packed", proj, 2) is fold_kernels.evo_attention_packed
     w = torch.randn(4, device=DEVICE)
     assert ops.resolve("layer_norm_fork", x, w, w, 1e-5, 2) is fold_kernels.layer_norm_fork
-    assert ops.resolve("adaptive_layer_norm", x, x, x) is fold_kernels.adaptive_layer_norm
+    cond = torch.randn(1, 3, 3, 8, device=DEVICE)
+    assert ops.resolve("adaptive_layer_norm", x, cond, w) is fold_kernels.adaptive_layer_norm
 
 
 def _compare(block: torch.nn.Module, inputs: list, float_inputs: list[int]) -> None:

@@ -1,10 +1,14 @@
-"""AF3's adaptive LayerNorm (``sigmoid(gate) * LayerNorm(a) + shift``) vs a float64 reference.
+"""AF3's adaptive LayerNorm (``sigmoid(gate + gate_bias) * LayerNorm(a) + shift``, gate and
+shift the halves of one ``[*, 2C]`` projection) vs a float64 reference.
 
-Odd hidden sizes (a partial column block) and row counts (a partial row block), each dtype,
-non-contiguous inputs and output gradients (copied before the kernels read them), inputs of
-very different scales per row, and every gradient (a, gate, shift). Tolerances: fp32 2e-6 (a
-row's mean and variance accumulate in fp32), bf16 / fp16 1e-2 and 2e-3 (one rounding of each
-output from fp32).
+Odd hidden sizes (a partial column block) and row counts (a partial row block, and more row
+blocks than the backward's programs, so that each walks several), each dtype, with and without
+the gate bias (fp32 beside half inputs, as under autocast), non-contiguous inputs and output
+gradients (copied before the kernels read them), inputs of very different scales per row, and
+every gradient (a, cond, gate_bias), also with ``FOLD_KERNELS_ONE_PASS=0``. Tolerances: fp32
+2e-6 (a row's mean and variance accumulate in fp32), bf16 / fp16 1e-2 and 2e-3 (one rounding of
+each output from fp32); the gate bias's gradient, a sum over every row, is summed in fp32 from
+the unrounded d(gate) (against the reference's sum of rounded values: the half tolerances).
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 def _inputs(shape, seed, row_scale=False):
+    """``(a [*, C], cond [*, 2C], gate_bias [C], dy [*, C])``."""
     g = torch.Generator().manual_seed(seed)
     a = torch.randn(*shape, generator=g) * 3.0 + 0.5
     if row_scale:  # rows of very different scale and offset: the statistics per row (an
@@ -33,84 +38,118 @@ def _inputs(shape, seed, row_scale=False):
         a = a * torch.logspace(-1, 2, rows)[:, None] + torch.linspace(-5, 5, rows)[:, None]
     gate = torch.randn(*shape, generator=g) * 2.0
     shift = torch.randn(*shape, generator=g)
+    gate_bias = torch.randn(shape[-1], generator=g)
     dy = torch.randn(*shape, generator=g)
-    return a, gate, shift, dy
+    return a, torch.cat([gate, shift], -1), gate_bias, dy
 
 
-def _check(a, gate, shift, dy, dtype, eps=1e-5, transform=None):
-    """The kernel (inputs in ``dtype``, optionally made non-contiguous by ``transform``)
-    against the float64 reference on the same rounded inputs."""
-    leaves = [t.to(dtype).to(DEVICE).clone().requires_grad_() for t in (a, gate, shift)]
-    args = [transform(t) if transform else t for t in leaves]
-    g_out = transform(dy.to(dtype).to(DEVICE)) if transform else dy.to(dtype).to(DEVICE)
-    y = fk.adaptive_layer_norm(*args, eps)
+def _check(a, cond, gate_bias, dy, dtype, eps=1e-5, transform=None, bias_dtype=None):
+    """The kernel (inputs in ``dtype``, the gate bias in ``bias_dtype`` or ``dtype``; a and cond
+    optionally made non-contiguous by ``transform``) against the float64 reference on the same
+    rounded inputs."""
+    bias_dtype = bias_dtype or dtype
+    leaves = [t.to(dtype).to(DEVICE).clone().requires_grad_() for t in (a, cond)]
+    if gate_bias is not None:
+        leaves.append(gate_bias.to(bias_dtype).to(DEVICE).clone().requires_grad_())
+    args = [transform(t) if transform else t for t in leaves[:2]]
+    g_out = dy.to(dtype).to(DEVICE)
+    g_out = transform(g_out) if transform else g_out
+    y = fk.adaptive_layer_norm(*args, leaves[2] if gate_bias is not None else None, eps)
     assert y.dtype == dtype and y.shape == args[0].shape
     y.backward(g_out)
 
-    leaves64 = [t.to(dtype).double().clone().requires_grad_() for t in (a, gate, shift)]
-    args64 = [transform(t) if transform else t for t in leaves64]
+    leaves64 = [t.detach().cpu().double().clone().requires_grad_() for t in leaves]
+    args64 = [transform(t) if transform else t for t in leaves64[:2]]
     dy64 = dy.to(dtype).double()
-    y64 = ref.adaptive_layer_norm(*args64, eps)
+    y64 = ref.adaptive_layer_norm(*args64, leaves64[2] if gate_bias is not None else None, eps)
     y64.backward(transform(dy64) if transform else dy64)
     tol = TOL[dtype]
     assert rel_err(y, y64) < tol
     for got, want in zip(leaves, leaves64):
-        assert got.grad is not None and rel_err(got.grad, want.grad) < tol
+        assert got.grad is not None and got.grad.dtype == got.dtype
+        assert rel_err(got.grad, want.grad) < tol
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("shape", [(3, 7, 37), (1, 5, 96), (2, 130)])
-def test_matches_float64_reference(shape, dtype):
-    _check(*_inputs(shape, seed=sum(shape)), dtype)
+@pytest.mark.parametrize("with_bias", [True, False])
+def test_matches_float64_reference(shape, dtype, with_bias):
+    a, cond, gate_bias, dy = _inputs(shape, seed=sum(shape))
+    _check(a, cond, gate_bias if with_bias else None, dy, dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_fp32_gate_bias_with_half_inputs(dtype):
+    """Under autocast the GEMM gives a half cond while the bias parameter stays fp32: its
+    gradient comes back in fp32."""
+    _check(*_inputs((4, 9, 40), seed=11), dtype, bias_dtype=torch.float32)
+
+
+def test_many_row_blocks_per_program():
+    """More row blocks than the backward's fixed grid: each program adds several blocks'
+    d(gate) into its partial row before the last ones sum the rows."""
+    _check(*_inputs((101, 24), seed=12), torch.float32)
+
+
+def test_two_launch_reduction_matches(monkeypatch):
+    """``FOLD_KERNELS_ONE_PASS=0``: the partial rows are summed by a second launch."""
+    monkeypatch.setenv("FOLD_KERNELS_ONE_PASS", "0")
+    _check(*_inputs((37, 20), seed=13), torch.float32)
 
 
 def test_rows_of_different_scales_and_large_eps():
-    a, gate, shift, dy = _inputs((9, 48), seed=3, row_scale=True)
-    _check(a, gate, shift, dy, torch.float32)
-    _check(a, gate, shift, dy, torch.float32, eps=1e-2)
+    a, cond, gate_bias, dy = _inputs((9, 48), seed=3, row_scale=True)
+    _check(a, cond, gate_bias, dy, torch.float32)
+    _check(a, cond, gate_bias, dy, torch.float32, eps=1e-2)
 
 
 def test_constant_rows_are_finite():
     """A row with zero variance normalises to 0 (1/sqrt(eps) times 0): y = shift, and the
     gradients stay finite."""
-    a, gate, shift, dy = _inputs((4, 33), seed=4)
+    a, cond, gate_bias, dy = _inputs((4, 33), seed=4)
     a[1] = 7.25
-    _check(a, gate, shift, dy, torch.float32)
+    _check(a, cond, gate_bias, dy, torch.float32)
 
 
 def test_non_contiguous_inputs_and_gradient():
-    a, gate, shift, dy = _inputs((6, 5, 40), seed=5)
-    _check(a, gate, shift, dy, torch.float32, transform=lambda t: t.transpose(0, 1))
+    a, cond, gate_bias, dy = _inputs((6, 5, 40), seed=5)
+    _check(a, cond, gate_bias, dy, torch.float32, transform=lambda t: t.transpose(0, 1))
 
 
 def test_shift_gradient_is_the_output_gradient_and_empty_input():
-    a, gate, shift, dy = (t.to(DEVICE).clone().requires_grad_() if i < 3 else t.to(DEVICE)
-                          for i, t in enumerate(_inputs((2, 3, 24), seed=6)))
-    fk.adaptive_layer_norm(a, gate, shift).backward(dy)
-    assert torch.equal(shift.grad, dy)
-    empty = [torch.zeros(0, 8, device=DEVICE, requires_grad=True) for _ in range(3)]
-    out = fk.adaptive_layer_norm(*empty)
+    a, cond, gate_bias, dy = (t.to(DEVICE).clone().requires_grad_() if i < 3 else t.to(DEVICE)
+                              for i, t in enumerate(_inputs((2, 3, 24), seed=6)))
+    fk.adaptive_layer_norm(a, cond, gate_bias).backward(dy)
+    assert torch.equal(cond.grad[..., 24:], dy)
+    empty = [torch.zeros(0, c, device=DEVICE, requires_grad=True) for c in (8, 16)]
+    bias = torch.zeros(8, device=DEVICE, requires_grad=True)
+    out = fk.adaptive_layer_norm(*empty, bias)
     assert out.shape == (0, 8)
     out.sum().backward()
-    assert all(t.grad is not None and t.grad.shape == (0, 8) for t in empty)
+    assert all(t.grad is not None and t.grad.shape == t.shape for t in (*empty, bias))
 
 
 def test_bad_inputs_are_refused_with_the_reason():
     x = torch.randn(2, 8, device=DEVICE)
-    with pytest.raises(ValueError, match="gate and shift must have a's shape"):
-        fk.adaptive_layer_norm(x, x[:1], x)
+    cond = torch.randn(2, 16, device=DEVICE)
+    with pytest.raises(ValueError, match=r"cond must be \[\*, 2C\]"):
+        fk.adaptive_layer_norm(x, x)
+    with pytest.raises(ValueError, match=r"cond must be \[\*, 2C\]"):
+        fk.adaptive_layer_norm(x, cond[:1])
     with pytest.raises(ValueError, match="share a dtype"):
-        fk.adaptive_layer_norm(x, x.double(), x)
+        fk.adaptive_layer_norm(x, cond.double())
+    with pytest.raises(ValueError, match="gate_bias must be a float"):
+        fk.adaptive_layer_norm(x, cond, torch.zeros(7, device=DEVICE))
     big = torch.empty(1, 8193, device=DEVICE)
     with pytest.raises(ValueError, match="hidden size"):
-        fk.adaptive_layer_norm(big, big, big)
+        fk.adaptive_layer_norm(big, torch.empty(1, 16386, device=DEVICE))
 
 
 def test_inference_path_matches_the_autograd_path():
     """Without gradients the op skips autograd (no saved tensors): the same bits."""
-    a, gate, shift, _ = (t.to(DEVICE) for t in _inputs((3, 5, 40), seed=7))
+    a, cond, gate_bias, _ = (t.to(DEVICE) for t in _inputs((3, 5, 40), seed=7))
     with torch.no_grad():
-        y = fk.adaptive_layer_norm(a, gate, shift)
+        y = fk.adaptive_layer_norm(a, cond, gate_bias)
     assert y.grad_fn is None
     a.requires_grad_()
-    assert torch.equal(y, fk.adaptive_layer_norm(a, gate, shift).detach())
+    assert torch.equal(y, fk.adaptive_layer_norm(a, cond, gate_bias).detach())

@@ -34,7 +34,7 @@ def _args(op: str):
         "layer_norm": (t(R, N, C), t(C), t(C)),
         "layer_norm_fork": (t(R, N, C), t(C), t(C), 1e-5, 2),
         "layer_norm_linear": (t(R, N, C), t(C), t(C), t(O, C), t(O)),
-        "adaptive_layer_norm": (t(R, N, C), t(R, N, C), t(R, N, C)),
+        "adaptive_layer_norm": (t(R, N, C), t(R, N, 2 * C), t(C)),
         "softmax_mask_bias": (t(R, H, N, N), mask[:, None, None, :], t(H, N, N)),
         "swiglu": (t(R, N, C), t(2 * O, C), t(2 * O)),
         "bias_sigmoid_gate": (t(R, N, C), t(R, N, C), t(C)),

@@ -25,7 +25,7 @@ def _mask(*shape, seed=0):
 CALLS = {
     "layer_norm": lambda: (fk.layer_norm, (_t(3, 5, 24), _t(24, seed=1), _t(24, seed=2))),
     "adaptive_layer_norm": lambda: (fk.adaptive_layer_norm,
-                                    (_t(2, 7, 24), _t(2, 7, 24, seed=1), _t(2, 7, 24, seed=2))),
+                                    (_t(2, 7, 24), _t(2, 7, 48, seed=1), _t(24, seed=2))),
     "bias_sigmoid_gate": lambda: (fk.bias_sigmoid_gate, (_t(3, 5, 24), _t(3, 5, 24, seed=1),
                                                          _t(24, seed=2))),
     "bias_dropout_residual": lambda: (fk.bias_dropout_residual,

@@ -79,9 +79,14 @@ def test_gpu_shapes_and_dtypes():
     assert not registration.supports_layer_norm_fork(x, gain, None)  # these need a bias
     assert not registration.supports_layer_norm_linear(x, gain, None, torch.ones(4, 8,
                                                                                  device=dev))
-    assert registration.supports_adaptive_layer_norm(x, x, x)
-    assert not registration.supports_adaptive_layer_norm(x, x[:1], x)  # broadcast: PyTorch
-    assert not registration.supports_adaptive_layer_norm(x, x.bfloat16(), x)
+    cond = torch.randn(4, 16, device=dev)
+    assert registration.supports_adaptive_layer_norm(x, cond, gain)
+    assert registration.supports_adaptive_layer_norm(x.bfloat16(), cond.bfloat16(), gain)
+    assert registration.supports_adaptive_layer_norm(x, cond)  # no gate bias
+    assert not registration.supports_adaptive_layer_norm(x, cond[:1], gain)  # broadcast
+    assert not registration.supports_adaptive_layer_norm(x, x, gain)  # not [*, 2C]
+    assert not registration.supports_adaptive_layer_norm(x, cond.bfloat16(), gain)
+    assert not registration.supports_adaptive_layer_norm(x, cond, gain[:7])
     pair, w = torch.randn(2, 3, 8, device=dev), torch.randn(5, 8, device=dev)
     assert registration.supports_linear_channel_first(pair, w)
     assert not registration.supports_linear_channel_first(x, w)  # [I, J, C] at least

@@ -58,8 +58,9 @@ LEAF_OPS: dict[str, LeafOp] = {
     "layer_norm_linear": LeafOp(
         ("x", "ln_weight", "ln_bias", "weight", "bias", "eps"),
         {"x": "C", "ln_weight": "C", "ln_bias": "C", "weight": "OC", "bias": "O"}, "O", {}),
-    "adaptive_layer_norm": LeafOp(("a", "gate", "shift", "eps"),
-                                  {"a": "C", "gate": "C", "shift": "C"}, "C",
+    # a [*, C], cond [*, 2C] = gate | shift, gate_bias [C] -> [*, C]
+    "adaptive_layer_norm": LeafOp(("a", "cond", "gate_bias", "eps"),
+                                  {"a": "C", "cond": "G", "gate_bias": "C"}, "C",
                                   {"C": "LayerNorm normalises over the channels"}),
     "softmax_mask_bias": LeafOp(("logits", "mask", "bias"),
                                 {"logits": "L", "mask": "L", "bias": "L"}, "L",

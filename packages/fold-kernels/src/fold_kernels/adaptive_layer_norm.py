@@ -1,18 +1,24 @@
-"""Adaptive LayerNorm (AF3 supplement Alg. 26): ``y = sigmoid(gate) * LayerNorm(a) + shift``.
+"""Adaptive LayerNorm (AF3 supplement Alg. 26): ``y = sigmoid(gate + gate_bias) * LN(a) + shift``.
 
-The LayerNorm of ``a`` has no affine parameters; ``gate = Linear(LN(s))`` and
-``shift = LinearNoBias(LN(s))`` come from the conditioning ``s`` (cuBLAS GEMMs, outside this op).
-AF3's diffusion transformer runs it twice per block over ``[samples, N_token, 768]``. (The atom
-transformers' AdaLN, whose conditioning broadcasts over the samples, is left to PyTorch by the
-registry: see ``registration.supports_adaptive_layer_norm``.) PyTorch runs it as four passes
-over ``[*, C]`` forward (LayerNorm, sigmoid, multiply, add) and about five backward; here one
-each way, rows of C held in registers as in :mod:`fold_kernels.layer_norm`:
+The LayerNorm of ``a`` has no affine parameters. ``gate`` and ``shift`` are the two halves of
+one projection of the conditioning, ``cond = LN(s) [W_gate; W_shift]^T`` (``[*, 2C]``: one
+cuBLAS GEMM, outside this op, instead of a ``Linear`` and a ``LinearNoBias``); the gate's bias
+is added here. AF3's diffusion transformer runs it twice per block over
+``[samples, N_token, 768]``. (The atom transformers' AdaLN, whose conditioning broadcasts over
+the samples, is left to PyTorch by the registry: see
+``registration.supports_adaptive_layer_norm``.) PyTorch runs it as five passes over ``[*, C]``
+forward (LayerNorm, bias, sigmoid, multiply, add) and more backward; here one each way, rows of
+C held in registers as in :mod:`fold_kernels.layer_norm`:
 
-* forward: reads a, gate, shift; writes y and each row's fp32 mean and 1/std;
-* backward: reads a, gate, dy and the statistics; writes da and d(gate):
+* forward: reads a, cond (and the gate bias); writes y and each row's fp32 mean and 1/std;
+* backward: reads a, cond, dy and the statistics; writes da and ``d(cond) = [d(gate) | dy]``
+  into one ``[*, 2C]`` gradient (what the GEMM's backward reads: no concatenation):
   ``d(gate) = dy * xhat * sigmoid'(gate)``,
-  ``da = rstd * (g - xhat * mean(g xhat) - mean(g))`` with ``g = dy * sigmoid(gate)``;
-  d(shift) is dy itself. No parameter of the op, so no reduction over rows.
+  ``da = rstd * (g - xhat * mean(g xhat) - mean(g))`` with ``g = dy * sigmoid(gate)``.
+  With a gate bias, its gradient (the column sum of d(gate)) is added in the same launch: each
+  program of a fixed grid walks a strided set of row blocks, keeps its fp32 partial sums in
+  registers, and the programs that finish last add the partial rows in a fixed order
+  (:mod:`fold_kernels.one_pass`; deterministic, no atomics on the data).
 """
 
 from __future__ import annotations
@@ -21,39 +27,46 @@ import torch
 import triton
 import triton.language as tl
 
-from fold_kernels import nograd, pdl, tuning
+from fold_kernels import nograd, one_pass, pdl, tuning
 from fold_kernels.index32 import check_rows
 from fold_kernels.ints import cdiv, next_power_of_2
 from fold_kernels.launch import fast
 from fold_kernels.layer_norm import MAX_HIDDEN, _block_r, _num_warps, row_stats
+from fold_kernels.one_pass import finish_sum
+from fold_kernels.reduce import sum_partials
 
 __all__ = ["adaptive_layer_norm"]
 
 
 @triton.jit
-def _rows(rows, C, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
-    """This program's rows of contiguous ``[rows, C]`` tensors: ``(offs_r, r_valid, rc, ptrs)``,
-    ``ptrs`` the element offsets of the ``[BLOCK_R, BLOCK_C]`` tile (int64: rows * C may pass
-    2**31), ``rc`` its in-bounds mask."""
-    offs_r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+def _tile(blk, rows, C, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
+    """Row block ``blk`` of contiguous ``[rows, C]`` tensors and of the ``[rows, 2C]``
+    conditioning: ``(offs_r, r_valid, rc, ptrs, cptrs)``, ``ptrs`` / ``cptrs`` the element
+    offsets of the ``[BLOCK_R, BLOCK_C]`` tile in each (int64: rows * 2C may pass 2**31; the
+    shift half is ``cptrs + C``), ``rc`` its in-bounds mask."""
+    offs_r = blk * BLOCK_R + tl.arange(0, BLOCK_R)
     offs_c = tl.arange(0, BLOCK_C)
     r_valid = offs_r < rows
     rc = r_valid[:, None] & (offs_c < C)[None, :]
-    ptrs = offs_r.to(tl.int64)[:, None] * C + offs_c[None, :]
-    return offs_r, r_valid, rc, ptrs
+    r64 = offs_r.to(tl.int64)[:, None]
+    return offs_r, r_valid, rc, r64 * C + offs_c[None, :], r64 * (2 * C) + offs_c[None, :]
 
 
 @fast
 @triton.jit
-def _ada_ln_fwd(A, G, S, Y, Mean, Rstd, rows, C, eps,
+def _ada_ln_fwd(A, Cond, GB, Y, Mean, Rstd, rows, C, eps, HAS_GB: tl.constexpr,
                 BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, PDL: tl.constexpr = False):
-    """Rows [BLOCK_R] of contiguous ``[rows, C]`` a, gate, shift -> y, mean, rstd."""
+    """Rows [BLOCK_R] of a ``[rows, C]`` and cond ``[rows, 2C]`` -> y, mean, rstd. Without
+    ``HAS_GB`` GB is not read."""
     pdl.enter(PDL)
-    offs_r, r_valid, rc, ptrs = _rows(rows, C, BLOCK_R, BLOCK_C)
+    offs_r, r_valid, rc, ptrs, cptrs = _tile(tl.program_id(0), rows, C, BLOCK_R, BLOCK_C)
     x = tl.load(A + ptrs, mask=rc, other=0.0).to(tl.float32)  # [BLOCK_R, BLOCK_C]
     mean, xc, rstd = row_stats(x, rc, C, eps)
-    g = tl.load(G + ptrs, mask=rc, other=0.0).to(tl.float32)
-    shift = tl.load(S + ptrs, mask=rc, other=0.0).to(tl.float32)
+    g = tl.load(Cond + cptrs, mask=rc, other=0.0).to(tl.float32)
+    if HAS_GB:
+        offs_c = tl.arange(0, BLOCK_C)
+        g += tl.load(GB + offs_c, mask=offs_c < C, other=0.0).to(tl.float32)[None, :]
+    shift = tl.load(Cond + cptrs + C, mask=rc, other=0.0).to(tl.float32)
     y = tl.sigmoid(g) * (xc * rstd[:, None]) + shift
     tl.store(Y + ptrs, y.to(Y.dtype.element_ty), mask=rc)
     tl.store(Mean + offs_r, mean, mask=r_valid)
@@ -62,24 +75,45 @@ def _ada_ln_fwd(A, G, S, Y, Mean, Rstd, rows, C, eps,
 
 @fast
 @triton.jit
-def _ada_ln_bwd(A, G, DY, Mean, Rstd, DA, DG, rows, C,
-                BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, PDL: tl.constexpr = False):
-    """Rows [BLOCK_R]: da and d(gate) from a, gate, dy and the forward's statistics."""
+def _ada_ln_bwd(A, Cond, GB, DY, Mean, Rstd, DA, DCond, DGBp, DGB, Cnt, rows, C,
+                HAS_GB: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
+                ONE_PASS: tl.constexpr, GROUP: tl.constexpr, TAIL_S: tl.constexpr,
+                TAIL_M: tl.constexpr, PDL: tl.constexpr = False):
+    """da and ``d(cond) = [d(gate) | dy]`` of the row blocks ``pid, pid + n_prog, ...``; with
+    ``HAS_GB`` each program's d(gate bias) partial row goes to ``DGBp`` (rows C apart) and, with
+    ``ONE_PASS``, the last programs add the rows into ``DGB [C]``."""
     pdl.enter(PDL)
-    offs_r, r_valid, rc, ptrs = _rows(rows, C, BLOCK_R, BLOCK_C)
-    x = tl.load(A + ptrs, mask=rc, other=0.0).to(tl.float32)
-    g = tl.load(G + ptrs, mask=rc, other=0.0).to(tl.float32)
-    dy = tl.load(DY + ptrs, mask=rc, other=0.0).to(tl.float32)
-    mean = tl.load(Mean + offs_r, mask=r_valid, other=0.0)
-    rstd = tl.load(Rstd + offs_r, mask=r_valid, other=0.0)
-    xhat = tl.where(rc, (x - mean[:, None]) * rstd[:, None], 0.0)
-    sig = tl.sigmoid(g)
-    tl.store(DG + ptrs, (dy * xhat * sig * (1.0 - sig)).to(DG.dtype.element_ty), mask=rc)
-    gdy = dy * sig  # the gradient of xhat
-    c1 = tl.sum(gdy * xhat, 1) / C
-    c2 = tl.sum(gdy, 1) / C
-    da = (gdy - xhat * c1[:, None] - c2[:, None]) * rstd[:, None]
-    tl.store(DA + ptrs, da.to(DA.dtype.element_ty), mask=rc)
+    pid = tl.program_id(0)
+    n_prog = tl.num_programs(0)
+    offs_c = tl.arange(0, BLOCK_C)
+    c_valid = offs_c < C
+    gb = tl.zeros([BLOCK_C], tl.float32)
+    if HAS_GB:
+        gb = tl.load(GB + offs_c, mask=c_valid, other=0.0).to(tl.float32)
+    dgb = tl.zeros([BLOCK_C], tl.float32)
+    for blk in range(pid, tl.cdiv(rows, BLOCK_R), n_prog):
+        offs_r, r_valid, rc, ptrs, cptrs = _tile(blk, rows, C, BLOCK_R, BLOCK_C)
+        x = tl.load(A + ptrs, mask=rc, other=0.0).to(tl.float32)
+        g = tl.load(Cond + cptrs, mask=rc, other=0.0).to(tl.float32)
+        g += gb[None, :]  # zeros without a gate bias
+        dy = tl.load(DY + ptrs, mask=rc, other=0.0).to(tl.float32)
+        mean = tl.load(Mean + offs_r, mask=r_valid, other=0.0)
+        rstd = tl.load(Rstd + offs_r, mask=r_valid, other=0.0)
+        xhat = tl.where(rc, (x - mean[:, None]) * rstd[:, None], 0.0)
+        sig = tl.sigmoid(g)
+        dg = dy * xhat * sig * (1.0 - sig)  # 0 outside rc: dy and xhat are
+        tl.store(DCond + cptrs, dg.to(DCond.dtype.element_ty), mask=rc)
+        tl.store(DCond + cptrs + C, dy.to(DCond.dtype.element_ty), mask=rc)  # d(shift) = dy
+        gdy = dy * sig  # the gradient of xhat
+        c1 = tl.sum(gdy * xhat, 1) / C
+        c2 = tl.sum(gdy, 1) / C
+        da = (gdy - xhat * c1[:, None] - c2[:, None]) * rstd[:, None]
+        tl.store(DA + ptrs, da.to(DA.dtype.element_ty), mask=rc)
+        dgb += tl.sum(dg, 0)
+    if HAS_GB:
+        tl.store(DGBp + pid * C + offs_c, dgb, mask=c_valid)
+        if ONE_PASS:
+            finish_sum(DGBp, DGB, Cnt, pid, n_prog, C, 0, C, GROUP, TAIL_S, TAIL_M)
 
 
 def _blocks(c: int) -> tuple[int, int, int]:
@@ -89,55 +123,92 @@ def _blocks(c: int) -> tuple[int, int, int]:
     return block_r, block_c, _num_warps(block_r, block_c)
 
 
-def _forward(a, gate, shift, eps):
+def _forward(a, cond, gate_bias, eps):
     """``(y, stats)``: y like a, stats ``[2, rows]`` fp32 (each row's mean, then 1/std)."""
     c = a.shape[-1]
     rows = a.numel() // c
     y = torch.empty(a.shape, device=a.device, dtype=a.dtype)
     stats = torch.empty((2, rows), device=a.device, dtype=torch.float32)
     block_r, block_c, warps = _blocks(c)
-    _ada_ln_fwd[(cdiv(rows, block_r),)](a, gate, shift, y, stats, stats[1], rows, c, eps,
+    has_gb = gate_bias is not None
+    _ada_ln_fwd[(cdiv(rows, block_r),)](a, cond, gate_bias if has_gb else cond, y, stats,
+                                        stats[1], rows, c, eps, HAS_GB=has_gb,
                                         BLOCK_R=block_r, BLOCK_C=block_c, num_warps=warps)
     return y, stats
 
 
+def _backward(dy, a, cond, gate_bias, stats):
+    """``(da, d(cond), d(gate_bias) or None)``; one launch (two with
+    ``FOLD_KERNELS_ONE_PASS=0`` and a gate bias)."""
+    c = a.shape[-1]
+    rows = a.numel() // c
+    da = torch.empty_like(a)
+    dcond = torch.empty_like(cond)
+    block_r, block_c, warps = _blocks(c)
+    n_blocks = cdiv(rows, block_r)
+    has_gb = gate_bias is not None
+    if not has_gb:  # no reduction: one row block a program
+        _ada_ln_bwd[(n_blocks,)](a, cond, cond, dy, stats, stats[1], da, dcond, da, da, da,
+                                 rows, c, HAS_GB=False, BLOCK_R=block_r, BLOCK_C=block_c,
+                                 ONE_PASS=False, GROUP=1, TAIL_S=1, TAIL_M=1, num_warps=warps)
+        return da, dcond, None
+    # a fixed grid (4 programs a multiprocessor, as the LayerNorm backward's default) whose
+    # programs each keep one partial row of the bias gradient
+    per_sm = 3 if tuning.interpreting() or not a.is_cuda else 4 * tuning.multiprocessors(a.device)
+    n_prog = min(n_blocks, per_sm)
+    fused = one_pass.enabled()
+    group = one_pass.group_size() if fused else 1
+    extra = cdiv(n_prog, group) if fused else 0  # group rows after the programs' rows
+    partials = torch.empty((n_prog + extra, c), device=a.device, dtype=torch.float32)
+    dgb = torch.empty(c, device=a.device, dtype=gate_bias.dtype) if fused else partials
+    _ada_ln_bwd[(n_prog,)](a, cond, gate_bias, dy, stats, stats[1], da, dcond, partials, dgb,
+                           one_pass.counters(a.device) if fused else dgb, rows, c,
+                           HAS_GB=True, BLOCK_R=block_r, BLOCK_C=block_c, ONE_PASS=fused,
+                           GROUP=group, TAIL_S=group,
+                           TAIL_M=min(256, next_power_of_2(c)) if fused else 1,
+                           num_warps=warps)
+    if not fused:
+        dgb = sum_partials(partials[:n_prog], gate_bias.dtype)
+    return da, dcond, dgb
+
+
 class _AdaptiveLayerNorm(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, a, gate, shift, eps):
-        a, gate, shift = a.contiguous(), gate.contiguous(), shift.contiguous()
-        y, stats = _forward(a, gate, shift, eps)
-        ctx.save_for_backward(a, gate, stats)
+    def forward(ctx, a, cond, gate_bias, eps):
+        a, cond = a.contiguous(), cond.contiguous()
+        gate_bias = None if gate_bias is None else gate_bias.contiguous()
+        y, stats = _forward(a, cond, gate_bias, eps)
+        ctx.save_for_backward(a, cond, gate_bias, stats)
         return y
 
     @staticmethod
     def backward(ctx, dy):
-        a, gate, stats = ctx.saved_tensors
-        dy = dy.contiguous()
-        c = a.shape[-1]
-        rows = a.numel() // c
-        da = torch.empty_like(a)
-        dg = torch.empty_like(gate)
-        block_r, block_c, warps = _blocks(c)
-        _ada_ln_bwd[(cdiv(rows, block_r),)](a, gate, dy, stats, stats[1], da, dg, rows, c,
-                                            BLOCK_R=block_r, BLOCK_C=block_c, num_warps=warps)
-        return da, dg, dy, None  # d(shift) = dy
+        a, cond, gate_bias, stats = ctx.saved_tensors
+        return (*_backward(dy.contiguous(), a, cond, gate_bias, stats), None)
 
 
-def adaptive_layer_norm(a: torch.Tensor, gate: torch.Tensor, shift: torch.Tensor,
+def adaptive_layer_norm(a: torch.Tensor, cond: torch.Tensor,
+                        gate_bias: torch.Tensor | None = None,
                         eps: float = 1e-5) -> torch.Tensor:
-    """``sigmoid(gate) * LayerNorm(a) + shift`` (LayerNorm over the last dim, no affine
-    parameters) for ``a, gate, shift [*, C]`` of one shape and dtype; y in a's dtype."""
-    if gate.shape != a.shape or shift.shape != a.shape:
-        raise ValueError(f"adaptive_layer_norm: gate and shift must have a's shape "
-                         f"{tuple(a.shape)}, got {tuple(gate.shape)} and {tuple(shift.shape)}")
-    if gate.dtype != a.dtype or shift.dtype != a.dtype:
-        raise ValueError(f"adaptive_layer_norm: a, gate and shift must share a dtype, got "
-                         f"{a.dtype}, {gate.dtype}, {shift.dtype}")
-    if a.dim() == 0 or a.shape[-1] == 0 or a.shape[-1] > MAX_HIDDEN:
+    """``sigmoid(gate + gate_bias) * LayerNorm(a) + shift`` (LayerNorm over the last dim, no
+    affine parameters) for ``a [*, C]`` and ``cond [*, 2C] = gate | shift`` of one dtype,
+    ``gate_bias [C]`` (any float dtype; its gradient comes in that dtype); y in a's dtype."""
+    c = a.shape[-1] if a.dim() else 0
+    if cond.shape != (*a.shape[:-1], 2 * c):
+        raise ValueError(f"adaptive_layer_norm: cond must be [*, 2C] = gate | shift for a of "
+                         f"shape {tuple(a.shape)}, got {tuple(cond.shape)}")
+    if cond.dtype != a.dtype:
+        raise ValueError(f"adaptive_layer_norm: a and cond must share a dtype, got {a.dtype} "
+                         f"and {cond.dtype}")
+    if gate_bias is not None and (gate_bias.shape != (c,) or not gate_bias.is_floating_point()):
+        raise ValueError(f"adaptive_layer_norm: gate_bias must be a float [C={c}], got "
+                         f"{tuple(gate_bias.shape)} {gate_bias.dtype}")
+    if c == 0 or c > MAX_HIDDEN:
         raise ValueError(f"adaptive_layer_norm: hidden size must be 1..{MAX_HIDDEN}, got "
                          f"shape {tuple(a.shape)}")
-    check_rows("adaptive_layer_norm", a.shape)
+    check_rows("adaptive_layer_norm", cond.shape)
     tuning.require_device("adaptive_layer_norm", a, "fold_ops.reference.adaptive_layer_norm")
-    if a.numel() == 0:
-        return a + gate + shift  # no rows: an empty result, and gradients for all three
-    return nograd.apply(_AdaptiveLayerNorm, a, gate, shift, eps)  # inference: no autograd node
+    if a.numel() == 0:  # no rows: an empty result, and gradients for every input
+        gate, shift = cond.chunk(2, -1)
+        return a + gate + shift + (0.0 if gate_bias is None else gate_bias.to(a.dtype))
+    return nograd.apply(_AdaptiveLayerNorm, a, cond, gate_bias, eps)  # inference: no node

@@ -85,7 +85,7 @@ def layer_norm_linear(x, ln_weight, ln_bias, weight, bias=None, eps=1e-5):
     return y
 
 
-def adaptive_layer_norm(a, gate, shift, eps=1e-5):
+def adaptive_layer_norm(a, cond, gate_bias=None, eps=1e-5):
     """y like a; transients: fp32 mean and rstd per row."""
     return layer_norm(a, None, None, eps)
 

@@ -152,14 +152,16 @@ def supports_layer_norm_linear(x, ln_weight, ln_bias, weight, bias=None, eps=1e-
     return bias is None or bias.shape == (weight.shape[0],)
 
 
-def supports_adaptive_layer_norm(a, gate, shift, eps=1e-5) -> bool:
-    """a, gate and shift of one shape and dtype (the diffusion transformer's AdaLN). A
-    conditioning that broadcasts (the atom transformers': ``[B, 1, A, C]`` over the samples)
-    takes the PyTorch path."""
-    if not _common(a, gate, shift) or a.dim() == 0:
+def supports_adaptive_layer_norm(a, cond, gate_bias=None, eps=1e-5) -> bool:
+    """a ``[*, C]`` and cond ``[*, 2C]`` with the same batch dims and dtype (the diffusion
+    transformer's AdaLN). A conditioning that broadcasts (the atom transformers': ``[B, 1, A,
+    2C]`` over the samples) takes the PyTorch path."""
+    if not _common(a, cond, gate_bias) or a.dim() == 0:
         return False
-    return (gate.shape == a.shape and shift.shape == a.shape and gate.dtype == a.dtype
-            and shift.dtype == a.dtype and 0 < a.shape[-1] <= MAX_HIDDEN and rows_fit(a.shape))
+    c = a.shape[-1]
+    return (cond.shape == (*a.shape[:-1], 2 * c) and cond.dtype == a.dtype
+            and (gate_bias is None or (gate_bias.shape == (c,) and gate_bias.dtype in _DTYPES))
+            and 0 < c <= MAX_HIDDEN and rows_fit(cond.shape))
 
 
 def supports_swiglu(x, weight, bias=None) -> bool:

@@ -8,6 +8,7 @@ import copy
 
 import pytest
 import torch
+import torch.nn.functional as F
 from _af3_helpers import grads, holes, randomize_, rel_err
 from fold_model.af3.conditioning import AdaLN, AttentionPairBias, ConditionedTransitionBlock
 from fold_model.af3.config import config
@@ -48,7 +49,8 @@ def _ref_attention_pair_bias(mod: AttentionPairBias, a, z, mask, s=None):
         ada = mod.ada_ln
         x = torch.nn.functional.layer_norm(a, (a.shape[-1],))
         sn = torch.nn.functional.layer_norm(s, (s.shape[-1],), ada.s_weight)
-        x = torch.sigmoid(ada.linear_gate(sn)) * x + ada.linear_shift(sn)
+        gate, shift = _gate_shift(ada, sn)
+        x = torch.sigmoid(gate) * x + shift
     zn = torch.nn.functional.layer_norm(z, (z.shape[-1],), mod.layer_norm_z.weight,
                                         mod.layer_norm_z.bias)
     b = torch.einsum("bijc,hc->bhij", zn, mod.linear_z.weight)
@@ -63,6 +65,28 @@ def _ref_attention_pair_bias(mod: AttentionPairBias, a, z, mask, s=None):
     if s is not None:
         out = torch.sigmoid(mod.linear_s_gate(s)) * out
     return out
+
+
+def _gate_shift(ada: AdaLN, sn: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Alg. 26's ``Linear(LN(s))`` and ``LinearNoBias(LN(s))``: the rows of the stacked weight."""
+    w_gate, w_shift = ada.linear_gate_shift.weight.chunk(2, 0)
+    return F.linear(sn, w_gate, ada.gate_bias), F.linear(sn, w_shift)
+
+
+def test_ada_ln_loads_state_dicts_with_separate_gate_and_shift():
+    """An AdaLN saved with a ``Linear`` gate and a ``LinearNoBias`` shift (fold before the
+    stacked projection) loads into the stacked form and computes the same output."""
+    ada = randomize_(AdaLN(8, 6)).double()
+    w_gate, w_shift = ada.linear_gate_shift.weight.detach().chunk(2, 0)
+    old = {"s_weight": ada.s_weight.detach().clone(), "linear_gate.weight": w_gate.clone(),
+           "linear_gate.bias": ada.gate_bias.detach().clone(),
+           "linear_shift.weight": w_shift.clone()}
+    loaded = AdaLN(8, 6).double()
+    loaded.load_state_dict(old)  # strict: every key converted, none missing
+    a = torch.randn(3, 5, 8, dtype=torch.float64)
+    s = torch.randn(3, 5, 6, dtype=torch.float64)
+    assert torch.equal(loaded(a, s), ada(a, s))
+    assert set(loaded.state_dict()) == {"s_weight", "linear_gate_shift.weight", "gate_bias"}
 
 
 @pytest.mark.parametrize("conditioned", [False, True])
@@ -83,8 +107,9 @@ def test_ada_ln_and_conditioned_transition_formula():
     a = torch.randn(3, 5, 8, dtype=torch.float64)
     s = torch.randn(3, 5, 6, dtype=torch.float64)
     sn = torch.nn.functional.layer_norm(s, (6,), ada.s_weight)
-    ref = torch.sigmoid(ada.linear_gate(sn)) * torch.nn.functional.layer_norm(a, (8,))
-    assert rel_err(ada(a, s), ref + ada.linear_shift(sn)) < 1e-12
+    gate, shift = _gate_shift(ada, sn)
+    ref = torch.sigmoid(gate) * torch.nn.functional.layer_norm(a, (8,))
+    assert rel_err(ada(a, s), ref + shift) < 1e-12
     ctb = randomize_(ConditionedTransitionBlock(8, 6, 2)).double()
     x = ctb.ada_ln(a, s)
     u, v = (x @ ctb.linear_ab.weight.T).chunk(2, -1)

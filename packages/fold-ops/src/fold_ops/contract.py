@@ -30,10 +30,12 @@ neither states an op again. An op's signature is its reference's signature
     its LayerNorm feeds. A backend sums the gradients of all of them in LayerNorm's backward.
 ``layer_norm_linear(x, ln_weight, ln_bias, weight, bias=None, eps=1e-5) -> y``
     ``F.linear(F.layer_norm(x), weight, bias)``.
-``adaptive_layer_norm(a, gate, shift, eps=1e-5) -> y``
-    AF3's adaptive LayerNorm (Alg. 26) given its projections of the conditioning:
-    ``sigmoid(gate) * layer_norm(a) + shift`` over the last dim, no affine parameters;
-    a, gate, shift ``[*, C]``.
+``adaptive_layer_norm(a, cond, gate_bias=None, eps=1e-5) -> y``
+    AF3's adaptive LayerNorm (Alg. 26) given the conditioning's projection
+    ``cond [*, 2C] = gate | shift`` (one GEMM of the stacked weights):
+    ``sigmoid(gate + gate_bias) * layer_norm(a) + shift`` over the last dim, no affine
+    parameters; ``a [*, C]``, ``gate_bias [C]``. A backend writes the gradients of gate and
+    shift into one ``[*, 2C]`` gradient (one GEMM backward, no concatenation).
 ``softmax_mask_bias(logits, mask=None, bias=None) -> p``
     softmax over the last dim of ``logits + bias + (mask - 1) * inf``; mask/bias broadcast.
 ``swiglu(x, weight, bias=None) -> y``

@@ -152,10 +152,16 @@ def layer_norm_linear(
 
 
 def adaptive_layer_norm(
-    a: torch.Tensor, gate: torch.Tensor, shift: torch.Tensor, eps: float = 1e-5
+    a: torch.Tensor, cond: torch.Tensor, gate_bias: torch.Tensor | None = None,
+    eps: float = 1e-5,
 ) -> torch.Tensor:
-    """AF3's adaptive LayerNorm (Alg. 26) given its conditioning projections:
-    ``sigmoid(gate) * layer_norm(a) + shift``, the LayerNorm without affine parameters."""
+    """AF3's adaptive LayerNorm (Alg. 26) given its projection of the conditioning
+    ``cond [*, 2C] = gate | shift`` (one GEMM of the stacked ``Linear`` and ``LinearNoBias``
+    weights): ``sigmoid(gate + gate_bias) * layer_norm(a) + shift``, the LayerNorm of
+    ``a [*, C]`` without affine parameters. ``cond`` broadcasts against a's batch dims."""
+    gate, shift = cond.chunk(2, -1)  # [*, C] each
+    if gate_bias is not None:  # in cond's dtype (bf16 under autocast, as the Linear gave)
+        gate = gate + gate_bias.to(cond.dtype)
     return torch.sigmoid(gate) * layer_norm(a, None, None, eps) + shift
 
 

@@ -291,8 +291,9 @@ class _Mapper:
 
     def ada_ln(self, f: str, p: str) -> None:
         self.put(f + "s_weight", self.take(p + "layernorm_s.weight"))
-        self.linear(f + "linear_gate.", p + "linear_s.")
-        self.put(f + "linear_shift.weight", self.take(p + "linear_nobias_s.weight"))
+        self.stacked(f + "linear_gate_shift.weight", p + "linear_s.weight",
+                     p + "linear_nobias_s.weight")
+        self.put(f + "gate_bias", self.take(p + "linear_s.bias"))
 
     def attention_pair_bias(self, f: str, p: str, c_a: int, c_z: int) -> None:
         if self.has(p + "layernorm_a.linear_s.weight"):  # conditioned (AdaLN, output gate)
