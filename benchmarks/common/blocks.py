@@ -109,6 +109,16 @@ def evoformer_step(device, dtype, n_seq: int = 6, n_res: int = 10, forward_only:
     return run
 
 
+def diffusion_step(device, dtype, n: int = 10, samples: int = 3, forward_only: bool = False):
+    """One training step of a tiny AF3 diffusion transformer block (``samples`` rows share the
+    pair bias); with ``forward_only`` its forward in eval mode (the caller sets ``no_grad``)."""
+    block, args = build("diffusion_transformer", n, samples, True, device, dtype)
+    if forward_only:
+        block.eval()
+        return lambda: block(*args)
+    return lambda: step(block, args)
+
+
 def pairformer_step(device, dtype, n: int = 10, forward_only: bool = False):
     """One training step of a tiny AF3 Pairformer block; with ``forward_only`` its forward in
     eval mode (inference: the caller sets ``no_grad``)."""

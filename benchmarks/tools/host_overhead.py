@@ -23,7 +23,7 @@ Rows: each op's forward+backward through ``fold_model.ops`` (backend ``triton``,
 for scale), the registry's ``resolve`` alone, chains of 32 nodes with one backward at the
 end (what a block step pays per op: the fixed cost of a backward call spread over the chain,
 beside PyTorch's native nodes and a Python autograd Function as the floors), and one tiny
-Evoformer / Pairformer block step.
+Evoformer / Pairformer / diffusion transformer block step.
 """
 
 from __future__ import annotations
@@ -261,7 +261,7 @@ def measure(device, calls: int, reps: int, sections=SECTIONS) -> list[dict]:
     import torch
     from fold_model import ops
 
-    from benchmarks.common.blocks import evoformer_step, pairformer_step
+    from benchmarks.common.blocks import diffusion_step, evoformer_step, pairformer_step
 
     gpu = device.type == "cuda"
     sync = torch.cuda.synchronize if gpu else None
@@ -297,7 +297,8 @@ def measure(device, calls: int, reps: int, sections=SECTIONS) -> list[dict]:
     if "blocks" not in sections:
         return rows
     for name, make in (("evoformer block step (tiny)", evoformer_step),
-                       ("pairformer block step (tiny)", pairformer_step)):
+                       ("pairformer block step (tiny)", pairformer_step),
+                       ("diffusion transformer block step (tiny)", diffusion_step)):
         step = make(device, torch.bfloat16)
         rows.append({"call": name, "mode": "fwd+bwd", **both(step, max(1, calls // 20))})
         print(rows[-1], flush=True)

@@ -153,3 +153,12 @@ def test_inference_path_matches_the_autograd_path():
     assert y.grad_fn is None
     a.requires_grad_()
     assert torch.equal(y, fk.adaptive_layer_norm(a, cond, gate_bias).detach())
+
+
+def test_backward_keeps_a_c_wide_gate_not_the_projection():
+    """What the backward keeps is ``[*, C]`` wide (a and the biased gate), never the ``[*, 2C]``
+    projection: the activation memory of the separate gate and shift layers."""
+    a, cond, gate_bias, _ = (t.to(DEVICE).requires_grad_() for t in _inputs((3, 5, 40), seed=8))
+    y = fk.adaptive_layer_norm(a, cond, gate_bias)
+    kept = [t for t in y.grad_fn.saved_tensors if t.dim() == 3]
+    assert kept and all(t.shape == a.shape for t in kept)

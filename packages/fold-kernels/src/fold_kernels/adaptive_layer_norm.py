@@ -10,8 +10,11 @@ the samples, is left to PyTorch by the registry: see
 forward (LayerNorm, bias, sigmoid, multiply, add) and more backward; here one each way, rows of
 C held in registers as in :mod:`fold_kernels.layer_norm`:
 
-* forward: reads a, cond (and the gate bias); writes y and each row's fp32 mean and 1/std;
-* backward: reads a, cond, dy and the statistics; writes da and ``d(cond) = [d(gate) | dy]``
+* forward: reads a, cond (and the gate bias); writes y, each row's fp32 mean and 1/std and,
+  for the backward, ``gate + gate_bias`` in a's dtype (``[*, C]``: cond itself is not kept, so
+  the activation memory is the separate projections' ``[*, C]`` gate, not ``[*, 2C]``);
+* backward: reads a, the saved gate, dy and the statistics; writes da and
+  ``d(cond) = [d(gate) | dy]``
   into one ``[*, 2C]`` gradient (what the GEMM's backward reads: no concatenation):
   ``d(gate) = dy * xhat * sigmoid'(gate)``,
   ``da = rstd * (g - xhat * mean(g xhat) - mean(g))`` with ``g = dy * sigmoid(gate)``.
@@ -54,10 +57,11 @@ def _tile(blk, rows, C, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
 
 @fast
 @triton.jit
-def _ada_ln_fwd(A, Cond, GB, Y, Mean, Rstd, rows, C, eps, HAS_GB: tl.constexpr,
-                BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, PDL: tl.constexpr = False):
-    """Rows [BLOCK_R] of a ``[rows, C]`` and cond ``[rows, 2C]`` -> y, mean, rstd. Without
-    ``HAS_GB`` GB is not read."""
+def _ada_ln_fwd(A, Cond, GB, Y, G, Mean, Rstd, rows, C, eps, HAS_GB: tl.constexpr,
+                SAVE_G: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
+                PDL: tl.constexpr = False):
+    """Rows [BLOCK_R] of a ``[rows, C]`` and cond ``[rows, 2C]`` -> y, mean, rstd and, with
+    ``SAVE_G``, the biased gate ``G [rows, C]``. Without ``HAS_GB`` GB is not read."""
     pdl.enter(PDL)
     offs_r, r_valid, rc, ptrs, cptrs = _tile(tl.program_id(0), rows, C, BLOCK_R, BLOCK_C)
     x = tl.load(A + ptrs, mask=rc, other=0.0).to(tl.float32)  # [BLOCK_R, BLOCK_C]
@@ -66,6 +70,8 @@ def _ada_ln_fwd(A, Cond, GB, Y, Mean, Rstd, rows, C, eps, HAS_GB: tl.constexpr,
     if HAS_GB:
         offs_c = tl.arange(0, BLOCK_C)
         g += tl.load(GB + offs_c, mask=offs_c < C, other=0.0).to(tl.float32)[None, :]
+    if SAVE_G:
+        tl.store(G + ptrs, g.to(G.dtype.element_ty), mask=rc)
     shift = tl.load(Cond + cptrs + C, mask=rc, other=0.0).to(tl.float32)
     y = tl.sigmoid(g) * (xc * rstd[:, None]) + shift
     tl.store(Y + ptrs, y.to(Y.dtype.element_ty), mask=rc)
@@ -75,11 +81,12 @@ def _ada_ln_fwd(A, Cond, GB, Y, Mean, Rstd, rows, C, eps, HAS_GB: tl.constexpr,
 
 @fast
 @triton.jit
-def _ada_ln_bwd(A, Cond, GB, DY, Mean, Rstd, DA, DCond, DGBp, DGB, Cnt, rows, C,
+def _ada_ln_bwd(A, G, DY, Mean, Rstd, DA, DCond, DGBp, DGB, Cnt, rows, C,
                 HAS_GB: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
                 ONE_PASS: tl.constexpr, GROUP: tl.constexpr, TAIL_S: tl.constexpr,
                 TAIL_M: tl.constexpr, PDL: tl.constexpr = False):
-    """da and ``d(cond) = [d(gate) | dy]`` of the row blocks ``pid, pid + n_prog, ...``; with
+    """da and ``d(cond) = [d(gate) | dy]`` of the row blocks ``pid, pid + n_prog, ...`` from the
+    saved biased gate ``G [rows, C]``; with
     ``HAS_GB`` each program's d(gate bias) partial row goes to ``DGBp`` (rows C apart) and, with
     ``ONE_PASS``, the last programs add the rows into ``DGB [C]``."""
     pdl.enter(PDL)
@@ -87,15 +94,11 @@ def _ada_ln_bwd(A, Cond, GB, DY, Mean, Rstd, DA, DCond, DGBp, DGB, Cnt, rows, C,
     n_prog = tl.num_programs(0)
     offs_c = tl.arange(0, BLOCK_C)
     c_valid = offs_c < C
-    gb = tl.zeros([BLOCK_C], tl.float32)
-    if HAS_GB:
-        gb = tl.load(GB + offs_c, mask=c_valid, other=0.0).to(tl.float32)
     dgb = tl.zeros([BLOCK_C], tl.float32)
     for blk in range(pid, tl.cdiv(rows, BLOCK_R), n_prog):
         offs_r, r_valid, rc, ptrs, cptrs = _tile(blk, rows, C, BLOCK_R, BLOCK_C)
         x = tl.load(A + ptrs, mask=rc, other=0.0).to(tl.float32)
-        g = tl.load(Cond + cptrs, mask=rc, other=0.0).to(tl.float32)
-        g += gb[None, :]  # zeros without a gate bias
+        g = tl.load(G + ptrs, mask=rc, other=0.0).to(tl.float32)
         dy = tl.load(DY + ptrs, mask=rc, other=0.0).to(tl.float32)
         mean = tl.load(Mean + offs_r, mask=r_valid, other=0.0)
         rstd = tl.load(Rstd + offs_r, mask=r_valid, other=0.0)
@@ -123,32 +126,35 @@ def _blocks(c: int) -> tuple[int, int, int]:
     return block_r, block_c, _num_warps(block_r, block_c)
 
 
-def _forward(a, cond, gate_bias, eps):
-    """``(y, stats)``: y like a, stats ``[2, rows]`` fp32 (each row's mean, then 1/std)."""
+def _forward(a, cond, gate_bias, eps, save_gate: bool):
+    """``(y, gate, stats)``: y like a, the biased gate like a (None without ``save_gate``),
+    stats ``[2, rows]`` fp32 (each row's mean, then 1/std)."""
     c = a.shape[-1]
     rows = a.numel() // c
     y = torch.empty(a.shape, device=a.device, dtype=a.dtype)
+    gate = torch.empty(a.shape, device=a.device, dtype=a.dtype) if save_gate else None
     stats = torch.empty((2, rows), device=a.device, dtype=torch.float32)
     block_r, block_c, warps = _blocks(c)
     has_gb = gate_bias is not None
-    _ada_ln_fwd[(cdiv(rows, block_r),)](a, cond, gate_bias if has_gb else cond, y, stats,
-                                        stats[1], rows, c, eps, HAS_GB=has_gb,
-                                        BLOCK_R=block_r, BLOCK_C=block_c, num_warps=warps)
-    return y, stats
+    _ada_ln_fwd[(cdiv(rows, block_r),)](a, cond, gate_bias if has_gb else cond, y,
+                                        gate if save_gate else y, stats, stats[1], rows, c, eps,
+                                        HAS_GB=has_gb, SAVE_G=save_gate, BLOCK_R=block_r,
+                                        BLOCK_C=block_c, num_warps=warps)
+    return y, gate, stats
 
 
-def _backward(dy, a, cond, gate_bias, stats):
+def _backward(dy, a, gate, gate_bias, stats):
     """``(da, d(cond), d(gate_bias) or None)``; one launch (two with
     ``FOLD_KERNELS_ONE_PASS=0`` and a gate bias)."""
     c = a.shape[-1]
     rows = a.numel() // c
     da = torch.empty_like(a)
-    dcond = torch.empty_like(cond)
+    dcond = torch.empty((*a.shape[:-1], 2 * c), device=a.device, dtype=a.dtype)
     block_r, block_c, warps = _blocks(c)
     n_blocks = cdiv(rows, block_r)
     has_gb = gate_bias is not None
     if not has_gb:  # no reduction: one row block a program
-        _ada_ln_bwd[(n_blocks,)](a, cond, cond, dy, stats, stats[1], da, dcond, da, da, da,
+        _ada_ln_bwd[(n_blocks,)](a, gate, dy, stats, stats[1], da, dcond, da, da, da,
                                  rows, c, HAS_GB=False, BLOCK_R=block_r, BLOCK_C=block_c,
                                  ONE_PASS=False, GROUP=1, TAIL_S=1, TAIL_M=1, num_warps=warps)
         return da, dcond, None
@@ -161,7 +167,7 @@ def _backward(dy, a, cond, gate_bias, stats):
     extra = cdiv(n_prog, group) if fused else 0  # group rows after the programs' rows
     partials = torch.empty((n_prog + extra, c), device=a.device, dtype=torch.float32)
     dgb = torch.empty(c, device=a.device, dtype=gate_bias.dtype) if fused else partials
-    _ada_ln_bwd[(n_prog,)](a, cond, gate_bias, dy, stats, stats[1], da, dcond, partials, dgb,
+    _ada_ln_bwd[(n_prog,)](a, gate, dy, stats, stats[1], da, dcond, partials, dgb,
                            one_pass.counters(a.device) if fused else dgb, rows, c,
                            HAS_GB=True, BLOCK_R=block_r, BLOCK_C=block_c, ONE_PASS=fused,
                            GROUP=group, TAIL_S=group,
@@ -177,14 +183,16 @@ class _AdaptiveLayerNorm(torch.autograd.Function):
     def forward(ctx, a, cond, gate_bias, eps):
         a, cond = a.contiguous(), cond.contiguous()
         gate_bias = None if gate_bias is None else gate_bias.contiguous()
-        y, stats = _forward(a, cond, gate_bias, eps)
-        ctx.save_for_backward(a, cond, gate_bias, stats)
+        save = nograd.saves(ctx)
+        y, gate, stats = _forward(a, cond, gate_bias, eps, save)
+        # the gate bias for its dtype and shape only: the gate is saved with it added
+        ctx.save_for_backward(a, gate, gate_bias, stats)
         return y
 
     @staticmethod
     def backward(ctx, dy):
-        a, cond, gate_bias, stats = ctx.saved_tensors
-        return (*_backward(dy.contiguous(), a, cond, gate_bias, stats), None)
+        a, gate, gate_bias, stats = ctx.saved_tensors
+        return (*_backward(dy.contiguous(), a, gate, gate_bias, stats), None)
 
 
 def adaptive_layer_norm(a: torch.Tensor, cond: torch.Tensor,

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["apply"]
+__all__ = ["apply", "saves"]
 
 
 class _NoBackward:
@@ -27,6 +27,12 @@ class _NoBackward:
 
     def mark_non_differentiable(self, *tensors) -> None:
         pass
+
+
+def saves(ctx) -> bool:
+    """Whether a forward's ``ctx`` will reach a backward (False under :func:`apply`'s
+    inference path): a forward that writes something only for its backward can skip it."""
+    return not isinstance(ctx, _NoBackward)
 
 
 def apply(fn: type[torch.autograd.Function], *args):
