@@ -12,10 +12,11 @@ C held in registers as in :mod:`fold_kernels.layer_norm`:
 
 * forward: reads a, cond (and the gate bias); writes y, each row's fp32 mean and 1/std and,
   for the backward, ``gate + gate_bias`` in a's dtype (``[*, C]``: cond itself is not kept, so
-  the activation memory is the separate projections' ``[*, C]`` gate, not ``[*, 2C]``);
+  the activation memory is the separate projections' ``[*, C]`` gate, not ``[*, 2C]``; the
+  backward sees the biased gate rounded to a's dtype, as the separate ``Linear``'s output was);
 * backward: reads a, the saved gate, dy and the statistics; writes da and
-  ``d(cond) = [d(gate) | dy]``
-  into one ``[*, 2C]`` gradient (what the GEMM's backward reads: no concatenation):
+  ``d(cond) = [d(gate) | dy]`` into one ``[*, 2C]`` gradient (what the GEMM's backward reads:
+  no concatenation):
   ``d(gate) = dy * xhat * sigmoid'(gate)``,
   ``da = rstd * (g - xhat * mean(g xhat) - mean(g))`` with ``g = dy * sigmoid(gate)``.
   With a gate bias, its gradient (the column sum of d(gate)) is added in the same launch: each
@@ -86,9 +87,9 @@ def _ada_ln_bwd(A, G, DY, Mean, Rstd, DA, DCond, DGBp, DGB, Cnt, rows, C,
                 ONE_PASS: tl.constexpr, GROUP: tl.constexpr, TAIL_S: tl.constexpr,
                 TAIL_M: tl.constexpr, PDL: tl.constexpr = False):
     """da and ``d(cond) = [d(gate) | dy]`` of the row blocks ``pid, pid + n_prog, ...`` from the
-    saved biased gate ``G [rows, C]``; with
-    ``HAS_GB`` each program's d(gate bias) partial row goes to ``DGBp`` (rows C apart) and, with
-    ``ONE_PASS``, the last programs add the rows into ``DGB [C]``."""
+    saved biased gate ``G [rows, C]``. With ``HAS_GB`` each program's d(gate bias) partial row
+    goes to ``DGBp`` (rows C apart) and, with ``ONE_PASS``, the last programs add the rows into
+    ``DGB [C]``."""
     pdl.enter(PDL)
     pid = tl.program_id(0)
     n_prog = tl.num_programs(0)
