@@ -299,3 +299,67 @@ def test_dense_checkpoint_loads_into_aligned_buffers():
     state["exp_avg"] = [state["exp_avg"][0][:-1]]  # a buffer too short for its layout
     with pytest.raises(ValueError, match="flat buffer 0 holds"):
         FlatAdam(FlatParams(copy.deepcopy(net_aligned)), cfg).load_state_dict(state)
+
+
+class _AdaNet(nn.Module):
+    """AF3's AdaLN beside a plain layer: a parameter layout fold-model has changed since."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        from fold_model.af3.conditioning import AdaLN
+
+        self.a = nn.Linear(7, 6)
+        self.ada = AdaLN(3, 6)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        s = torch.tanh(self.a(x))  # [B, 6]
+        return self.ada(x[:, :3], s)  # [B, 3]
+
+
+def _as_old_adaln(named: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """``named`` as AdaLN had it before the stacked projection (separate gate and shift)."""
+    out = {}
+    for name, t in named.items():
+        if name.endswith("linear_gate_shift.weight"):
+            prefix = name[: -len("linear_gate_shift.weight")]
+            gate, shift = t.chunk(2, 0)
+            out[prefix + "linear_gate.weight"], out[prefix + "linear_shift.weight"] = gate, shift
+        elif name.endswith("gate_bias"):
+            out[name[: -len("gate_bias")] + "linear_gate.bias"] = t
+        else:
+            out[name] = t
+    return out
+
+
+def test_state_saved_under_the_old_adaln_layout_loads_by_name():
+    """Moments and EMA written when AdaLN had separate gate and shift layers (old names, packed
+    densely in that order) load into the stacked layout, each value where its parameter is
+    now; a state that does not convert names what is missing."""
+    torch.manual_seed(4)
+    net = _AdaNet()
+    cfg = AdamConfig(lr=1e-2, warmup_steps=1, ema_decay=0.6)
+    flat = FlatParams(net)
+    opt = FlatAdam(flat, cfg)
+    for s in range(3):
+        flat.zero_grad()
+        x, y, mask = _data(s)
+        (((net(x) - y) ** 2).sum(-1) * mask).sum().backward()
+        opt.step()
+    old = {key: _as_old_adaln(flat.views(getattr(opt, key))) for key in ("exp_avg",
+                                                                         "exp_avg_sq", "ema")}
+    names = list(old["ema"])
+    assert "ada.linear_gate.bias" in names and "ada.gate_bias" not in names
+    state = {"step": 3, "layout": [[(n, list(old["ema"][n].shape)) for n in names]],
+             **{key: [torch.cat([v[n].reshape(-1) for n in names])] for key, v in old.items()},
+             "master": [None]}  # dense, no "offsets": any earlier writer
+    again = _AdaNet()
+    opt_again = FlatAdam(FlatParams(again), cfg)
+    opt_again.load_state_dict(state)
+    assert opt_again.step_count == 3
+    for key in ("exp_avg", "exp_avg_sq", "ema"):
+        want, got = flat.views(getattr(opt, key)), opt_again.flat.views(getattr(opt_again, key))
+        for name, t in want.items():
+            assert torch.equal(got[name], t), (key, name)
+    state["layout"][0][names.index("ada.linear_shift.weight")] = ("ada.shift.weight", [3, 6])
+    with pytest.raises(ValueError, match="saved for different parameters: .*missing"):
+        FlatAdam(FlatParams(_AdaNet()), cfg).load_state_dict(state)

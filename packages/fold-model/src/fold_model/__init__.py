@@ -6,7 +6,8 @@ Sub-packages (imported on first use, so ``import fold_model`` stays cheap):
 * :mod:`fold_model.geometry`: rigid frames;
 * :mod:`fold_model.af2`, :mod:`fold_model.af3`: the two families, composed of layers;
 * :mod:`fold_model.ops`: the op registry (the contract is :mod:`fold_ops.contract`);
-* :mod:`fold_model.seams`: the axial seam (DAP) and the branch seam (BP).
+* :mod:`fold_model.seams`: the axial seam (DAP) and the branch seam (BP);
+* :mod:`fold_model.upgrades`: conversions of fold's earlier parameter layouts.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ __all__ = [
     "layers",
     "ops",
     "seams",
+    "upgrades",
 ]
 
 _LAZY = {
@@ -38,7 +40,7 @@ _LAZY = {
     "BranchSeam": "fold_model.seams",
     "IDENTITY_COMM": "fold_model.seams",
 }
-_SUBPACKAGES = {"af2", "af3", "geometry", "layers", "ops", "seams"}
+_SUBPACKAGES = {"af2", "af3", "geometry", "layers", "ops", "seams", "upgrades"}
 
 
 def __getattr__(name: str) -> Any:

@@ -149,6 +149,41 @@ class FlatParams:
             self.load_group(i, d, s, None if src_offsets is None else src_offsets[i])
 
     @torch.no_grad()
+    def load_renamed(self, dst: list[torch.Tensor], src: list[torch.Tensor],
+                     src_layout: list[list[tuple[str, list[int]]]],
+                     src_offsets: list[list[int]] | None = None) -> None:
+        """:meth:`load_buffers` for flat buffers saved under an earlier layout of this model's
+        parameters (``src_layout``: names and shapes per group, as :meth:`layout` gave then):
+        each saved parameter is taken by name, fold-model's conversions of its earlier layouts
+        are applied (:func:`fold_model.upgrades.upgrade_state_dict`), and the result must name
+        exactly this model's parameters with their shapes. Raises ``ValueError`` naming what
+        differs."""
+        from fold_model.upgrades import upgrade_state_dict
+
+        if len(src) != len(src_layout):
+            raise ValueError(f"{len(src)} flat buffers for a layout of {len(src_layout)} groups")
+        named: dict[str, torch.Tensor] = {}
+        for i, (group, buf) in enumerate(zip(src_layout, src)):
+            sizes = [math.prod(shape) for _, shape in group]
+            offs = (list(src_offsets[i]) if src_offsets is not None
+                    else _aligned_offsets(sizes, 1))
+            if len(offs) != len(group) or (group and buf.numel() < offs[-1] + sizes[-1]):
+                raise ValueError(f"flat buffer {i} does not hold the {len(group)} parameters "
+                                 "of its saved layout")
+            for (name, shape), off, n in zip(group, offs, sizes):
+                named[name] = buf[off:off + n].view(shape)
+        named = dict(upgrade_state_dict(named))
+        want = self.views(dst)
+        missing, extra = sorted(set(want) - set(named)), sorted(set(named) - set(want))
+        wrong = sorted(k for k in set(want) & set(named) if named[k].shape != want[k].shape)
+        if missing or extra or wrong:
+            raise ValueError(f"saved parameters do not match this model's: missing "
+                             f"{missing[:5]}, unexpected {extra[:5]}, other shapes {wrong[:5]}"
+                             f" ({len(missing)}, {len(extra)}, {len(wrong)} in all)")
+        for name, view in want.items():
+            view.copy_(named[name])
+
+    @torch.no_grad()
     def load_group(self, i: int, dst: torch.Tensor, src: torch.Tensor,
                    src_offsets: list[int] | None = None) -> None:
         """:meth:`load_buffers` for group ``i`` alone."""
@@ -397,28 +432,47 @@ class FlatAdam:
         }
 
     def load_state_dict(self, state: dict) -> None:
+        """Moments, EMA, master weights and step from :meth:`state_dict`. Buffers saved under an
+        earlier layout of the model's parameters (fold-model's renames, e.g. AdaLN's stacked
+        projection) are taken by name (:meth:`FlatParams.load_renamed`)."""
         layout = [[(n, list(s)) for n, s in group] for group in state["layout"]]
-        if layout != self.flat.layout():
-            raise ValueError("optimizer state was saved for different parameters (names or "
-                             "shapes differ from this model's)")
         # parameter starts in the saved buffers (absent: packed densely, before the alignment)
         offs = state.get("offsets")
-        load = self.flat.load_buffers
+        renamed = layout != self.flat.layout()
+
+        def load(dst: list[torch.Tensor], src: list[torch.Tensor]) -> None:
+            if not renamed:
+                self.flat.load_buffers(dst, src, offs)
+                return
+            try:
+                self.flat.load_renamed(dst, src, layout, offs)
+            except ValueError as e:
+                raise ValueError(f"optimizer state was saved for different parameters: {e}") \
+                    from e
+
         with torch.no_grad():
-            load(self.exp_avg, state["exp_avg"], offs)
-            load(self.exp_avg_sq, state["exp_avg_sq"], offs)
+            load(self.exp_avg, state["exp_avg"])
+            load(self.exp_avg_sq, state["exp_avg_sq"])
             if self.ema is not None:
                 if state.get("ema") is None:
                     raise ValueError("checkpoint has no EMA weights but the EMA is on")
-                load(self.ema, state["ema"], offs)
+                load(self.ema, state["ema"])
             # the master weights; without them (fp32 run, older checkpoint) the parameters
             # already loaded into the model are the best available copy
             saved = state.get("master") or [None] * len(self.master)
-            for i, (dst, src) in enumerate(zip(self.master, saved)):
-                if dst is None:
-                    continue
-                if src is None:
-                    dst.copy_(self.flat.groups[i].param)
+            if renamed:  # by name, when every group on both sides has them (a bf16 run)
+                if all(t is not None for t in (*saved, *self.master)) and saved:
+                    load(self.master, saved)
                 else:
-                    self.flat.load_group(i, dst, src, None if offs is None else offs[i])
+                    for dst, g in zip(self.master, self.flat.groups):
+                        if dst is not None:
+                            dst.copy_(g.param)
+            else:
+                for i, (dst, src) in enumerate(zip(self.master, saved)):
+                    if dst is None:
+                        continue
+                    if src is None:
+                        dst.copy_(self.flat.groups[i].param)
+                    else:
+                        self.flat.load_group(i, dst, src, None if offs is None else offs[i])
         self.step_count = int(state["step"])

@@ -66,11 +66,14 @@ def load_trained_model(checkpoint: str | os.PathLike, device: str | torch.device
     ema = state.get("optimizer", {}).get("ema")
     if use_ema and ema is not None:
         flat = FlatParams(model)  # the EMA buffers have the flat layout of the parameters
-        if [[(n, list(s)) for n, s in g] for g in state["optimizer"]["layout"]] != flat.layout():
-            raise CheckpointError(checkpoint, "EMA layout does not match the model")
-        try:  # parameter by parameter when the saved buffers are laid out differently
-            flat.load_buffers([g.param for g in flat.groups], ema,
-                              state["optimizer"].get("offsets"))
+        layout = [[(n, list(s)) for n, s in g] for g in state["optimizer"]["layout"]]
+        offsets = state["optimizer"].get("offsets")
+        dst = [g.param for g in flat.groups]
+        try:
+            if layout == flat.layout():  # parameter by parameter when laid out differently
+                flat.load_buffers(dst, ema, offsets)
+            else:  # an earlier layout of the parameters (fold-model's renames): by name
+                flat.load_renamed(dst, ema, layout, offsets)
         except (ValueError, RuntimeError) as e:
             raise CheckpointError(checkpoint, f"EMA buffers do not fit the model: {e}") from e
     return model.to(device).eval(), cfg

@@ -16,6 +16,7 @@ from torch import nn
 from fold_model import ops
 from fold_model.layers import Attention, LayerNorm, Linear, chunked_rows, pair_bias
 from fold_model.seams import IDENTITY_COMM, AxialComm
+from fold_model.upgrades import stack_gate_shift
 
 __all__ = ["AdaLN", "AttentionPairBias", "ConditionedTransitionBlock"]
 
@@ -48,12 +49,7 @@ class AdaLN(nn.Module):
 
 def _stack_gate_shift(module, state_dict, prefix, *_) -> None:
     """Load-time conversion of an AdaLN saved with separate gate and shift layers."""
-    old = (prefix + "linear_gate.weight", prefix + "linear_shift.weight")
-    if all(k in state_dict for k in old):
-        state_dict[prefix + "linear_gate_shift.weight"] = torch.cat(
-            [state_dict.pop(k) for k in old])
-        if prefix + "linear_gate.bias" in state_dict:
-            state_dict[prefix + "gate_bias"] = state_dict.pop(prefix + "linear_gate.bias")
+    stack_gate_shift(state_dict, prefix)
 
 
 class AttentionPairBias(nn.Module):
