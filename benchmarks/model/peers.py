@@ -41,7 +41,7 @@ import torch
 from benchmarks.common import peer_blocks as pb
 from benchmarks.common.backends import ensure_kernels
 from benchmarks.common.graphs import capture
-from benchmarks.common.machine import device_name, triton_version
+from benchmarks.common.machine import device_name, pin_cpus, triton_version
 from benchmarks.common.results import write_result
 from benchmarks.common.timing import median_ms
 
@@ -238,7 +238,9 @@ def markdown(meta: dict[str, Any], rows: list[dict[str, Any]], modes: tuple[str,
              f"{meta['fold_dtype']} weights and inputs; peers: {meta['peer_weights']} weights and "
              "inputs under bf16 autocast (CUDA). Median ms of "
              f"{meta['reps']} after {meta['warmup']} warm-up; backward from fixed random output "
-             "gradients.", "",
+             "gradients. CPUs: "
+             + (f"pinned to {meta['cpus_pinned']}." if meta.get("cpus_pinned") else "not pinned."),
+             "",
              "| row | contender | kernels | " + " | ".join(m.replace("_", " ") + " ms"
                                                           for m in modes)
              + " | train peak MiB | params | note / error |",
@@ -308,12 +310,17 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     ap.add_argument("--protenix-layernorm", choices=["fast_layernorm", "torch"], default=None,
                     help="Protenix's LAYERNORM_TYPE (default: fast_layernorm on CUDA, its "
                          "default, built by benchmarks/peer_setup.sh; torch on CPU)")
+    ap.add_argument("--pin-cpu", default=None, metavar="CPUS",
+                    help="pin the process's threads to these CPUs (taskset's list form, e.g. "
+                         "'2' or '0-3') before CUDA starts: eager rows bound by host time vary "
+                         "far less (results/model/model_peers_h200_pinning.md)")
     ap.add_argument("--out", type=Path, default=None, help="JSON path (markdown beside it)")
     ap.add_argument("--append", action="store_true",
                     help="keep --out's rows, measure only those missing or failed there (a run "
                          "split over several calls; meta is this call's)")
     args = ap.parse_args(argv)
 
+    pinned = pin_cpus(args.pin_cpu) if args.pin_cpu is not None else None
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         raise SystemExit("model_peers: --device cuda but CUDA is not available")
@@ -343,7 +350,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
             "fold_dtype": str(args.fold_dtype), "peer_weights": str(args.peer_dtype),
             "protenix_layernorm": args.protenix_layernorm,
             "protenix_layernorm_build_error": os.environ.get("PEERS_PROTENIX_LAYERNORM_ERROR"),
-            "warmup": args.warmup,
+            "warmup": args.warmup, "cpus_pinned": pinned,
             "reps": args.reps, "modes": list(args.modes), "tiny": args.tiny,
             "graphs": "CUDA-graph replay" if device.type == "cuda"
             else "no graphs on CPU: the graph modes run the same step eagerly"}

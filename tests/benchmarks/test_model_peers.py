@@ -81,3 +81,31 @@ def test_append_keeps_measured_rows(tmp_path):
     assert [r["block"] for r in rows] == ["pairformer", "diffusion"]
     assert rows[0] == first[0]  # kept, not measured again
     assert json.loads(out.read_text())["rows"] == rows
+
+
+def test_pin_cpu_pins_the_run_and_says_so(tmp_path):
+    """``--pin-cpu`` restricts the process to the listed CPUs and the results record it; the
+    affinity is restored afterwards (pytest's process is shared)."""
+    import os
+
+    from benchmarks.common.machine import parse_cpus
+
+    assert parse_cpus("2") == [2] and parse_cpus("0-2,5") == [0, 1, 2, 5]
+    with pytest.raises(ValueError, match="not a number"):
+        parse_cpus("a")
+    with pytest.raises(ValueError, match="bad range"):
+        parse_cpus("3-1")
+    before = os.sched_getaffinity(0)
+    cpu = min(before)
+    out = tmp_path / "pinned.json"
+    try:
+        peers.main(["--device", "cpu", "--tiny", "--reps", "1", "--warmup", "0",
+                    "--blocks", "diffusion:13x3", "--modes", "fwd_eager",
+                    "--pin-cpu", str(cpu), "--out", str(out)])
+        assert os.sched_getaffinity(0) == {cpu}
+    finally:
+        os.sched_setaffinity(0, before)
+    assert json.loads(out.read_text())["meta"]["cpus_pinned"] == [cpu]
+    assert f"pinned to [{cpu}]" in out.with_suffix(".md").read_text()
+    with pytest.raises(ValueError, match="may run on"):
+        peers.main(["--device", "cpu", "--tiny", "--pin-cpu", str(max(before) + 1000)])
