@@ -67,6 +67,14 @@ def pin_cpus(spec: str) -> list[int]:
     return sorted(os.sched_getaffinity(0))
 
 
+def add_pin_argument(ap) -> None:
+    """``--pin-cpu CPUS`` on an argparse parser (see :func:`pin_cpus`)."""
+    ap.add_argument("--pin-cpu", default=None, metavar="CPUS",
+                    help="pin the process's threads to these CPUs (taskset's list form, e.g. "
+                         "'2' or '0-3') before CUDA starts: eager steps bound by host time vary "
+                         "far less (results/model/model_peers_h200_pinning.md)")
+
+
 def cpu_model() -> str:
     """The CPU's model name (``/proc/cpuinfo``), else what ``platform`` knows."""
     model = platform.processor() or platform.machine()

@@ -41,7 +41,7 @@ import torch
 from benchmarks.common import peer_blocks as pb
 from benchmarks.common.backends import ensure_kernels
 from benchmarks.common.graphs import capture
-from benchmarks.common.machine import device_name, pin_cpus, triton_version
+from benchmarks.common.machine import add_pin_argument, device_name, pin_cpus, triton_version
 from benchmarks.common.results import write_result
 from benchmarks.common.timing import median_ms
 
@@ -310,10 +310,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     ap.add_argument("--protenix-layernorm", choices=["fast_layernorm", "torch"], default=None,
                     help="Protenix's LAYERNORM_TYPE (default: fast_layernorm on CUDA, its "
                          "default, built by benchmarks/peer_setup.sh; torch on CPU)")
-    ap.add_argument("--pin-cpu", default=None, metavar="CPUS",
-                    help="pin the process's threads to these CPUs (taskset's list form, e.g. "
-                         "'2' or '0-3') before CUDA starts: eager rows bound by host time vary "
-                         "far less (results/model/model_peers_h200_pinning.md)")
+    add_pin_argument(ap)
     ap.add_argument("--out", type=Path, default=None, help="JSON path (markdown beside it)")
     ap.add_argument("--append", action="store_true",
                     help="keep --out's rows, measure only those missing or failed there (a run "

@@ -316,7 +316,9 @@ def markdown(meta: dict, rows: list[dict]) -> str:
 
     lines = [f"# Host time per call, {meta['device']}, {meta['date']}", "",
              f"torch {meta['torch']}, Triton {meta['triton']}; mode {meta['mode']}; best of "
-             f"{meta['reps']} rounds of {meta['calls']} calls (block steps: calls / 20).", "",
+             f"{meta['reps']} rounds of {meta['calls']} calls (block steps: calls / 20); CPUs "
+             + (f"pinned to {meta['cpus_pinned']}." if meta.get("cpus_pinned") else "not pinned."),
+             "",
              "| call | mode | triton us | torch us |", "|---|---|---|---|"]
     lines += [f"| {r['call']} | {r['mode']} | {cell(r['triton_us'])} | {cell(r['torch_us'])} |"
               for r in rows]
@@ -324,6 +326,9 @@ def markdown(meta: dict, rows: list[dict]) -> str:
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
+    # torch, not Triton: TRITON_INTERPRET can still be set below
+    from benchmarks.common.machine import add_pin_argument, pin_cpus
+
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--calls", type=int, default=200)
     ap.add_argument("--reps", type=int, default=5)
@@ -336,7 +341,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
                     help="instead of timing: cProfile CALL (an op row's name, e.g. layer_norm) "
                          "on the triton backend, forward alone under no_grad and forward + "
                          "backward, and print where the host time goes")
+    add_pin_argument(ap)
     args = ap.parse_args(argv)
+    pinned = pin_cpus(args.pin_cpu) if args.pin_cpu is not None else None
     if not args.gpu:
         # before triton is imported (fold-kernels imports it): launches become Python calls
         os.environ["TRITON_INTERPRET"] = "1"
@@ -376,6 +383,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
                          f"choose from {','.join(SECTIONS)}")
     rows = measure(device, args.calls, args.reps, sections)
     meta = {**versions(device), "mode": "gpu" if args.gpu else "cpu, launches stubbed",
+            "cpus_pinned": pinned,
             "calls": args.calls, "reps": args.reps, "sections": list(sections)}
     publish(args.out, meta, rows, markdown(meta, rows))
     return rows
