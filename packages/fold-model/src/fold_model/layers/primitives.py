@@ -234,8 +234,7 @@ class Attention(nn.Module):
         if self.linear_q.bias is None:
             return None
         q_bias = self.linear_q.bias
-        # one launch (a constant pad; its backward is a slice), not zeros and a concatenation
-        return F.pad(q_bias, (0, weight.shape[0] - q_bias.shape[0]))
+        return torch.cat([q_bias, q_bias.new_zeros(weight.shape[0] - q_bias.shape[0])])
 
     def _self_attend(
         self,
