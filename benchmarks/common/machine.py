@@ -53,12 +53,15 @@ def parse_cpus(spec: str) -> list[int]:
     return sorted(cpus)
 
 
-def pin_cpus(spec: str) -> list[int]:
+def pin_cpus(spec: str | None) -> list[int] | None:
     """Pin this thread, and the threads it starts afterwards (the CUDA driver's, the autograd
     engine's device thread that runs the backward), to the CPUs of ``spec``; call it before
-    CUDA is initialised. Returns the CPUs now allowed. An eager step bound by host time moves
-    by 1.5x or more between runs with its threads free to migrate
-    (results/model/model_peers_h200_pinning.md); contenders of one process share the pinning."""
+    CUDA is initialised. Returns the CPUs now allowed (None, pinning nothing, for a None
+    ``spec``: ``--pin-cpu`` not given). An eager step bound by host time moves by 1.5x or more
+    between runs with its threads free to migrate (results/model/model_peers_h200_pinning.md);
+    contenders of one process share the pinning."""
+    if spec is None:
+        return None
     cpus = parse_cpus(spec)
     allowed = os.sched_getaffinity(0)
     if not set(cpus) <= allowed:
@@ -73,6 +76,11 @@ def add_pin_argument(ap) -> None:
                     help="pin the process's threads to these CPUs (taskset's list form, e.g. "
                          "'2' or '0-3') before CUDA starts: eager steps bound by host time vary "
                          "far less (results/model/model_peers_h200_pinning.md)")
+
+
+def pin_note(pinned: list[int] | None) -> str:
+    """How a result's CPUs were pinned, for its Markdown (:func:`pin_cpus`' return value)."""
+    return f"CPUs pinned to {pinned}." if pinned else "CPUs not pinned."
 
 
 def cpu_model() -> str:

@@ -41,7 +41,13 @@ import torch
 from benchmarks.common import peer_blocks as pb
 from benchmarks.common.backends import ensure_kernels
 from benchmarks.common.graphs import capture
-from benchmarks.common.machine import add_pin_argument, device_name, pin_cpus, triton_version
+from benchmarks.common.machine import (
+    add_pin_argument,
+    device_name,
+    pin_cpus,
+    pin_note,
+    triton_version,
+)
 from benchmarks.common.results import write_result
 from benchmarks.common.timing import median_ms
 
@@ -238,8 +244,7 @@ def markdown(meta: dict[str, Any], rows: list[dict[str, Any]], modes: tuple[str,
              f"{meta['fold_dtype']} weights and inputs; peers: {meta['peer_weights']} weights and "
              "inputs under bf16 autocast (CUDA). Median ms of "
              f"{meta['reps']} after {meta['warmup']} warm-up; backward from fixed random output "
-             "gradients. CPUs: "
-             + (f"pinned to {meta['cpus_pinned']}." if meta.get("cpus_pinned") else "not pinned."),
+             "gradients. " + pin_note(meta.get("cpus_pinned")),
              "",
              "| row | contender | kernels | " + " | ".join(m.replace("_", " ") + " ms"
                                                           for m in modes)
@@ -317,7 +322,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
                          "split over several calls; meta is this call's)")
     args = ap.parse_args(argv)
 
-    pinned = pin_cpus(args.pin_cpu) if args.pin_cpu is not None else None
+    pinned = pin_cpus(args.pin_cpu)
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         raise SystemExit("model_peers: --device cuda but CUDA is not available")

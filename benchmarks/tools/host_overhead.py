@@ -311,13 +311,15 @@ def measure(device, calls: int, reps: int, sections=SECTIONS) -> list[dict]:
 
 
 def markdown(meta: dict, rows: list[dict]) -> str:
+    from benchmarks.common.machine import pin_note
+
     def cell(v):
         return "-" if v is None else f"{v:.1f}"
 
     lines = [f"# Host time per call, {meta['device']}, {meta['date']}", "",
              f"torch {meta['torch']}, Triton {meta['triton']}; mode {meta['mode']}; best of "
-             f"{meta['reps']} rounds of {meta['calls']} calls (block steps: calls / 20); CPUs "
-             + (f"pinned to {meta['cpus_pinned']}." if meta.get("cpus_pinned") else "not pinned."),
+             f"{meta['reps']} rounds of {meta['calls']} calls (block steps: calls / 20); "
+             + pin_note(meta.get("cpus_pinned")),
              "",
              "| call | mode | triton us | torch us |", "|---|---|---|---|"]
     lines += [f"| {r['call']} | {r['mode']} | {cell(r['triton_us'])} | {cell(r['torch_us'])} |"
@@ -343,7 +345,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
                          "backward, and print where the host time goes")
     add_pin_argument(ap)
     args = ap.parse_args(argv)
-    pinned = pin_cpus(args.pin_cpu) if args.pin_cpu is not None else None
+    pinned = pin_cpus(args.pin_cpu)
     if not args.gpu:
         # before triton is imported (fold-kernels imports it): launches become Python calls
         os.environ["TRITON_INTERPRET"] = "1"

@@ -28,7 +28,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from benchmarks.common.backends import ensure_kernels
-from benchmarks.common.machine import add_pin_argument, device_name, pin_cpus
+from benchmarks.common.machine import add_pin_argument, device_name, pin_cpus, pin_note
 from benchmarks.common.results import write_atomic
 from benchmarks.common.targets import build
 
@@ -89,14 +89,13 @@ def main(argv: list[str] | None = None) -> str:
     ap.add_argument("--out", type=Path, default=None)
     add_pin_argument(ap)
     args = ap.parse_args(argv)
-    pinned = pin_cpus(args.pin_cpu) if args.pin_cpu is not None else None
+    pinned = pin_cpus(args.pin_cpu)
     from fold_model import ops
 
     device, dtype = torch.device("cuda"), torch.bfloat16
     found = ensure_kernels(device, needed=any(b != "torch" for b in args.backends))
     report = [f"# {device_name()}, torch {torch.__version__}, "
-              f"attention backends {found}; CPUs "
-              + (f"pinned to {pinned}" if pinned else "not pinned")]
+              f"attention backends {found}; " + pin_note(pinned)]
     for target in args.targets:
         for backend in args.backends:
             ctx = contextlib.nullcontext() if backend == "auto" else ops.use_backend(backend)
