@@ -148,6 +148,18 @@ class FlatParams:
         for i, (d, s) in enumerate(zip(dst, src)):
             self.load_group(i, d, s, None if src_offsets is None else src_offsets[i])
 
+    def load_saved(self, dst: list[torch.Tensor], src: list[torch.Tensor],
+                   src_layout: list[list[tuple[str, list[int]]]],
+                   src_offsets: list[list[int]] | None = None) -> None:
+        """Flat buffers ``src`` saved with ``src_layout`` (names and shapes per group) into
+        ``dst``: :meth:`load_buffers` when that is this model's layout, else
+        :meth:`load_renamed`."""
+        layout = [[(n, list(s)) for n, s in group] for group in src_layout]
+        if layout == self.layout():
+            self.load_buffers(dst, src, src_offsets)
+        else:
+            self.load_renamed(dst, src, layout, src_offsets)
+
     @torch.no_grad()
     def load_renamed(self, dst: list[torch.Tensor], src: list[torch.Tensor],
                      src_layout: list[list[tuple[str, list[int]]]],
@@ -441,12 +453,11 @@ class FlatAdam:
         renamed = layout != self.flat.layout()
 
         def load(dst: list[torch.Tensor], src: list[torch.Tensor]) -> None:
-            if not renamed:
-                self.flat.load_buffers(dst, src, offs)
-                return
             try:
-                self.flat.load_renamed(dst, src, layout, offs)
+                self.flat.load_saved(dst, src, layout, offs)
             except ValueError as e:
+                if not renamed:
+                    raise
                 raise ValueError(f"optimizer state was saved for different parameters: {e}") \
                     from e
 

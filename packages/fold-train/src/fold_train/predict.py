@@ -66,14 +66,9 @@ def load_trained_model(checkpoint: str | os.PathLike, device: str | torch.device
     ema = state.get("optimizer", {}).get("ema")
     if use_ema and ema is not None:
         flat = FlatParams(model)  # the EMA buffers have the flat layout of the parameters
-        layout = [[(n, list(s)) for n, s in g] for g in state["optimizer"]["layout"]]
-        offsets = state["optimizer"].get("offsets")
-        dst = [g.param for g in flat.groups]
-        try:
-            if layout == flat.layout():  # parameter by parameter when laid out differently
-                flat.load_buffers(dst, ema, offsets)
-            else:  # an earlier layout of the parameters (fold-model's renames): by name
-                flat.load_renamed(dst, ema, layout, offsets)
+        try:  # by name when saved under an earlier layout of the parameters
+            flat.load_saved([g.param for g in flat.groups], ema, state["optimizer"]["layout"],
+                            state["optimizer"].get("offsets"))
         except (ValueError, RuntimeError) as e:
             raise CheckpointError(checkpoint, f"EMA buffers do not fit the model: {e}") from e
     return model.to(device).eval(), cfg
