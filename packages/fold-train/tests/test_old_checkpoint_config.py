@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 
 import torch
-from _train_helpers import SMALL
+from _train_helpers import SMALL, as_old_adaln
 from fold_train.checkpoint import load_checkpoint, save_checkpoint
 from fold_train.cli import main
 from fold_train.config import FLAT_KEYS, apply_overrides, preset
@@ -73,25 +73,13 @@ def test_af3_checkpoint_with_separate_adaln_layers_predicts_with_its_ema(tmp_pat
     torch.manual_seed(0)
     model = make_family("af3", cfg.model_config()).build_model(cfg.model_config())
 
-    def as_old(named):
-        out = {}
-        for name, t in named.items():
-            if name.endswith("linear_gate_shift.weight"):
-                p = name[: -len("linear_gate_shift.weight")]
-                out[p + "linear_gate.weight"], out[p + "linear_shift.weight"] = t.chunk(2, 0)
-            elif name.endswith(".gate_bias"):
-                out[name[: -len("gate_bias")] + "linear_gate.bias"] = t
-            else:
-                out[name] = t
-        return out
-
     ema = {n: p.detach() + 0.25 for n, p in model.named_parameters()}  # unlike the live weights
-    old_ema = as_old(ema)
+    old_ema = as_old_adaln(ema)
     names = list(old_ema)
     optimizer = {"step": 1, "layout": [[(n, list(old_ema[n].shape)) for n in names]],
                  "ema": [torch.cat([old_ema[n].reshape(-1) for n in names])]}
     path = save_checkpoint(tmp_path / "old_af3.ckpt", {
-        "config": cfg.to_dict(), "model": as_old(dict(model.state_dict())),
+        "config": cfg.to_dict(), "model": as_old_adaln(dict(model.state_dict())),
         "optimizer": optimizer})
     assert any(k.endswith("linear_gate.weight") for k in load_checkpoint(path)["model"])
     loaded, _ = load_trained_model(path, family="af3")

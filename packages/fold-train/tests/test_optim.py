@@ -8,6 +8,7 @@ import os
 
 import pytest
 import torch
+from _train_helpers import as_old_adaln
 from fold_train.optim import AdamConfig, FlatAdam, FlatParams, learning_rate
 from torch import nn
 
@@ -316,21 +317,6 @@ class _AdaNet(nn.Module):
         return self.ada(x[:, :3], s)  # [B, 3]
 
 
-def _as_old_adaln(named: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """``named`` as AdaLN had it before the stacked projection (separate gate and shift)."""
-    out = {}
-    for name, t in named.items():
-        if name.endswith("linear_gate_shift.weight"):
-            prefix = name[: -len("linear_gate_shift.weight")]
-            gate, shift = t.chunk(2, 0)
-            out[prefix + "linear_gate.weight"], out[prefix + "linear_shift.weight"] = gate, shift
-        elif name.endswith("gate_bias"):
-            out[name[: -len("gate_bias")] + "linear_gate.bias"] = t
-        else:
-            out[name] = t
-    return out
-
-
 def test_state_saved_under_the_old_adaln_layout_loads_by_name():
     """Moments and EMA written when AdaLN had separate gate and shift layers (old names, packed
     densely in that order) load into the stacked layout, each value where its parameter is
@@ -345,7 +331,7 @@ def test_state_saved_under_the_old_adaln_layout_loads_by_name():
         x, y, mask = _data(s)
         (((net(x) - y) ** 2).sum(-1) * mask).sum().backward()
         opt.step()
-    old = {key: _as_old_adaln(flat.views(getattr(opt, key))) for key in ("exp_avg",
+    old = {key: as_old_adaln(flat.views(getattr(opt, key))) for key in ("exp_avg",
                                                                          "exp_avg_sq", "ema")}
     names = list(old["ema"])
     assert "ada.linear_gate.bias" in names and "ada.gate_bias" not in names
