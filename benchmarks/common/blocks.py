@@ -109,21 +109,23 @@ def evoformer_step(device, dtype, n_seq: int = 6, n_res: int = 10, forward_only:
     return run
 
 
-def diffusion_step(device, dtype, n: int = 10, samples: int = 3, forward_only: bool = False):
-    """One training step of a tiny AF3 diffusion transformer block (``samples`` rows share the
-    pair bias); with ``forward_only`` its forward in eval mode (the caller sets ``no_grad``)."""
-    block, args = build("diffusion_transformer", n, samples, True, device, dtype)
+def _tiny_af3_step(kind: str, n: int, samples: int, device, dtype, forward_only: bool):
+    """A tiny AF3 block's training step, or (``forward_only``) its forward in eval mode
+    (inference: the caller sets ``no_grad``)."""
+    block, args = build(kind, n, samples, True, device, dtype)
     if forward_only:
         block.eval()
         return lambda: block(*args)
     return lambda: step(block, args)
+
+
+def diffusion_step(device, dtype, n: int = 10, samples: int = 3, forward_only: bool = False):
+    """One training step of a tiny AF3 diffusion transformer block (``samples`` rows share the
+    pair bias); with ``forward_only`` its forward in eval mode (the caller sets ``no_grad``)."""
+    return _tiny_af3_step("diffusion_transformer", n, samples, device, dtype, forward_only)
 
 
 def pairformer_step(device, dtype, n: int = 10, forward_only: bool = False):
     """One training step of a tiny AF3 Pairformer block; with ``forward_only`` its forward in
     eval mode (inference: the caller sets ``no_grad``)."""
-    block, args = build("pairformer", n, 1, True, device, dtype)
-    if forward_only:
-        block.eval()
-        return lambda: block(*args)
-    return lambda: step(block, args)
+    return _tiny_af3_step("pairformer", n, 1, device, dtype, forward_only)
