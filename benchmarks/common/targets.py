@@ -58,13 +58,19 @@ def _attention(r: int, n: int, h: int, d: int, device, dtype):
     return loss, [q, k, v, bias]
 
 
+def loss_and_tensors(target: str, device, dtype):
+    """``(loss, tensors)`` of ``target``: ``loss()`` runs the forward to a scalar, ``tensors``
+    are the inputs and parameters whose gradients the step computes."""
+    kind, _, dims = target.partition(":")
+    sizes = [int(x) for x in dims.split(",")]
+    return {"evoformer": _evoformer, "pairformer": _pairformer,
+            "diffusion": _diffusion, "attention": _attention}[kind](*sizes, device, dtype)
+
+
 def build(target: str, device, dtype, graphs: bool = False):
     """The step of ``target``: eager forward + ``backward()``, or with ``graphs`` the replay of a
     captured forward + backward (gradients as graph outputs, benchmarks/common/graphs.py)."""
-    kind, _, dims = target.partition(":")
-    sizes = [int(x) for x in dims.split(",")]
-    loss, tensors = {"evoformer": _evoformer, "pairformer": _pairformer,
-                     "diffusion": _diffusion, "attention": _attention}[kind](*sizes, device, dtype)
+    loss, tensors = loss_and_tensors(target, device, dtype)
     if graphs:
         return capture(grad_body(loss, tensors), device)[0]
 

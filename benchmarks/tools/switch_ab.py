@@ -46,7 +46,7 @@ def parse_switch(text: str) -> tuple[str, tuple[str, str]]:
     return name, (parts[0], parts[1])
 
 
-def _forward(target: str, device: torch.device) -> Callable[[], object]:
+def forward_step(target: str, device: torch.device) -> Callable[[], object]:
     """The eval-mode forward of an AF3 block under no_grad (``fwd pairformer:N`` or
     ``fwd diffusion:N,samples``)."""
     kind, _, dims = target.partition(":")
@@ -67,7 +67,7 @@ def _forward(target: str, device: torch.device) -> Callable[[], object]:
 def steps(target: str, device: torch.device) -> tuple[Callable[[], object], Callable[[], object]]:
     """``(replay, eager)`` of a target, built under the current environment."""
     if target.startswith("fwd "):
-        eager = _forward(target[4:].strip(), device)
+        eager = forward_step(target[4:].strip(), device)
         return capture(eager, device)[0], eager
     return (build(target, device, torch.bfloat16, graphs=True),
             build(target, device, torch.bfloat16))
