@@ -6,6 +6,8 @@ normalized activations are rounded to bf16, eps 3.9e-3, before a product); fp16 
 
 from __future__ import annotations
 
+import importlib
+
 import fold_kernels as fk
 import pytest
 import torch
@@ -70,6 +72,33 @@ def test_layer_norm_gain_only_transposed_input_and_refusals():
         fk.layer_norm_fork(x, w, None)  # the fork keeps its bias
     with pytest.raises(ValueError, match="weight and bias"):
         fk.layer_norm(x, w, torch.zeros(39, device=DEVICE))
+
+
+def _bwd_candidates(c: int):
+    """The backward's launch candidates: every one the tuner may pick on this GPU; under the
+    interpreter, small ones with each way of keeping the partial sums."""
+    from fold_kernels import tuning
+
+    ln = importlib.import_module("fold_kernels.layer_norm")  # the module, not the function
+    if DEVICE == "cpu":
+        return [tuning.Config(block_m=4, block_n=1, num_warps=1, acc_tile=t) for t in (0, 1)]
+    return list(ln._bwd_configs_for(c, False))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("c", [72, 128])
+def test_layer_norm_backward_every_candidate(dtype, c):
+    """Each launch candidate of the backward (rows a block, programs, warps, the partial sums
+    as row tiles or column sums per block) against float64, with several row blocks per
+    program and a ragged last block."""
+    from fold_kernels import tuning
+
+    rows = 45 if DEVICE == "cpu" else 3 * 16 * 132 * 8 + 5
+    x = _rand(rows, c, seed=c + 7, scale=2.0, shift=3.0)
+    w, b = _rand(c, seed=8), _rand(c, seed=9)
+    for cfg in _bwd_candidates(c):
+        with tuning.pinned("ln_bwd", cfg):
+            _run(fk.layer_norm, ref.layer_norm, [x, w, b], dtype)
 
 
 def test_layer_norm_fp32_weight_with_bf16_input():

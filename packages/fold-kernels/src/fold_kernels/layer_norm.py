@@ -14,6 +14,7 @@ one launch.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import torch
@@ -80,13 +81,15 @@ def _ln_bwd(X, W, DY, DY2, DR, Mean, Rstd, DX, DWp, DBp, DWDB, Cnt, sp, rows, C,
             HAS_DY2: tl.constexpr, HAS_DR: tl.constexpr,
             BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, ONE_PASS: tl.constexpr,
             GROUP: tl.constexpr, TAIL_S: tl.constexpr, TAIL_M: tl.constexpr,
-            PDL: tl.constexpr = False):
+            ACC_TILE: tl.constexpr = False, PDL: tl.constexpr = False):
     """x, dy (+ dy2) (+ dr) and dx each through their own row strides (the row dims are
     shared). ``dy2``: a second reader's gradient of y, summed into dy; ``dr``: the gradient of
     x from outside the LayerNorm (the residual stream), added to dx (:func:`layer_norm_fork`).
     Each program's ``[dw | db]`` partial row goes to ``DWp`` / ``DBp`` (rows ``sp`` apart);
     with ``ONE_PASS`` the last programs add them into ``DWDB [2, C]``
-    (:func:`fold_kernels.one_pass.finish_sum`)."""
+    (:func:`fold_kernels.one_pass.finish_sum`). ``ACC_TILE``: the partial sums are kept as
+    ``[BLOCK_R, BLOCK_C]`` tiles and summed over rows once, after the loop, instead of a
+    column sum across the warps (shared memory and a barrier) for every row block."""
     pdl.enter(PDL)
     pid = tl.program_id(0)
     n_prog = tl.num_programs(0)
@@ -94,8 +97,12 @@ def _ln_bwd(X, W, DY, DY2, DR, Mean, Rstd, DX, DWp, DBp, DWDB, Cnt, sp, rows, C,
     c_valid = offs_c < C
     c64 = offs_c.to(tl.int64)  # times column strides, which can be large (transposed views)
     w = tl.load(W + offs_c, mask=c_valid, other=0.0).to(tl.float32)
-    dw = tl.zeros([BLOCK_C], tl.float32)
-    db = tl.zeros([BLOCK_C], tl.float32)
+    if ACC_TILE:
+        dw_t = tl.zeros([BLOCK_R, BLOCK_C], tl.float32)
+        db_t = tl.zeros([BLOCK_R, BLOCK_C], tl.float32)
+    else:
+        dw = tl.zeros([BLOCK_C], tl.float32)
+        db = tl.zeros([BLOCK_C], tl.float32)
     n_blocks = tl.cdiv(rows, BLOCK_R)
     for blk in range(pid, n_blocks, n_prog):
         offs_r = blk * BLOCK_R + tl.arange(0, BLOCK_R)
@@ -120,8 +127,15 @@ def _ln_bwd(X, W, DY, DY2, DR, Mean, Rstd, DX, DWp, DBp, DWDB, Cnt, sp, rows, C,
             rp = row_offsets(offs_r, d1, d2, rs0, rs1, rs2)[:, None] + c64[None, :] * rsc
             dx += tl.load(DR + rp, mask=rc, other=0.0).to(tl.float32)
         tl.store(DX + dp, dx.to(DX.dtype.element_ty), mask=rc)
-        dw += tl.sum(dy * xhat, 0)
-        db += tl.sum(dy, 0)
+        if ACC_TILE:
+            dw_t += dy * xhat
+            db_t += dy
+        else:
+            dw += tl.sum(dy * xhat, 0)
+            db += tl.sum(dy, 0)
+    if ACC_TILE:
+        dw = tl.sum(dw_t, 0)
+        db = tl.sum(db_t, 0)
     tl.store(DWp + pid * sp + offs_c, dw, mask=c_valid)  # sp: stride between programs' rows
     tl.store(DBp + pid * sp + offs_c, db, mask=c_valid)
     if ONE_PASS:  # DWp's rows are [dw | db]: 2C columns
@@ -188,7 +202,10 @@ def _bwd_configs_for(c: int, interpreting: bool) -> tuple[tuning.Config, ...]:
         cfg = tuning.Config(block_m=r, block_n=per_sm, num_warps=warps)
         if cfg not in out:
             out.append(cfg)
-    return tuple(out)
+    # each also with the partial sums as row tiles (ACC_TILE), where their registers fit
+    tiles = [dataclasses.replace(cfg, acc_tile=True) for cfg in out
+             if cfg.block_m * next_power_of_2(c) // (32 * cfg.num_warps) <= 64]
+    return tuple(out + tiles)
 
 
 def ln_backward(dy, x, weight, mean, rstd, dw_dtype=torch.float32, db_dtype=torch.float32,
@@ -237,7 +254,7 @@ def ln_backward(dy, x, weight, mean, rstd, dw_dtype=torch.float32, db_dtype=torc
                            2 * c, rows, c, dims[1], dims[2], *xs, *ys, *y2s, *rs, *ds,
                            HAS_DY2=has_dy2, HAS_DR=has_dres, BLOCK_R=cfg.block_m,
                            BLOCK_C=block_c, ONE_PASS=fused, GROUP=group, TAIL_S=group,
-                           TAIL_M=tail_m, num_warps=cfg.num_warps)
+                           TAIL_M=tail_m, ACC_TILE=cfg.acc_tile, num_warps=cfg.num_warps)
         state["out"] = dwdb  # the sums (one pass), or the partial rows to sum
 
     # Timed with the second stage where the kernel does it (one pass); otherwise the first
