@@ -236,3 +236,13 @@ def test_layer_norm_fork_without_autograd_is_layer_norm():
     assert torch.equal(y1, fk.layer_norm(x, w, b))
     with pytest.raises(ValueError, match="branches must be >= 1"):
         fk.layer_norm_fork(x, w, b, 1e-5, 0)
+
+
+def test_row_tile_switch_leaves_the_tile_candidates_out(monkeypatch):
+    """``FOLD_KERNELS_LN_TILE=0`` (for comparisons) tunes the backward without the row-tile
+    candidates; by default they are among the candidates on a GPU."""
+    ln = importlib.import_module("fold_kernels.layer_norm")
+    assert any(cfg.acc_tile for cfg in ln._bwd_configs_for(128, False, True))
+    monkeypatch.setenv("FOLD_KERNELS_LN_TILE", "0")
+    assert not ln._TILE.get()
+    assert not any(cfg.acc_tile for cfg in ln._bwd_configs_for(128, False, ln._TILE.get()))

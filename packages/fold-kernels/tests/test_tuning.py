@@ -152,7 +152,8 @@ def test_corrupt_cache_is_ignored_with_a_warning_and_rewritten(tmp_path, monkeyp
     assert len(calls) == 2  # tuned again
     data = json.loads(cache.read_text())  # rewritten whole and valid
     assert data == {"k|sm90|1": {"block_m": 32, "block_n": 32, "num_warps": 4, "num_stages": 2,
-                                 "block_k": 32, "rows": 1, "transpose": False}}
+                                 "block_k": 32, "rows": 1, "transpose": False,
+                                 "acc_tile": False}}
     for bad in ("[1, 2]", '{"k|sm90|1": {"no_such_field": 1}}'):
         cache.write_text(bad)
         _fresh_tuner(monkeypatch, cache)

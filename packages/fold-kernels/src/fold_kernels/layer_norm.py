@@ -20,6 +20,7 @@ import functools
 import torch
 import triton
 import triton.language as tl
+from fold_ops.env import EnvVar
 
 from fold_kernels import nograd, one_pass, pdl, tuning
 from fold_kernels.broadcast import row_layout, row_offsets
@@ -180,16 +181,24 @@ def ln_forward(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
     return y, mean, rstd
 
 
+# ``FOLD_KERNELS_LN_TILE=0`` leaves the row-tile candidates out of the backward's tuning (for
+# comparisons: benchmarks/tools/switch_ab.py)
+_TILE = EnvVar("FOLD_KERNELS_LN_TILE", lambda v: (v if v is not None else "1") != "0")
+
+
 def _bwd_configs(c: int) -> tuple[tuning.Config, ...]:
     """Candidates (memoised per hidden size: built on every backward they cost host time)."""
-    return _bwd_configs_for(c, tuning.interpreting())
+    return _bwd_configs_for(c, tuning.interpreting(), _TILE.get())
 
 
 @functools.cache
-def _bwd_configs_for(c: int, interpreting: bool) -> tuple[tuning.Config, ...]:
+def _bwd_configs_for(c: int, interpreting: bool, tiles: bool = True) -> tuple[tuning.Config, ...]:
     """Candidates for the backward: ``block_m`` rows a program, ``num_warps``, and ``block_n``
     programs per multiprocessor (each walks a strided set of row blocks). The first is the
-    default: about 4K elements a block, 4 programs a multiprocessor."""
+    default: about 4K elements a block, 4 programs a multiprocessor. With ``tiles``, each
+    again with the weight / bias partial sums as row tiles (``ACC_TILE``), where their
+    registers fit: 1.1-1.7x faster at pair 256^2-768^2 x 128 and MSA 512 x 384 x 256 on an H200
+    (benchmarks/results/kernels/layer_norm_bwd_sweep_h200.md)."""
     block_r = _block_r(c)
     warps = _num_warps(block_r, next_power_of_2(c))
     default = tuning.Config(block_m=block_r, block_n=4, num_warps=warps)
@@ -203,9 +212,9 @@ def _bwd_configs_for(c: int, interpreting: bool) -> tuple[tuning.Config, ...]:
         if cfg not in out:
             out.append(cfg)
     # each also with the partial sums as row tiles (ACC_TILE), where their registers fit
-    tiles = [dataclasses.replace(cfg, acc_tile=True) for cfg in out
-             if cfg.block_m * next_power_of_2(c) // (32 * cfg.num_warps) <= 64]
-    return tuple(out + tiles)
+    with_tiles = [dataclasses.replace(cfg, acc_tile=True) for cfg in out
+                  if tiles and cfg.block_m * next_power_of_2(c) // (32 * cfg.num_warps) <= 64]
+    return tuple(out + with_tiles)
 
 
 def ln_backward(dy, x, weight, mean, rstd, dw_dtype=torch.float32, db_dtype=torch.float32,
@@ -260,7 +269,8 @@ def ln_backward(dy, x, weight, mean, rstd, dw_dtype=torch.float32, db_dtype=torc
     # Timed with the second stage where the kernel does it (one pass); otherwise the first
     # stage alone: host overhead would swamp the few microseconds of sum_partials' tree.
     key = (rows, c, x.dtype, dy.dtype, tuple(xs), tuple(ys), tuple(ds),
-           tuple(y2s) if has_dy2 else None, tuple(rs) if has_dres else None, fused)
+           tuple(y2s) if has_dy2 else None, tuple(rs) if has_dres else None, fused,
+           _TILE.get())  # the switch in the key: each setting tuned on its own
     launch(tuning.pick("ln_bwd", key, _bwd_configs(c), launch))
     dwdb = state["out"] if fused else sum_partials(state["out"], out_dtype)  # [2, C]
     if dw_dtype == db_dtype:
