@@ -55,7 +55,7 @@ PROTENIX_DEPS = ["optree==0.17.0", "ml_collections==1.1.0", "absl-py==2.5.1", "P
 # Helpers (benchmarks/common) and one-off tools (benchmarks/tools) are not entry points here.
 BENCHMARKS = [
     "kernels.attention", "kernels.attention_fwd_sweep", "kernels.elementwise",
-    "kernels.launch_overhead", "kernels.triangle_mult",
+    "kernels.launch_overhead", "kernels.layer_norm_bwd_sweep", "kernels.triangle_mult",
     "model.evoformer", "model.af3_blocks", "model.full", "model.loss_af3_pairs", "model.peers",
     "train.ablation", "train.af3", "train.af3_msa", "train.predict_graphs",
     "chunk.evoformer", "chunk.longest_input",

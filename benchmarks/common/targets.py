@@ -79,3 +79,24 @@ def build(target: str, device, dtype, graphs: bool = False):
         for t in tensors:
             t.grad = None
     return step
+
+
+_FORWARD_KINDS = {"pairformer": "pairformer", "diffusion": "diffusion_transformer"}
+
+
+def forward_step(target: str, device, dtype=torch.bfloat16):
+    """The eval-mode forward of an AF3 block under no_grad, what prediction runs:
+    ``pairformer:N`` or ``diffusion:N,samples`` (the tools' ``fwd`` targets)."""
+    kind, _, dims = target.partition(":")
+    if kind not in _FORWARD_KINDS or not dims:
+        raise SystemExit(f"forward targets are 'fwd pairformer:N' and "
+                         f"'fwd diffusion:N,samples', got {target!r}")
+    sizes = [int(x) for x in dims.split(",")]
+    block, args = blocks.build(_FORWARD_KINDS[kind], sizes[0], sizes[1] if len(sizes) > 1 else 1,
+                               False, device, dtype)
+    block.eval()
+
+    def forward():
+        with torch.no_grad():
+            return block(*args)
+    return forward

@@ -36,9 +36,8 @@ from pathlib import Path
 import torch
 
 from benchmarks.common.machine import parse_cpus
-from benchmarks.common.targets import build, loss_and_tensors
+from benchmarks.common.targets import build, forward_step, loss_and_tensors
 from benchmarks.common.timing import median_ms
-from benchmarks.tools.switch_ab import forward_step
 
 
 def parse_setting(text: str, start: set[int]) -> tuple[set[int], set[int]]:

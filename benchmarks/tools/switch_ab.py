@@ -29,12 +29,9 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.common import blocks
 from benchmarks.common.graphs import capture
-from benchmarks.common.targets import build
+from benchmarks.common.targets import build, forward_step
 from benchmarks.common.timing import median_ms
-
-_FORWARD_KINDS = {"pairformer": "pairformer", "diffusion": "diffusion_transformer"}
 
 
 def parse_switch(text: str) -> tuple[str, tuple[str, str]]:
@@ -44,24 +41,6 @@ def parse_switch(text: str) -> tuple[str, tuple[str, str]]:
     if not sep or not name or len(parts) != 2 or not all(parts):
         raise SystemExit(f"switch_ab: the switch must read NAME=OFF,ON, got {text!r}")
     return name, (parts[0], parts[1])
-
-
-def forward_step(target: str, device: torch.device) -> Callable[[], object]:
-    """The eval-mode forward of an AF3 block under no_grad (``fwd pairformer:N`` or
-    ``fwd diffusion:N,samples``)."""
-    kind, _, dims = target.partition(":")
-    if kind not in _FORWARD_KINDS or not dims:
-        raise SystemExit(f"switch_ab: forward targets are 'fwd pairformer:N' and "
-                         f"'fwd diffusion:N,samples', got {target!r}")
-    sizes = [int(x) for x in dims.split(",")]
-    block, args = blocks.build(_FORWARD_KINDS[kind], sizes[0], sizes[1] if len(sizes) > 1 else 1,
-                               False, device, torch.bfloat16)
-    block.eval()
-
-    def forward():
-        with torch.no_grad():
-            return block(*args)
-    return forward
 
 
 def steps(target: str, device: torch.device) -> tuple[Callable[[], object], Callable[[], object]]:
