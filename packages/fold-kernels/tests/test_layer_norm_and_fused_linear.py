@@ -85,7 +85,7 @@ def _bwd_candidates(c: int):
     return list(ln._bwd_configs_for(c, False))
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("c", [72, 128])
 def test_layer_norm_backward_every_candidate(dtype, c):
     """Each launch candidate of the backward (rows a block, programs, warps, the partial sums
