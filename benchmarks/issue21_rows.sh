@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# Re-measure issue 21's goal rows on one GPU, against the peers as their users run them, in
+# calls that each fit the device tool's 10 minutes (peer setup included). From the repo root,
+# with the peers' wheels in WHEEL_DIR (default .whl; see benchmarks/peer_setup.sh):
+#   bash benchmarks/issue21_rows.sh GROUP      (OUT=dir for the results, default ./issue21_out)
+# GROUP:
+#   pairformer  Pairformer training replays at 256-768 tokens vs Protenix + cuEquivariance
+#   eager       eager rows pinned to one core (every contender alike): diffusion 384 x 48 vs
+#               Protenix and Boltz, triangle multiplication N 256 / 384 vs cuEquivariance,
+#               Evoformer (128, 256) vs OpenFold
+#   evoformer   the Evoformer at its four shapes vs OpenFold, eager and replays, pinned; a run
+#               cut short by its timeout goes on in a later call with FROM=<the first call's
+#               evoformer.json, carried>: only the rows missing there are measured
+# Pinning: eager steps bound by host time moved by 1.3-1.8x between unpinned runs on the H200
+# host (results/model/model_peers_h200_pinning.md, results/tools/pin_ab_h200.md); replays do not
+# depend on it. Each step has its own timeout; rc of each goes to $OUT/summary.txt.
+set -u
+GROUP=${1:?"usage: bash benchmarks/issue21_rows.sh pairformer|eager|evoformer"}
+OUT=${OUT:-issue21_out}
+PIN=${PIN:-2}  # the CPU the eager rows are pinned to
+mkdir -p "$OUT"
+source benchmarks/peer_setup.sh "${WHEEL_DIR:-.whl}" > "$OUT/setup.log" 2>&1 || {
+  echo "peer setup failed: see $OUT/setup.log"; exit 1; }
+source benchmarks/gpu_setup.sh >> "$OUT/setup.log" 2>&1
+run() {  # name timeout cmd...
+  local name=$1 t=$2; shift 2
+  timeout "$t" "$@" > "$OUT/$name.log" 2>&1
+  echo "$name rc $?" >> "$OUT/summary.txt"
+}
+P="python3 -m benchmarks"
+case $GROUP in
+  pairformer)
+    run pairformer 420 $P.model.peers --contenders fold,protenix --kernels on --modes train_graph \
+      --blocks pairformer:256,pairformer:384,pairformer:512,pairformer:768 \
+      --out "$OUT/pairformer.json" ;;
+  eager)
+    run diffusion 150 $P.model.peers --blocks diffusion:384x48 --contenders fold,protenix,boltz \
+      --modes train_eager,fwd_eager,train_graph --pin-cpu "$PIN" --out "$OUT/diffusion.json"
+    run triangle_mult 150 taskset -c "$PIN" $P.kernels.triangle_mult --n 256 384 \
+      --out "$OUT/triangle_mult.json"
+    run evoformer 150 $P.model.peers --blocks evoformer:128x256 --contenders fold,openfold \
+      --modes train_eager,fwd_eager,train_graph --pin-cpu "$PIN" --out "$OUT/evoformer.json" ;;
+  evoformer)
+    [ -n "${FROM:-}" ] && cp "$FROM" "$OUT/evoformer.json"
+    run evoformer 470 $P.model.peers --contenders fold,openfold --pin-cpu "$PIN" \
+      --blocks evoformer:128x256,evoformer:512x384,evoformer:512x512,evoformer:1024x384 \
+      --modes train_eager,fwd_eager,train_graph,fwd_graph --append --out "$OUT/evoformer.json" ;;
+  *) echo "unknown group $GROUP: pairformer, eager or evoformer"; exit 2 ;;
+esac
+cat "$OUT/summary.txt"
