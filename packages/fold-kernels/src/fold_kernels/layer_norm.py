@@ -186,12 +186,7 @@ def ln_forward(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
 _TILE = EnvVar("FOLD_KERNELS_LN_TILE", lambda v: (v if v is not None else "1") != "0")
 
 
-def _bwd_configs(c: int) -> tuple[tuning.Config, ...]:
-    """Candidates (memoised per hidden size: built on every backward they cost host time)."""
-    return _bwd_configs_for(c, tuning.interpreting(), _TILE.get())
-
-
-@functools.cache
+@functools.cache  # built on every backward, they would cost host time
 def _bwd_configs_for(c: int, interpreting: bool, tiles: bool = True) -> tuple[tuning.Config, ...]:
     """Candidates for the backward: ``block_m`` rows a program, ``num_warps``, and ``block_n``
     programs per multiprocessor (each walks a strided set of row blocks). The first is the
@@ -268,10 +263,11 @@ def ln_backward(dy, x, weight, mean, rstd, dw_dtype=torch.float32, db_dtype=torc
 
     # Timed with the second stage where the kernel does it (one pass); otherwise the first
     # stage alone: host overhead would swamp the few microseconds of sum_partials' tree.
+    tiles = _TILE.get()  # in the key too: each setting is tuned on its own
     key = (rows, c, x.dtype, dy.dtype, tuple(xs), tuple(ys), tuple(ds),
-           tuple(y2s) if has_dy2 else None, tuple(rs) if has_dres else None, fused,
-           _TILE.get())  # the switch in the key: each setting tuned on its own
-    launch(tuning.pick("ln_bwd", key, _bwd_configs(c), launch))
+           tuple(y2s) if has_dy2 else None, tuple(rs) if has_dres else None, fused, tiles)
+    candidates = _bwd_configs_for(c, tuning.interpreting(), tiles)
+    launch(tuning.pick("ln_bwd", key, candidates, launch))
     dwdb = state["out"] if fused else sum_partials(state["out"], out_dtype)  # [2, C]
     if dw_dtype == db_dtype:
         return dx, dwdb[0], dwdb[1]
