@@ -69,7 +69,12 @@ def loss_and_tensors(target: str, device, dtype):
 
 def build(target: str, device, dtype, graphs: bool = False):
     """The step of ``target``: eager forward + ``backward()``, or with ``graphs`` the replay of a
-    captured forward + backward (gradients as graph outputs, benchmarks/common/graphs.py)."""
+    captured forward + backward (gradients as graph outputs, benchmarks/common/graphs.py). A
+    target with the prefix ``fwd `` (``fwd pairformer:N``) is its block's eval-mode forward
+    under no_grad (:func:`forward_step`), eager or replayed."""
+    if target.startswith("fwd "):
+        forward = forward_step(target[4:].strip(), device, dtype)
+        return capture(forward, device)[0] if graphs else forward
     loss, tensors = loss_and_tensors(target, device, dtype)
     if graphs:
         return capture(grad_body(loss, tensors), device)[0]

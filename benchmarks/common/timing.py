@@ -32,3 +32,18 @@ def median_ms(fn: Callable[[], object], device: torch.device, reps: int,
             fn()
             times.append((time.perf_counter() - t0) * 1e3)
     return statistics.median(times)
+
+
+def alternating_rounds(settings: dict[str, tuple[Callable[[], object], Callable[[], object]]],
+                       device: torch.device, rounds: int, reps: int,
+                       warmup: int = 0) -> dict[str, list[float]]:
+    """Settings compared in one process: ``settings`` maps a name to ``(enter, step)``. Each of
+    ``rounds`` rounds enters every setting in turn and takes the median ms of ``reps`` calls
+    of its step (:func:`median_ms`), so the host's drift reaches all of them. Returns each
+    setting's rounds, in order."""
+    out: dict[str, list[float]] = {name: [] for name in settings}
+    for _ in range(rounds):
+        for name, (enter, step) in settings.items():
+            enter()
+            out[name].append(round(median_ms(step, device, reps, warmup=warmup), 4))
+    return out

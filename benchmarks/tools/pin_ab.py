@@ -19,7 +19,7 @@ thread, and every other node on the device thread.
     python -m benchmarks.tools.pin_ab all 2 2,3 2/3 diffusion:384,48 "fwd diffusion:384,48" \\
         --census --out benchmarks/results/tools/pin_ab_h200.json
 
-Targets are those of ``benchmarks.tools.switch_ab`` (training steps from the fp32 loss, and
+Targets are those of ``benchmarks.common.targets.build`` (training steps from the fp32 loss, and
 ``fwd`` forwards under ``no_grad``); bf16. On a machine without CUDA the times are wall-clock:
 a smoke run, not a measurement.
 """
@@ -27,17 +27,17 @@ a smoke run, not a measurement.
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import threading
 from collections import Counter
-from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
 from benchmarks.common.machine import parse_cpus
-from benchmarks.common.targets import build, forward_step, loss_and_tensors
-from benchmarks.common.timing import median_ms
+from benchmarks.common.targets import build, loss_and_tensors
+from benchmarks.common.timing import alternating_rounds
 
 
 def parse_setting(text: str, start: set[int]) -> tuple[set[int], set[int]]:
@@ -106,12 +106,6 @@ def census(target: str, device: torch.device) -> dict:
             "handovers": sum(a != b for a, b in zip(order, order[1:]))}
 
 
-def eager_step(target: str, device: torch.device) -> Callable[[], object]:
-    if target.startswith("fwd "):
-        return forward_step(target[4:].strip(), device)
-    return build(target, device, torch.bfloat16)
-
-
 def measure(settings: list[str], targets: list[str], device: torch.device, rounds: int,
             reps: int) -> list[dict]:
     """One row per target: each setting's rounds (ms) and the best round's ratio to the first
@@ -121,13 +115,11 @@ def measure(settings: list[str], targets: list[str], device: torch.device, round
     rows = []
     try:
         for target in targets:
-            step = eager_step(target, device)
+            step = build(target, device, torch.bfloat16)
             step()  # warm-up: compilation, autotuning, the autograd device thread
-            row = {"target": target, "eager_ms": {s: [] for s in settings}}
-            for _ in range(rounds):
-                for s in settings:
-                    apply(parsed[s])
-                    row["eager_ms"][s].append(round(median_ms(step, device, reps, warmup=2), 4))
+            row = {"target": target, "eager_ms": alternating_rounds(
+                {s: (functools.partial(apply, parsed[s]), step) for s in settings},
+                device, rounds, reps, warmup=2)}
             first = min(row["eager_ms"][settings[0]])
             row["speedup_over_first"] = {s: round(first / min(v), 4)
                                          for s, v in row["eager_ms"].items()}

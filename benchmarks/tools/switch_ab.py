@@ -23,15 +23,15 @@ prefix ``fwd``, an AF3 block's eval-mode forward under ``no_grad``, which is wha
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
-from benchmarks.common.graphs import capture
-from benchmarks.common.targets import build, forward_step
-from benchmarks.common.timing import median_ms
+from benchmarks.common.targets import build
+from benchmarks.common.timing import alternating_rounds
 
 
 def parse_switch(text: str) -> tuple[str, tuple[str, str]]:
@@ -45,9 +45,6 @@ def parse_switch(text: str) -> tuple[str, tuple[str, str]]:
 
 def steps(target: str, device: torch.device) -> tuple[Callable[[], object], Callable[[], object]]:
     """``(replay, eager)`` of a target, built under the current environment."""
-    if target.startswith("fwd "):
-        eager = forward_step(target[4:].strip(), device)
-        return capture(eager, device)[0], eager
     return (build(target, device, torch.bfloat16, graphs=True),
             build(target, device, torch.bfloat16))
 
@@ -66,14 +63,11 @@ def measure(switch: str, values: tuple[str, str], targets: list[str], device: to
                 built[value] = steps(target, device)
                 built[value][0]()  # warm-up: compilation and autotuning of this setting
                 built[value][1]()
-            row = {"target": target, "replay_ms": {v: [] for v in values},
-                   "eager_ms": {v: [] for v in values}}
+            row = {"target": target}
             for mode, index in (("replay_ms", 0), ("eager_ms", 1)):
-                for _ in range(rounds):
-                    for value in values:
-                        os.environ[switch] = value
-                        row[mode][value].append(
-                            round(median_ms(built[value][index], device, reps, warmup=0), 4))
+                row[mode] = alternating_rounds(
+                    {v: (functools.partial(os.environ.__setitem__, switch, v), built[v][index])
+                     for v in values}, device, rounds, reps)
             off, on = values
             for mode in ("replay_ms", "eager_ms"):
                 row[mode.replace("_ms", "_off_over_on")] = round(
