@@ -453,11 +453,12 @@ class FlatAdam:
         renamed = layout != self.flat.layout()
 
         def load(dst: list[torch.Tensor], src: list[torch.Tensor]) -> None:
+            if not renamed:
+                self.flat.load_buffers(dst, src, offs)
+                return
             try:
-                self.flat.load_saved(dst, src, layout, offs)
+                self.flat.load_renamed(dst, src, layout, offs)
             except ValueError as e:
-                if not renamed:
-                    raise
                 raise ValueError(f"optimizer state was saved for different parameters: {e}") \
                     from e
 
