@@ -356,6 +356,20 @@ def test_dkdv_tiles_and_dbias_modes_match_reference(monkeypatch, dtype, d, dbias
     _check(*_inputs((1, r, h, n, d), h, n, dtype, seed=11 + d), dtype)
 
 
+@pytest.mark.parametrize("stagger", ["0", "1"])
+@pytest.mark.parametrize("tiles", ["query", "key"])
+def test_staggered_query_walk_matches_reference(monkeypatch, stagger, tiles):
+    # dK/dV's programs start their walk over the query blocks at (row pair + key block) mod the
+    # block count (FOLD_EVO_STAGGER=1) or at 0: N 37 gives three query blocks in the
+    # interpreter (16-query tiles, the last ragged), so every start and the wrap-around occur
+    monkeypatch.setenv("FOLD_EVO_STAGGER", stagger)
+    monkeypatch.setenv("FOLD_EVO_DBIAS", "atomic")
+    monkeypatch.setenv("FOLD_EVO_DQ", "atomic")
+    monkeypatch.setenv("FOLD_EVO_DKDV", tiles)
+    r, h, n = 7, 2, 37
+    _check(*_inputs((1, r, h, n, 16), h, n, torch.float32, seed=21), torch.float32)
+
+
 @pytest.mark.parametrize("bias_batch", ["shared", "per_batch"])
 @pytest.mark.parametrize("tiles", ["query", "key"])
 def test_atomic_dbias_batch_and_broadcast_bias(monkeypatch, bias_batch, tiles):

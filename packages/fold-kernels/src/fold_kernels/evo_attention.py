@@ -416,7 +416,7 @@ def _bwd_dkdv(Q, K, V, Bias, Mask, DO, LSE, Delta, DK, DV, DBias, DQ,
               HAS_BIAS: tl.constexpr, HAS_MASK: tl.constexpr, TWO_ROWS: tl.constexpr,
               EVEN: tl.constexpr, EVEN_D: tl.constexpr, DBIAS_ATOMIC: tl.constexpr,
               DQ_ATOMIC: tl.constexpr,
-              TRANSPOSE: tl.constexpr,
+              TRANSPOSE: tl.constexpr, STAGGER: tl.constexpr,
               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
               PRECISION: tl.constexpr, PDL: tl.constexpr = False):
     """dK, dV of one key block; with ``DBIAS_ATOMIC`` also the bias gradient, each program
@@ -426,7 +426,11 @@ def _bwd_dkdv(Q, K, V, Bias, Mask, DO, LSE, Delta, DK, DV, DBias, DQ,
     With ``DQ_ATOMIC`` also dQ: each tile's ``scale * dS K`` [BLOCK_M, D] is added with fp32
     atomics into the zeroed dense ``DQ [B, R, H, N, D]`` (FlashAttention-2's original backward),
     so S and P are recomputed once instead of again in :func:`_bwd_dq` (not bit-reproducible).
-    ``TRANSPOSE``: the tiles are computed key-major (:func:`_dkdv_step_t`)."""
+    ``TRANSPOSE``: the tiles are computed key-major (:func:`_dkdv_step_t`).
+    ``STAGGER``: each program starts its walk over the query blocks at block ``(rp + nb) % n_m``
+    instead of 0, so that programs running at the same time add into different dbias (same key
+    block, other rows) and dQ (same rows, other key block) tiles instead of all into the same
+    one (same-address atomics are serialised in L2)."""
     pdl.enter(PDL)
     nb = tl.program_id(0)
     rp = tl.program_id(1)
@@ -465,8 +469,12 @@ def _bwd_dkdv(Q, K, V, Bias, Mask, DO, LSE, Delta, DK, DV, DBias, DQ,
         uni1 = tl.load(LSE + slab1 * 2 * N + N)
         dk1 = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
         dv1 = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
-    for start_m in range(0, N, BLOCK_M):
-        offs_m = start_m + tl.arange(0, BLOCK_M)
+    n_m = tl.cdiv(N, BLOCK_M)
+    first = (rp + nb) % n_m if STAGGER else 0
+    for i in range(0, n_m):
+        mb = i + first
+        mb = tl.where(mb >= n_m, mb - n_m, mb)  # (i + first) mod n_m
+        offs_m = mb * BLOCK_M + tl.arange(0, BLOCK_M)
         m_valid = offs_m < N
         md = m_valid[:, None] & d_valid[None, :]
         if TRANSPOSE:  # key-major tiles [BLOCK_N, BLOCK_M]
@@ -833,6 +841,8 @@ def _parse_dkdv_tiles(value: str | None) -> str:
 
 
 _DKDV_TILES = EnvVar("FOLD_EVO_DKDV", _parse_dkdv_tiles)
+# FOLD_EVO_STAGGER=0: every dK/dV program walks the query blocks from 0 (see _bwd_dkdv)
+_STAGGER = EnvVar("FOLD_EVO_STAGGER", lambda v: (v if v is not None else "1") != "0")
 
 
 @functools.cache
@@ -847,12 +857,14 @@ def _dkdv_candidates(kernel: str, arch: str, d: int, tiles: str) -> tuple[tuning
     return tuple(c for c in cands if c.transpose == (tiles == "key"))
 
 
-def _cfg(kernel: str, lp: _Launch, launch) -> tuning.Config:
+def _cfg(kernel: str, lp: _Launch, launch, *variant) -> tuning.Config:
+    """The tuned configuration of ``kernel``; ``variant``: switches that change the kernel
+    (tuned apart, part of the key)."""
     if kernel.startswith("dkdv"):
         cands = _dkdv_candidates(kernel, tuning.arch(), lp.D, _DKDV_TILES.get())
     else:  # memoised tuple
         cands = tuning._attention_configs(kernel, tuning.arch(), lp.D, lp.dtype.itemsize)
-    return tuning.pick(f"evo_{kernel}", lp.key(kernel), cands, launch)
+    return tuning.pick(f"evo_{kernel}", lp.key(kernel) + variant, cands, launch)
 
 
 def _check_rows(cfg: tuning.Config, allowed: tuple[int, ...], kernel: str) -> None:
@@ -936,7 +948,7 @@ def _backward(dy, q, k, v, gate, gate_bias, o_pre, lse, lp: _Launch, need_dbias:
                         *lp.strides(), lp.R, lp.H, lp.N, lp.D, lp.scale, sdbb,
                         TWO_ROWS=cfg.rows == 2, EVEN=lp.even(cfg), EVEN_D=lp.D == lp.block_d,
                         DBIAS_ATOMIC=atomic,
-                        DQ_ATOMIC=dq_atomic, TRANSPOSE=cfg.transpose,
+                        DQ_ATOMIC=dq_atomic, TRANSPOSE=cfg.transpose, STAGGER=stagger,
                         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, **flags,
                         num_warps=cfg.num_warps, num_stages=cfg.num_stages)
 
@@ -950,7 +962,8 @@ def _backward(dy, q, k, v, gate, gate_bias, o_pre, lse, lp: _Launch, need_dbias:
                       num_warps=cfg.num_warps, num_stages=cfg.num_stages)
 
     kernel = "dkdv" + ("_atomic" if atomic else "") + ("_dq" if dq_atomic else "")
-    launch_dkdv(_cfg(kernel, lp, launch_dkdv))
+    stagger = (atomic or dq_atomic) and _STAGGER.get()  # only atomics contend
+    launch_dkdv(_cfg(kernel, lp, launch_dkdv, stagger))
     if dq_atomic:
         dq.copy_(dq32)  # into q's dtype and layout (a view of the packed gradient too)
     else:
