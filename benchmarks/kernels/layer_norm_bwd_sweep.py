@@ -7,8 +7,9 @@ and bias gradients): ``3 * rows * C * 2`` bytes in bf16, a memory-bound pass. Ea
 (``tuning.pinned``: rows a block, programs per multiprocessor, warps, the weight / bias partial
 sums as row tiles or per-block column sums) runs through ``fold_kernels.layer_norm.ln_backward``
 itself; ``tuned`` is what the tuner picks; ``torch`` is PyTorch's backward kernel
-(``aten.native_layer_norm_backward``). Every
-candidate's gradients are compared with the tuned op's.
+(``aten.native_layer_norm_backward``); ``floor`` is ``torch.add(x, dy, out=dx)``, the same
+bytes with no arithmetic to speak of. Every candidate's gradients are compared with the tuned
+op's.
 
     python -m benchmarks.kernels.layer_norm_bwd_sweep \\
         --out benchmarks/results/kernels/layer_norm_bwd_sweep_h200.json
@@ -76,6 +77,13 @@ def sweep(name: str, rows: int, c: int, device: torch.device, reps: int) -> dict
         dy, x, [c], t_mean, t_rstd, w, b, [True, True, True]), device)
     ms = median_ms(replay, device, reps)
     times["torch"] = {"ms": round(ms, 5), "TB_s": round(gbytes / ms, 3), "rel_err": None}
+    # the floor: the same bytes moved by the simplest kernel that reads two such tensors and
+    # writes one (no statistics, no reductions)
+    dx = torch.empty_like(x)
+    replay, _ = capture(lambda: torch.add(x, dy, out=dx), device)
+    ms = median_ms(replay, device, reps)
+    times["floor: x + dy -> dx"] = {"ms": round(ms, 5), "TB_s": round(gbytes / ms, 3),
+                                    "rel_err": None}
     picked = [label(cfg) for key, cfg in tuning.chosen("ln_bwd").items()
               if key[:2] == (rows, c)]
     row = {"shape": name, "rows": rows, "C": c, "GB": round(gbytes, 4), "times": times,

@@ -71,7 +71,8 @@ def compile_kernel(module, kernel: str, cfg: dict, head_dim: int, has_mask: bool
     consts = dict(HAS_BIAS=True, HAS_MASK=has_mask, HAS_GATE=False, HAS_GATE_BIAS=False,
                   ROWS=cfg["rows"], TWO_ROWS=cfg["rows"] == 2, EVEN=True,
                   EVEN_D=head_dim == block_d, DBIAS_ATOMIC=True, DQ_ATOMIC=False,
-                  TRANSPOSE=cfg["transpose"], STAGGER=True, BLOCK_M=cfg["block_m"], BLOCK_N=cfg["block_n"],
+                  TRANSPOSE=cfg["transpose"], STAGGER=True, BLOCK_M=cfg["block_m"],
+                  BLOCK_N=cfg["block_n"],
                   BLOCK_D=block_d, PRECISION="tf32", PDL=True, sbj=1, smj=1)
     sig, const, attrs = {}, {}, {}
     for p in jit.params:

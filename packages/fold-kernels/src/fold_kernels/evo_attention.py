@@ -964,7 +964,8 @@ def _backward(dy, q, k, v, gate, gate_bias, o_pre, lse, lp: _Launch, need_dbias:
 
     kernel = "dkdv" + ("_atomic" if atomic else "") + ("_dq" if dq_atomic else "")
     # a staggered walk: 1.006-1.011x faster replays with the bias gradient's atomics at D 32
-    # (H 4-8, N 256-768), 0.987x with dQ's atomics too at D 8 (H200, results/tools/stagger_ab)
+    # (H 4-8, N 256-768), 0.987x with dQ's atomics too at D 8 (H200:
+    # benchmarks/results/tools/stagger_ab_h200.md)
     stagger = atomic and not dq_atomic and _STAGGER.get()
     launch_dkdv(_cfg(kernel, lp, launch_dkdv, stagger))
     if dq_atomic:
