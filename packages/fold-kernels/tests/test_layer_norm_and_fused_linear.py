@@ -205,11 +205,31 @@ def test_layer_norm_fork_strided(dtype):
     assert rel_err(wd.grad, gw) < tol and rel_err(bd.grad, gb) < tol
 
 
+class _LaunchSpy:
+    """Stands in for a kernel (``kernel[grid](...)``) and records each launch's keywords."""
+
+    def __init__(self, kernel):
+        self.kernel, self.launches = kernel, []
+
+    def __getitem__(self, grid):
+        def launch(*args, **kwargs):
+            self.launches.append(kwargs)
+            return self.kernel[grid](*args, **kwargs)
+        return launch
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_layer_norm_fork_many_row_blocks_per_program(dtype):
+@pytest.mark.parametrize("dense", ["1", "0"])
+def test_layer_norm_fork_many_row_blocks_per_program(monkeypatch, dtype, dense):
     """Enough rows that each backward program walks several row blocks (on a GPU too: more
     than its programs times rows per block), its partial weight and bias sums carried across
-    them, with a ragged last block."""
+    them, with a ragged last block. Contiguous operands take the dense addressing (``DENSE``:
+    one in-tile offset tile for x, dy, both extra gradients and dx); ``FOLD_KERNELS_LN_DENSE=0``
+    reads them through the general row dims: both against float64."""
+    monkeypatch.setenv("FOLD_KERNELS_LN_DENSE", dense)
+    ln = importlib.import_module("fold_kernels.layer_norm")
+    spy = _LaunchSpy(ln._ln_bwd)
+    monkeypatch.setattr(ln, "_ln_bwd", spy)
     c = 72
     if DEVICE == "cpu":  # the interpreter: 3 programs of 4-row blocks
         rows = 45
@@ -228,6 +248,8 @@ def test_layer_norm_fork_many_row_blocks_per_program(dtype):
     assert rel_err(outs[1], y_ref) < tol
     for name, t, g in zip(("x", "weight", "bias"), ins, grads_ref):
         assert rel_err(t.grad, g) < tol, name
+    assert spy.launches and all(kw["DENSE"] == (dense == "1") for kw in spy.launches)
+    assert all(kw["HAS_DY2"] and kw["HAS_DR"] for kw in spy.launches)
 
 
 def test_layer_norm_fork_without_autograd_is_layer_norm():
