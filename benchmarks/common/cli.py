@@ -1,5 +1,5 @@
-"""Command-line checks that several benchmarks share: the device asked for, and a list of row
-names against the rows a script knows."""
+"""Command-line checks that several benchmarks share: the device asked for, a list of row names
+against the rows a script knows, and an A/B switch ``NAME=OFF,ON``."""
 
 from __future__ import annotations
 
@@ -24,3 +24,12 @@ def rows_arg(text: str, known: Iterable[str], script: str, option: str = "--rows
     if unknown:
         raise SystemExit(f"{script}: unknown rows in {option} {unknown}")
     return rows
+
+
+def parse_switch(text: str) -> tuple[str, tuple[str, str]]:
+    """``NAME=OFF,ON`` -> ``(NAME, (OFF, ON))``."""
+    name, sep, values = text.partition("=")
+    parts = values.split(",")
+    if not sep or not name or len(parts) != 2 or not all(parts):
+        raise SystemExit(f"the switch must read NAME=OFF,ON, got {text!r}")
+    return name, (parts[0], parts[1])

@@ -30,17 +30,9 @@ from pathlib import Path
 
 import torch
 
+from benchmarks.common.cli import parse_switch
 from benchmarks.common.targets import build
 from benchmarks.common.timing import alternating_rounds
-
-
-def parse_switch(text: str) -> tuple[str, tuple[str, str]]:
-    """``NAME=OFF,ON`` -> ``(NAME, (OFF, ON))``."""
-    name, sep, values = text.partition("=")
-    parts = values.split(",")
-    if not sep or not name or len(parts) != 2 or not all(parts):
-        raise SystemExit(f"switch_ab: the switch must read NAME=OFF,ON, got {text!r}")
-    return name, (parts[0], parts[1])
 
 
 def steps(target: str, device: torch.device) -> tuple[Callable[[], object], Callable[[], object]]:
