@@ -38,7 +38,8 @@ case $GROUP in
       --modes train_eager,fwd_eager,train_graph --pin-cpu "$PIN" --out "$OUT/diffusion.json"
     run triangle_mult 150 taskset -c "$PIN" $P.kernels.triangle_mult --n 256 384 \
       --out "$OUT/triangle_mult.json"
-    # 150 s ran out pinned (2026-11-29): OpenFold's eager steps on one core are slow to warm up
+    # 150 s ran out pinned (2026-11-29): OpenFold's eager steps on one core are slow to warm up.
+    # The group took ~245 s before this step then (setup, diffusion, triangle multiplication)
     run evoformer 300 $P.model.peers --blocks evoformer:128x256 --contenders fold,openfold \
       --modes train_eager,fwd_eager,train_graph --pin-cpu "$PIN" --out "$OUT/evoformer.json" ;;
   evoformer)
