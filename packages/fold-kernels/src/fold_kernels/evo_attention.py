@@ -428,9 +428,8 @@ def _bwd_dkdv(Q, K, V, Bias, Mask, DO, LSE, Delta, DK, DV, DBias, DQ,
     so S and P are recomputed once instead of again in :func:`_bwd_dq` (not bit-reproducible).
     ``TRANSPOSE``: the tiles are computed key-major (:func:`_dkdv_step_t`).
     ``STAGGER``: each program starts its walk over the query blocks at block ``(rp + nb) % n_m``
-    instead of 0, so that programs running at the same time add into different dbias (same key
-    block, other rows) and dQ (same rows, other key block) tiles instead of all into the same
-    one (same-address atomics are serialised in L2)."""
+    instead of 0, so that the programs running at the same time (same key block, other rows)
+    add into different dbias tiles instead of all into the same one."""
     pdl.enter(PDL)
     nb = tl.program_id(0)
     rp = tl.program_id(1)
