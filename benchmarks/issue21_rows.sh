@@ -13,18 +13,23 @@
 #               evoformer.json, carried>: only the rows missing there are measured
 # Pinning: eager steps bound by host time moved by 1.3-1.8x between unpinned runs on the H200
 # host (results/model/model_peers_h200_pinning.md, results/tools/pin_ab_h200.md); replays do not
-# depend on it. Each step has its own timeout; rc of each goes to $OUT/summary.txt.
+# depend on it. Each step has its own timeout; rc of each goes to $OUT/summary.txt. Every log
+# (setup and steps, each under an "== name ==" line) goes to the one $OUT/run.log, so that a
+# group's files (run.log, summary.txt, a JSON and a Markdown table per step) stay within the
+# 8 files the device tool returns.
 set -u
 GROUP=${1:?"usage: bash benchmarks/issue21_rows.sh pairformer|eager|evoformer"}
 OUT=${OUT:-issue21_out}
 PIN=${PIN:-2}  # the CPU the eager rows are pinned to
 mkdir -p "$OUT"
-source benchmarks/peer_setup.sh "${WHEEL_DIR:-.whl}" > "$OUT/setup.log" 2>&1 || {
-  echo "peer setup failed: see $OUT/setup.log"; exit 1; }
-source benchmarks/gpu_setup.sh >> "$OUT/setup.log" 2>&1
+echo "== setup ==" > "$OUT/run.log"
+source benchmarks/peer_setup.sh "${WHEEL_DIR:-.whl}" >> "$OUT/run.log" 2>&1 || {
+  echo "peer setup failed: see $OUT/run.log"; exit 1; }
+source benchmarks/gpu_setup.sh >> "$OUT/run.log" 2>&1
 run() {  # name timeout cmd...
   local name=$1 t=$2; shift 2
-  timeout "$t" "$@" > "$OUT/$name.log" 2>&1
+  echo "== $name ==" >> "$OUT/run.log"
+  timeout "$t" "$@" >> "$OUT/run.log" 2>&1
   echo "$name rc $?" >> "$OUT/summary.txt"
 }
 P="python3 -m benchmarks"
