@@ -3,7 +3,9 @@ against the rows a script knows, and an A/B switch ``NAME=OFF,ON``."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import contextlib
+import os
+from collections.abc import Iterable, Iterator
 
 import torch
 
@@ -33,3 +35,17 @@ def parse_switch(text: str) -> tuple[str, tuple[str, str]]:
     if not sep or not name or len(parts) != 2 or not all(parts):
         raise SystemExit(f"the switch must read NAME=OFF,ON, got {text!r}")
     return name, (parts[0], parts[1])
+
+
+@contextlib.contextmanager
+def switch_restored(name: str) -> Iterator[None]:
+    """An A/B tool sets the switch ``name`` while it measures; on leaving, the variable is back to
+    what it was (unset if it was unset)."""
+    previous = os.environ.get(name)
+    try:
+        yield
+    finally:
+        if previous is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = previous

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.common.cli import device_arg, parse_switch
+from benchmarks.common.cli import device_arg, parse_switch, switch_restored
 from benchmarks.common.graphs import capture
 from benchmarks.common.machine import versions
 from benchmarks.common.results import publish
@@ -107,15 +107,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
     args = ap.parse_args(argv)
     switch, values = parse_switch(args.switch)
     device = device_arg(args.device, "ln_bwd_ab")
-    previous = os.environ.get(switch)
-    try:
+    with switch_restored(switch):
         rows = [measure(switch, values, n, device, args.rounds, args.reps, args.calls)
                 for n in args.sizes]
-    finally:
-        if previous is None:
-            os.environ.pop(switch, None)
-        else:
-            os.environ[switch] = previous
     meta = {**versions(device), "switch": switch, "values": list(values),
             "rounds": args.rounds, "reps": args.reps, "calls": args.calls}
     publish(args.out, meta, rows, markdown(meta, rows))

@@ -30,7 +30,7 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.common.cli import parse_switch
+from benchmarks.common.cli import parse_switch, switch_restored
 from benchmarks.common.targets import build
 from benchmarks.common.timing import alternating_rounds
 
@@ -45,9 +45,8 @@ def measure(switch: str, values: tuple[str, str], targets: list[str], device: to
             rounds: int, reps: int) -> list[dict]:
     """One row per target: each setting's rounds (ms) for replays and eager steps, and
     ``off / on`` of the best rounds (above 1: the second setting is faster)."""
-    previous = os.environ.get(switch)
     rows = []
-    try:
+    with switch_restored(switch):
         for target in targets:
             built = {}
             for value in values:
@@ -69,11 +68,6 @@ def measure(switch: str, values: tuple[str, str], targets: list[str], device: to
             del built
             if device.type == "cuda":
                 torch.cuda.empty_cache()
-    finally:
-        if previous is None:
-            os.environ.pop(switch, None)
-        else:
-            os.environ[switch] = previous
     return rows
 
 

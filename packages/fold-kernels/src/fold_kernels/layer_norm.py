@@ -110,7 +110,8 @@ def _ln_bwd(X, W, DY, DY2, DR, Mean, Rstd, DX, DWp, DBp, DWDB, Cnt, sp, rows, C,
         dw = tl.zeros([BLOCK_C], tl.float32)
         db = tl.zeros([BLOCK_C], tl.float32)
     n_blocks = tl.cdiv(rows, BLOCK_R)
-    tile = tl.arange(0, BLOCK_R)[:, None] * C + offs_c[None, :]  # DENSE: in-tile offsets, i32
+    if DENSE:  # in-tile offsets of every operand, i32
+        tile = tl.arange(0, BLOCK_R)[:, None] * C + offs_c[None, :]
     for blk in range(pid, n_blocks, n_prog):
         offs_r = blk * BLOCK_R + tl.arange(0, BLOCK_R)
         r_valid = offs_r < rows
