@@ -220,13 +220,17 @@ class _LaunchSpy:
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("dense", ["1", "0"])
-def test_layer_norm_fork_many_row_blocks_per_program(monkeypatch, dtype, dense):
+@pytest.mark.parametrize("fma", ["1", "0"])
+def test_layer_norm_fork_many_row_blocks_per_program(monkeypatch, dtype, dense, fma):
     """Enough rows that each backward program walks several row blocks (on a GPU too: more
     than its programs times rows per block), its partial weight and bias sums carried across
     them, with a ragged last block. Contiguous operands take the dense addressing (``DENSE``:
     one in-tile offset tile for x, dy, both extra gradients and dx); ``FOLD_KERNELS_LN_DENSE=0``
-    reads them through the general row dims: both against float64."""
+    reads them through the general row dims. The loop's FMA form (no select: C 72 pads its
+    blocks to 128 columns, and the ragged last block has rows past the end) and its textbook
+    form (``FOLD_KERNELS_LN_FMA=0``). Each against float64."""
     monkeypatch.setenv("FOLD_KERNELS_LN_DENSE", dense)
+    monkeypatch.setenv("FOLD_KERNELS_LN_FMA", fma)
     ln = importlib.import_module("fold_kernels.layer_norm")
     spy = _LaunchSpy(ln._ln_bwd)
     monkeypatch.setattr(ln, "_ln_bwd", spy)
@@ -248,7 +252,8 @@ def test_layer_norm_fork_many_row_blocks_per_program(monkeypatch, dtype, dense):
     assert rel_err(outs[1], y_ref) < tol
     for name, t, g in zip(("x", "weight", "bias"), ins, grads_ref):
         assert rel_err(t.grad, g) < tol, name
-    assert spy.launches and all(kw["DENSE"] == (dense == "1") for kw in spy.launches)
+    assert spy.launches and all(kw["DENSE"] == (dense == "1") and kw["FMA"] == (fma == "1")
+                                for kw in spy.launches)
     assert all(kw["HAS_DY2"] and kw["HAS_DR"] for kw in spy.launches)
 
 
