@@ -95,8 +95,8 @@ def test_layer_norm_backward_every_candidate(dtype, c):
 
     if DEVICE == "cpu":
         rows = 45
-    else:  # 3 blocks a program at the most programs (16 per SM) of the 8-row candidates
-        rows = 3 * 16 * torch.cuda.get_device_properties(0).multi_processor_count * 8 + 5
+    else:  # 3 blocks a program at the most programs (8 per SM) of the 16-row candidates
+        rows = 3 * 8 * torch.cuda.get_device_properties(0).multi_processor_count * 16 + 5
     x = _rand(rows, c, seed=c + 7, scale=2.0, shift=3.0)
     w, b = _rand(c, seed=8), _rand(c, seed=9)
     for cfg in _bwd_candidates(c):
@@ -237,8 +237,8 @@ def test_layer_norm_fork_many_row_blocks_per_program(monkeypatch, dtype, dense, 
     c = 72
     if DEVICE == "cpu":  # the interpreter: 3 programs of 4-row blocks
         rows = 45
-    else:  # 3 blocks a program at the most programs (16 per SM) and rows (64) a candidate has
-        rows = 3 * 16 * torch.cuda.get_device_properties(0).multi_processor_count * 64 + 5
+    else:  # 3 blocks a program at the most programs (8 per SM) and rows (64) a candidate has
+        rows = 3 * 8 * torch.cuda.get_device_properties(0).multi_processor_count * 64 + 5
     gen = torch.Generator().manual_seed(6)
     x = _rand(rows, c, seed=60, scale=2.0, shift=3.0).to(dtype)
     w, b = _rand(c, seed=61).to(dtype), _rand(c, seed=62).to(dtype)

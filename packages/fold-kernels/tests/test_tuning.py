@@ -1,11 +1,11 @@
-"""Per-architecture candidates and the cached autotuner (timing replaced by a fake), its timer
-and ``forget``."""
+"""Per-architecture candidates and the cached autotuner (timing replaced by a fake)."""
 
 from __future__ import annotations
 
 import json
 
 import pytest
+import triton.testing
 from fold_kernels import tuning
 
 
@@ -63,7 +63,7 @@ def test_pick_times_once_and_caches_on_disk(tmp_path, monkeypatch):
         fn()
         return fake_ms[calls[-1]]
 
-    monkeypatch.setattr(tuning, "time_ms", fake_bench)
+    monkeypatch.setattr(triton.testing, "do_bench", fake_bench)
     best = tuning.pick("k", (1, 2), cands, calls.append)
     assert best == cands[1] and len(calls) == 3
     assert json.loads(cache.read_text())  # written (atomically, via a temporary file)
@@ -104,7 +104,7 @@ def test_no_timing_while_a_cuda_graph_is_captured(tmp_path, monkeypatch):
     monkeypatch.setattr(tuning, "_DISK_LOADED", False)
     monkeypatch.setattr(tuning, "arch", lambda device=None: "sm90")
     monkeypatch.setattr(tuning, "_capturing", lambda: True)
-    monkeypatch.setattr(tuning, "time_ms", lambda *a, **k: pytest.fail("timed"))
+    monkeypatch.setattr(triton.testing, "do_bench", lambda *a, **k: pytest.fail("timed"))
     cands = [tuning.Config(64, 64), tuning.Config(32, 32)]
     assert tuning.pick("k", (7,), cands, lambda cfg: pytest.fail("launched")) == cands[0]
     assert tuning._MEMORY == {} and tuning._PICKED == {}
@@ -129,7 +129,7 @@ def test_sizes_of_one_bucket_share_a_search(tmp_path, monkeypatch):
     _fresh_tuner(monkeypatch, tmp_path / "tuning.json")
     cands = [tuning.Config(64, 64), tuning.Config(32, 32)]
     calls = []
-    monkeypatch.setattr(tuning, "time_ms",
+    monkeypatch.setattr(triton.testing, "do_bench",
                         lambda fn, **kw: (fn(), {cands[0]: 2.0, cands[1]: 1.0}[calls[-1]])[1])
     assert tuning.pick("k", (300, 128), cands, calls.append) == cands[1]
     assert len(calls) == 2
@@ -145,7 +145,7 @@ def test_corrupt_cache_is_ignored_with_a_warning_and_rewritten(tmp_path, monkeyp
     _fresh_tuner(monkeypatch, cache)
     cands = [tuning.Config(64, 64), tuning.Config(32, 32)]
     calls = []
-    monkeypatch.setattr(tuning, "time_ms",
+    monkeypatch.setattr(triton.testing, "do_bench",
                         lambda fn, **kw: (fn(), {cands[0]: 2.0, cands[1]: 1.0}[calls[-1]])[1])
     with pytest.warns(RuntimeWarning, match="unreadable autotune cache .*tuning.json"):
         assert tuning.pick("k", (1,), cands, calls.append) == cands[1]
@@ -159,37 +159,3 @@ def test_corrupt_cache_is_ignored_with_a_warning_and_rewritten(tmp_path, monkeyp
         _fresh_tuner(monkeypatch, cache)
         with pytest.warns(RuntimeWarning, match="unreadable autotune cache"):
             tuning.pick("k", (1,), cands, calls.append)
-
-
-def test_forget_drops_this_processes_choices_by_prefix(tmp_path, monkeypatch):
-    """``forget`` (how benchmarks.tools.tuner_ab repeats a search): the kernels named by the
-    prefix are tuned again on their next launch, the others keep their choice."""
-    _fresh_tuner(monkeypatch, tmp_path / "tuning.json")
-    cands = [tuning.Config(64, 64), tuning.Config(32, 32)]
-    calls = []
-    monkeypatch.setattr(tuning, "time_ms",
-                        lambda fn, **kw: (fn(), {cands[0]: 2.0, cands[1]: 1.0}[calls[-1]])[1])
-    for kernel in ("evo_fwd", "evo_dq", "ln_bwd"):
-        tuning.pick(kernel, (1,), cands, calls.append)
-    assert len(calls) == 6
-    tuning.forget("evo_")
-    assert set(tuning.chosen("ln_bwd")) == {(1,)} and not tuning.chosen("evo_fwd")
-    tuning.pick("ln_bwd", (1,), cands, calls.append)
-    assert len(calls) == 6  # kept
-    tuning.pick("evo_fwd", (1,), cands, calls.append)
-    assert len(calls) == 8  # searched again
-
-
-def test_time_ms_returns_a_positive_time():
-    """The timer itself (on CPU wall-clock; on a GPU the queued calls after a sleep): a positive
-    time per call, and the call ran."""
-    import torch
-
-    ran = []
-    x = torch.ones(64, device="cuda" if torch.cuda.is_available() else "cpu")
-
-    def run():
-        ran.append(1)
-        x.mul_(1.0)
-    ms = tuning.time_ms(run, reps=3)
-    assert ms > 0 and len(ran) >= 3

@@ -14,7 +14,6 @@ one launch.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 
 import torch
@@ -227,33 +226,39 @@ _TILE = EnvVar("FOLD_KERNELS_LN_TILE", lambda v: (v if v is not None else "1") !
 _FMA = EnvVar("FOLD_KERNELS_LN_FMA", lambda v: (v if v is not None else "1") != "0")
 
 
+# The backward's candidates: (rows a block as a multiple of _block_r, warps, programs per SM).
+# Every one of 33 candidates was timed on an H200 (benchmarks/results/kernels/
+# layer_norm_bwd_sweep_h200_occupancy.md, pair 256^2-768^2 x 128 and MSA 512 x 384 x 256): these
+# were the fastest three somewhere, all with the partial sums as row tiles. Half-size blocks on
+# 4 warps (16 values a thread, ~128 registers: 4 programs fit an SM, one wave) won at 384^2,
+# 768^2 and the MSA, and came within 3% of the best at 256^2 (64 rows on 8 warps, one program
+# an SM); the former default (32 rows of 128, 4 a multiprocessor, column sums) was 1.8-2.6x
+# slower, the row tiles' 2026-11-29 pick (64 rows, 8 warps, 2 an SM) 1.1-1.2x.
+_BWD_SHAPES = ((0.5, 4, 4), (2, 8, 1), (1, 8, 2), (0.5, 4, 8), (1, 4, 4), (2, 8, 2))
+
+
 @functools.cache  # built on every backward, they would cost host time
 def _bwd_configs_for(c: int, interpreting: bool, tiles: bool = True) -> tuple[tuning.Config, ...]:
     """Candidates for the backward: ``block_m`` rows a program, ``num_warps``, and ``block_n``
-    programs per multiprocessor (each walks a strided set of row blocks). The first is the
-    default: about 4K elements a block, 4 programs a multiprocessor. With ``tiles``, each
-    again with the weight / bias partial sums as row tiles (``ACC_TILE``), where their
-    registers fit: 1.1-1.7x faster at pair 256^2-768^2 x 128 and MSA 512 x 384 x 256 on an H200
-    (benchmarks/results/kernels/layer_norm_bwd_sweep_h200.md)."""
+    programs per multiprocessor (each walks a strided set of row blocks); the first is the
+    default (``FOLD_KERNELS_AUTOTUNE=0``, or an untuned shape met during a CUDA-graph capture).
+    With ``tiles`` each keeps the weight / bias partial sums as row tiles (``ACC_TILE``) where
+    their registers fit (at most 64 values a thread), else column sums per block; without, all
+    take column sums (``FOLD_KERNELS_LN_TILE=0``, for comparisons). Under the interpreter: one
+    small candidate."""
     block_r = _block_r(c)
-    warps = _num_warps(block_r, next_power_of_2(c))
-    default = tuning.Config(block_m=block_r, block_n=4, num_warps=warps)
     if interpreting:
-        return (default,)
-    out = [default]
-    for rows_x, warps, per_sm in ((1, 8, 4), (2, 8, 4), (1, 4, 8), (0.5, 4, 8), (0.5, 2, 16),
-                                  (2, 8, 2), (1, 8, 8), (0.25, 2, 16),
-                                  # PROBE: fewer elements a thread, grids sized to occupancy
-                                  (0.5, 8, 4), (0.5, 8, 8), (0.25, 4, 8), (0.25, 4, 16),
-                                  (1, 8, 2), (2, 8, 1), (0.5, 4, 4)):
-        r = max(1, int(block_r * rows_x))
-        cfg = tuning.Config(block_m=r, block_n=per_sm, num_warps=warps)
+        return (tuning.Config(block_m=block_r, block_n=4,
+                              num_warps=_num_warps(block_r, next_power_of_2(c))),)
+    out = []
+    for rows_x, warps, per_sm in _BWD_SHAPES:
+        rows = max(1, int(block_r * rows_x))
+        fits = rows * next_power_of_2(c) // (32 * warps) <= 64
+        cfg = tuning.Config(block_m=rows, block_n=per_sm, num_warps=warps,
+                            acc_tile=tiles and fits)
         if cfg not in out:
             out.append(cfg)
-    # each also with the partial sums as row tiles (ACC_TILE), where their registers fit
-    with_tiles = [dataclasses.replace(cfg, acc_tile=True) for cfg in out
-                  if tiles and cfg.block_m * next_power_of_2(c) // (32 * cfg.num_warps) <= 64]
-    return tuple(out + with_tiles)
+    return tuple(out)
 
 
 def ln_backward(dy, x, weight, mean, rstd, dw_dtype=torch.float32, db_dtype=torch.float32,
@@ -286,7 +291,7 @@ def ln_backward(dy, x, weight, mean, rstd, dw_dtype=torch.float32, db_dtype=torc
              and all(tuple(s) == (0, 0, c, 1) for s in (xs, ys, ds, y2s, rs)))
     sms = None if tuning.interpreting() or not x.is_cuda else tuning.multiprocessors(x.device)
     # one pass: the kernel adds the partial rows itself, stored in the gradients' dtype. At
-    # most 16 programs per SM: far fewer counters than one_pass.SLOTS on any GPU.
+    # most 8 programs per SM: far fewer counters than one_pass.SLOTS on any GPU.
     fused = one_pass.enabled()
     out_dtype = dw_dtype if dw_dtype == db_dtype else torch.float32
     group = one_pass.group_size() if fused else 1

@@ -19,7 +19,6 @@ import json
 import os
 import tempfile
 import threading
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -31,8 +30,7 @@ from fold_kernels.ints import next_power_of_2
 
 __all__ = [
     "Config", "arch", "interpreting", "pick", "attention_configs", "gemm_configs", "cache_path",
-    "multiprocessors", "bucket", "bucket_key", "pinned", "chosen", "time_ms",
-    "forget",
+    "multiprocessors", "bucket", "bucket_key", "pinned", "chosen",
 ]
 
 
@@ -299,18 +297,6 @@ def chosen(kernel: str) -> dict[tuple, Config]:
     return {key: cfg for (k, _, key), (cfg, _) in list(_PICKED.items()) if k == kernel}
 
 
-def forget(prefix: str) -> None:
-    """Drop this process's choices for the kernels whose names start with ``prefix`` (the disk
-    cache is left alone until the next search rewrites it): their next launch is tuned again.
-    How a benchmark repeats a search (``benchmarks.tools.tuner_ab``)."""
-    with _LOCK:
-        _load_disk()
-        for key in [k for k in _MEMORY if k.split("|", 1)[0].startswith(prefix)]:
-            del _MEMORY[key]
-        for key in [k for k in _PICKED if k[0].startswith(prefix)]:
-            del _PICKED[key]
-
-
 def _capturing() -> bool:
     return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
 
@@ -341,10 +327,12 @@ def pick(kernel: str, key: tuple, candidates: Sequence[Config],
         # Timing launches synchronizes, which invalidates a CUDA graph capture (and the error
         # would surface later, far from here): take the default, without caching it.
         return candidates[0]
+    from triton.testing import do_bench
+
     best, best_ms = candidates[0], float("inf")
     for cfg in candidates:
         try:
-            ms = time_ms(lambda cfg=cfg: launch(cfg))
+            ms = do_bench(lambda cfg=cfg: launch(cfg), warmup=5, rep=20, return_mode="median")
         except Exception:  # a config that does not fit (shared memory, registers) is skipped
             continue
         if ms < best_ms:
@@ -354,71 +342,3 @@ def pick(kernel: str, key: tuple, candidates: Sequence[Config],
         _PICKED[(kernel, name, key)] = (best, candidates)
         _save_disk()
     return best
-
-
-_CYCLES_PER_MS: dict[int, float] = {}
-_FLUSH: dict[int, torch.Tensor] = {}
-_MAX_SLEEP_MS = 500.0
-
-
-def _cycles_per_ms(index: int) -> float:
-    """GPU clock cycles per millisecond of ``torch.cuda._sleep`` on this device (measured)."""
-    rate = _CYCLES_PER_MS.get(index)
-    if rate is None:
-        start, end = (torch.cuda.Event(enable_timing=True) for _ in range(2))
-        torch.cuda.synchronize()
-        start.record()
-        torch.cuda._sleep(1_000_000)
-        end.record()
-        end.synchronize()
-        rate = _CYCLES_PER_MS[index] = 1_000_000 / max(start.elapsed_time(end), 1e-3)
-    return rate
-
-
-def time_ms(run: Callable[[], None], reps: int = 10) -> float:
-    """Median GPU milliseconds of one ``run()``, each call after an L2 flush, without the host's
-    launch cost.
-
-    ``triton.testing.do_bench`` records a call's events around the host's launch: on a host that
-    takes longer to launch a call than the GPU takes for the flush before it, the GPU waits
-    inside the timed span and the host's time is counted. Its picks for a ~27 us LayerNorm
-    backward then moved by up to 17% between processes (H200). Here every call (flush, events,
-    ``run()``) is queued behind a GPU sleep longer than the host needs to queue them all, so the
-    events time the kernels back to back. On ROCm it is ``do_bench``; without a GPU (the
-    interpreter), the median wall-clock time of ``reps`` calls."""
-    if not torch.cuda.is_available():
-        run()
-        times = []
-        for _ in range(reps):
-            t0 = time.perf_counter()
-            run()
-            times.append((time.perf_counter() - t0) * 1e3)
-        return sorted(times)[len(times) // 2]
-    if torch.version.hip is not None or not hasattr(torch.cuda, "_sleep"):
-        from triton.testing import do_bench
-
-        return do_bench(run, warmup=5, rep=20, return_mode="median")
-    index = torch.cuda.current_device()
-    flush = _FLUSH.get(index)
-    if flush is None:  # 256 MB, as do_bench: larger than any current GPU's L2
-        flush = _FLUSH[index] = torch.empty(64 << 20, dtype=torch.int32, device="cuda")
-    run()  # compilation, first-call costs
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(2):  # warm-up, and the host's time to queue one timed call
-        flush.zero_()
-        run()
-    queue_ms = (time.perf_counter() - t0) * 1e3 / 2
-    starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
-    ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
-    torch.cuda.synchronize()
-    sleep_ms = min(_MAX_SLEEP_MS, 1.5 * reps * queue_ms + 0.1)
-    torch.cuda._sleep(int(_cycles_per_ms(index) * sleep_ms))
-    for start, end in zip(starts, ends):
-        flush.zero_()
-        start.record()
-        run()
-        end.record()
-    torch.cuda.synchronize()
-    times = sorted(s.elapsed_time(e) for s, e in zip(starts, ends))
-    return times[len(times) // 2]
