@@ -11,6 +11,8 @@
 #   evoformer   the Evoformer at its four shapes vs OpenFold, eager and replays, pinned; a run
 #               cut short by its timeout goes on in a later call with FROM=<the first call's
 #               evoformer.json, carried>: only the rows missing there are measured
+#   tests       fold-kernels' tests on the GPU (TESTS=test files or node ids to narrow
+#               them; default: the whole suite), no peers needed
 # Pinning: eager steps bound by host time moved by 1.3-1.8x between unpinned runs on the H200
 # host (results/model/model_peers_h200_pinning.md, results/tools/pin_ab_h200.md); replays do not
 # depend on it. Each step has its own timeout; rc of each goes to $OUT/summary.txt. Every log
@@ -18,11 +20,21 @@
 # group's files (run.log, summary.txt, a JSON and a Markdown table per step) stay within the
 # 8 files the device tool returns.
 set -u
-GROUP=${1:?"usage: bash benchmarks/issue21_rows.sh pairformer|eager|evoformer"}
+GROUP=${1:?"usage: bash benchmarks/issue21_rows.sh pairformer|eager|evoformer|tests"}
 OUT=${OUT:-issue21_out}
 PIN=${PIN:-2}  # the CPU the eager rows are pinned to
 mkdir -p "$OUT"
 echo "== setup ==" > "$OUT/run.log"
+if [ "$GROUP" = tests ]; then
+  source benchmarks/gpu_setup.sh >> "$OUT/run.log" 2>&1
+  echo "== tests ==" >> "$OUT/run.log"
+  # shellcheck disable=SC2086  # TESTS is a list of pytest arguments
+  timeout 540 python3 -m pytest -q -p no:cacheprovider ${TESTS:-packages/fold-kernels/tests} \
+    >> "$OUT/run.log" 2>&1
+  echo "tests rc $?" | tee "$OUT/summary.txt"
+  tail -3 "$OUT/run.log"
+  exit 0
+fi
 source benchmarks/peer_setup.sh "${WHEEL_DIR:-.whl}" >> "$OUT/run.log" 2>&1 || {
   echo "peer setup failed: see $OUT/run.log"; exit 1; }
 source benchmarks/gpu_setup.sh >> "$OUT/run.log" 2>&1
@@ -52,6 +64,6 @@ case $GROUP in
     run evoformer 470 $P.model.peers --contenders fold,openfold --pin-cpu "$PIN" \
       --blocks evoformer:128x256,evoformer:512x384,evoformer:512x512,evoformer:1024x384 \
       --modes train_eager,fwd_eager,train_graph,fwd_graph --append --out "$OUT/evoformer.json" ;;
-  *) echo "unknown group $GROUP: pairformer, eager or evoformer"; exit 2 ;;
+  *) echo "unknown group $GROUP: pairformer, eager, evoformer or tests"; exit 2 ;;
 esac
 cat "$OUT/summary.txt"
