@@ -280,38 +280,41 @@ def _fwd(Q, K, V, G, GB, Bias, Mask, O, OPre, LSE,
 
 @fast
 @triton.jit
-def _bwd_pre(DY, OPre, G, GB, DO, DG, Delta, rows, R, H, N, D, sqb, sqr, sqh, sqn,
+def _bwd_pre(DY, OPre, G, GB, DO, DG, Delta, R, H, N, D, sqb, sqr, sqh, sqn,
              sob, sor, soh, son, HAS_GATE: tl.constexpr, HAS_GATE_BIAS: tl.constexpr,
              BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, PDL: tl.constexpr = False):
     """delta = rowsum(dO * O); with a gate, dO = dY * sigmoid(g), dg = dY * O * sig'(g).
 
-    Rows are logical (b, r, h, n) rows in slab order (Delta's layout); dY, O and dO are read in
-    the output layout, the gate and its gradient in q's."""
+    Program (slab, j): queries ``[j * BLOCK_R, (j + 1) * BLOCK_R)`` of one (b, r, h) slab
+    (Delta's ``[B, R, H, N]`` layout), so b, r and h are divided out once per program, not per
+    row (64-bit divisions per row made the kernel bound by instruction issue). dY, O and dO are
+    read in the output layout, the gate and its gradient in q's."""
     pdl.enter(PDL)
-    offs_r = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
-    offs_d = tl.arange(0, BLOCK_D)
-    rd = (offs_r < rows)[:, None] & (offs_d < D)[None, :]
-    row = offs_r
-    n = row % N
-    slab = row // N
+    slab = tl.program_id(0)
     h = slab % H
     r = (slab // H) % R
     b = slab // (H * R)
-    optrs = (b * sob + r * sor + h * soh + n * son)[:, None] + offs_d[None, :]
-    dy = tl.load(DY + optrs, mask=rd, other=0.0).to(tl.float32)
-    o = tl.load(OPre + optrs, mask=rd, other=0.0).to(tl.float32)
+    offs_n = tl.program_id(1) * BLOCK_R + tl.arange(0, BLOCK_R)
+    offs_d = tl.arange(0, BLOCK_D)
+    nd = (offs_n < N)[:, None] & (offs_d < D)[None, :]
+    n64 = offs_n.to(tl.int64)[:, None]
+    obase = b.to(tl.int64) * sob + r.to(tl.int64) * sor + h.to(tl.int64) * soh
+    optrs = obase + n64 * son + offs_d[None, :]
+    dy = tl.load(DY + optrs, mask=nd, other=0.0).to(tl.float32)
+    o = tl.load(OPre + optrs, mask=nd, other=0.0).to(tl.float32)
     if HAS_GATE:
-        gptrs = (b * sqb + r * sqr + h * sqh + n * sqn)[:, None] + offs_d[None, :]
-        g = tl.load(G + gptrs, mask=rd, other=0.0).to(tl.float32)
+        qbase = b.to(tl.int64) * sqb + r.to(tl.int64) * sqr + h.to(tl.int64) * sqh
+        gptrs = qbase + n64 * sqn + offs_d[None, :]
+        g = tl.load(G + gptrs, mask=nd, other=0.0).to(tl.float32)
         if HAS_GATE_BIAS:
-            g += tl.load(GB + h[:, None] * D + offs_d[None, :], mask=rd, other=0.0).to(tl.float32)
+            g += tl.load(GB + h * D + offs_d, mask=offs_d < D, other=0.0).to(tl.float32)[None, :]
         sig = tl.sigmoid(g)
-        tl.store(DG + gptrs, (dy * o * sig * (1.0 - sig)).to(DG.dtype.element_ty), mask=rd)
+        tl.store(DG + gptrs, (dy * o * sig * (1.0 - sig)).to(DG.dtype.element_ty), mask=nd)
         do = dy * sig
-        tl.store(DO + optrs, do.to(DO.dtype.element_ty), mask=rd)
+        tl.store(DO + optrs, do.to(DO.dtype.element_ty), mask=nd)
     else:
         do = dy
-    tl.store(Delta + offs_r, tl.sum(do * o, 1), mask=offs_r < rows)
+    tl.store(Delta + slab.to(tl.int64) * N + offs_n, tl.sum(do * o, 1), mask=offs_n < N)
 
 
 @triton.jit
@@ -905,7 +908,6 @@ def _backward(dy, q, k, v, gate, gate_bias, o_pre, lse, lp: _Launch, need_dbias:
     """dq, dk, dv, dbias, dgate; ``grads`` = (dq, dk, dv, dgate) to write into (views of one
     packed gradient), else they are allocated in q's layout."""
     dy = lp.conform(dy)
-    rows = lp.B * lp.R * lp.H * lp.N
     delta = torch.empty((lp.B, lp.R, lp.H, lp.N), device=q.device, dtype=torch.float32)
     if grads is None:
         grads = (lp.empty(q), lp.empty(k), lp.empty(v),
@@ -913,10 +915,12 @@ def _backward(dy, q, k, v, gate, gate_bias, o_pre, lse, lp: _Launch, need_dbias:
     dq, dk, dv, dgate = grads
     do = lp.empty_out(q) if gate is not None else dy
     block_r = 16 if tuning.interpreting() else 64
-    _bwd_pre[(cdiv(rows, block_r),)](
+    n_blocks = cdiv(lp.N, block_r)
+    check_grid("evo_attention", f"N = {lp.N} queries", n_blocks)
+    _bwd_pre[(lp.B * lp.R * lp.H, n_blocks)](
         dy, o_pre, gate if gate is not None else dy,
         gate_bias if gate_bias is not None else dy, do, dgate if gate is not None else dy,
-        delta, rows, lp.R, lp.H, lp.N, lp.D, *lp.layout[:4], *lp.out_layout[:4],
+        delta, lp.R, lp.H, lp.N, lp.D, *lp.layout[:4], *lp.out_layout[:4],
         HAS_GATE=gate is not None, HAS_GATE_BIAS=gate_bias is not None,
         BLOCK_R=block_r, BLOCK_D=lp.block_d)
 
