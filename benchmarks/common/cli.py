@@ -1,11 +1,12 @@
 """Command-line checks that several benchmarks share: the device asked for, a list of row names
-against the rows a script knows, and an A/B switch ``NAME=OFF,ON``."""
+against the rows a script knows, an A/B switch ``NAME=OFF,ON`` and the A/B tools' options."""
 
 from __future__ import annotations
 
 import contextlib
 import os
 from collections.abc import Iterable, Iterator
+from pathlib import Path
 
 import torch
 
@@ -26,6 +27,20 @@ def rows_arg(text: str, known: Iterable[str], script: str, option: str = "--rows
     if unknown:
         raise SystemExit(f"{script}: unknown rows in {option} {unknown}")
     return rows
+
+
+def add_ab_options(ap, reps: int, calls: int | None = None, smoke: bool = False) -> None:
+    """The options of an A/B tool: ``--rounds`` (alternating), ``--reps`` (calls a round's
+    median takes), ``--calls`` (back-to-back calls a replay holds, when ``calls`` is given),
+    ``--device`` (with ``smoke``: cpu runs under TRITON_INTERPRET=1) and ``--out``."""
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--reps", type=int, default=reps)
+    if calls is not None:
+        ap.add_argument("--calls", type=int, default=calls)
+    if smoke:
+        ap.add_argument("--device", default="cuda",
+                        help="cpu: a smoke run under TRITON_INTERPRET=1 (wall-clock, no graphs)")
+    ap.add_argument("--out", type=Path, default=None, help="JSON path (markdown beside it)")
 
 
 def parse_switch(text: str) -> tuple[str, tuple[str, str]]:

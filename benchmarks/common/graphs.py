@@ -30,6 +30,17 @@ def grad_body(loss_fn: Callable[[], torch.Tensor],
     return body
 
 
+def capture_calls(fn: Callable[[], object], calls: int, device: torch.device
+                  ) -> Callable[[], None]:
+    """The replay of ``calls`` back-to-back calls of ``fn`` captured in one graph (per-call
+    kernel time is the replay's over ``calls``, without the graph's own launch); on CPU, the
+    calls themselves."""
+    def body() -> None:
+        for _ in range(calls):
+            fn()
+    return capture(body, device)[0]
+
+
 def capture(body: Callable[[], object], device: torch.device,
             warmup: int = 3) -> tuple[Callable[[], None], object]:
     """``(replay, outputs)``: ``replay()`` re-runs ``body``'s kernels, refreshing ``outputs``."""

@@ -38,6 +38,11 @@ def write_result(path: Path, doc: dict, markdown: str, *, indent: int = 1) -> No
     write_atomic(path.with_suffix(".md"), markdown)
 
 
+def rounds_cell(values, fmt: str = "") -> str:
+    """A Markdown cell of a setting's rounds in order, ``1.23 / 1.21 / 1.25``."""
+    return " / ".join(format(v, fmt) for v in values)
+
+
 def publish(out: Path | None, meta: dict, rows: list[dict], markdown: str) -> None:
     """A tool's ending: its ``markdown`` printed and, with ``out``, ``{**meta, "rows": rows}``
     written there with the markdown beside it (:func:`write_result`)."""

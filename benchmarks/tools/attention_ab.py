@@ -28,10 +28,10 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.common.cli import device_arg
-from benchmarks.common.graphs import capture
+from benchmarks.common.cli import add_ab_options, device_arg
+from benchmarks.common.graphs import capture_calls
 from benchmarks.common.machine import versions
-from benchmarks.common.results import publish
+from benchmarks.common.results import publish, rounds_cell
 from benchmarks.common.timing import alternating_rounds
 
 
@@ -78,11 +78,7 @@ def measure(modules: dict, shape: tuple[int, int, int, int], gate: bool, device:
             return torch.autograd.grad(o, leaves, dout)
 
         grads[name] = [t.float() for t in step()]  # compiles and tunes this copy's kernels
-
-        def body(step=step):
-            for _ in range(calls):
-                step()
-        settings[name] = (lambda: None, capture(body, device)[0])
+        settings[name] = (lambda: None, capture_calls(step, calls, device))
     times = alternating_rounds(settings, device, rounds, reps)
     per_call = {name: [round(t / calls, 4) for t in ts] for name, ts in times.items()}
     other, current = modules
@@ -108,8 +104,8 @@ def markdown(meta: dict, rows: list[dict]) -> str:
     for r in rows:
         ms = r["ms_per_call"]
         lines.append(f"| {', '.join(map(str, r['shape']))} | {'yes' if r['gate'] else 'no'} | "
-                     f"{' / '.join(map(str, ms['other']))} | "
-                     f"{' / '.join(map(str, ms['current']))} | {r['other_over_current']} | "
+                     f"{rounds_cell(ms['other'])} | {rounds_cell(ms['current'])} | "
+                     f"{r['other_over_current']} | "
                      f"{r['max_abs_grad_diff']:.3g} |")
     return "\n".join(lines) + "\n"
 
@@ -119,12 +115,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     ap.add_argument("other", type=Path, help="a copy of fold_kernels/evo_attention.py")
     ap.add_argument("shapes", nargs="+", help="R,N,H,D")
     ap.add_argument("--gate", action="store_true", help="gated attention (AF2 / AF3 blocks)")
-    ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--reps", type=int, default=20)
-    ap.add_argument("--calls", type=int, default=5)
-    ap.add_argument("--device", default="cuda",
-                    help="cpu: a smoke run under TRITON_INTERPRET=1 (wall-clock, no graphs)")
-    ap.add_argument("--out", type=Path, default=None)
+    add_ab_options(ap, reps=20, calls=5, smoke=True)
     args = ap.parse_args(argv)
     device = device_arg(args.device, "attention_ab")
     shapes = [parse_shape(s) for s in args.shapes]

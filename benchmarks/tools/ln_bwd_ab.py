@@ -18,14 +18,13 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
-from pathlib import Path
 
 import torch
 
-from benchmarks.common.cli import device_arg, parse_switch, switch_restored
-from benchmarks.common.graphs import capture
+from benchmarks.common.cli import add_ab_options, device_arg, parse_switch, switch_restored
+from benchmarks.common.graphs import capture_calls
 from benchmarks.common.machine import versions
-from benchmarks.common.results import publish
+from benchmarks.common.results import publish, rounds_cell
 from benchmarks.common.timing import alternating_rounds, median_ms
 
 SIZES = (256, 384, 768)  # pair N^2 x 128
@@ -44,21 +43,15 @@ def measure(switch: str, values: tuple[str, str], n: int, device: torch.device, 
     def backward():
         return ln.ln_backward(dy, x, w, mean, rstd, torch.bfloat16, torch.bfloat16)
 
-    def repeated(fn):
-        def body():
-            for _ in range(calls):
-                fn()
-        return body
-
     settings, grads = {}, {}
     for v in values:
         os.environ[switch] = v
         grads[v] = [t.float() for t in backward()]  # tuned under this setting
-        replay, _ = capture(repeated(backward), device)
-        settings[v] = (lambda v=v: os.environ.__setitem__(switch, v), replay)
+        settings[v] = (lambda v=v: os.environ.__setitem__(switch, v),
+                       capture_calls(backward, calls, device))
     times = alternating_rounds(settings, device, rounds, reps)
     dx = torch.empty_like(x)
-    floor, _ = capture(repeated(lambda: torch.add(x, dy, out=dx)), device)
+    floor = capture_calls(lambda: torch.add(x, dy, out=dx), calls, device)
     floor_ms = median_ms(floor, device, reps)
     gbytes = 3 * rows * c * 2 / 1e9
     per_call = {v: [round(t / calls * 1e3, 2) for t in ts] for v, ts in times.items()}
@@ -87,8 +80,8 @@ def markdown(meta: dict, rows: list[dict]) -> str:
              "max abs diff |", "|---|---|---|---|---|---|---|"]
     for r in rows:
         us = r["us_per_call"]
-        lines.append(f"| {r['shape']} | {' / '.join(map(str, us[a]))} | "
-                     f"{' / '.join(map(str, us[b]))} | {r['off_over_on']} | "
+        lines.append(f"| {r['shape']} | {rounds_cell(us[a])} | {rounds_cell(us[b])} | "
+                     f"{r['off_over_on']} | "
                      f"{r['TB_s_best'][a]} / {r['TB_s_best'][b]} | {r['floor_us']} "
                      f"({r['floor_TB_s']}) | {r['max_abs_diff']:.3g} |")
     return "\n".join(lines) + "\n"
@@ -98,12 +91,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("switch", help="NAME=OFF,ON, e.g. FOLD_KERNELS_LN_DENSE=0,1")
     ap.add_argument("--sizes", type=int, nargs="+", default=list(SIZES))
-    ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--reps", type=int, default=30)
-    ap.add_argument("--calls", type=int, default=20)
-    ap.add_argument("--device", default="cuda",
-                    help="cpu: a smoke run under TRITON_INTERPRET=1 (wall-clock, no graphs)")
-    ap.add_argument("--out", type=Path, default=None)
+    add_ab_options(ap, reps=30, calls=20, smoke=True)
     args = ap.parse_args(argv)
     switch, values = parse_switch(args.switch)
     device = device_arg(args.device, "ln_bwd_ab")

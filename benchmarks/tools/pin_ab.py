@@ -35,7 +35,9 @@ from pathlib import Path
 
 import torch
 
+from benchmarks.common.cli import add_ab_options
 from benchmarks.common.machine import parse_cpus
+from benchmarks.common.results import rounds_cell
 from benchmarks.common.targets import build, loss_and_tensors
 from benchmarks.common.timing import alternating_rounds
 
@@ -145,7 +147,7 @@ def markdown(meta: dict, rows: list[dict], censuses: list[dict]) -> str:
              + " | ".join(f"`{s}` speedup" for s in settings[1:]) + " |",
              "|---" * (2 * len(settings)) + "|"]
     for r in rows:
-        cells = [" / ".join(f"{x:.2f}" for x in r["eager_ms"][s]) for s in settings]
+        cells = [rounds_cell(r["eager_ms"][s], ".2f") for s in settings]
         ups = [f"{r['speedup_over_first'][s]:.2f}x" for s in settings[1:]]
         lines.append(f"| {r['target']} | " + " | ".join(cells + ups) + " |")
     if censuses:
@@ -162,11 +164,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("items", nargs="+",
                     help="settings (all, CPU lists, MAIN/OTHERS), then targets (they hold ':')")
-    ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--census", action="store_true",
                     help="also count the threads that run each training target's backward")
-    ap.add_argument("--out", type=Path, default=None, help="JSON path (markdown beside it)")
+    add_ab_options(ap, reps=20)
     args = ap.parse_args(argv)
     settings = [x for x in args.items if ":" not in x]
     targets = [x for x in args.items if ":" in x]

@@ -26,11 +26,11 @@ import argparse
 import functools
 import os
 from collections.abc import Callable
-from pathlib import Path
 
 import torch
 
-from benchmarks.common.cli import parse_switch, switch_restored
+from benchmarks.common.cli import add_ab_options, parse_switch, switch_restored
+from benchmarks.common.results import rounds_cell
 from benchmarks.common.targets import build
 from benchmarks.common.timing import alternating_rounds
 
@@ -76,7 +76,7 @@ def markdown(meta: dict, rows: list[dict]) -> str:
     name = meta["switch"]
 
     def rounds(xs):
-        return " / ".join(f"{x:.3f}" for x in xs)
+        return rounds_cell(xs, ".3f")
 
     lines = [f"# {name}={off} against {name}={on}, {meta['device']}, {meta['date']}", "",
              f"torch {meta['torch']}, Triton {meta['triton']}; bf16; {meta['rounds']} alternating "
@@ -97,9 +97,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("switch", help="NAME=OFF,ON, e.g. FOLD_KERNELS_PDL=0,1")
     ap.add_argument("targets", nargs="+")
-    ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--reps", type=int, default=20)
-    ap.add_argument("--out", type=Path, default=None, help="JSON path (markdown beside it)")
+    add_ab_options(ap, reps=20)
     args = ap.parse_args(argv)
     name, values = parse_switch(args.switch)
 
