@@ -54,6 +54,46 @@ def test_bias_sigmoid_gate(dtype):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("path", ["fused", "no_gate_sums", "no_one_pass"])
+def test_bias_sigmoid_gate_x_bias(monkeypatch, dtype, path):
+    """``(x + x_bias) * sigmoid(gate + bias)``: the ``[C]`` biases' gradients summed in the
+    backward's own launch (three programs per column block under the interpreter, so a program
+    walks several row tiles and the partial rows take two levels of groups), or by column sums
+    after it with ``FOLD_KERNELS_GATE_SUMS=0`` / ``FOLD_KERNELS_ONE_PASS=0``; each against
+    float64, with C odd and not a multiple of the column block."""
+    if path == "no_gate_sums":
+        monkeypatch.setenv("FOLD_KERNELS_GATE_SUMS", "0")
+    elif path == "no_one_pass":
+        monkeypatch.setenv("FOLD_KERNELS_ONE_PASS", "0")
+    x, g = _rand(3, 7, 37, seed=11), _rand(3, 7, 37, seed=12)
+    b, xb = _rand(37, seed=13), _rand(37, seed=14)
+
+    def ref_fn(x, g, b, xb):
+        return ref.bias_sigmoid_gate(x, g, b, x_bias=xb)
+
+    def fn(x, g, b, xb):
+        return fk.bias_sigmoid_gate(x, g, b, x_bias=xb)
+
+    _run(fn, ref_fn, [x, g, b, xb], dtype, [True] * 4)
+    _run(fn, ref_fn, [x, g, None, xb], dtype, [True, True, False, True])
+    # a broadcast gate ([N, C] for [S, N, C]) and a bias that is not [C]: reduced after
+    _run(fn, ref_fn, [x, g[0], g[1], xb], dtype, [True, True, True, True])
+
+
+def test_bias_sigmoid_gate_x_bias_is_checked_and_deterministic():
+    x = _rand(4, 9, 24, seed=21).to(DEVICE)
+    with pytest.raises(ValueError, match="x_bias must be"):
+        fk.bias_sigmoid_gate(x, x, x_bias=torch.zeros(4, 24, device=DEVICE))
+    g = _rand(4, 9, 24, seed=22).to(DEVICE)
+    b = _rand(24, seed=23).to(DEVICE).requires_grad_()
+    xb = _rand(24, seed=24).to(DEVICE).requires_grad_()
+    grads = [torch.autograd.grad(fk.bias_sigmoid_gate(x, g, b, xb), (b, xb),
+                                 torch.ones_like(x)) for _ in range(2)]
+    assert all(torch.isfinite(t).all() for t in grads[0])
+    assert all(torch.equal(a, c) for a, c in zip(*grads))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
 def test_bias_dropout_residual_shared_row_mask(dtype):
     s, n, c = 3, 7, 20
     x, res, b = _rand(2, s, n, c, seed=4), _rand(2, s, n, c, seed=5), _rand(c, seed=6)

@@ -294,6 +294,41 @@ def test_packed_matches_reference(dtype, d):
     _check_packed((1,), 3, 37, 2, d, dtype, seed=d)
 
 
+@pytest.mark.parametrize("path", ["preprocess", "column_sum", "no_one_pass", "no_gate_sums"])
+def test_packed_gate_bias_gradient_on_each_path(monkeypatch, path):
+    """The gate bias's gradient, reduced in the backward preprocess's own launch (one partial
+    row per program, two levels of groups under the interpreter), or by a separate column sum
+    when the counters do not fit, one-pass reductions are off or ``FOLD_KERNELS_GATE_SUMS=0``: each against float64, with
+    batch dims and odd N."""
+    from fold_kernels import one_pass
+
+    if path == "column_sum":
+        monkeypatch.setattr(one_pass, "SLOTS", 3)
+    elif path == "no_one_pass":
+        monkeypatch.setenv("FOLD_KERNELS_ONE_PASS", "0")
+    elif path == "no_gate_sums":
+        monkeypatch.setenv("FOLD_KERNELS_GATE_SUMS", "0")
+    _check_packed((2,), 3, 37, 2, 8, torch.float32, seed=5)
+    _check_packed((2,), 3, 37, 2, 8, torch.bfloat16, seed=6)
+
+
+def test_packed_gate_bias_gradient_is_deterministic():
+    """Two backward passes give the same bits (the partial rows are added in a fixed order,
+    whichever program finishes last)."""
+    from fold_kernels import evo_attention_packed
+
+    g = torch.Generator().manual_seed(3)
+    proj = torch.randn(1, 5, 29, 4 * 2 * 16, generator=g).to(DEVICE)
+    gate_bias = torch.randn(2 * 16, generator=g).to(DEVICE).requires_grad_()
+    grads = []
+    for _ in range(2):
+        o = evo_attention_packed(proj, 2, gate_bias=gate_bias)
+        (dgb,) = torch.autograd.grad(o, gate_bias, torch.ones_like(o))
+        grads.append(dgb)
+    assert torch.isfinite(grads[0]).all()
+    assert torch.equal(grads[0], grads[1])
+
+
 def test_packed_without_gate_bias_and_ungated():
     _check_packed((1,), 2, 13, 3, 16, torch.float32, with_gate_bias=False, seed=1)
     _check_packed((1,), 2, 13, 3, 16, torch.float32, gated=False, seed=2)

@@ -67,8 +67,8 @@ LEAF_OPS: dict[str, LeafOp] = {
                                 {"L": "softmax over the last dim"}),
     "swiglu": LeafOp(("x", "weight", "bias"), {"x": "C", "weight": "OC", "bias": "O"}, "H",
                      {"H": "each output channel needs two rows of the weight, O/2 apart"}),
-    "bias_sigmoid_gate": LeafOp(("x", "gate", "bias"), {"x": "", "gate": "", "bias": ""}, "",
-                                {}),
+    "bias_sigmoid_gate": LeafOp(("x", "gate", "bias", "x_bias"),
+                                {"x": "", "gate": "", "bias": "", "x_bias": ""}, "", {}),
     "bias_dropout_residual": LeafOp(
         ("x", "residual", "bias", "dropout_mask"),
         {"x": "", "residual": "", "bias": "", "dropout_mask": ""}, "", {}),

@@ -11,14 +11,20 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from fold_ops.env import EnvVar
 
-from fold_kernels import nograd, pdl, tuning
+from fold_kernels import nograd, one_pass, pdl, tuning
 from fold_kernels.broadcast import broadcast_shape, reduce_to, row_layout, row_offsets
 from fold_kernels.index32 import check_rows
 from fold_kernels.ints import cdiv, next_power_of_2
 from fold_kernels.launch import fast
+from fold_kernels.one_pass import finish_sum
 
 __all__ = ["bias_sigmoid_gate", "bias_dropout_residual"]
+
+# ``FOLD_KERNELS_GATE_SUMS=0``: the gate backwards (here and EvoAttention's preprocess) leave
+# their biases' gradients to column sums after them (for comparisons)
+GATE_SUMS = EnvVar("FOLD_KERNELS_GATE_SUMS", lambda v: (v if v is not None else "1") != "0")
 
 
 @triton.jit
@@ -36,44 +42,87 @@ def _ptrs(P, rows, cols, d1, d2, s0, s1, s2, sc):
 
 @fast
 @triton.jit
-def _gate_fwd(X, G, Bias, Y, d0, d1, d2, C,
+def _gate_fwd(X, G, Bias, XBias, Y, d0, d1, d2, C,
               xs0, xs1, xs2, xsc, gs0, gs1, gs2, gsc, bs0, bs1, bs2, bsc,
-              HAS_BIAS: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
-              PDL: tl.constexpr = False):
+              HAS_BIAS: tl.constexpr, HAS_XBIAS: tl.constexpr, BLOCK_R: tl.constexpr,
+              BLOCK_C: tl.constexpr, PDL: tl.constexpr = False):
     pdl.enter(PDL)
     rows, cols, valid = _tile(d0, d1, d2, C, BLOCK_R, BLOCK_C)
     x = tl.load(_ptrs(X, rows, cols, d1, d2, xs0, xs1, xs2, xsc), mask=valid, other=0.0)
+    x = x.to(tl.float32)
+    if HAS_XBIAS:  # x_bias [C]
+        x += tl.load(XBias + cols, mask=cols < C, other=0.0).to(tl.float32)[None, :]
     z = tl.load(_ptrs(G, rows, cols, d1, d2, gs0, gs1, gs2, gsc), mask=valid, other=0.0)
     z = z.to(tl.float32)
     if HAS_BIAS:
         bias = tl.load(_ptrs(Bias, rows, cols, d1, d2, bs0, bs1, bs2, bsc), mask=valid, other=0.0)
         z += bias.to(tl.float32)
-    y = x.to(tl.float32) * tl.sigmoid(z)
+    y = x * tl.sigmoid(z)
     out = rows.to(tl.int64)[:, None] * C + cols[None, :]
     tl.store(Y + out, y.to(Y.dtype.element_ty), mask=valid)
 
 
 @fast
 @triton.jit
-def _gate_bwd(X, G, Bias, DY, DX, DZ, d0, d1, d2, C,
+def _gate_bwd(X, G, Bias, XBias, DY, DX, DZ, PX, PB, OutX, OutB, Cnt, d0, d1, d2, C,
               xs0, xs1, xs2, xsc, gs0, gs1, gs2, gsc, bs0, bs1, bs2, bsc, ys0, ys1, ys2, ysc,
-              HAS_BIAS: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
-              PDL: tl.constexpr = False):
+              HAS_BIAS: tl.constexpr, HAS_XBIAS: tl.constexpr, SUM_X: tl.constexpr,
+              SUM_B: tl.constexpr, GROUP: tl.constexpr, BLOCK_R: tl.constexpr,
+              BLOCK_C: tl.constexpr, PDL: tl.constexpr = False):
+    """dx = dy * sig, dz = dy * x * sig * (1 - sig) for row tiles pid, pid + P, pid + 2P, ...
+    of column block j (one tile a program unless the sums are on).
+
+    ``SUM_X`` / ``SUM_B``: also the column sums of dx and dz (the gradients of a ``[C]`` x_bias
+    and bias): each program keeps fp32 sums of its tiles, stores them as row pid of
+    ``PX`` / ``PB [P + groups, C]`` and the last programs add the rows in order into ``OutX`` /
+    ``OutB`` (:func:`one_pass.finish_sum`; column block j's counters at
+    ``Cnt + j * 2 * slots``, dz's after dx's), so no column sum re-reads dx or dz."""
     pdl.enter(PDL)
-    rows, cols, valid = _tile(d0, d1, d2, C, BLOCK_R, BLOCK_C)
-    x = tl.load(_ptrs(X, rows, cols, d1, d2, xs0, xs1, xs2, xsc), mask=valid, other=0.0)
-    z = tl.load(_ptrs(G, rows, cols, d1, d2, gs0, gs1, gs2, gsc), mask=valid, other=0.0)
-    z = z.to(tl.float32)
-    if HAS_BIAS:
-        bias = tl.load(_ptrs(Bias, rows, cols, d1, d2, bs0, bs1, bs2, bsc), mask=valid, other=0.0)
-        z += bias.to(tl.float32)
-    out = rows.to(tl.int64)[:, None] * C + cols[None, :]
-    dy = tl.load(_ptrs(DY, rows, cols, d1, d2, ys0, ys1, ys2, ysc), mask=valid, other=0.0)
-    dy = dy.to(tl.float32)
-    sig = tl.sigmoid(z)
-    tl.store(DX + out, (dy * sig).to(DX.dtype.element_ty), mask=valid)
-    dz = dy * x.to(tl.float32) * sig * (1.0 - sig)
-    tl.store(DZ + out, dz.to(DZ.dtype.element_ty), mask=valid)
+    pid = tl.program_id(0)
+    n_prog = tl.num_programs(0)
+    cols = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
+    c_valid = cols < C
+    if HAS_XBIAS:
+        xb = tl.load(XBias + cols, mask=c_valid, other=0.0).to(tl.float32)[None, :]
+    acc_x = tl.zeros([BLOCK_R, BLOCK_C], tl.float32)
+    acc_b = tl.zeros([BLOCK_R, BLOCK_C], tl.float32)
+    for t in range(pid, tl.cdiv(d0 * d1 * d2, BLOCK_R), n_prog):  # fixed order per program
+        rows = t * BLOCK_R + tl.arange(0, BLOCK_R)
+        valid = (rows < d0 * d1 * d2)[:, None] & c_valid[None, :]
+        x = tl.load(_ptrs(X, rows, cols, d1, d2, xs0, xs1, xs2, xsc), mask=valid, other=0.0)
+        x = x.to(tl.float32)
+        if HAS_XBIAS:
+            x += xb
+        z = tl.load(_ptrs(G, rows, cols, d1, d2, gs0, gs1, gs2, gsc), mask=valid, other=0.0)
+        z = z.to(tl.float32)
+        if HAS_BIAS:
+            bias = tl.load(_ptrs(Bias, rows, cols, d1, d2, bs0, bs1, bs2, bsc), mask=valid,
+                           other=0.0)
+            z += bias.to(tl.float32)
+        out = rows.to(tl.int64)[:, None] * C + cols[None, :]
+        dy = tl.load(_ptrs(DY, rows, cols, d1, d2, ys0, ys1, ys2, ysc), mask=valid, other=0.0)
+        dy = dy.to(tl.float32)  # 0 outside the tile: so are dx and dz
+        sig = tl.sigmoid(z)
+        dx = dy * sig
+        tl.store(DX + out, dx.to(DX.dtype.element_ty), mask=valid)
+        dz = dx * x * (1.0 - sig)
+        tl.store(DZ + out, dz.to(DZ.dtype.element_ty), mask=valid)
+        if SUM_X:
+            acc_x += dx
+        if SUM_B:
+            acc_b += dz
+    if SUM_X or SUM_B:
+        col0 = tl.program_id(1) * BLOCK_C
+        n_cols = tl.minimum(BLOCK_C, C - col0)
+        slots = 1 + tl.cdiv(n_prog, GROUP)
+        cnt = Cnt + tl.program_id(1) * 2 * slots
+        if SUM_X:
+            tl.store(PX + pid * C + cols, tl.sum(acc_x, 0), mask=c_valid)
+            finish_sum(PX, OutX, cnt, pid, n_prog, C, col0, n_cols, GROUP, GROUP, BLOCK_C)
+        if SUM_B:
+            tl.store(PB + pid * C + cols, tl.sum(acc_b, 0), mask=c_valid)
+            finish_sum(PB, OutB, cnt + slots, pid, n_prog, C, col0, n_cols, GROUP, GROUP,
+                       BLOCK_C)
 
 
 @fast
@@ -137,25 +186,43 @@ def _reduce(grad: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     return reduce_to(grad, like.shape, like.dtype)
 
 
+def _sum_programs(n_tiles: int, n_cblk: int, device: torch.device) -> int:
+    """Programs per column block of a backward that also sums columns: one tile each when the
+    grid is small, else about 8 programs (of 8 warps) per SM in all, so that the partial rows
+    the last programs add stay few (a few dozen groups). 3 under the interpreter (its loop and
+    two levels of groups are exercised)."""
+    if tuning.interpreting():
+        return min(n_tiles, 3)
+    return max(1, min(n_tiles, 8 * tuning.multiprocessors(device) // n_cblk))
+
+
+def _column_vector(t: torch.Tensor | None, c: int) -> bool:
+    return t is not None and t.shape == (c,)
+
+
 class _BiasSigmoidGate(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, gate, bias):
+    def forward(ctx, x, gate, bias, x_bias):
         shape = _broadcast("bias_sigmoid_gate", x, gate, bias)
+        c = shape[-1]
+        if x_bias is not None and x_bias.shape != (c,):
+            raise ValueError(f"bias_sigmoid_gate: x_bias must be [C={c}], got "
+                             f"{tuple(x_bias.shape)}")
         lay = row_layout(shape, x, gate, bias)
         y = torch.empty(shape, device=x.device, dtype=x.dtype)
-        c = shape[-1]
         block_r, block_c, warps = _blocks(c)
         xv, gv, bv = lay.operands
         _gate_fwd[_grid(lay.dims, c, block_r, block_c)](
-            xv, gv, bv if bv is not None else xv, y, *lay.dims, c,
-            *lay.strides[0], *lay.strides[1], *lay.strides[2], HAS_BIAS=bias is not None,
+            xv, gv, bv if bv is not None else xv, x_bias if x_bias is not None else xv, y,
+            *lay.dims, c, *lay.strides[0], *lay.strides[1], *lay.strides[2],
+            HAS_BIAS=bias is not None, HAS_XBIAS=x_bias is not None,
             BLOCK_R=block_r, BLOCK_C=block_c, num_warps=warps)
-        ctx.save_for_backward(x, gate, bias)
+        ctx.save_for_backward(x, gate, bias, x_bias)
         return y
 
     @staticmethod
     def backward(ctx, dy):
-        x, gate, bias = ctx.saved_tensors
+        x, gate, bias, x_bias = ctx.saved_tensors
         shape = dy.shape
         lay = row_layout(shape, x, gate, bias, dy)  # dy read through its strides: no copy
         dx = torch.empty(shape, device=dy.device, dtype=x.dtype)
@@ -164,20 +231,54 @@ class _BiasSigmoidGate(torch.autograd.Function):
         dz = torch.empty(shape, device=dy.device, dtype=dz_dtype)
         c = shape[-1]
         block_r, block_c, warps = _blocks(c)
+        n_tiles, n_cblk = _grid(lay.dims, c, block_r, block_c)
+        # [C] biases: their gradients (column sums of dx and dz) in this launch
+        sum_x = x_bias is not None and ctx.needs_input_grad[3]
+        sum_b = _column_vector(bias, c) and ctx.needs_input_grad[2]
+        n_prog = n_tiles
+        px = pb = out_x = out_b = cnt = dx
+        if (sum_x or sum_b) and GATE_SUMS.get() and one_pass.enabled():
+            n_prog = _sum_programs(n_tiles, n_cblk, dy.device)
+            if n_cblk * 2 * one_pass.slots(n_prog) > one_pass.SLOTS:
+                sum_x = sum_b = False
+                n_prog = n_tiles
+        else:
+            sum_x = sum_b = False
+        group = one_pass.group_size()
+        if sum_x or sum_b:
+            rows = n_prog + cdiv(n_prog, group)
+            cnt = one_pass.counters(dy.device)
+        if sum_x:
+            px = torch.empty((rows, c), device=dy.device, dtype=torch.float32)
+            out_x = torch.empty(c, device=dy.device, dtype=x_bias.dtype)
+        if sum_b:
+            pb = torch.empty((rows, c), device=dy.device, dtype=torch.float32)
+            out_b = torch.empty(c, device=dy.device, dtype=bias.dtype)
         xv, gv, bv, yv = lay.operands
-        _gate_bwd[_grid(lay.dims, c, block_r, block_c)](
-            xv, gv, bv if bv is not None else xv, yv, dx, dz, *lay.dims, c,
+        _gate_bwd[(n_prog, n_cblk)](
+            xv, gv, bv if bv is not None else xv, x_bias if x_bias is not None else xv, yv,
+            dx, dz, px, pb, out_x, out_b, cnt, *lay.dims, c,
             *lay.strides[0], *lay.strides[1], *lay.strides[2], *lay.strides[3],
-            HAS_BIAS=bias is not None, BLOCK_R=block_r, BLOCK_C=block_c, num_warps=warps)
-        dbias = None if bias is None else _reduce(dz, bias)
-        return _reduce(dx, x), _reduce(dz, gate), dbias
+            HAS_BIAS=bias is not None, HAS_XBIAS=x_bias is not None, SUM_X=sum_x,
+            SUM_B=sum_b, GROUP=group if sum_x or sum_b else 1, BLOCK_R=block_r,
+            BLOCK_C=block_c, num_warps=warps)
+        dbias = None
+        if bias is not None and ctx.needs_input_grad[2]:
+            dbias = out_b if sum_b else _reduce(dz, bias)
+        dx_bias = None
+        if x_bias is not None and ctx.needs_input_grad[3]:
+            dx_bias = out_x if sum_x else _reduce(dx, x_bias)
+        return _reduce(dx, x), _reduce(dz, gate), dbias, dx_bias
 
 
 def bias_sigmoid_gate(x: torch.Tensor, gate: torch.Tensor,
-                      bias: torch.Tensor | None = None) -> torch.Tensor:
-    """``x * sigmoid(gate + bias)``; operands broadcast (e.g. bias ``[C]``), y in x's dtype."""
+                      bias: torch.Tensor | None = None,
+                      x_bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``(x + x_bias) * sigmoid(gate + bias)``; operands broadcast (e.g. bias ``[C]``), x_bias
+    ``[C]``, y in x's dtype. The gradients of ``[C]`` biases are summed in the backward's own
+    launch (a linear layer's bias passed here instead of to the layer saves its column sum)."""
     tuning.require_device("bias_sigmoid_gate", x, "fold_ops.reference.bias_sigmoid_gate")
-    return nograd.apply(_BiasSigmoidGate, x, gate, bias)
+    return nograd.apply(_BiasSigmoidGate, x, gate, bias, x_bias)
 
 
 class _BiasDropoutResidual(torch.autograd.Function):

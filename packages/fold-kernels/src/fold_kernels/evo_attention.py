@@ -64,11 +64,13 @@ import triton
 import triton.language as tl
 from fold_ops.env import EnvVar
 
-from fold_kernels import nograd, pdl, tuning
+from fold_kernels import nograd, one_pass, pdl, tuning
 from fold_kernels.broadcast import broadcast_shape
+from fold_kernels.elementwise import GATE_SUMS
 from fold_kernels.index32 import check_grid, pair_bias_fits, span_fits
 from fold_kernels.ints import cdiv, next_power_of_2
 from fold_kernels.launch import fast
+from fold_kernels.one_pass import finish_sum
 from fold_kernels.reduce import column_sum, sum_partials
 
 __all__ = ["evo_attention", "evo_attention_packed", "dbias_mode", "dq_mode", "SUPPORTED_DTYPES",
@@ -280,20 +282,28 @@ def _fwd(Q, K, V, G, GB, Bias, Mask, O, OPre, LSE,
 
 @fast
 @triton.jit
-def _bwd_pre(DY, OPre, G, GB, DO, DG, Delta, R, H, N, D, sqb, sqr, sqh, sqn,
+def _bwd_pre(DY, OPre, G, GB, DO, DG, Delta, GBP, DGB, Cnt, R, H, N, D, sqb, sqr, sqh, sqn,
              sob, sor, soh, son, HAS_GATE: tl.constexpr, HAS_GATE_BIAS: tl.constexpr,
+             GB_SUM: tl.constexpr, GROUP: tl.constexpr,
              BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, PDL: tl.constexpr = False):
     """delta = rowsum(dO * O); with a gate, dO = dY * sigmoid(g), dg = dY * O * sig'(g).
 
     Program (slab, j): queries ``[j * BLOCK_R, (j + 1) * BLOCK_R)`` of one (b, r, h) slab
     (Delta's ``[B, R, H, N]`` layout), so b, r and h are divided out once per program, not per
     row (64-bit divisions per row made the kernel bound by instruction issue). dY, O and dO are
-    read in the output layout, the gate and its gradient in q's."""
+    read in the output layout, the gate and its gradient in q's.
+
+    With ``GB_SUM`` it also reduces dg over every row to the gate bias's gradient ``DGB [H*D]``:
+    the programs of head h store their column sums as rows of ``GBP [n_prog + groups, H*D]``
+    (fp32) and the last to finish adds them in order (:func:`one_pass.finish_sum`, head h's
+    counters at ``Cnt + h * (1 + cdiv(n_prog, GROUP))``), instead of a column sum re-reading the
+    whole dg in a launch of its own."""
     pdl.enter(PDL)
     slab = tl.program_id(0)
     h = slab % H
-    r = (slab // H) % R
-    b = slab // (H * R)
+    br = slab // H  # b * R + r
+    r = br % R
+    b = br // R
     offs_n = tl.program_id(1) * BLOCK_R + tl.arange(0, BLOCK_R)
     offs_d = tl.arange(0, BLOCK_D)
     nd = (offs_n < N)[:, None] & (offs_d < D)[None, :]
@@ -309,7 +319,15 @@ def _bwd_pre(DY, OPre, G, GB, DO, DG, Delta, R, H, N, D, sqb, sqr, sqh, sqn,
         if HAS_GATE_BIAS:
             g += tl.load(GB + h * D + offs_d, mask=offs_d < D, other=0.0).to(tl.float32)[None, :]
         sig = tl.sigmoid(g)
-        tl.store(DG + gptrs, (dy * o * sig * (1.0 - sig)).to(DG.dtype.element_ty), mask=nd)
+        dg = dy * o * sig * (1.0 - sig)  # 0 outside the tile (dy, o loaded as 0)
+        tl.store(DG + gptrs, dg.to(DG.dtype.element_ty), mask=nd)
+        if GB_SUM:
+            n_prog = tl.num_programs(0) // H * tl.num_programs(1)  # programs of one head
+            pid = br * tl.num_programs(1) + tl.program_id(1)
+            cols = h * D + offs_d
+            tl.store(GBP + pid.to(tl.int64) * (H * D) + cols, tl.sum(dg, 0), mask=offs_d < D)
+            finish_sum(GBP, DGB, Cnt + h * (1 + tl.cdiv(n_prog, GROUP)), pid, n_prog, H * D,
+                       h * D, D, GROUP, GROUP, BLOCK_D)
         do = dy * sig
         tl.store(DO + optrs, do.to(DO.dtype.element_ty), mask=nd)
     else:
@@ -904,9 +922,11 @@ def _forward(q, k, v, gate, gate_bias, lp: _Launch):
 
 
 def _backward(dy, q, k, v, gate, gate_bias, o_pre, lse, lp: _Launch, need_dbias: bool,
-              grads=None):
-    """dq, dk, dv, dbias, dgate; ``grads`` = (dq, dk, dv, dgate) to write into (views of one
-    packed gradient), else they are allocated in q's layout."""
+              grads=None, need_dgate_bias: bool = False):
+    """dq, dk, dv, dbias, dgate, dgate_bias; ``grads`` = (dq, dk, dv, dgate) to write into
+    (views of one packed gradient), else they are allocated in q's layout. ``dgate_bias``
+    (with ``need_dgate_bias`` and a gate bias) is reduced by the preprocess kernel in the same
+    launch where its counters fit, else None: the caller sums dgate itself."""
     dy = lp.conform(dy)
     delta = torch.empty((lp.B, lp.R, lp.H, lp.N), device=q.device, dtype=torch.float32)
     if grads is None:
@@ -917,12 +937,27 @@ def _backward(dy, q, k, v, gate, gate_bias, o_pre, lse, lp: _Launch, need_dbias:
     block_r = 16 if tuning.interpreting() else 64
     n_blocks = cdiv(lp.N, block_r)
     check_grid("evo_attention", f"N = {lp.N} queries", n_blocks)
+    # the gate bias's gradient in this launch: one partial row per program of a head, added by
+    # the last programs (one_pass), when every head's counters fit
+    n_pre = lp.B * lp.R * n_blocks  # programs per head
+    gb_sum = (need_dgate_bias and gate is not None and gate_bias is not None
+              and one_pass.enabled() and GATE_SUMS.get()
+              and lp.H * one_pass.slots(n_pre) <= one_pass.SLOTS)
+    dgate_bias = gb_partials = cnt = dy
+    if gb_sum:
+        group = one_pass.group_size()
+        gb_partials = torch.empty((n_pre + cdiv(n_pre, group), lp.H * lp.D), device=q.device,
+                                  dtype=torch.float32)
+        dgate_bias = torch.empty(lp.H * lp.D, device=q.device, dtype=gate_bias.dtype)
+        cnt = one_pass.counters(q.device)
     _bwd_pre[(lp.B * lp.R * lp.H, n_blocks)](
         dy, o_pre, gate if gate is not None else dy,
         gate_bias if gate_bias is not None else dy, do, dgate if gate is not None else dy,
-        delta, lp.R, lp.H, lp.N, lp.D, *lp.layout[:4], *lp.out_layout[:4],
-        HAS_GATE=gate is not None, HAS_GATE_BIAS=gate_bias is not None,
+        delta, gb_partials, dgate_bias, cnt, lp.R, lp.H, lp.N, lp.D, *lp.layout[:4],
+        *lp.out_layout[:4], HAS_GATE=gate is not None, HAS_GATE_BIAS=gate_bias is not None,
+        GB_SUM=gb_sum, GROUP=one_pass.group_size() if gb_sum else 1,
         BLOCK_R=block_r, BLOCK_D=lp.block_d)
+    dgate_bias = dgate_bias if gb_sum else None
 
     dummy = q
     bias = lp.bias if lp.bias is not None else dummy
@@ -1001,7 +1036,7 @@ def _backward(dy, q, k, v, gate, gate_bias, o_pre, lse, lp: _Launch, need_dbias:
         launch_dbias(_cfg("dbias", lp, launch_dbias))
         out = state["out"]
         dbias = sum_partials(out, lp.bias.dtype)  # fixed order: deterministic, one launch
-    return dq, dk, dv, dbias, dgate
+    return dq, dk, dv, dbias, dgate, dgate_bias
 
 
 def _parse_dbias_mode(value: str | None) -> str:
@@ -1103,8 +1138,8 @@ class _EvoAttention(torch.autograd.Function):
         q, k, v, g, o_pre, lse = ctx.saved_tensors
         lp: _Launch = ctx.lp
         need_dbias = ctx.needs_input_grad[3]
-        dq, dk, dv, dbias, dgate = _backward(dy.reshape(q.shape), q, k, v, g, None, o_pre, lse,
-                                             lp, need_dbias)
+        dq, dk, dv, dbias, dgate, _ = _backward(dy.reshape(q.shape), q, k, v, g, None, o_pre,
+                                                lse, lp, need_dbias)
         shape = ctx.shape
         return (dq.reshape(shape), dk.reshape(shape), dv.reshape(shape), _dbias_shape(dbias, lp),
                 None, None if dgate is None else dgate.reshape(shape), None)
@@ -1156,11 +1191,11 @@ class _EvoAttentionPacked(torch.autograd.Function):
         dflat = torch.empty_like(flat)  # [B, R, N, P*H*D], flat's (contiguous) strides
         grads = _unpack(dflat, ctx.parts, ctx.no_heads)
         dy = dy.reshape(lp.B, lp.R, lp.N, lp.H, lp.D).transpose(2, 3)  # [B, R, H, N, D]
-        _, _, _, dbias, _ = _backward(dy, q, k, v, g, gate_bias, o_pre, lse, lp,
-                                      ctx.needs_input_grad[1],
-                                      grads=(*grads[:3], grads[3] if g is not None else None))
-        dgate_bias = None
-        if gate_bias is not None and ctx.needs_input_grad[3]:
+        want_dgb = gate_bias is not None and ctx.needs_input_grad[3]
+        _, _, _, dbias, _, dgate_bias = _backward(
+            dy, q, k, v, g, gate_bias, o_pre, lse, lp, ctx.needs_input_grad[1],
+            grads=(*grads[:3], grads[3] if g is not None else None), need_dgate_bias=want_dgb)
+        if want_dgb and dgate_bias is None:  # the preprocess's counters did not fit
             n_hd = lp.H * lp.D
             dg = dflat.view(-1, dflat.shape[-1])[:, 3 * n_hd:]  # [B*R*N, H*D], strided rows
             dgate_bias = column_sum(dg, gate_bias.dtype)

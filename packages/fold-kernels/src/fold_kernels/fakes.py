@@ -98,7 +98,7 @@ def swiglu(x, weight, bias=None):
     return y
 
 
-def bias_sigmoid_gate(x, gate, bias=None):
+def bias_sigmoid_gate(x, gate, bias=None, x_bias=None):
     return torch.empty(_shape(x, gate, bias), device=x.device, dtype=x.dtype)
 
 

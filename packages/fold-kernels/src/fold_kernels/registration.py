@@ -180,8 +180,9 @@ def _broadcasts(*tensors) -> bool:
     return shape is not None and rows_fit(shape)
 
 
-def supports_bias_sigmoid_gate(x, gate, bias=None) -> bool:
-    return _common(x, gate, bias) and _broadcasts(x, gate, bias)
+def supports_bias_sigmoid_gate(x, gate, bias=None, x_bias=None) -> bool:
+    return (_common(x, gate, bias, x_bias) and _broadcasts(x, gate, bias)
+            and (x_bias is None or x_bias.shape == x.shape[-1:]))
 
 
 def supports_triangle_projection_gate(proj, bias, mask) -> bool:

@@ -40,7 +40,10 @@ neither states an op again. An op's signature is its reference's signature
     softmax over the last dim of ``logits + bias + (mask - 1) * inf``; mask/bias broadcast.
 ``swiglu(x, weight, bias=None) -> y``
     ``a, b = F.linear(x, weight, bias).chunk(2, -1); y = silu(a) * b`` (AF3 transition).
-``bias_sigmoid_gate(x, gate, bias=None) -> y``       ``x * sigmoid(gate + bias)``.
+``bias_sigmoid_gate(x, gate, bias=None, x_bias=None) -> y``
+    ``(x + x_bias) * sigmoid(gate + bias)``; x_bias ``[C]``. Two linear layers' biases passed
+    here (the output's as x_bias, the gate's as bias) let a backend sum their gradients in the
+    gate's backward instead of a column sum per layer.
 ``bias_dropout_residual(x, residual, bias=None, dropout_mask=None) -> y``
     ``residual + (x + bias) * dropout_mask``; the mask is pre-scaled by 1/(1-p) and broadcasts
     (AF2's shared row/column dropout).

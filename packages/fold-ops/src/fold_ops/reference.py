@@ -188,11 +188,17 @@ def swiglu(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
 
 
 def bias_sigmoid_gate(
-    x: torch.Tensor, gate: torch.Tensor, bias: torch.Tensor | None = None
+    x: torch.Tensor,
+    gate: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    x_bias: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """``x * sigmoid(gate + bias)``."""
+    """``(x + x_bias) * sigmoid(gate + bias)``. x_bias is added in x's dtype (under autocast,
+    as a linear layer adds its bias), so y stays in x's dtype."""
     if bias is not None:
         gate = gate + bias
+    if x_bias is not None:
+        x = x + x_bias.to(x.dtype)
     return x * torch.sigmoid(gate)
 
 

@@ -5,6 +5,7 @@ ij is updated from the two other edges of the triangles ijk, "outgoing" (ik, jk)
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from fold_model import ops
@@ -95,8 +96,11 @@ class TriangleMultiplication(nn.Module):
         def product(a_i: torch.Tensor, z_ln_i: torch.Tensor) -> torch.Tensor:
             x = a_i @ b.mT if self.outgoing else a_i.mT @ b  # [*, c, I, J]
             # LayerNorm reads the channel-first product through its strides: no copy
-            x = self.linear_z(self.layer_norm_out(x.movedim(-3, -1)))  # [*, I, J, C_z]
-            return ops.bias_sigmoid_gate(x, self.linear_g(z_ln_i))
+            x = F.linear(self.layer_norm_out(x.movedim(-3, -1)), self.linear_z.weight)
+            g = F.linear(z_ln_i, self.linear_g.weight)  # [*, I, J, C_z] each
+            # linear_z's and linear_g's biases are added in the gate op, whose backward sums
+            # their gradients in its own pass (no column sum of a pair-sized gradient each)
+            return ops.bias_sigmoid_gate(x, g, self.linear_g.bias, self.linear_z.bias)
 
         return chunked_rows(product, chunk_size, (left, (z_ln_gate, -3)), out_dim=-3), z
 
