@@ -574,8 +574,9 @@ def test_every_launch_candidate_matches_reference(monkeypatch, kernel, d):
     # N 93: every tile has keys past N; N 256: a multiple of every block (unpredicated loads)
     sizes = (93, 256) if kernel == "fwd" else (93,)
     for cand in cands:
-        monkeypatch.setattr(mod, "_cfg", lambda k, lp, launch, c=cand: (
-            c if k == kernel else default(k, lp, launch)))
+        # *variant: the switches _cfg keys apart (the staggered walk); c keyword-only
+        monkeypatch.setattr(mod, "_cfg", lambda k, lp, launch, *variant, c=cand: (
+            c if k == kernel else default(k, lp, launch, *variant)))
         try:
             for n in sizes:
                 _check(*_inputs((1, 5, 2, n, d), 2, n, torch.bfloat16, seed=ran), torch.bfloat16)
