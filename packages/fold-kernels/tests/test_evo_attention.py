@@ -294,12 +294,57 @@ def test_packed_matches_reference(dtype, d):
     _check_packed((1,), 3, 37, 2, d, dtype, seed=d)
 
 
+@pytest.mark.parametrize("d", [8, 32])
+def test_atomic_buffers_zeroed_for_every_tuner_run(monkeypatch, d):
+    """The backward preprocess zeroes the fp32 buffers dK/dV's atomics add the bias gradient
+    and (dQ atomics) dQ into, for the first dK/dV launch; a tuner that runs the kernel again
+    and again on the same buffers must find them zeroed each time (stand-in tuner: every
+    candidate launched twice, then the first one for real), or the gradients would double."""
+    import importlib
+
+    from fold_kernels import tuning
+
+    mod = importlib.import_module("fold_kernels.evo_attention")
+    monkeypatch.setenv("FOLD_EVO_DBIAS", "atomic")
+    monkeypatch.setenv("FOLD_EVO_DQ", "atomic")
+    runs = []
+
+    def tuner(kernel, key, candidates, launch):
+        for cfg in candidates[:2]:
+            for _ in range(2):
+                launch(cfg)
+                runs.append(kernel)
+        return candidates[0]
+
+    monkeypatch.setattr(tuning, "pick", tuner)
+    _check(*_inputs((1, 5, 2, 29, d), 2, 29, torch.float32, seed=d), torch.float32)
+    assert any(r.startswith("evo_dkdv") for r in runs)
+    assert mod.dq_mode(d) == "atomic" and mod.dbias_mode() == "atomic"
+
+
+@pytest.mark.parametrize("d", [8, 32])
+def test_backward_writes_every_buffer_it_allocates(monkeypatch, d):
+    """Every buffer the kernels' Python allocates with ``torch.empty`` starts as NaN here: the
+    atomics' fp32 buffers must be zeroed by the preprocess (no memset of their own), and no
+    other buffer may be read before it is written."""
+    monkeypatch.setenv("FOLD_EVO_DBIAS", "atomic")
+    monkeypatch.setenv("FOLD_EVO_DQ", "atomic")
+    empty = torch.empty
+
+    def poisoned(*args, **kwargs):
+        t = empty(*args, **kwargs)
+        return t.fill_(float("nan")) if t.is_floating_point() else t
+
+    monkeypatch.setattr(torch, "empty", poisoned)
+    _check(*_inputs((1, 5, 2, 29, d), 2, 29, torch.float32, seed=d + 1), torch.float32)
+
+
 @pytest.mark.parametrize("path", ["preprocess", "column_sum", "no_one_pass", "no_gate_sums"])
 def test_packed_gate_bias_gradient_on_each_path(monkeypatch, path):
     """The gate bias's gradient, reduced in the backward preprocess's own launch (one partial
     row per program, two levels of groups under the interpreter), or by a separate column sum
-    when the counters do not fit, one-pass reductions are off or ``FOLD_KERNELS_GATE_SUMS=0``: each against float64, with
-    batch dims and odd N."""
+    when the counters do not fit, one-pass reductions are off or ``FOLD_KERNELS_GATE_SUMS=0``:
+    each against float64, with batch dims and odd N."""
     from fold_kernels import one_pass
 
     if path == "column_sum":

@@ -282,10 +282,12 @@ def _fwd(Q, K, V, G, GB, Bias, Mask, O, OPre, LSE,
 
 @fast
 @triton.jit
-def _bwd_pre(DY, OPre, G, GB, DO, DG, Delta, GBP, DGB, Cnt, R, H, N, D, sqb, sqr, sqh, sqn,
+def _bwd_pre(DY, OPre, G, GB, DO, DG, Delta, GBP, DGB, Cnt, Z32, z_size, z_chunk, DQ32,
+             R, H, N, D, sqb, sqr, sqh, sqn,
              sob, sor, soh, son, HAS_GATE: tl.constexpr, HAS_GATE_BIAS: tl.constexpr,
-             GB_SUM: tl.constexpr, GROUP: tl.constexpr,
-             BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, PDL: tl.constexpr = False):
+             GB_SUM: tl.constexpr, GROUP: tl.constexpr, ZERO: tl.constexpr,
+             ZERO_DQ: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr,
+             PDL: tl.constexpr = False):
     """delta = rowsum(dO * O); with a gate, dO = dY * sigmoid(g), dg = dY * O * sig'(g).
 
     Program (slab, j): queries ``[j * BLOCK_R, (j + 1) * BLOCK_R)`` of one (b, r, h) slab
@@ -297,8 +299,21 @@ def _bwd_pre(DY, OPre, G, GB, DO, DG, Delta, GBP, DGB, Cnt, R, H, N, D, sqb, sqr
     the programs of head h store their column sums as rows of ``GBP [n_prog + groups, H*D]``
     (fp32) and the last to finish adds them in order (:func:`one_pass.finish_sum`, head h's
     counters at ``Cnt + h * (1 + cdiv(n_prog, GROUP))``), instead of a column sum re-reading the
-    whole dg in a launch of its own."""
+    whole dg in a launch of its own.
+
+    ``ZERO``: the program also zeroes its ``z_chunk`` values of ``Z32 [z_size]`` (the fp32
+    buffer dK/dV's atomics add the bias gradient into); ``ZERO_DQ``: its own queries' rows of
+    ``DQ32 [B, R, H, N, D]`` (dQ's atomics). The next kernel on the stream adds into them, so
+    no memset launches of their own."""
     pdl.enter(PDL)
+    if ZERO:
+        pid_all = (tl.program_id(0) * tl.num_programs(1) + tl.program_id(1)).to(tl.int64)
+        z_lo = pid_all * z_chunk
+        z_hi = tl.minimum(z_lo + z_chunk, z_size)
+        zeros = tl.zeros([1024], tl.float32)
+        for z0 in range(z_lo, z_hi, 1024):
+            offs_z = z0 + tl.arange(0, 1024)
+            tl.store(Z32 + offs_z, zeros, mask=offs_z < z_hi)
     slab = tl.program_id(0)
     h = slab % H
     br = slab // H  # b * R + r
@@ -333,6 +348,9 @@ def _bwd_pre(DY, OPre, G, GB, DO, DG, Delta, GBP, DGB, Cnt, R, H, N, D, sqb, sqr
     else:
         do = dy
     tl.store(Delta + slab.to(tl.int64) * N + offs_n, tl.sum(do * o, 1), mask=offs_n < N)
+    if ZERO_DQ:  # dense [B, R, H, N, D]: slab-major
+        dq_ptrs = DQ32 + slab.to(tl.int64) * N * D + n64 * D + offs_d[None, :]
+        tl.store(dq_ptrs, tl.zeros([BLOCK_R, BLOCK_D], tl.float32), mask=nd)
 
 
 @triton.jit
@@ -950,21 +968,7 @@ def _backward(dy, q, k, v, gate, gate_bias, o_pre, lse, lp: _Launch, need_dbias:
                                   dtype=torch.float32)
         dgate_bias = torch.empty(lp.H * lp.D, device=q.device, dtype=gate_bias.dtype)
         cnt = one_pass.counters(q.device)
-    _bwd_pre[(lp.B * lp.R * lp.H, n_blocks)](
-        dy, o_pre, gate if gate is not None else dy,
-        gate_bias if gate_bias is not None else dy, do, dgate if gate is not None else dy,
-        delta, gb_partials, dgate_bias, cnt, lp.R, lp.H, lp.N, lp.D, *lp.layout[:4],
-        *lp.out_layout[:4], HAS_GATE=gate is not None, HAS_GATE_BIAS=gate_bias is not None,
-        GB_SUM=gb_sum, GROUP=one_pass.group_size() if gb_sum else 1,
-        BLOCK_R=block_r, BLOCK_D=lp.block_d)
-    dgate_bias = dgate_bias if gb_sum else None
-
     dummy = q
-    bias = lp.bias if lp.bias is not None else dummy
-    mask = lp.mask if lp.mask is not None else dummy
-    flags = dict(HAS_BIAS=lp.bias is not None, HAS_MASK=lp.mask is not None,
-                 BLOCK_D=lp.block_d, PRECISION=lp.precision)
-
     want_dbias = need_dbias and lp.bias is not None
     atomic = want_dbias and dbias_mode() == "atomic"
     # atomic mode: dK/dV's pass adds every dS tile into one fp32 [B_bias, H, N, N] buffer
@@ -975,14 +979,36 @@ def _backward(dy, q, k, v, gate, gate_bias, o_pre, lse, lp: _Launch, need_dbias:
     dq_atomic = dq_mode(lp.D) == "atomic"
     dq32 = (torch.empty((lp.B, lp.R, lp.H, lp.N, lp.D), device=q.device, dtype=torch.float32)
             if dq_atomic else dummy)
+    # the preprocess zeroes both buffers (each program a chunk of dbias32, its own rows of
+    # dq32): two memset launches fewer
+    n_programs = lp.B * lp.R * lp.H * n_blocks
+    z_size = dbias32.numel() if atomic else 0
+    _bwd_pre[(lp.B * lp.R * lp.H, n_blocks)](
+        dy, o_pre, gate if gate is not None else dy,
+        gate_bias if gate_bias is not None else dy, do, dgate if gate is not None else dy,
+        delta, gb_partials, dgate_bias, cnt, dbias32, z_size, cdiv(z_size, n_programs), dq32,
+        lp.R, lp.H, lp.N, lp.D, *lp.layout[:4],
+        *lp.out_layout[:4], HAS_GATE=gate is not None, HAS_GATE_BIAS=gate_bias is not None,
+        GB_SUM=gb_sum, GROUP=one_pass.group_size() if gb_sum else 1, ZERO=atomic,
+        ZERO_DQ=dq_atomic, BLOCK_R=block_r, BLOCK_D=lp.block_d)
+    dgate_bias = dgate_bias if gb_sum else None
+
+    bias = lp.bias if lp.bias is not None else dummy
+    mask = lp.mask if lp.mask is not None else dummy
+    flags = dict(HAS_BIAS=lp.bias is not None, HAS_MASK=lp.mask is not None,
+                 BLOCK_D=lp.block_d, PRECISION=lp.precision)
+    fresh = [True]  # the preprocess zeroed the buffers for the first dK/dV launch only
 
     def launch_dkdv(cfg: tuning.Config):
         _check_rows(cfg, (1, 2), "dK/dV")
         grid = (cdiv(lp.N, cfg.block_n), cdiv(lp.R, cfg.rows), lp.B * lp.H)
-        if atomic:
-            dbias32.zero_()  # inside the launch: the tuner runs it repeatedly
-        if dq_atomic:
-            dq32.zero_()
+        if fresh:
+            fresh.clear()
+        else:  # the tuner runs candidates one after another: each adds into zeros again
+            if atomic:
+                dbias32.zero_()
+            if dq_atomic:
+                dq32.zero_()
         _bwd_dkdv[grid](q, k, v, bias, mask, do, lse, delta, dk, dv, dbias32, dq32,
                         *lp.strides(), lp.R, lp.H, lp.N, lp.D, lp.scale, sdbb,
                         TWO_ROWS=cfg.rows == 2, EVEN=lp.even(cfg), EVEN_D=lp.D == lp.block_d,
