@@ -93,14 +93,25 @@ def _rows_sum(P, Dst, row0, n_rows, ld, col0, n_cols,
 
 
 @triton.jit
+def _sets_sum(P, Dst, row0, n_rows, ld, col0, n_cols, set_stride, N_SETS: tl.constexpr,
+              BLOCK_S: tl.constexpr, BLOCK_M: tl.constexpr):
+    """:func:`_rows_sum` over ``N_SETS`` column ranges ``set_stride`` apart."""
+    for k in tl.static_range(N_SETS):
+        _rows_sum(P, Dst, row0, n_rows, ld, col0 + k * set_stride, n_cols, BLOCK_S, BLOCK_M)
+
+
+@triton.jit
 def finish_sum(P, Out, Cnt, pid, n_prog, ld, col0, n_cols,
-               GROUP: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_M: tl.constexpr):
+               GROUP: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_M: tl.constexpr,
+               N_SETS: tl.constexpr = 1, set_stride=0):
     """Called by each of the ``n_prog`` programs of one reduction (``pid`` in ``[0, n_prog)``)
     once it has stored its partial row ``P[pid, col0:col0 + n_cols]`` (fp32, rows ``ld``
     apart). P has ``cdiv(n_prog, GROUP)`` more rows after the programs' rows, for the group
     sums. The last program to arrive stores ``sum(P[:n_prog, cols], 0)`` at ``Out[cols]`` in
     Out's dtype. ``Cnt``: this reduction's ``1 + cdiv(n_prog, GROUP)`` counters, all zero,
-    left zero (the top counter first, then one per group)."""
+    left zero (the top counter first, then one per group). With ``N_SETS`` > 1 the reduction
+    covers that many column ranges, ``set_stride`` apart (e.g. one channel of several stacked
+    projections), under the one set of counters."""
     n_groups = tl.cdiv(n_prog, GROUP)
     g = pid // GROUP
     g_rows = tl.minimum(GROUP, n_prog - g * GROUP)
@@ -108,12 +119,13 @@ def finish_sum(P, Out, Cnt, pid, n_prog, ld, col0, n_cols,
     if tl.atomic_add(Cnt + 1 + g, 1, sem="acq_rel", scope="gpu") == g_rows - 1:
         tl.store(Cnt + 1 + g, 0)  # every program of the group has arrived: reset
         if n_groups == 1:
-            _rows_sum(P, Out, 0, n_prog, ld, col0, n_cols, BLOCK_S, BLOCK_M)
+            _sets_sum(P, Out, 0, n_prog, ld, col0, n_cols, set_stride, N_SETS, BLOCK_S,
+                      BLOCK_M)
         else:
-            _rows_sum(P, P + (n_prog + g).to(tl.int64) * ld, g * GROUP, g_rows, ld, col0,
-                      n_cols, BLOCK_S, BLOCK_M)
+            _sets_sum(P, P + (n_prog + g).to(tl.int64) * ld, g * GROUP, g_rows, ld, col0,
+                      n_cols, set_stride, N_SETS, BLOCK_S, BLOCK_M)
             tl.debug_barrier()  # the group row is stored before the group arrives
             if tl.atomic_add(Cnt, 1, sem="acq_rel", scope="gpu") == n_groups - 1:
                 tl.store(Cnt, 0)
-                _rows_sum(P + n_prog.to(tl.int64) * ld, Out, 0, n_groups, ld, col0, n_cols,
-                          BLOCK_S, BLOCK_M)
+                _sets_sum(P + n_prog.to(tl.int64) * ld, Out, 0, n_groups, ld, col0, n_cols,
+                          set_stride, N_SETS, BLOCK_S, BLOCK_M)
