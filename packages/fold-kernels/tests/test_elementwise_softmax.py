@@ -106,6 +106,33 @@ def test_bias_dropout_residual_shared_row_mask(dtype):
          [True, True, False], extra=(None,))
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("mask_dtype", [torch.uint8, torch.bool])
+def test_bias_dropout_residual_scaled_mask(dtype, mask_dtype):
+    """A 0/1 mask (bytes or bool, shared along the rows) with its scale 1/(1 - p): the same
+    bits as the mask pre-scaled in x's dtype, forward and every gradient, and against the
+    float64 reference."""
+    s, n, c = 3, 7, 37
+    x, res, b = _rand(2, s, n, c, seed=31), _rand(2, s, n, c, seed=32), _rand(c, seed=33)
+    keep = torch.rand(2, 1, n, c, generator=torch.Generator().manual_seed(34)) > 0.25
+    dy = _rand(2, s, n, c, seed=35).to(dtype).to(DEVICE)
+    outs = []
+    for mask, scale in ((keep.to(mask_dtype), 1 / 0.75), ((keep.float() / 0.75).to(dtype), 1.0)):
+        ins = [t.to(dtype).to(DEVICE).clone().requires_grad_() for t in (x, res, b)]
+        y = fk.bias_dropout_residual(*ins, mask.to(DEVICE), scale)
+        y.backward(dy)
+        outs.append((y.detach(), *[t.grad for t in ins]))
+    for a, r in zip(*outs):
+        assert torch.equal(a, r)
+    ref_ins = [t.to(dtype).double().clone().requires_grad_() for t in (x, res, b)]
+    y_ref = ref.bias_dropout_residual(*ref_ins, keep.to(mask_dtype), 1 / 0.75)
+    y_ref.backward(dy.double().cpu())
+    tol = TOL[dtype]
+    assert rel_err(outs[0][0], y_ref.double()) < tol
+    for a, r in zip(outs[0][1:], ref_ins):
+        assert rel_err(a, r.grad) < tol
+
+
 def test_bias_dropout_residual_bool_mask_column_shared():
     x, res = _rand(4, 6, 8, seed=8), _rand(4, 6, 8, seed=9)
     keep = torch.rand(4, 1, 8, generator=torch.Generator().manual_seed(10)) > 0.5

@@ -70,7 +70,7 @@ LEAF_OPS: dict[str, LeafOp] = {
     "bias_sigmoid_gate": LeafOp(("x", "gate", "bias", "x_bias"),
                                 {"x": "", "gate": "", "bias": "", "x_bias": ""}, "", {}),
     "bias_dropout_residual": LeafOp(
-        ("x", "residual", "bias", "dropout_mask"),
+        ("x", "residual", "bias", "dropout_mask", "dropout_scale"),
         {"x": "", "residual": "", "bias": "", "dropout_mask": ""}, "", {}),
     # proj [*, 4c, I, J], bias [4c], mask [*, I, J] -> (a, b), each [*, c, I, J]
     "triangle_projection_gate": LeafOp(

@@ -8,6 +8,8 @@ mask shared along the rows of one dimension) are read through strides, never exp
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
@@ -125,12 +127,24 @@ def _gate_bwd(X, G, Bias, XBias, DY, DX, DZ, PX, PB, OutX, OutB, Cnt, d0, d1, d2
                        BLOCK_C)
 
 
+@triton.jit
+def _keep(Mask, rows, cols, d1, d2, ms0, ms1, ms2, msc, valid, scale, SCALED: tl.constexpr):
+    """The dropout mask's tile in fp32, times ``scale`` with ``SCALED`` (the scale already
+    rounded to x's dtype by the host: a 0/1 mask gives the values of a mask pre-scaled in
+    x's dtype)."""
+    keep = tl.load(_ptrs(Mask, rows, cols, d1, d2, ms0, ms1, ms2, msc), mask=valid, other=0)
+    keep = keep.to(tl.float32)
+    if SCALED:
+        keep *= scale
+    return keep
+
+
 @fast
 @triton.jit
 def _bdr_fwd(X, Res, Bias, Mask, Y, d0, d1, d2, C,
              xs0, xs1, xs2, xsc, rs0, rs1, rs2, rsc, bs0, bs1, bs2, bsc,
-             ms0, ms1, ms2, msc,
-             HAS_BIAS: tl.constexpr, HAS_MASK: tl.constexpr,
+             ms0, ms1, ms2, msc, scale,
+             HAS_BIAS: tl.constexpr, HAS_MASK: tl.constexpr, SCALED: tl.constexpr,
              BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, PDL: tl.constexpr = False):
     pdl.enter(PDL)
     rows, cols, valid = _tile(d0, d1, d2, C, BLOCK_R, BLOCK_C)
@@ -140,8 +154,7 @@ def _bdr_fwd(X, Res, Bias, Mask, Y, d0, d1, d2, C,
         bias = tl.load(_ptrs(Bias, rows, cols, d1, d2, bs0, bs1, bs2, bsc), mask=valid, other=0.0)
         y += bias.to(tl.float32)
     if HAS_MASK:
-        keep = tl.load(_ptrs(Mask, rows, cols, d1, d2, ms0, ms1, ms2, msc), mask=valid, other=0.0)
-        y *= keep.to(tl.float32)
+        y *= _keep(Mask, rows, cols, d1, d2, ms0, ms1, ms2, msc, valid, scale, SCALED)
     res = tl.load(_ptrs(Res, rows, cols, d1, d2, rs0, rs1, rs2, rsc), mask=valid, other=0.0)
     y += res.to(tl.float32)
     out = rows.to(tl.int64)[:, None] * C + cols[None, :]
@@ -150,15 +163,16 @@ def _bdr_fwd(X, Res, Bias, Mask, Y, d0, d1, d2, C,
 
 @fast
 @triton.jit
-def _bdr_bwd(DY, Mask, DX, d0, d1, d2, C, ms0, ms1, ms2, msc, ys0, ys1, ys2, ysc,
-             BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, PDL: tl.constexpr = False):
+def _bdr_bwd(DY, Mask, DX, d0, d1, d2, C, ms0, ms1, ms2, msc, ys0, ys1, ys2, ysc, scale,
+             SCALED: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
+             PDL: tl.constexpr = False):
     pdl.enter(PDL)
     rows, cols, valid = _tile(d0, d1, d2, C, BLOCK_R, BLOCK_C)
     out = rows.to(tl.int64)[:, None] * C + cols[None, :]
     dy = tl.load(_ptrs(DY, rows, cols, d1, d2, ys0, ys1, ys2, ysc), mask=valid, other=0.0)
     dy = dy.to(tl.float32)
-    keep = tl.load(_ptrs(Mask, rows, cols, d1, d2, ms0, ms1, ms2, msc), mask=valid, other=0.0)
-    tl.store(DX + out, (dy * keep.to(tl.float32)).to(DX.dtype.element_ty), mask=valid)
+    keep = _keep(Mask, rows, cols, d1, d2, ms0, ms1, ms2, msc, valid, scale, SCALED)
+    tl.store(DX + out, (dy * keep).to(DX.dtype.element_ty), mask=valid)
 
 
 def _blocks(c: int) -> tuple[int, int, int]:
@@ -281,11 +295,24 @@ def bias_sigmoid_gate(x: torch.Tensor, gate: torch.Tensor,
     return nograd.apply(_BiasSigmoidGate, x, gate, bias, x_bias)
 
 
+@functools.lru_cache(maxsize=64)
+def _scale_in(dtype: torch.dtype, scale: float) -> float:
+    """``scale`` rounded to ``dtype`` (as a mask pre-scaled in x's dtype holds it)."""
+    return torch.tensor(scale, dtype=dtype).item()
+
+
+def _dropout_args(dropout_mask, dropout_scale, x_dtype) -> tuple:
+    """(mask as the kernels read it, scale in x's dtype, SCALED): a bool mask read as bytes."""
+    if dropout_mask is not None and dropout_mask.dtype == torch.bool:
+        dropout_mask = dropout_mask.view(torch.uint8)
+    scaled = dropout_scale != 1.0
+    return dropout_mask, _scale_in(x_dtype, float(dropout_scale)) if scaled else 1.0, scaled
+
+
 class _BiasDropoutResidual(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, residual, bias, dropout_mask):
-        if dropout_mask is not None and dropout_mask.dtype == torch.bool:
-            dropout_mask = dropout_mask.to(x.dtype)  # in its own (broadcast) shape: small
+    def forward(ctx, x, residual, bias, dropout_mask, dropout_scale):
+        dropout_mask, scale, scaled = _dropout_args(dropout_mask, dropout_scale, x.dtype)
         shape = _broadcast("bias_dropout_residual", x, residual, bias, dropout_mask)
         lay = row_layout(shape, x, residual, bias, dropout_mask)
         y = torch.empty(shape, device=x.device, dtype=residual.dtype)
@@ -294,14 +321,15 @@ class _BiasDropoutResidual(torch.autograd.Function):
         xv, rv, bv, mv = lay.operands
         _bdr_fwd[_grid(lay.dims, c, block_r, block_c)](
             xv, rv, bv if bv is not None else xv, mv if mv is not None else xv, y, *lay.dims, c,
-            *lay.strides[0], *lay.strides[1], *lay.strides[2], *lay.strides[3],
-            HAS_BIAS=bias is not None, HAS_MASK=dropout_mask is not None,
+            *lay.strides[0], *lay.strides[1], *lay.strides[2], *lay.strides[3], scale,
+            HAS_BIAS=bias is not None, HAS_MASK=dropout_mask is not None, SCALED=scaled,
             BLOCK_R=block_r, BLOCK_C=block_c, num_warps=warps)
         # Only the mask is saved: x and residual are needed for their shape and dtype alone,
         # and keeping x (a sub-layer's output) alive would pin one pair-sized tensor per
         # sub-layer that activation checkpointing otherwise frees (9 GiB in an AF3 step at
         # 384 tokens).
         ctx.save_for_backward(dropout_mask)
+        ctx.scale = (scale, scaled)
         ctx.metas = [(t.shape, t.dtype) if t is not None else None for t in (x, residual, bias)]
         return y
 
@@ -317,20 +345,25 @@ class _BiasDropoutResidual(torch.autograd.Function):
             dx = torch.empty(shape, device=dy.device, dtype=dy.dtype)
             c = shape[-1]
             block_r, block_c, warps = _blocks(c)
+            scale, scaled = ctx.scale
             _bdr_bwd[_grid(lay.dims, c, block_r, block_c)](
                 lay.operands[1], lay.operands[0], dx, *lay.dims, c, *lay.strides[0],
-                *lay.strides[1], BLOCK_R=block_r, BLOCK_C=block_c, num_warps=warps)
+                *lay.strides[1], scale, SCALED=scaled, BLOCK_R=block_r,
+                BLOCK_C=block_c, num_warps=warps)
         dbias = None if bias is None else reduce_to(dx, *bias)
-        return reduce_to(dx, *x), reduce_to(dy, *residual), dbias, None
+        return reduce_to(dx, *x), reduce_to(dy, *residual), dbias, None, None
 
 
 def bias_dropout_residual(x: torch.Tensor, residual: torch.Tensor,
                           bias: torch.Tensor | None = None,
-                          dropout_mask: torch.Tensor | None = None) -> torch.Tensor:
-    """``residual + (x + bias) * dropout_mask`` (mask pre-scaled by 1/(1-p), broadcast).
+                          dropout_mask: torch.Tensor | None = None,
+                          dropout_scale: float = 1.0) -> torch.Tensor:
+    """``residual + (x + bias) * dropout_mask * dropout_scale`` (mask broadcast: bool, 0/1
+    bytes or floats, or pre-scaled with scale 1; mask * scale is taken in x's dtype).
 
-    The mask gets no gradient; y is in residual's dtype.
+    The mask gets no gradient; y is in residual's dtype. A 0/1 mask with its scale here needs
+    no launch to scale it.
     """
     tuning.require_device("bias_dropout_residual", x,
                           "fold_ops.reference.bias_dropout_residual")
-    return nograd.apply(_BiasDropoutResidual, x, residual, bias, dropout_mask)
+    return nograd.apply(_BiasDropoutResidual, x, residual, bias, dropout_mask, dropout_scale)

@@ -102,7 +102,7 @@ def bias_sigmoid_gate(x, gate, bias=None, x_bias=None):
     return torch.empty(_shape(x, gate, bias), device=x.device, dtype=x.dtype)
 
 
-def bias_dropout_residual(x, residual, bias=None, dropout_mask=None):
+def bias_dropout_residual(x, residual, bias=None, dropout_mask=None, dropout_scale=1.0):
     return torch.empty(_shape(x, residual, bias, dropout_mask), device=x.device,
                        dtype=residual.dtype)
 

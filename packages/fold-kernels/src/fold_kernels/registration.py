@@ -199,7 +199,8 @@ def supports_linear_channel_first(x, weight) -> bool:
     return weight.dim() == 2 and weight.shape[1] == x.shape[-1] and weight.dtype == x.dtype
 
 
-def supports_bias_dropout_residual(x, residual, bias=None, dropout_mask=None) -> bool:
+def supports_bias_dropout_residual(x, residual, bias=None, dropout_mask=None,
+                                   dropout_scale=1.0) -> bool:
     return _common(x, residual, bias, dropout_mask) and _broadcasts(x, residual, bias,
                                                                      dropout_mask)
 

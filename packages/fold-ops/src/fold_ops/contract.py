@@ -44,9 +44,11 @@ neither states an op again. An op's signature is its reference's signature
     ``(x + x_bias) * sigmoid(gate + bias)``; x_bias ``[C]``. Two linear layers' biases passed
     here (the output's as x_bias, the gate's as bias) let a backend sum their gradients in the
     gate's backward instead of a column sum per layer.
-``bias_dropout_residual(x, residual, bias=None, dropout_mask=None) -> y``
-    ``residual + (x + bias) * dropout_mask``; the mask is pre-scaled by 1/(1-p) and broadcasts
-    (AF2's shared row/column dropout).
+``bias_dropout_residual(x, residual, bias=None, dropout_mask=None, dropout_scale=1.0) -> y``
+    ``residual + (x + bias) * dropout_mask * dropout_scale``; the mask broadcasts (AF2's
+    shared row/column dropout): bool or 0/1 with ``dropout_scale = 1/(1-p)``, or pre-scaled
+    with scale 1; the scale is taken in x's dtype (a 0/1 mask gives a pre-scaled mask's
+    numbers).
 ``triangle_projection_gate(proj, bias, mask) -> (a, b)``
     the gated, masked operands of triangle multiplication from the channel-first projections
     ``proj [*, 4c, I, J]`` (rows ``p_a, g_a, p_b, g_b``), ``bias [4c]``, ``mask [*, I, J]``:

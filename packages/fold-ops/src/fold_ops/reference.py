@@ -207,12 +207,20 @@ def bias_dropout_residual(
     residual: torch.Tensor,
     bias: torch.Tensor | None = None,
     dropout_mask: torch.Tensor | None = None,
+    dropout_scale: float = 1.0,
 ) -> torch.Tensor:
-    """``residual + (x + bias) * dropout_mask``; the mask is pre-scaled and broadcasts."""
+    """``residual + (x + bias) * dropout_mask * dropout_scale``; the mask broadcasts (bool or
+    integer 0/1, or floats, e.g. pre-scaled with scale 1). The scale is taken in x's dtype, so
+    that a 0/1 mask gives the numbers of the mask pre-scaled in x's dtype."""
     if bias is not None:
         x = x + bias
     if dropout_mask is not None:
-        x = x * dropout_mask
+        keep = dropout_mask
+        if not keep.is_floating_point():
+            keep = keep.to(x.dtype)
+        if dropout_scale != 1.0:  # in the mask's own (small) shape
+            keep = keep * torch.tensor(dropout_scale, dtype=x.dtype).item()
+        x = x * keep
     return residual + x
 
 

@@ -377,6 +377,12 @@ def dropout_residual(
     update: torch.Tensor, x: torch.Tensor, rate: float, shared_dim: int, training: bool
 ) -> torch.Tensor:
     """``x + dropout(update)`` with AF2's shared dropout along ``shared_dim`` (one fused
-    ``ops.bias_dropout_residual``)."""
-    mask = shared_dropout_mask(update, rate, shared_dim, training)
-    return ops.bias_dropout_residual(update, x, None, mask)
+    ``ops.bias_dropout_residual``). The mask is drawn as 0/1 bytes and scaled by the op, in
+    x's dtype as :func:`shared_dropout_mask`'s pre-scaled mask is: one launch for the mask,
+    not two."""
+    if not training or rate == 0.0:
+        return ops.bias_dropout_residual(update, x, None, None)
+    keep = 1.0 - rate
+    # size 1 along shared_dim
+    mask = update.new_empty(update.narrow(shared_dim, 0, 1).shape, dtype=torch.uint8)
+    return ops.bias_dropout_residual(update, x, None, mask.bernoulli_(keep), 1.0 / keep)
