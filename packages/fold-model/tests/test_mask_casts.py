@@ -58,6 +58,9 @@ def test_triangle_multiplication_mask_in_projection_dtype(outgoing):
     assert 0 < mask.sum() < mask.numel()  # holes
     with _Casts() as casts:
         out = _run(mod, z, mask)
+    # the update stays in the autocast dtype: linear_z's and linear_g's fp32 biases, added by
+    # the gate op, are added in their operands' dtype as the layers' GEMMs add them
+    assert out.dtype == torch.bfloat16
     # no cast of an [.., N, N, c_hidden] projection (nor of its gradient)
     assert not [s for s in casts.shapes if s[-1] == c and len(s) >= 3], casts.shapes
     grads = [z.grad.clone()] + [p.grad.clone() for p in mod.parameters()]

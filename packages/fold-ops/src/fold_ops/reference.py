@@ -193,10 +193,10 @@ def bias_sigmoid_gate(
     bias: torch.Tensor | None = None,
     x_bias: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """``(x + x_bias) * sigmoid(gate + bias)``. x_bias is added in x's dtype (under autocast,
-    as a linear layer adds its bias), so y stays in x's dtype."""
+    """``(x + x_bias) * sigmoid(gate + bias)``. Each bias is added in its operand's dtype (under
+    autocast, as a linear layer adds its bias), so y stays in x's dtype."""
     if bias is not None:
-        gate = gate + bias
+        gate = gate + bias.to(gate.dtype)
     if x_bias is not None:
         x = x + x_bias.to(x.dtype)
     return x * torch.sigmoid(gate)
