@@ -8,12 +8,11 @@ mask shared along the rows of one dimension) are read through strides, never exp
 
 from __future__ import annotations
 
-import functools
-
 import torch
 import triton
 import triton.language as tl
 from fold_ops.env import EnvVar
+from fold_ops.rounding import round_to
 
 from fold_kernels import nograd, one_pass, pdl, tuning
 from fold_kernels.broadcast import broadcast_shape, reduce_to, row_layout, row_offsets
@@ -295,18 +294,12 @@ def bias_sigmoid_gate(x: torch.Tensor, gate: torch.Tensor,
     return nograd.apply(_BiasSigmoidGate, x, gate, bias, x_bias)
 
 
-@functools.lru_cache(maxsize=64)
-def _scale_in(dtype: torch.dtype, scale: float) -> float:
-    """``scale`` rounded to ``dtype`` (as a mask pre-scaled in x's dtype holds it)."""
-    return torch.tensor(scale, dtype=dtype).item()
-
-
 def _dropout_args(dropout_mask, dropout_scale, x_dtype) -> tuple:
     """(mask as the kernels read it, scale in x's dtype, SCALED): a bool mask read as bytes."""
     if dropout_mask is not None and dropout_mask.dtype == torch.bool:
         dropout_mask = dropout_mask.view(torch.uint8)
     scaled = dropout_scale != 1.0
-    return dropout_mask, _scale_in(x_dtype, float(dropout_scale)) if scaled else 1.0, scaled
+    return dropout_mask, round_to(float(dropout_scale), x_dtype) if scaled else 1.0, scaled
 
 
 class _BiasDropoutResidual(torch.autograd.Function):

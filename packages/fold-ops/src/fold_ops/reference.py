@@ -18,6 +18,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from fold_ops.rounding import round_to
+
 __all__ = [
     "linear",
     "attention",
@@ -219,7 +221,7 @@ def bias_dropout_residual(
         if not keep.is_floating_point():
             keep = keep.to(x.dtype)
         if dropout_scale != 1.0:  # in the mask's own (small) shape
-            keep = keep * torch.tensor(dropout_scale, dtype=x.dtype).item()
+            keep = keep * round_to(dropout_scale, x.dtype)
         x = x * keep
     return residual + x
 
