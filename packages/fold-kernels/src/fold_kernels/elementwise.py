@@ -245,27 +245,25 @@ class _BiasSigmoidGate(torch.autograd.Function):
         c = shape[-1]
         block_r, block_c, warps = _blocks(c)
         n_tiles, n_cblk = _grid(lay.dims, c, block_r, block_c)
-        # [C] biases: their gradients (column sums of dx and dz) in this launch
-        sum_x = x_bias is not None and ctx.needs_input_grad[3]
-        sum_b = _column_vector(bias, c) and ctx.needs_input_grad[2]
+        # [C] biases: their gradients (column sums of dx and dz) in this launch, from a fixed
+        # grid of programs that each walk several row tiles
+        want_x = x_bias is not None and ctx.needs_input_grad[3]
+        want_b = _column_vector(bias, c) and ctx.needs_input_grad[2]
         n_prog = n_tiles
-        px = pb = out_x = out_b = cnt = dx
-        if (sum_x or sum_b) and GATE_SUMS.get() and one_pass.enabled():
-            n_prog = _sum_programs(n_tiles, n_cblk, dy.device)
-            if n_cblk * 2 * one_pass.slots(n_prog) > one_pass.SLOTS:
-                sum_x = sum_b = False
-                n_prog = n_tiles
-        else:
-            sum_x = sum_b = False
-        group = one_pass.group_size()
-        if sum_x or sum_b:
-            rows = n_prog + cdiv(n_prog, group)
+        fused = False
+        if (want_x or want_b) and GATE_SUMS.get():
+            n_sum = _sum_programs(n_tiles, n_cblk, dy.device)
+            fused = one_pass.fits(2 * n_cblk, n_sum)  # dx's and dz's counters per block
+            n_prog = n_sum if fused else n_tiles
+        sum_x, sum_b = fused and want_x, fused and want_b
+        px = pb = out_x = out_b = cnt = dx  # stand-ins, never touched without the sums
+        if fused:
             cnt = one_pass.counters(dy.device)
         if sum_x:
-            px = torch.empty((rows, c), device=dy.device, dtype=torch.float32)
+            px = one_pass.partials(n_prog, c, dy.device)
             out_x = torch.empty(c, device=dy.device, dtype=x_bias.dtype)
         if sum_b:
-            pb = torch.empty((rows, c), device=dy.device, dtype=torch.float32)
+            pb = one_pass.partials(n_prog, c, dy.device)
             out_b = torch.empty(c, device=dy.device, dtype=bias.dtype)
         xv, gv, bv, yv = lay.operands
         _gate_bwd[(n_prog, n_cblk)](
@@ -273,7 +271,7 @@ class _BiasSigmoidGate(torch.autograd.Function):
             dx, dz, px, pb, out_x, out_b, cnt, *lay.dims, c,
             *lay.strides[0], *lay.strides[1], *lay.strides[2], *lay.strides[3],
             HAS_BIAS=bias is not None, HAS_XBIAS=x_bias is not None, SUM_X=sum_x,
-            SUM_B=sum_b, GROUP=group if sum_x or sum_b else 1, BLOCK_R=block_r,
+            SUM_B=sum_b, GROUP=one_pass.group_size() if fused else 1, BLOCK_R=block_r,
             BLOCK_C=block_c, num_warps=warps)
         dbias = None
         if bias is not None and ctx.needs_input_grad[2]:

@@ -959,13 +959,10 @@ def _backward(dy, q, k, v, gate, gate_bias, o_pre, lse, lp: _Launch, need_dbias:
     # the last programs (one_pass), when every head's counters fit
     n_pre = lp.B * lp.R * n_blocks  # programs per head
     gb_sum = (need_dgate_bias and gate is not None and gate_bias is not None
-              and one_pass.enabled() and GATE_SUMS.get()
-              and lp.H * one_pass.slots(n_pre) <= one_pass.SLOTS)
-    dgate_bias = gb_partials = cnt = dy
+              and GATE_SUMS.get() and one_pass.fits(lp.H, n_pre))
+    dgate_bias = gb_partials = cnt = dy  # stand-ins, never touched without GB_SUM
     if gb_sum:
-        group = one_pass.group_size()
-        gb_partials = torch.empty((n_pre + cdiv(n_pre, group), lp.H * lp.D), device=q.device,
-                                  dtype=torch.float32)
+        gb_partials = one_pass.partials(n_pre, lp.H * lp.D, q.device)
         dgate_bias = torch.empty(lp.H * lp.D, device=q.device, dtype=gate_bias.dtype)
         cnt = one_pass.counters(q.device)
     dummy = q
@@ -981,12 +978,11 @@ def _backward(dy, q, k, v, gate, gate_bias, o_pre, lse, lp: _Launch, need_dbias:
             if dq_atomic else dummy)
     # the preprocess zeroes both buffers (each program a chunk of dbias32, its own rows of
     # dq32): two memset launches fewer
-    n_programs = lp.B * lp.R * lp.H * n_blocks
     z_size = dbias32.numel() if atomic else 0
     _bwd_pre[(lp.B * lp.R * lp.H, n_blocks)](
         dy, o_pre, gate if gate is not None else dy,
         gate_bias if gate_bias is not None else dy, do, dgate if gate is not None else dy,
-        delta, gb_partials, dgate_bias, cnt, dbias32, z_size, cdiv(z_size, n_programs), dq32,
+        delta, gb_partials, dgate_bias, cnt, dbias32, z_size, cdiv(z_size, n_pre * lp.H), dq32,
         lp.R, lp.H, lp.N, lp.D, *lp.layout[:4],
         *lp.out_layout[:4], HAS_GATE=gate is not None, HAS_GATE_BIAS=gate_bias is not None,
         GB_SUM=gb_sum, GROUP=one_pass.group_size() if gb_sum else 1, ZERO=atomic,

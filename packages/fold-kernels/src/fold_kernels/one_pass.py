@@ -37,7 +37,8 @@ from fold_ops.env import EnvVar
 from fold_kernels.launch import raw_stream
 from fold_kernels.tuning import interpreting
 
-__all__ = ["finish_sum", "counters", "enabled", "group_size", "slots", "SLOTS"]
+__all__ = ["finish_sum", "counters", "enabled", "group_size", "slots", "fits", "partials",
+           "SLOTS"]
 
 _ENABLED = EnvVar("FOLD_KERNELS_ONE_PASS", lambda v: (v if v is not None else "1") != "0")
 SLOTS = 4096  # counters per (device, stream): 16 KB
@@ -58,6 +59,19 @@ def group_size() -> int:
 def slots(n_prog: int) -> int:
     """Counters one reduction over ``n_prog`` programs uses: the top one and one per group."""
     return 1 + triton.cdiv(n_prog, group_size())
+
+
+def fits(reductions: int, n_prog: int) -> bool:
+    """One-pass reductions are on and ``reductions`` of them over ``n_prog`` programs each
+    (e.g. one per column block or per head) fit the counters of one kernel."""
+    return enabled() and reductions * slots(n_prog) <= SLOTS
+
+
+def partials(n_prog: int, width: int, device: torch.device) -> torch.Tensor:
+    """The fp32 ``[n_prog + groups, width]`` buffer of one reduction: a partial row per program,
+    then one row per group for :func:`finish_sum`'s first level."""
+    rows = n_prog + triton.cdiv(n_prog, group_size())
+    return torch.empty((rows, width), device=device, dtype=torch.float32)
 
 
 def counters(device: torch.device) -> torch.Tensor:

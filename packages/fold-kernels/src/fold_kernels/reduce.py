@@ -156,11 +156,9 @@ def column_sum(x: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tenso
     per_cblk = 3 if interpreting else max(1, 4 * tuning.multiprocessors(x.device) // n_cblk)
     n_prog = min(cdiv(m, block_m), per_cblk)
     warps = 1 if interpreting else 4
-    if n_prog > 1 and one_pass.enabled() and n_cblk * one_pass.slots(n_prog) <= one_pass.SLOTS:
+    if n_prog > 1 and one_pass.fits(n_cblk, n_prog):
         group = one_pass.group_size()
-        # the programs' partial rows, then one row per group of programs
-        partials = torch.empty((n_prog + cdiv(n_prog, group), c), device=x.device,
-                               dtype=torch.float32)
+        partials = one_pass.partials(n_prog, c, x.device)
         out = torch.empty(c, device=x.device, dtype=dtype)
         _column_partials[(n_prog, n_cblk)](x, partials, out, one_pass.counters(x.device), m, c,
                                            x.stride(0), x.stride(1), BLOCK_M=block_m,

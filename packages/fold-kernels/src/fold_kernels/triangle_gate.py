@@ -196,21 +196,22 @@ class _TriangleProjectionGate(torch.autograd.Function):
         bias_grad = ctx.needs_input_grad[1]
         n_prog = bt * n_tiles  # partial rows: one per (batch entry, tile)
         # one pass: the last programs of each channel add its rows (counters per channel)
-        fused = (bias_grad and one_pass.enabled()
-                 and c * one_pass.slots(n_prog) <= one_pass.SLOTS)
-        group = one_pass.group_size() if fused else 1
-        rows = n_prog + (cdiv(n_prog, group) if fused else 0)  # + the group rows
-        partials = (torch.empty((rows, c4), device=p.device, dtype=torch.float32)
-                    if bias_grad else dp)  # unused without BIAS_GRAD
-        dbias = (torch.empty(c4, device=p.device, dtype=bias.dtype) if fused else partials)
-        cnt = one_pass.counters(p.device) if fused else partials
-        _tri_gate_bwd[(n_tiles, c, bt)](p, bias, m, da, db, dp, partials, dbias, cnt, c, n_i,
+        fused = bias_grad and one_pass.fits(c, n_prog)
+        partials = out = cnt = dp  # stand-ins, never touched without BIAS_GRAD / ONE_PASS
+        if fused:
+            partials = one_pass.partials(n_prog, c4, p.device)
+            out = torch.empty(c4, device=p.device, dtype=bias.dtype)
+            cnt = one_pass.counters(p.device)
+        elif bias_grad:
+            partials = torch.empty((n_prog, c4), device=p.device, dtype=torch.float32)
+        _tri_gate_bwd[(n_tiles, c, bt)](p, bias, m, da, db, dp, partials, out, cnt, c, n_i,
                    n_j, *p.stride(), *m.stride(), *da.stride(), *db.stride(), BLOCK_I=bi,
-                   BLOCK_J=bj, BIAS_GRAD=bias_grad, ONE_PASS=fused, GROUP=group,
-                   num_warps=warps)
-        if bias_grad and not fused:
-            dbias = sum_partials(partials, bias.dtype)  # [4c]
-        return dp.reshape(ctx.shape), dbias if bias_grad else None, None
+                   BLOCK_J=bj, BIAS_GRAD=bias_grad, ONE_PASS=fused,
+                   GROUP=one_pass.group_size() if fused else 1, num_warps=warps)
+        dbias = None
+        if bias_grad:
+            dbias = out if fused else sum_partials(partials, bias.dtype)  # [4c]
+        return dp.reshape(ctx.shape), dbias, None
 
 
 def grid_sizes(shape: tuple[int, ...]) -> dict[str, int]:

@@ -348,9 +348,13 @@ def shared_dropout_mask(
     if not training or rate == 0.0:
         return None
     keep = 1.0 - rate
-    # size 1 along shared_dim; drawn and scaled in place: two launches, not three
-    mask = x.new_empty(x.narrow(shared_dim, 0, 1).shape)
-    return mask.bernoulli_(keep).div_(keep)
+    return _shared_draws(x, keep, shared_dim, x.dtype).div_(keep)  # scaled in place
+
+
+def _shared_draws(x: torch.Tensor, keep: float, shared_dim: int,
+                  dtype: torch.dtype) -> torch.Tensor:
+    """0/1 Bernoulli(``keep``) draws in ``dtype``, x's shape with size 1 along ``shared_dim``."""
+    return x.new_empty(x.narrow(shared_dim, 0, 1).shape, dtype=dtype).bernoulli_(keep)
 
 
 def in_place_residuals(chunk_size: int | None, training: bool) -> bool:
@@ -383,6 +387,5 @@ def dropout_residual(
     if not training or rate == 0.0:
         return ops.bias_dropout_residual(update, x, None, None)
     keep = 1.0 - rate
-    # size 1 along shared_dim
-    mask = update.new_empty(update.narrow(shared_dim, 0, 1).shape, dtype=torch.uint8)
-    return ops.bias_dropout_residual(update, x, None, mask.bernoulli_(keep), 1.0 / keep)
+    mask = _shared_draws(update, keep, shared_dim, torch.uint8)
+    return ops.bias_dropout_residual(update, x, None, mask, 1.0 / keep)
