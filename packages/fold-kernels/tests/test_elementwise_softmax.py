@@ -93,6 +93,23 @@ def test_bias_sigmoid_gate_x_bias_is_checked_and_deterministic():
     assert all(torch.equal(a, c) for a, c in zip(*grads))
 
 
+def test_bias_sigmoid_gate_biases_of_two_dtypes():
+    """x_bias and bias in different dtypes (fp32 and bf16): both gradients come from the one
+    summed reduction (kept in fp32 then), against float64."""
+    x, g = _rand(2, 9, 40, seed=31), _rand(2, 9, 40, seed=32)
+    b, xb = _rand(40, seed=33), _rand(40, seed=34)
+    dy = _rand(2, 9, 40, seed=35)
+    ins = [x.bfloat16(), g.bfloat16(), b.float(), xb.bfloat16()]
+    ins = [t.to(DEVICE).requires_grad_() for t in ins]
+    y = fk.bias_sigmoid_gate(*ins[:3], x_bias=ins[3])
+    y.backward(dy.bfloat16().to(DEVICE))
+    ref_ins = [t.detach().cpu().double().requires_grad_() for t in ins]
+    ref.bias_sigmoid_gate(*ref_ins[:3], x_bias=ref_ins[3]).backward(dy.bfloat16().double())
+    for a, r in zip(ins, ref_ins):
+        assert a.grad.dtype == a.dtype
+        assert rel_err(a.grad, r.grad) < TOL[torch.bfloat16]
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_bias_dropout_residual_shared_row_mask(dtype):
     s, n, c = 3, 7, 20

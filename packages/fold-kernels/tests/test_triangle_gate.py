@@ -72,18 +72,9 @@ def test_batch_dims_shared_float_mask_and_transposed_gradients():
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("path", ["one_pass", "sum_partials", "no_one_pass"])
-def test_bias_gradient_over_many_tiles_and_batch_entries(monkeypatch, dtype, path):
+def test_bias_gradient_over_many_tiles_and_batch_entries(dtype):
     """The bias gradient's partial rows: several tiles in I and in J (odd sizes, partial edge
-    tiles), three batch entries under one broadcast mask; the same bits on a second call. The
-    rows added by the kernel's last programs per channel (two levels of groups under the
-    interpreter), by a second launch when the counters do not fit, or with one-pass off."""
-    from fold_kernels import one_pass
-
-    if path == "sum_partials":
-        monkeypatch.setattr(one_pass, "SLOTS", 4)
-    elif path == "no_one_pass":
-        monkeypatch.setenv("FOLD_KERNELS_ONE_PASS", "0")
+    tiles), three batch entries under one broadcast mask; the same bits on a second call."""
     proj, bias, mask = _inputs((3,), 3, 13, 19, mask_lead=(1,), bool_mask=True, seed=6)
     first = _check(proj, bias, mask, dtype, bias_dtype=dtype)
     assert torch.equal(first, _check(proj, bias, mask, dtype, bias_dtype=dtype))

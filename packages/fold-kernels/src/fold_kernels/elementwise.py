@@ -63,67 +63,99 @@ def _gate_fwd(X, G, Bias, XBias, Y, d0, d1, d2, C,
     tl.store(Y + out, y.to(Y.dtype.element_ty), mask=valid)
 
 
+@triton.jit
+def _gate_bwd_tile(X, G, Bias, DY, t, cols, c_valid, xb, d0, d1, d2, C,
+                   xs0, xs1, xs2, xsc, gs0, gs1, gs2, gsc, bs0, bs1, bs2, bsc,
+                   ys0, ys1, ys2, ysc, HAS_BIAS: tl.constexpr, HAS_XBIAS: tl.constexpr,
+                   BLOCK_R: tl.constexpr):
+    """Row tile t's ``dx = dy * sig`` and ``dz = dx * x * (1 - sig)`` (fp32, 0 outside the
+    tile), their offsets in the contiguous outputs and the tile's mask."""
+    rows = t * BLOCK_R + tl.arange(0, BLOCK_R)
+    valid = (rows < d0 * d1 * d2)[:, None] & c_valid[None, :]
+    x = tl.load(_ptrs(X, rows, cols, d1, d2, xs0, xs1, xs2, xsc), mask=valid, other=0.0)
+    x = x.to(tl.float32)
+    if HAS_XBIAS:
+        x += xb
+    z = tl.load(_ptrs(G, rows, cols, d1, d2, gs0, gs1, gs2, gsc), mask=valid, other=0.0)
+    z = z.to(tl.float32)
+    if HAS_BIAS:
+        bias = tl.load(_ptrs(Bias, rows, cols, d1, d2, bs0, bs1, bs2, bsc), mask=valid,
+                       other=0.0)
+        z += bias.to(tl.float32)
+    dy = tl.load(_ptrs(DY, rows, cols, d1, d2, ys0, ys1, ys2, ysc), mask=valid, other=0.0)
+    dy = dy.to(tl.float32)  # 0 outside the tile: so are dx and dz
+    sig = tl.sigmoid(z)
+    dx = dy * sig
+    dz = dx * x * (1.0 - sig)
+    return rows.to(tl.int64)[:, None] * C + cols[None, :], valid, dx, dz
+
+
+@triton.jit
+def _gate_bias_sums(Partials, Sums, Cnt, sum_x, sum_b, cols, c_valid, pid, n_prog, C,
+                    SUM_X: tl.constexpr, SUM_B: tl.constexpr, GROUP: tl.constexpr,
+                    BLOCK_C: tl.constexpr):
+    """Stores this program's column sums of dx / dz as its row of ``Partials`` (dx's in the
+    first C columns, then dz's) and arrives at column block j's counters; the last programs
+    add the rows into ``Sums`` (:func:`one_pass.finish_sum`, both sets under one set of
+    counters)."""
+    N_SETS: tl.constexpr = SUM_X + SUM_B
+    row = Partials + pid.to(tl.int64) * (N_SETS * C)
+    if SUM_X:
+        tl.store(row + cols, sum_x, mask=c_valid)
+    if SUM_B:
+        tl.store(row + SUM_X * C + cols, sum_b, mask=c_valid)
+    col0 = tl.program_id(1) * BLOCK_C
+    slots = 1 + tl.cdiv(n_prog, GROUP)
+    finish_sum(Partials, Sums, Cnt + tl.program_id(1) * slots, pid, n_prog, N_SETS * C, col0,
+               tl.minimum(BLOCK_C, C - col0), GROUP, GROUP, BLOCK_C, N_SETS, C)
+
+
 @fast
 @triton.jit
-def _gate_bwd(X, G, Bias, XBias, DY, DX, DZ, PX, PB, OutX, OutB, Cnt, d0, d1, d2, C,
+def _gate_bwd(X, G, Bias, XBias, DY, DX, DZ, Partials, Sums, Cnt, d0, d1, d2, C,
               xs0, xs1, xs2, xsc, gs0, gs1, gs2, gsc, bs0, bs1, bs2, bsc, ys0, ys1, ys2, ysc,
               HAS_BIAS: tl.constexpr, HAS_XBIAS: tl.constexpr, SUM_X: tl.constexpr,
-              SUM_B: tl.constexpr, GROUP: tl.constexpr, BLOCK_R: tl.constexpr,
-              BLOCK_C: tl.constexpr, PDL: tl.constexpr = False):
-    """dx = dy * sig, dz = dy * x * sig * (1 - sig) for row tiles pid, pid + P, pid + 2P, ...
-    of column block j (one tile a program unless the sums are on).
+              SUM_B: tl.constexpr, ONE_TILE: tl.constexpr, GROUP: tl.constexpr,
+              BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, PDL: tl.constexpr = False):
+    """dx = dy * sig, dz = dy * x * sig * (1 - sig) for row tile pid of column block j
+    (``ONE_TILE``), or for row tiles pid, pid + P, pid + 2P, ... with the sums.
 
     ``SUM_X`` / ``SUM_B``: also the column sums of dx and dz (the gradients of a ``[C]`` x_bias
-    and bias): each program keeps fp32 sums of its tiles, stores them as row pid of
-    ``PX`` / ``PB [P + groups, C]`` and the last programs add the rows in order into ``OutX`` /
-    ``OutB`` (:func:`one_pass.finish_sum`; column block j's counters at
-    ``Cnt + j * 2 * slots``, dz's after dx's), so no column sum re-reads dx or dz."""
+    and bias), added up in this launch (:func:`_gate_bias_sums`), so no column sum re-reads
+    dx or dz. The sums take a small grid that walks the row tiles: each program's arrival at
+    the counters costs (a release fence and an atomic), and with one tile a program the
+    backward took 71 us at 256^2 x 128 on the H200 against 37 us with 2 programs per SM."""
     pdl.enter(PDL)
     pid = tl.program_id(0)
     n_prog = tl.num_programs(0)
     cols = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
     c_valid = cols < C
+    xb = 0.0
     if HAS_XBIAS:
         xb = tl.load(XBias + cols, mask=c_valid, other=0.0).to(tl.float32)[None, :]
-    acc_x = tl.zeros([BLOCK_R, BLOCK_C], tl.float32)
-    acc_b = tl.zeros([BLOCK_R, BLOCK_C], tl.float32)
-    for t in range(pid, tl.cdiv(d0 * d1 * d2, BLOCK_R), n_prog):  # fixed order per program
-        rows = t * BLOCK_R + tl.arange(0, BLOCK_R)
-        valid = (rows < d0 * d1 * d2)[:, None] & c_valid[None, :]
-        x = tl.load(_ptrs(X, rows, cols, d1, d2, xs0, xs1, xs2, xsc), mask=valid, other=0.0)
-        x = x.to(tl.float32)
-        if HAS_XBIAS:
-            x += xb
-        z = tl.load(_ptrs(G, rows, cols, d1, d2, gs0, gs1, gs2, gsc), mask=valid, other=0.0)
-        z = z.to(tl.float32)
-        if HAS_BIAS:
-            bias = tl.load(_ptrs(Bias, rows, cols, d1, d2, bs0, bs1, bs2, bsc), mask=valid,
-                           other=0.0)
-            z += bias.to(tl.float32)
-        out = rows.to(tl.int64)[:, None] * C + cols[None, :]
-        dy = tl.load(_ptrs(DY, rows, cols, d1, d2, ys0, ys1, ys2, ysc), mask=valid, other=0.0)
-        dy = dy.to(tl.float32)  # 0 outside the tile: so are dx and dz
-        sig = tl.sigmoid(z)
-        dx = dy * sig
+    if ONE_TILE:
+        out, valid, dx, dz = _gate_bwd_tile(
+            X, G, Bias, DY, pid, cols, c_valid, xb, d0, d1, d2, C, xs0, xs1, xs2, xsc, gs0, gs1,
+            gs2, gsc, bs0, bs1, bs2, bsc, ys0, ys1, ys2, ysc, HAS_BIAS, HAS_XBIAS, BLOCK_R)
         tl.store(DX + out, dx.to(DX.dtype.element_ty), mask=valid)
-        dz = dx * x * (1.0 - sig)
         tl.store(DZ + out, dz.to(DZ.dtype.element_ty), mask=valid)
-        if SUM_X:
-            acc_x += dx
-        if SUM_B:
-            acc_b += dz
-    if SUM_X or SUM_B:
-        col0 = tl.program_id(1) * BLOCK_C
-        n_cols = tl.minimum(BLOCK_C, C - col0)
-        slots = 1 + tl.cdiv(n_prog, GROUP)
-        cnt = Cnt + tl.program_id(1) * 2 * slots
-        if SUM_X:
-            tl.store(PX + pid * C + cols, tl.sum(acc_x, 0), mask=c_valid)
-            finish_sum(PX, OutX, cnt, pid, n_prog, C, col0, n_cols, GROUP, GROUP, BLOCK_C)
-        if SUM_B:
-            tl.store(PB + pid * C + cols, tl.sum(acc_b, 0), mask=c_valid)
-            finish_sum(PB, OutB, cnt + slots, pid, n_prog, C, col0, n_cols, GROUP, GROUP,
-                       BLOCK_C)
+    else:
+        acc_x = tl.zeros([BLOCK_R, BLOCK_C], tl.float32)
+        acc_b = tl.zeros([BLOCK_R, BLOCK_C], tl.float32)
+        for t in range(pid, tl.cdiv(d0 * d1 * d2, BLOCK_R), n_prog):  # fixed order
+            out, valid, dx, dz = _gate_bwd_tile(
+                X, G, Bias, DY, t, cols, c_valid, xb, d0, d1, d2, C, xs0, xs1, xs2, xsc, gs0,
+                gs1, gs2, gsc, bs0, bs1, bs2, bsc, ys0, ys1, ys2, ysc, HAS_BIAS, HAS_XBIAS,
+                BLOCK_R)
+            tl.store(DX + out, dx.to(DX.dtype.element_ty), mask=valid)
+            tl.store(DZ + out, dz.to(DZ.dtype.element_ty), mask=valid)
+            if SUM_X:
+                acc_x += dx
+            if SUM_B:
+                acc_b += dz
+        if SUM_X or SUM_B:
+            _gate_bias_sums(Partials, Sums, Cnt, tl.sum(acc_x, 0), tl.sum(acc_b, 0), cols,
+                            c_valid, pid, n_prog, C, SUM_X, SUM_B, GROUP, BLOCK_C)
 
 
 @triton.jit
@@ -200,13 +232,14 @@ def _reduce(grad: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
 
 
 def _sum_programs(n_tiles: int, n_cblk: int, device: torch.device) -> int:
-    """Programs per column block of a backward that also sums columns: one tile each when the
-    grid is small, else about 8 programs (of 8 warps) per SM in all, so that the partial rows
-    the last programs add stay few (a few dozen groups). 3 under the interpreter (its loop and
-    two levels of groups are exercised)."""
+    """Programs per column block of a backward that also sums columns: about 2 (of 8 warps)
+    per SM in all, each walking several row tiles (H200, gate backward at 256^2 x 128, us:
+    1 per SM 41.2, 2 37.5, 4 43.2, 8 52.2, one tile each 71-73; at 512^2: 123.8, 99.8, 107.5,
+    116.7, 123.7-251). 3 under the interpreter (its loop and two levels of groups are
+    exercised)."""
     if tuning.interpreting():
         return min(n_tiles, 3)
-    return max(1, min(n_tiles, 8 * tuning.multiprocessors(device) // n_cblk))
+    return max(1, min(n_tiles, 2 * tuning.multiprocessors(device) // n_cblk))
 
 
 def _column_vector(t: torch.Tensor | None, c: int) -> bool:
@@ -245,40 +278,38 @@ class _BiasSigmoidGate(torch.autograd.Function):
         c = shape[-1]
         block_r, block_c, warps = _blocks(c)
         n_tiles, n_cblk = _grid(lay.dims, c, block_r, block_c)
-        # [C] biases: their gradients (column sums of dx and dz) in this launch, from a fixed
-        # grid of programs that each walk several row tiles
+        # [C] biases: their gradients (column sums of dx and dz) in this launch
         want_x = x_bias is not None and ctx.needs_input_grad[3]
         want_b = _column_vector(bias, c) and ctx.needs_input_grad[2]
-        n_prog = n_tiles
-        fused = False
+        n_prog, fused = n_tiles, False
         if (want_x or want_b) and GATE_SUMS.get():
             n_sum = _sum_programs(n_tiles, n_cblk, dy.device)
-            fused = one_pass.fits(2 * n_cblk, n_sum)  # dx's and dz's counters per block
+            fused = one_pass.fits(n_cblk, n_sum)  # one reduction (both sums) per block
             n_prog = n_sum if fused else n_tiles
         sum_x, sum_b = fused and want_x, fused and want_b
-        px = pb = out_x = out_b = cnt = dx  # stand-ins, never touched without the sums
+        partials = sums = cnt = dx  # stand-ins, never touched without the sums
         if fused:
+            n_sets = sum_x + sum_b
             cnt = one_pass.counters(dy.device)
-        if sum_x:
-            px = one_pass.partials(n_prog, c, dy.device)
-            out_x = torch.empty(c, device=dy.device, dtype=x_bias.dtype)
-        if sum_b:
-            pb = one_pass.partials(n_prog, c, dy.device)
-            out_b = torch.empty(c, device=dy.device, dtype=bias.dtype)
+            partials = one_pass.partials(n_prog, n_sets * c, dy.device)
+            dtypes = {t.dtype for t, on in ((x_bias, sum_x), (bias, sum_b)) if on}
+            sums = torch.empty(n_sets * c, device=dy.device,
+                               dtype=dtypes.pop() if len(dtypes) == 1 else torch.float32)
         xv, gv, bv, yv = lay.operands
         _gate_bwd[(n_prog, n_cblk)](
             xv, gv, bv if bv is not None else xv, x_bias if x_bias is not None else xv, yv,
-            dx, dz, px, pb, out_x, out_b, cnt, *lay.dims, c,
+            dx, dz, partials, sums, cnt, *lay.dims, c,
             *lay.strides[0], *lay.strides[1], *lay.strides[2], *lay.strides[3],
             HAS_BIAS=bias is not None, HAS_XBIAS=x_bias is not None, SUM_X=sum_x,
-            SUM_B=sum_b, GROUP=one_pass.group_size() if fused else 1, BLOCK_R=block_r,
-            BLOCK_C=block_c, num_warps=warps)
+            SUM_B=sum_b, ONE_TILE=not fused, GROUP=one_pass.group_size() if fused else 1,
+            BLOCK_R=block_r, BLOCK_C=block_c, num_warps=warps)
         dbias = None
         if bias is not None and ctx.needs_input_grad[2]:
-            dbias = out_b if sum_b else _reduce(dz, bias)
+            # the sums' dtype is the biases' own unless x_bias and bias differ (then a cast)
+            dbias = sums[c * sum_x:].to(bias.dtype) if sum_b else _reduce(dz, bias)
         dx_bias = None
         if x_bias is not None and ctx.needs_input_grad[3]:
-            dx_bias = out_x if sum_x else _reduce(dx, x_bias)
+            dx_bias = sums[:c].to(x_bias.dtype) if sum_x else _reduce(dx, x_bias)
         return _reduce(dx, x), _reduce(dz, gate), dbias, dx_bias
 
 

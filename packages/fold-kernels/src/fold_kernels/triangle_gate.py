@@ -8,11 +8,12 @@ ones in non-vectorized kernels), and the backward concatenates the four projecti
 here the forward reads ``proj`` once and writes a and b, and the backward writes the gradient of
 ``proj`` directly (one ``[*, 4c, I, J]`` tensor: no concatenation). The bias gradient is the
 sum of that gradient over the batch and (I, J): each backward program also writes the fp32 sums
-over its tile (before the gradient is rounded to proj's dtype) as one partial row, and the last
-programs of each channel add the rows in a fixed order in the same launch (:mod:`one_pass`;
-:func:`fold_kernels.reduce.sum_partials`, a launch of its own, where the counters do not fit or
-with ``FOLD_KERNELS_ONE_PASS=0``). Deterministic; a PyTorch reduction would read the whole
-``[*, 4c, I, J]`` gradient again, ~62 us at N=384 on an H100.
+over its tile (before the gradient is rounded to proj's dtype) as one partial row, and
+:func:`fold_kernels.reduce.sum_partials` adds the rows in a fixed order (deterministic; a PyTorch
+reduction would read the whole ``[*, 4c, I, J]`` gradient again, ~62 us at N=384 on an H100).
+The rows are not added by the kernel's last programs (:mod:`one_pass`): with one program per
+channel and tile, every program's arrival at the counters cost more than the second launch
+(H200, bf16 c 128: 55.9 vs 49.8 us per backward at 256^2, 221.5 vs 190.6 at 512^2).
 
 Each program handles one channel of a and b (the same channel of the four projections) on an
 ``[BLOCK_I, BLOCK_J]`` tile, every tensor read through its strides (the incoming update's
@@ -27,11 +28,10 @@ import torch
 import triton
 import triton.language as tl
 
-from fold_kernels import nograd, one_pass, pdl, tuning
+from fold_kernels import nograd, pdl, tuning
 from fold_kernels.index32 import check_grid
 from fold_kernels.ints import cdiv
 from fold_kernels.launch import fast
-from fold_kernels.one_pass import finish_sum
 from fold_kernels.reduce import sum_partials
 
 __all__ = ["triangle_projection_gate"]
@@ -107,15 +107,10 @@ def _store_bias_partials(Partials, bt, C, ch, dpa, dga, dpb, dgb, valid):
 
 @fast
 @triton.jit
-def _tri_gate_bwd(P, Bias, Mask, DA, DB, DP, Partials, DBias, Cnt, C, I, J,
+def _tri_gate_bwd(P, Bias, Mask, DA, DB, DP, Partials, C, I, J,
          spb, spc, spi, spj, smb, smi, smj, sab, sac, sai, saj, sbb, sbc, sbi, sbj,
          BLOCK_I: tl.constexpr, BLOCK_J: tl.constexpr, BIAS_GRAD: tl.constexpr,
-                  ONE_PASS: tl.constexpr = False, GROUP: tl.constexpr = 1,
                   PDL: tl.constexpr = False):
-    """The gradient of proj; with ``BIAS_GRAD`` each program's fp32 sums of its four
-    projections' gradients as one partial row, and with ``ONE_PASS`` the last programs of
-    channel ch add the rows into ``DBias[k * C + ch]`` (:func:`one_pass.finish_sum` over the four
-    columns, channel ch's counters at ``Cnt + ch * (1 + cdiv(n_prog, GROUP))``)."""
     pdl.enter(PDL)
     offs_i, offs_j, valid = _tile(I, J, BLOCK_I, BLOCK_J)
     ch = tl.program_id(1)
@@ -146,11 +141,6 @@ def _tri_gate_bwd(P, Bias, Mask, DA, DB, DP, Partials, DBias, Cnt, C, I, J,
     tl.store(_at(out + 3 * C * ij, offs_i, offs_j, J, 1), dgb.to(ty), mask=valid)
     if BIAS_GRAD:  # the fp32 values, not the rounded stored ones
         _store_bias_partials(Partials, bt, C, ch64, dpa, dga, dpb, dgb, valid)
-        if ONE_PASS:
-            n_prog = tl.num_programs(0) * tl.num_programs(2)
-            row = bt * tl.num_programs(0) + tl.program_id(0)
-            finish_sum(Partials, DBias, Cnt + ch * (1 + tl.cdiv(n_prog, GROUP)), row, n_prog,
-                       4 * C, ch, 1, GROUP, GROUP, 16, N_SETS=4, set_stride=C)
 
 
 def _blocks() -> tuple[int, int, int]:
@@ -194,23 +184,13 @@ class _TriangleProjectionGate(torch.autograd.Function):
         bi, bj, warps = _blocks()
         n_tiles = cdiv(n_i, bi) * cdiv(n_j, bj)
         bias_grad = ctx.needs_input_grad[1]
-        n_prog = bt * n_tiles  # partial rows: one per (batch entry, tile)
-        # one pass: the last programs of each channel add its rows (counters per channel)
-        fused = bias_grad and one_pass.fits(c, n_prog)
-        partials = out = cnt = dp  # stand-ins, never touched without BIAS_GRAD / ONE_PASS
-        if fused:
-            partials = one_pass.partials(n_prog, c4, p.device)
-            out = torch.empty(c4, device=p.device, dtype=bias.dtype)
-            cnt = one_pass.counters(p.device)
-        elif bias_grad:
-            partials = torch.empty((n_prog, c4), device=p.device, dtype=torch.float32)
-        _tri_gate_bwd[(n_tiles, c, bt)](p, bias, m, da, db, dp, partials, out, cnt, c, n_i,
-                   n_j, *p.stride(), *m.stride(), *da.stride(), *db.stride(), BLOCK_I=bi,
-                   BLOCK_J=bj, BIAS_GRAD=bias_grad, ONE_PASS=fused,
-                   GROUP=one_pass.group_size() if fused else 1, num_warps=warps)
-        dbias = None
-        if bias_grad:
-            dbias = out if fused else sum_partials(partials, bias.dtype)  # [4c]
+        # one fp32 partial row per (batch entry, tile), every entry written by the kernel
+        partials = (torch.empty((bt * n_tiles, c4), device=p.device, dtype=torch.float32)
+                    if bias_grad else dp)  # unused without BIAS_GRAD
+        _tri_gate_bwd[(n_tiles, c, bt)](p, bias, m, da, db, dp, partials, c, n_i, n_j,
+                   *p.stride(), *m.stride(), *da.stride(), *db.stride(), BLOCK_I=bi,
+                   BLOCK_J=bj, BIAS_GRAD=bias_grad, num_warps=warps)
+        dbias = sum_partials(partials, bias.dtype) if bias_grad else None  # [4c]
         return dp.reshape(ctx.shape), dbias, None
 
 
