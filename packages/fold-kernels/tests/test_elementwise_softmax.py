@@ -150,6 +150,41 @@ def test_bias_dropout_residual_scaled_mask(dtype, mask_dtype):
         assert rel_err(a, r.grad) < tol
 
 
+@pytest.mark.parametrize("case", ["transposed", "four_row_dims"])
+def test_bias_dropout_residual_dx_in_x_layout(case):
+    """x a permuted view of a dense tensor (the ending-node triangle attention's output): dx is
+    written in x's layout, so the layer's own transposes back give it a contiguous gradient.
+    A permutation of four row dims, which the kernels' three row dims cannot express, falls
+    back to a dense dx. Values against float64 either way; with a bias, dx stays dense (its
+    column sum wants a dense view)."""
+    c = 24
+    if case == "transposed":
+        x_base = _rand(3, 7, 5, c, seed=41)
+        perm = (0, 2, 1, 3)  # x [3, 5, 7, C]
+    else:
+        x_base = _rand(7, 5, 2, 3, c, seed=41)
+        perm = (2, 1, 3, 0, 4)  # x [2, 5, 3, 7, C]: no two neighbouring row dims merge
+    x = x_base.bfloat16().to(DEVICE).requires_grad_().permute(*perm)
+    shape = x.shape
+    res = _rand(*shape, seed=42).bfloat16().to(DEVICE).requires_grad_()
+    gen = torch.Generator().manual_seed(43)
+    keep = (torch.rand(*shape[:-2], 1, c, generator=gen) > 0.3).to(DEVICE)  # row-shared
+    dy = _rand(*shape, seed=44).bfloat16().to(DEVICE)
+    y = fk.bias_dropout_residual(x, res, None, keep, 1.5)
+    dx, dres = torch.autograd.grad(y, (x, res), dy)
+    assert (dx.stride() == x.stride()) == (case == "transposed")
+    assert dx.is_contiguous() == (case != "transposed")
+    x64 = x.detach().cpu().double().requires_grad_()
+    y64 = ref.bias_dropout_residual(x64, res.detach().cpu().double(), None, keep.cpu(), 1.5)
+    (dx64,) = torch.autograd.grad(y64, (x64,), dy.cpu().double())
+    assert rel_err(y, y64.detach()) < TOL[torch.bfloat16]
+    assert rel_err(dx, dx64) < TOL[torch.bfloat16] and torch.equal(dres, dy)
+    bias = _rand(c, seed=45).bfloat16().to(DEVICE).requires_grad_()
+    dx_b, _ = torch.autograd.grad(fk.bias_dropout_residual(x, res, bias, keep, 1.5), (x, bias),
+                                  dy)
+    assert dx_b.is_contiguous() and torch.equal(dx_b, dx)
+
+
 def test_bias_dropout_residual_bool_mask_column_shared():
     x, res = _rand(4, 6, 8, seed=8), _rand(4, 6, 8, seed=9)
     keep = torch.rand(4, 1, 8, generator=torch.Generator().manual_seed(10)) > 0.5

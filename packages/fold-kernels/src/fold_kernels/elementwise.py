@@ -194,16 +194,17 @@ def _bdr_fwd(X, Res, Bias, Mask, Y, d0, d1, d2, C,
 
 @fast
 @triton.jit
-def _bdr_bwd(DY, Mask, DX, d0, d1, d2, C, ms0, ms1, ms2, msc, ys0, ys1, ys2, ysc, scale,
-             SCALED: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
-             PDL: tl.constexpr = False):
+def _bdr_bwd(DY, Mask, DX, d0, d1, d2, C, ms0, ms1, ms2, msc, ys0, ys1, ys2, ysc,
+             xs0, xs1, xs2, xsc, scale, SCALED: tl.constexpr, BLOCK_R: tl.constexpr,
+             BLOCK_C: tl.constexpr, PDL: tl.constexpr = False):
+    """dx = dy * keep, dx written through its own strides (x's layout: see the caller)."""
     pdl.enter(PDL)
     rows, cols, valid = _tile(d0, d1, d2, C, BLOCK_R, BLOCK_C)
-    out = rows.to(tl.int64)[:, None] * C + cols[None, :]
     dy = tl.load(_ptrs(DY, rows, cols, d1, d2, ys0, ys1, ys2, ysc), mask=valid, other=0.0)
     dy = dy.to(tl.float32)
     keep = _keep(Mask, rows, cols, d1, d2, ms0, ms1, ms2, msc, valid, scale, SCALED)
-    tl.store(DX + out, (dy * keep).to(DX.dtype.element_ty), mask=valid)
+    tl.store(_ptrs(DX, rows, cols, d1, d2, xs0, xs1, xs2, xsc),
+             (dy * keep).to(DX.dtype.element_ty), mask=valid)
 
 
 def _blocks(c: int) -> tuple[int, int, int]:
@@ -240,6 +241,20 @@ def _sum_programs(n_tiles: int, n_cblk: int, device: torch.device) -> int:
     if tuning.interpreting():
         return min(n_tiles, 3)
     return max(1, min(n_tiles, 2 * tuning.multiprocessors(device) // n_cblk))
+
+
+def _dense(t: torch.Tensor) -> bool:
+    """t's elements fill its storage span without gaps or overlaps, last dim contiguous (a
+    permutation of a contiguous tensor's dims, e.g. a transposed view)."""
+    if t.dim() == 0 or t.stride(-1) != 1:
+        return False
+    expected = 1
+    for size, stride in sorted((d for d in zip(t.shape, t.stride()) if d[0] != 1),
+                               key=lambda d: d[1]):
+        if stride != expected:
+            return False
+        expected *= size
+    return True
 
 
 def _column_vector(t: torch.Tensor | None, c: int) -> bool:
@@ -353,6 +368,11 @@ class _BiasDropoutResidual(torch.autograd.Function):
         ctx.save_for_backward(dropout_mask)
         ctx.scale = (scale, scaled)
         ctx.metas = [(t.shape, t.dtype) if t is not None else None for t in (x, residual, bias)]
+        # x's layout when it is a permutation of a dense tensor (a transposed sub-layer output:
+        # the ending-node triangle attention's): its gradient is written in it, so that the
+        # transposes back leave the layer that made x a contiguous gradient, not one that its
+        # backward copies (a strided pair-sized copy per step)
+        ctx.x_stride = x.stride() if tuple(x.shape) == tuple(shape) and _dense(x) else None
         return y
 
     @staticmethod
@@ -363,14 +383,22 @@ class _BiasDropoutResidual(torch.autograd.Function):
         if dropout_mask is None:
             dx = dy
         else:
-            lay = row_layout(shape, dropout_mask, dy)
-            dx = torch.empty(shape, device=dy.device, dtype=dy.dtype)
+            # in x's layout unless a bias gradient is summed from dx (its column sum wants
+            # rows of a dense [M, C] view)
+            x_stride = ctx.x_stride if bias is None else None
+            dx = (torch.empty_strided(shape, x_stride, device=dy.device, dtype=dy.dtype)
+                  if x_stride is not None else
+                  torch.empty(shape, device=dy.device, dtype=dy.dtype))
+            lay = row_layout(shape, dropout_mask, dy, dx)
+            if lay.operands[2] is not dx:  # a layout the row dims cannot express: dense dx
+                dx = torch.empty(shape, device=dy.device, dtype=dy.dtype)
+                lay = row_layout(shape, dropout_mask, dy, dx)
             c = shape[-1]
             block_r, block_c, warps = _blocks(c)
             scale, scaled = ctx.scale
             _bdr_bwd[_grid(lay.dims, c, block_r, block_c)](
                 lay.operands[1], lay.operands[0], dx, *lay.dims, c, *lay.strides[0],
-                *lay.strides[1], scale, SCALED=scaled, BLOCK_R=block_r,
+                *lay.strides[1], *lay.strides[2], scale, SCALED=scaled, BLOCK_R=block_r,
                 BLOCK_C=block_c, num_warps=warps)
         dbias = None if bias is None else reduce_to(dx, *bias)
         return reduce_to(dx, *x), reduce_to(dy, *residual), dbias, None, None
