@@ -18,7 +18,8 @@ import triton.language as tl
 
 from fold_kernels.reduce import column_sum, column_sum_fits
 
-__all__ = ["RowLayout", "row_layout", "row_offsets", "broadcast_shape", "reduce_to"]
+__all__ = ["RowLayout", "row_layout", "row_offsets", "broadcast_shape", "reduce_to",
+           "is_dense"]
 
 
 def broadcast_shape(*shapes: tuple[int, ...]) -> tuple[int, ...] | None:
@@ -48,6 +49,21 @@ def _broadcast(shapes: tuple[tuple[int, ...], ...]) -> tuple[int, ...] | None:
             else:
                 return None
     return tuple(out)
+
+
+def is_dense(t: torch.Tensor) -> bool:
+    """t's elements fill its storage span without gaps or overlaps and its last dim is
+    contiguous: a contiguous tensor or a permutation of one's dims (e.g. a transposed view)."""
+    if t.dim() == 0 or t.stride(-1) != 1:
+        return False
+    expected = 1
+    for size, stride in sorted(zip(t.shape, t.stride()), key=lambda p: p[1]):
+        if size == 1:
+            continue
+        if stride != expected:
+            return False
+        expected *= size
+    return True
 
 
 class RowLayout:

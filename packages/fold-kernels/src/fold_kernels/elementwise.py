@@ -15,7 +15,7 @@ from fold_ops.env import EnvVar
 from fold_ops.rounding import round_to
 
 from fold_kernels import nograd, one_pass, pdl, tuning
-from fold_kernels.broadcast import broadcast_shape, reduce_to, row_layout, row_offsets
+from fold_kernels.broadcast import broadcast_shape, is_dense, reduce_to, row_layout, row_offsets
 from fold_kernels.index32 import check_rows
 from fold_kernels.ints import cdiv, next_power_of_2
 from fold_kernels.launch import fast
@@ -64,33 +64,6 @@ def _gate_fwd(X, G, Bias, XBias, Y, d0, d1, d2, C,
 
 
 @triton.jit
-def _gate_bwd_tile(X, G, Bias, DY, t, cols, c_valid, xb, d0, d1, d2, C,
-                   xs0, xs1, xs2, xsc, gs0, gs1, gs2, gsc, bs0, bs1, bs2, bsc,
-                   ys0, ys1, ys2, ysc, HAS_BIAS: tl.constexpr, HAS_XBIAS: tl.constexpr,
-                   BLOCK_R: tl.constexpr):
-    """Row tile t's ``dx = dy * sig`` and ``dz = dx * x * (1 - sig)`` (fp32, 0 outside the
-    tile), their offsets in the contiguous outputs and the tile's mask."""
-    rows = t * BLOCK_R + tl.arange(0, BLOCK_R)
-    valid = (rows < d0 * d1 * d2)[:, None] & c_valid[None, :]
-    x = tl.load(_ptrs(X, rows, cols, d1, d2, xs0, xs1, xs2, xsc), mask=valid, other=0.0)
-    x = x.to(tl.float32)
-    if HAS_XBIAS:
-        x += xb
-    z = tl.load(_ptrs(G, rows, cols, d1, d2, gs0, gs1, gs2, gsc), mask=valid, other=0.0)
-    z = z.to(tl.float32)
-    if HAS_BIAS:
-        bias = tl.load(_ptrs(Bias, rows, cols, d1, d2, bs0, bs1, bs2, bsc), mask=valid,
-                       other=0.0)
-        z += bias.to(tl.float32)
-    dy = tl.load(_ptrs(DY, rows, cols, d1, d2, ys0, ys1, ys2, ysc), mask=valid, other=0.0)
-    dy = dy.to(tl.float32)  # 0 outside the tile: so are dx and dz
-    sig = tl.sigmoid(z)
-    dx = dy * sig
-    dz = dx * x * (1.0 - sig)
-    return rows.to(tl.int64)[:, None] * C + cols[None, :], valid, dx, dz
-
-
-@triton.jit
 def _gate_bias_sums(Partials, Sums, Cnt, sum_x, sum_b, cols, c_valid, pid, n_prog, C,
                     SUM_X: tl.constexpr, SUM_B: tl.constexpr, GROUP: tl.constexpr,
                     BLOCK_C: tl.constexpr):
@@ -115,10 +88,10 @@ def _gate_bias_sums(Partials, Sums, Cnt, sum_x, sum_b, cols, c_valid, pid, n_pro
 def _gate_bwd(X, G, Bias, XBias, DY, DX, DZ, Partials, Sums, Cnt, d0, d1, d2, C,
               xs0, xs1, xs2, xsc, gs0, gs1, gs2, gsc, bs0, bs1, bs2, bsc, ys0, ys1, ys2, ysc,
               HAS_BIAS: tl.constexpr, HAS_XBIAS: tl.constexpr, SUM_X: tl.constexpr,
-              SUM_B: tl.constexpr, ONE_TILE: tl.constexpr, GROUP: tl.constexpr,
-              BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, PDL: tl.constexpr = False):
-    """dx = dy * sig, dz = dy * x * sig * (1 - sig) for row tile pid of column block j
-    (``ONE_TILE``), or for row tiles pid, pid + P, pid + 2P, ... with the sums.
+              SUM_B: tl.constexpr, GROUP: tl.constexpr, BLOCK_R: tl.constexpr,
+              BLOCK_C: tl.constexpr, PDL: tl.constexpr = False):
+    """dx = dy * sig, dz = dy * x * sig * (1 - sig) for row tiles pid, pid + P, pid + 2P, ...
+    of column block j (one tile a program unless the sums are on).
 
     ``SUM_X`` / ``SUM_B``: also the column sums of dx and dz (the gradients of a ``[C]`` x_bias
     and bias), added up in this launch (:func:`_gate_bias_sums`), so no column sum re-reads
@@ -130,32 +103,38 @@ def _gate_bwd(X, G, Bias, XBias, DY, DX, DZ, Partials, Sums, Cnt, d0, d1, d2, C,
     n_prog = tl.num_programs(0)
     cols = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
     c_valid = cols < C
-    xb = 0.0
     if HAS_XBIAS:
         xb = tl.load(XBias + cols, mask=c_valid, other=0.0).to(tl.float32)[None, :]
-    if ONE_TILE:
-        out, valid, dx, dz = _gate_bwd_tile(
-            X, G, Bias, DY, pid, cols, c_valid, xb, d0, d1, d2, C, xs0, xs1, xs2, xsc, gs0, gs1,
-            gs2, gsc, bs0, bs1, bs2, bsc, ys0, ys1, ys2, ysc, HAS_BIAS, HAS_XBIAS, BLOCK_R)
+    acc_x = tl.zeros([BLOCK_R, BLOCK_C], tl.float32)
+    acc_b = tl.zeros([BLOCK_R, BLOCK_C], tl.float32)
+    for t in range(pid, tl.cdiv(d0 * d1 * d2, BLOCK_R), n_prog):  # fixed order per program
+        rows = t * BLOCK_R + tl.arange(0, BLOCK_R)
+        valid = (rows < d0 * d1 * d2)[:, None] & c_valid[None, :]
+        x = tl.load(_ptrs(X, rows, cols, d1, d2, xs0, xs1, xs2, xsc), mask=valid, other=0.0)
+        x = x.to(tl.float32)
+        if HAS_XBIAS:
+            x += xb
+        z = tl.load(_ptrs(G, rows, cols, d1, d2, gs0, gs1, gs2, gsc), mask=valid, other=0.0)
+        z = z.to(tl.float32)
+        if HAS_BIAS:
+            bias = tl.load(_ptrs(Bias, rows, cols, d1, d2, bs0, bs1, bs2, bsc), mask=valid,
+                           other=0.0)
+            z += bias.to(tl.float32)
+        out = rows.to(tl.int64)[:, None] * C + cols[None, :]
+        dy = tl.load(_ptrs(DY, rows, cols, d1, d2, ys0, ys1, ys2, ysc), mask=valid, other=0.0)
+        dy = dy.to(tl.float32)  # 0 outside the tile: so are dx and dz
+        sig = tl.sigmoid(z)
+        dx = dy * sig
         tl.store(DX + out, dx.to(DX.dtype.element_ty), mask=valid)
+        dz = dx * x * (1.0 - sig)
         tl.store(DZ + out, dz.to(DZ.dtype.element_ty), mask=valid)
-    else:
-        acc_x = tl.zeros([BLOCK_R, BLOCK_C], tl.float32)
-        acc_b = tl.zeros([BLOCK_R, BLOCK_C], tl.float32)
-        for t in range(pid, tl.cdiv(d0 * d1 * d2, BLOCK_R), n_prog):  # fixed order
-            out, valid, dx, dz = _gate_bwd_tile(
-                X, G, Bias, DY, t, cols, c_valid, xb, d0, d1, d2, C, xs0, xs1, xs2, xsc, gs0,
-                gs1, gs2, gsc, bs0, bs1, bs2, bsc, ys0, ys1, ys2, ysc, HAS_BIAS, HAS_XBIAS,
-                BLOCK_R)
-            tl.store(DX + out, dx.to(DX.dtype.element_ty), mask=valid)
-            tl.store(DZ + out, dz.to(DZ.dtype.element_ty), mask=valid)
-            if SUM_X:
-                acc_x += dx
-            if SUM_B:
-                acc_b += dz
-        if SUM_X or SUM_B:
-            _gate_bias_sums(Partials, Sums, Cnt, tl.sum(acc_x, 0), tl.sum(acc_b, 0), cols,
-                            c_valid, pid, n_prog, C, SUM_X, SUM_B, GROUP, BLOCK_C)
+        if SUM_X:
+            acc_x += dx
+        if SUM_B:
+            acc_b += dz
+    if SUM_X or SUM_B:
+        _gate_bias_sums(Partials, Sums, Cnt, tl.sum(acc_x, 0), tl.sum(acc_b, 0), cols, c_valid,
+                        pid, n_prog, C, SUM_X, SUM_B, GROUP, BLOCK_C)
 
 
 @triton.jit
@@ -243,20 +222,6 @@ def _sum_programs(n_tiles: int, n_cblk: int, device: torch.device) -> int:
     return max(1, min(n_tiles, 2 * tuning.multiprocessors(device) // n_cblk))
 
 
-def _dense(t: torch.Tensor) -> bool:
-    """t's elements fill its storage span without gaps or overlaps, last dim contiguous (a
-    permutation of a contiguous tensor's dims, e.g. a transposed view)."""
-    if t.dim() == 0 or t.stride(-1) != 1:
-        return False
-    expected = 1
-    for size, stride in sorted((d for d in zip(t.shape, t.stride()) if d[0] != 1),
-                               key=lambda d: d[1]):
-        if stride != expected:
-            return False
-        expected *= size
-    return True
-
-
 def _column_vector(t: torch.Tensor | None, c: int) -> bool:
     return t is not None and t.shape == (c,)
 
@@ -316,8 +281,8 @@ class _BiasSigmoidGate(torch.autograd.Function):
             dx, dz, partials, sums, cnt, *lay.dims, c,
             *lay.strides[0], *lay.strides[1], *lay.strides[2], *lay.strides[3],
             HAS_BIAS=bias is not None, HAS_XBIAS=x_bias is not None, SUM_X=sum_x,
-            SUM_B=sum_b, ONE_TILE=not fused, GROUP=one_pass.group_size() if fused else 1,
-            BLOCK_R=block_r, BLOCK_C=block_c, num_warps=warps)
+            SUM_B=sum_b, GROUP=one_pass.group_size() if fused else 1, BLOCK_R=block_r,
+            BLOCK_C=block_c, num_warps=warps)
         dbias = None
         if bias is not None and ctx.needs_input_grad[2]:
             # the sums' dtype is the biases' own unless x_bias and bias differ (then a cast)
@@ -372,7 +337,7 @@ class _BiasDropoutResidual(torch.autograd.Function):
         # the ending-node triangle attention's): its gradient is written in it, so that the
         # transposes back leave the layer that made x a contiguous gradient, not one that its
         # backward copies (a strided pair-sized copy per step)
-        ctx.x_stride = x.stride() if tuple(x.shape) == tuple(shape) and _dense(x) else None
+        ctx.x_stride = x.stride() if tuple(x.shape) == tuple(shape) and is_dense(x) else None
         return y
 
     @staticmethod

@@ -65,7 +65,7 @@ import triton.language as tl
 from fold_ops.env import EnvVar
 
 from fold_kernels import nograd, one_pass, pdl, tuning
-from fold_kernels.broadcast import broadcast_shape
+from fold_kernels.broadcast import broadcast_shape, is_dense
 from fold_kernels.elementwise import GATE_SUMS
 from fold_kernels.index32 import check_grid, pair_bias_fits, span_fits
 from fold_kernels.ints import cdiv, next_power_of_2
@@ -811,7 +811,7 @@ class _Launch:
         ``[*, R, N, H, D]``: read and written in place, no copies); else copy to contiguous."""
         tensors = [t for t in (q, k, v, gate) if t is not None]
         stride = q.stride()
-        if not (_dense(q) and all(t.stride() == stride for t in tensors)
+        if not (is_dense(q) and all(t.stride() == stride for t in tensors)
                 and span_fits(self.N, stride[-2], self.D)):  # in-tile offsets: int32
             q, k, v = (t.contiguous() for t in (q, k, v))
             gate = gate.contiguous() if gate is not None else None
@@ -855,20 +855,6 @@ class _Launch:
     def key(self, kernel: str) -> tuple:
         return (kernel, self.R, self.N, self.D, self.dtype, self.bias is not None,
                 self.mask is not None, self.packed)
-
-
-def _dense(t: torch.Tensor) -> bool:
-    """Non-overlapping and dense, with the last dim contiguous."""
-    if t.stride(-1) != 1:
-        return False
-    expected = 1
-    for size, stride in sorted(zip(t.shape, t.stride()), key=lambda p: p[1]):
-        if size == 1:
-            continue
-        if stride != expected:
-            return False
-        expected *= size
-    return True
 
 
 def _parse_dkdv_tiles(value: str | None) -> str:
