@@ -155,8 +155,8 @@ def test_bias_dropout_residual_dx_in_x_layout(case):
     """x a permuted view of a dense tensor (the ending-node triangle attention's output): dx is
     written in x's layout, so the layer's own transposes back give it a contiguous gradient.
     A permutation of four row dims, which the kernels' three row dims cannot express, falls
-    back to a dense dx. Values against float64 either way; with a bias, dx stays dense (its
-    column sum wants a dense view)."""
+    back to a dense dx. Values against float64 either way; with a bias, dx keeps the same
+    layout and the bias gradient, summed from the permuted dx, matches float64 too."""
     c = 24
     if case == "transposed":
         x_base = _rand(3, 7, 5, c, seed=41)
@@ -180,9 +180,13 @@ def test_bias_dropout_residual_dx_in_x_layout(case):
     assert rel_err(y, y64.detach()) < TOL[torch.bfloat16]
     assert rel_err(dx, dx64) < TOL[torch.bfloat16] and torch.equal(dres, dy)
     bias = _rand(c, seed=45).bfloat16().to(DEVICE).requires_grad_()
-    dx_b, _ = torch.autograd.grad(fk.bias_dropout_residual(x, res, bias, keep, 1.5), (x, bias),
-                                  dy)
-    assert dx_b.is_contiguous() and torch.equal(dx_b, dx)
+    dx_b, db = torch.autograd.grad(fk.bias_dropout_residual(x, res, bias, keep, 1.5),
+                                   (x, bias), dy)
+    assert dx_b.stride() == dx.stride() and torch.equal(dx_b, dx)
+    b64 = bias.detach().cpu().double().requires_grad_()
+    y64 = ref.bias_dropout_residual(x64, res.detach().cpu().double(), b64, keep.cpu(), 1.5)
+    (db64,) = torch.autograd.grad(y64, (b64,), dy.cpu().double())
+    assert rel_err(db, db64) < TOL[torch.bfloat16]
 
 
 def test_bias_dropout_residual_bool_mask_column_shared():

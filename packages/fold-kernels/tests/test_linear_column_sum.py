@@ -49,11 +49,15 @@ def test_column_sum_reads_strides_and_writes_the_requested_dtype():
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("full,shape,transpose,kernel", [
-    ((3, 5, 33), (33,), False, True),          # a [C] bias: the column-sum kernel
-    ((2, 3, 7, 20), (1, 7, 20), False, True),  # a mask shared by dim 1's rows, leading dim summed
-    ((3, 5, 33), (33,), True, False),          # grad a transposed view: no [M, C] view
-    ((2, 3, 1, 9), (2, 1, 1, 9), False, False),  # a middle dim summed: torch's sum
-    ((4, 6), (4, 6), False, False),            # nothing to sum: a cast
+    ((3, 5, 33), (33,), None, True),          # a [C] bias: the column-sum kernel
+    ((2, 3, 7, 20), (1, 7, 20), None, True),  # a mask shared by dim 1's rows, leading dim summed
+    # grad with its row dims transposed (a dense permutation): its storage's rows, the kernel
+    ((3, 5, 33), (33,), (0, 1), True),
+    ((2, 3, 7, 20), (7, 20), (0, 1), True),
+    ((2, 3, 7, 20), (7, 20), (1, 2), False),  # a summed dim inside the [7, 20] block: torch
+    ((3, 5, 33), (33,), (1, 2), False),       # the columns strided: no [M, C] view, torch
+    ((2, 3, 1, 9), (2, 1, 1, 9), None, False),  # a middle dim summed: torch's sum
+    ((4, 6), (4, 6), None, False),            # nothing to sum: a cast
 ])
 def test_reduce_to_sums_broadcast_dims_like_float64(dtype, full, shape, transpose, kernel,
                                                     monkeypatch):
@@ -63,11 +67,9 @@ def test_reduce_to_sums_broadcast_dims_like_float64(dtype, full, shape, transpos
     monkeypatch.setattr(bc, "column_sum", lambda x, dt: calls.append(x.shape) or column_sum(x, dt))
     g = torch.Generator().manual_seed(len(full) * 100 + full[-1])
     base = torch.randn(*full, generator=g, dtype=torch.float64)
-    if transpose:
-        base = base.transpose(0, 1).contiguous().transpose(0, 1)  # same values, other strides
     grad = base.to(dtype).to(DEVICE)
-    if transpose:
-        grad = grad.transpose(0, 1).contiguous().transpose(0, 1)
+    if transpose:  # same values, other strides
+        grad = grad.transpose(*transpose).contiguous().transpose(*transpose)
         assert not grad.is_contiguous()
     out = reduce_to(grad, torch.Size(shape), torch.float32)
     expanded = [d for d in range(len(full)) if d < len(full) - len(shape)

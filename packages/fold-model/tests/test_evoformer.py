@@ -106,6 +106,28 @@ def test_triangle_attention_alg13_alg14():
     assert rel_err(end(z, pair_mask), ref) < 1e-12
 
 
+@pytest.mark.parametrize("starting", [True, False])
+def test_triangle_attention_output_bias_in_the_residual_op(starting):
+    """The pair stack leaves linear_o's bias out of the update and hands it to the residual
+    op (``out_bias=False``): the same sum and the same gradients, the bias's included."""
+    from fold_model.layers.primitives import dropout_residual
+
+    _, z, _, pair_mask = _inputs(3, torch.float64)
+    cls = TriangleAttentionStartingNode if starting else TriangleAttentionEndingNode
+    att = _as64(cls(C_Z, 4, 3))
+    z = z.requires_grad_()
+    dy = torch.randn(z.shape, generator=torch.Generator().manual_seed(4), dtype=torch.float64)
+    outs = []
+    for out_bias in (True, False):
+        update, z_res = att.forward_residual(z, pair_mask, out_bias=out_bias)
+        bias = None if out_bias else att.out_bias
+        y = dropout_residual(update, z_res, 0.0, -3, False, bias)
+        outs.append((y, *torch.autograd.grad(y, (z, att.out_bias, att.mha.linear_o.weight), dy)))
+    for a, b in zip(*outs, strict=True):
+        assert rel_err(a, b) < 1e-12
+    assert outs[0][2].abs().sum() > 0  # the bias's gradient is not trivially zero
+
+
 def test_msa_attention_alg7_alg8_and_transition():
     m, z, msa_mask, _ = _inputs(3, torch.float64)
     row = _as64(MSARowAttentionWithPairBias(C_M, C_Z, 4, 2))

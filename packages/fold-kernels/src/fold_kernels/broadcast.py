@@ -186,8 +186,23 @@ def reduce_to(grad: torch.Tensor, shape: torch.Size, dtype: torch.dtype) -> torc
 
 
 def _view_2d(grad: torch.Tensor, rest: int) -> torch.Tensor | None:
-    """``grad`` as a ``[M, rest]`` view (no copy), or None when its strides do not allow one."""
+    """``grad`` as a ``[M, rest]`` view (no copy), or None when its strides do not allow one.
+    A dense tensor whose leading dims are permuted (a transposed pair) and whose trailing
+    ``rest`` elements are contiguous is viewed as its storage's rows: the same rows in another
+    order, which a column sum does not see."""
     try:
         return grad.view(-1, rest)
     except RuntimeError:
+        pass
+    if not is_dense(grad):
         return None
+    span = 1  # the trailing dims' row-major strides, up to rest elements
+    for size, stride in zip(reversed(grad.shape), reversed(grad.stride())):
+        if span == rest:
+            break
+        if size != 1 and stride != span:
+            return None
+        span *= size
+    if span != rest:
+        return None
+    return grad.as_strided((grad.numel() // rest, rest), (rest, 1))

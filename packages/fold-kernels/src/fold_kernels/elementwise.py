@@ -348,9 +348,9 @@ class _BiasDropoutResidual(torch.autograd.Function):
         if dropout_mask is None:
             dx = dy
         else:
-            # in x's layout unless a bias gradient is summed from dx (its column sum wants
-            # rows of a dense [M, C] view)
-            x_stride = ctx.x_stride if bias is None else None
+            # in x's layout (a bias's column sum reads a permuted dense dx as its storage's
+            # rows: broadcast.reduce_to)
+            x_stride = ctx.x_stride
             dx = (torch.empty_strided(shape, x_stride, device=dy.device, dtype=dy.dtype)
                   if x_stride is not None else
                   torch.empty(shape, device=dy.device, dtype=dy.dtype))

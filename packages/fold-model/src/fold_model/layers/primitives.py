@@ -178,6 +178,8 @@ class Attention(nn.Module):
     is the registry op of the self-attention path (signature of ``ops.attention_packed``):
     triangle attention passes ``ops.triangle_attention``. ``q_bias``: the query projection has a
     bias (AF3's attention with pair bias, Alg. 24 line 6, and AF3's code; AF2's has none).
+    ``out_bias=False`` (forward): the output projection without its bias, for a caller that
+    adds ``linear_o.bias`` in its residual op (:func:`dropout_residual`).
     """
 
     def __init__(
@@ -212,6 +214,7 @@ class Attention(nn.Module):
         kv_x: torch.Tensor,
         mask: torch.Tensor | None,
         bias: torch.Tensor | None,
+        out_bias: bool = True,
     ) -> torch.Tensor:
         q = self._heads(self.linear_q(q_x))  # [*, R, H, N_q, D]
         k = self._heads(self.linear_k(kv_x))  # [*, R, H, N_k, D]
@@ -219,7 +222,11 @@ class Attention(nn.Module):
         g = self._heads(self.linear_g(q_x)) if self.linear_g is not None else None
         o = ops.attention(q, k, v, bias, mask, self.c_hidden**-0.5, g)  # [*, R, H, N_q, D]
         o = o.transpose(-2, -3).flatten(-2)  # [*, R, N_q, H * D]
-        return self.linear_o(o)
+        return self._project_out(o, out_bias)
+
+    def _project_out(self, o: torch.Tensor, out_bias: bool) -> torch.Tensor:
+        """``linear_o(o)``, or without its bias (``out_bias=False``)."""
+        return self.linear_o(o) if out_bias else F.linear(o, self.linear_o.weight)
 
     def _packed_weight(self) -> torch.Tensor:
         """The q, k, v (and gate) weights stacked: ``[P * H * D, C]``, P = 4 when gated."""
@@ -243,6 +250,7 @@ class Attention(nn.Module):
         bias: torch.Tensor | None,
         weight: torch.Tensor,
         proj_bias: torch.Tensor | None = None,
+        out_bias: bool = True,
     ) -> torch.Tensor:
         """Self-attention: q, k, v and the gate from one GEMM of the stacked ``weight``, handed
         to ``ops.attention_packed`` whole (a kernel backend reads the four parts in place and
@@ -254,7 +262,7 @@ class Attention(nn.Module):
         o = self.packed_op(
             proj, self.no_heads, bias, mask, self.c_hidden**-0.5, gate_bias, gated
         )  # [*, R, N, H * D]
-        return self.linear_o(o)
+        return self._project_out(o, out_bias)
 
     def forward(
         self,
@@ -263,16 +271,18 @@ class Attention(nn.Module):
         mask: torch.Tensor | None = None,
         bias: torch.Tensor | None = None,
         chunk_size: int | None = None,
+        out_bias: bool = True,
     ) -> torch.Tensor:
         if q_x is kv_x:
             # weights stacked once, not once per chunk
             weight = self._packed_weight()
-            shared = (bias, weight, self._packed_bias(weight))
+            shared = (bias, weight, self._packed_bias(weight), out_bias)
             return chunked_rows(
                 self._self_attend, chunk_size, ((q_x, -3), (mask, -2)), shared, out_dim=-3
             )
         return chunked_rows(
-            self._attend, chunk_size, ((q_x, -3), (kv_x, -3), (mask, -2)), (bias,), out_dim=-3
+            self._attend, chunk_size, ((q_x, -3), (kv_x, -3), (mask, -2)), (bias, out_bias),
+            out_dim=-3,
         )
 
 
@@ -378,14 +388,15 @@ def add_residual(x: torch.Tensor, update: torch.Tensor, in_place: bool) -> torch
 
 
 def dropout_residual(
-    update: torch.Tensor, x: torch.Tensor, rate: float, shared_dim: int, training: bool
+    update: torch.Tensor, x: torch.Tensor, rate: float, shared_dim: int, training: bool,
+    bias: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """``x + dropout(update)`` with AF2's shared dropout along ``shared_dim`` (one fused
+    """``x + dropout(update + bias)`` with AF2's shared dropout along ``shared_dim`` (one fused
     ``ops.bias_dropout_residual``). The mask is drawn as 0/1 bytes and scaled by the op, in
     x's dtype as :func:`shared_dropout_mask`'s pre-scaled mask is: one launch for the mask,
-    not two."""
+    not two. ``bias [C]``: the sub-layer's output bias, left out of its last GEMM."""
     if not training or rate == 0.0:
-        return ops.bias_dropout_residual(update, x, None, None)
+        return ops.bias_dropout_residual(update, x, bias, None)
     keep = 1.0 - rate
     mask = _shared_draws(update, keep, shared_dim, torch.uint8)
-    return ops.bias_dropout_residual(update, x, None, mask, 1.0 / keep)
+    return ops.bias_dropout_residual(update, x, bias, mask, 1.0 / keep)

@@ -46,19 +46,30 @@ class TriangleAttention(nn.Module):
         pair_mask: torch.Tensor,
         comm: AxialComm = IDENTITY_COMM,
         chunk_size: int | None = None,
+        out_bias: bool = True,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """``(update, z)``: the update and z passed on for the residual sum. The normalised z
         is read by the bias projection and by q, k, v and the gate (``LayerNorm.fork``): in
-        backward their gradients and the residual's meet in LayerNorm's one pass."""
+        backward their gradients and the residual's meet in LayerNorm's one pass.
+        ``out_bias=False``: the update without the output projection's bias
+        (:attr:`out_bias`), which the residual op then adds (and sums the gradient of): the GEMM
+        with cuBLASLt's bias epilogue took 17.8 us against 9.4 us without at N_res 256, 67 vs
+        41 us at 512 (H200, ``[N^2, 128] x [128, 128]``)."""
         if not self.starting:
             z = z.transpose(-2, -3)  # [*, N_j/P, N_i, C_z]
             pair_mask = pair_mask.transpose(-1, -2)
         z, z_bias, z_att = self.layer_norm.fork(z, 2)
         bias = pair_bias(z_bias, self.linear_bias, comm)  # [*, H, N, N]
-        out = self.mha(z_att, z_att, pair_mask, bias, chunk_size)
+        out = self.mha(z_att, z_att, pair_mask, bias, chunk_size, out_bias)
         if self.starting:
             return out, z
         return out.transpose(-2, -3), z.transpose(-2, -3)
+
+
+    @property
+    def out_bias(self) -> torch.Tensor:
+        """The output projection's bias ``[C_z]``."""
+        return self.mha.linear_o.bias
 
 
 class TriangleAttentionStartingNode(TriangleAttention):
