@@ -72,6 +72,10 @@ CASES = {
     "layer_norm_fork": (lambda x, w, b: ops.layer_norm_fork(x, w, b, 1e-5, 2),
                         [_randn(B, N, C, seed=43), _randn(C, seed=44), _randn(C, seed=45)],
                         {0, 1}),
+    # outputs channel-last and heads-first: only the batch dim is followed through
+    "layer_norm_pair_bias": (lambda x, w, b, wh: ops.layer_norm_pair_bias(x, w, b, wh, 1e-5, 1),
+                             [_randn(B, N, N, C, seed=54), _randn(C, seed=55),
+                              _randn(C, seed=56), _randn(O, C, seed=57)], {0}),
     "layer_norm_linear": (ops.layer_norm_linear,
                           [_randn(B, N, C, seed=20), _randn(C, seed=21), _randn(C, seed=22),
                            _randn(O, C, seed=23), _randn(O, seed=24)], {0, 1, 2}),

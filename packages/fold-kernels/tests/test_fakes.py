@@ -33,6 +33,7 @@ def _args(op: str):
         "triangle_attention": (t(R, N, 3 * H * D), H, t(H, N, N), mask, None, None, False),
         "layer_norm": (t(R, N, C), t(C), t(C)),
         "layer_norm_fork": (t(R, N, C), t(C), t(C), 1e-5, 2),
+        "layer_norm_pair_bias": (t(2, N, N, C), t(C), t(C), t(O, C), 1e-5, 1),
         "layer_norm_linear": (t(R, N, C), t(C), t(C), t(O, C), t(O)),
         "adaptive_layer_norm": (t(R, N, C), t(R, N, 2 * C), t(C)),
         "softmax_mask_bias": (t(R, H, N, N), mask[:, None, None, :], t(H, N, N)),

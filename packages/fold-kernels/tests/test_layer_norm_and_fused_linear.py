@@ -205,6 +205,58 @@ def test_layer_norm_fork_strided(dtype):
     assert rel_err(wd.grad, gw) < tol and rel_err(bd.grad, gb) < tol
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("case", ["fork 1, all read", "fork 0 (bias only)", "fork 2, no stream",
+                                  "bias unread", "transposed x, 16 heads"])
+def test_layer_norm_pair_bias(dtype, case):
+    """Outputs and the gradients of x, weight, bias and the heads' weight against float64: the
+    bias's gradient enters LayerNorm's pass as ``g^T W`` (no d(y) of the projection), with or
+    without the other readers of y and of the stream, and for a transposed x (the ending node)
+    with a heads-first bias gradient in another layout."""
+    c, heads, branches = 37, 3, 1
+    shape = (2, 7, 5, c)
+    if case == "fork 0 (bias only)":
+        branches = 0
+    elif case == "fork 2, no stream":
+        branches = 2
+    elif case == "transposed x, 16 heads":
+        heads = 16
+    gen = torch.Generator().manual_seed(len(case))
+    base = _rand(*shape, seed=50, scale=1.5, shift=2.0).to(dtype)  # [B, I, J, C]
+    w, b = _rand(c, seed=51).to(dtype), _rand(c, seed=52).to(dtype)
+    wh = _rand(heads, c, seed=53).to(dtype)
+    transposed = case.startswith("transposed")
+    x_shape = (2, 5, 7, c) if transposed else shape
+    dys = [torch.randn(x_shape, generator=gen).to(dtype) for _ in range(branches)]
+    dres = None if case == "fork 2, no stream" else torch.randn(x_shape, generator=gen).to(dtype)
+    dbias = None if case == "bias unread" else torch.randn(
+        (x_shape[0], heads, *x_shape[1:3]), generator=gen).to(dtype)
+    if transposed and dbias is not None:  # the same values in a [B, H, J, I]-major layout
+        dbias = dbias.transpose(-1, -2).contiguous().transpose(-1, -2)
+
+    leaf = base.to(DEVICE).clone().requires_grad_()
+    wd, bd, whd = (t.to(DEVICE).clone().requires_grad_() for t in (w, b, wh))
+    x = leaf.transpose(1, 2) if transposed else leaf
+    outs = fk.layer_norm_pair_bias(x, wd, bd, whd, 1e-5, branches)
+    assert len(outs) == branches + 2 and torch.equal(outs[0], x)
+    seeds = [(o, g) for o, g in zip(outs, (dres, *dys, dbias)) if g is not None]
+    torch.autograd.backward([o for o, _ in seeds], [g.to(DEVICE) for _, g in seeds])
+
+    ins = [t.double().clone().requires_grad_() for t in (base, w, b, wh)]
+    x64 = ins[0].transpose(1, 2) if transposed else ins[0]
+    ref_outs = ref.layer_norm_pair_bias(x64, *ins[1:3], ins[3], 1e-5, branches)
+    ref_seeds = [(o, g) for o, g in zip(ref_outs, (dres, *dys, dbias)) if g is not None]
+    torch.autograd.backward([o for o, _ in ref_seeds], [g.double() for _, g in ref_seeds])
+    tol = TOL[dtype]
+    for o, r in zip(outs[1:], ref_outs[1:]):
+        assert o.shape == r.shape and rel_err(o, r) < tol
+    for name, t, r in zip(("x", "weight", "bias", "heads' weight"), (leaf, wd, bd, whd), ins):
+        if r.grad is None:
+            assert t.grad is None or not t.grad.any(), name
+        else:
+            assert rel_err(t.grad, r.grad) < tol, name
+
+
 class _LaunchSpy:
     """Stands in for a kernel (``kernel[grid](...)``) and records each launch's keywords."""
 

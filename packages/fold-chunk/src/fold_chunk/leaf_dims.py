@@ -55,6 +55,13 @@ LEAF_OPS: dict[str, LeafOp] = {
     "layer_norm_fork": LeafOp(("x", "weight", "bias", "eps", "branches"),
                               {"x": "C", "weight": "C", "bias": "C"}, "C",
                               {"C": "LayerNorm normalises over the channels"}),
+    # -> (x, y_1, ..., y_branches, bias [*, H, I, J]): outputs of two layouts, so no dim is
+    # followed through it (fold-model calls it with autograd only; inference traces the fork
+    # and linear_channel_first)
+    "layer_norm_pair_bias": LeafOp(("x", "weight", "bias", "bias_weight", "eps", "branches"),
+                                   {"x": "IJC", "weight": "C", "bias": "C", "bias_weight": "HC"},
+                                   "IJC", {d: "its outputs are channel-last and heads-first"
+                                           for d in "IJC"}),
     "layer_norm_linear": LeafOp(
         ("x", "ln_weight", "ln_bias", "weight", "bias", "eps"),
         {"x": "C", "ln_weight": "C", "ln_bias": "C", "weight": "OC", "bias": "O"}, "O", {}),
@@ -82,6 +89,7 @@ LEAF_OPS: dict[str, LeafOp] = {
 LEAF_OPS["triangle_attention"] = LEAF_OPS["attention_packed"]  # the same contract
 _NO_BATCH = {"weight", "ln_weight", "ln_bias", "gate_bias"}  # parameters: no batch dims
 _NO_BATCH_BY_OP = {"linear": {"bias"}, "layer_norm": {"bias"}, "layer_norm_fork": {"bias"},
+                   "layer_norm_pair_bias": {"bias", "bias_weight"},
                    "layer_norm_linear": {"bias"},
                    "swiglu": {"bias"}, "triangle_projection_gate": {"bias"}}
 

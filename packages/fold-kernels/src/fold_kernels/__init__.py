@@ -19,7 +19,7 @@ from fold_kernels.channel_first import linear_channel_first
 from fold_kernels.elementwise import bias_dropout_residual, bias_sigmoid_gate
 from fold_kernels.evo_attention import evo_attention, evo_attention_packed
 from fold_kernels.fused_linear import layer_norm_linear, swiglu
-from fold_kernels.layer_norm import layer_norm, layer_norm_fork
+from fold_kernels.layer_norm import layer_norm, layer_norm_fork, layer_norm_pair_bias
 from fold_kernels.linear import linear
 from fold_kernels.optim import clip_coefficient, fused_adam_ema_, global_grad_norm, swa_decay
 from fold_kernels.softmax import softmax_mask_bias
@@ -34,6 +34,7 @@ __all__ = [
     "evo_attention_packed",
     "layer_norm",
     "layer_norm_fork",
+    "layer_norm_pair_bias",
     "layer_norm_linear",
     "adaptive_layer_norm",
     "swiglu",

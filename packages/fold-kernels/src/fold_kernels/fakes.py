@@ -76,6 +76,13 @@ def layer_norm_fork(x, weight, bias, eps=1e-5, branches=1):
     return (x,) + (y,) * branches
 
 
+def layer_norm_pair_bias(x, weight, bias, bias_weight, eps=1e-5, branches=1):
+    """:func:`layer_norm_fork`'s outputs and the heads-first bias (:func:`linear_channel_first`
+    of y)."""
+    y = layer_norm(x, weight, bias, eps)
+    return (x,) + (y,) * branches + (linear_channel_first(y, bias_weight),)
+
+
 def layer_norm_linear(x, ln_weight, ln_bias, weight, bias=None, eps=1e-5):
     """y ``[*, O]``; transients: fp32 mean and rstd per row (x read through its strides)."""
     rows = x.numel() // x.shape[-1]
@@ -133,6 +140,7 @@ FAKES = {
     "triangle_attention": attention_packed,
     "layer_norm": layer_norm,
     "layer_norm_fork": layer_norm_fork,
+    "layer_norm_pair_bias": layer_norm_pair_bias,
     "layer_norm_linear": layer_norm_linear,
     "adaptive_layer_norm": adaptive_layer_norm,
     "softmax_mask_bias": softmax_mask_bias,

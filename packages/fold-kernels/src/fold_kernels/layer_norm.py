@@ -29,8 +29,8 @@ from fold_kernels.launch import fast
 from fold_kernels.one_pass import finish_sum
 from fold_kernels.reduce import sum_partials
 
-__all__ = ["layer_norm", "layer_norm_fork", "ln_forward", "ln_backward", "row_stats",
-           "MAX_HIDDEN"]
+__all__ = ["layer_norm", "layer_norm_fork", "layer_norm_pair_bias", "ln_forward",
+           "ln_backward", "row_stats", "MAX_HIDDEN"]
 
 MAX_HIDDEN = 8192
 
@@ -77,15 +77,20 @@ def _ln_fwd(X, W, B, Y, Mean, Rstd, rows, C, eps, d1, d2, xs0, xs1, xs2, xsc,
 @triton.jit
 def _ln_bwd(X, W, DY, DY2, DR, Mean, Rstd, DX, DWp, DBp, DWDB, Cnt, sp, rows, C, d1, d2,
             xs0, xs1, xs2, xsc, ys0, ys1, ys2, ysc, y2s0, y2s1, y2s2, y2sc,
-            rs0, rs1, rs2, rsc, ds0, ds1, ds2, dsc,
+            rs0, rs1, rs2, rsc, ds0, ds1, ds2, dsc, G, WH, gsh,
             HAS_DY2: tl.constexpr, HAS_DR: tl.constexpr,
             BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, ONE_PASS: tl.constexpr,
             GROUP: tl.constexpr, TAIL_S: tl.constexpr, TAIL_M: tl.constexpr,
             ACC_TILE: tl.constexpr = False, DENSE: tl.constexpr = False,
-            FMA: tl.constexpr = True, PDL: tl.constexpr = False):
+            FMA: tl.constexpr = True, HAS_DY: tl.constexpr = True,
+            N_HEADS: tl.constexpr = 0, PDL: tl.constexpr = False):
     """x, dy (+ dy2) (+ dr) and dx each through their own row strides (the row dims are
     shared). ``dy2``: a second reader's gradient of y, summed into dy; ``dr``: the gradient of
     x from outside the LayerNorm (the residual stream), added to dx (:func:`layer_norm_fork`).
+    ``N_HEADS`` > 0: the gradient of a per-head projection of y, ``G [N_HEADS, rows]`` (heads
+    ``gsh`` apart, rows in x's logical order) times its weight ``WH [N_HEADS, C]``, is added to
+    dy row by row (:func:`layer_norm_pair_bias`: the projection's d(y) is never written).
+    Without ``HAS_DY`` that is the whole of dy and DY is not read.
     Each program's ``[dw | db]`` partial row goes to ``DWp`` / ``DBp`` (rows ``sp`` apart);
     with ``ONE_PASS`` the last programs add them into ``DWDB [2, C]``
     (:func:`fold_kernels.one_pass.finish_sum`). ``ACC_TILE``: the partial sums are kept as
@@ -133,7 +138,15 @@ def _ln_bwd(X, W, DY, DY2, DR, Mean, Rstd, DX, DWp, DBp, DWDB, Cnt, sp, rows, C,
             yp = row_offsets(offs_r, d1, d2, ys0, ys1, ys2)[:, None] + c64[None, :] * ysc
             dp = row_offsets(offs_r, d1, d2, ds0, ds1, ds2)[:, None] + c64[None, :] * dsc
         x = tl.load(xs_ + xp, mask=rc, other=0.0).to(tl.float32)
-        dy = tl.load(ys_ + yp, mask=rc, other=0.0).to(tl.float32)
+        if HAS_DY:
+            dy = tl.load(ys_ + yp, mask=rc, other=0.0).to(tl.float32)
+        else:
+            dy = tl.zeros([BLOCK_R, BLOCK_C], tl.float32)
+        for h in tl.static_range(N_HEADS):  # dy += G^T WH: N_HEADS FMAs an element
+            g = tl.load(G + tl.cast(h, tl.int64) * gsh + offs_r, mask=r_valid,
+                        other=0.0).to(tl.float32)  # [BLOCK_R]
+            wh = tl.load(WH + h * C + offs_c, mask=c_valid, other=0.0).to(tl.float32)
+            dy += g[:, None] * wh[None, :]
         if HAS_DY2:
             if DENSE:
                 dy += tl.load(DY2 + start + tile, mask=rc, other=0.0).to(tl.float32)
@@ -262,20 +275,27 @@ def _bwd_configs_for(c: int, interpreting: bool, tiles: bool = True) -> tuple[tu
 
 
 def ln_backward(dy, x, weight, mean, rstd, dw_dtype=torch.float32, db_dtype=torch.float32,
-                dy2=None, dres=None):
+                dy2=None, dres=None, heads=None):
     """Gradients ``(dx, dweight [C], dbias [C])`` of LayerNorm for ``x, dy [*, C]`` in any
     layouts (dx in x's layout when x is dense). dw and db are added in one pass: the last
     programs of the kernel add the partial rows (:mod:`fold_kernels.one_pass`), writing
     ``dw_dtype`` / ``db_dtype`` directly (no separate cast); with ``FOLD_KERNELS_ONE_PASS=0``
     a second launch does (:func:`fold_kernels.reduce.sum_partials`). ``dy2`` (a second
     gradient of y, added to dy) and ``dres`` (a gradient of x from outside, added to dx) are
-    read in the same pass (:func:`layer_norm_fork`). The launch configuration is autotuned per
-    shape and layout (:func:`fold_kernels.tuning.pick`)."""
+    read in the same pass (:func:`layer_norm_fork`). ``heads``: ``(g [H, rows], w [H, C])``,
+    the gradient of a per-head projection ``w y`` of y, added to dy as ``g^T w`` in the same
+    pass (:func:`layer_norm_pair_bias`); dy may then be None. The launch configuration is
+    autotuned per shape and layout (:func:`fold_kernels.tuning.pick`)."""
     c = x.shape[-1]
     rows = x.numel() // max(c, 1)
     dx = torch.empty_like(x)  # keeps x's strides when x is dense: the caller's grad layout
-    has_dy2, has_dres = dy2 is not None, dres is not None
-    # an absent gradient is stood in for by dy (same layout, never read: HAS_DY2 / HAS_DR)
+    has_dy, has_dy2, has_dres = dy is not None, dy2 is not None, dres is not None
+    n_heads = 0 if heads is None else heads[0].shape[0]
+    g, wh = heads if heads is not None else (x, weight)  # stand-ins, never read
+    gsh = g.stride(0) if heads is not None else 0
+    # an absent gradient is stood in for by dy, or x (same layout, never read: HAS_DY2 / HAS_DR
+    # / HAS_DY)
+    dy = dy if has_dy else x
     dy2, dres = (dy2 if has_dy2 else dy), (dres if has_dres else dy)
     dims, (xv, dyv, dxv, dy2v, drv), (xs, ys, ds, y2s, rs) = _layout(x, dy, dx, dy2, dres)
     if dxv.data_ptr() != dx.data_ptr() or dxv.stride() != dx.stride():  # merge fell back
@@ -310,17 +330,17 @@ def ln_backward(dy, x, weight, mean, rstd, dw_dtype=torch.float32, db_dtype=torc
         _ln_bwd[(n_prog,)](xv, weight, dyv, dy2v, drv, mean, rstd, dxv, partials,
                            partials[:, 1], dwdb, one_pass.counters(x.device) if fused else dwdb,
                            2 * c, rows, c, dims[1], dims[2], *xs, *ys, *y2s, *rs, *ds,
-                           HAS_DY2=has_dy2, HAS_DR=has_dres, BLOCK_R=cfg.block_m,
+                           g, wh, gsh, HAS_DY2=has_dy2, HAS_DR=has_dres, BLOCK_R=cfg.block_m,
                            BLOCK_C=block_c, ONE_PASS=fused, GROUP=group, TAIL_S=group,
                            TAIL_M=tail_m, ACC_TILE=cfg.acc_tile, DENSE=dense, FMA=fma,
-                           num_warps=cfg.num_warps)
+                           HAS_DY=has_dy, N_HEADS=n_heads, num_warps=cfg.num_warps)
         state["out"] = dwdb  # the sums (one pass), or the partial rows to sum
 
     # Timed with the second stage where the kernel does it (one pass); otherwise the first
     # stage alone: host overhead would swamp the few microseconds of sum_partials' tree.
     key = (rows, c, x.dtype, dy.dtype, tuple(xs), tuple(ys), tuple(ds),
            tuple(y2s) if has_dy2 else None, tuple(rs) if has_dres else None, fused, tiles,
-           dense, fma)
+           dense, fma, has_dy, n_heads)
     candidates = _bwd_configs_for(c, tuning.interpreting(), tiles)
     launch(tuning.pick("ln_bwd", key, candidates, launch))
     dwdb = state["out"] if fused else sum_partials(state["out"], out_dtype)  # [2, C]
@@ -419,3 +439,70 @@ def layer_norm_fork(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,
         y, _, _ = ln_forward(x, weight.contiguous(), bias.contiguous(), eps)
         return (x,) + (y,) * branches
     return _LayerNormFork.apply(x, weight, bias, eps, branches)
+
+
+class _LayerNormPairBias(torch.autograd.Function):
+    """``(x, y, ..., y, bias)``: :class:`_LayerNormFork`'s outputs and the per-head projection
+    ``bias [*, H, I, J] = W y^T`` (one cuBLAS GEMM writing the heads-first layout, as
+    :func:`fold_kernels.channel_first.linear_channel_first`). The backward adds the bias's
+    gradient times W to dy inside LayerNorm's pass, instead of a GEMM writing d(y) of the
+    projection ``[*, C]`` and LayerNorm reading it back."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, bias_weight, eps, branches):
+        y, mean, rstd = ln_forward(x, weight.contiguous(), bias.contiguous(), eps)
+        rows = y.view(-1, y.shape[-1])  # [M, C]: y is contiguous
+        pb = bias_weight.mm(rows.t())  # [H, M]
+        ctx.save_for_backward(x, weight, mean, rstd, rows, bias_weight)
+        ctx.bias_dtype = bias.dtype
+        ctx.branches = branches
+        ctx.set_materialize_grads(False)  # an unread output's gradient is None, not zeros
+        # [H, *batch, I, J] -> [*batch, H, I, J] (contiguous for one batch entry)
+        pb = pb.view(bias_weight.shape[0], *x.shape[:-1]).movedim(0, -3)
+        return (x,) + tuple(y if i == 0 else y.detach() for i in range(branches)) + (pb,)
+
+    @staticmethod
+    def backward(ctx, dres, *grads):
+        x, weight, mean, rstd, rows, bias_weight = ctx.saved_tensors
+        dys = [d for d in grads[:ctx.branches] if d is not None]
+        dpb = grads[ctx.branches]
+        dwh = heads = None
+        if dpb is not None:
+            # [*batch, H, I, J] -> [H, M]: a view when dpb has the layout the forward made
+            g = dpb.movedim(-3, 0).reshape(bias_weight.shape[0], -1)
+            if g.stride(1) != 1:
+                g = g.contiguous()
+            if ctx.needs_input_grad[3]:
+                dwh = g.to(rows.dtype).mm(rows)  # [H, C]
+            heads = (g, bias_weight)
+        if not dys and heads is None:  # nothing read but the stream: its gradient passes
+            return dres, None, None, None, None, None
+        dy2 = None
+        if len(dys) > 1:
+            dy2 = dys[1] if len(dys) == 2 else torch.stack(dys[1:]).sum(0)
+        dx, dw, db = ln_backward(dys[0] if dys else None, x, weight, mean, rstd, weight.dtype,
+                                 ctx.bias_dtype, dy2=dy2, dres=dres, heads=heads)
+        return dx, dw, db, dwh, None, None
+
+
+def layer_norm_pair_bias(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,
+                         bias_weight: torch.Tensor, eps: float = 1e-5, branches: int = 1
+                         ) -> tuple[torch.Tensor, ...]:
+    """``(x, y_1, ..., y_branches, pair_bias)`` with ``y = layer_norm(x)`` and ``pair_bias
+    [*, H, I, J] = sum_c bias_weight[h, c] y[..., i, j, c]`` (:func:`fold_ops.reference.
+    layer_norm_pair_bias`): triangle attention's and AF3's attention-with-pair-bias
+    LayerNorm, its readers and the heads' bias projection. In backward the bias's gradient
+    ``[H, rows]`` times ``bias_weight`` joins dy in LayerNorm's pass: the projection's
+    ``d(y) [*, C]`` (a GEMM's output) is never written nor read back. ``branches`` may be 0
+    (the bias is y's only reader). Without autograd: ``layer_norm`` and one GEMM."""
+    if not isinstance(branches, int) or branches < 0:
+        raise ValueError(f"layer_norm_pair_bias: branches must be an int >= 0, got {branches}")
+    check_layer_norm(x, weight, bias)
+    if x.dim() < 3:
+        raise ValueError(f"layer_norm_pair_bias: x must be [*, I, J, C], got "
+                         f"{tuple(x.shape)}")
+    if (bias_weight.dim() != 2 or bias_weight.shape[1] != x.shape[-1]
+            or bias_weight.dtype != x.dtype):
+        raise ValueError(f"layer_norm_pair_bias: bias_weight must be [H, C={x.shape[-1]}] in "
+                         f"{x.dtype}, got {tuple(bias_weight.shape)} in {bias_weight.dtype}")
+    return _LayerNormPairBias.apply(x, weight, bias, bias_weight.contiguous(), eps, branches)

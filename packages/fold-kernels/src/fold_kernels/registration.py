@@ -143,6 +143,14 @@ def supports_layer_norm_fork(x, weight, bias, eps=1e-5, branches=1) -> bool:
             and supports_layer_norm(x, weight, bias))
 
 
+def supports_layer_norm_pair_bias(x, weight, bias, bias_weight, eps=1e-5, branches=1) -> bool:
+    # heads: one FMA an element each in LayerNorm's backward, unrolled (AF3's 16 at most)
+    return (isinstance(branches, int) and branches >= 0 and bias is not None and x.dim() >= 3
+            and supports_layer_norm(x, weight, bias) and _on_gpu(bias_weight)
+            and bias_weight.dim() == 2 and bias_weight.shape[1] == x.shape[-1]
+            and 1 <= bias_weight.shape[0] <= 32 and bias_weight.dtype == x.dtype)
+
+
 def supports_layer_norm_linear(x, ln_weight, ln_bias, weight, bias=None, eps=1e-5) -> bool:
     if (ln_bias is None or not supports_layer_norm(x, ln_weight, ln_bias)
             or not _on_gpu(weight, bias)):
@@ -220,6 +228,7 @@ SUPPORTS: dict[str, tuple[Callable, Callable[..., bool]]] = {
     "triangle_attention": (kernels.evo_attention_packed, supports_attention_packed),
     "layer_norm": (kernels.layer_norm, supports_layer_norm),
     "layer_norm_fork": (kernels.layer_norm_fork, supports_layer_norm_fork),
+    "layer_norm_pair_bias": (kernels.layer_norm_pair_bias, supports_layer_norm_pair_bias),
     "layer_norm_linear": (kernels.layer_norm_linear,
                           supports_layer_norm_linear),
     "adaptive_layer_norm": (kernels.adaptive_layer_norm, supports_adaptive_layer_norm),

@@ -28,6 +28,10 @@ neither states an op again. An op's signature is its reference's signature
 ``layer_norm_fork(x, weight, bias, eps=1e-5, branches=1) -> (x, y_1, ..., y_branches)``
     x passed on and ``branches`` handles on ``layer_norm(x)``: a residual stream and the layers
     its LayerNorm feeds. A backend sums the gradients of all of them in LayerNorm's backward.
+``layer_norm_pair_bias(x, weight, bias, bias_weight, eps=1e-5, branches=1)``
+    ``-> (x, y_1, ..., y_branches, pair_bias)``: ``layer_norm_fork`` and the per-head bias
+    ``linear_channel_first(y, bias_weight)`` ``[*, H, I, J]`` of ``x [*, I, J, C]``. A backend
+    adds the bias's gradient times ``bias_weight`` to dy in LayerNorm's backward.
 ``layer_norm_linear(x, ln_weight, ln_bias, weight, bias=None, eps=1e-5) -> y``
     ``F.linear(F.layer_norm(x), weight, bias)``.
 ``adaptive_layer_norm(a, cond, gate_bias=None, eps=1e-5) -> y``
@@ -97,6 +101,7 @@ OPS: dict[str, Op] = {op.name: op for op in (
     _op(reference.attention_packed, "triangle_attention", falls_back_to="attention_packed"),
     _op(reference.layer_norm),
     _op(reference.layer_norm_fork),
+    _op(reference.layer_norm_pair_bias),
     _op(reference.layer_norm_linear),
     _op(reference.adaptive_layer_norm),
     _op(reference.softmax_mask_bias),

@@ -26,6 +26,7 @@ __all__ = [
     "attention_packed",
     "layer_norm",
     "layer_norm_fork",
+    "layer_norm_pair_bias",
     "layer_norm_linear",
     "adaptive_layer_norm",
     "softmax_mask_bias",
@@ -139,6 +140,26 @@ def layer_norm_fork(
         raise ValueError(f"layer_norm_fork: branches must be >= 1, got {branches}")
     y = layer_norm(x, weight, bias, eps)
     return (x,) + (y,) * branches
+
+
+def layer_norm_pair_bias(
+    x: torch.Tensor,
+    weight: torch.Tensor | None,
+    bias: torch.Tensor | None,
+    bias_weight: torch.Tensor,
+    eps: float = 1e-5,
+    branches: int = 1,
+) -> tuple[torch.Tensor, ...]:
+    """``(x, y_1, ..., y_branches, pair_bias)``: :func:`layer_norm_fork` with one more reader
+    of ``y = layer_norm(x)``, the per-head pair bias ``pair_bias [*, H, I, J] =
+    linear_channel_first(y, bias_weight)`` (``x [*, I, J, C]``, ``bias_weight [H, C]``): the
+    LayerNorm of triangle attention and of AF3's attention with pair bias. A backend adds the
+    bias's gradient times ``bias_weight`` to dy in LayerNorm's backward (no ``[*, C]``
+    gradient of the projection's input is written). ``branches`` may be 0."""
+    if branches < 0:
+        raise ValueError(f"layer_norm_pair_bias: branches must be >= 0, got {branches}")
+    y = layer_norm(x, weight, bias, eps)
+    return (x,) + (y,) * branches + (linear_channel_first(y, bias_weight),)
 
 
 def layer_norm_linear(

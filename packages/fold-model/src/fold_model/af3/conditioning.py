@@ -14,7 +14,14 @@ import torch
 from torch import nn
 
 from fold_model import ops
-from fold_model.layers import Attention, LayerNorm, Linear, chunked_rows, pair_bias
+from fold_model.layers import (
+    Attention,
+    LayerNorm,
+    Linear,
+    chunked_rows,
+    fork_pair_bias,
+    pair_bias,
+)
 from fold_model.seams import IDENTITY_COMM, AxialComm
 from fold_model.upgrades import stack_gate_shift
 
@@ -110,8 +117,8 @@ class AttentionPairBias(nn.Module):
         pass). With ``chunk_size`` (inference) z is returned as it came."""
         if chunk_size is not None:
             return self.bias_from_pair(z, comm, chunk_size), z
-        z, z_ln = self.layer_norm_z.fork(z)
-        return pair_bias(z_ln, self.linear_z, comm), z
+        z, bias = fork_pair_bias(self.layer_norm_z, z, self.linear_z, comm, 0)
+        return bias, z
 
     def normalize(self, a: torch.Tensor, s: torch.Tensor | None) -> torch.Tensor:
         if self.ada_ln is not None:

@@ -346,6 +346,27 @@ def pair_bias(
     return comm.gather(bias, -2)  # [*, H, N_i, N_j]
 
 
+def fork_pair_bias(
+    layer_norm: LayerNorm, z: torch.Tensor, linear: Linear, comm: AxialComm = IDENTITY_COMM,
+    branches: int = 1,
+) -> tuple[torch.Tensor, ...]:
+    """``(z, y_1, ..., y_branches, bias)``: ``layer_norm.fork(z, branches + 1)`` with its last
+    reader the per-head :func:`pair_bias` ``[*, H, N_i, N_j]`` (gathered under DAP). With
+    autograd one op, ``ops.layer_norm_pair_bias``: a backend adds the bias's gradient times the
+    projection into LayerNorm's backward pass, so the projection's ``d(y) [*, C]`` is neither
+    written by a GEMM nor read back (a pair-sized write and read per bias). Inference and
+    tracing (AutoChunk follows the fork and the projection) take the two ops."""
+    if linear.bias is not None:
+        raise ValueError("fork_pair_bias: the projection must have no bias (AF2/AF3 pair biases "
+                         "have none)")
+    if torch.is_grad_enabled() and not torch.fx._symbolic_trace.is_fx_tracing():
+        *out, bias = ops.layer_norm_pair_bias(z, layer_norm.weight, layer_norm.bias,
+                                              linear.weight, layer_norm.eps, branches)
+        return (*out, comm.gather(bias, -2))
+    out = layer_norm.fork(z, branches + 1)  # indexed: an fx Proxy cannot be star-unpacked
+    return (*(out[i] for i in range(branches + 1)), pair_bias(out[branches + 1], linear, comm))
+
+
 def shared_dropout_mask(
     x: torch.Tensor, rate: float, shared_dim: int, training: bool
 ) -> torch.Tensor | None:

@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from fold_model import ops
-from fold_model.layers.primitives import Attention, LayerNorm, Linear, pair_bias
+from fold_model.layers.primitives import Attention, LayerNorm, Linear, fork_pair_bias
 from fold_model.seams import IDENTITY_COMM, AxialComm
 
 __all__ = ["TriangleAttention", "TriangleAttentionStartingNode", "TriangleAttentionEndingNode"]
@@ -58,8 +58,8 @@ class TriangleAttention(nn.Module):
         if not self.starting:
             z = z.transpose(-2, -3)  # [*, N_j/P, N_i, C_z]
             pair_mask = pair_mask.transpose(-1, -2)
-        z, z_bias, z_att = self.layer_norm.fork(z, 2)
-        bias = pair_bias(z_bias, self.linear_bias, comm)  # [*, H, N, N]
+        z, z_att, bias = fork_pair_bias(self.layer_norm, z, self.linear_bias, comm)  # bias
+        # [*, H, N, N]
         out = self.mha(z_att, z_att, pair_mask, bias, chunk_size, out_bias)
         if self.starting:
             return out, z
