@@ -21,7 +21,7 @@ from fold_model.layers import (
     OuterProductMean,
     SwiGLUTransition,
     chunked_rows,
-    pair_bias,
+    fork_pair_bias,
 )
 from fold_model.seams import IDENTITY_COMM, AxialComm
 
@@ -87,8 +87,7 @@ class MSAPairWeightedAveraging(nn.Module):
         """``(update, m, z)``: the update, and m and z passed on for what reads them next (the
         residual sum, the pair stack), both LayerNorms forked (``LayerNorm.fork``)."""
         m, m_v, m_g = self.layer_norm_m.fork(m, 2)  # read by the values and the gate
-        z, z_ln = self.layer_norm_z.fork(z)
-        b = pair_bias(z_ln, self.linear_b, comm)  # [*, H, N_i, N_j]
+        z, b = fork_pair_bias(self.layer_norm_z, z, self.linear_b, comm, 0)  # b [*, H, N_i, N_j]
         w = ops.softmax_mask_bias(b, token_mask[..., None, None, :])  # [*, H, N_i, N_j]
         update = chunked_rows(self._average, chunk_size, ((m_v, -3), (m_g, -3)), (w,),
                               out_dim=-3)

@@ -10,7 +10,13 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from fold_model.layers.primitives import Attention, GlobalAttention, LayerNorm, Linear, pair_bias
+from fold_model.layers.primitives import (
+    Attention,
+    GlobalAttention,
+    LayerNorm,
+    Linear,
+    fork_pair_bias,
+)
 from fold_model.seams import IDENTITY_COMM, AxialComm
 
 __all__ = ["MSARowAttentionWithPairBias", "MSAColumnAttention", "MSAColumnGlobalAttention"]
@@ -47,8 +53,8 @@ class MSARowAttentionWithPairBias(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """``(update, m, z)``: the update, and m and z passed on for what reads them next (the
         residual sum, the pair stack), both LayerNorms forked (``LayerNorm.fork``)."""
-        z, z_ln = self.layer_norm_z.fork(z)
-        bias = pair_bias(z_ln, self.linear_z, comm)  # [*, H, N_res, N_res]
+        z, bias = fork_pair_bias(self.layer_norm_z, z, self.linear_z, comm, 0)  # bias
+        # [*, H, N_res, N_res]
         m, m_ln = self.layer_norm_m.fork(m)
         return self.mha(m_ln, m_ln, msa_mask, bias, chunk_size), m, z
 
