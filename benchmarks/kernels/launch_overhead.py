@@ -67,7 +67,7 @@ def cases(device: torch.device):
 
     def jit_launch():
         ln._ln_fwd.jit[grid](x, w, bb, y, mean, rstd, 64, 128, 1e-5, 1, 64, 0, 0, 128, 1,
-                         HAS_BIAS=True, BLOCK_R=16, BLOCK_C=128, num_warps=4)
+                             w, mean, 0, HAS_BIAS=True, BLOCK_R=16, BLOCK_C=128, num_warps=4)
 
     rows = {
         "torch.add (out=)": lambda: torch.add(a, b, out=c),
@@ -76,7 +76,7 @@ def cases(device: torch.device):
     }
     def cached_launch():
         ln._ln_fwd[grid](x, w, bb, y, mean, rstd, 64, 128, 1e-5, 1, 64, 0, 0, 128, 1,
-                         HAS_BIAS=True, BLOCK_R=16, BLOCK_C=128, num_warps=4)
+                         w, mean, 0, HAS_BIAS=True, BLOCK_R=16, BLOCK_C=128, num_warps=4)
 
     rows["triton cached launch (fold_kernels.launch.FastKernel)"] = cached_launch
     rows["fold_kernels.layer_norm (no grad)"] = lambda: _nograd(ln.layer_norm, x, w, bb)

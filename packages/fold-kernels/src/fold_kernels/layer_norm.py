@@ -48,10 +48,12 @@ def row_stats(x, rc, C, eps):
 
 @fast
 @triton.jit
-def _ln_fwd(X, W, B, Y, Mean, Rstd, rows, C, eps, d1, d2, xs0, xs1, xs2, xsc,
+def _ln_fwd(X, W, B, Y, Mean, Rstd, rows, C, eps, d1, d2, xs0, xs1, xs2, xsc, WH, PB, pbh,
             HAS_BIAS: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
-            PDL: tl.constexpr = False):
-    """Without ``HAS_BIAS`` (a gain-only LayerNorm, AF3's AdaLN of s) B is not read."""
+            N_HEADS: tl.constexpr = 0, PDL: tl.constexpr = False):
+    """Without ``HAS_BIAS`` (a gain-only LayerNorm, AF3's AdaLN of s) B is not read.
+    ``N_HEADS`` > 0: also the heads' projection of the stored y, ``PB[h, row] = sum_c
+    WH[h, c] y[row, c]`` (heads ``pbh`` apart; :func:`layer_norm_pair_bias`)."""
     pdl.enter(PDL)
     offs_r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     offs_c = tl.arange(0, BLOCK_C)
@@ -68,7 +70,14 @@ def _ln_fwd(X, W, B, Y, Mean, Rstd, rows, C, eps, d1, d2, xs0, xs1, xs2, xsc,
     y = xc * rstd[:, None] * w[None, :]
     if HAS_BIAS:
         y += tl.load(B + offs_c, mask=c_valid, other=0.0).to(tl.float32)[None, :]
-    tl.store(Y + ptrs, y.to(Y.dtype.element_ty), mask=rc)
+    y = y.to(Y.dtype.element_ty)
+    tl.store(Y + ptrs, y, mask=rc)
+    yf = y.to(tl.float32)  # the stored values, as a GEMM reading y would see them
+    for h in tl.static_range(N_HEADS):
+        wh = tl.load(WH + h * C + offs_c, mask=c_valid, other=0.0).to(tl.float32)
+        pb = tl.sum(yf * wh[None, :], 1)  # [BLOCK_R]
+        tl.store(PB + tl.cast(h, tl.int64) * pbh + offs_r, pb.to(PB.dtype.element_ty),
+                 mask=r_valid)
     tl.store(Mean + offs_r, mean, mask=r_valid)
     tl.store(Rstd + offs_r, rstd, mask=r_valid)
 
@@ -210,23 +219,28 @@ def _layout(*tensors: torch.Tensor):
     return lay.dims, lay.operands, lay.strides
 
 
-def ln_forward(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, eps: float):
+def ln_forward(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, eps: float,
+               heads_weight: torch.Tensor | None = None):
     """``x [*, C]`` in any layout (read through row strides, no copy) -> ``y`` contiguous
     ``[*, C]``, ``mean``, ``rstd`` ``[rows]`` fp32 (rows in x's logical order). ``bias`` None:
-    a gain-only LayerNorm."""
+    a gain-only LayerNorm. ``heads_weight [H, C]``: a fourth result, ``y``'s heads projection
+    ``[H, rows]`` in x's dtype, computed from the stored y in the same pass."""
     c = x.shape[-1]
     rows = x.numel() // max(c, 1)
     y = torch.empty(x.shape, device=x.device, dtype=x.dtype)
     mean = torch.empty(rows, device=x.device, dtype=torch.float32)
     rstd = torch.empty_like(mean)
+    n_heads = 0 if heads_weight is None else heads_weight.shape[0]
+    pb = torch.empty((n_heads, rows), device=x.device, dtype=x.dtype) if n_heads else mean
     dims, (xv,), (xs,) = _layout(x)
     block_c = next_power_of_2(c)
     block_r = _block_r(c)
     _ln_fwd[(cdiv(rows, block_r),)](
         xv, weight, weight if bias is None else bias, y, mean, rstd, rows, c, eps, dims[1],
-        dims[2], *xs, HAS_BIAS=bias is not None, BLOCK_R=block_r, BLOCK_C=block_c,
+        dims[2], *xs, weight if heads_weight is None else heads_weight, pb, rows,
+        HAS_BIAS=bias is not None, BLOCK_R=block_r, BLOCK_C=block_c, N_HEADS=n_heads,
         num_warps=_num_warps(block_r, block_c))
-    return y, mean, rstd
+    return (y, mean, rstd) if heads_weight is None else (y, mean, rstd, pb)
 
 
 # ``FOLD_KERNELS_LN_DENSE=0``: the backward reads contiguous operands through the general
@@ -237,6 +251,9 @@ _DENSE = EnvVar("FOLD_KERNELS_LN_DENSE", lambda v: (v if v is not None else "1")
 _TILE = EnvVar("FOLD_KERNELS_LN_TILE", lambda v: (v if v is not None else "1") != "0")
 # ``FOLD_KERNELS_LN_FMA=0``: the backward's loop in its textbook form (for comparisons)
 _FMA = EnvVar("FOLD_KERNELS_LN_FMA", lambda v: (v if v is not None else "1") != "0")
+# ``FOLD_KERNELS_LN_HEADS_FWD=1``: layer_norm_pair_bias's forward computes the heads' bias in
+# LayerNorm's kernel instead of a cuBLAS GEMM reading y back (off until timed on a GPU)
+_HEADS_FWD = EnvVar("FOLD_KERNELS_LN_HEADS_FWD", lambda v: v == "1")
 
 
 # The backward's candidates: (rows a block as a multiple of _block_r, warps, programs per SM).
@@ -450,9 +467,14 @@ class _LayerNormPairBias(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, weight, bias, bias_weight, eps, branches):
-        y, mean, rstd = ln_forward(x, weight.contiguous(), bias.contiguous(), eps)
-        rows = y.view(-1, y.shape[-1])  # [M, C]: y is contiguous
-        pb = bias_weight.mm(rows.t())  # [H, M]
+        if _HEADS_FWD.get():  # [H, M] from LayerNorm's own pass
+            y, mean, rstd, pb = ln_forward(x, weight.contiguous(), bias.contiguous(), eps,
+                                           bias_weight)
+            rows = y.view(-1, y.shape[-1])  # [M, C]: y is contiguous
+        else:
+            y, mean, rstd = ln_forward(x, weight.contiguous(), bias.contiguous(), eps)
+            rows = y.view(-1, y.shape[-1])
+            pb = bias_weight.mm(rows.t())  # [H, M]
         ctx.save_for_backward(x, weight, mean, rstd, rows, bias_weight)
         ctx.bias_dtype = bias.dtype
         ctx.branches = branches
