@@ -99,6 +99,14 @@ def base_inputs(shape: Shape, sizes: dict[str, int]) -> dict[str, torch.Tensor]:
     return out
 
 
+def output_grads(outs: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
+    """Fixed random gradients for the outputs: the same values for every contender whose
+    outputs have the same sizes, whatever their layout (``randn(numel)`` from seed 1)."""
+    gen = torch.Generator().manual_seed(1)
+    return tuple(torch.randn(o.numel(), generator=gen).view(o.shape).to(o.device, o.dtype)
+                 for o in outs)
+
+
 def _leaf(t: torch.Tensor, device, dtype) -> torch.Tensor:
     return t.to(device, dtype).requires_grad_(True)
 

@@ -83,14 +83,6 @@ def parse_rows(spec: str) -> list[pb.Shape]:
 # Timing
 
 
-def output_grads(outs: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
-    """Fixed random gradients for the outputs: the same values for every contender whose
-    outputs have the same sizes, whatever their layout (``randn(numel)`` from seed 1)."""
-    gen = torch.Generator().manual_seed(1)
-    return tuple(torch.randn(o.numel(), generator=gen).view(o.shape).to(o.device, o.dtype)
-                 for o in outs)
-
-
 def _error(e: BaseException) -> str:
     return f"{type(e).__name__}: {e}"[:600]
 
@@ -101,7 +93,7 @@ def measure(case: pb.Case, device: torch.device, modes: tuple[str, ...], warmup:
     activation peak of one eager training step (``train_peak_mib``, CUDA only)."""
     try:
         with torch.no_grad():
-            grads = output_grads(case.forward())
+            grads = pb.output_grads(case.forward())
     except Exception as e:  # noqa: BLE001  (a peer's failure is a result, not a crash)
         return {"error": f"forward failed: {_error(e)}"}
     wrt = list(case.inputs) + case.params

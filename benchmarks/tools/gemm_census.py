@@ -29,7 +29,6 @@ from benchmarks.common import peer_blocks as pb
 from benchmarks.common.backends import ensure_kernels
 from benchmarks.common.machine import versions
 from benchmarks.common.results import write_result
-from benchmarks.model.peers import output_grads
 
 OPS = ("mm", "bmm", "addmm")
 PEAK_FLOPS, PEAK_BYTES = 700e12, 4.3e12
@@ -115,7 +114,7 @@ def census(n: int, device: torch.device, reps: int, rounds: int) -> dict:
     case = pb.build_fold(shape, sizes, pb.base_inputs(shape, sizes), device, torch.bfloat16,
                          tiny)
     with torch.no_grad():
-        grads = output_grads(case.forward())
+        grads = pb.output_grads(case.forward())
     wrt = list(case.inputs) + case.params
 
     def step():

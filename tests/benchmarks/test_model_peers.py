@@ -9,6 +9,7 @@ import math
 import pytest
 import torch
 
+from benchmarks.common import peer_blocks as pb
 from benchmarks.model import peers
 
 
@@ -56,7 +57,7 @@ def test_failing_forward_records_error():
 def test_output_gradients_same_values_whatever_the_layout():
     a = torch.zeros(1, 3, 4, 5, dtype=torch.bfloat16)
     b = torch.zeros(3, 4, 5, dtype=torch.float32)
-    (ga,), (gb,) = peers.output_grads((a,)), peers.output_grads((b,))
+    (ga,), (gb,) = pb.output_grads((a,)), pb.output_grads((b,))
     assert ga.dtype == torch.bfloat16 and gb.dtype == torch.float32
     assert ga.shape == a.shape and gb.shape == b.shape
     torch.testing.assert_close(ga.float().reshape(-1), gb.bfloat16().float().reshape(-1))

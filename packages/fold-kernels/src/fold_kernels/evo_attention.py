@@ -66,6 +66,8 @@ from fold_ops.env import EnvVar
 
 from fold_kernels import nograd, one_pass, pdl, tuning
 from fold_kernels.broadcast import broadcast_shape, is_dense
+from fold_kernels.dot import mm as _mm
+from fold_kernels.dot import precision as _precision
 from fold_kernels.elementwise import GATE_SUMS
 from fold_kernels.index32 import check_grid, pair_bias_fits, span_fits
 from fold_kernels.ints import cdiv, next_power_of_2
@@ -86,18 +88,6 @@ LOG2E = tl.constexpr(1.4426950408889634)
 # MASKED_NAT * log2(e) is exact in fp32 and a fully masked row gets exp2(0) = 1 for every key
 # (uniform weights). The backward zeroes masked keys' P directly.
 MASKED_NAT = tl.constexpr(-(2.0**100))
-
-
-@triton.jit
-def _mm(a, b, PRECISION: tl.constexpr):
-    """``tl.dot`` with fp32 accumulation; ``PRECISION="interp"`` upcasts the operands first,
-    because Triton's CPU interpreter computes bf16/fp16 dots wrongly (the rounding of the
-    operands to the input dtype is kept: they are cast before this call)."""
-    if PRECISION == "interp":
-        return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
-    else:
-        return tl.dot(a, b, input_precision=PRECISION)
-
 
 
 @triton.jit
@@ -696,13 +686,6 @@ def _bwd_dbias(Q, K, V, Bias, Mask, DO, LSE, Delta, DBias,
 
 
 # ----------------------------------------------------------------------------- host side
-
-
-def _precision(dtype: torch.dtype) -> str:
-    # fp32 inputs get exact fp32 products (1e-5 agreement); half types use the tensor cores
-    if tuning.interpreting():
-        return "interp"
-    return "ieee" if dtype == torch.float32 else "tf32"
 
 
 def _block_d(d: int) -> int:

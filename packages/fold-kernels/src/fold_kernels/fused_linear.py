@@ -20,6 +20,8 @@ import triton
 import triton.language as tl
 
 from fold_kernels import nograd, pdl, tuning
+from fold_kernels.dot import mm as _mm
+from fold_kernels.dot import precision as _precision
 from fold_kernels.index32 import check_rows
 from fold_kernels.ints import cdiv, next_power_of_2
 from fold_kernels.launch import fast
@@ -28,13 +30,6 @@ from fold_kernels.reduce import column_sum
 
 __all__ = ["layer_norm_linear", "swiglu"]
 
-
-@triton.jit
-def _mm(a, b, PRECISION: tl.constexpr):
-    if PRECISION == "interp":  # the CPU interpreter's bf16/fp16 dot is wrong: upcast there
-        return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
-    else:
-        return tl.dot(a, b, input_precision=PRECISION)
 
 
 @fast
@@ -149,11 +144,6 @@ def _swiglu_bwd(X, W, Bias, DY, DH, M, K, NH,
     tl.store(DH + row * 2 * NH + col, da.to(DH.dtype.element_ty), mask=mn)
     tl.store(DH + row * 2 * NH + NH + col, db.to(DH.dtype.element_ty), mask=mn)
 
-
-def _precision(dtype: torch.dtype) -> str:
-    if tuning.interpreting():
-        return "interp"
-    return "ieee" if dtype == torch.float32 else "tf32"
 
 
 def _gemm_cfg(kernel: str, key: tuple, launch) -> tuning.Config:
