@@ -13,6 +13,8 @@ from fold_model.layers import (
     LayerNorm,
     Linear,
     chunked_rows,
+    fork_pair_bias,
+    pair_bias,
     shared_dropout_mask,
 )
 
@@ -198,3 +200,36 @@ def test_skip_weight_init_then_strict_load_equals_normal_build():
     again = AlphaFold2(config("tiny"))
     assert all(torch.equal(a, b) for a, b in zip(ref.state_dict().values(),
                                                  again.state_dict().values(), strict=True))
+
+
+@pytest.mark.parametrize("branches", [0, 1])
+def test_fork_pair_bias_one_op_equals_fork_and_projection(branches):
+    """``fork_pair_bias`` with autograd (one ``ops.layer_norm_pair_bias``) gives the outputs and
+    every gradient of ``LayerNorm.fork`` then ``pair_bias`` (float64), and without autograd the
+    same outputs; a projection with a bias is refused."""
+    g = torch.Generator().manual_seed(3)
+    ln = randomize_(LayerNorm(11)).double()
+    lin = randomize_(Linear(11, 3, bias=False)).double()
+    z = torch.randn(2, 5, 7, 11, generator=g, dtype=torch.float64, requires_grad=True)
+    params = [z, ln.weight, ln.bias, lin.weight]
+    seeds = None
+    results = []
+    for fused in (True, False):
+        if fused:
+            outs = fork_pair_bias(ln, z, lin, branches=branches)
+        else:
+            z_res, *ys = ln.fork(z, branches + 1)
+            outs = (z_res, *ys[:-1], pair_bias(ys[-1], lin))
+        assert len(outs) == branches + 2 and outs[-1].shape == (2, 3, 5, 7)
+        if seeds is None:
+            seeds = [torch.randn(o.shape, generator=g, dtype=torch.float64) for o in outs]
+        grads = torch.autograd.grad(outs, params, seeds)
+        results.append((outs, grads))
+    (o1, g1), (o2, g2) = results
+    for a, b in zip(o1 + g1, o2 + g2, strict=True):
+        assert rel_err(a, b) < 1e-12
+    with torch.no_grad():
+        for a, b in zip(fork_pair_bias(ln, z, lin, branches=branches), o1, strict=True):
+            assert rel_err(a, b) < 1e-12
+    with pytest.raises(ValueError, match="no bias"):
+        fork_pair_bias(ln, z, Linear(11, 3).double())
