@@ -16,6 +16,7 @@ from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
+from fold_ops.tracing import fx_tracing
 from torch import nn
 
 from fold_model import ops
@@ -359,7 +360,7 @@ def fork_pair_bias(
     if linear.bias is not None:
         raise ValueError("fork_pair_bias: the projection must have no bias (AF2/AF3 pair biases "
                          "have none)")
-    if torch.is_grad_enabled() and not torch.fx._symbolic_trace.is_fx_tracing():
+    if torch.is_grad_enabled() and not fx_tracing():
         *out, bias = ops.layer_norm_pair_bias(z, layer_norm.weight, layer_norm.bias,
                                               linear.weight, layer_norm.eps, branches)
         return (*out, comm.gather(bias, -2))
@@ -395,7 +396,7 @@ def in_place_residuals(chunk_size: int | None, training: bool) -> bool:
     four fp32 ``[N, N, C_z]`` copies in an Evoformer block. No other reader of a stack's
     activations exists at inference, so updating them in place gives the same numbers."""
     return (chunk_size is not None and not training and not torch.is_grad_enabled()
-            and not torch.fx._symbolic_trace.is_fx_tracing()
+            and not fx_tracing()
             and not torch.compiler.is_compiling())
 
 
