@@ -458,6 +458,14 @@ def layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
     return nograd.apply(_LayerNorm, x, weight, bias, eps)
 
 
+def _join_readers(dys: list) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """``(dy, dy2)`` for the backward kernel from the gradients of y's readers that were read
+    (None where absent): a third reader and more (none in fold-model) are added first."""
+    if len(dys) < 2:
+        return (dys[0] if dys else None), None
+    return dys[0], dys[1] if len(dys) == 2 else torch.stack(dys[1:]).sum(0)
+
+
 class _LayerNormFork(torch.autograd.Function):
     """``(x, y, ..., y)``: x passed on (autograd makes it a view of the input) and ``branches``
     aliases of one ``y``; the backward sums every gradient it gets in LayerNorm's pass."""
@@ -474,10 +482,7 @@ class _LayerNormFork(torch.autograd.Function):
         dys = [d for d in dys if d is not None]
         if not dys:  # no branch was read: the stream's gradient passes through
             return dres, None, None, None, None
-        dy2 = None
-        if len(dys) > 1:  # a third reader and more (none in fold-model) are added first
-            dy2 = dys[1] if len(dys) == 2 else torch.stack(dys[1:]).sum(0)
-        return (*_saved_backward(ctx, dys[0], dy2, dres), None, None)
+        return (*_saved_backward(ctx, *_join_readers(dys), dres), None, None)
 
 
 def layer_norm_fork(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,
@@ -508,10 +513,11 @@ class _LayerNormPairBias(torch.autograd.Function):
         if _HEADS_FWD.get():  # [H, M] from LayerNorm's own pass
             y, mean, rstd, pb = ln_forward(x, weight.contiguous(), bias.contiguous(), eps,
                                            bias_weight)
-            rows = y.view(-1, y.shape[-1])  # [M, C]: y is contiguous
         else:
             y, mean, rstd = ln_forward(x, weight.contiguous(), bias.contiguous(), eps)
-            rows = y.view(-1, y.shape[-1])
+            pb = None
+        rows = y.view(-1, y.shape[-1])  # [M, C]: y is contiguous
+        if pb is None:
             pb = bias_weight.mm(rows.t())  # [H, M]
         # the heads' weight gradient summed in LayerNorm's backward from y recomputed (y is not
         # kept for it); tl.dot needs blocks of 16 rows, which the tuner has up to C 512
@@ -543,12 +549,10 @@ class _LayerNormPairBias(torch.autograd.Function):
             heads = (g, bias_weight)
         if not dys and heads is None:  # nothing read but the stream: its gradient passes
             return dres, None, None, None, None, None
-        dy2 = None
-        if len(dys) > 1:
-            dy2 = dys[1] if len(dys) == 2 else torch.stack(dys[1:]).sum(0)
-        dx, dw, db, *summed = ln_backward(dys[0] if dys else None, x, weight, mean, rstd,
-                                          weight.dtype, ctx.bias_dtype, dy2=dy2, dres=dres,
-                                          heads=heads, ln_bias=bias if in_kernel else None)
+        dy, dy2 = _join_readers(dys)
+        dx, dw, db, *summed = ln_backward(dy, x, weight, mean, rstd, weight.dtype,
+                                          ctx.bias_dtype, dy2=dy2, dres=dres, heads=heads,
+                                          ln_bias=bias if in_kernel else None)
         if in_kernel:
             (dwh,) = summed
         return dx, dw, db, dwh, None, None

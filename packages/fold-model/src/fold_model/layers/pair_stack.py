@@ -47,14 +47,14 @@ def pair_stack(
 
     def residual(update: torch.Tensor, z: torch.Tensor, shared_dim: int,
                  bias: torch.Tensor | None = None) -> torch.Tensor:
-        if in_place:  # inference: no dropout (and no bias left out of the update)
+        if in_place:  # inference: no dropout, and the sub-layer kept its bias (see below)
             return add_residual(z, update, True)
         return dropout_residual(update, z, rate, shared_dim, train, bias)
 
     # Triangle attention's output bias goes to the residual op (one fused pass) unless the sum
-    # is taken in place; its GEMM is then a plain one (see TriangleAttention.forward_residual)
+    # is taken in place (forward_residual's out_bias=in_place keeps it in the GEMM then); its
+    # GEMM is otherwise a plain one (see TriangleAttention.forward_residual)
     att_start, att_end = block.tri_att_start, block.tri_att_end
-    out_bias = None if in_place else att_start.out_bias, None if in_place else att_end.out_bias
 
     mask_row = comm.scatter(pair_mask, -2)  # [*, N/P, N]
     mask_col = comm.scatter(pair_mask, -1)  # [*, N, N/P]
@@ -63,11 +63,11 @@ def pair_stack(
     z = residual(*run(block.tri_mul_in.forward_residual, z, mask_col, comm, chunk_size), -3)
     z = comm.col_to_row(z)  # [*, N/P, N, C_z]
     z = residual(*run(att_start.forward_residual, z, mask_row, comm, chunk_size, in_place), -3,
-                 out_bias[0])
+                 att_start.out_bias)
     z = comm.row_to_col(z)  # [*, N, N/P, C_z]
     # DropoutColumnwise: one mask shared by all columns (dim -2).
     z = residual(*run(att_end.forward_residual, z, mask_col, comm, chunk_size, in_place), -2,
-                 out_bias[1])
+                 att_end.out_bias)
     update, z = run(block.pair_transition.forward_residual, z, chunk_size)
     z = add_residual(z, update, in_place)
     del update  # not held while col_to_row allocates the row layout (DAP)

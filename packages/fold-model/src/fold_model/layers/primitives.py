@@ -340,11 +340,15 @@ def pair_bias(
     loads. The heads-last projection ``[*, N_i, N_j, H]`` seen through ``movedim`` would hand them
     H-strided 2-byte gathers for the same values. ``linear`` has no bias (``bias=False`` in every
     caller)."""
+    _check_no_bias(linear)
+    bias = ops.linear_channel_first(z_ln, linear.weight)  # [*, H, N_i/P, N_j]
+    return comm.gather(bias, -2)  # [*, H, N_i, N_j]
+
+
+def _check_no_bias(linear: Linear) -> None:
     if linear.bias is not None:
         raise ValueError("pair_bias: the projection must have no bias (AF2/AF3 pair biases have "
                          "none)")
-    bias = ops.linear_channel_first(z_ln, linear.weight)  # [*, H, N_i/P, N_j]
-    return comm.gather(bias, -2)  # [*, H, N_i, N_j]
 
 
 def fork_pair_bias(
@@ -357,9 +361,7 @@ def fork_pair_bias(
     projection into LayerNorm's backward pass, so the projection's ``d(y) [*, C]`` is neither
     written by a GEMM nor read back (a pair-sized write and read per bias). Inference and
     tracing (AutoChunk follows the fork and the projection) take the two ops."""
-    if linear.bias is not None:
-        raise ValueError("fork_pair_bias: the projection must have no bias (AF2/AF3 pair biases "
-                         "have none)")
+    _check_no_bias(linear)
     if torch.is_grad_enabled() and not fx_tracing():
         *out, bias = ops.layer_norm_pair_bias(z, layer_norm.weight, layer_norm.bias,
                                               linear.weight, layer_norm.eps, branches)
