@@ -13,9 +13,6 @@
 #               evoformer.json, carried>: only the rows missing there are measured
 #   tests       fold-kernels' tests on the GPU (TESTS=test files or node ids to narrow
 #               them; default: the whole suite), no peers needed
-#   heads       the opt-in switches of layer_norm_pair_bias (FOLD_KERNELS_LN_HEADS_FWD,
-#               FOLD_KERNELS_LN_HEADS_DW) off against on, Pairformer 256 / 384 (switch_ab, no
-#               peers needed)
 # Pinning: eager steps bound by host time moved by 1.3-1.8x between unpinned runs on the H200
 # host (results/model/model_peers_h200_pinning.md, results/tools/pin_ab_h200.md); replays do not
 # depend on it. Each step has its own timeout; rc of each goes to $OUT/summary.txt. Every log
@@ -23,7 +20,7 @@
 # group's files (run.log, summary.txt, a JSON and a Markdown table per step) stay within the
 # 8 files the device tool returns.
 set -u
-GROUP=${1:?"usage: bash benchmarks/issue21_rows.sh pairformer|eager|evoformer|tests|heads"}
+GROUP=${1:?"usage: bash benchmarks/issue21_rows.sh pairformer|eager|evoformer|tests"}
 OUT=${OUT:-issue21_out}
 PIN=${PIN:-2}  # the CPU the eager rows are pinned to
 mkdir -p "$OUT"
@@ -36,17 +33,6 @@ if [ "$GROUP" = tests ]; then
     >> "$OUT/run.log" 2>&1
   echo "tests rc $?" | tee "$OUT/summary.txt"
   tail -3 "$OUT/run.log"
-  exit 0
-fi
-if [ "$GROUP" = heads ]; then
-  source benchmarks/gpu_setup.sh >> "$OUT/run.log" 2>&1
-  for sw in FOLD_KERNELS_LN_HEADS_FWD FOLD_KERNELS_LN_HEADS_DW; do
-    echo "== $sw ==" >> "$OUT/run.log"
-    timeout 270 python3 -m benchmarks.tools.switch_ab "$sw=0,1" pairformer:256 pairformer:384 \
-      --out "$OUT/${sw,,}.json" >> "$OUT/run.log" 2>&1
-    echo "$sw rc $?" >> "$OUT/summary.txt"
-  done
-  cat "$OUT/summary.txt"
   exit 0
 fi
 source benchmarks/peer_setup.sh "${WHEEL_DIR:-.whl}" >> "$OUT/run.log" 2>&1 || {
@@ -78,6 +64,6 @@ case $GROUP in
     run evoformer 470 $P.model.peers --contenders fold,openfold --pin-cpu "$PIN" \
       --blocks evoformer:128x256,evoformer:512x384,evoformer:512x512,evoformer:1024x384 \
       --modes train_eager,fwd_eager,train_graph,fwd_graph --append --out "$OUT/evoformer.json" ;;
-  *) echo "unknown group $GROUP: pairformer, eager, evoformer, tests or heads"; exit 2 ;;
+  *) echo "unknown group $GROUP: pairformer, eager, evoformer or tests"; exit 2 ;;
 esac
 cat "$OUT/summary.txt"

@@ -208,17 +208,11 @@ def test_layer_norm_fork_strided(dtype):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("case", ["fork 1, all read", "fork 0 (bias only)", "fork 2, no stream",
                                   "bias unread", "transposed x, 16 heads"])
-@pytest.mark.parametrize("heads", ["gemms", "fwd", "dw", "fwd dw"])
-def test_layer_norm_pair_bias(dtype, case, heads, monkeypatch):
+def test_layer_norm_pair_bias(dtype, case):
     """Outputs and the gradients of x, weight, bias and the heads' weight against float64: the
     bias's gradient enters LayerNorm's pass as ``g^T W`` (no d(y) of the projection), with or
     without the other readers of y and of the stream, and for a transposed x (the ending node)
-    with a heads-first bias gradient in another layout. The bias and its weight's gradient
-    from cuBLAS GEMMs of y, or from LayerNorm's own passes (``FOLD_KERNELS_LN_HEADS_FWD=1``:
-    the bias in the forward kernel; ``FOLD_KERNELS_LN_HEADS_DW=1``: the weight's gradient in
-    the backward kernel, y recomputed)."""
-    monkeypatch.setenv("FOLD_KERNELS_LN_HEADS_FWD", "1" if "fwd" in heads else "0")
-    monkeypatch.setenv("FOLD_KERNELS_LN_HEADS_DW", "1" if "dw" in heads else "0")
+    with a heads-first bias gradient in another layout."""
     c, heads, branches = 37, 3, 1
     shape = (2, 7, 5, c)
     if case == "fork 0 (bias only)":

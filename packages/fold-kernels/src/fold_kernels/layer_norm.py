@@ -23,7 +23,6 @@ from fold_ops.env import EnvVar
 
 from fold_kernels import nograd, one_pass, pdl, tuning
 from fold_kernels.broadcast import row_layout, row_offsets
-from fold_kernels.dot import mm, precision
 from fold_kernels.index32 import check_rows
 from fold_kernels.ints import cdiv, next_power_of_2
 from fold_kernels.launch import fast
@@ -49,12 +48,10 @@ def row_stats(x, rc, C, eps):
 
 @fast
 @triton.jit
-def _ln_fwd(X, W, B, Y, Mean, Rstd, rows, C, eps, d1, d2, xs0, xs1, xs2, xsc, WH, PB, pbh,
+def _ln_fwd(X, W, B, Y, Mean, Rstd, rows, C, eps, d1, d2, xs0, xs1, xs2, xsc,
             HAS_BIAS: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
-            N_HEADS: tl.constexpr = 0, PDL: tl.constexpr = False):
-    """Without ``HAS_BIAS`` (a gain-only LayerNorm, AF3's AdaLN of s) B is not read.
-    ``N_HEADS`` > 0: also the heads' projection of the stored y, ``PB[h, row] = sum_c
-    WH[h, c] y[row, c]`` (heads ``pbh`` apart; :func:`layer_norm_pair_bias`)."""
+            PDL: tl.constexpr = False):
+    """Without ``HAS_BIAS`` (a gain-only LayerNorm, AF3's AdaLN of s) B is not read."""
     pdl.enter(PDL)
     offs_r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     offs_c = tl.arange(0, BLOCK_C)
@@ -71,14 +68,7 @@ def _ln_fwd(X, W, B, Y, Mean, Rstd, rows, C, eps, d1, d2, xs0, xs1, xs2, xsc, WH
     y = xc * rstd[:, None] * w[None, :]
     if HAS_BIAS:
         y += tl.load(B + offs_c, mask=c_valid, other=0.0).to(tl.float32)[None, :]
-    y = y.to(Y.dtype.element_ty)
-    tl.store(Y + ptrs, y, mask=rc)
-    yf = y.to(tl.float32)  # the stored values, as a GEMM reading y would see them
-    for h in tl.static_range(N_HEADS):
-        wh = tl.load(WH + h * C + offs_c, mask=c_valid, other=0.0).to(tl.float32)
-        pb = tl.sum(yf * wh[None, :], 1)  # [BLOCK_R]
-        tl.store(PB + tl.cast(h, tl.int64) * pbh + offs_r, pb.to(PB.dtype.element_ty),
-                 mask=r_valid)
+    tl.store(Y + ptrs, y.to(Y.dtype.element_ty), mask=rc)
     tl.store(Mean + offs_r, mean, mask=r_valid)
     tl.store(Rstd + offs_r, rstd, mask=r_valid)
 
@@ -87,26 +77,20 @@ def _ln_fwd(X, W, B, Y, Mean, Rstd, rows, C, eps, d1, d2, xs0, xs1, xs2, xsc, WH
 @triton.jit
 def _ln_bwd(X, W, DY, DY2, DR, Mean, Rstd, DX, DWp, DBp, DWDB, Cnt, sp, rows, C, d1, d2,
             xs0, xs1, xs2, xsc, ys0, ys1, ys2, ysc, y2s0, y2s1, y2s2, y2sc,
-            rs0, rs1, rs2, rsc, ds0, ds1, ds2, dsc, G, WH, gsh, LB,
+            rs0, rs1, rs2, rsc, ds0, ds1, ds2, dsc, G, WH, gsh,
             HAS_DY2: tl.constexpr, HAS_DR: tl.constexpr,
             BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, ONE_PASS: tl.constexpr,
             GROUP: tl.constexpr, TAIL_S: tl.constexpr, TAIL_M: tl.constexpr,
             ACC_TILE: tl.constexpr = False, DENSE: tl.constexpr = False,
             FMA: tl.constexpr = True, HAS_DY: tl.constexpr = True,
-            N_HEADS: tl.constexpr = 0, HEADS_DW: tl.constexpr = False,
-            H_PAD: tl.constexpr = 16, PRECISION: tl.constexpr = "ieee",
-            PDL: tl.constexpr = False):
+            N_HEADS: tl.constexpr = 0, PDL: tl.constexpr = False):
     """x, dy (+ dy2) (+ dr) and dx each through their own row strides (the row dims are
     shared). ``dy2``: a second reader's gradient of y, summed into dy; ``dr``: the gradient of
     x from outside the LayerNorm (the residual stream), added to dx (:func:`layer_norm_fork`).
     ``N_HEADS`` > 0: the gradient of a per-head projection of y, ``G [N_HEADS, rows]`` (heads
     ``gsh`` apart, rows in x's logical order) times its weight ``WH [N_HEADS, C]``, is added to
     dy row by row (:func:`layer_norm_pair_bias`: the projection's d(y) is never written).
-    Without ``HAS_DY`` that is the whole of dy and DY is not read. ``HEADS_DW``: also the
-    projection weight's gradient ``G y``, y recomputed as the forward stored it (``LB``: the
-    LayerNorm's bias), one ``[H_PAD, BLOCK_R] x [BLOCK_R, BLOCK_C]`` product a block; its
-    partial rows follow ``[dw | db]`` in each program's row of DWp (``(2 + N_HEADS) C``
-    columns summed).
+    Without ``HAS_DY`` that is the whole of dy and DY is not read.
     Each program's ``[dw | db]`` partial row goes to ``DWp`` / ``DBp`` (rows ``sp`` apart);
     with ``ONE_PASS`` the last programs add them into ``DWDB [2, C]``
     (:func:`fold_kernels.one_pass.finish_sum`). ``ACC_TILE``: the partial sums are kept as
@@ -134,11 +118,6 @@ def _ln_bwd(X, W, DY, DY2, DR, Mean, Rstd, DX, DWp, DBp, DWDB, Cnt, sp, rows, C,
     n_blocks = tl.cdiv(rows, BLOCK_R)
     if DENSE:  # in-tile offsets of every operand, i32
         tile = tl.arange(0, BLOCK_R)[:, None] * C + offs_c[None, :]
-    if HEADS_DW:
-        offs_h = tl.arange(0, H_PAD)
-        h_valid = offs_h < N_HEADS
-        lb = tl.load(LB + offs_c, mask=c_valid, other=0.0).to(tl.float32)
-        dwh = tl.zeros([H_PAD, BLOCK_C], tl.float32)
     for blk in range(pid, n_blocks, n_prog):
         offs_r = blk * BLOCK_R + tl.arange(0, BLOCK_R)
         r_valid = offs_r < rows
@@ -203,23 +182,13 @@ def _ln_bwd(X, W, DY, DY2, DR, Mean, Rstd, DX, DWp, DBp, DWDB, Cnt, sp, rows, C,
         else:
             dw += tl.sum(dy * xhat, 0)
             db += tl.sum(dy, 0)
-        if HEADS_DW:  # y as stored (rounded to x's dtype); rows past the end have g = 0
-            yq = (xhat * w[None, :] + lb[None, :]).to(X.dtype.element_ty)
-            gt = tl.load(G + offs_h.to(tl.int64)[:, None] * gsh + offs_r[None, :],
-                         mask=h_valid[:, None] & r_valid[None, :], other=0.0)
-            dwh += mm(gt.to(X.dtype.element_ty), yq, PRECISION)
     if ACC_TILE:
         dw = tl.sum(dw_t, 0)
         db = tl.sum(db_t, 0)
     tl.store(DWp + pid * sp + offs_c, dw, mask=c_valid)  # sp: stride between programs' rows
     tl.store(DBp + pid * sp + offs_c, db, mask=c_valid)
-    n_sums = 2
-    if HEADS_DW:  # [dw | db | dwh_0 | ...]: the heads' rows after db's
-        tl.store(DWp + pid * sp + (2 + offs_h)[:, None] * C + offs_c[None, :], dwh,
-                 mask=h_valid[:, None] & c_valid[None, :])
-        n_sums = 2 + N_HEADS
-    if ONE_PASS:  # DWp's rows are [dw | db (| dwh)]: n_sums C columns
-        finish_sum(DWp, DWDB, Cnt, pid, n_prog, sp, 0, n_sums * C, GROUP, TAIL_S, TAIL_M)
+    if ONE_PASS:  # DWp's rows are [dw | db]: 2 C columns
+        finish_sum(DWp, DWDB, Cnt, pid, n_prog, sp, 0, 2 * C, GROUP, TAIL_S, TAIL_M)
 
 
 def _block_r(c: int) -> int:
@@ -241,28 +210,23 @@ def _layout(*tensors: torch.Tensor):
     return lay.dims, lay.operands, lay.strides
 
 
-def ln_forward(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, eps: float,
-               heads_weight: torch.Tensor | None = None):
+def ln_forward(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, eps: float):
     """``x [*, C]`` in any layout (read through row strides, no copy) -> ``y`` contiguous
     ``[*, C]``, ``mean``, ``rstd`` ``[rows]`` fp32 (rows in x's logical order). ``bias`` None:
-    a gain-only LayerNorm. ``heads_weight [H, C]``: a fourth result, ``y``'s heads projection
-    ``[H, rows]`` in x's dtype, computed from the stored y in the same pass."""
+    a gain-only LayerNorm."""
     c = x.shape[-1]
     rows = x.numel() // max(c, 1)
     y = torch.empty(x.shape, device=x.device, dtype=x.dtype)
     mean = torch.empty(rows, device=x.device, dtype=torch.float32)
     rstd = torch.empty_like(mean)
-    n_heads = 0 if heads_weight is None else heads_weight.shape[0]
-    pb = torch.empty((n_heads, rows), device=x.device, dtype=x.dtype) if n_heads else mean
     dims, (xv,), (xs,) = _layout(x)
     block_c = next_power_of_2(c)
     block_r = _block_r(c)
     _ln_fwd[(cdiv(rows, block_r),)](
         xv, weight, weight if bias is None else bias, y, mean, rstd, rows, c, eps, dims[1],
-        dims[2], *xs, weight if heads_weight is None else heads_weight, pb, rows,
-        HAS_BIAS=bias is not None, BLOCK_R=block_r, BLOCK_C=block_c, N_HEADS=n_heads,
+        dims[2], *xs, HAS_BIAS=bias is not None, BLOCK_R=block_r, BLOCK_C=block_c,
         num_warps=_num_warps(block_r, block_c))
-    return (y, mean, rstd) if heads_weight is None else (y, mean, rstd, pb)
+    return y, mean, rstd
 
 
 # ``FOLD_KERNELS_LN_DENSE=0``: the backward reads contiguous operands through the general
@@ -273,13 +237,6 @@ _DENSE = EnvVar("FOLD_KERNELS_LN_DENSE", lambda v: (v if v is not None else "1")
 _TILE = EnvVar("FOLD_KERNELS_LN_TILE", lambda v: (v if v is not None else "1") != "0")
 # ``FOLD_KERNELS_LN_FMA=0``: the backward's loop in its textbook form (for comparisons)
 _FMA = EnvVar("FOLD_KERNELS_LN_FMA", lambda v: (v if v is not None else "1") != "0")
-# ``FOLD_KERNELS_LN_HEADS_FWD=1``: layer_norm_pair_bias's forward computes the heads' bias in
-# LayerNorm's kernel instead of a cuBLAS GEMM reading y back (off until timed on a GPU)
-_HEADS_FWD = EnvVar("FOLD_KERNELS_LN_HEADS_FWD", lambda v: v == "1")
-# ``FOLD_KERNELS_LN_HEADS_DW=1``: its backward sums the heads' weight gradient in LayerNorm's
-# kernel (y recomputed, one small tl.dot a block) instead of a cuBLAS GEMM reading a saved y
-# (off until timed on a GPU)
-_HEADS_DW = EnvVar("FOLD_KERNELS_LN_HEADS_DW", lambda v: v == "1")
 
 
 # The backward's candidates: (rows a block as a multiple of _block_r, warps, programs per SM).
@@ -318,7 +275,7 @@ def _bwd_configs_for(c: int, interpreting: bool, tiles: bool = True) -> tuple[tu
 
 
 def ln_backward(dy, x, weight, mean, rstd, dw_dtype=torch.float32, db_dtype=torch.float32,
-                dy2=None, dres=None, heads=None, ln_bias=None):
+                dy2=None, dres=None, heads=None):
     """Gradients ``(dx, dweight [C], dbias [C])`` of LayerNorm for ``x, dy [*, C]`` in any
     layouts (dx in x's layout when x is dense). dw and db are added in one pass: the last
     programs of the kernel add the partial rows (:mod:`fold_kernels.one_pass`), writing
@@ -327,10 +284,8 @@ def ln_backward(dy, x, weight, mean, rstd, dw_dtype=torch.float32, db_dtype=torc
     gradient of y, added to dy) and ``dres`` (a gradient of x from outside, added to dx) are
     read in the same pass (:func:`layer_norm_fork`). ``heads``: ``(g [H, rows], w [H, C])``,
     the gradient of a per-head projection ``w y`` of y, added to dy as ``g^T w`` in the same
-    pass (:func:`layer_norm_pair_bias`); dy may then be None. With ``heads`` and ``ln_bias``
-    (the LayerNorm's bias, to recompute y) the kernel also sums ``dw_heads = g y [H, C]``,
-    returned fourth in w's dtype. The launch configuration is autotuned per shape and layout
-    (:func:`fold_kernels.tuning.pick`)."""
+    pass (:func:`layer_norm_pair_bias`); dy may then be None. The launch configuration is
+    autotuned per shape and layout (:func:`fold_kernels.tuning.pick`)."""
     c = x.shape[-1]
     rows = x.numel() // max(c, 1)
     dx = torch.empty_like(x)  # keeps x's strides when x is dense: the caller's grad layout
@@ -338,8 +293,6 @@ def ln_backward(dy, x, weight, mean, rstd, dw_dtype=torch.float32, db_dtype=torc
     n_heads = 0 if heads is None else heads[0].shape[0]
     g, wh = heads if heads is not None else (x, weight)  # stand-ins, never read
     gsh = g.stride(0) if heads is not None else 0
-    heads_dw = heads is not None and ln_bias is not None
-    n_sums = 2 + (n_heads if heads_dw else 0)  # [dw | db (| dw_heads)] rows of the partials
     # an absent gradient is stood in for by dy, or x (same layout, never read: HAS_DY2 / HAS_DR
     # / HAS_DY)
     dy = dy if has_dy else x
@@ -370,38 +323,32 @@ def ln_backward(dy, x, weight, mean, rstd, dw_dtype=torch.float32, db_dtype=torc
         n_blocks = cdiv(rows, cfg.block_m)
         n_prog = min(n_blocks, 3 if sms is None else cfg.block_n * sms)
         extra = cdiv(n_prog, group) if fused else 0  # group rows after the programs' rows
-        partials = torch.empty((n_prog + extra, n_sums, c), device=x.device,
-                               dtype=torch.float32)  # dw | db (| dw_heads)
-        # [n_sums, C] in the gradients' dtype; without one pass, partials stand in (never
-        # written)
-        dwdb = (torch.empty((n_sums, c), device=x.device, dtype=out_dtype) if fused
+        partials = torch.empty((n_prog + extra, 2, c), device=x.device,
+                               dtype=torch.float32)  # dw | db
+        # [2, C] in the gradients' dtype; without one pass, partials stand in (never written)
+        dwdb = (torch.empty((2, c), device=x.device, dtype=out_dtype) if fused
                 else partials)
         _ln_bwd[(n_prog,)](xv, weight, dyv, dy2v, drv, mean, rstd, dxv, partials,
                            partials[:, 1], dwdb, one_pass.counters(x.device) if fused else dwdb,
-                           n_sums * c, rows, c, dims[1], dims[2], *xs, *ys, *y2s, *rs, *ds,
-                           g, wh, gsh, ln_bias if heads_dw else weight, HAS_DY2=has_dy2,
+                           2 * c, rows, c, dims[1], dims[2], *xs, *ys, *y2s, *rs, *ds,
+                           g, wh, gsh, HAS_DY2=has_dy2,
                            HAS_DR=has_dres, BLOCK_R=cfg.block_m, BLOCK_C=block_c,
                            ONE_PASS=fused, GROUP=group, TAIL_S=group, TAIL_M=tail_m,
                            ACC_TILE=cfg.acc_tile, DENSE=dense, FMA=fma, HAS_DY=has_dy,
-                           N_HEADS=n_heads, HEADS_DW=heads_dw,
-                           H_PAD=max(16, next_power_of_2(n_heads)),
-                           PRECISION=precision(x.dtype), num_warps=cfg.num_warps)
+                           N_HEADS=n_heads, num_warps=cfg.num_warps)
         state["out"] = dwdb  # the sums (one pass), or the partial rows to sum
 
     # Timed with the second stage where the kernel does it (one pass); otherwise the first
     # stage alone: host overhead would swamp the few microseconds of sum_partials' tree.
     key = (rows, c, x.dtype, dy.dtype, tuple(xs), tuple(ys), tuple(ds),
            tuple(y2s) if has_dy2 else None, tuple(rs) if has_dres else None, fused, tiles,
-           dense, fma, has_dy, n_heads, heads_dw)
+           dense, fma, has_dy, n_heads)
     candidates = _bwd_configs_for(c, tuning.interpreting(), tiles)
-    if heads_dw and not tuning.interpreting():  # tl.dot's K, the block's rows: 16 or more
-        candidates = tuple(k for k in candidates if k.block_m >= 16)
     launch(tuning.pick("ln_bwd", key, candidates, launch))
-    dwdb = state["out"] if fused else sum_partials(state["out"], out_dtype)  # [n_sums, C]
-    dwh = (dwdb[2:].to(wh.dtype),) if heads_dw else ()
+    dwdb = state["out"] if fused else sum_partials(state["out"], out_dtype)  # [2, C]
     if dw_dtype == db_dtype:
-        return (dx, dwdb[0], dwdb[1], *dwh)
-    return (dx, dwdb[0].to(dw_dtype), dwdb[1].to(db_dtype), *dwh)
+        return dx, dwdb[0], dwdb[1]
+    return dx, dwdb[0].to(dw_dtype), dwdb[1].to(db_dtype)
 
 
 def _save_forward(ctx, x, weight, bias, eps) -> torch.Tensor:
@@ -510,20 +457,10 @@ class _LayerNormPairBias(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, weight, bias, bias_weight, eps, branches):
-        if _HEADS_FWD.get():  # [H, M] from LayerNorm's own pass
-            y, mean, rstd, pb = ln_forward(x, weight.contiguous(), bias.contiguous(), eps,
-                                           bias_weight)
-        else:
-            y, mean, rstd = ln_forward(x, weight.contiguous(), bias.contiguous(), eps)
-            pb = None
+        y, mean, rstd = ln_forward(x, weight.contiguous(), bias.contiguous(), eps)
         rows = y.view(-1, y.shape[-1])  # [M, C]: y is contiguous
-        if pb is None:
-            pb = bias_weight.mm(rows.t())  # [H, M]
-        # the heads' weight gradient summed in LayerNorm's backward from y recomputed (y is not
-        # kept for it); tl.dot needs blocks of 16 rows, which the tuner has up to C 512
-        ctx.heads_dw = _HEADS_DW.get() and x.shape[-1] <= 512
-        ctx.save_for_backward(x, weight, bias, mean, rstd, None if ctx.heads_dw else rows,
-                              bias_weight)
+        pb = bias_weight.mm(rows.t())  # [H, M]
+        ctx.save_for_backward(x, weight, bias, mean, rstd, rows, bias_weight)
         ctx.bias_dtype = bias.dtype
         ctx.branches = branches
         ctx.set_materialize_grads(False)  # an unread output's gradient is None, not zeros
@@ -537,24 +474,19 @@ class _LayerNormPairBias(torch.autograd.Function):
         dys = [d for d in grads[:ctx.branches] if d is not None]
         dpb = grads[ctx.branches]
         dwh = heads = None
-        in_kernel = False  # the heads' weight gradient summed by LayerNorm's kernel
         if dpb is not None:
             # [*batch, H, I, J] -> [H, M]: a view when dpb has the layout the forward made
             g = dpb.movedim(-3, 0).reshape(bias_weight.shape[0], -1)
             if g.stride(1) != 1:
                 g = g.contiguous()
-            in_kernel = ctx.needs_input_grad[3] and ctx.heads_dw
-            if ctx.needs_input_grad[3] and not in_kernel:
+            if ctx.needs_input_grad[3]:
                 dwh = g.to(rows.dtype).mm(rows)  # [H, C]
             heads = (g, bias_weight)
         if not dys and heads is None:  # nothing read but the stream: its gradient passes
             return dres, None, None, None, None, None
         dy, dy2 = _join_readers(dys)
-        dx, dw, db, *summed = ln_backward(dy, x, weight, mean, rstd, weight.dtype,
-                                          ctx.bias_dtype, dy2=dy2, dres=dres, heads=heads,
-                                          ln_bias=bias if in_kernel else None)
-        if in_kernel:
-            (dwh,) = summed
+        dx, dw, db = ln_backward(dy, x, weight, mean, rstd, weight.dtype, ctx.bias_dtype,
+                                 dy2=dy2, dres=dres, heads=heads)
         return dx, dw, db, dwh, None, None
 
 
