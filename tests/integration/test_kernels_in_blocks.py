@@ -41,6 +41,8 @@ def triton_backend(monkeypatch):
         fold_kernels.triangle_projection_gate
     x = torch.randn(1, 3, 3, 4, device=DEVICE)
     assert ops.resolve("linear_channel_first", x, x[0, 0]) is fold_kernels.linear_channel_first
+    assert ops.resolve("triangle_projection", x, p[0, :, :, 0].reshape(8, 3)[:, :1].expand(8, 4),
+                       p[0, :, 0, 0], x[..., 0]) is fold_kernels.triangle_projection
     proj = torch.randn(1, 2, 5, 4 * 2 * 8, device=DEVICE)
     assert ops.resolve("attention_packed", proj, 2) is fold_kernels.evo_attention_packed
     w = torch.randn(4, device=DEVICE)

@@ -96,6 +96,9 @@ CASES = {
     "triangle_projection_gate": (ops.triangle_projection_gate,
                                  [_randn(B, 4 * R, N, N, seed=38), _randn(4 * R, seed=39),
                                   _mask(B, N, N, seed=40)], {0, 2, 3}),
+    "triangle_projection": (ops.triangle_projection,
+                            [_randn(B, N, N, C, seed=49), _randn(4 * R, C, seed=50),
+                             _randn(4 * R, seed=51), _mask(B, N, N, seed=52)], {0, 2, 3}),
     "linear_channel_first": (ops.linear_channel_first,
                              [_randn(B, N, N, C, seed=41), _randn(O, C, seed=42)],
                              {0, 1, 2, 3}),
@@ -206,7 +209,7 @@ def test_traced_block_holds_the_leaf_ops_and_no_attention_logits(name):
     # AF3: two triangle attentions and the single representation's attention with pair bias
     assert len(attention) == (3 if name == "pairformer_block" else 4), leaves
     assert leaves.count("triangle_attention") == 2
-    assert "layer_norm" in leaves and "triangle_projection_gate" in leaves
+    assert "layer_norm" in leaves and "triangle_projection" in leaves
     targets = [getattr(n.target, "__name__", str(n.target)) for n in traced.gm.graph.nodes
                if n.op in ("call_function", "call_method")]
     assert not any("softmax" in t for t in targets), targets

@@ -42,6 +42,8 @@ def _args(op: str):
         "bias_dropout_residual": (t(R, N, C), t(R, N, C), t(C), t(1, N, C)),
         "triangle_projection_gate": (t(2, 4 * C, N, N), t(4 * C),
                                      mask[:2, :, None] & mask[:2, None, :]),
+        "triangle_projection": (t(2, N, N, C), t(4 * O, C), t(4 * O),
+                                mask[:2, :, None] & mask[:2, None, :]),
         "linear_channel_first": (t(2, N, N, C), t(O, C)),
     }[op]
 

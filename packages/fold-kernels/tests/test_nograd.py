@@ -41,6 +41,9 @@ CALLS = {
     "triangle_projection_gate": lambda: (fk.triangle_projection_gate,
                                          (_t(1, 12, 5, 6), _t(12, seed=1),
                                           _mask(1, 5, 6, seed=2))),
+    "triangle_projection": lambda: (fk.triangle_projection,
+                                    (_t(1, 5, 6, 16), _t(12, 16, seed=1), _t(12, seed=2),
+                                     _mask(1, 5, 6, seed=3))),
     "linear_channel_first": lambda: (fk.linear_channel_first, (_t(1, 5, 6, 16),
                                                                _t(8, 16, seed=1))),
 }

@@ -10,7 +10,7 @@ from fold_kernels import registration
 
 OPS = ("linear", "attention", "attention_packed", "layer_norm", "layer_norm_linear",
        "softmax_mask_bias", "swiglu", "bias_sigmoid_gate", "bias_dropout_residual",
-       "triangle_projection_gate", "linear_channel_first")
+       "triangle_projection_gate", "triangle_projection", "linear_channel_first")
 
 
 def _fake_registry():

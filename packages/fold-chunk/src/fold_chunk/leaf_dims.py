@@ -83,6 +83,10 @@ LEAF_OPS: dict[str, LeafOp] = {
     "triangle_projection_gate": LeafOp(
         ("proj", "bias", "mask"), {"proj": "FIJ", "bias": "F", "mask": "IJ"}, "cIJ",
         {"c": "the channels of a and b are four interleaved groups of the projection"}),
+    # z [*, I, J, C], weight [4c, C], bias [4c], mask [*, I, J] -> (a, b), each [*, c, I, J]
+    "triangle_projection": LeafOp(
+        ("z", "weight", "bias", "mask"), {"z": "IJC", "weight": "FC", "bias": "F", "mask": "IJ"},
+        "cIJ", {"c": "the channels of a and b are four interleaved groups of the projection"}),
     # x [*, I, J, C], weight [O, C] -> [*, O, I, J]
     "linear_channel_first": LeafOp(("x", "weight"), {"x": "IJC", "weight": "OC"}, "OIJ", {}),
 }
@@ -91,7 +95,8 @@ _NO_BATCH = {"weight", "ln_weight", "ln_bias", "gate_bias"}  # parameters: no ba
 _NO_BATCH_BY_OP = {"linear": {"bias"}, "layer_norm": {"bias"}, "layer_norm_fork": {"bias"},
                    "layer_norm_pair_bias": {"bias", "bias_weight"},
                    "layer_norm_linear": {"bias"},
-                   "swiglu": {"bias"}, "triangle_projection_gate": {"bias"}}
+                   "swiglu": {"bias"}, "triangle_projection_gate": {"bias"},
+                   "triangle_projection": {"bias"}}
 
 
 def fold_op(node: fx.Node) -> str | None:

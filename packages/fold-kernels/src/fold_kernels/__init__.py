@@ -24,6 +24,7 @@ from fold_kernels.linear import linear
 from fold_kernels.optim import clip_coefficient, fused_adam_ema_, global_grad_norm, swa_decay
 from fold_kernels.softmax import softmax_mask_bias
 from fold_kernels.triangle_gate import triangle_projection_gate
+from fold_kernels.triangle_gemm import triangle_projection
 
 __version__ = "0.1.0"
 
@@ -41,6 +42,7 @@ __all__ = [
     "bias_sigmoid_gate",
     "bias_dropout_residual",
     "triangle_projection_gate",
+    "triangle_projection",
     "linear_channel_first",
     "softmax_mask_bias",
     "fused_adam_ema_",

@@ -125,6 +125,15 @@ def triangle_projection_gate(proj, bias, mask):
     return a, torch.empty_like(a)
 
 
+def triangle_projection(z, weight, bias, mask):
+    """(a, b), each ``[*, c, I, J]`` over z's batch dims (z copied first when it is not
+    contiguous)."""
+    z = z if z.is_contiguous() else z.contiguous()
+    *lead, n_i, n_j, _ = z.shape
+    a = torch.empty((*lead, weight.shape[0] // 4, n_i, n_j), device=z.device, dtype=z.dtype)
+    return a, torch.empty_like(a)
+
+
 def linear_channel_first(x, weight):
     """``[*, O, I, J]``: a view of the GEMM's ``[O, *, I, J]`` output (x copied first when it
     is not contiguous)."""
@@ -148,5 +157,6 @@ FAKES = {
     "bias_sigmoid_gate": bias_sigmoid_gate,
     "bias_dropout_residual": bias_dropout_residual,
     "triangle_projection_gate": triangle_projection_gate,
+    "triangle_projection": triangle_projection,
     "linear_channel_first": linear_channel_first,
 }

@@ -25,7 +25,7 @@ from fold_ops.contract import OPS
 from fold_ops.tracing import compiling, fx_tracing
 
 import fold_kernels as kernels
-from fold_kernels import triangle_gate
+from fold_kernels import triangle_gate, triangle_gemm
 from fold_kernels.broadcast import broadcast_shape
 from fold_kernels.fakes import FAKES
 from fold_kernels.index32 import grid_fits, pair_bias_fits, rows_fit
@@ -201,6 +201,15 @@ def supports_triangle_projection_gate(proj, bias, mask) -> bool:
             and all(map(grid_fits, triangle_gate.grid_sizes(proj.shape).values())))
 
 
+def supports_triangle_projection(z, weight, bias, mask) -> bool:
+    if not _common(z, weight, bias, mask) or z.dim() < 3:
+        return False
+    return (weight.dim() == 2 and weight.shape[0] % 4 == 0 and weight.shape[1] == z.shape[-1]
+            and weight.dtype == z.dtype and bias.shape == (weight.shape[0],)
+            and tuple(mask.shape[-2:]) == tuple(z.shape[-3:-1]) and mask.dim() <= z.dim() - 1
+            and all(map(grid_fits, triangle_gemm.grid_sizes(z.shape).values())))
+
+
 def supports_linear_channel_first(x, weight) -> bool:
     if not _common(x, weight) or x.dim() < 3:
         return False
@@ -241,6 +250,7 @@ SUPPORTS: dict[str, tuple[Callable, Callable[..., bool]]] = {
                               supports_bias_dropout_residual),
     "triangle_projection_gate": (kernels.triangle_projection_gate,
                                  supports_triangle_projection_gate),
+    "triangle_projection": (kernels.triangle_projection, supports_triangle_projection),
     "linear_channel_first": (kernels.linear_channel_first,
                              supports_linear_channel_first),
 }

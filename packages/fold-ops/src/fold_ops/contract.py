@@ -57,6 +57,10 @@ neither states an op again. An op's signature is its reference's signature
     the gated, masked operands of triangle multiplication from the channel-first projections
     ``proj [*, 4c, I, J]`` (rows ``p_a, g_a, p_b, g_b``), ``bias [4c]``, ``mask [*, I, J]``:
     ``a = (p_a + bias_pa) * sigmoid(g_a + bias_ga) * mask``, likewise b, each ``[*, c, I, J]``.
+``triangle_projection(z, weight, bias, mask) -> (a, b)``
+    ``triangle_projection_gate(linear_channel_first(z, weight), bias, mask)`` for the normalized
+    pair ``z [*, I, J, C]``, ``weight [4c, C]``, ``bias [4c]``, ``mask [*, I, J]``: a backend
+    may fuse the projection GEMM and the gate (the ``[*, 4c, I, J]`` projections never written).
 ``linear_channel_first(x, weight) -> y``
     ``y[..., o, i, j] = sum_c weight[o, c] x[..., i, j, c]``: x ``[*, I, J, C]``, weight
     ``[O, C]``, y ``[*, O, I, J]`` (no bias; triangle multiplication's projections). The torch
@@ -109,5 +113,6 @@ OPS: dict[str, Op] = {op.name: op for op in (
     _op(reference.bias_sigmoid_gate),
     _op(reference.bias_dropout_residual),
     _op(reference.triangle_projection_gate),
+    _op(reference.triangle_projection),
     _op(reference.linear_channel_first),
 )}

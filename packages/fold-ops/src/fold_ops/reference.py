@@ -34,6 +34,7 @@ __all__ = [
     "bias_sigmoid_gate",
     "bias_dropout_residual",
     "triangle_projection_gate",
+    "triangle_projection",
     "linear_channel_first",
     "MASKED_LOGIT",
 ]
@@ -258,6 +259,17 @@ def triangle_projection_gate(
     p_a, g_a, p_b, g_b = (proj + bias.to(proj.dtype)[:, None, None]).chunk(4, dim=-3)
     keep = mask.unsqueeze(-3).to(proj.dtype)  # [*, 1, I, J]
     return p_a * torch.sigmoid(g_a) * keep, p_b * torch.sigmoid(g_b) * keep
+
+
+def triangle_projection(
+    z: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, mask: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The gated, masked operands of triangle multiplication (Alg. 11/12 lines 2-3) from the
+    normalized pair ``z [*, I, J, C]``: ``triangle_projection_gate(linear_channel_first(z,
+    weight), bias, mask)``, ``weight [4c, C]`` the rows of ``W_pa, W_ga, W_pb, W_gb``, ``bias
+    [4c]``; a and b each ``[*, c, I, J]``. A backend may compute it as one GEMM with the gate in
+    its epilogue, never writing the ``[*, 4c, I, J]`` projections."""
+    return triangle_projection_gate(linear_channel_first(z, weight), bias, mask)
 
 
 def linear_channel_first(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:

@@ -49,18 +49,16 @@ class TriangleMultiplication(nn.Module):
         self, z_ln: torch.Tensor, pair_mask: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """``a = (z W_ap + b_ap) * sigmoid(z W_ag + b_ag) * mask`` and likewise b, channel-first
-        ``[*, c, rows, cols]`` from ``z_ln [*, rows, cols, C_z]``: one GEMM for all four
-        projections, then one fused gate (``ops.triangle_projection_gate``)."""
+        ``[*, c, rows, cols]`` from ``z_ln [*, rows, cols, C_z]``: the four projections as one
+        op (``ops.triangle_projection``). Its torch reference is one channel-first GEMM (an
+        einsum: rows stay a dim of their own, which AutoChunk follows; under autocast it runs in
+        the autocast dtype) and the fused gate; the fold-kernels backend puts the gate in the
+        GEMM's epilogue (the four projections, twice the pair, are never written) and returns
+        d(z_ln) channel-last, so adding it to linear_g's d(z_ln) is no strided add."""
         layers = (self.linear_a_p, self.linear_a_g, self.linear_b_p, self.linear_b_g)
         weight = torch.cat([lin.weight for lin in layers])  # [4c, C_z]
         bias = torch.cat([lin.bias for lin in layers])  # [4c]
-        # one GEMM over the merged (rows, cols) dims writing the transposed layout. The torch
-        # reference is an einsum (rows stay a dim of its own: AutoChunk follows it through; under
-        # autocast it runs in the autocast dtype), whose backward returns d(z_ln) channel-first:
-        # adding that to linear_g's contiguous d(z_ln) is a slow strided add. The fold-kernels
-        # backend returns d(z_ln) channel-last.
-        proj = ops.linear_channel_first(z_ln, weight)  # [*, 4c, rows, cols]
-        return ops.triangle_projection_gate(proj, bias, pair_mask)
+        return ops.triangle_projection(z_ln, weight, bias, pair_mask)
 
     def forward(
         self,
