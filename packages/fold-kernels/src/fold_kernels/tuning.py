@@ -46,7 +46,6 @@ class Config:
     rows: int = 1  # EvoAttention: rows of R per program (1 or 2; sharing each bias tile)
     transpose: bool = False  # EvoAttention dK/dV: key-major tiles (S^T = K Q^T)
     acc_tile: bool = False  # LayerNorm backward: dw / db partial sums as row tiles
-    tile_i: int = 1  # triangle projection: rows i of a tile of block_m pairs
 
 
 _INTERPRET = EnvVar("TRITON_INTERPRET", lambda v: (v or "0") not in ("", "0"))

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from fold_ops.tracing import fx_tracing
 from torch import nn
 
 from fold_model import ops
@@ -16,7 +17,49 @@ __all__ = [
     "TriangleMultiplication",
     "TriangleMultiplicationOutgoing",
     "TriangleMultiplicationIncoming",
+    "triangle_product",
 ]
+
+
+class _TriangleProduct(torch.autograd.Function):
+    """``x = a @ b^T`` (outgoing, ``sum_k a_ik b_jk``) or ``a^T @ b`` (incoming, ``sum_k a_ki
+    b_kj``) over ``[*, c]``, whose backward returns d(a) and d(b) in a's and b's own layout.
+    Autograd's backward of ``a @ b.mT`` returns d(b) as the transpose of a product (I-fast, and
+    likewise d(a) of ``a.mT @ b``); the projections' backward reads both as ``[c, I J]`` rows.
+    Here each gradient is one product written in its operand's layout (cuBLAS takes the
+    transposed operands as they are)."""
+
+    @staticmethod
+    def forward(ctx, a, b, outgoing):
+        ctx.save_for_backward(a, b)
+        ctx.outgoing = outgoing
+        return a @ b.mT if outgoing else a.mT @ b  # [*, c, I, J]
+
+    @staticmethod
+    def backward(ctx, dx):
+        a, b = ctx.saved_tensors
+        da = db = None
+        if ctx.outgoing:  # a [*, c, I, K], b [*, c, J, K]
+            if ctx.needs_input_grad[0]:
+                da = dx @ b  # [*, c, I, K]
+            if ctx.needs_input_grad[1]:
+                db = dx.mT @ a  # [*, c, J, K]
+        else:  # a [*, c, K, I], b [*, c, K, J]
+            if ctx.needs_input_grad[0]:
+                da = b @ dx.mT  # [*, c, K, I]
+            if ctx.needs_input_grad[1]:
+                db = a @ dx  # [*, c, K, J]
+        return da, db, None
+
+
+def triangle_product(a: torch.Tensor, b: torch.Tensor, outgoing: bool) -> torch.Tensor:
+    """``a @ b.mT`` (outgoing) or ``a.mT @ b`` (incoming), ``[*, c, I, J]``; with autograd the
+    gradients of a and b come back in their own layouts (:class:`_TriangleProduct`). fx
+    tracing and inference take the plain product."""
+    # fx_tracing first: requires_grad of a traced proxy would be control flow on a proxy
+    if not fx_tracing() and torch.is_grad_enabled() and (a.requires_grad or b.requires_grad):
+        return _TriangleProduct.apply(a, b, outgoing)
+    return a @ b.mT if outgoing else a.mT @ b
 
 
 class TriangleMultiplication(nn.Module):
@@ -92,7 +135,7 @@ class TriangleMultiplication(nn.Module):
             left = (a, -1)  # output rows i are columns of a
 
         def product(a_i: torch.Tensor, z_ln_i: torch.Tensor) -> torch.Tensor:
-            x = a_i @ b.mT if self.outgoing else a_i.mT @ b  # [*, c, I, J]
+            x = triangle_product(a_i, b, self.outgoing)  # [*, c, I, J]
             # LayerNorm reads the channel-first product through its strides: no copy
             x = F.linear(self.layer_norm_out(x.movedim(-3, -1)), self.linear_z.weight)
             g = F.linear(z_ln_i, self.linear_g.weight)  # [*, I, J, C_z] each
