@@ -1,25 +1,22 @@
 """Triangle multiplication's gated projections (AF2 Alg. 11/12 lines 2-3, AF3 Alg. 12/13) as one
-GEMM with the gate in its epilogue.
+GEMM with the gate in its epilogue, for inference.
 
 ``a = (z W_pa^T + b_pa) * sigmoid(z W_ga^T + b_ga) * mask`` and ``b`` likewise, for the
 normalized pair ``z [*, I, J, C]``, written channel-first ``[*, c, I, J]`` (the layout of the
-batched product over k that follows). Computed as a channel-first GEMM ``proj [*, 4c, I, J]``
-and then :func:`fold_kernels.triangle_gate.triangle_projection_gate`, the four projections
-(twice the pair at c = C_z) are written once and read back once in the forward and read again
-in the backward: at N = 384, c = 128 that is 151 MB each way. Here each program computes the
-four ``[BLOCK_M pairs, BLOCK_N channels]`` accumulators of one tile (one read of the z tile, four
-``tl.dot``) and writes only a and b; ``proj`` never reaches memory. The backward recomputes the
-tile the same way (reading z, 4x smaller than proj) and writes the gradient of ``proj``
-``[4c, *, I, J]``, which cuBLAS turns into ``d(z) = d(proj)^T W`` (channel-last, z's layout) and
-``d(W) = d(proj) z``; the bias gradient is the fp32 sum of each program's tile as one partial row,
-added in a fixed order (:func:`fold_kernels.reduce.sum_partials`: deterministic).
+batched product over k that follows). As a channel-first GEMM ``proj [*, 4c, I, J]`` and then
+:func:`fold_kernels.triangle_gate.triangle_projection_gate`, the four projections (twice the
+pair at c = C_z: 2.4 GB at N = 1536 in bf16) are written and read back. Here each program
+computes the four ``[BLOCK_N channels, BLOCK_M pairs]`` accumulators of one tile (one read of
+the z tile, four ``tl.dot``), gates them in registers and stores only a and b, in the layout the
+accumulators leave the product.
 
-A program's accumulators are ``[BLOCK_N channels, BLOCK_M pairs]``, the layout of the
-channel-first outputs: stored as they come out of the product. The gradients of a and b are
-read as ``[c, I J]`` rows too; one that arrives I-fast (autograd's backward of the incoming
-product ``a.mT @ b``) is copied first, and fold-model's triangle product returns both J-fast.
+Only without autograd (prediction, AutoChunk's chunk loops): on an H200 (bf16, c = C_z = 128)
+the fused forward took 50 / 103 / 178 us against the two ops' 56 / 120 / 204 us at N = 256 /
+384 / 512, but a fused backward (the tile recomputed from z, d(proj) written for cuBLAS) made
+forward + backward 204 / 413 / 718 us against the two ops' 175 / 362 / 637 us (the two ops
+keep proj for their backward). Training therefore runs the two ops.
 
-``FOLD_KERNELS_TRI_PROJ=0``: the two-op path above (GEMM + gate kernel), for comparisons.
+``FOLD_KERNELS_TRI_PROJ=0``: the two ops without autograd too, for comparisons.
 """
 
 from __future__ import annotations
@@ -31,13 +28,12 @@ import triton
 import triton.language as tl
 from fold_ops.env import EnvVar
 
-from fold_kernels import nograd, pdl, tuning
+from fold_kernels import pdl, tuning
 from fold_kernels.channel_first import linear_channel_first
 from fold_kernels.dot import mm, precision
 from fold_kernels.index32 import check_grid
 from fold_kernels.ints import cdiv
 from fold_kernels.launch import fast
-from fold_kernels.reduce import sum_partials
 from fold_kernels.triangle_gate import triangle_projection_gate
 
 __all__ = ["triangle_projection"]
@@ -114,56 +110,6 @@ def _tri_proj_fwd(Z, W, Bias, Mask, A, B, M, K, C, smb, smm,
     tl.store(B + out, (pb * tl.sigmoid(gb) * keep).to(B.dtype.element_ty), mask=valid)
 
 
-@triton.jit
-def _gate_grads(dy, p, g, keep):
-    """d(p) and d(g) of ``p * sigmoid(g) * keep`` (biases already in p and g), fp32."""
-    sig = tl.sigmoid(g)
-    dy = dy.to(tl.float32) * keep
-    dp = dy * sig
-    return dp, dy * p * sig * (1.0 - sig)
-
-
-@fast
-@triton.jit
-def _tri_proj_bwd(Z, W, Bias, Mask, DA, DB, DP, Partials, Bt, M, K, C, smb, smm,
-                  sab, sac, sam, sbb, sbc, sbm,
-                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                  PRECISION: tl.constexpr, BIAS_GRAD: tl.constexpr, PDL: tl.constexpr = False):
-    """``DP``: contiguous ``[4C, Bt, M]`` (the rows of ``d(proj)`` for cuBLAS); da and db
-    ``[Bt, C, M]`` through strides. ``BIAS_GRAD``: the tile's fp32 sums of the four gradients
-    go to row ``bt * tiles + tile`` of ``Partials [Bt * tiles, 4C]``."""
-    pdl.enter(PDL)
-    offs_n, offs_m, tile = _tile(M, C, BLOCK_M, BLOCK_N)
-    bt = tl.program_id(1).to(tl.int64)
-    pa, ga, pb, gb = _projections(Z + bt * M * K, W, Bias, offs_n, offs_m, M, K, C, BLOCK_N,
-                                  BLOCK_M, BLOCK_K, PRECISION)
-    m_valid = offs_m < M
-    n_valid = offs_n < C
-    keep = tl.load(Mask + bt * smb + offs_m.to(tl.int64) * smm, mask=m_valid, other=0.0)
-    keep = keep.to(tl.float32)[None, :]
-    valid = n_valid[:, None] & m_valid[None, :]
-    n64, m64 = offs_n.to(tl.int64)[:, None], offs_m.to(tl.int64)[None, :]
-    da = tl.load(DA + bt * sab + n64 * sac + m64 * sam, mask=valid, other=0.0)
-    db = tl.load(DB + bt * sbb + n64 * sbc + m64 * sbm, mask=valid, other=0.0)
-    # outside the valid pairs keep = 0 and da = db = 0: every gradient there is 0
-    dpa, dga = _gate_grads(da, pa, ga, keep)
-    dpb, dgb = _gate_grads(db, pb, gb, keep)
-    plane = Bt * M  # from one row of d(proj) [4C, Bt, M] to the next
-    out = DP + bt * M + n64 * plane + offs_m[None, :]
-    ty = DP.dtype.element_ty
-    tl.store(out, dpa.to(ty), mask=valid)
-    tl.store(out + C * plane, dga.to(ty), mask=valid)
-    tl.store(out + 2 * C * plane, dpb.to(ty), mask=valid)
-    tl.store(out + 3 * C * plane, dgb.to(ty), mask=valid)
-    if BIAS_GRAD:  # the fp32 values, not the rounded stored ones
-        tiles = tl.num_programs(0) // tl.cdiv(C, BLOCK_N)
-        row = Partials + (bt * tiles + tile) * 4 * C
-        tl.store(row + offs_n, tl.sum(dpa, 1), mask=n_valid)
-        tl.store(row + C + offs_n, tl.sum(dga, 1), mask=n_valid)
-        tl.store(row + 2 * C + offs_n, tl.sum(dpb, 1), mask=n_valid)
-        tl.store(row + 3 * C + offs_n, tl.sum(dgb, 1), mask=n_valid)
-
-
 # Candidates (pairs, channels, k-step, warps, stages): four fp32 accumulators of BLOCK_N x
 # BLOCK_M live at once, at most 128 of a thread's registers.
 _TABLE = ((128, 64, 64, 8, 3), (64, 64, 64, 4, 3), (64, 128, 64, 8, 3), (128, 64, 128, 8, 2),
@@ -190,73 +136,34 @@ def _meta(cfg: tuning.Config, dtype: torch.dtype) -> dict:
 
 
 def _merge_pairs(x: torch.Tensor, lead: tuple[int, ...]) -> torch.Tensor:
-    """``x [*lead, ..., I, J]`` as ``[prod(lead), ..., I J]``: a view where the batch dims and
-    (I, J) merge, which the model's tensors do (a copy otherwise)."""
+    """The mask ``x [*lead, I, J]`` as ``[prod(lead), I J]``: a view where the batch dims and
+    (I, J) merge, which the model's masks do (a copy otherwise)."""
     if x.stride(-2) != x.shape[-1] * x.stride(-1):
         x = x.contiguous()
     return x.reshape(math.prod(lead), *x.shape[len(lead):-2], x.shape[-2] * x.shape[-1])
 
 
-class _TriangleProjection(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, z, weight, bias, mask):
-        *lead, n_i, n_j, k = z.shape
-        lead = tuple(lead)
-        c = weight.shape[0] // 4
-        z = z if z.is_contiguous() else z.contiguous()
-        bt, m = math.prod(lead), n_i * n_j
-        keep = mask.view(torch.uint8) if mask.dtype == torch.bool else mask
-        keep = _merge_pairs(keep.expand(*lead, n_i, n_j), lead)  # [Bt, M]: batch stride 0 ok
-        a = torch.empty((*lead, c, n_i, n_j), device=z.device, dtype=z.dtype)
-        b = torch.empty_like(a)
-        w = weight.contiguous()
+def _forward(z: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,
+             mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """a, b ``[*, c, I, J]`` from the fused kernel (no autograd)."""
+    *lead, n_i, n_j, k = z.shape
+    lead = tuple(lead)
+    c = weight.shape[0] // 4
+    z = z if z.is_contiguous() else z.contiguous()
+    bt, m = math.prod(lead), n_i * n_j
+    keep = mask.view(torch.uint8) if mask.dtype == torch.bool else mask
+    keep = _merge_pairs(keep.expand(*lead, n_i, n_j), lead)  # [Bt, M]: batch stride 0 ok
+    a = torch.empty((*lead, c, n_i, n_j), device=z.device, dtype=z.dtype)
+    b = torch.empty_like(a)
+    w = weight.contiguous()
 
-        def launch(cfg: tuning.Config):
-            _tri_proj_fwd[_grid(cfg, m, c, bt)](z, w, bias, keep, a, b, m, k, c, *keep.stride(),
-                                                **_meta(cfg, z.dtype))
+    def launch(cfg: tuning.Config):
+        _tri_proj_fwd[_grid(cfg, m, c, bt)](z, w, bias, keep, a, b, m, k, c, *keep.stride(),
+                                            **_meta(cfg, z.dtype))
 
-        key = (tuning.bucket(bt * m), k, c, z.dtype, bias.dtype)
-        launch(tuning.pick("tri_proj_fwd", key, _CONFIGS[tuning.interpreting()], launch))
-        ctx.save_for_backward(z, w, bias, keep)
-        ctx.lead = lead
-        return a, b
-
-    @staticmethod
-    def backward(ctx, da, db):
-        z, w, bias, keep = ctx.saved_tensors
-        *_, n_i, n_j, k = z.shape
-        c4 = w.shape[0]
-        c, bt, m = c4 // 4, math.prod(ctx.lead), n_i * n_j
-        # autograd materializes the gradient of an unused output as zeros: never None here.
-        # [Bt, c, M] through strides; an I-fast gradient (autograd's backward of a.mT @ b) is
-        # copied: fold-model's triangle product returns both J-fast
-        da, db = _merge_pairs(da, ctx.lead), _merge_pairs(db, ctx.lead)
-        dp = torch.empty((c4, bt, n_i, n_j), device=z.device, dtype=z.dtype)
-        bias_grad = ctx.needs_input_grad[2]
-        state = {}
-
-        def launch(cfg: tuning.Config):
-            tiles = cdiv(m, cfg.block_m)
-            # one fp32 partial row per (batch entry, tile), every entry written by the kernel
-            partials = (torch.empty((bt * tiles, c4), device=z.device, dtype=torch.float32)
-                        if bias_grad else dp)  # unused without BIAS_GRAD
-            _tri_proj_bwd[_grid(cfg, m, c, bt)](
-                z, w, bias, keep, da, db, dp, partials, bt, m, k, c, *keep.stride(),
-                *da.stride(), *db.stride(), BIAS_GRAD=bias_grad, **_meta(cfg, z.dtype))
-            state["partials"] = partials
-
-        key = (tuning.bucket(bt * m), k, c, z.dtype, bias.dtype, da.stride(-1) == 1,
-               db.stride(-1) == 1, bias_grad)
-        launch(tuning.pick("tri_proj_bwd", key, _CONFIGS[tuning.interpreting()], launch))
-        dp2 = dp.view(c4, -1)  # [4c, Bt M]: z's rows in order
-        dz = dw = dbias = None
-        if ctx.needs_input_grad[0]:
-            dz = dp2.t().mm(w).view(z.shape)  # row-major [Bt M, K]: z's channel-last layout
-        if ctx.needs_input_grad[1]:
-            dw = dp2.mm(z.view(-1, k))  # [4c, K]
-        if bias_grad:
-            dbias = sum_partials(state["partials"], bias.dtype)  # [4c]
-        return dz, dw, dbias, None
+    key = (tuning.bucket(bt * m), k, c, z.dtype, bias.dtype)
+    launch(tuning.pick("tri_proj_fwd", key, _CONFIGS[tuning.interpreting()], launch))
+    return a, b
 
 
 def grid_sizes(shape: tuple[int, ...]) -> dict[str, int]:
@@ -276,8 +183,9 @@ def triangle_projection(z: torch.Tensor, weight: torch.Tensor, bias: torch.Tenso
 
     Returns:
         ``a, b`` contiguous ``[*, c, I, J]`` in z's dtype: ``triangle_projection_gate(
-        linear_channel_first(z, weight), bias, mask)``. Differentiable in z, weight and bias;
-        ``d(z)`` is channel-last.
+        linear_channel_first(z, weight), bias, mask)``, one fused kernel without autograd.
+        With autograd, those two ops (differentiable in z, weight and bias; ``d(z)`` is
+        channel-last).
     """
     if z.dim() < 3:
         raise ValueError(f"triangle_projection: z must be [*, I, J, C] (3 dims or more), got "
@@ -293,9 +201,10 @@ def triangle_projection(z: torch.Tensor, weight: torch.Tensor, bias: torch.Tenso
         raise ValueError(f"triangle_projection: mask must be [*, I, J] = "
                          f"[*, {z.shape[-3]}, {z.shape[-2]}], got {tuple(mask.shape)}")
     tuning.require_device("triangle_projection", z, "fold_ops.reference.triangle_projection")
-    if not _FUSED.get():  # the two-op path, for comparisons
+    grad = torch.is_grad_enabled() and any(t.requires_grad for t in (z, weight, bias))
+    if grad or not _FUSED.get():  # training (its backward is faster so), or for comparisons
         return triangle_projection_gate(linear_channel_first(z, weight), bias, mask)
     for what, programs in grid_sizes(z.shape).items():
         check_grid("triangle_projection", what, programs)
-    return nograd.apply(_TriangleProjection, z, weight, bias, mask)
+    return _forward(z, weight, bias, mask)
 
