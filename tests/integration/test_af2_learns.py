@@ -84,7 +84,7 @@ def test_tiny_af2_overfits_one_real_chain():
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
-        losses.append(float(loss))
+        losses.append(loss.item())
     lddt_after = _evaluate(model, batch, truth)
 
     first, last = np.mean(losses[:3]), np.mean(losses[-3:])

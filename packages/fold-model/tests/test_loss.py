@@ -371,8 +371,8 @@ def test_alphafold2_loss_end_to_end(real_batch, preset: str) -> None:
                                + 0.1 * terms["tm"])
     torch.testing.assert_close(total, weighted)
     # an untrained random structure is far from the truth
-    assert float(terms["fape"]) > 0.3 and float(terms["backbone_fape"]) > 0.3
-    assert math.isclose(float(terms["masked_msa"]), math.log(23), rel_tol=1e-5)  # zero-init head
+    assert terms["fape"].item() > 0.3 and terms["backbone_fape"].item() > 0.3
+    assert math.isclose(terms["masked_msa"].item(), math.log(23), rel_tol=1e-5)  # zero-init head
     total.backward()
     assert torch.isfinite(single.grad).all() and single.grad.abs().sum() > 0
     for name, p in list(sm_mod.named_parameters()) + list(heads.named_parameters()):
