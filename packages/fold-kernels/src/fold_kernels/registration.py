@@ -207,6 +207,7 @@ def supports_triangle_projection(z, weight, bias, mask) -> bool:
     return (weight.dim() == 2 and weight.shape[0] % 4 == 0 and weight.shape[1] == z.shape[-1]
             and weight.dtype == z.dtype and bias.shape == (weight.shape[0],)
             and tuple(mask.shape[-2:]) == tuple(z.shape[-3:-1]) and mask.dim() <= z.dim() - 1
+            and rows_fit(z.shape)
             and all(map(grid_fits, triangle_gemm.grid_sizes(z.shape).values())))
 
 

@@ -31,7 +31,7 @@ from fold_ops.env import EnvVar
 from fold_kernels import pdl, tuning
 from fold_kernels.channel_first import linear_channel_first
 from fold_kernels.dot import mm, precision
-from fold_kernels.index32 import check_grid
+from fold_kernels.index32 import check_grid, check_rows
 from fold_kernels.ints import cdiv
 from fold_kernels.launch import fast
 from fold_kernels.triangle_gate import triangle_projection_gate
@@ -43,14 +43,13 @@ _FUSED = EnvVar("FOLD_KERNELS_TRI_PROJ", lambda v: (v if v is not None else "1")
 
 @triton.jit
 def _tile(M, C, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """This program's channels ``offs_n [BLOCK_N]``, pairs ``offs_m [BLOCK_M]`` (m = i J + j)
-    and its tile index. Grid x is (tile, channel block), channel blocks fastest: the programs
-    that read one z tile run together (z read from L2, not DRAM, after the first)."""
+    """This program's channels ``offs_n [BLOCK_N]`` and pairs ``offs_m [BLOCK_M]`` (m = i J +
+    j). Grid x is (tile, channel block), channel blocks fastest: the programs that read one z
+    tile run together (z read from L2, not DRAM, after the first)."""
     n_nb = tl.cdiv(C, BLOCK_N)
-    tile = tl.program_id(0) // n_nb
     offs_n = (tl.program_id(0) % n_nb) * BLOCK_N + tl.arange(0, BLOCK_N)
-    offs_m = tile * BLOCK_M + tl.arange(0, BLOCK_M)
-    return offs_n, offs_m, tile
+    offs_m = (tl.program_id(0) // n_nb) * BLOCK_M + tl.arange(0, BLOCK_M)
+    return offs_n, offs_m
 
 
 @triton.jit
@@ -97,7 +96,7 @@ def _tri_proj_fwd(Z, W, Bias, Mask, A, B, M, K, C, smb, smm,
     """a, b: contiguous ``[Bt, C, M]``; Z contiguous ``[Bt, M, K]``; the mask ``[Bt, M]``
     through strides; grid ``(tiles x channel blocks, Bt)``."""
     pdl.enter(PDL)
-    offs_n, offs_m, _ = _tile(M, C, BLOCK_M, BLOCK_N)
+    offs_n, offs_m = _tile(M, C, BLOCK_M, BLOCK_N)
     bt = tl.program_id(1).to(tl.int64)
     pa, ga, pb, gb = _projections(Z + bt * M * K, W, Bias, offs_n, offs_m, M, K, C, BLOCK_N,
                                   BLOCK_M, BLOCK_K, PRECISION)
@@ -204,6 +203,7 @@ def triangle_projection(z: torch.Tensor, weight: torch.Tensor, bias: torch.Tenso
     grad = torch.is_grad_enabled() and any(t.requires_grad for t in (z, weight, bias))
     if grad or not _FUSED.get():  # training (its backward is faster so), or for comparisons
         return triangle_projection_gate(linear_channel_first(z, weight), bias, mask)
+    check_rows("triangle_projection", z.shape)
     for what, programs in grid_sizes(z.shape).items():
         check_grid("triangle_projection", what, programs)
     return _forward(z, weight, bias, mask)
