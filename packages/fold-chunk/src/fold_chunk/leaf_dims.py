@@ -36,6 +36,7 @@ class LeafOp:
 
 
 _ATTN = "attention over the keys: "
+_GROUPS = {"c": "the channels of a and b are four interleaved groups of the projection"}
 LEAF_OPS: dict[str, LeafOp] = {
     # q, k, v, gate [*, R, H, N_q|N_k, D]; bias [*, H, N_q, N_k] shared by rows; mask [*, R, N_k]
     "attention": LeafOp(
@@ -81,12 +82,11 @@ LEAF_OPS: dict[str, LeafOp] = {
         {"x": "", "residual": "", "bias": "", "dropout_mask": ""}, "", {}),
     # proj [*, 4c, I, J], bias [4c], mask [*, I, J] -> (a, b), each [*, c, I, J]
     "triangle_projection_gate": LeafOp(
-        ("proj", "bias", "mask"), {"proj": "FIJ", "bias": "F", "mask": "IJ"}, "cIJ",
-        {"c": "the channels of a and b are four interleaved groups of the projection"}),
+        ("proj", "bias", "mask"), {"proj": "FIJ", "bias": "F", "mask": "IJ"}, "cIJ", _GROUPS),
     # z [*, I, J, C], weight [4c, C], bias [4c], mask [*, I, J] -> (a, b), each [*, c, I, J]
     "triangle_projection": LeafOp(
         ("z", "weight", "bias", "mask"), {"z": "IJC", "weight": "FC", "bias": "F", "mask": "IJ"},
-        "cIJ", {"c": "the channels of a and b are four interleaved groups of the projection"}),
+        "cIJ", _GROUPS),
     # x [*, I, J, C], weight [O, C] -> [*, O, I, J]
     "linear_channel_first": LeafOp(("x", "weight"), {"x": "IJC", "weight": "OC"}, "OIJ", {}),
 }

@@ -441,8 +441,7 @@ def layer_norm_fork(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,
     if branches < 1:
         raise ValueError(f"layer_norm_fork: branches must be >= 1, got {branches}")
     check_layer_norm(x, weight, bias)
-    if not (torch.is_grad_enabled()
-            and (x.requires_grad or weight.requires_grad or bias.requires_grad)):
+    if not nograd.records(x, weight, bias):
         y, _, _ = ln_forward(x, weight.contiguous(), bias.contiguous(), eps)
         return (x,) + (y,) * branches
     return _LayerNormFork.apply(x, weight, bias, eps, branches)
@@ -460,8 +459,8 @@ class _LayerNormPairBias(torch.autograd.Function):
         y, mean, rstd = ln_forward(x, weight.contiguous(), bias.contiguous(), eps)
         rows = y.view(-1, y.shape[-1])  # [M, C]: y is contiguous
         pb = bias_weight.mm(rows.t())  # [H, M]
-        ctx.save_for_backward(x, weight, bias, mean, rstd, rows, bias_weight)
-        ctx.bias_dtype = bias.dtype
+        ctx.save_for_backward(x, weight, mean, rstd, rows, bias_weight)
+        ctx.bias_dtype = bias.dtype  # the LayerNorm's bias itself is not read in backward
         ctx.branches = branches
         ctx.set_materialize_grads(False)  # an unread output's gradient is None, not zeros
         # [H, *batch, I, J] -> [*batch, H, I, J] (contiguous for one batch entry)
@@ -470,7 +469,7 @@ class _LayerNormPairBias(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dres, *grads):
-        x, weight, bias, mean, rstd, rows, bias_weight = ctx.saved_tensors
+        x, weight, mean, rstd, rows, bias_weight = ctx.saved_tensors
         dys = [d for d in grads[:ctx.branches] if d is not None]
         dpb = grads[ctx.branches]
         dwh = heads = None

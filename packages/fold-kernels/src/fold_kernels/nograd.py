@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["apply", "saves"]
+__all__ = ["apply", "records", "saves"]
 
 
 class _NoBackward:
@@ -35,11 +35,19 @@ def saves(ctx) -> bool:
     return not isinstance(ctx, _NoBackward)
 
 
-def apply(fn: type[torch.autograd.Function], *args):
-    """``fn.apply(*args)``, or ``fn.forward`` on its own when autograd would record nothing
-    (grad mode off, or no tensor argument requires a gradient)."""
+def records(*args) -> bool:
+    """Whether autograd would record an op of ``args``: grad mode is on and a tensor argument
+    requires a gradient."""
     if torch.is_grad_enabled():
         for a in args:
             if isinstance(a, torch.Tensor) and a.requires_grad:
-                return fn.apply(*args)
+                return True
+    return False
+
+
+def apply(fn: type[torch.autograd.Function], *args):
+    """``fn.apply(*args)``, or ``fn.forward`` on its own when autograd would record nothing
+    (:func:`records`)."""
+    if records(*args):
+        return fn.apply(*args)
     return fn.forward(_NoBackward(), *args)

@@ -28,7 +28,7 @@ import triton
 import triton.language as tl
 from fold_ops.env import EnvVar
 
-from fold_kernels import pdl, tuning
+from fold_kernels import nograd, pdl, tuning
 from fold_kernels.channel_first import linear_channel_first
 from fold_kernels.dot import mm, precision
 from fold_kernels.index32 import check_grid, check_rows
@@ -134,24 +134,23 @@ def _meta(cfg: tuning.Config, dtype: torch.dtype) -> dict:
                 PRECISION=precision(dtype), num_warps=cfg.num_warps, num_stages=cfg.num_stages)
 
 
-def _merge_pairs(x: torch.Tensor, lead: tuple[int, ...]) -> torch.Tensor:
-    """The mask ``x [*lead, I, J]`` as ``[prod(lead), I J]``: a view where the batch dims and
-    (I, J) merge, which the model's masks do (a copy otherwise)."""
+def _merge_pairs(x: torch.Tensor, bt: int) -> torch.Tensor:
+    """The mask ``x [*lead, I, J]`` as ``[bt, I J]``: a view where (I, J) merge, which the
+    model's masks do (a copy otherwise; broadcast batch dims keep stride 0)."""
     if x.stride(-2) != x.shape[-1] * x.stride(-1):
         x = x.contiguous()
-    return x.reshape(math.prod(lead), *x.shape[len(lead):-2], x.shape[-2] * x.shape[-1])
+    return x.reshape(bt, x.shape[-2] * x.shape[-1])
 
 
 def _forward(z: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,
              mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """a, b ``[*, c, I, J]`` from the fused kernel (no autograd)."""
     *lead, n_i, n_j, k = z.shape
-    lead = tuple(lead)
     c = weight.shape[0] // 4
     z = z if z.is_contiguous() else z.contiguous()
     bt, m = math.prod(lead), n_i * n_j
     keep = mask.view(torch.uint8) if mask.dtype == torch.bool else mask
-    keep = _merge_pairs(keep.expand(*lead, n_i, n_j), lead)  # [Bt, M]: batch stride 0 ok
+    keep = _merge_pairs(keep.expand(*lead, n_i, n_j), bt)  # [Bt, M]
     a = torch.empty((*lead, c, n_i, n_j), device=z.device, dtype=z.dtype)
     b = torch.empty_like(a)
     w = weight.contiguous()
@@ -200,8 +199,8 @@ def triangle_projection(z: torch.Tensor, weight: torch.Tensor, bias: torch.Tenso
         raise ValueError(f"triangle_projection: mask must be [*, I, J] = "
                          f"[*, {z.shape[-3]}, {z.shape[-2]}], got {tuple(mask.shape)}")
     tuning.require_device("triangle_projection", z, "fold_ops.reference.triangle_projection")
-    grad = torch.is_grad_enabled() and any(t.requires_grad for t in (z, weight, bias))
-    if grad or not _FUSED.get():  # training (its backward is faster so), or for comparisons
+    # training: the two ops (their backward reads the saved projections); or for comparisons
+    if nograd.records(z, weight, bias) or not _FUSED.get():
         return triangle_projection_gate(linear_channel_first(z, weight), bias, mask)
     check_rows("triangle_projection", z.shape)
     for what, programs in grid_sizes(z.shape).items():

@@ -53,8 +53,8 @@ class MSARowAttentionWithPairBias(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """``(update, m, z)``: the update, and m and z passed on for what reads them next (the
         residual sum, the pair stack), both LayerNorms forked (``LayerNorm.fork``)."""
-        z, bias = fork_pair_bias(self.layer_norm_z, z, self.linear_z, comm, 0)  # bias
-        # [*, H, N_res, N_res]
+        # bias [*, H, N_res, N_res]
+        z, bias = fork_pair_bias(self.layer_norm_z, z, self.linear_z, comm, 0)
         m, m_ln = self.layer_norm_m.fork(m)
         return self.mha(m_ln, m_ln, msa_mask, bias, chunk_size), m, z
 

@@ -58,13 +58,12 @@ class TriangleAttention(nn.Module):
         if not self.starting:
             z = z.transpose(-2, -3)  # [*, N_j/P, N_i, C_z]
             pair_mask = pair_mask.transpose(-1, -2)
-        z, z_att, bias = fork_pair_bias(self.layer_norm, z, self.linear_bias, comm)  # bias
-        # [*, H, N, N]
+        # bias [*, H, N, N]
+        z, z_att, bias = fork_pair_bias(self.layer_norm, z, self.linear_bias, comm)
         out = self.mha(z_att, z_att, pair_mask, bias, chunk_size, out_bias)
         if self.starting:
             return out, z
         return out.transpose(-2, -3), z.transpose(-2, -3)
-
 
     @property
     def out_bias(self) -> torch.Tensor:

@@ -21,6 +21,10 @@ __all__ = [
 ]
 
 
+def _product(a: torch.Tensor, b: torch.Tensor, outgoing: bool) -> torch.Tensor:
+    return a @ b.mT if outgoing else a.mT @ b  # [*, c, I, J]
+
+
 class _TriangleProduct(torch.autograd.Function):
     """``x = a @ b^T`` (outgoing, ``sum_k a_ik b_jk``) or ``a^T @ b`` (incoming, ``sum_k a_ki
     b_kj``) over ``[*, c]``, whose backward returns d(a) and d(b) in a's and b's own layout.
@@ -33,7 +37,7 @@ class _TriangleProduct(torch.autograd.Function):
     def forward(ctx, a, b, outgoing):
         ctx.save_for_backward(a, b)
         ctx.outgoing = outgoing
-        return a @ b.mT if outgoing else a.mT @ b  # [*, c, I, J]
+        return _product(a, b, outgoing)
 
     @staticmethod
     def backward(ctx, dx):
@@ -59,7 +63,7 @@ def triangle_product(a: torch.Tensor, b: torch.Tensor, outgoing: bool) -> torch.
     # fx_tracing first: requires_grad of a traced proxy would be control flow on a proxy
     if not fx_tracing() and torch.is_grad_enabled() and (a.requires_grad or b.requires_grad):
         return _TriangleProduct.apply(a, b, outgoing)
-    return a @ b.mT if outgoing else a.mT @ b
+    return _product(a, b, outgoing)
 
 
 class TriangleMultiplication(nn.Module):
