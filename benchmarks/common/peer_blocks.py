@@ -16,8 +16,11 @@ Peers run as their users train them: the call under ``torch.autocast(bfloat16)``
 off, as CUDA-graph capture requires), parameters and input activations in ``--peer-weights``:
 fp32 by default, as in bf16-mixed training (Lightning's, which Boltz and OpenFold use; Protenix
 likewise autocasts an fp32 model), where matrix products run in bf16 and the residual stream stays
-fp32; or bf16 throughout. fold runs as its benchmarks and trainer do: bf16 parameters and inputs,
-no autocast.
+fp32; or bf16 throughout. fold runs in one of :data:`FOLD_PRECISIONS`: ``bf16`` (bf16
+parameters and inputs, no autocast: its block benchmarks), ``mixed`` (fp32 parameters and inputs
+under bf16 autocast: how ``fold-train predict`` runs every stack, and ``fold-train train`` with
+``precision=bf16``) or ``mixed-bf16-weights`` (bf16 parameters, fp32 inputs, bf16 autocast: the
+AF3 trunk stacks under ``system.bf16_weights=true``, whose pair and single streams stay fp32).
 """
 
 from __future__ import annotations
@@ -142,8 +145,31 @@ def fold_sizes(tiny: bool) -> dict[str, int]:
     )
 
 
-def build_fold(shape: Shape, sizes, x, device, dtype, tiny: bool) -> Case:
-    """fold's block as benchmarks/model/af3_blocks.py and model/evoformer.py build it."""
+# fold's precision settings: (parameter dtype, input dtype, autocast) on CUDA
+FOLD_PRECISIONS = {"bf16": (torch.bfloat16, torch.bfloat16, False),
+                   "mixed": (torch.float32, torch.float32, True),
+                   "mixed-bf16-weights": (torch.bfloat16, torch.float32, True)}
+
+
+def build_fold(shape: Shape, sizes, x, device, precision: str, tiny: bool) -> Case:
+    """fold's block as benchmarks/model/af3_blocks.py and model/evoformer.py build it, in
+    ``precision`` (:data:`FOLD_PRECISIONS`; fp32 without autocast on the CPU)."""
+    weights, dtype, mixed = FOLD_PRECISIONS[precision]
+    if device.type != "cuda":
+        weights, dtype, mixed = torch.float32, torch.float32, False
+    case = _build_fold(shape, sizes, x, device, weights, dtype, tiny)
+    if not mixed:
+        return case
+    inner = case.forward
+
+    def forward():
+        with _autocast(device):
+            return inner()
+    return Case(case.module, case.inputs, forward, f"{precision}: {weights} weights, {dtype} "
+                "inputs, bf16 autocast")
+
+
+def _build_fold(shape: Shape, sizes, x, device, weights, dtype, tiny: bool) -> Case:
     torch.manual_seed(0)
     if shape.block == "evoformer":
         from fold_model.af2 import config as af2_config
@@ -153,7 +179,7 @@ def build_fold(shape: Shape, sizes, x, device, dtype, tiny: bool) -> Case:
         block = make_block(cfg, cfg.c_m, cfg.c_z, "af2")
         args = (_leaf(x["m"], device, dtype), _leaf(x["z"], device, dtype))
         masks = (x["msa_mask"].to(device, dtype), x["pair_mask"].to(device, dtype))
-        block = block.to(device, dtype).train()
+        block = block.to(device, weights).train()
         return Case(block, args, lambda: tuple(block(*args, *masks)), "order af2")
     from fold_model.af3.diffusion import DiffusionTransformerBlock
     from fold_model.af3.pairformer import PairformerBlock
@@ -165,13 +191,13 @@ def build_fold(shape: Shape, sizes, x, device, dtype, tiny: bool) -> Case:
                                 sizes["no_heads_single"], sizes["transition_n"], sizes["dropout"])
         args = (_leaf(x["s"], device, dtype), _leaf(x["z"], device, dtype))
         pair_mask = x["pair_mask"].to(device, dtype)
-        block = block.to(device, dtype).train()
+        block = block.to(device, weights).train()
         return Case(block, args, lambda: tuple(block(*args, mask, pair_mask)))
     block = DiffusionTransformerBlock(sizes["c_token"], sizes["c_s"], sizes["c_z"],
                                       sizes["no_heads_diff"], sizes["transition_n_diff"])
     args = (_leaf(x["a"], device, dtype), _leaf(x["s"], device, dtype),
             _leaf(x["z"], device, dtype))
-    block = block.to(device, dtype).train()
+    block = block.to(device, weights).train()
     return Case(block, args, lambda: (block(*args, mask),))
 
 

@@ -156,7 +156,7 @@ def contenders(names: list[str], shape: pb.Shape, kernel_settings: list[bool]):
 
 def build(name: str, kernels: bool | None, shape: pb.Shape, sizes, x, device, args) -> pb.Case:
     if name == "fold":
-        return pb.build_fold(shape, sizes, x, device, args.fold_dtype, args.tiny)
+        return pb.build_fold(shape, sizes, x, device, args.fold_precision, args.tiny)
     if name == "protenix":
         return pb.build_protenix(shape, sizes, x, device, args.peer_dtype, bool(kernels),
                                  args.protenix_layernorm)
@@ -175,7 +175,7 @@ def run_one(name: str, kernels: bool | None, shape: pb.Shape, sizes, device,
     except Exception as e:  # noqa: BLE001
         row["error"] = f"not installed: {_error(e)}"
         return row
-    row["weights"] = str(args.fold_dtype if name == "fold" else args.peer_dtype)
+    row["weights"] = args.fold_precision if name == "fold" else str(args.peer_dtype)
     try:
         case = build(name, kernels, shape, sizes, pb.base_inputs(shape, sizes), device, args)
     except ImportError as e:
@@ -233,7 +233,7 @@ def _cell(r: dict[str, Any], mode: str) -> str:
 def markdown(meta: dict[str, Any], rows: list[dict[str, Any]], modes: tuple[str, ...]) -> str:
     vers = ", ".join(f"{k} {v}" for k, v in meta["versions"].items())
     lines = [f"Blocks against peers, {meta['device']}, {meta['date']}; {vers}. fold: "
-             f"{meta['fold_dtype']} weights and inputs; peers: {meta['peer_weights']} weights and "
+             f"{_fold_setting(meta)}; peers: {meta['peer_weights']} weights and "
              "inputs under bf16 autocast (CUDA). Median ms of "
              f"{meta['reps']} after {meta['warmup']} warm-up; backward from fixed random output "
              "gradients. " + pin_note(meta.get("cpus_pinned")),
@@ -260,6 +260,14 @@ def markdown(meta: dict[str, Any], rows: list[dict[str, Any]], modes: tuple[str,
     return "\n".join(lines) + "\n"
 
 
+
+
+def _fold_setting(meta: dict[str, Any]) -> str:
+    precision = meta.get("fold_precision", "bf16")
+    if precision == "bf16" or meta.get("fold_dtype") == "torch.float32":
+        return f"{meta['fold_dtype']} weights and inputs"
+    weights, dtype, _ = pb.FOLD_PRECISIONS[precision]
+    return f"{weights} weights, {dtype} inputs under bf16 autocast ({precision})"
 
 
 def save(out: Path, meta, rows, modes) -> None:
@@ -307,6 +315,11 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     ap.add_argument("--protenix-layernorm", choices=["fast_layernorm", "torch"], default=None,
                     help="Protenix's LAYERNORM_TYPE (default: fast_layernorm on CUDA, its "
                          "default, built by benchmarks/peer_setup.sh; torch on CPU)")
+    ap.add_argument("--fold-precision", choices=sorted(pb.FOLD_PRECISIONS), default="bf16",
+                    help="fold's parameters and inputs (CUDA): bf16 (default: bf16 throughout), "
+                         "mixed (fp32 under bf16 autocast, as fold-train predict runs), "
+                         "mixed-bf16-weights (bf16 parameters, fp32 streams, autocast: the AF3 "
+                         "trunk under system.bf16_weights)")
     add_pin_argument(ap)
     ap.add_argument("--out", type=Path, default=None, help="JSON path (markdown beside it)")
     ap.add_argument("--append", action="store_true",
@@ -329,7 +342,8 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     if set(args.modes) - set(MODES):
         raise SystemExit(f"--modes: choose from {MODES}")
     kernel_settings = [{"on": True, "off": False}[k.strip()] for k in args.kernels.split(",")]
-    args.fold_dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    args.fold_dtype = (pb.FOLD_PRECISIONS[args.fold_precision][0] if device.type == "cuda"
+                       else torch.float32)
     args.peer_dtype = torch.float32 if (args.peer_weights == "fp32" or device.type != "cuda") \
         else torch.bfloat16
     if args.protenix_layernorm is None:  # peer_setup.sh sets it when the build fails
@@ -341,7 +355,8 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     meta = {"device": device_name(device),
             "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
             "versions": _versions(names), "fold_attention_backends": backends,
-            "fold_dtype": str(args.fold_dtype), "peer_weights": str(args.peer_dtype),
+            "fold_dtype": str(args.fold_dtype), "fold_precision": args.fold_precision,
+            "peer_weights": str(args.peer_dtype),
             "protenix_layernorm": args.protenix_layernorm,
             "protenix_layernorm_build_error": os.environ.get("PEERS_PROTENIX_LAYERNORM_ERROR"),
             "warmup": args.warmup, "cpus_pinned": pinned,

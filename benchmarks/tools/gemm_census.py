@@ -111,7 +111,7 @@ def census(n: int, device: torch.device, reps: int, rounds: int) -> dict:
     tiny = device.type != "cuda"
     sizes = pb.fold_sizes(tiny)
     shape = pb.Shape("pairformer", n)
-    case = pb.build_fold(shape, sizes, pb.base_inputs(shape, sizes), device, torch.bfloat16,
+    case = pb.build_fold(shape, sizes, pb.base_inputs(shape, sizes), device, "bf16",
                          tiny)
     with torch.no_grad():
         grads = pb.output_grads(case.forward())
