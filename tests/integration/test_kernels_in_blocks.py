@@ -216,3 +216,97 @@ def test_af3_msa_module_block(triton_backend):
     tokens = holes((1, N), seed=15)
     _compare(block, [m, z, holes((1, 6, N), seed=16) * tokens[:, None],
                      tokens[:, :, None] * tokens[:, None], tokens], [0, 1])
+
+
+# ---------------------------------------------------------------------------------------------
+# Mixed precision, as fold-train runs the stacks: fp32 streams (and fp32 or bf16 weights) under
+# bf16 autocast. The LayerNorm forks hand bf16 y to the projections and the dispatcher lowers the
+# projections' inputs (fold_ops.autocast), so every op with a kernel is served by it.
+
+def _mixed_run(block, inputs, float_inputs, backend, seed=21):
+    ins = [x.to(DEVICE).clone().requires_grad_(i in float_inputs) for i, x in enumerate(inputs)]
+    with ops.use_backend(backend), torch.autocast(DEVICE, dtype=torch.bfloat16):
+        out = block(*ins)
+    outs = out if isinstance(out, tuple) else (out,)
+    gens = [torch.randn(o.shape, generator=torch.Generator().manual_seed(seed + k),
+                        dtype=torch.float64) for k, o in enumerate(outs)]
+    torch.autograd.backward(outs, [g.to(DEVICE, o.dtype) for g, o in zip(gens, outs)])
+    grads = [ins[i].grad for i in float_inputs] + [p.grad for p in block.parameters()]
+    return outs, grads, gens
+
+
+def _compare_mixed(block, inputs, float_inputs, weights, monkeypatch):
+    """Every op with a kernel served by it (none left to the reference by its dtypes), and the
+    outputs and every gradient against float64 within bf16's reach: each stored activation and
+    gradient is rounded to bf16 (2^-9 relative) some twenty times along a block's forward and
+    backward, and a parameter's gradient summed over many pairs cancels, so the yardstick is
+    PyTorch's own autocast path on the same block (6e-2 for one LayerNorm weight's gradient
+    here): at most 4x its error plus 2e-2. A dtype mix-up (bf16 bytes read as fp32, a missing
+    cast) is off by O(1)."""
+    from fold_kernels.registration import SUPPORTS
+    from fold_model.ops import registry
+
+    block = randomize_(block).eval()
+    ref = copy.deepcopy(block).double()
+    chosen = []
+    select = registry._select
+
+    def spy(op, args, kwargs, backend, fake):
+        name = select(op, args, kwargs, backend, fake)
+        chosen.append((op, name))
+        return name
+
+    monkeypatch.setattr(registry, "_select", spy)
+    outs, grads, gens = _mixed_run(copy.deepcopy(block).to(DEVICE, weights), inputs,
+                                   float_inputs, "auto")
+    refused = sorted({op for op, name in chosen if name == "torch" and op in SUPPORTS})
+    assert chosen and not refused, f"left to the reference under autocast: {refused}"
+    t_outs, t_grads, _ = _mixed_run(copy.deepcopy(block).to(DEVICE, weights), inputs,
+                                    float_inputs, "torch")
+
+    r_ins = [x.double().clone().requires_grad_(i in float_inputs) for i, x in enumerate(inputs)]
+    with ops.use_backend("torch"):
+        r_out = ref(*r_ins)
+    r_outs = r_out if isinstance(r_out, tuple) else (r_out,)
+    torch.autograd.backward(r_outs, gens)
+    r_grads = [r_ins[i].grad for i in float_inputs] + [p.grad for p in ref.parameters()]
+    names = ([f"output {k}" for k in range(len(outs))] + [f"input {i}" for i in float_inputs]
+             + [n for n, _ in block.named_parameters()])
+    for name, o, t, r in zip(names, [*outs, *grads], [*t_outs, *t_grads], [*r_outs, *r_grads]):
+        assert o.dtype == t.dtype, f"{name}: {o.dtype}, the torch path's {t.dtype}"
+        if r.norm() < 1e-9:  # zero by symmetry (see _compare)
+            continue
+        err, base = rel_err(o.cpu(), r), rel_err(t.cpu(), r)
+        assert err < 4 * base + 2e-2, (name, err, base)
+
+
+@pytest.mark.parametrize("weights", [torch.float32, torch.bfloat16])
+def test_pairformer_block_mixed_precision(triton_backend, monkeypatch, weights):
+    from fold_model.af3.config import config
+    from fold_model.af3.pairformer import PairformerBlock
+
+    cfg = config("tiny")
+    p = cfg.pairformer
+    block = PairformerBlock(cfg.c_s, cfg.c_z, p.c_hidden_mul, p.c_hidden_tri_att,
+                            p.no_heads_tri_att, p.no_heads_single, p.transition_n, p.dropout)
+    g = torch.Generator().manual_seed(14)
+    s = torch.randn(1, N, cfg.c_s, generator=g)
+    z = torch.randn(1, N, N, cfg.c_z, generator=g)
+    mask = holes((1, N), seed=15)
+    _compare_mixed(block, [s, z, mask, mask[:, :, None] * mask[:, None]], [0, 1], weights,
+                   monkeypatch)
+
+
+def test_evoformer_block_mixed_precision(triton_backend, monkeypatch):
+    from fold_model.af2 import config
+    from fold_model.af2.evoformer import make_block
+
+    cfg = config("tiny").evoformer
+    block = make_block(cfg, cfg.c_m, cfg.c_z, "af2")
+    g = torch.Generator().manual_seed(16)
+    m = torch.randn(1, 5, N, cfg.c_m, generator=g)
+    z = torch.randn(1, N, N, cfg.c_z, generator=g)
+    seq = holes((1, N), seed=17)
+    msa_mask = holes((1, 5, N), seed=18) * seq[:, None]
+    _compare_mixed(block, [m, z, msa_mask, seq[:, :, None] * seq[:, None]], [0, 1],
+                   torch.float32, monkeypatch)

@@ -328,3 +328,97 @@ def test_row_tile_switch_leaves_the_tile_candidates_out(monkeypatch):
     monkeypatch.setenv("FOLD_KERNELS_LN_TILE", "0")
     assert not ln._TILE.get()
     assert not any(cfg.acc_tile for cfg in ln._bwd_configs_for(128, False, ln._TILE.get()))
+
+
+# ---------------------------------------------------------------------------------------------
+# Under autocast (fold_ops.autocast), as fold-train runs the stacks: x an fp32 stream, weights in
+# fp32 (predict) or bf16 (system.bf16_weights). The LayerNorm is computed in fp32 from x as it
+# is; y (and the pair bias, the fused projection) come out in bf16, rounded once. So y is within
+# bf16's rounding (TOL) of float64; x's gradient, from bf16 dy values given exactly to both, in
+# fp32's reach; the LayerNorm's weight and bias gradients in the weights' dtype. Products of a
+# bf16 y with bf16 weights (the pair bias, the fused linear) carry both roundings: bf16's TOL.
+
+def _autocast():
+    return torch.autocast(DEVICE, dtype=torch.bfloat16)
+
+
+def _leaves(*tensors, dtype=None):
+    return [t.to(DEVICE, dtype or t.dtype).clone().requires_grad_() for t in tensors]
+
+
+def _float64(*tensors):
+    return [t.double().cpu().clone().requires_grad_() for t in tensors]
+
+
+@pytest.mark.parametrize("weights", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("with_grad", [True, False])
+def test_layer_norm_fork_under_autocast(weights, with_grad):
+    c, branches = 72, 2
+    gen = torch.Generator().manual_seed(60)
+    x = _rand(3, 11, c, seed=61, scale=2.0, shift=3.0)
+    w, b = _rand(c, seed=62).to(weights), _rand(c, seed=63).to(weights)
+    ins = _leaves(x, w, b)
+    with _autocast(), torch.set_grad_enabled(with_grad):
+        outs = fk.layer_norm_fork(*ins, 1e-5, branches)
+    assert outs[0].dtype == torch.float32 and torch.equal(outs[0], ins[0])
+    assert all(y.dtype == torch.bfloat16 for y in outs[1:])
+    y_ref, grads_ref = _fork_reference(x, w, b, branches, [
+        torch.randn(3, 11, c, generator=gen).to(torch.bfloat16) for _ in range(branches)],
+        torch.randn(3, 11, c, generator=gen))
+    for y in outs[1:]:
+        assert rel_err(y, y_ref) < TOL[torch.bfloat16]
+    if not with_grad:
+        return
+    gen = torch.Generator().manual_seed(60)  # the same gradients as the reference's
+    dys = [torch.randn(3, 11, c, generator=gen).to(torch.bfloat16) for _ in range(branches)]
+    dres = torch.randn(3, 11, c, generator=gen)
+    torch.autograd.backward(list(outs), [g.to(DEVICE) for g in (dres, *dys)])
+    assert ins[0].grad.dtype == torch.float32 and ins[1].grad.dtype == weights
+    assert rel_err(ins[0].grad, grads_ref[0]) < TOL[torch.float32]
+    for name, t, g in zip(("weight", "bias"), ins[1:], grads_ref[1:]):
+        assert rel_err(t.grad, g) < TOL[weights], name
+
+
+@pytest.mark.parametrize("weights", [torch.float32, torch.bfloat16])
+def test_layer_norm_pair_bias_under_autocast(weights):
+    c, heads, branches = 37, 3, 1
+    gen = torch.Generator().manual_seed(64)
+    x = _rand(2, 7, 5, c, seed=65, scale=1.5, shift=2.0)
+    w, b = _rand(c, seed=66).to(weights), _rand(c, seed=67).to(weights)
+    wh = _rand(heads, c, seed=68).to(weights)
+    dres = torch.randn(x.shape, generator=gen)
+    dy = torch.randn(x.shape, generator=gen).to(torch.bfloat16)
+    dbias = torch.randn(2, heads, 7, 5, generator=gen).to(torch.bfloat16)
+    ins = _leaves(x, w, b, wh)
+    with _autocast():
+        outs = fk.layer_norm_pair_bias(*ins, 1e-5, branches)
+    assert [o.dtype for o in outs] == [torch.float32, torch.bfloat16, torch.bfloat16]
+    torch.autograd.backward(list(outs), [g.to(DEVICE) for g in (dres, dy, dbias)])
+    ref_ins = _float64(x, w, b, wh)
+    ref_outs = ref.layer_norm_pair_bias(*ref_ins, 1e-5, branches)
+    torch.autograd.backward(list(ref_outs), [g.double() for g in (dres, dy, dbias)])
+    for o, r in zip(outs[1:], ref_outs[1:]):
+        assert rel_err(o, r) < TOL[torch.bfloat16]
+    for name, t, r in zip(("x", "weight", "bias", "heads' weight"), ins, ref_ins):
+        assert t.grad.dtype == t.dtype, name
+        assert rel_err(t.grad, r.grad) < TOL[torch.bfloat16], name  # g^T W: W in bf16
+
+
+@pytest.mark.parametrize("weights", [torch.float32, torch.bfloat16])
+def test_layer_norm_linear_under_autocast(weights):
+    k, n_out = 40, 37
+    x = _rand(2, 9, k, seed=70, scale=1.5, shift=-2.0)
+    params = [_rand(k, seed=71), _rand(k, seed=72), _rand(n_out, k, seed=73, scale=k**-0.5),
+              _rand(n_out, seed=74)]
+    ins = _leaves(x) + _leaves(*params, dtype=weights)
+    with _autocast():
+        y = fk.layer_norm_linear(*ins)
+    assert y.dtype == torch.bfloat16
+    dy = torch.randn(y.shape, generator=torch.Generator().manual_seed(75)).to(torch.bfloat16)
+    y.backward(dy.to(DEVICE))
+    ref_ins = _float64(x, *(p.to(weights) for p in params))
+    y_ref = ref.layer_norm_linear(*ref_ins)
+    y_ref.backward(dy.double())
+    assert rel_err(y, y_ref) < TOL[torch.bfloat16]
+    for i, (t, r) in enumerate(zip(ins, ref_ins)):
+        assert t.grad.dtype == t.dtype and rel_err(t.grad, r.grad) < TOL[torch.bfloat16], i

@@ -323,3 +323,35 @@ def test_unregister_removes_a_backend_and_keeps_the_reference():
         registry.unregister("linear", "extra")
     with pytest.raises(ValueError, match="cannot be unregistered"):
         registry.unregister("linear", "torch")
+
+
+def test_lowered_ops_reach_every_backend_in_the_autocast_dtype():
+    """Under autocast the dispatcher casts a lowered op's floating inputs (fold_ops.autocast):
+    the backend chosen, and the one a memory estimate asks about, see bf16 and decide on it;
+    outside autocast and for other ops nothing is cast. The reference computes what autocast's
+    GEMM computes either way."""
+    seen = []
+
+    def spy(x, weight):
+        seen.append((x.dtype, weight.dtype))
+        return reference.linear_channel_first(x, weight)
+
+    def bf16_only(x, weight):
+        return x.dtype == weight.dtype == torch.bfloat16
+
+    ops.register("linear_channel_first", "spy", spy, supports=bf16_only, priority=10_000)
+    try:
+        x, w = torch.randn(2, 3, 4, 8), torch.randn(5, 8)
+        ops.linear_channel_first(x, w)
+        assert seen == []  # fp32 outside autocast: not the spy's call
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            y = ops.linear_channel_first(x, w)
+            assert registry.selected_backend("linear_channel_first", x, w) == "spy"
+            with ops.use_backend("torch"):
+                y_ref = ops.linear_channel_first(x, w)
+            n = ops.layer_norm(x, torch.ones(8), torch.zeros(8))
+        assert seen == [(torch.bfloat16, torch.bfloat16)]
+        assert y.dtype == y_ref.dtype == torch.bfloat16 and torch.equal(y, y_ref)
+        assert n.dtype == torch.float32  # not lowered: PyTorch's LayerNorm rule
+    finally:
+        registry.unregister("linear_channel_first", "spy")

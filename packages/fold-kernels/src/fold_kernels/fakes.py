@@ -15,6 +15,7 @@ Each function has its op's signature (:mod:`fold_ops.contract`).
 from __future__ import annotations
 
 import torch
+from fold_ops.autocast import projection_dtype
 
 from fold_kernels.broadcast import broadcast_shape
 
@@ -61,32 +62,33 @@ def attention_packed(proj, no_heads, bias=None, mask=None, scale=None, gate_bias
     return o
 
 
-def layer_norm(x, weight, bias, eps=1e-5):
-    """y like x; transients: fp32 mean and rstd per row."""
+def layer_norm(x, weight, bias, eps=1e-5, out_dtype=None):
+    """y like x (in ``out_dtype`` if given); transients: fp32 mean and rstd per row."""
     rows = x.numel() // x.shape[-1]
-    y = torch.empty(x.shape, device=x.device, dtype=x.dtype)
+    y = torch.empty(x.shape, device=x.device, dtype=out_dtype or x.dtype)
     mean, rstd = _stats(x, rows), _stats(x, rows)
     del mean, rstd
     return y
 
 
 def layer_norm_fork(x, weight, bias, eps=1e-5, branches=1):
-    """x and ``branches`` aliases of one y (:func:`layer_norm`'s)."""
-    y = layer_norm(x, weight, bias, eps)
+    """x and ``branches`` aliases of one y (:func:`layer_norm`'s, in the projection dtype)."""
+    y = layer_norm(x, weight, bias, eps, projection_dtype(x))
     return (x,) + (y,) * branches
 
 
 def layer_norm_pair_bias(x, weight, bias, bias_weight, eps=1e-5, branches=1):
     """:func:`layer_norm_fork`'s outputs and the heads-first bias (:func:`linear_channel_first`
     of y)."""
-    y = layer_norm(x, weight, bias, eps)
+    y = layer_norm(x, weight, bias, eps, projection_dtype(x))
     return (x,) + (y,) * branches + (linear_channel_first(y, bias_weight),)
 
 
 def layer_norm_linear(x, ln_weight, ln_bias, weight, bias=None, eps=1e-5):
     """y ``[*, O]``; transients: fp32 mean and rstd per row (x read through its strides)."""
     rows = x.numel() // x.shape[-1]
-    y = torch.empty((*x.shape[:-1], weight.shape[0]), device=x.device, dtype=x.dtype)
+    y = torch.empty((*x.shape[:-1], weight.shape[0]), device=x.device,
+                    dtype=projection_dtype(x))
     mean, rstd = _stats(x, rows), _stats(x, rows)
     del mean, rstd
     return y

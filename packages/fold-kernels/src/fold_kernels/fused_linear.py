@@ -18,6 +18,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from fold_ops.autocast import autocast_dtype, projection_dtype
 
 from fold_kernels import nograd, pdl, tuning
 from fold_kernels.dot import mm as _mm
@@ -158,7 +159,7 @@ class _LayerNormLinear(torch.autograd.Function):
         x2 = x.reshape(-1, k).contiguous()  # [M, K]
         m = x2.shape[0]
         w = weight.contiguous()
-        y = torch.empty((m, nout), device=x.device, dtype=x.dtype)
+        y = torch.empty((m, nout), device=x.device, dtype=w.dtype)  # x's, or autocast's
         mean = torch.empty(m, device=x.device, dtype=torch.float32)
         rstd = torch.empty_like(mean)
         block_k = next_power_of_2(k)
@@ -172,10 +173,11 @@ class _LayerNormLinear(torch.autograd.Function):
             _ln_linear_fwd[grid](x2, ln_weight, ln_bias, w, bias if bias is not None else w,
                                  y, mean, rstd, m, k, nout, HAS_BIAS=bias is not None,
                                  BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
-                                 PRECISION=_precision(x.dtype), num_warps=cfg.num_warps,
+                                 PRECISION=_precision(w.dtype), num_warps=cfg.num_warps,
                                  num_stages=cfg.num_stages)
 
-        launch(_gemm_cfg("ln_linear", (m // 4096, k, nout, x.dtype, bias is not None), launch))
+        launch(_gemm_cfg("ln_linear", (m // 4096, k, nout, x.dtype, w.dtype, bias is not None),
+                         launch))
         ctx.save_for_backward(x2, ln_weight, ln_bias, w)
         ctx.eps = eps
         ctx.bias_dtype = bias.dtype if bias is not None else None  # None: no bias
@@ -185,7 +187,8 @@ class _LayerNormLinear(torch.autograd.Function):
     def backward(ctx, dy):
         x2, ln_weight, ln_bias, w = ctx.saved_tensors
         dy2 = dy.reshape(-1, w.shape[0])  # [M, N_out]
-        xn, mean, rstd = ln_forward(x2, ln_weight, ln_bias, ctx.eps)  # recompute, not stored
+        # recomputed, not stored; in the product's dtype (w's), as the forward's prologue
+        xn, mean, rstd = ln_forward(x2, ln_weight, ln_bias, ctx.eps, w.dtype)
         dw = dy2.t().mm(xn)
         dbias = column_sum(dy2, ctx.bias_dtype) if ctx.bias_dtype is not None else None
         dxn = dy2.mm(w)
@@ -200,12 +203,18 @@ def layer_norm_linear(x: torch.Tensor, ln_weight: torch.Tensor, ln_bias: torch.T
     """``F.linear(F.layer_norm(x), weight, bias)`` in one kernel.
 
     x ``[*, K]``; ln_weight, ln_bias ``[K]``; weight ``[N_out, K]`` in x's dtype; bias
-    ``[N_out]``. Returns ``[*, N_out]`` in x's dtype.
+    ``[N_out]``. Returns ``[*, N_out]`` in x's dtype. Under autocast, as autocast runs the
+    reference: the LayerNorm in fp32 from x as it is, the product and y in the autocast dtype
+    (weight and bias cast to it).
     """
     check_layer_norm(x, ln_weight, ln_bias)
-    if weight.dim() != 2 or weight.shape[1] != x.shape[-1] or weight.dtype != x.dtype:
+    out_dtype = projection_dtype(x)
+    if autocast_dtype(x) is not None:
+        weight = weight.to(out_dtype)
+        bias = None if bias is None else bias.to(out_dtype)
+    if weight.dim() != 2 or weight.shape[1] != x.shape[-1] or weight.dtype != out_dtype:
         raise ValueError(f"layer_norm_linear: weight must be [N_out, K={x.shape[-1]}] in "
-                         f"{x.dtype}, got {tuple(weight.shape)} {weight.dtype}")
+                         f"{out_dtype}, got {tuple(weight.shape)} {weight.dtype}")
     if bias is not None and bias.shape != (weight.shape[0],):
         raise ValueError(f"layer_norm_linear: bias must be [{weight.shape[0]}], "
                          f"got {tuple(bias.shape)}")

@@ -19,6 +19,7 @@ import functools
 import torch
 import triton
 import triton.language as tl
+from fold_ops.autocast import autocast_dtype, projection_dtype
 from fold_ops.env import EnvVar
 
 from fold_kernels import nograd, one_pass, pdl, tuning
@@ -210,13 +211,15 @@ def _layout(*tensors: torch.Tensor):
     return lay.dims, lay.operands, lay.strides
 
 
-def ln_forward(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, eps: float):
+def ln_forward(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, eps: float,
+               out_dtype: torch.dtype | None = None):
     """``x [*, C]`` in any layout (read through row strides, no copy) -> ``y`` contiguous
-    ``[*, C]``, ``mean``, ``rstd`` ``[rows]`` fp32 (rows in x's logical order). ``bias`` None:
-    a gain-only LayerNorm."""
+    ``[*, C]`` (in x's dtype, or ``out_dtype``: computed in fp32, rounded once), ``mean``,
+    ``rstd`` ``[rows]`` fp32 (rows in x's logical order). ``bias`` None: a gain-only
+    LayerNorm."""
     c = x.shape[-1]
     rows = x.numel() // max(c, 1)
-    y = torch.empty(x.shape, device=x.device, dtype=x.dtype)
+    y = torch.empty(x.shape, device=x.device, dtype=out_dtype or x.dtype)
     mean = torch.empty(rows, device=x.device, dtype=torch.float32)
     rstd = torch.empty_like(mean)
     dims, (xv,), (xs,) = _layout(x)
@@ -351,12 +354,12 @@ def ln_backward(dy, x, weight, mean, rstd, dw_dtype=torch.float32, db_dtype=torc
     return dx, dwdb[0].to(dw_dtype), dwdb[1].to(db_dtype)
 
 
-def _save_forward(ctx, x, weight, bias, eps) -> torch.Tensor:
+def _save_forward(ctx, x, weight, bias, eps, out_dtype=None) -> torch.Tensor:
     """``y = LN(x)`` for an autograd function's forward, saving what its backward reads. x is
     read in its own layout (e.g. the transposed MSA of column attention): the transpose copy is
-    fused into the normalisation, y comes out contiguous."""
+    fused into the normalisation, y comes out contiguous (in ``out_dtype`` if given)."""
     y, mean, rstd = ln_forward(x, weight.contiguous(),
-                               None if bias is None else bias.contiguous(), eps)
+                               None if bias is None else bias.contiguous(), eps, out_dtype)
     ctx.save_for_backward(x, weight, mean, rstd)
     ctx.bias_dtype = None if bias is None else bias.dtype  # None: no bias gradient
     return y
@@ -415,11 +418,12 @@ def _join_readers(dys: list) -> tuple[torch.Tensor | None, torch.Tensor | None]:
 
 class _LayerNormFork(torch.autograd.Function):
     """``(x, y, ..., y)``: x passed on (autograd makes it a view of the input) and ``branches``
-    aliases of one ``y``; the backward sums every gradient it gets in LayerNorm's pass."""
+    aliases of one ``y`` in ``out_dtype``; the backward sums every gradient it gets in
+    LayerNorm's pass (y's gradients in y's dtype, x's in x's)."""
 
     @staticmethod
-    def forward(ctx, x, weight, bias, eps, branches):
-        y = _save_forward(ctx, x, weight, bias, eps)
+    def forward(ctx, x, weight, bias, eps, branches, out_dtype):
+        y = _save_forward(ctx, x, weight, bias, eps, out_dtype)
         ctx.set_materialize_grads(False)  # an unread output's gradient is None, not zeros
         # detach: an alias that is no view of y (each output gets its own gradient)
         return (x, y) + tuple(y.detach() for _ in range(branches - 1))
@@ -428,8 +432,8 @@ class _LayerNormFork(torch.autograd.Function):
     def backward(ctx, dres, *dys):
         dys = [d for d in dys if d is not None]
         if not dys:  # no branch was read: the stream's gradient passes through
-            return dres, None, None, None, None
-        return (*_saved_backward(ctx, *_join_readers(dys), dres), None, None)
+            return dres, None, None, None, None, None
+        return (*_saved_backward(ctx, *_join_readers(dys), dres), None, None, None)
 
 
 def layer_norm_fork(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,
@@ -437,14 +441,16 @@ def layer_norm_fork(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,
     """``(x, y_1, ..., y_branches)`` with ``y = layer_norm(x)`` (:func:`fold_ops.reference.
     layer_norm_fork`): the backward adds the gradients of x and of every y while it computes
     LayerNorm's dx, one pass over ``[*, C]`` where autograd would add each pair in a pass of
-    three. Without autograd (inference) it is ``layer_norm`` and x."""
+    three. Without autograd (inference) it is ``layer_norm`` and x. Under autocast y is in the
+    autocast dtype (:func:`fold_ops.autocast.projection_dtype`), x's stays as it is."""
     if branches < 1:
         raise ValueError(f"layer_norm_fork: branches must be >= 1, got {branches}")
     check_layer_norm(x, weight, bias)
+    out_dtype = projection_dtype(x)
     if not nograd.records(x, weight, bias):
-        y, _, _ = ln_forward(x, weight.contiguous(), bias.contiguous(), eps)
+        y, _, _ = ln_forward(x, weight.contiguous(), bias.contiguous(), eps, out_dtype)
         return (x,) + (y,) * branches
-    return _LayerNormFork.apply(x, weight, bias, eps, branches)
+    return _LayerNormFork.apply(x, weight, bias, eps, branches, out_dtype)
 
 
 class _LayerNormPairBias(torch.autograd.Function):
@@ -456,7 +462,9 @@ class _LayerNormPairBias(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, weight, bias, bias_weight, eps, branches):
-        y, mean, rstd = ln_forward(x, weight.contiguous(), bias.contiguous(), eps)
+        # y in bias_weight's dtype: x's, or the autocast dtype (the caller cast bias_weight)
+        y, mean, rstd = ln_forward(x, weight.contiguous(), bias.contiguous(), eps,
+                                   bias_weight.dtype)
         rows = y.view(-1, y.shape[-1])  # [M, C]: y is contiguous
         pb = bias_weight.mm(rows.t())  # [H, M]
         ctx.save_for_backward(x, weight, mean, rstd, rows, bias_weight)
@@ -498,15 +506,20 @@ def layer_norm_pair_bias(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tens
     LayerNorm, its readers and the heads' bias projection. In backward the bias's gradient
     ``[H, rows]`` times ``bias_weight`` joins dy in LayerNorm's pass: the projection's
     ``d(y) [*, C]`` (a GEMM's output) is never written nor read back. ``branches`` may be 0
-    (the bias is y's only reader). Without autograd: ``layer_norm`` and one GEMM."""
+    (the bias is y's only reader). Without autograd: ``layer_norm`` and one GEMM. Under
+    autocast y and the bias are in the autocast dtype (``bias_weight`` is cast to it, as
+    autocast casts a projection's weight)."""
     if not isinstance(branches, int) or branches < 0:
         raise ValueError(f"layer_norm_pair_bias: branches must be an int >= 0, got {branches}")
     check_layer_norm(x, weight, bias)
     if x.dim() < 3:
         raise ValueError(f"layer_norm_pair_bias: x must be [*, I, J, C], got "
                          f"{tuple(x.shape)}")
+    out_dtype = projection_dtype(x)
+    if autocast_dtype(x) is not None:  # the projection in autocast's dtype, as autocast would
+        bias_weight = bias_weight.to(out_dtype)
     if (bias_weight.dim() != 2 or bias_weight.shape[1] != x.shape[-1]
-            or bias_weight.dtype != x.dtype):
+            or bias_weight.dtype != out_dtype):
         raise ValueError(f"layer_norm_pair_bias: bias_weight must be [H, C={x.shape[-1]}] in "
-                         f"{x.dtype}, got {tuple(bias_weight.shape)} in {bias_weight.dtype}")
+                         f"{out_dtype}, got {tuple(bias_weight.shape)} in {bias_weight.dtype}")
     return _LayerNormPairBias.apply(x, weight, bias, bias_weight.contiguous(), eps, branches)

@@ -7,7 +7,11 @@ as backend ``"triton"`` with priority 10 and a ``supports`` predicate that accep
 when the Triton kernel can run it: CUDA/ROCm tensors of a supported dtype and shape, not while
 torch.fx traces (AutoChunk) or torch.compile captures the model (there the PyTorch path is
 traced and fused by the compiler), and not for fp32 inputs under autocast (the PyTorch path
-then computes in bf16/fp16, as the caller asked).
+then computes in bf16/fp16, as the caller asked), except for the LayerNorms, which compute in
+fp32 as autocast's LayerNorm does (the forks return y in the autocast dtype, as the contract
+says). The ops the contract lowers (``linear``, ``linear_channel_first``, ``swiglu``,
+``triangle_projection``) never see fp32 under autocast: fold-model's dispatcher casts their
+inputs first (:mod:`fold_ops.autocast`).
 
 Each op is registered with its shape-only fake (:data:`fold_kernels.fakes.FAKES`): on
 FakeTensors (memory estimates) ``supports`` decides as for real tensors of the same shapes,
@@ -53,12 +57,15 @@ def _on_gpu(*tensors) -> bool:
 
 
 def _autocast_fp32(x: torch.Tensor) -> bool:
-    return x.dtype == torch.float32 and torch.is_autocast_enabled("cuda")
+    """fp32 under autocast on x's device type (CPU tensors: the interpreter's tests)."""
+    return x.dtype == torch.float32 and torch.is_autocast_enabled(x.device.type)
 
 
-def _common(x, *others) -> bool:
+def _common(x, *others, fp32_under_autocast: bool = False) -> bool:
+    """Not tracing, every tensor on the GPU, x in a served dtype and, unless
+    ``fp32_under_autocast`` (the LayerNorms: fp32 math either way), not fp32 under autocast."""
     return (not _tracing() and _on_gpu(x, *others) and x.dtype in _DTYPES
-            and not _autocast_fp32(x))
+            and (fp32_under_autocast or not _autocast_fp32(x)))
 
 
 def _indexable_attention(batch: tuple[int, ...], r: int, h: int, n: int, has_bias: bool) -> bool:
@@ -131,7 +138,7 @@ def supports_linear(x, weight, bias=None) -> bool:
 
 def supports_layer_norm(x, weight, bias, eps=1e-5) -> bool:
     """A weight, and a bias or none (gain only)."""
-    if not _common(x, weight, bias) or weight is None:
+    if not _common(x, weight, bias, fp32_under_autocast=True) or weight is None:
         return False
     c = x.shape[-1]
     return (weight.shape == (c,) and (bias is None or bias.shape == (c,)) and c <= 8192
@@ -148,14 +155,18 @@ def supports_layer_norm_pair_bias(x, weight, bias, bias_weight, eps=1e-5, branch
     return (isinstance(branches, int) and branches >= 0 and bias is not None and x.dim() >= 3
             and supports_layer_norm(x, weight, bias) and _on_gpu(bias_weight)
             and bias_weight.dim() == 2 and bias_weight.shape[1] == x.shape[-1]
-            and 1 <= bias_weight.shape[0] <= 32 and bias_weight.dtype == x.dtype)
+            and 1 <= bias_weight.shape[0] <= 32
+            and (bias_weight.dtype == x.dtype or torch.is_autocast_enabled(x.device.type)))
 
 
 def supports_layer_norm_linear(x, ln_weight, ln_bias, weight, bias=None, eps=1e-5) -> bool:
+    """Under autocast the kernel casts the projection's weight and bias, as autocast does."""
     if (ln_bias is None or not supports_layer_norm(x, ln_weight, ln_bias)
             or not _on_gpu(weight, bias)):
         return False
-    if weight.dim() != 2 or weight.shape[1] != x.shape[-1] or weight.dtype != x.dtype:
+    if weight.dim() != 2 or weight.shape[1] != x.shape[-1]:
+        return False
+    if weight.dtype != x.dtype and not torch.is_autocast_enabled(x.device.type):
         return False
     return bias is None or bias.shape == (weight.shape[0],)
 

@@ -3,6 +3,8 @@
 
 * :mod:`fold_ops.contract`: ``OPS``, each op's name, signature and PyTorch reference;
 * :mod:`fold_ops.reference`: the references themselves;
+* :mod:`fold_ops.autocast`: what the ops do under autocast (the lowered ops' input casts, the
+  LayerNorm forks' output dtype);
 * :mod:`fold_ops.env`: ``EnvVar``, an environment variable read cheaply on hot paths;
 * :mod:`fold_ops.tracing`: ``fx_tracing()`` and ``compiling()``.
 

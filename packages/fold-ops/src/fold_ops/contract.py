@@ -65,6 +65,11 @@ neither states an op again. An op's signature is its reference's signature
     ``y[..., o, i, j] = sum_c weight[o, c] x[..., i, j, c]``: x ``[*, I, J, C]``, weight
     ``[O, C]``, y ``[*, O, I, J]`` (no bias; triangle multiplication's projections). The torch
     reference is an einsum; fold-kernels returns ``d(x)`` in x's channel-last layout.
+
+Under autocast (:mod:`fold_ops.autocast`): the ops marked ``lowered`` (``linear``,
+``linear_channel_first``, ``swiglu``, ``triangle_projection``) get their floating inputs in the
+autocast dtype from the dispatcher, whatever the backend; ``layer_norm_fork`` and
+``layer_norm_pair_bias`` return their ``y`` in the autocast dtype (only projections read it).
 """
 
 from __future__ import annotations
@@ -74,6 +79,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from fold_ops import reference
+from fold_ops.autocast import LOWERED
 
 __all__ = ["Op", "OPS"]
 
@@ -82,11 +88,13 @@ __all__ = ["Op", "OPS"]
 class Op:
     """One op: its ``name``, its PyTorch ``reference`` (whose signature is the op's) and, for an
     op that has no implementation of its own until a backend registers one, the op it
-    ``falls_back_to`` (same signature)."""
+    ``falls_back_to`` (same signature). ``lowered``: under autocast the dispatcher casts its
+    floating inputs to the autocast dtype before any backend runs (:mod:`fold_ops.autocast`)."""
 
     name: str
     reference: Callable
     falls_back_to: str | None = None
+    lowered: bool = False
 
     @property
     def signature(self) -> inspect.Signature:
@@ -94,7 +102,8 @@ class Op:
 
 
 def _op(reference_fn: Callable, name: str | None = None, falls_back_to: str | None = None) -> Op:
-    return Op(name or reference_fn.__name__, reference_fn, falls_back_to)
+    name = name or reference_fn.__name__
+    return Op(name, reference_fn, falls_back_to, lowered=name in LOWERED)
 
 
 # A new op is one entry here and its reference in fold_ops.reference.

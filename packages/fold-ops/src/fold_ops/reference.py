@@ -18,6 +18,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from fold_ops.autocast import projection_dtype
 from fold_ops.rounding import round_to
 
 __all__ = [
@@ -136,10 +137,13 @@ def layer_norm_fork(
     passed-on x): the gradients of x and of every y meet in this op, so a backend's backward can
     sum them while it computes LayerNorm's ``dx`` instead of autograd adding them pairwise (one
     pass over ``[*, C]`` less per extra reader). Here autograd adds them.
+
+    Under autocast y is in the autocast dtype: its readers are projections, which autocast
+    would cast it for (:func:`fold_ops.autocast.projection_dtype`).
     """
     if branches < 1:
         raise ValueError(f"layer_norm_fork: branches must be >= 1, got {branches}")
-    y = layer_norm(x, weight, bias, eps)
+    y = layer_norm(x, weight, bias, eps).to(projection_dtype(x))
     return (x,) + (y,) * branches
 
 
@@ -156,10 +160,11 @@ def layer_norm_pair_bias(
     linear_channel_first(y, bias_weight)`` (``x [*, I, J, C]``, ``bias_weight [H, C]``): the
     LayerNorm of triangle attention and of AF3's attention with pair bias. A backend adds the
     bias's gradient times ``bias_weight`` to dy in LayerNorm's backward (no ``[*, C]``
-    gradient of the projection's input is written). ``branches`` may be 0."""
+    gradient of the projection's input is written). ``branches`` may be 0. Under autocast y
+    (and so the bias) is in the autocast dtype, as in :func:`layer_norm_fork`."""
     if branches < 0:
         raise ValueError(f"layer_norm_pair_bias: branches must be >= 0, got {branches}")
-    y = layer_norm(x, weight, bias, eps)
+    y = layer_norm(x, weight, bias, eps).to(projection_dtype(x))
     return (x,) + (y,) * branches + (linear_channel_first(y, bias_weight),)
 
 

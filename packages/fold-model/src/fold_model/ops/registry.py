@@ -18,6 +18,10 @@ Ops, their signatures and their references are the contract of :mod:`fold_ops.co
 (shared with fold-kernels); the torch backend of each op is its reference there, or, for an op
 that falls back to another, a dispatch of that op.
 
+Under autocast, the ops the contract marks ``lowered`` get their floating inputs cast to the
+autocast dtype here, before any backend is chosen (:mod:`fold_ops.autocast`): every backend
+then computes the same thing, and a kernel serves the bf16 projections of fp32 streams.
+
 Two other situations, both AutoChunk's (fold-chunk):
 
 * **While torch.fx traces** a module, each op is recorded as one ``call_function`` node of its
@@ -40,6 +44,7 @@ import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
+from fold_ops.autocast import lower
 from fold_ops.contract import OPS as CONTRACT
 from fold_ops.env import EnvVar
 from fold_ops.tracing import fx_tracing
@@ -106,6 +111,7 @@ def _parse_env(text: str | None) -> dict[str, str]:
 
 _ENV = EnvVar(ENV_VAR, _parse_env)
 _SORTED: dict[str, list[str]] = {}  # op -> backends by priority (cleared by register)
+_LOWERED = frozenset(name for name, o in CONTRACT.items() if o.lowered)  # cast under autocast
 
 
 def register(
@@ -231,6 +237,8 @@ def selected_backend(op: str, *args, backend: str | None = None, **kwargs) -> st
     _load_plugins()
     if op not in OPS:
         raise ValueError(f"unknown op {op!r}; ops are {OPS}")
+    if op in _LOWERED:
+        args, kwargs = lower(args, kwargs)
     return _select(op, args, kwargs, backend, _is_fake(args, kwargs))
 
 
@@ -282,7 +290,9 @@ def resolve(op: str, *args, backend: str | None = None, **kwargs) -> Callable:
 
 
 def dispatch(op: str, *args, backend: str | None = None, **kwargs):
-    """Run ``op`` with the selected backend."""
+    """Run ``op`` with the selected backend (a lowered op's inputs cast under autocast)."""
+    if op in _LOWERED:
+        args, kwargs = lower(args, kwargs)
     return resolve(op, *args, backend=backend, **kwargs)(*args, **kwargs)
 
 

@@ -1,0 +1,63 @@
+"""What the ops do under autocast, stated once for every backend.
+
+fold-train runs the models in bf16 autocast (``system.precision=bf16``, and every ``fold-train
+predict``) with fp32 single and pair streams: the stacks' LayerNorms read fp32 and their
+projections run in bf16. Two rules keep each op's backends in step there:
+
+* **Lowered ops** (:data:`LOWERED`: ``linear``, ``linear_channel_first``, ``swiglu``,
+  ``triangle_projection``, whose reference starts with a matrix product of its inputs): under
+  autocast on the inputs' device, the dispatcher casts every floating input that is not fp64
+  to the autocast dtype before any backend runs (:func:`lower`), as ``torch.library``'s autocast
+  registration does for a custom op. A backend then sees the dtypes it serves, and the reference
+  computes what autocast's matrix product computes; the op's elementwise tail (a bias, a gate)
+  runs in the autocast dtype too, as F.linear's bias does under autocast.
+* **A LayerNorm that feeds projections** (``layer_norm_fork``, ``layer_norm_pair_bias``): under
+  autocast its ``y`` outputs are in the autocast dtype (:func:`projection_dtype`). Every reader
+  of them is a projection that autocast would cast y for, so the values the model computes do
+  not change; y is stored at half the bytes and its readers' kernels take it as it is.
+  ``layer_norm`` keeps PyTorch's rule (y in fp32 for fp32 x).
+
+Outside autocast (and for fp64, the tests' ground truth) nothing changes.
+"""
+
+from __future__ import annotations
+
+import torch
+
+__all__ = ["LOWERED", "autocast_dtype", "projection_dtype", "lower"]
+
+LOWERED = frozenset({"linear", "linear_channel_first", "swiglu", "triangle_projection"})
+
+
+def autocast_dtype(x: torch.Tensor) -> torch.dtype | None:
+    """The dtype autocast gives a matrix product on ``x``'s device type, or None when autocast
+    is off there."""
+    kind = x.device.type
+    if not torch.is_autocast_enabled(kind):
+        return None
+    return torch.get_autocast_dtype(kind)
+
+
+def projection_dtype(x: torch.Tensor) -> torch.dtype:
+    """The dtype of a LayerNorm output ``y`` of ``x`` that only projections read: the autocast
+    dtype under autocast (fp64 excepted), else x's dtype."""
+    dtype = autocast_dtype(x) if x.dtype != torch.float64 else None
+    return x.dtype if dtype is None else dtype
+
+
+def _cast(a, dtype: torch.dtype):
+    if (isinstance(a, torch.Tensor) and a.is_floating_point() and a.dtype != dtype
+            and a.dtype != torch.float64):
+        return a.to(dtype)
+    return a
+
+
+def lower(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+    """``(args, kwargs)`` of a lowered op's call with its floating tensors (fp64 aside) in the
+    autocast dtype of the first tensor's device, or unchanged when autocast is off there."""
+    first = next((a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)), None)
+    dtype = None if first is None else autocast_dtype(first)
+    if dtype is None:
+        return args, kwargs
+    return (tuple(_cast(a, dtype) for a in args),
+            {k: _cast(v, dtype) for k, v in kwargs.items()})
