@@ -264,7 +264,7 @@ def markdown(meta: dict[str, Any], rows: list[dict[str, Any]], modes: tuple[str,
 
 def _fold_setting(meta: dict[str, Any]) -> str:
     precision = meta.get("fold_precision", "bf16")
-    if precision == "bf16" or meta.get("fold_dtype") == "torch.float32":
+    if precision == "bf16" or meta.get("device", "cpu") == "cpu":
         return f"{meta['fold_dtype']} weights and inputs"
     weights, dtype, _ = pb.FOLD_PRECISIONS[precision]
     return f"{weights} weights, {dtype} inputs under bf16 autocast ({precision})"
