@@ -310,3 +310,19 @@ def test_evoformer_block_mixed_precision(triton_backend, monkeypatch):
     msa_mask = holes((1, 5, N), seed=18) * seq[:, None]
     _compare_mixed(block, [m, z, msa_mask, seq[:, :, None] * seq[:, None]], [0, 1],
                    torch.float32, monkeypatch)
+
+
+def test_diffusion_transformer_block_mixed_precision(triton_backend, monkeypatch):
+    """The token stream a and s in fp32, the AdaLN's conditioning projection in bf16."""
+    from fold_model.af3.config import config
+    from fold_model.af3.diffusion import DiffusionTransformerBlock
+
+    cfg = config("tiny")
+    d = cfg.diffusion
+    block = DiffusionTransformerBlock(d.c_token, cfg.c_s, cfg.c_z, d.no_heads, d.transition_n)
+    g = torch.Generator().manual_seed(19)
+    a = torch.randn(1, 3, N, d.c_token, generator=g)
+    s = torch.randn(1, 3, N, cfg.c_s, generator=g)
+    z = torch.randn(1, N, N, cfg.c_z, generator=g)
+    _compare_mixed(block, [a, s, z, holes((1, N), seed=20)], [0, 1, 2], torch.float32,
+                   monkeypatch)

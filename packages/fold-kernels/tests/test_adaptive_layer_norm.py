@@ -136,7 +136,7 @@ def test_bad_inputs_are_refused_with_the_reason():
         fk.adaptive_layer_norm(x, x)
     with pytest.raises(ValueError, match=r"cond must be \[\*, 2C\]"):
         fk.adaptive_layer_norm(x, cond[:1])
-    with pytest.raises(ValueError, match="share a dtype"):
+    with pytest.raises(ValueError, match="in a.s dtype"):
         fk.adaptive_layer_norm(x, cond.double())
     with pytest.raises(ValueError, match="gate_bias must be a float"):
         fk.adaptive_layer_norm(x, cond, torch.zeros(7, device=DEVICE))
@@ -162,3 +162,31 @@ def test_backward_keeps_a_c_wide_gate_not_the_projection():
     y = fk.adaptive_layer_norm(a, cond, gate_bias)
     kept = [t for t in y.grad_fn.saved_tensors if t.dim() == 3]
     assert kept and all(t.shape == a.shape for t in kept)
+
+
+@pytest.mark.parametrize("with_grad", [True, False])
+def test_fp32_stream_under_autocast(with_grad):
+    """As fold-train runs the diffusion transformer: a an fp32 stream, cond a bf16 projection,
+    an fp32 gate bias, under bf16 autocast (fold_ops.autocast). y comes out in bf16 (one
+    rounding of the fp32 result: bf16's tolerance); a's gradient in fp32 from y's bf16
+    gradient given exactly to both, the biased gate kept in a's fp32 (fp32's reach: 1e-5);
+    cond's in bf16; the gate bias's in fp32 summed from unrounded terms (bf16's tolerance
+    against the reference's sum over the bf16 d(gate) it rounds)."""
+    a, cond, gate_bias, dy = _inputs((3, 7, 37), seed=90)
+    leaves = [a.to(DEVICE).clone().requires_grad_(),
+              cond.to(torch.bfloat16).to(DEVICE).clone().requires_grad_(),
+              gate_bias.to(DEVICE).clone().requires_grad_()]
+    with torch.autocast(DEVICE, dtype=torch.bfloat16), torch.set_grad_enabled(with_grad):
+        y = fk.adaptive_layer_norm(*leaves)
+    assert y.dtype == torch.bfloat16
+    leaves64 = [t.detach().cpu().double().clone().requires_grad_() for t in leaves]
+    y64 = ref.adaptive_layer_norm(*leaves64)
+    assert rel_err(y, y64) < TOL[torch.bfloat16]
+    if not with_grad:
+        return
+    dy16 = dy.to(torch.bfloat16)
+    y.backward(dy16.to(DEVICE))
+    y64.backward(dy16.double())
+    for got, want, tol in zip(leaves, leaves64, (1e-5, TOL[torch.bfloat16],
+                                                 TOL[torch.bfloat16])):
+        assert got.grad.dtype == got.dtype and rel_err(got.grad, want.grad) < tol

@@ -30,6 +30,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from fold_ops.autocast import projection_dtype
 
 from fold_kernels import nograd, one_pass, pdl, tuning
 from fold_kernels.index32 import check_rows
@@ -128,12 +129,12 @@ def _blocks(c: int) -> tuple[int, int, int]:
     return block_r, block_c, _num_warps(block_r, block_c)
 
 
-def _forward(a, cond, gate_bias, eps, save_gate: bool):
-    """``(y, gate, stats)``: y like a, the biased gate like a (None without ``save_gate``),
-    stats ``[2, rows]`` fp32 (each row's mean, then 1/std)."""
+def _forward(a, cond, gate_bias, eps, save_gate: bool, out_dtype: torch.dtype):
+    """``(y, gate, stats)``: y like a in ``out_dtype``, the biased gate like a (None without
+    ``save_gate``), stats ``[2, rows]`` fp32 (each row's mean, then 1/std)."""
     c = a.shape[-1]
     rows = a.numel() // c
-    y = torch.empty(a.shape, device=a.device, dtype=a.dtype)
+    y = torch.empty(a.shape, device=a.device, dtype=out_dtype)
     gate = torch.empty(a.shape, device=a.device, dtype=a.dtype) if save_gate else None
     stats = torch.empty((2, rows), device=a.device, dtype=torch.float32)
     block_r, block_c, warps = _blocks(c)
@@ -145,13 +146,13 @@ def _forward(a, cond, gate_bias, eps, save_gate: bool):
     return y, gate, stats
 
 
-def _backward(dy, a, gate, gate_bias, stats):
+def _backward(dy, a, gate, gate_bias, stats, cond_dtype):
     """``(da, d(cond), d(gate_bias) or None)``; one launch (two with
     ``FOLD_KERNELS_ONE_PASS=0`` and a gate bias)."""
     c = a.shape[-1]
     rows = a.numel() // c
     da = torch.empty_like(a)
-    dcond = torch.empty((*a.shape[:-1], 2 * c), device=a.device, dtype=a.dtype)
+    dcond = torch.empty((*a.shape[:-1], 2 * c), device=a.device, dtype=cond_dtype)
     block_r, block_c, warps = _blocks(c)
     n_blocks = cdiv(rows, block_r)
     has_gb = gate_bias is not None
@@ -182,19 +183,21 @@ def _backward(dy, a, gate, gate_bias, stats):
 
 class _AdaptiveLayerNorm(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, a, cond, gate_bias, eps):
+    def forward(ctx, a, cond, gate_bias, eps, out_dtype):
         a, cond = a.contiguous(), cond.contiguous()
         gate_bias = None if gate_bias is None else gate_bias.contiguous()
         save = nograd.saves(ctx)
-        y, gate, stats = _forward(a, cond, gate_bias, eps, save)
+        y, gate, stats = _forward(a, cond, gate_bias, eps, save, out_dtype)
         # the gate bias for its dtype and shape only: the gate is saved with it added
         ctx.save_for_backward(a, gate, gate_bias, stats)
+        ctx.cond_dtype = cond.dtype
         return y
 
     @staticmethod
     def backward(ctx, dy):
         a, gate, gate_bias, stats = ctx.saved_tensors
-        return (*_backward(dy.contiguous(), a, gate, gate_bias, stats), None)
+        return (*_backward(dy.contiguous(), a, gate, gate_bias, stats, ctx.cond_dtype), None,
+                None)
 
 
 def adaptive_layer_norm(a: torch.Tensor, cond: torch.Tensor,
@@ -202,14 +205,17 @@ def adaptive_layer_norm(a: torch.Tensor, cond: torch.Tensor,
                         eps: float = 1e-5) -> torch.Tensor:
     """``sigmoid(gate + gate_bias) * LayerNorm(a) + shift`` (LayerNorm over the last dim, no
     affine parameters) for ``a [*, C]`` and ``cond [*, 2C] = gate | shift`` of one dtype,
-    ``gate_bias [C]`` (any float dtype; its gradient comes in that dtype); y in a's dtype."""
+    ``gate_bias [C]`` (any float dtype; its gradient comes in that dtype); y in a's dtype. Under
+    autocast (fold_ops.autocast) cond may be in the autocast dtype with a in fp32, and y is in
+    the autocast dtype."""
     c = a.shape[-1] if a.dim() else 0
     if cond.shape != (*a.shape[:-1], 2 * c):
         raise ValueError(f"adaptive_layer_norm: cond must be [*, 2C] = gate | shift for a of "
                          f"shape {tuple(a.shape)}, got {tuple(cond.shape)}")
-    if cond.dtype != a.dtype:
-        raise ValueError(f"adaptive_layer_norm: a and cond must share a dtype, got {a.dtype} "
-                         f"and {cond.dtype}")
+    out_dtype = projection_dtype(a)
+    if cond.dtype not in (a.dtype, out_dtype):
+        raise ValueError(f"adaptive_layer_norm: cond must be in a's dtype (or the autocast "
+                         f"dtype), got {a.dtype} and {cond.dtype}")
     if gate_bias is not None and (gate_bias.shape != (c,) or not gate_bias.is_floating_point()):
         raise ValueError(f"adaptive_layer_norm: gate_bias must be a float [C={c}], got "
                          f"{tuple(gate_bias.shape)} {gate_bias.dtype}")
@@ -220,5 +226,7 @@ def adaptive_layer_norm(a: torch.Tensor, cond: torch.Tensor,
     tuning.require_device("adaptive_layer_norm", a, "fold_ops.reference.adaptive_layer_norm")
     if a.numel() == 0:  # no rows: an empty result, and gradients for every input
         gate, shift = cond.chunk(2, -1)
-        return a + gate + shift + (0.0 if gate_bias is None else gate_bias.to(a.dtype))
-    return nograd.apply(_AdaptiveLayerNorm, a, cond, gate_bias, eps)  # inference: no node
+        y = a + gate + shift + (0.0 if gate_bias is None else gate_bias.to(a.dtype))
+        return y.to(out_dtype)
+    return nograd.apply(_AdaptiveLayerNorm, a, cond, gate_bias, eps,  # inference: no node
+                        out_dtype)

@@ -95,8 +95,8 @@ def layer_norm_linear(x, ln_weight, ln_bias, weight, bias=None, eps=1e-5):
 
 
 def adaptive_layer_norm(a, cond, gate_bias=None, eps=1e-5):
-    """y like a; transients: fp32 mean and rstd per row."""
-    return layer_norm(a, None, None, eps)
+    """y like a (in the projection dtype); transients: fp32 mean and rstd per row."""
+    return layer_norm(a, None, None, eps, projection_dtype(a))
 
 
 def swiglu(x, weight, bias=None):

@@ -175,10 +175,12 @@ def supports_adaptive_layer_norm(a, cond, gate_bias=None, eps=1e-5) -> bool:
     """a ``[*, C]`` and cond ``[*, 2C]`` with the same batch dims and dtype (the diffusion
     transformer's AdaLN). A conditioning that broadcasts (the atom transformers': ``[B, 1, A,
     2C]`` over the samples) takes the PyTorch path."""
-    if not _common(a, cond, gate_bias) or a.dim() == 0:
+    if not _common(a, cond, gate_bias, fp32_under_autocast=True) or a.dim() == 0:
         return False
     c = a.shape[-1]
-    return (cond.shape == (*a.shape[:-1], 2 * c) and cond.dtype == a.dtype
+    # under autocast: a fp32 stream with its conditioning's projection in the autocast dtype
+    return (cond.shape == (*a.shape[:-1], 2 * c)
+            and (cond.dtype == a.dtype or torch.is_autocast_enabled(a.device.type))
             and (gate_bias is None or (gate_bias.shape == (c,) and gate_bias.dtype in _DTYPES))
             and 0 < c <= MAX_HIDDEN and rows_fit(cond.shape))
 

@@ -11,11 +11,13 @@ projections run in bf16. Two rules keep each op's backends in step there:
   registration does for a custom op. A backend then sees the dtypes it serves, and the reference
   computes what autocast's matrix product computes; the op's elementwise tail (a bias, a gate)
   runs in the autocast dtype too, as F.linear's bias does under autocast.
-* **A LayerNorm that feeds projections** (``layer_norm_fork``, ``layer_norm_pair_bias``): under
-  autocast its ``y`` outputs are in the autocast dtype (:func:`projection_dtype`). Every reader
-  of them is a projection that autocast would cast y for, so the values the model computes do
-  not change; y is stored at half the bytes and its readers' kernels take it as it is.
-  ``layer_norm`` keeps PyTorch's rule (y in fp32 for fp32 x).
+* **A LayerNorm that feeds projections** (``layer_norm_fork``, ``layer_norm_pair_bias``,
+  ``adaptive_layer_norm``): under autocast its ``y`` outputs are in the autocast dtype
+  (:func:`projection_dtype`). Its readers are projections that autocast would cast y for, so
+  the values the model computes do not change; y is stored at half the bytes and its readers'
+  kernels take it as it is. (One reader is not a projection: the atom transformer's key
+  AdaLN with ``key_norm="query"`` normalises the query AdaLN's y again, now from its bf16
+  rounding.) ``layer_norm`` keeps PyTorch's rule (y in fp32 for fp32 x).
 
 Outside autocast (and for fp64, the tests' ground truth) nothing changes.
 """

@@ -68,8 +68,9 @@ neither states an op again. An op's signature is its reference's signature
 
 Under autocast (:mod:`fold_ops.autocast`): the ops marked ``lowered`` (``linear``,
 ``linear_channel_first``, ``swiglu``, ``triangle_projection``) get their floating inputs in the
-autocast dtype from the dispatcher, whatever the backend; ``layer_norm_fork`` and
-``layer_norm_pair_bias`` return their ``y`` in the autocast dtype (only projections read it).
+autocast dtype from the dispatcher, whatever the backend; ``layer_norm_fork``,
+``layer_norm_pair_bias`` and ``adaptive_layer_norm`` return their ``y`` in the autocast dtype
+(projections read it).
 """
 
 from __future__ import annotations

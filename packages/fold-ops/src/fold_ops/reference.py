@@ -187,11 +187,13 @@ def adaptive_layer_norm(
     """AF3's adaptive LayerNorm (Alg. 26) given its projection of the conditioning
     ``cond [*, 2C] = gate | shift`` (one GEMM of the stacked ``Linear`` and ``LinearNoBias``
     weights): ``sigmoid(gate + gate_bias) * layer_norm(a) + shift``, the LayerNorm of
-    ``a [*, C]`` without affine parameters. ``cond`` broadcasts against a's batch dims."""
+    ``a [*, C]`` without affine parameters. ``cond`` broadcasts against a's batch dims. Under
+    autocast y is in the autocast dtype, as a LayerNorm fork's (its readers are projections)."""
     gate, shift = cond.chunk(2, -1)  # [*, C] each
     if gate_bias is not None:  # in cond's dtype (bf16 under autocast, as the Linear gave)
         gate = gate + gate_bias.to(cond.dtype)
-    return torch.sigmoid(gate) * layer_norm(a, None, None, eps) + shift
+    y = torch.sigmoid(gate) * layer_norm(a, None, None, eps) + shift
+    return y.to(projection_dtype(a))
 
 
 def softmax_mask_bias(
