@@ -4,6 +4,9 @@
 # with the peers' wheels in WHEEL_DIR (default .whl; see benchmarks/peer_setup.sh):
 #   bash benchmarks/issue21_rows.sh GROUP      (OUT=dir for the results, default ./issue21_out)
 # GROUP:
+# Every contender of a row in one precision (model.peers' --peer-weights match): the Pairformer
+# in bf16 (the issue's setting), the rows with Boltz or OpenFold with fp32 streams under bf16
+# autocast (Boltz rejects bf16 LayerNorm weights), as fold-train runs them.
 #   pairformer  Pairformer training replays at 256-768 tokens vs Protenix + cuEquivariance
 #   eager       eager rows pinned to one core (every contender alike): diffusion 384 x 48 vs
 #               Protenix and Boltz, triangle multiplication N 256 / 384 vs cuEquivariance,
@@ -52,16 +55,19 @@ case $GROUP in
       --out "$OUT/pairformer.json" ;;
   eager)
     run diffusion 150 $P.model.peers --blocks diffusion:384x48 --contenders fold,protenix,boltz \
-      --modes train_eager,fwd_eager,train_graph --pin-cpu "$PIN" --out "$OUT/diffusion.json"
+      --fold-precision mixed --modes train_eager,fwd_eager,train_graph --pin-cpu "$PIN" \
+      --out "$OUT/diffusion.json"
     run triangle_mult 150 taskset -c "$PIN" $P.kernels.triangle_mult --n 256 384 \
       --out "$OUT/triangle_mult.json"
     # 150 s ran out pinned (2026-11-29): OpenFold's eager steps on one core are slow to warm up.
     # The group took ~245 s before this step then (setup, diffusion, triangle multiplication)
     run evoformer 300 $P.model.peers --blocks evoformer:128x256 --contenders fold,openfold \
-      --modes train_eager,fwd_eager,train_graph --pin-cpu "$PIN" --out "$OUT/evoformer.json" ;;
+      --fold-precision mixed --modes train_eager,fwd_eager,train_graph --pin-cpu "$PIN" \
+      --out "$OUT/evoformer.json" ;;
   evoformer)
     [ -n "${FROM:-}" ] && cp "$FROM" "$OUT/evoformer.json"
     run evoformer 470 $P.model.peers --contenders fold,openfold --pin-cpu "$PIN" \
+      --fold-precision mixed \
       --blocks evoformer:128x256,evoformer:512x384,evoformer:512x512,evoformer:1024x384 \
       --modes train_eager,fwd_eager,train_graph,fwd_graph --append --out "$OUT/evoformer.json" ;;
   *) echo "unknown group $GROUP: pairformer, eager, evoformer or tests"; exit 2 ;;

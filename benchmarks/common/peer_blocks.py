@@ -13,14 +13,15 @@ fold's sizes come from its presets (``af3``, ``af2_initial``; ``tiny`` for the C
 peers are built with the same numbers.
 
 Peers run as their users train them: the call under ``torch.autocast(bfloat16)`` on CUDA (cache
-off, as CUDA-graph capture requires), parameters and input activations in ``--peer-weights``:
-fp32 by default, as in bf16-mixed training (Lightning's, which Boltz and OpenFold use; Protenix
-likewise autocasts an fp32 model), where matrix products run in bf16 and the residual stream stays
-fp32; or bf16 throughout. fold runs in one of :data:`FOLD_PRECISIONS`: ``bf16`` (bf16
-parameters and inputs, no autocast: its block benchmarks), ``mixed`` (fp32 parameters and inputs
-under bf16 autocast: how ``fold-train predict`` runs every stack, and ``fold-train train`` with
-``precision=bf16``) or ``mixed-bf16-weights`` (bf16 parameters, fp32 inputs, bf16 autocast: the
-AF3 trunk stacks under ``system.bf16_weights=true``, whose pair and single streams stay fp32).
+off, as CUDA-graph capture requires), parameters and input activations in ``--peer-weights``
+(by default fold's precision: benchmarks/model/peers.py): fp32, as in bf16-mixed training
+(Lightning's, which Boltz and OpenFold use; Protenix likewise autocasts an fp32 model), where
+matrix products run in bf16 and the residual stream stays fp32; or bf16 throughout. fold runs
+in one of :data:`FOLD_PRECISIONS`: ``bf16`` (bf16 parameters and inputs, no autocast: its block
+benchmarks), ``mixed`` (fp32 parameters and inputs under bf16 autocast: how ``fold-train
+predict`` runs every stack, and ``fold-train train`` with ``precision=bf16``) or
+``mixed-bf16-weights`` (bf16 parameters, fp32 inputs, bf16 autocast: the AF3 trunk stacks under
+``system.bf16_weights=true``, whose pair and single streams stay fp32).
 """
 
 from __future__ import annotations

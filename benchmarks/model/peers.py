@@ -13,6 +13,11 @@ dtype), eagerly and as a CUDA-graph replay (benchmarks/common/graphs.py), and fo
 after ``--warmup`` calls (CUDA events). The table gives, per row and mode, fold's ms over the best
 peer's (``fold/peer`` < 1: fold is faster).
 
+Precision, like with like: ``--fold-precision`` picks fold's (bf16 throughout, or fp32 streams
+under bf16 autocast as fold-train runs them) and the peers' parameters and inputs follow it
+(``--peer-weights match``): bf16 under autocast (issue 21's setting), or fp32 under autocast.
+Until 2026-11-30 the default paired fold's bf16 streams with the peers' fp32 ones.
+
 Peers are imported when installed (benchmarks/peer_setup.sh: wheels carried to the GPU machine,
 their CUDA extensions built there) and their versions recorded; a peer that is not installed,
 fails to build or fails a mode gets its error text in that place, never a number.
@@ -262,6 +267,14 @@ def markdown(meta: dict[str, Any], rows: list[dict[str, Any]], modes: tuple[str,
 
 
 
+def peer_weights(choice: str, fold_precision: str) -> str:
+    """``--peer-weights``: ``match`` is like with like, the peers' streams in fold's dtype (bf16
+    for fold's ``bf16``, fp32 for its fp32 streams under autocast)."""
+    if choice != "match":
+        return choice
+    return "bf16" if fold_precision == "bf16" else "fp32"
+
+
 def _fold_setting(meta: dict[str, Any]) -> str:
     precision = meta.get("fold_precision", "bf16")
     if precision == "bf16" or meta.get("device", "cpu") == "cpu":
@@ -309,9 +322,11 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     ap.add_argument("--modes", default=",".join(MODES), help=f"subset of {','.join(MODES)}")
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--reps", type=int, default=20)
-    ap.add_argument("--peer-weights", choices=["fp32", "bf16"], default="fp32",
-                    help="peers' parameter and input dtype under bf16 autocast (fp32: bf16-mixed "
-                         "training; Boltz's fp32 regions reject bf16 LayerNorm weights)")
+    ap.add_argument("--peer-weights", choices=["match", "fp32", "bf16"], default="match",
+                    help="peers' parameter and input dtype under bf16 autocast. match (default): "
+                         "like fold's, bf16 with --fold-precision bf16 (issue 21's setting), "
+                         "fp32 with the mixed ones (bf16-mixed training and prediction); "
+                         "Boltz's fp32 regions reject bf16 LayerNorm weights")
     ap.add_argument("--protenix-layernorm", choices=["fast_layernorm", "torch"], default=None,
                     help="Protenix's LAYERNORM_TYPE (default: fast_layernorm on CUDA, its "
                          "default, built by benchmarks/peer_setup.sh; torch on CPU)")
@@ -344,6 +359,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     kernel_settings = [{"on": True, "off": False}[k.strip()] for k in args.kernels.split(",")]
     args.fold_dtype = (pb.FOLD_PRECISIONS[args.fold_precision][0] if device.type == "cuda"
                        else torch.float32)
+    args.peer_weights = peer_weights(args.peer_weights, args.fold_precision)
     args.peer_dtype = torch.float32 if (args.peer_weights == "fp32" or device.type != "cuda") \
         else torch.bfloat16
     if args.protenix_layernorm is None:  # peer_setup.sh sets it when the build fails

@@ -110,3 +110,15 @@ def test_pin_cpu_pins_the_run_and_says_so(tmp_path):
     assert f"pinned to [{cpu}]" in out.with_suffix(".md").read_text()
     with pytest.raises(ValueError, match="may run on"):
         peers.main(["--device", "cpu", "--tiny", "--pin-cpu", str(max(before) + 1000)])
+
+
+def test_peers_match_folds_precision_by_default():
+    """Like with like: bf16 peers against fold's bf16 streams, fp32 peers against fold's fp32
+    streams under autocast; an explicit choice is kept. The header says which."""
+    assert peers.peer_weights("match", "bf16") == "bf16"
+    assert peers.peer_weights("match", "mixed") == "fp32"
+    assert peers.peer_weights("match", "mixed-bf16-weights") == "fp32"
+    assert peers.peer_weights("fp32", "bf16") == "fp32"
+    meta = {"device": "NVIDIA H200", "fold_dtype": "torch.float32", "fold_precision": "mixed"}
+    assert "inputs under bf16 autocast (mixed)" in peers._fold_setting(meta)
+    assert peers._fold_setting({**meta, "device": "cpu"}) == "torch.float32 weights and inputs"
