@@ -94,21 +94,23 @@ def _compare(block: torch.nn.Module, inputs: list, float_inputs: list[int]) -> N
 N = 13  # odd: no kernel block divides it
 
 
-def test_evoformer_block(triton_backend):
+def _evoformer_case(seed: int):
+    """``(block, inputs, float_inputs)``: a tiny AF2 Evoformer block, MSA and pair with holes."""
     from fold_model.af2 import config
     from fold_model.af2.evoformer import make_block
 
     cfg = config("tiny").evoformer
     block = make_block(cfg, cfg.c_m, cfg.c_z, "af2")
-    g = torch.Generator().manual_seed(1)
+    g = torch.Generator().manual_seed(seed)
     m = torch.randn(1, 5, N, cfg.c_m, generator=g)
     z = torch.randn(1, N, N, cfg.c_z, generator=g)
-    seq = holes((1, N), seed=2)
-    msa_mask = holes((1, 5, N), seed=3) * seq[:, None]
-    _compare(block, [m, z, msa_mask, seq[:, :, None] * seq[:, None]], [0, 1])
+    seq = holes((1, N), seed=seed + 1)
+    msa_mask = holes((1, 5, N), seed=seed + 2) * seq[:, None]
+    return block, [m, z, msa_mask, seq[:, :, None] * seq[:, None]], [0, 1]
 
 
-def test_pairformer_block(triton_backend):
+def _pairformer_case(seed: int):
+    """A tiny AF3 Pairformer block, s and z, a token mask with holes."""
     from fold_model.af3.config import config
     from fold_model.af3.pairformer import PairformerBlock
 
@@ -116,25 +118,38 @@ def test_pairformer_block(triton_backend):
     p = cfg.pairformer
     block = PairformerBlock(cfg.c_s, cfg.c_z, p.c_hidden_mul, p.c_hidden_tri_att,
                             p.no_heads_tri_att, p.no_heads_single, p.transition_n, p.dropout)
-    g = torch.Generator().manual_seed(4)
+    g = torch.Generator().manual_seed(seed)
     s = torch.randn(1, N, cfg.c_s, generator=g)
     z = torch.randn(1, N, N, cfg.c_z, generator=g)
-    mask = holes((1, N), seed=5)
-    _compare(block, [s, z, mask, mask[:, :, None] * mask[:, None]], [0, 1])
+    mask = holes((1, N), seed=seed + 1)
+    return block, [s, z, mask, mask[:, :, None] * mask[:, None]], [0, 1]
 
 
-def test_diffusion_transformer_block(triton_backend):
+def _diffusion_case(seed: int):
+    """A tiny AF3 diffusion transformer block over 3 samples: a, s, z and a token mask."""
     from fold_model.af3.config import config
     from fold_model.af3.diffusion import DiffusionTransformerBlock
 
     cfg = config("tiny")
     d = cfg.diffusion
     block = DiffusionTransformerBlock(d.c_token, cfg.c_s, cfg.c_z, d.no_heads, d.transition_n)
-    g = torch.Generator().manual_seed(6)
+    g = torch.Generator().manual_seed(seed)
     a = torch.randn(1, 3, N, d.c_token, generator=g)
     s = torch.randn(1, 3, N, cfg.c_s, generator=g)
     z = torch.randn(1, N, N, cfg.c_z, generator=g)
-    _compare(block, [a, s, z, holes((1, N), seed=7)], [0, 1, 2])
+    return block, [a, s, z, holes((1, N), seed=seed + 1)], [0, 1, 2]
+
+
+def test_evoformer_block(triton_backend):
+    _compare(*_evoformer_case(1))
+
+
+def test_pairformer_block(triton_backend):
+    _compare(*_pairformer_case(4))
+
+
+def test_diffusion_transformer_block(triton_backend):
+    _compare(*_diffusion_case(6))
 
 
 def _saved_bytes_outside_checkpoints(block, inputs, backend: str) -> int:
@@ -282,47 +297,13 @@ def _compare_mixed(block, inputs, float_inputs, weights, monkeypatch):
 
 @pytest.mark.parametrize("weights", [torch.float32, torch.bfloat16])
 def test_pairformer_block_mixed_precision(triton_backend, monkeypatch, weights):
-    from fold_model.af3.config import config
-    from fold_model.af3.pairformer import PairformerBlock
-
-    cfg = config("tiny")
-    p = cfg.pairformer
-    block = PairformerBlock(cfg.c_s, cfg.c_z, p.c_hidden_mul, p.c_hidden_tri_att,
-                            p.no_heads_tri_att, p.no_heads_single, p.transition_n, p.dropout)
-    g = torch.Generator().manual_seed(14)
-    s = torch.randn(1, N, cfg.c_s, generator=g)
-    z = torch.randn(1, N, N, cfg.c_z, generator=g)
-    mask = holes((1, N), seed=15)
-    _compare_mixed(block, [s, z, mask, mask[:, :, None] * mask[:, None]], [0, 1], weights,
-                   monkeypatch)
+    _compare_mixed(*_pairformer_case(14), weights, monkeypatch)
 
 
 def test_evoformer_block_mixed_precision(triton_backend, monkeypatch):
-    from fold_model.af2 import config
-    from fold_model.af2.evoformer import make_block
-
-    cfg = config("tiny").evoformer
-    block = make_block(cfg, cfg.c_m, cfg.c_z, "af2")
-    g = torch.Generator().manual_seed(16)
-    m = torch.randn(1, 5, N, cfg.c_m, generator=g)
-    z = torch.randn(1, N, N, cfg.c_z, generator=g)
-    seq = holes((1, N), seed=17)
-    msa_mask = holes((1, 5, N), seed=18) * seq[:, None]
-    _compare_mixed(block, [m, z, msa_mask, seq[:, :, None] * seq[:, None]], [0, 1],
-                   torch.float32, monkeypatch)
+    _compare_mixed(*_evoformer_case(16), torch.float32, monkeypatch)
 
 
 def test_diffusion_transformer_block_mixed_precision(triton_backend, monkeypatch):
     """The token stream a and s in fp32, the AdaLN's conditioning projection in bf16."""
-    from fold_model.af3.config import config
-    from fold_model.af3.diffusion import DiffusionTransformerBlock
-
-    cfg = config("tiny")
-    d = cfg.diffusion
-    block = DiffusionTransformerBlock(d.c_token, cfg.c_s, cfg.c_z, d.no_heads, d.transition_n)
-    g = torch.Generator().manual_seed(19)
-    a = torch.randn(1, 3, N, d.c_token, generator=g)
-    s = torch.randn(1, 3, N, cfg.c_s, generator=g)
-    z = torch.randn(1, N, N, cfg.c_z, generator=g)
-    _compare_mixed(block, [a, s, z, holes((1, N), seed=20)], [0, 1, 2], torch.float32,
-                   monkeypatch)
+    _compare_mixed(*_diffusion_case(19), torch.float32, monkeypatch)
