@@ -47,19 +47,27 @@ def projection_dtype(x: torch.Tensor) -> torch.dtype:
     return x.dtype if dtype is None else dtype
 
 
-def _cast(a, dtype: torch.dtype):
-    if (isinstance(a, torch.Tensor) and a.is_floating_point() and a.dtype != dtype
-            and a.dtype != torch.float64):
-        return a.to(dtype)
-    return a
+def _needs_cast(a, dtype: torch.dtype) -> bool:
+    return (isinstance(a, torch.Tensor) and a.dtype != dtype and a.is_floating_point()
+            and a.dtype != torch.float64)
 
 
 def lower(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
     """``(args, kwargs)`` of a lowered op's call with its floating tensors (fp64 aside) in the
-    autocast dtype of the first tensor's device, or unchanged when autocast is off there."""
-    first = next((a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)), None)
-    dtype = None if first is None else autocast_dtype(first)
-    if dtype is None:
+    autocast dtype of the first tensor's device, or the same objects when autocast is off
+    there or nothing needs a cast (a host-side check per call: every op's first argument is
+    its data tensor)."""
+    first = args[0] if args else None
+    if not isinstance(first, torch.Tensor):
+        first = next((a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)), None)
+        if first is None:
+            return args, kwargs
+    kind = first.device.type
+    if not torch.is_autocast_enabled(kind):
         return args, kwargs
-    return (tuple(_cast(a, dtype) for a in args),
-            {k: _cast(v, dtype) for k, v in kwargs.items()})
+    dtype = torch.get_autocast_dtype(kind)
+    if not (any(_needs_cast(a, dtype) for a in args)
+            or any(_needs_cast(v, dtype) for v in kwargs.values())):
+        return args, kwargs
+    return (tuple(a.to(dtype) if _needs_cast(a, dtype) else a for a in args),
+            {k: v.to(dtype) if _needs_cast(v, dtype) else v for k, v in kwargs.items()})
