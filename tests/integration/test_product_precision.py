@@ -41,8 +41,10 @@ def _bf16(a):
     return a.to(torch.bfloat16) if isinstance(a, torch.Tensor) and a.is_floating_point() else a
 
 
-def _refusals(monkeypatch, run) -> tuple[collections.Counter, collections.Counter]:
-    """``run()`` under bf16 autocast on the CPU with the torch backend, fold-kernels' predicate
+def _refusals(monkeypatch, run, grad: bool = False
+              ) -> tuple[collections.Counter, collections.Counter]:
+    """``run()`` under bf16 autocast on the CPU with the torch backend (autograd on with
+    ``grad``: the training forward's ops, e.g. ``layer_norm_pair_bias``), fold-kernels' predicate
     asked about every op call as the registry asks it (lowered inputs included), as if on a
     GPU: ``(by_dtype, by_shape)``, the refused calls by ``(op, input dtypes)``, split by
     whether the kernel would take the same call with every floating input in bf16 (a dtype
@@ -72,7 +74,7 @@ def _refusals(monkeypatch, run) -> tuple[collections.Counter, collections.Counte
         return select(op, args, kwargs, backend, fake)
 
     monkeypatch.setattr(registry, "_select", spy)
-    with ops.use_backend("torch"), torch.no_grad(), \
+    with ops.use_backend("torch"), torch.set_grad_enabled(grad), \
             torch.autocast("cpu", dtype=torch.bfloat16, cache_enabled=False):
         run()
     assert calls[0] > 100  # the model went through the registry
@@ -85,22 +87,37 @@ def _check(by_dtype: collections.Counter, by_shape: collections.Counter) -> None
     assert not new, f"refused shapes not known here: {new}"
 
 
-def test_af3_prediction_uses_the_kernels(monkeypatch):
-    """Trunk (template, MSA module, Pairformer), distogram, two sampler steps of the diffusion
-    module (atom encoder / decoder, diffusion transformer) in the product's precision."""
+@pytest.mark.parametrize("mode", ["predict", "train", "train, bf16 trunk weights"])
+def test_af3_uses_the_kernels(monkeypatch, mode):
+    """Prediction: the trunk (template, MSA module, Pairformer), the distogram and two sampler
+    steps of the diffusion module (atom encoder / decoder, diffusion transformer). Training:
+    the forward with autograd and dropout (the trunk and the diffusion module's training
+    samples), fp32 weights or, as ``system.bf16_weights`` leaves them (fold-train's AF3
+    family), bf16 trunk stacks beside fp32 embedders."""
     from _af3_helpers import random_features
     from fold_model.af3 import AlphaFold3
     from fold_model.af3.config import config
 
-    model = AlphaFold3(config("tiny")).eval()
+    model = AlphaFold3(config("tiny"))
     feats = random_features()
+    if mode == "predict":
+        model.eval()
 
-    def run():
-        out = model(feats)
-        model.sample(feats, out["s_inputs"], out["single"], out["pair"], no_samples=2,
-                     no_steps=2)
+        def run():
+            out = model(feats)
+            model.sample(feats, out["s_inputs"], out["single"], out["pair"], no_samples=2,
+                         no_steps=2)
+    else:
+        if mode.endswith("bf16 trunk weights"):
+            from fold_train.families import make_family
 
-    _check(*_refusals(monkeypatch, run))
+            make_family("af3").to_bf16_weights(model)
+        model.train()
+
+        def run():
+            model(feats, generator=torch.Generator().manual_seed(0))
+
+    _check(*_refusals(monkeypatch, run, grad=mode != "predict"))
 
 
 def test_af2_prediction_uses_the_kernels(monkeypatch):
