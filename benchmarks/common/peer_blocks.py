@@ -166,8 +166,8 @@ def build_fold(shape: Shape, sizes, x, device, precision: str, tiny: bool) -> Ca
     def forward():
         with _autocast(device):
             return inner()
-    return Case(case.module, case.inputs, forward, f"{precision}: {weights} weights, {dtype} "
-                "inputs, bf16 autocast")
+    note = f"{precision}: {weights} weights, {dtype} inputs, bf16 autocast"
+    return Case(case.module, case.inputs, forward, "; ".join(filter(None, (case.note, note))))
 
 
 def _build_fold(shape: Shape, sizes, x, device, weights, dtype, tiny: bool) -> Case:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-from fold_ops.autocast import autocast_dtype, projection_dtype
+from fold_ops.autocast import lower, projection_dtype
 
 from fold_kernels import nograd, pdl, tuning
 from fold_kernels.dot import mm as _mm
@@ -209,9 +209,7 @@ def layer_norm_linear(x: torch.Tensor, ln_weight: torch.Tensor, ln_bias: torch.T
     """
     check_layer_norm(x, ln_weight, ln_bias)
     out_dtype = projection_dtype(x)
-    if autocast_dtype(x) is not None:
-        weight = weight.to(out_dtype)
-        bias = None if bias is None else bias.to(out_dtype)
+    (weight, bias), _ = lower((weight, bias), {})  # the projection's, as autocast casts them
     if weight.dim() != 2 or weight.shape[1] != x.shape[-1] or weight.dtype != out_dtype:
         raise ValueError(f"layer_norm_linear: weight must be [N_out, K={x.shape[-1]}] in "
                          f"{out_dtype}, got {tuple(weight.shape)} {weight.dtype}")

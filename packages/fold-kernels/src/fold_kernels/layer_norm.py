@@ -19,7 +19,7 @@ import functools
 import torch
 import triton
 import triton.language as tl
-from fold_ops.autocast import autocast_dtype, projection_dtype
+from fold_ops.autocast import lower, projection_dtype
 from fold_ops.env import EnvVar
 
 from fold_kernels import nograd, one_pass, pdl, tuning
@@ -516,8 +516,7 @@ def layer_norm_pair_bias(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tens
         raise ValueError(f"layer_norm_pair_bias: x must be [*, I, J, C], got "
                          f"{tuple(x.shape)}")
     out_dtype = projection_dtype(x)
-    if autocast_dtype(x) is not None:  # the projection in autocast's dtype, as autocast would
-        bias_weight = bias_weight.to(out_dtype)
+    (bias_weight,), _ = lower((bias_weight,), {})  # the projection's weight, as autocast casts it
     if (bias_weight.dim() != 2 or bias_weight.shape[1] != x.shape[-1]
             or bias_weight.dtype != out_dtype):
         raise ValueError(f"layer_norm_pair_bias: bias_weight must be [H, C={x.shape[-1]}] in "

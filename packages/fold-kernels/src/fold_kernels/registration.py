@@ -25,6 +25,7 @@ from collections.abc import Callable
 from types import ModuleType
 
 import torch
+from fold_ops.autocast import autocast_dtype
 from fold_ops.contract import OPS
 from fold_ops.tracing import compiling, fx_tracing
 
@@ -58,7 +59,7 @@ def _on_gpu(*tensors) -> bool:
 
 def _autocast_fp32(x: torch.Tensor) -> bool:
     """fp32 under autocast on x's device type (CPU tensors: the interpreter's tests)."""
-    return x.dtype == torch.float32 and torch.is_autocast_enabled(x.device.type)
+    return x.dtype == torch.float32 and autocast_dtype(x) is not None
 
 
 def _common(x, *others, fp32_under_autocast: bool = False) -> bool:
@@ -156,7 +157,7 @@ def supports_layer_norm_pair_bias(x, weight, bias, bias_weight, eps=1e-5, branch
             and supports_layer_norm(x, weight, bias) and _on_gpu(bias_weight)
             and bias_weight.dim() == 2 and bias_weight.shape[1] == x.shape[-1]
             and 1 <= bias_weight.shape[0] <= 32
-            and (bias_weight.dtype == x.dtype or torch.is_autocast_enabled(x.device.type)))
+            and (bias_weight.dtype == x.dtype or autocast_dtype(x) is not None))
 
 
 def supports_layer_norm_linear(x, ln_weight, ln_bias, weight, bias=None, eps=1e-5) -> bool:
@@ -166,7 +167,7 @@ def supports_layer_norm_linear(x, ln_weight, ln_bias, weight, bias=None, eps=1e-
         return False
     if weight.dim() != 2 or weight.shape[1] != x.shape[-1]:
         return False
-    if weight.dtype != x.dtype and not torch.is_autocast_enabled(x.device.type):
+    if weight.dtype != x.dtype and autocast_dtype(x) is None:
         return False
     return bias is None or bias.shape == (weight.shape[0],)
 
@@ -180,7 +181,7 @@ def supports_adaptive_layer_norm(a, cond, gate_bias=None, eps=1e-5) -> bool:
     c = a.shape[-1]
     # under autocast: a fp32 stream with its conditioning's projection in the autocast dtype
     return (cond.shape == (*a.shape[:-1], 2 * c)
-            and (cond.dtype == a.dtype or torch.is_autocast_enabled(a.device.type))
+            and (cond.dtype == a.dtype or autocast_dtype(a) is not None)
             and (gate_bias is None or (gate_bias.shape == (c,) and gate_bias.dtype in _DTYPES))
             and 0 < c <= MAX_HIDDEN and rows_fit(cond.shape))
 
