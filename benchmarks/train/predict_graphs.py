@@ -92,11 +92,13 @@ def bench_af2(device: torch.device, tiny: bool, folder: Path, chunk_size: int | 
     return rows
 
 
-def bench_af3(device: torch.device, tiny: bool, folder: Path, steps: int) -> list:
+def af3_prediction(device: torch.device, tiny: bool, folder: Path) -> tuple:
+    """``(model, cfg, raw, preset, n_token, samples)``: the AF3 preset with random weights read
+    back by the CLI's loader, and a random protein (768 tokens; 30 with ``tiny``) featurized
+    from an AlphaFold3 input JSON in ``folder`` as ``fold-train predict`` does."""
     from fold_data.af3 import Ccd
     from fold_train.predict import load_trained_model
-    from fold_train.predict_af3 import make_af3_inputs, predict_af3
-    from fold_train.predict_graphs import AF3Predictor
+    from fold_train.predict_af3 import make_af3_inputs
 
     if tiny:
         preset, n_token, samples = "af3_tiny", 30, 2
@@ -110,6 +112,14 @@ def bench_af3(device: torch.device, tiny: bool, folder: Path, steps: int) -> lis
     source.write_text(json.dumps(doc))
     ccd = Ccd([REPO / "data" / "demo" / "af3" / "ccd.cif"], use_biotite=False)
     _, raw = make_af3_inputs(source, ccd)
+    return model, cfg, raw, preset, n_token, samples
+
+
+def bench_af3(device: torch.device, tiny: bool, folder: Path, steps: int) -> list:
+    from fold_train.predict_af3 import predict_af3
+    from fold_train.predict_graphs import AF3Predictor
+
+    model, cfg, raw, preset, n_token, samples = af3_prediction(device, tiny, folder)
     rows = []
     for graphs in (False, True):
         predictor = AF3Predictor(model, device, precision=cfg.system.precision, timing=True,

@@ -1,0 +1,40 @@
+"""The prediction profile tool (``benchmarks/tools/profile_predict.py``) in its CPU smoke mode:
+every piece of an AF3 prediction profiled through the CLI's loader and predictor, and the
+kernel names of a real H200 profile tagged with who wrote them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from benchmarks.tools import profile_predict
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.parametrize("name, who", [
+    ("_bwd_dkdv", "fold"),
+    ("_ln_fwd", "fold"),
+    ("nvjet_sm90_tst_128x256_64x4_1x2_h_bz_coopA_NNN", "cublas"),
+    ("void cublasLt::splitKreduce_kernel<32, 16, int, float, __nv_bfloat16, float>", "cublas"),
+    ("void at::native::vectorized_elementwise_kernel<4, at::native::BinaryFunctor<float>>",
+     "torch"),
+    ("void at::native::reduce_kernel<512, 1, at::native::ReduceOp<float>>", "torch"),
+    ("Memcpy DtoD (Device -> Device)", "other"),
+])
+def test_origin(name, who):
+    assert profile_predict.origin(name) == who
+
+
+def test_profile_predict_tiny(tmp_path):
+    if not (REPO / "data" / "demo" / "af3" / "ccd.cif").is_file():
+        pytest.skip("bundled AF3 demo CCD not found")
+    out = tmp_path / "profile.txt"
+    text = profile_predict.main(["--tiny", "--device", "cpu", "--top", "5", "--out", str(out)])
+    assert out.read_text() == text
+    for piece in profile_predict.PIECES:
+        section = text.split(f"## {piece}\n", 1)[1].split("\n## ", 1)[0]
+        head, *kernels = section.strip().splitlines()
+        assert "by origin: torch" in head  # the CPU path is all ATen
+        assert 1 <= len(kernels) <= 5 and all("aten::" in k for k in kernels)
