@@ -13,7 +13,7 @@ took the most GPU time, each tagged with who wrote it:
 * ``other``: memcpy / memset and the rest.
 
     source benchmarks/gpu_setup.sh
-    python -m benchmarks.tools.profile_predict --out benchmarks/results/tools/profile_predict_af3.txt
+    python -m benchmarks.tools.profile_predict --out /tmp/profile_predict_af3.txt
     python -m benchmarks.tools.profile_predict --tiny --device cpu      # smoke (CPU: ATen ops)
 
 The extra replay moves the sampler's state one step further; the prediction's numbers are not
@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import sys
 import tempfile
 import time
 from pathlib import Path

@@ -281,6 +281,54 @@ def test_diffusion_module_edm_limit_samples_and_precision():
     assert rel_err(out32, out) < 1e-5
 
 
+def test_prepared_context_gives_the_same_denoiser_and_is_not_recomputed(monkeypatch):
+    """``DiffusionModule.prepare``: the noise-independent terms made once give the per-step
+    network's numbers (odd sizes, masked atoms and tokens), in sample groups too; a step with
+    the context makes no pair bias and no pair or atom conditioning of its own."""
+    from fold_model.af3.conditioning import AttentionPairBias
+
+    mod = _module().eval()
+    f = {k: v.double() if v.is_floating_point() else v
+         for k, v in random_features(n_token=7, seed=5).items()}
+    f["token_mask"][..., 5] = 0  # a hole in the tokens
+    f["atom_mask"][..., 3] = 0  # and in the atoms
+    s_in, s_tr, z_tr = _trunk(f, seed=3)
+    A = f["atom_mask"].shape[-1]
+    x = torch.randn(1, 3, A, 3, generator=G(6), dtype=torch.float64) * 10
+    t = torch.tensor([[0.7, 3.0, 11.0]], dtype=torch.float64)
+    with torch.no_grad():
+        plain = mod(x, t, f, s_in, s_tr, z_tr)
+        ctx = mod.prepare(f, s_in, s_tr, z_tr)
+    n_blocks = len(mod.transformer.blocks)
+    assert set(ctx) == {"z_cond", "s_cond", "atom_c", "atom_p", "encoder_bias", "decoder_bias",
+                        "token_bias"}
+    assert ctx["token_bias"].shape[:2] == (n_blocks, 1)
+    assert ctx["encoder_bias"].shape[0] == len(mod.encoder.transformer.attention)
+    made = []
+    for name in ("bias_from_pair",):
+        plain_fn = getattr(AttentionPairBias, name)
+        monkeypatch.setattr(AttentionPairBias, name,
+                            lambda self, *a, _f=plain_fn, **k: made.append(1) or _f(self, *a, **k))
+    for owner, name in ((mod.conditioning, "pair"), (mod.conditioning, "single_trunk"),
+                        (mod.encoder, "condition")):
+        plain_fn = getattr(owner, name)
+        monkeypatch.setattr(owner, name, lambda *a, _f=plain_fn, **k: made.append(1) or _f(*a, **k))
+    with torch.no_grad():
+        got = mod(x, t, f, s_in, s_tr, z_tr, ctx)
+        assert not made  # nothing of the context made again
+        mod.sample_group_size = 2
+        grouped = mod(x, t, f, s_in, s_tr, z_tr, ctx)
+    assert rel_err(got, plain) < 1e-12 and rel_err(grouped, plain) < 1e-12
+    # an inference chunk size: the transformer's biases are left out (made per step, chunked)
+    mod.sample_group_size = None
+    mod.transformer.set_chunk_size(3)
+    with torch.no_grad():
+        chunked_ctx = mod.prepare(f, s_in, s_tr, z_tr)
+        assert "token_bias" not in chunked_ctx
+        chunked = mod(x, t, f, s_in, s_tr, z_tr, chunked_ctx)
+    assert rel_err(chunked, plain) < 1e-12
+
+
 def test_diffusion_transformer_checkpointing_same_grads():
     mod = randomize_(DiffusionTransformer(30, CFG.c_s, CFG.c_z, 2, 3), scale=0.5).double()
     ck = copy.deepcopy(mod)

@@ -311,11 +311,14 @@ class AF3Predictor(_Predictor):
 
         def pair_conditioning() -> Outputs:
             with self._autocast():
-                return {"z_cond": model.diffusion.conditioning.pair(feats, prev["z"]),
+                return {**model.diffusion.prepare(feats, inputs["s_inputs"], prev["s"],
+                                                  prev["z"]),
                         "distogram_logits": model.distogram_head(
                             prev["z"] + prev["z"].transpose(-2, -3))}
 
         cond = self._run(state, "pair_conditioning", pair_conditioning)
+        # the diffusion module's noise-independent terms, shared by every sampler step
+        context = {k: v for k, v in cond.items() if k != "distogram_logits"}
         n_tok = real["N_token"]
         if end == first:  # no sample on this rank (fewer samples than DAP ranks)
             from fold_train.confidence import contact_probs
@@ -345,7 +348,7 @@ class AF3Predictor(_Predictor):
 
         def denoise(x_noisy: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
             return model.diffusion(x_noisy, t, feats, inputs["s_inputs"], prev["s"], prev["z"],
-                                   cond["z_cond"])
+                                   context)
 
         def sampler_step() -> Outputs:
             from fold_model.af3.diffusion import sampler_step as step
@@ -364,7 +367,9 @@ class AF3Predictor(_Predictor):
             step_in["x"].copy_(out["x"])
         out = None
         x = step_in["x"]
-        self._drop(state, "pair_conditioning", ("z_cond",))  # eager: the sampler's only
+        context = None
+        self._drop(state, "pair_conditioning", tuple(k for k in cond if k != "distogram_logits"))
+        # (eager: the sampler's only)
         asym_id = feats["asym_id"][:, :n_tok]
         if self.reduce_in_head:  # the PAE / PDE logits reduced per sample group and row block
             with self._autocast():

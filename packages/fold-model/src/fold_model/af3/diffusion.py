@@ -130,11 +130,16 @@ class DiffusionConditioning(nn.Module):
             z = z + t(z)
         return z
 
+    def single_trunk(self, s_inputs: torch.Tensor, s_trunk: torch.Tensor) -> torch.Tensor:
+        """Line 4, the single conditioning's noise-independent part: ``[B, N, C_s]``."""
+        return self.linear_s(self.layer_norm_s(torch.cat([s_trunk, s_inputs], dim=-1)))
+
     def single(
-        self, t_hat: torch.Tensor, s_inputs: torch.Tensor, s_trunk: torch.Tensor
+        self, t_hat: torch.Tensor, s_inputs: torch.Tensor, s_trunk: torch.Tensor,
+        s_cond: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """Lines 4-9: ``[B, S, N, C_s]``."""
-        s = self.linear_s(self.layer_norm_s(torch.cat([s_trunk, s_inputs], dim=-1)))  # [B, N, C_s]
+        """Lines 4-9: ``[B, S, N, C_s]`` (``s_cond``: :meth:`single_trunk`, made beforehand)."""
+        s = self.single_trunk(s_inputs, s_trunk) if s_cond is None else s_cond  # [B, N, C_s]
         n = self.fourier(0.25 * torch.log(t_hat / self.sigma_data))  # [B, S, C_f]
         s = s.unsqueeze(1) + self.linear_n(self.layer_norm_n(n)).unsqueeze(-2)  # [B, S, N, C_s]
         for t in self.transitions_s:
@@ -155,11 +160,22 @@ class DiffusionTransformerBlock(nn.Module):
         self.transition = ConditionedTransitionBlock(c_a, c_s, transition_n)
         self.chunk_size: int | None = None  # inference: pair rows and samples in chunks
 
+    def pair_bias(self, z: torch.Tensor) -> torch.Tensor:
+        """``[B, H, N, N]`` from the pair conditioning ``z``; with a chunk size LN(z) is made in
+        row chunks."""
+        return self.attention.bias_from_pair(z, chunk_size=self.chunk_size)
+
     def forward(
         self, a: torch.Tensor, s: torch.Tensor, z: torch.Tensor, mask: torch.Tensor
     ) -> torch.Tensor:
-        # [B, H, N, N], shared by the S samples; with a chunk size LN(z) is made in row chunks
-        bias = self.attention.bias_from_pair(z, chunk_size=self.chunk_size)
+        # [B, H, N, N], shared by the S samples
+        return self.forward_bias(a, s, self.pair_bias(z), mask)
+
+    def forward_bias(
+        self, a: torch.Tensor, s: torch.Tensor, bias: torch.Tensor, mask: torch.Tensor
+    ) -> torch.Tensor:
+        """:meth:`forward` with the pair bias ``[B, H, N, N]`` made beforehand
+        (:meth:`pair_bias` of z)."""
         key_mask = mask.unsqueeze(1).expand(a.shape[:-1])  # [B, S, N]
         # with a chunk size the samples attend in chunks: logits [B, chunk, H, N, N]
         a = a + self.attention(a, bias, key_mask, s, self.chunk_size)
@@ -185,14 +201,29 @@ class DiffusionTransformer(nn.Module):
         for block in self.blocks:
             block.chunk_size = chunk_size
 
+    def pair_biases(self, z: torch.Tensor) -> torch.Tensor:
+        """Every block's pair bias ``[no_blocks, B, H, N, N]``: functions of the pair
+        conditioning alone, so the sampler makes them once per prediction."""
+        return torch.stack([block.pair_bias(z) for block in self.blocks])
+
     def forward(self, a, s, z, mask):
+        return self._blocks(a, s, z, mask, None)
+
+    def forward_biases(self, a, s, z, mask, biases: torch.Tensor):
+        """:meth:`forward` with every block's pair bias made beforehand (:meth:`pair_biases` of
+        z)."""
+        return self._blocks(a, s, z, mask, biases)
+
+    def _blocks(self, a, s, z, mask, biases: torch.Tensor | None):
         recompute = self.use_checkpoint and self.training and torch.is_grad_enabled()
         first_plain = len(self.blocks) - self.uncheckpointed_blocks
         for i, block in enumerate(self.blocks):
+            # each block's input: z, or its bias made beforehand
+            run, pair = (block, z) if biases is None else (block.forward_bias, biases[i])
             if recompute and i < first_plain:
-                a = checkpoint(block, a, s, z, mask, use_reentrant=False)
+                a = checkpoint(run, a, s, pair, mask, use_reentrant=False)
             else:
-                a = block(a, s, z, mask)
+                a = run(a, s, pair, mask)
         return a
 
 
@@ -232,24 +263,58 @@ class DiffusionModule(nn.Module):
         s_inputs: torch.Tensor,
         s_trunk: torch.Tensor,
         z_trunk: torch.Tensor,
-        z_cond: torch.Tensor | None = None,
+        context: dict[str, torch.Tensor] | None = None,
     ) -> torch.Tensor:
-        """The samples are independent (the pair conditioning, computed once, is shared), so
-        with ``sample_group_size`` G the network runs on ``[B, G, A, 3]`` at a time and the
-        groups' outputs are concatenated: the same numbers, with the activations of G samples
-        (the atom transformers' ``[B, G, A, C_atom]``, the transformer's ``[B, G, N, C_token]``
-        and its attention logits ``[B, G, H, N, N]``) instead of all S."""
+        """``context``: :meth:`prepare` of the same features and trunk outputs, made once for
+        every step of a sampler (None: made here).
+
+        The samples are independent (the context, computed once, is shared), so with
+        ``sample_group_size`` G the network runs on ``[B, G, A, 3]`` at a time and the groups'
+        outputs are concatenated: the same numbers, with the activations of G samples (the atom
+        transformers' ``[B, G, A, C_atom]``, the transformer's ``[B, G, N, C_token]`` and its
+        attention logits ``[B, G, H, N, N]``) instead of all S."""
         G = self.sample_group_size
         if G is None or x_noisy.shape[1] <= G:
-            return self._denoise(x_noisy, t_hat, feats, s_inputs, s_trunk, z_trunk, z_cond)
-        if z_cond is None:
-            z_cond = self.conditioning.pair(feats, z_trunk)  # once for every group
+            return self._denoise(x_noisy, t_hat, feats, s_inputs, s_trunk, z_trunk, context)
+        if context is None:
+            context = self.prepare(feats, s_inputs, s_trunk, z_trunk)  # once for every group
         return torch.cat([
             self._denoise(x_noisy[:, i: i + G], t_hat[:, i: i + G], feats, s_inputs, s_trunk,
-                          z_trunk, z_cond)
+                          z_trunk, context)
             for i in range(0, x_noisy.shape[1], G)], dim=1)  # [B, S, A, 3]
 
-    def _denoise(self, x_noisy, t_hat, feats, s_inputs, s_trunk, z_trunk, z_cond):
+    def prepare(self, feats: dict[str, torch.Tensor], s_inputs: torch.Tensor,
+                s_trunk: torch.Tensor, z_trunk: torch.Tensor) -> dict[str, torch.Tensor]:
+        """The network's terms that depend on the features and the trunk, not on the noise:
+        one sampler's steps and samples share them, so a prediction makes them once instead of
+        once per step (Boltz-2 and Protenix's shared-variable cache do the same).
+
+        * ``z_cond [B, N, N, C_z]``, ``s_cond [B, N, C_s]``: Alg. 21 lines 1-3 and 4;
+        * ``atom_c [B, A, C_atom]``, ``atom_p [B, K, n_q, n_k, C_ap]``: the encoder's atom
+          conditioning (Alg. 5 but the noisy positions);
+        * ``encoder_bias``, ``decoder_bias [no_blocks, B, K, H, n_q, n_k]``: the atom
+          transformers' attention biases from ``atom_p``;
+        * ``token_bias [no_blocks, B, H, N, N]``: the diffusion transformer's pair biases, left
+          out with an inference chunk size or AutoChunk (long inputs: each block makes its own
+          per step, in chunks, as without a context; all of them would take ``no_blocks`` x the
+          bias's memory).
+
+        Training leaves the context out (one call per trunk pass: nothing to share), so the
+        checkpointed blocks keep recomputing their biases instead of holding them."""
+        z_cond = self.conditioning.pair(feats, z_trunk)
+        atom = self.encoder.condition(feats, s_trunk, z_cond)
+        context = {
+            "z_cond": z_cond, "s_cond": self.conditioning.single_trunk(s_inputs, s_trunk),
+            "atom_c": atom["c"], "atom_p": atom["p"],
+            "encoder_bias": self.encoder.transformer.pair_biases(atom["p"]),
+            "decoder_bias": self.decoder.transformer.pair_biases(atom["p"]),
+        }
+        plain = isinstance(self.transformer, DiffusionTransformer)  # (not AutoChunk's wrapper)
+        if plain and all(block.chunk_size is None for block in self.transformer.blocks):
+            context["token_bias"] = self.transformer.pair_biases(z_cond)
+        return context
+
+    def _denoise(self, x_noisy, t_hat, feats, s_inputs, s_trunk, z_trunk, context):
         sd = self.sigma_data
         dtype = coordinate_dtype(x_noisy.dtype)
         with _exact(x_noisy.device):
@@ -258,13 +323,21 @@ class DiffusionModule(nn.Module):
             t = t_hat[..., None, None]  # [B, S, 1, 1]
             c_in = torch.rsqrt(t.square() + sd**2)
             r_noisy = (x * c_in).to(self.linear_s.weight.dtype)  # the network's input
-        s = self.conditioning.single(t_hat, s_inputs, s_trunk)  # [B, S, N, C_s]
-        z = self.conditioning.pair(feats, z_trunk) if z_cond is None else z_cond
-        a, q_skip, c_skip, p_skip, win = self.encoder(feats, r_noisy, s_trunk, z)
+        ctx = {} if context is None else context
+        s = self.conditioning.single(t_hat, s_inputs, s_trunk, ctx.get("s_cond"))  # [B, S, N, C_s]
+        z = ctx["z_cond"] if "z_cond" in ctx else self.conditioning.pair(feats, z_trunk)
+        atom = ({"c": ctx["atom_c"], "p": ctx["atom_p"], "biases": ctx["encoder_bias"]}
+                if "atom_c" in ctx else None)
+        a, q_skip, c_skip, p_skip, win = self.encoder(feats, r_noisy, s_trunk, z, atom)
         a = a + self.linear_s(self.layer_norm_s(s))  # [B, S, N, C_token]
-        a = self.transformer(a, s, z, feats["token_mask"].to(a.dtype))
+        mask = feats["token_mask"].to(a.dtype)
+        if "token_bias" in ctx:
+            a = self.transformer.forward_biases(a, s, z, mask, ctx["token_bias"])
+        else:  # (also an AutoChunk-wrapped transformer)
+            a = self.transformer(a, s, z, mask)
         a = self.layer_norm_a(a)
-        r_update = self.decoder(a, q_skip, c_skip, p_skip, win, feats["atom_to_token"])
+        r_update = self.decoder(a, q_skip, c_skip, p_skip, win, feats["atom_to_token"],
+                                ctx.get("decoder_bias"))
         with _exact(x.device):
             c_skip_t = sd**2 / (sd**2 + t.square())
             c_out = sd * t * c_in

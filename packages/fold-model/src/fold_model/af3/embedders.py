@@ -183,24 +183,36 @@ class AtomTransformer(nn.Module):
         # are the largest saved term below ~300 tokens.
         self.use_checkpoint = use_checkpoint
 
+    def pair_biases(self, p: torch.Tensor) -> torch.Tensor:
+        """Every block's attention bias from the atom pair ``p [B, K, n_q, n_k, C_ap]``:
+        ``[no_blocks, B, K, H, n_q, n_k]``. They depend on ``p`` alone, so the sampler makes
+        them once per prediction (``DiffusionModule.prepare``), not once per step."""
+        return torch.stack([attn.bias_from_pair(p) for attn in self.attention])
+
     def forward(
-        self, q: torch.Tensor, c: torch.Tensor, p: torch.Tensor, win: AtomWindows
+        self, q: torch.Tensor, c: torch.Tensor, p: torch.Tensor, win: AtomWindows,
+        biases: torch.Tensor | None = None,
     ) -> torch.Tensor:
+        """``biases``: :meth:`pair_biases` of ``p``, made beforehand (else each block makes its
+        own from ``p``)."""
         c_q = win.queries(c).unsqueeze(-3)  # [B, K, 1, n_q, C]: shared by the samples
         c_all = c.unsqueeze(1)  # [B, 1, A, C]
         mask = win.key_valid.unsqueeze(-2).expand(-1, -1, q.shape[1], -1)  # [B, K, S, n_k]
         recompute = self.use_checkpoint and self.training and torch.is_grad_enabled()
-        for attn, trans in zip(self.attention, self.transition):
+        for i, (attn, trans) in enumerate(zip(self.attention, self.transition)):
             block = functools.partial(self._block, attn, trans, win)
+            bias = None if biases is None else biases[i]
             if recompute:
-                q = checkpoint(block, q, c_q, c_all, mask, p, use_reentrant=False)
+                q = checkpoint(block, q, c_q, c_all, mask, p, bias, use_reentrant=False)
             else:
-                q = block(q, c_q, c_all, mask, p)
+                q = block(q, c_q, c_all, mask, p, bias)
         return q
 
     @staticmethod
-    def _block(attn, trans, win: AtomWindows, q, c_q, c_all, mask, p) -> torch.Tensor:
-        bias = attn.bias_from_pair(p)  # [B, K, H, n_q, n_k]
+    def _block(attn, trans, win: AtomWindows, q, c_q, c_all, mask, p, bias=None
+               ) -> torch.Tensor:
+        if bias is None:
+            bias = attn.bias_from_pair(p)  # [B, K, H, n_q, n_k]
         x = attn.normalize(q, c_all)  # [B, S, A, C]
         x_kv = attn.normalize_keys(q, x, c_all)  # [B, S, A, C]
         x_q = win.queries(x).transpose(1, 2)  # [B, K, S, n_q, C]
@@ -245,16 +257,45 @@ class AtomAttentionEncoder(nn.Module):
                                            key_norm=cfg.key_norm)
         self.linear_out = Linear(c_atom, c_token, bias=False, init="relu")
 
+    def windows(self, feats: dict[str, torch.Tensor]) -> AtomWindows:
+        return AtomWindows(feats["atom_mask"], self.cfg.n_queries, self.cfg.n_keys)
+
     def forward(
         self,
         feats: dict[str, torch.Tensor],
         r: torch.Tensor | None = None,
         s_trunk: torch.Tensor | None = None,
         z: torch.Tensor | None = None,
+        cond: dict[str, torch.Tensor] | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, AtomWindows]:
+        """``cond``: :meth:`condition` of the same ``feats``, ``s_trunk`` and ``z``, made
+        beforehand (the sampler's steps share it), optionally with ``"biases"``: the
+        transformer's ``pair_biases`` of its ``"p"``."""
+        win = self.windows(feats)
+        if cond is None:
+            cond = self.condition(feats, s_trunk, z, win)
+        c, p = cond["c"], cond["p"]
+        q = c.unsqueeze(1)  # [B, 1, A, C_atom]
+        if self.trunk:
+            q = q + self.linear_r(r)  # [B, S, A, C_atom]
+        q = self.transformer(q, c, p, win, cond.get("biases"))
+        n_token = feats["token_mask"].shape[-1]
+        tok = feats["atom_to_token"].long()  # [B, A]
+        a = mean_over_atoms(torch.relu(self.linear_out(q)), tok, feats["atom_mask"], n_token)
+        return a, q, c, p, win
+
+    def condition(
+        self,
+        feats: dict[str, torch.Tensor],
+        s_trunk: torch.Tensor | None = None,
+        z: torch.Tensor | None = None,
+        win: AtomWindows | None = None,
+    ) -> dict[str, torch.Tensor]:
+        """Alg. 5 but the noisy positions' term: ``{"c": [B, A, C_atom], "p": [B, K, n_q, n_k,
+        C_ap]}``, the atom single and pair conditioning. They depend on the features and the
+        trunk only, so every sampler step of a prediction shares them."""
         dtype = self.linear_feat.weight.dtype
-        atom_mask = feats["atom_mask"]
-        win = AtomWindows(atom_mask, self.cfg.n_queries, self.cfg.n_keys)
+        win = self.windows(feats) if win is None else win
         # Atoms outside the reference conformer get no conditioning (AF3's and Protenix's code:
         # ``act *= ref_mask``).
         c = self.linear_feat(atom_features(feats, dtype))  # [B, A, C_atom]
@@ -270,22 +311,17 @@ class AtomAttentionEncoder(nn.Module):
         p = p + self.linear_inv_d(1.0 / (1.0 + d.square().sum(-1, keepdim=True))) * v
         p = p + self.linear_v(v) * v  # [B, K, n_q, n_k, C_ap]
         tok = feats["atom_to_token"].long()  # [B, A]
-        q = c.unsqueeze(1)  # [B, 1, A, C_atom]
         if self.trunk:
             c = c + gather_tokens(self.linear_s(self.layer_norm_s(s_trunk)), tok)
             zp = self.linear_z(self.layer_norm_z(z))  # [B, N, N, C_ap]: project, then gather
             n = zp.shape[-2]
             pair_idx = win.queries(tok[..., None]) * n + win.keys(tok[..., None]).transpose(-1, -2)
             p = p + gather_tokens(zp.flatten(1, 2), pair_idx)  # [B, K, n_q, n_k, C_ap]
-            q = c.unsqueeze(1) + self.linear_r(r)  # [B, S, A, C_atom]
         relu_c = torch.relu(c)
         p = p + self.linear_c_q(win.queries(relu_c)).unsqueeze(-2)
         p = p + self.linear_c_k(win.keys(relu_c)).unsqueeze(-3)
         p = p + self.pair_mlp(p)
-        q = self.transformer(q, c, p, win)
-        n_token = feats["token_mask"].shape[-1]
-        a = mean_over_atoms(torch.relu(self.linear_out(q)), tok, atom_mask, n_token)
-        return a, q, c, p, win
+        return {"c": c, "p": p}
 
 
 class AtomAttentionDecoder(nn.Module):
@@ -309,11 +345,13 @@ class AtomAttentionDecoder(nn.Module):
         p_skip: torch.Tensor,
         win: AtomWindows,
         atom_to_token: torch.Tensor,
+        biases: torch.Tensor | None = None,
     ) -> torch.Tensor:
+        """``biases``: the transformer's ``pair_biases`` of ``p_skip``, made beforehand."""
         tok = atom_to_token.long()[:, None, :].expand(a.shape[0], a.shape[1], -1)  # [B, S, A]
         a_atoms = torch.gather(a, 2, tok[..., None].expand(-1, -1, -1, a.shape[-1]))
         q = self.linear_a(a_atoms) + q_skip  # [B, S, A, C_atom]
-        q = self.transformer(q, c_skip, p_skip, win)
+        q = self.transformer(q, c_skip, p_skip, win, biases)
         return self.linear_out(self.layer_norm(q))
 
 

@@ -226,10 +226,10 @@ class AlphaFold3(nn.Module):
     ) -> torch.Tensor:
         """Alg. 18 with this model's diffusion module: ``[B, S, A, 3]``."""
         cfg = self.config
-        z_cond = self.diffusion.conditioning.pair(feats, z)  # noise-independent: once
+        context = self.diffusion.prepare(feats, s_inputs, s, z)  # noise-independent: once
 
         def denoise(x_noisy: torch.Tensor, t_hat: torch.Tensor) -> torch.Tensor:
-            return self.diffusion(x_noisy, t_hat, feats, s_inputs, s, z, z_cond)
+            return self.diffusion(x_noisy, t_hat, feats, s_inputs, s, z, context)
 
         return sample_diffusion(
             denoise, feats["atom_mask"], no_samples or cfg.sampler.no_samples, cfg.sampler,
