@@ -68,8 +68,40 @@ def _kernel_table(prof, device: torch.device) -> tuple[float, int, list[tuple[st
     return sum(r[1] for r in rows), sum(r[2] for r in rows), rows
 
 
-def profile_piece(replay, facts, device: torch.device, top: int) -> tuple[str, dict]:
-    """One replay of a piece under the profiler: ``(text, {origin: ms})``."""
+_PACKAGES = ("fold_model/", "fold_train/", "fold_kernels/", "fold_ops/")
+
+
+def _caller(event) -> str:
+    """The innermost Python frame of the project that (indirectly) called a profiled op."""
+    parent = event.cpu_parent
+    while parent is not None:
+        if any(pkg in parent.name for pkg in _PACKAGES):
+            return parent.name.split("/src/")[-1].split("site-packages/")[-1]
+        parent = parent.cpu_parent
+    return "?"
+
+
+def _by_source(prof, device: torch.device, top: int) -> list[str]:
+    """The ATen ops of an eager run whose own kernels took the most device time (CPU: own CPU
+    time), each with the project's source line that called it."""
+    rows: dict[tuple[str, str], list[float]] = {}
+    for e in prof.events():
+        if not e.name.startswith("aten::"):
+            continue
+        us = e.self_device_time_total if device.type == "cuda" else e.self_cpu_time_total
+        if us <= 0:
+            continue
+        row = rows.setdefault((e.name, _caller(e)), [0.0, 0])
+        row[0] += us / 1e3
+        row[1] += 1
+    ranked = sorted(rows.items(), key=lambda kv: -kv[1][0])[:top]
+    return [f"  {ms:8.3f} ms x{int(n):<4d} {op:24s} {where}" for (op, where), (ms, n) in ranked]
+
+
+def profile_piece(replay, facts, device: torch.device, top: int, stacks: bool = False
+                  ) -> tuple[str, dict]:
+    """One replay of a piece under the profiler: ``(text, {origin: ms})``; with ``stacks``
+    (an eager run), also the ATen ops by source line."""
     from fold_model.host_values import known_slots
 
     activities = [ProfilerActivity.CPU]
@@ -77,7 +109,7 @@ def profile_piece(replay, facts, device: torch.device, top: int) -> tuple[str, d
         activities.append(ProfilerActivity.CUDA)
         torch.cuda.synchronize(device)
     t0 = time.perf_counter()
-    with profile(activities=activities) as prof, known_slots(facts):
+    with profile(activities=activities, with_stack=stacks) as prof, known_slots(facts):
         replay()
         if device.type == "cuda":
             torch.cuda.synchronize(device)
@@ -94,6 +126,9 @@ def profile_piece(replay, facts, device: torch.device, top: int) -> tuple[str, d
     for name, ms, count in rows[:top]:
         lines.append(f"  {ms:8.3f} ms {100 * ms / max(total, 1e-9):5.1f}% x{count:<4d} "
                      f"{origin(name):6s} {name[:100]}")
+    if stacks:
+        lines.append("-- ATen ops by the source line that called them")
+        lines += _by_source(prof, device, top)
     return "\n".join(lines), dict(share)
 
 
@@ -103,6 +138,9 @@ def main(argv: list[str] | None = None) -> str:
     p.add_argument("--tiny", action="store_true", help="tiny preset and input (CPU smoke)")
     p.add_argument("--sampler-steps", type=int, default=None, help="default 50 (3 with --tiny)")
     p.add_argument("--top", type=int, default=30)
+    p.add_argument("--stacks", action="store_true",
+                   help="CUDA graphs off and Python stacks recorded: the ATen ops' kernels by "
+                        "the source line that called them (eager; slower)")
     p.add_argument("--out", type=Path, default=None)
     args = p.parse_args(argv)
     device = torch.device(args.device)
@@ -115,7 +153,10 @@ def main(argv: list[str] | None = None) -> str:
         model, cfg, raw, preset, n_token, samples = af3_prediction(device, args.tiny, Path(tmp))
         if device.type == "cuda":
             predictor = AF3Predictor(model, device, precision=cfg.system.precision,
-                                     cuda_graphs=True)
+                                     cuda_graphs=not args.stacks)
+        elif args.stacks:
+            predictor = AF3Predictor(model, device, precision=cfg.system.precision,
+                                     cuda_graphs=False)
         else:
             from fold_train.cuda_graphs import EagerCapture
 
@@ -131,7 +172,7 @@ def main(argv: list[str] | None = None) -> str:
             out = plain_run(state, name, fn)
             if name in PIECES and name not in seen:
                 text, _ = profile_piece(state["graphs"][name][0], predictor._facts,
-                                            device, args.top)
+                                        device, args.top, args.stacks)
                 seen[name] = text
             return out
 
@@ -142,7 +183,7 @@ def main(argv: list[str] | None = None) -> str:
     report.append(f"# fold-train predict, AF3 {preset}, {n_token} tokens / "
                   f"{len(raw['atom_to_token'])} atoms, {samples} samples x {steps} steps, "
                   f"precision {cfg.system.precision}, CUDA graphs "
-                  f"{'on' if device.type == 'cuda' else 'off (EagerCapture)'}")
+                  f"{'on' if device.type == 'cuda' and not args.stacks else 'off'}")
     report.append(f"# {device_name(device)}, torch {torch.__version__}, triton "
                   f"{triton_version()}, {time.strftime('%Y-%m-%dT%H:%M')}; the profiled "
                   f"prediction took {total:.2f} s (profiling included)")
