@@ -140,8 +140,44 @@ def _diffusion_case(seed: int):
     return block, [a, s, z, holes((1, N), seed=seed + 1)], [0, 1, 2]
 
 
+class _AtomStack(torch.nn.Module):
+    """An AF3 atom transformer over its windows of ``atom_mask`` (AtomWindows is not a tensor)."""
+
+    def __init__(self, transformer, n_q: int, n_k: int) -> None:
+        super().__init__()
+        self.transformer, self.n_q, self.n_k = transformer, n_q, n_k
+
+    def forward(self, q, c, p, atom_mask):
+        from fold_model.af3.embedders import AtomWindows
+
+        return self.transformer(q, c, p, AtomWindows(atom_mask, self.n_q, self.n_k))
+
+
+def _atom_case(seed: int):
+    """A tiny AF3 atom transformer (two blocks) over 3 samples of 37 atoms with holes: q
+    ``[1, 3, A, C]``, the conditioning c ``[1, A, C]`` shared by the samples (its AdaLN
+    projection ``[1, 1, A, 2C]`` broadcasts), the windows' pair p and the atom mask."""
+    from fold_model.af3.config import config
+    from fold_model.af3.embedders import AtomTransformer
+
+    a = config("tiny").atom
+    n_q, n_k, atoms = 8, 16, 37  # windows smaller than AF3's 32 / 128: several, a partial one
+    block = _AtomStack(AtomTransformer(a.c_atom, a.c_atompair, 2, a.no_heads,
+                                       key_norm=a.key_norm), n_q, n_k)
+    g = torch.Generator().manual_seed(seed)
+    k = -(-atoms // n_q)
+    q = torch.randn(1, 3, atoms, a.c_atom, generator=g)
+    c = torch.randn(1, atoms, a.c_atom, generator=g)
+    p = torch.randn(1, k, n_q, n_k, a.c_atompair, generator=g)
+    return block, [q, c, p, holes((1, atoms), seed=seed + 1)], [0, 1, 2]
+
+
 def test_evoformer_block(triton_backend):
     _compare(*_evoformer_case(1))
+
+
+def test_atom_transformer(triton_backend):
+    _compare(*_atom_case(2))
 
 
 def test_pairformer_block(triton_backend):
@@ -250,14 +286,15 @@ def _mixed_run(block, inputs, float_inputs, backend, seed=21):
     return outs, grads, gens
 
 
-def _compare_mixed(block, inputs, float_inputs, weights, monkeypatch):
+def _compare_mixed(block, inputs, float_inputs, weights, monkeypatch, shape_refusals=()):
     """Every op with a kernel served by it (none left to the reference by its dtypes), and the
     outputs and every gradient against float64 within bf16's reach: each stored activation and
     gradient is rounded to bf16 (2^-9 relative) some twenty times along a block's forward and
     backward, and a parameter's gradient summed over many pairs cancels, so the yardstick is
     PyTorch's own autocast path on the same block (6e-2 for one LayerNorm weight's gradient
     here): at most 4x its error plus 2e-2. A dtype mix-up (bf16 bytes read as fp32, a missing
-    cast) is off by O(1)."""
+    cast) is off by O(1). ``shape_refusals``: ops whose calls here the kernels do not cover
+    for their shapes (tests/integration/test_product_precision.py)."""
     from fold_kernels.registration import SUPPORTS
     from fold_model.ops import registry
 
@@ -274,7 +311,8 @@ def _compare_mixed(block, inputs, float_inputs, weights, monkeypatch):
     monkeypatch.setattr(registry, "_select", spy)
     outs, grads, gens = _mixed_run(copy.deepcopy(block).to(DEVICE, weights), inputs,
                                    float_inputs, "auto")
-    refused = sorted({op for op, name in chosen if name == "torch" and op in SUPPORTS})
+    refused = sorted({op for op, name in chosen if name == "torch" and op in SUPPORTS
+                      and op not in shape_refusals})
     assert chosen and not refused, f"left to the reference under autocast: {refused}"
     t_outs, t_grads, _ = _mixed_run(copy.deepcopy(block).to(DEVICE, weights), inputs,
                                     float_inputs, "torch")
@@ -307,3 +345,10 @@ def test_evoformer_block_mixed_precision(triton_backend, monkeypatch):
 def test_diffusion_transformer_block_mixed_precision(triton_backend, monkeypatch):
     """The token stream a and s in fp32, the AdaLN's conditioning projection in bf16."""
     _compare_mixed(*_diffusion_case(19), torch.float32, monkeypatch)
+
+
+def test_atom_transformer_mixed_precision(triton_backend, monkeypatch):
+    """The atom stream q and c in fp32 under autocast: the AdaLN's bf16 conditioning projection
+    broadcasts over the samples and is served by the kernel; the sequence-local attention (8
+    queries, 16 keys a window) is left to PyTorch for its shape."""
+    _compare_mixed(*_atom_case(23), torch.float32, monkeypatch, shape_refusals=("attention",))

@@ -32,8 +32,6 @@ SHAPE_REFUSALS = {
     # AF3's sequence-local atom attention (32 queries, 128 keys a window): N_q != N_k; AF2's
     # template pointwise attention (one query, N_templ keys)
     "attention": "queries and keys of different lengths",
-    # the atom transformers' AdaLN: the conditioning broadcasts over the samples
-    "adaptive_layer_norm": "a conditioning that broadcasts",
 }
 
 

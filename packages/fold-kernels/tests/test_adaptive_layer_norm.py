@@ -135,7 +135,7 @@ def test_bad_inputs_are_refused_with_the_reason():
     with pytest.raises(ValueError, match=r"cond must be \[\*, 2C\]"):
         fk.adaptive_layer_norm(x, x)
     with pytest.raises(ValueError, match=r"cond must be \[\*, 2C\]"):
-        fk.adaptive_layer_norm(x, cond[:1])
+        fk.adaptive_layer_norm(x, torch.randn(3, 16, device=DEVICE))  # 3 rows against 2
     with pytest.raises(ValueError, match="in a.s dtype"):
         fk.adaptive_layer_norm(x, cond.double())
     with pytest.raises(ValueError, match="gate_bias must be a float"):
@@ -190,3 +190,73 @@ def test_fp32_stream_under_autocast(with_grad):
     for got, want, tol in zip(leaves, leaves64, (1e-5, TOL[torch.bfloat16],
                                                  TOL[torch.bfloat16])):
         assert got.grad.dtype == got.dtype and rel_err(got.grad, want.grad) < tol
+
+
+def _broadcast_inputs(shape, cond_shape, seed):
+    """a and dy ``shape``, cond ``cond_shape`` (1 over the dims it shares), a gate bias."""
+    a, _, gate_bias, dy = _inputs(shape, seed)
+    g = torch.Generator().manual_seed(seed + 1)
+    cond = torch.cat([torch.randn(*cond_shape[:-1], shape[-1], generator=g) * 2.0,
+                      torch.randn(*cond_shape[:-1], shape[-1], generator=g)], -1)
+    return a, cond, gate_bias, dy
+
+
+BROADCASTS = [
+    ((2, 3, 37, 40), (2, 1, 37, 80)),  # the atom transformers': [B, S, A] with [B, 1, A]
+    ((3, 5, 24), (1, 1, 48)),  # a run from the first dim
+    ((2, 3, 4, 5, 24), (2, 1, 1, 5, 48)),  # a run of two dims in the middle
+    ((4, 7, 33), (4, 7, 66)),  # no broadcast through the same path
+]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("shapes", BROADCASTS, ids=lambda s: "x".join(map(str, s[1])))
+@pytest.mark.parametrize("with_bias", [True, False])
+def test_conditioning_broadcast_over_samples(shapes, dtype, with_bias):
+    """cond shared by the rows of one run of a's batch dims, read in place: y and every
+    gradient against the float64 reference (cond's: the sum over the rows that shared it)."""
+    a, cond, gate_bias, dy = _broadcast_inputs(*shapes, seed=sum(shapes[0]))
+    _check(a, cond, gate_bias if with_bias else None, dy, dtype)
+
+
+@pytest.mark.parametrize("with_grad", [True, False])
+def test_broadcast_conditioning_under_autocast(with_grad):
+    """The atom transformers under fold-train's autocast: an fp32 stream ``[B, S, A, C]`` with
+    a bf16 ``[B, 1, A, 2C]`` projection (tolerances as test_fp32_stream_under_autocast; cond's
+    gradient is summed over the samples from bf16 rows: bf16's tolerance)."""
+    a, cond, gate_bias, dy = _broadcast_inputs((2, 3, 37, 40), (2, 1, 37, 80), seed=91)
+    leaves = [a.to(DEVICE).clone().requires_grad_(),
+              cond.to(torch.bfloat16).to(DEVICE).clone().requires_grad_(),
+              gate_bias.to(DEVICE).clone().requires_grad_()]
+    with torch.autocast(DEVICE, dtype=torch.bfloat16), torch.set_grad_enabled(with_grad):
+        y = fk.adaptive_layer_norm(*leaves)
+    assert y.dtype == torch.bfloat16 and y.shape == a.shape
+    leaves64 = [t.detach().cpu().double().clone().requires_grad_() for t in leaves]
+    y64 = ref.adaptive_layer_norm(*leaves64)
+    assert rel_err(y, y64) < TOL[torch.bfloat16]
+    if not with_grad:
+        return
+    dy16 = dy.to(torch.bfloat16)
+    y.backward(dy16.to(DEVICE))
+    y64.backward(dy16.double())
+    for got, want, tol in zip(leaves, leaves64, (1e-5, TOL[torch.bfloat16],
+                                                 TOL[torch.bfloat16])):
+        assert got.grad.dtype == got.dtype and got.grad.shape == got.shape
+        assert rel_err(got.grad, want.grad) < tol
+
+
+def test_broadcast_shapes_the_kernel_refuses():
+    """cond must match a's batch dims but for one run of ones: other broadcasts are errors, and
+    the registry's predicate declines them (PyTorch serves them)."""
+    from fold_kernels.adaptive_layer_norm import broadcast_layout
+
+    assert broadcast_layout((2, 3, 37, 40), (2, 1, 37, 80)) == (2, 3, 37)
+    assert broadcast_layout((2, 3, 4, 5, 8), (2, 1, 1, 5, 16)) == (2, 12, 5)
+    assert broadcast_layout((4, 7, 8), (4, 7, 16)) == (28, 1, 1)
+    for a_shape, c_shape in [((2, 3, 4, 8), (1, 3, 1, 16)),  # two runs
+                             ((2, 3, 4, 8), (3, 4, 16)),  # fewer dims
+                             ((2, 3, 4, 8), (2, 2, 4, 16))]:  # not a broadcast
+        assert broadcast_layout(a_shape, c_shape) is None
+        with pytest.raises(ValueError, match=r"cond must be \[\*, 2C\]"):
+            fk.adaptive_layer_norm(torch.randn(*a_shape, device=DEVICE),
+                                   torch.randn(*c_shape, device=DEVICE))

@@ -83,7 +83,13 @@ def test_gpu_shapes_and_dtypes():
     assert registration.supports_adaptive_layer_norm(x, cond, gain)
     assert registration.supports_adaptive_layer_norm(x.bfloat16(), cond.bfloat16(), gain)
     assert registration.supports_adaptive_layer_norm(x, cond)  # no gate bias
-    assert not registration.supports_adaptive_layer_norm(x, cond[:1], gain)  # broadcast
+    # the atom transformers' conditioning, shared by the samples: [B, 1, A, 2C]
+    assert registration.supports_adaptive_layer_norm(x, cond[:1], gain)
+    xs = torch.randn(2, 3, 5, 8, device=dev)
+    assert registration.supports_adaptive_layer_norm(xs, torch.randn(2, 1, 5, 16, device=dev))
+    # two runs of broadcast dims, or fewer dims: PyTorch's broadcasting serves them
+    assert not registration.supports_adaptive_layer_norm(xs, torch.randn(1, 3, 1, 16, device=dev))
+    assert not registration.supports_adaptive_layer_norm(xs, torch.randn(5, 16, device=dev))
     assert not registration.supports_adaptive_layer_norm(x, x, gain)  # not [*, 2C]
     assert not registration.supports_adaptive_layer_norm(x, cond.bfloat16(), gain)
     assert not registration.supports_adaptive_layer_norm(x, cond, gain[:7])

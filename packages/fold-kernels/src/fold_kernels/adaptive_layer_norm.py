@@ -4,9 +4,10 @@ The LayerNorm of ``a`` has no affine parameters. ``gate`` and ``shift`` are the 
 one projection of the conditioning, ``cond = LN(s) [W_gate; W_shift]^T`` (``[*, 2C]``: one
 cuBLAS GEMM, outside this op, instead of a ``Linear`` and a ``LinearNoBias``); the gate's bias
 is added here. AF3's diffusion transformer runs it twice per block over
-``[samples, N_token, 768]``. (The atom transformers' AdaLN, whose conditioning broadcasts over
-the samples, is left to PyTorch by the registry: see
-``registration.supports_adaptive_layer_norm``.) PyTorch runs it as five passes over ``[*, C]``
+``[samples, N_token, 768]``; the atom transformers three times per block over ``[samples,
+N_atom, 128]`` with a conditioning ``[1, N_atom, 256]`` shared by the samples: cond may
+broadcast over one run of a's batch dims (read in place; its gradient is summed over them).
+PyTorch runs it as five passes over ``[*, C]``
 forward (LayerNorm, bias, sigmoid, multiply, add) and more backward; here one each way, rows of
 C held in registers as in :mod:`fold_kernels.layer_norm`:
 
@@ -27,6 +28,8 @@ C held in registers as in :mod:`fold_kernels.layer_norm`:
 
 from __future__ import annotations
 
+import math
+
 import torch
 import triton
 import triton.language as tl
@@ -44,28 +47,37 @@ __all__ = ["adaptive_layer_norm"]
 
 
 @triton.jit
-def _tile(blk, rows, C, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
+def _tile(blk, rows, C, S, inner, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
+          BCAST: tl.constexpr = False):
     """Row block ``blk`` of contiguous ``[rows, C]`` tensors and of the ``[rows, 2C]``
     conditioning: ``(offs_r, r_valid, rc, ptrs, cptrs)``, ``ptrs`` / ``cptrs`` the element
     offsets of the ``[BLOCK_R, BLOCK_C]`` tile in each (int64: rows * 2C may pass 2**31; the
-    shift half is ``cptrs + C``), ``rc`` its in-bounds mask."""
+    shift half is ``cptrs + C``), ``rc`` its in-bounds mask. With ``BCAST`` the rows are
+    ``[outer, S, inner]`` and the conditioning's ``[outer, 1, inner]``: row r reads cond row
+    ``(r // (S inner)) inner + r % inner``."""
     offs_r = blk * BLOCK_R + tl.arange(0, BLOCK_R)
     offs_c = tl.arange(0, BLOCK_C)
     r_valid = offs_r < rows
     rc = r_valid[:, None] & (offs_c < C)[None, :]
     r64 = offs_r.to(tl.int64)[:, None]
-    return offs_r, r_valid, rc, r64 * C + offs_c[None, :], r64 * (2 * C) + offs_c[None, :]
+    if BCAST:
+        c64 = (offs_r // (S * inner) * inner + offs_r % inner).to(tl.int64)[:, None]
+    else:
+        c64 = r64
+    return offs_r, r_valid, rc, r64 * C + offs_c[None, :], c64 * (2 * C) + offs_c[None, :]
 
 
 @fast
 @triton.jit
-def _ada_ln_fwd(A, Cond, GB, Y, G, Mean, Rstd, rows, C, eps, HAS_GB: tl.constexpr,
+def _ada_ln_fwd(A, Cond, GB, Y, G, Mean, Rstd, rows, C, S, inner, eps, HAS_GB: tl.constexpr,
                 SAVE_G: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
-                PDL: tl.constexpr = False):
-    """Rows [BLOCK_R] of a ``[rows, C]`` and cond ``[rows, 2C]`` -> y, mean, rstd and, with
-    ``SAVE_G``, the biased gate ``G [rows, C]``. Without ``HAS_GB`` GB is not read."""
+                BCAST: tl.constexpr, PDL: tl.constexpr = False):
+    """Rows [BLOCK_R] of a ``[rows, C]`` and cond ``[rows, 2C]`` (with ``BCAST``: ``[outer, 1,
+    inner, 2C]`` against rows ``[outer, S, inner]``) -> y, mean, rstd and, with ``SAVE_G``, the
+    biased gate ``G [rows, C]``. Without ``HAS_GB`` GB is not read."""
     pdl.enter(PDL)
-    offs_r, r_valid, rc, ptrs, cptrs = _tile(tl.program_id(0), rows, C, BLOCK_R, BLOCK_C)
+    offs_r, r_valid, rc, ptrs, cptrs = _tile(tl.program_id(0), rows, C, S, inner, BLOCK_R,
+                                             BLOCK_C, BCAST)
     x = tl.load(A + ptrs, mask=rc, other=0.0).to(tl.float32)  # [BLOCK_R, BLOCK_C]
     mean, xc, rstd = row_stats(x, rc, C, eps)
     g = tl.load(Cond + cptrs, mask=rc, other=0.0).to(tl.float32)
@@ -98,7 +110,7 @@ def _ada_ln_bwd(A, G, DY, Mean, Rstd, DA, DCond, DGBp, DGB, Cnt, rows, C,
     c_valid = offs_c < C
     dgb = tl.zeros([BLOCK_C], tl.float32)
     for blk in range(pid, tl.cdiv(rows, BLOCK_R), n_prog):
-        offs_r, r_valid, rc, ptrs, cptrs = _tile(blk, rows, C, BLOCK_R, BLOCK_C)
+        offs_r, r_valid, rc, ptrs, cptrs = _tile(blk, rows, C, 1, 1, BLOCK_R, BLOCK_C)
         x = tl.load(A + ptrs, mask=rc, other=0.0).to(tl.float32)
         g = tl.load(G + ptrs, mask=rc, other=0.0).to(tl.float32)
         dy = tl.load(DY + ptrs, mask=rc, other=0.0).to(tl.float32)
@@ -129,20 +141,41 @@ def _blocks(c: int) -> tuple[int, int, int]:
     return block_r, block_c, _num_warps(block_r, block_c)
 
 
-def _forward(a, cond, gate_bias, eps, save_gate: bool, out_dtype: torch.dtype):
+def broadcast_layout(a_shape: tuple[int, ...], cond_shape: tuple[int, ...]
+                     ) -> tuple[int, int, int] | None:
+    """``(outer, S, inner)`` when ``cond [*, 2C]`` has a's batch dims but for one run of dims
+    that are 1 in cond (a's ``S`` rows of each ``[outer, ., inner]`` read the same cond row);
+    ``(rows, 1, 1)`` when they match; None when cond is neither."""
+    batch, cb = tuple(a_shape[:-1]), tuple(cond_shape[:-1])
+    if len(cb) != len(batch) or cond_shape[-1] != 2 * a_shape[-1]:
+        return None
+    differ = [i for i, (x, y) in enumerate(zip(batch, cb)) if x != y]
+    if not differ:
+        return math.prod(batch), 1, 1
+    lo, hi = differ[0], differ[-1]
+    if any(cb[i] != 1 for i in range(lo, hi + 1)):
+        return None
+    return math.prod(batch[:lo]), math.prod(batch[lo:hi + 1]), math.prod(batch[hi + 1:])
+
+
+def _forward(a, cond, gate_bias, eps, save_gate: bool, out_dtype: torch.dtype,
+             layout: tuple[int, int, int]):
     """``(y, gate, stats)``: y like a in ``out_dtype``, the biased gate like a (None without
-    ``save_gate``), stats ``[2, rows]`` fp32 (each row's mean, then 1/std)."""
+    ``save_gate``), stats ``[2, rows]`` fp32 (each row's mean, then 1/std). ``layout``:
+    :func:`broadcast_layout` of a and cond."""
     c = a.shape[-1]
     rows = a.numel() // c
+    _, s_bcast, inner = layout
     y = torch.empty(a.shape, device=a.device, dtype=out_dtype)
     gate = torch.empty(a.shape, device=a.device, dtype=a.dtype) if save_gate else None
     stats = torch.empty((2, rows), device=a.device, dtype=torch.float32)
     block_r, block_c, warps = _blocks(c)
     has_gb = gate_bias is not None
     _ada_ln_fwd[(cdiv(rows, block_r),)](a, cond, gate_bias if has_gb else cond, y,
-                                        gate if save_gate else y, stats, stats[1], rows, c, eps,
-                                        HAS_GB=has_gb, SAVE_G=save_gate, BLOCK_R=block_r,
-                                        BLOCK_C=block_c, num_warps=warps)
+                                        gate if save_gate else y, stats, stats[1], rows, c,
+                                        s_bcast, inner, eps, HAS_GB=has_gb, SAVE_G=save_gate,
+                                        BLOCK_R=block_r, BLOCK_C=block_c,
+                                        BCAST=s_bcast > 1, num_warps=warps)
     return y, gate, stats
 
 
@@ -183,21 +216,24 @@ def _backward(dy, a, gate, gate_bias, stats, cond_dtype):
 
 class _AdaptiveLayerNorm(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, a, cond, gate_bias, eps, out_dtype):
+    def forward(ctx, a, cond, gate_bias, eps, out_dtype, layout):
         a, cond = a.contiguous(), cond.contiguous()
         gate_bias = None if gate_bias is None else gate_bias.contiguous()
         save = nograd.saves(ctx)
-        y, gate, stats = _forward(a, cond, gate_bias, eps, save, out_dtype)
+        y, gate, stats = _forward(a, cond, gate_bias, eps, save, out_dtype, layout)
         # the gate bias for its dtype and shape only: the gate is saved with it added
         ctx.save_for_backward(a, gate, gate_bias, stats)
-        ctx.cond_dtype = cond.dtype
+        ctx.cond_dtype, ctx.cond_shape, ctx.layout = cond.dtype, cond.shape, layout
         return y
 
     @staticmethod
     def backward(ctx, dy):
         a, gate, gate_bias, stats = ctx.saved_tensors
-        return (*_backward(dy.contiguous(), a, gate, gate_bias, stats, ctx.cond_dtype), None,
-                None)
+        da, dcond, dgb = _backward(dy.contiguous(), a, gate, gate_bias, stats, ctx.cond_dtype)
+        outer, s_bcast, inner = ctx.layout
+        if s_bcast > 1:  # each row's d(cond), summed over the rows that shared it
+            dcond = dcond.view(outer, s_bcast, inner, -1).sum(1).view(ctx.cond_shape)
+        return da, dcond, dgb, None, None, None
 
 
 def adaptive_layer_norm(a: torch.Tensor, cond: torch.Tensor,
@@ -205,13 +241,16 @@ def adaptive_layer_norm(a: torch.Tensor, cond: torch.Tensor,
                         eps: float = 1e-5) -> torch.Tensor:
     """``sigmoid(gate + gate_bias) * LayerNorm(a) + shift`` (LayerNorm over the last dim, no
     affine parameters) for ``a [*, C]`` and ``cond [*, 2C] = gate | shift`` of one dtype,
-    ``gate_bias [C]`` (any float dtype; its gradient comes in that dtype); y in a's dtype. Under
+    ``gate_bias [C]`` (any float dtype; its gradient comes in that dtype); y in a's dtype. cond
+    may broadcast over one run of a's batch dims (``a [B, S, A, C]``, ``cond [B, 1, A, 2C]``). Under
     autocast (fold_ops.autocast) cond may be in the autocast dtype with a in fp32, and y is in
     the autocast dtype."""
     c = a.shape[-1] if a.dim() else 0
-    if cond.shape != (*a.shape[:-1], 2 * c):
-        raise ValueError(f"adaptive_layer_norm: cond must be [*, 2C] = gate | shift for a of "
-                         f"shape {tuple(a.shape)}, got {tuple(cond.shape)}")
+    layout = broadcast_layout(tuple(a.shape), tuple(cond.shape)) if a.dim() else None
+    if layout is None:
+        raise ValueError(f"adaptive_layer_norm: cond must be [*, 2C] = gate | shift with a's "
+                         f"batch dims (or 1 over one run of them) for a of shape "
+                         f"{tuple(a.shape)}, got {tuple(cond.shape)}")
     out_dtype = projection_dtype(a)
     if cond.dtype not in (a.dtype, out_dtype):
         raise ValueError(f"adaptive_layer_norm: cond must be in a's dtype (or the autocast "
@@ -222,11 +261,11 @@ def adaptive_layer_norm(a: torch.Tensor, cond: torch.Tensor,
     if c == 0 or c > MAX_HIDDEN:
         raise ValueError(f"adaptive_layer_norm: hidden size must be 1..{MAX_HIDDEN}, got "
                          f"shape {tuple(a.shape)}")
-    check_rows("adaptive_layer_norm", cond.shape)
+    check_rows("adaptive_layer_norm", (*a.shape[:-1], 2 * c))
     tuning.require_device("adaptive_layer_norm", a, "fold_ops.reference.adaptive_layer_norm")
     if a.numel() == 0:  # no rows: an empty result, and gradients for every input
         gate, shift = cond.chunk(2, -1)
         y = a + gate + shift + (0.0 if gate_bias is None else gate_bias.to(a.dtype))
         return y.to(out_dtype)
     return nograd.apply(_AdaptiveLayerNorm, a, cond, gate_bias, eps,  # inference: no node
-                        out_dtype)
+                        out_dtype, layout)

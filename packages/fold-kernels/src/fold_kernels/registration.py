@@ -31,6 +31,7 @@ from fold_ops.tracing import compiling, fx_tracing
 
 import fold_kernels as kernels
 from fold_kernels import triangle_gate, triangle_gemm
+from fold_kernels.adaptive_layer_norm import broadcast_layout
 from fold_kernels.broadcast import broadcast_shape
 from fold_kernels.fakes import FAKES
 from fold_kernels.index32 import grid_fits, pair_bias_fits, rows_fit
@@ -173,17 +174,17 @@ def supports_layer_norm_linear(x, ln_weight, ln_bias, weight, bias=None, eps=1e-
 
 
 def supports_adaptive_layer_norm(a, cond, gate_bias=None, eps=1e-5) -> bool:
-    """a ``[*, C]`` and cond ``[*, 2C]`` with the same batch dims and dtype (the diffusion
-    transformer's AdaLN). A conditioning that broadcasts (the atom transformers': ``[B, 1, A,
-    2C]`` over the samples) takes the PyTorch path."""
+    """a ``[*, C]`` and cond ``[*, 2C]`` with a's batch dims (the diffusion transformer's
+    AdaLN) or 1 over one run of them (the atom transformers': ``[B, 1, A, 2C]`` shared by the
+    samples), in a's dtype."""
     if not _common(a, cond, gate_bias, fp32_under_autocast=True) or a.dim() == 0:
         return False
     c = a.shape[-1]
     # under autocast: a fp32 stream with its conditioning's projection in the autocast dtype
-    return (cond.shape == (*a.shape[:-1], 2 * c)
+    return (broadcast_layout(tuple(a.shape), tuple(cond.shape)) is not None
             and (cond.dtype == a.dtype or autocast_dtype(a) is not None)
             and (gate_bias is None or (gate_bias.shape == (c,) and gate_bias.dtype in _DTYPES))
-            and 0 < c <= MAX_HIDDEN and rows_fit(cond.shape))
+            and 0 < c <= MAX_HIDDEN and rows_fit((*a.shape[:-1], 2 * c)))
 
 
 def supports_swiglu(x, weight, bias=None) -> bool:
