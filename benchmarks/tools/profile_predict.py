@@ -71,12 +71,21 @@ def _kernel_table(prof, device: torch.device) -> tuple[float, int, list[tuple[st
 _PACKAGES = ("fold_model/", "fold_train/", "fold_kernels/", "fold_ops/")
 
 
+def _short(frame: str) -> str:
+    return frame.split("/src/")[-1].split("site-packages/")[-1]
+
+
 def _caller(event) -> str:
-    """The innermost Python frame of the project that (indirectly) called a profiled op."""
+    """The innermost Python frame of the project that (indirectly) called a profiled op: from
+    the op's recorded stack where the profiler keeps one (torch 2.11 on CUDA), else from the
+    Python-function events above it (torch 2.13)."""
+    for frame in event.stack or ():
+        if any(pkg in frame for pkg in _PACKAGES):
+            return _short(frame)
     parent = event.cpu_parent
     while parent is not None:
         if any(pkg in parent.name for pkg in _PACKAGES):
-            return parent.name.split("/src/")[-1].split("site-packages/")[-1]
+            return _short(parent.name)
         parent = parent.cpu_parent
     return "?"
 

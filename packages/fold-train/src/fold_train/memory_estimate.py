@@ -184,6 +184,10 @@ def af3_estimate(size: InputSize, model_config, *, precision: str = "fp32",
         f"atom representations [G={g}, N_atom, c_atom={cfg.atom.c_atom}]":
             3 * g * n_atom * cfg.atom.c_atom * 4,
     }
+    if chunk_size is None:  # DiffusionModule.prepare keeps every block's bias for the sampler
+        resident[f"diffusion transformer pair biases [{cfg.diffusion.no_blocks}, "
+                 f"H={cfg.diffusion.no_heads}, N_token, N_token]"] = \
+            cfg.diffusion.no_blocks * cfg.diffusion.no_heads * n * n * b
     # chunked rows: the chunk's share of the logits; the diffusion attention chunks samples
     pair_rows = n if chunk_size is None else min(n, chunk_size)
     bins = max(cfg.confidence.pae_no_bins, cfg.confidence.pde_no_bins)

@@ -41,6 +41,7 @@ measured peak the tests compare the estimate with on the CPU.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -157,7 +158,12 @@ def first_blocks(model: torch.nn.Module, keep: int = PLAN_BLOCKS) -> Iterator[No
     with its first ``keep`` blocks only, restored after. A block takes and returns the stack's
     state at the same shapes and keeps nothing, so the most bytes live inside block ``k >= 1``
     are the same for every ``k``: the stage's peak is unchanged, and the fake run of a 48-block
-    trunk runs 2 blocks."""
+    trunk runs 2 blocks.
+
+    The one thing a block leaves behind: the diffusion transformer's pair biases, which the
+    sampler makes for every block beforehand (``DiffusionModule.prepare``). Those are still
+    made for the whole count, the kept blocks' repeated, so the bytes they hold are the whole
+    stack's."""
     from fold_model.af3.diffusion import DiffusionTransformer
     from fold_model.layers.stack import BlockStack
 
@@ -167,12 +173,22 @@ def first_blocks(model: torch.nn.Module, keep: int = PLAN_BLOCKS) -> Iterator[No
               and len(m.blocks) > keep]
     whole = [m.blocks for m in stacks]
     for m in stacks:
+        if isinstance(m, DiffusionTransformer):
+            n = len(m.blocks)
+            m.pair_biases = functools.partial(_whole_pair_biases, m, n)
         m.blocks = torch.nn.ModuleList(list(m.blocks)[:keep])
     try:
         yield
     finally:
         for m, blocks in zip(stacks, whole, strict=True):
             m.blocks = blocks
+            m.__dict__.pop("pair_biases", None)
+
+
+def _whole_pair_biases(stack, n: int, z: torch.Tensor) -> torch.Tensor:
+    """``stack.pair_biases(z)`` for ``n`` blocks of a stack cut to its first ones."""
+    kept = list(stack.blocks)
+    return type(stack).pair_biases(stack, z, [kept[i % len(kept)] for i in range(n)])
 
 
 def af3_run(model, extent: dict[str, int], *, no_samples: int | None, no_cycles: int = 1,

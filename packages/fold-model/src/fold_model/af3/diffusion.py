@@ -166,16 +166,13 @@ class DiffusionTransformerBlock(nn.Module):
         return self.attention.bias_from_pair(z, chunk_size=self.chunk_size)
 
     def forward(
-        self, a: torch.Tensor, s: torch.Tensor, z: torch.Tensor, mask: torch.Tensor
+        self, a: torch.Tensor, s: torch.Tensor, z: torch.Tensor, mask: torch.Tensor,
+        bias: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        # [B, H, N, N], shared by the S samples
-        return self.forward_bias(a, s, self.pair_bias(z), mask)
-
-    def forward_bias(
-        self, a: torch.Tensor, s: torch.Tensor, bias: torch.Tensor, mask: torch.Tensor
-    ) -> torch.Tensor:
-        """:meth:`forward` with the pair bias ``[B, H, N, N]`` made beforehand
-        (:meth:`pair_bias` of z)."""
+        """``bias``: :meth:`pair_bias` of ``z`` made beforehand (the sampler's steps share it);
+        None: made here. (torch.fx tracing the block on its own sees the bias made from z.)"""
+        if bias is None or isinstance(bias, torch.fx.Proxy):  # [B, H, N, N], shared by samples
+            bias = self.pair_bias(z)
         key_mask = mask.unsqueeze(1).expand(a.shape[:-1])  # [B, S, N]
         # with a chunk size the samples attend in chunks: logits [B, chunk, H, N, N]
         a = a + self.attention(a, bias, key_mask, s, self.chunk_size)
@@ -201,10 +198,19 @@ class DiffusionTransformer(nn.Module):
         for block in self.blocks:
             block.chunk_size = chunk_size
 
-    def pair_biases(self, z: torch.Tensor) -> torch.Tensor:
-        """Every block's pair bias ``[no_blocks, B, H, N, N]``: functions of the pair
-        conditioning alone, so the sampler makes them once per prediction."""
-        return torch.stack([block.pair_bias(z) for block in self.blocks])
+    def pair_biases(self, z: torch.Tensor, blocks=None) -> torch.Tensor:
+        """Every block's pair bias ``[no_blocks, B, H, N, N]`` (``blocks``: those blocks', in
+        order): functions of the pair conditioning alone, so the sampler makes them once per
+        prediction. Each is written into the stack as it is made (no_blocks + 1 biases live at
+        most, not twice no_blocks)."""
+        blocks = list(self.blocks if blocks is None else blocks)
+        first = blocks[0].pair_bias(z)  # [B, H, N, N]
+        out = first.new_empty((len(blocks), *first.shape))
+        out[0] = first
+        del first
+        for i, block in enumerate(blocks[1:], 1):
+            out[i] = block.pair_bias(z)
+        return out
 
     def forward(self, a, s, z, mask):
         return self._blocks(a, s, z, mask, None)
@@ -218,12 +224,11 @@ class DiffusionTransformer(nn.Module):
         recompute = self.use_checkpoint and self.training and torch.is_grad_enabled()
         first_plain = len(self.blocks) - self.uncheckpointed_blocks
         for i, block in enumerate(self.blocks):
-            # each block's input: z, or its bias made beforehand
-            run, pair = (block, z) if biases is None else (block.forward_bias, biases[i])
+            bias = None if biases is None else biases[i]  # made beforehand, or by the block
             if recompute and i < first_plain:
-                a = checkpoint(run, a, s, pair, mask, use_reentrant=False)
+                a = checkpoint(block, a, s, z, mask, bias, use_reentrant=False)
             else:
-                a = run(a, s, pair, mask)
+                a = block(a, s, z, mask, bias)
         return a
 
 
