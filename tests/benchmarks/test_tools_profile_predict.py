@@ -38,3 +38,19 @@ def test_profile_predict_tiny(tmp_path):
         head, *kernels = section.strip().splitlines()
         assert "by origin: torch" in head  # the CPU path is all ATen
         assert 1 <= len(kernels) <= 5 and all("aten::" in k for k in kernels)
+
+
+def test_profile_predict_stacks_names_the_calling_source(tmp_path):
+    """``--stacks`` (graphs off): each piece's ATen ops are listed with the project's source
+    line that called them (the sampler step's attention from fold-ops' reference, the
+    atom windows' gather from fold-model's embedders)."""
+    if not (REPO / "data" / "demo" / "af3" / "ccd.cif").is_file():
+        pytest.skip("bundled AF3 demo CCD not found")
+    text = profile_predict.main(["--tiny", "--device", "cpu", "--top", "40", "--stacks"])
+    step = text.split("## sampler_step\n", 1)[1]
+    by_source = step.split("-- ATen ops by the source line that called them\n", 1)[1]
+    lines = by_source.strip().splitlines()
+    assert lines and all("aten::" in line for line in lines)
+    assert any("fold_ops/reference.py" in line and "attention" in line for line in lines)
+    assert any("fold_model/af3/embedders.py" in line for line in lines)
+    assert sum(line.rstrip().endswith("?") for line in lines) < len(lines) / 2
