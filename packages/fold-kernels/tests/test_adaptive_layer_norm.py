@@ -172,13 +172,18 @@ def test_fp32_stream_under_autocast(with_grad):
     gradient given exactly to both, the biased gate kept in a's fp32 (fp32's reach: 1e-5);
     cond's in bf16; the gate bias's in fp32 summed from unrounded terms (bf16's tolerance
     against the reference's sum over the bf16 d(gate) it rounds)."""
-    a, cond, gate_bias, dy = _inputs((3, 7, 37), seed=90)
+    _check_autocast(*_inputs((3, 7, 37), seed=90), with_grad)
+
+
+def _check_autocast(a, cond, gate_bias, dy, with_grad: bool) -> None:
+    """a and the gate bias in fp32, cond in bf16, under bf16 autocast, against float64 (see
+    test_fp32_stream_under_autocast for the tolerances)."""
     leaves = [a.to(DEVICE).clone().requires_grad_(),
               cond.to(torch.bfloat16).to(DEVICE).clone().requires_grad_(),
               gate_bias.to(DEVICE).clone().requires_grad_()]
     with torch.autocast(DEVICE, dtype=torch.bfloat16), torch.set_grad_enabled(with_grad):
         y = fk.adaptive_layer_norm(*leaves)
-    assert y.dtype == torch.bfloat16
+    assert y.dtype == torch.bfloat16 and y.shape == a.shape
     leaves64 = [t.detach().cpu().double().clone().requires_grad_() for t in leaves]
     y64 = ref.adaptive_layer_norm(*leaves64)
     assert rel_err(y, y64) < TOL[torch.bfloat16]
@@ -189,7 +194,8 @@ def test_fp32_stream_under_autocast(with_grad):
     y64.backward(dy16.double())
     for got, want, tol in zip(leaves, leaves64, (1e-5, TOL[torch.bfloat16],
                                                  TOL[torch.bfloat16])):
-        assert got.grad.dtype == got.dtype and rel_err(got.grad, want.grad) < tol
+        assert got.grad.dtype == got.dtype and got.grad.shape == got.shape
+        assert rel_err(got.grad, want.grad) < tol
 
 
 def _broadcast_inputs(shape, cond_shape, seed):
@@ -224,25 +230,7 @@ def test_broadcast_conditioning_under_autocast(with_grad):
     """The atom transformers under fold-train's autocast: an fp32 stream ``[B, S, A, C]`` with
     a bf16 ``[B, 1, A, 2C]`` projection (tolerances as test_fp32_stream_under_autocast; cond's
     gradient is summed over the samples from bf16 rows: bf16's tolerance)."""
-    a, cond, gate_bias, dy = _broadcast_inputs((2, 3, 37, 40), (2, 1, 37, 80), seed=91)
-    leaves = [a.to(DEVICE).clone().requires_grad_(),
-              cond.to(torch.bfloat16).to(DEVICE).clone().requires_grad_(),
-              gate_bias.to(DEVICE).clone().requires_grad_()]
-    with torch.autocast(DEVICE, dtype=torch.bfloat16), torch.set_grad_enabled(with_grad):
-        y = fk.adaptive_layer_norm(*leaves)
-    assert y.dtype == torch.bfloat16 and y.shape == a.shape
-    leaves64 = [t.detach().cpu().double().clone().requires_grad_() for t in leaves]
-    y64 = ref.adaptive_layer_norm(*leaves64)
-    assert rel_err(y, y64) < TOL[torch.bfloat16]
-    if not with_grad:
-        return
-    dy16 = dy.to(torch.bfloat16)
-    y.backward(dy16.to(DEVICE))
-    y64.backward(dy16.double())
-    for got, want, tol in zip(leaves, leaves64, (1e-5, TOL[torch.bfloat16],
-                                                 TOL[torch.bfloat16])):
-        assert got.grad.dtype == got.dtype and got.grad.shape == got.shape
-        assert rel_err(got.grad, want.grad) < tol
+    _check_autocast(*_broadcast_inputs((2, 3, 37, 40), (2, 1, 37, 80), seed=91), with_grad)
 
 
 def test_broadcast_shapes_the_kernel_refuses():
