@@ -5,12 +5,16 @@ them (the cost of a prediction depends on the sizes, not on the residues)."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
 import torch
 
-__all__ = ["AMINO", "a3m_text", "af2_query_files", "random_checkpoint", "random_sequence"]
+from benchmarks.common.results import REPO
+
+__all__ = ["AMINO", "a3m_text", "af2_query_files", "af3_prediction", "random_checkpoint",
+           "random_sequence"]
 
 AMINO = "ACDEFGHIKLMNPQRSTVWY"
 
@@ -60,3 +64,26 @@ def af2_query_files(n_res: int, n_msa: int, folder: Path, stem: str = "query"
     a3m = folder / f"{stem}.a3m"
     a3m.write_text(a3m_text(query, n_msa))
     return fasta, a3m
+
+
+def af3_prediction(device: torch.device, tiny: bool, folder: Path) -> tuple:
+    """``(model, cfg, raw, preset, n_token, samples)``: the AF3 preset with random weights read
+    back by the CLI's loader, and a random protein (768 tokens; 30 with ``tiny``) featurized
+    from an AlphaFold3 input JSON in ``folder`` as ``fold-train predict`` does."""
+    from fold_data.af3 import Ccd
+    from fold_train.predict import load_trained_model
+    from fold_train.predict_af3 import make_af3_inputs
+
+    if tiny:
+        preset, n_token, samples = "af3_tiny", 30, 2
+    else:
+        preset, n_token, samples = "af3", 768, 5
+    ckpt = random_checkpoint(preset, [], folder / "af3.ckpt")
+    model, cfg = load_trained_model(ckpt, device, family="af3")
+    doc = {"name": "bench", "modelSeeds": [0], "dialect": "alphafold3", "version": 4,
+           "sequences": [{"protein": {"id": "A", "sequence": random_sequence(n_token, 2)}}]}
+    source = folder / "bench.json"
+    source.write_text(json.dumps(doc))
+    ccd = Ccd([REPO / "data" / "demo" / "af3" / "ccd.cif"], use_biotite=False)
+    _, raw = make_af3_inputs(source, ccd)
+    return model, cfg, raw, preset, n_token, samples

@@ -33,8 +33,8 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from benchmarks.common.machine import device_name, triton_version
+from benchmarks.common.predict_inputs import af3_prediction
 from benchmarks.common.results import write_atomic
-from benchmarks.train.predict_graphs import af3_prediction
 
 PIECES = ("trunk_inputs", "trunk_cycle", "pair_conditioning", "sampler_step")
 

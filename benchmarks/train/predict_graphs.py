@@ -22,7 +22,6 @@ the smoke test checks the plumbing, not the speed. Writes ``predict_graphs.json`
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import tempfile
@@ -33,8 +32,8 @@ import numpy as np
 import torch
 
 from benchmarks.common.machine import versions
-from benchmarks.common.predict_inputs import af2_query_files, random_checkpoint, random_sequence
-from benchmarks.common.results import REPO, RESULTS, write_result
+from benchmarks.common.predict_inputs import af2_query_files, af3_prediction, random_checkpoint
+from benchmarks.common.results import RESULTS, write_result
 
 
 def _summary(times: list[float]) -> dict:
@@ -90,29 +89,6 @@ def bench_af2(device: torch.device, tiny: bool, folder: Path, chunk_size: int | 
         if device.type == "cuda":
             torch.cuda.empty_cache()
     return rows
-
-
-def af3_prediction(device: torch.device, tiny: bool, folder: Path) -> tuple:
-    """``(model, cfg, raw, preset, n_token, samples)``: the AF3 preset with random weights read
-    back by the CLI's loader, and a random protein (768 tokens; 30 with ``tiny``) featurized
-    from an AlphaFold3 input JSON in ``folder`` as ``fold-train predict`` does."""
-    from fold_data.af3 import Ccd
-    from fold_train.predict import load_trained_model
-    from fold_train.predict_af3 import make_af3_inputs
-
-    if tiny:
-        preset, n_token, samples = "af3_tiny", 30, 2
-    else:
-        preset, n_token, samples = "af3", 768, 5
-    ckpt = random_checkpoint(preset, [], folder / "af3.ckpt")
-    model, cfg = load_trained_model(ckpt, device, family="af3")
-    doc = {"name": "bench", "modelSeeds": [0], "dialect": "alphafold3", "version": 4,
-           "sequences": [{"protein": {"id": "A", "sequence": random_sequence(n_token, 2)}}]}
-    source = folder / "bench.json"
-    source.write_text(json.dumps(doc))
-    ccd = Ccd([REPO / "data" / "demo" / "af3" / "ccd.cif"], use_biotite=False)
-    _, raw = make_af3_inputs(source, ccd)
-    return model, cfg, raw, preset, n_token, samples
 
 
 def bench_af3(device: torch.device, tiny: bool, folder: Path, steps: int) -> list:
