@@ -107,10 +107,9 @@ def _by_source(prof, device: torch.device, top: int) -> list[str]:
     return [f"  {ms:8.3f} ms x{int(n):<4d} {op:24s} {where}" for (op, where), (ms, n) in ranked]
 
 
-def profile_piece(replay, facts, device: torch.device, top: int, stacks: bool = False
-                  ) -> tuple[str, dict]:
-    """One replay of a piece under the profiler: ``(text, {origin: ms})``; with ``stacks``
-    (an eager run), also the ATen ops by source line."""
+def profile_piece(replay, facts, device: torch.device, top: int, stacks: bool = False) -> str:
+    """One replay of a piece under the profiler: its kernels by time and their share by
+    origin; with ``stacks`` (an eager run), also the ATen ops by source line."""
     from fold_model.host_values import known_slots
 
     activities = [ProfilerActivity.CPU]
@@ -138,7 +137,7 @@ def profile_piece(replay, facts, device: torch.device, top: int, stacks: bool = 
     if stacks:
         lines.append("-- ATen ops by the source line that called them")
         lines += _by_source(prof, device, top)
-    return "\n".join(lines), dict(share)
+    return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> str:
@@ -180,9 +179,8 @@ def main(argv: list[str] | None = None) -> str:
         def profiled_run(state, name, fn):
             out = plain_run(state, name, fn)
             if name in PIECES and name not in seen:
-                text, _ = profile_piece(state["graphs"][name][0], predictor._facts,
-                                        device, args.top, args.stacks)
-                seen[name] = text
+                seen[name] = profile_piece(state["graphs"][name][0], predictor._facts,
+                                           device, args.top, args.stacks)
             return out
 
         predictor._run = profiled_run

@@ -233,3 +233,13 @@ def test_fork_pair_bias_one_op_equals_fork_and_projection(branches):
             assert rel_err(a, b) < 1e-12
     with pytest.raises(ValueError, match="no bias"):
         fork_pair_bias(ln, z, Linear(11, 3).double())
+
+
+def test_stack_as_made_equals_stack():
+    from fold_model.layers import stack_as_made
+
+    g = torch.Generator().manual_seed(3)
+    parts = [torch.randn(2, 3, 5, generator=g, dtype=torch.float64) for _ in range(4)]
+    made = []
+    out = stack_as_made([lambda p=p: made.append(1) or p for p in parts])
+    assert len(made) == 4 and torch.equal(out, torch.stack(parts))

@@ -367,9 +367,8 @@ class AF3Predictor(_Predictor):
             step_in["x"].copy_(out["x"])
         out = None
         x = step_in["x"]
+        self._drop(state, "pair_conditioning", tuple(context))  # eager: the sampler's only
         context = None
-        self._drop(state, "pair_conditioning", tuple(k for k in cond if k != "distogram_logits"))
-        # (eager: the sampler's only)
         asym_id = feats["asym_id"][:, :n_tok]
         if self.reduce_in_head:  # the PAE / PDE logits reduced per sample group and row block
             with self._autocast():

@@ -19,6 +19,7 @@ the caller's autocast.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 
@@ -32,7 +33,7 @@ from fold_model.af3.embedders import (
     AtomAttentionEncoder,
     RelativePositionEncoding,
 )
-from fold_model.layers import LayerNorm, Linear, SwiGLUTransition
+from fold_model.layers import LayerNorm, Linear, SwiGLUTransition, stack_as_made
 
 __all__ = [
     "FourierEmbedding",
@@ -201,16 +202,9 @@ class DiffusionTransformer(nn.Module):
     def pair_biases(self, z: torch.Tensor, blocks=None) -> torch.Tensor:
         """Every block's pair bias ``[no_blocks, B, H, N, N]`` (``blocks``: those blocks', in
         order): functions of the pair conditioning alone, so the sampler makes them once per
-        prediction. Each is written into the stack as it is made (no_blocks + 1 biases live at
-        most, not twice no_blocks)."""
-        blocks = list(self.blocks if blocks is None else blocks)
-        first = blocks[0].pair_bias(z)  # [B, H, N, N]
-        out = first.new_empty((len(blocks), *first.shape))
-        out[0] = first
-        del first
-        for i, block in enumerate(blocks[1:], 1):
-            out[i] = block.pair_bias(z)
-        return out
+        prediction (:func:`stack_as_made`: no_blocks + 1 biases live at most)."""
+        blocks = self.blocks if blocks is None else blocks
+        return stack_as_made([functools.partial(block.pair_bias, z) for block in blocks])
 
     def forward(self, a, s, z, mask):
         return self._blocks(a, s, z, mask, None)

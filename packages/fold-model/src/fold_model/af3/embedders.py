@@ -21,7 +21,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from fold_model.af3.conditioning import AttentionPairBias, ConditionedTransitionBlock
-from fold_model.layers import LayerNorm, Linear
+from fold_model.layers import LayerNorm, Linear, stack_as_made
 
 __all__ = [
     "ATOM_FEAT_DIM",
@@ -187,7 +187,8 @@ class AtomTransformer(nn.Module):
         """Every block's attention bias from the atom pair ``p [B, K, n_q, n_k, C_ap]``:
         ``[no_blocks, B, K, H, n_q, n_k]``. They depend on ``p`` alone, so the sampler makes
         them once per prediction (``DiffusionModule.prepare``), not once per step."""
-        return torch.stack([attn.bias_from_pair(p) for attn in self.attention])
+        return stack_as_made([functools.partial(attn.bias_from_pair, p)
+                              for attn in self.attention])
 
     def forward(
         self, q: torch.Tensor, c: torch.Tensor, p: torch.Tensor, win: AtomWindows,

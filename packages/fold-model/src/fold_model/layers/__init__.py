@@ -35,6 +35,7 @@ from fold_model.layers.primitives import (
     pair_bias,
     shared_dropout_mask,
     skip_weight_init,
+    stack_as_made,
 )
 from fold_model.layers.stack import BlockStack
 from fold_model.layers.transitions import (
@@ -84,4 +85,5 @@ __all__ = [
     "pair_bias",
     "pair_stack",
     "shared_dropout_mask",
+    "stack_as_made",
 ]

@@ -31,6 +31,7 @@ __all__ = [
     "shared_dropout_mask",
     "dropout_residual",
     "chunked_rows",
+    "stack_as_made",
     "InitName",
 ]
 
@@ -161,6 +162,18 @@ def chunked_rows(
             out.narrow(out_dim, start, size).copy_(p)
         del part, parts
     return outs if several else outs[0]
+
+
+def stack_as_made(makers: list[Callable[[], torch.Tensor]]) -> torch.Tensor:
+    """``torch.stack([make() for make in makers])`` with each result written into the stack as
+    it is made: ``len(makers) + 1`` results live at most, not twice ``len(makers)``."""
+    first = makers[0]()
+    out = first.new_empty((len(makers), *first.shape))
+    out[0] = first
+    del first
+    for i, make in enumerate(makers[1:], 1):
+        out[i] = make()
+    return out
 
 
 def _with_dim(shape: torch.Size, dim: int, n: int) -> list[int]:
