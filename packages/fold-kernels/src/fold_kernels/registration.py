@@ -63,6 +63,12 @@ def _autocast_fp32(x: torch.Tensor) -> bool:
     return x.dtype == torch.float32 and autocast_dtype(x) is not None
 
 
+def _dtype_served(t: torch.Tensor, x: torch.Tensor) -> bool:
+    """``t`` (a projection's weight, AdaLN's conditioning) in x's dtype, or any dtype under
+    autocast, where the kernel takes it in the autocast dtype beside an fp32 x."""
+    return t.dtype == x.dtype or autocast_dtype(x) is not None
+
+
 def _common(x, *others, fp32_under_autocast: bool = False) -> bool:
     """Not tracing, every tensor on the GPU, x in a served dtype and, unless
     ``fp32_under_autocast`` (the LayerNorms: fp32 math either way), not fp32 under autocast."""
@@ -158,7 +164,7 @@ def supports_layer_norm_pair_bias(x, weight, bias, bias_weight, eps=1e-5, branch
             and supports_layer_norm(x, weight, bias) and _on_gpu(bias_weight)
             and bias_weight.dim() == 2 and bias_weight.shape[1] == x.shape[-1]
             and 1 <= bias_weight.shape[0] <= 32
-            and (bias_weight.dtype == x.dtype or autocast_dtype(x) is not None))
+            and _dtype_served(bias_weight, x))
 
 
 def supports_layer_norm_linear(x, ln_weight, ln_bias, weight, bias=None, eps=1e-5) -> bool:
@@ -168,7 +174,7 @@ def supports_layer_norm_linear(x, ln_weight, ln_bias, weight, bias=None, eps=1e-
         return False
     if weight.dim() != 2 or weight.shape[1] != x.shape[-1]:
         return False
-    if weight.dtype != x.dtype and autocast_dtype(x) is None:
+    if not _dtype_served(weight, x):
         return False
     return bias is None or bias.shape == (weight.shape[0],)
 
@@ -182,7 +188,7 @@ def supports_adaptive_layer_norm(a, cond, gate_bias=None, eps=1e-5) -> bool:
     c = a.shape[-1]
     # under autocast: a fp32 stream with its conditioning's projection in the autocast dtype
     return (broadcast_layout(tuple(a.shape), tuple(cond.shape)) is not None
-            and (cond.dtype == a.dtype or autocast_dtype(a) is not None)
+            and _dtype_served(cond, a)
             and (gate_bias is None or (gate_bias.shape == (c,) and gate_bias.dtype in _DTYPES))
             and 0 < c <= MAX_HIDDEN and rows_fit((*a.shape[:-1], 2 * c)))
 
