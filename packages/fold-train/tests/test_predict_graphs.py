@@ -280,8 +280,18 @@ def test_af3_padded_graphed_prediction_equals_unpadded(af3_raw, af3_model):
 
     smaller = collate([make_sample(crop_features(af3_raw, np.arange(2, 67)), "af3_predict",
                                    seed=0)])
-    got = graphed(smaller, generator=torch.Generator().manual_seed(4), **run)
+    conditioning = af3_model.diffusion.conditioning
+    pair_calls = []
+    conditioning.pair = lambda *a, **k: pair_calls.append(1) or type(conditioning).pair(
+        conditioning, *a, **k)
+    try:
+        got = graphed(smaller, generator=torch.Generator().manual_seed(4), **run)
+    finally:
+        del conditioning.pair
     assert backend.captures == 4 and len(graphed.buckets) == 1
+    # the replayed sampler steps read this prediction's context: the pair conditioning is made
+    # once (its piece), not again in each of the 4 steps
+    assert len(pair_calls) == 1
     for k, v in _af3_reference(af3_model, smaller, seed=4).items():
         _close(got[k], v, k)
     # more samples: another set of graphs (the sampler's shapes change)

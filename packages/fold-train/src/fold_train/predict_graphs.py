@@ -317,8 +317,6 @@ class AF3Predictor(_Predictor):
                             prev["z"] + prev["z"].transpose(-2, -3))}
 
         cond = self._run(state, "pair_conditioning", pair_conditioning)
-        # the diffusion module's noise-independent terms, shared by every sampler step
-        context = {k: v for k, v in cond.items() if k != "distogram_logits"}
         n_tok = real["N_token"]
         if end == first:  # no sample on this rank (fewer samples than DAP ranks)
             from fold_train.confidence import contact_probs
@@ -347,6 +345,11 @@ class AF3Predictor(_Predictor):
         step_in["x"].copy_(_pad_atoms(x0, A))
 
         def denoise(x_noisy: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+            # the diffusion module's noise-independent terms, shared by every sampler step; read
+            # from ``cond`` when called, not bound to a local: a capture backend that replays
+            # this closure in a later prediction of the bucket (EagerCapture) must see that
+            # prediction's outputs, which are written into the same dict
+            context = {k: v for k, v in cond.items() if k != "distogram_logits"}
             return model.diffusion(x_noisy, t, feats, inputs["s_inputs"], prev["s"], prev["z"],
                                    context)
 
@@ -367,8 +370,8 @@ class AF3Predictor(_Predictor):
             step_in["x"].copy_(out["x"])
         out = None
         x = step_in["x"]
-        self._drop(state, "pair_conditioning", tuple(context))  # eager: the sampler's only
-        context = None
+        # eager: free what only the sampler read
+        self._drop(state, "pair_conditioning", tuple(k for k in cond if k != "distogram_logits"))
         asym_id = feats["asym_id"][:, :n_tok]
         if self.reduce_in_head:  # the PAE / PDE logits reduced per sample group and row block
             with self._autocast():
