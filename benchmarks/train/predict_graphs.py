@@ -41,15 +41,24 @@ def _summary(times: list[float]) -> dict:
             "mean_s": statistics.fmean(times)}
 
 
-def _predictor_kwargs(graphs: bool, device: torch.device) -> dict:
+def _predictor_kwargs(graphs: bool, device: torch.device, once: bool = True) -> dict:
+    casts = {"cast_weights_once": once}
     if graphs and device.type != "cuda":
         from fold_train.cuda_graphs import EagerCapture
 
-        return {"backend": EagerCapture()}  # CPU smoke: the capture's stand-in
-    return {"cuda_graphs": graphs}
+        return {"backend": EagerCapture(), **casts}  # CPU smoke: the capture's stand-in
+    return {"cuda_graphs": graphs, **casts}
 
 
-def bench_af2(device: torch.device, tiny: bool, folder: Path, chunk_size: int | None) -> list:
+def _configs(precision: str, casts: str) -> list[tuple[bool, bool]]:
+    """``(graphs, weights cast once)`` to time: graphs off and on; with ``casts`` "both" (bf16
+    only: fp32 casts nothing) the weights cast once and per call, beside each other."""
+    onces = [casts != "per-call"] if casts != "both" or precision != "bf16" else [True, False]
+    return [(graphs, once) for graphs in (False, True) for once in onces]
+
+
+def bench_af2(device: torch.device, tiny: bool, folder: Path, chunk_size: int | None,
+              casts: str = "once") -> list:
     from fold_train.predict import load_trained_model, make_raw_features, predict_structure
     from fold_train.predict_graphs import AF2Predictor
 
@@ -65,9 +74,9 @@ def bench_af2(device: torch.device, tiny: bool, folder: Path, chunk_size: int | 
     fasta, a3m = af2_query_files(n_res, n_msa, folder)
     _, raw, _ = make_raw_features(fasta=fasta, msas=[a3m])
     rows = []
-    for graphs in (False, True):
+    for graphs, once in _configs(cfg.system.precision, casts):
         predictor = AF2Predictor(model, device, precision=cfg.system.precision, timing=True,
-                                 **_predictor_kwargs(graphs, device))
+                                 **_predictor_kwargs(graphs, device, once))
         t0 = time.perf_counter()
         predict_structure(model, raw, cfg.data_preset(), device=device,
                           precision=cfg.system.precision,
@@ -81,7 +90,8 @@ def bench_af2(device: torch.device, tiny: bool, folder: Path, chunk_size: int | 
         if not np.isfinite(pred.positions).all():
             raise FloatingPointError("AF2 prediction is not finite")
         rows.append({"family": "af2", "preset": preset, "n_res": n_res, "graphs": graphs,
-                     "precision": cfg.system.precision, "bucket": dict(predictor.buckets[-1][0]),
+                     "weights_cast_once": once, "precision": cfg.system.precision,
+                     "bucket": dict(predictor.buckets[-1][0]),
                      "first_call_s": first, "total_s": total,
                      "recycle": _summary(predictor.timings["recycle"]),
                      "mean_plddt": float(pred.plddt.mean())})
@@ -91,15 +101,16 @@ def bench_af2(device: torch.device, tiny: bool, folder: Path, chunk_size: int | 
     return rows
 
 
-def bench_af3(device: torch.device, tiny: bool, folder: Path, steps: int) -> list:
+def bench_af3(device: torch.device, tiny: bool, folder: Path, steps: int,
+              casts: str = "once") -> list:
     from fold_train.predict_af3 import predict_af3
     from fold_train.predict_graphs import AF3Predictor
 
     model, cfg, raw, preset, n_token, samples = af3_prediction(device, tiny, folder)
     rows = []
-    for graphs in (False, True):
+    for graphs, once in _configs(cfg.system.precision, casts):
         predictor = AF3Predictor(model, device, precision=cfg.system.precision, timing=True,
-                                 **_predictor_kwargs(graphs, device))
+                                 **_predictor_kwargs(graphs, device, once))
         run = dict(seed=0, device=device, precision=cfg.system.precision, no_samples=samples,
                    no_steps=steps, predictor=predictor)
         t0 = time.perf_counter()
@@ -111,7 +122,8 @@ def bench_af3(device: torch.device, tiny: bool, folder: Path, steps: int) -> lis
         total = time.perf_counter() - t0
         rows.append({"family": "af3", "preset": preset, "n_token": n_token,
                      "n_atom": int(len(raw["atom_to_token"])), "samples": samples,
-                     "sampler_steps": steps, "graphs": graphs, "precision": cfg.system.precision,
+                     "sampler_steps": steps, "graphs": graphs, "weights_cast_once": once,
+                     "precision": cfg.system.precision,
                      "bucket": dict(predictor.buckets[-1][0]), "first_call_s": first,
                      "total_s": total,
                      "trunk_cycle": _summary(predictor.timings["trunk_cycle"]),
@@ -128,9 +140,9 @@ def to_markdown(result: dict) -> str:
              f"torch {result['torch']}, triton {result['triton']}, {result['date']}. Median wall "
              "time of each replayed piece in the second (timed) prediction; the first "
              "prediction captures the graphs.", "",
-             "| input | graphs | bucket | per recycle / trunk pass (ms) | per diffusion step "
-             "(ms) | whole prediction (s) | first call (s) |",
-             "|---|---|---|---|---|---|---|"]
+             "| input | graphs | weights cast | bucket | per recycle / trunk pass (ms) | per "
+             "diffusion step (ms) | whole prediction (s) | first call (s) |",
+             "|---|---|---|---|---|---|---|---|"]
     for r in result["rows"]:
         if r["family"] == "af2":
             what = f"AF2 {r['preset']}, {r['n_res']} residues"
@@ -140,14 +152,24 @@ def to_markdown(result: dict) -> str:
                     f"{r['samples']} samples x {r['sampler_steps']} steps")
             cyc, step = r["trunk_cycle"]["median_s"] * 1e3, r["sampler_step"]["median_s"] * 1e3
         bucket = ", ".join(f"{k} {v}" for k, v in r["bucket"].items())
-        lines.append(f"| {what} | {'on' if r['graphs'] else 'off'} | {bucket} | {cyc:.1f} | "
+        cast = {True: "once", False: "per call"}[r.get("weights_cast_once", True)]
+        if r["precision"] != "bf16":
+            cast = "- (fp32)"
+        lines.append(f"| {what} | {'on' if r['graphs'] else 'off'} | {cast} | {bucket} | "
+                     f"{cyc:.1f} | "
                      f"{'' if step is None else f'{step:.2f}'} | {r['total_s']:.2f} | "
                      f"{r['first_call_s']:.2f} |")
     for fam, key in (("af2", "recycle"), ("af3", "trunk_cycle"), ("af3", "sampler_step")):
-        pair = {r["graphs"]: r[key]["median_s"] for r in result["rows"] if r["family"] == fam}
-        if len(pair) == 2:
+        times = {(r["graphs"], r.get("weights_cast_once", True)): r[key]["median_s"]
+                 for r in result["rows"] if r["family"] == fam}
+        if (True, True) in times and (False, True) in times:
             lines.append(f"\n{fam.upper()} {key}: graphs on / off = "
-                         f"{pair[True] / pair[False]:.3f}")
+                         f"{times[True, True] / times[False, True]:.3f}")
+        for graphs in (False, True):
+            if (graphs, False) in times and (graphs, True) in times:
+                lines.append(f"\n{fam.upper()} {key}, graphs {'on' if graphs else 'off'}: "
+                             f"weights cast per call / once = "
+                             f"{times[graphs, False] / times[graphs, True]:.3f}")
     return "\n".join(lines) + "\n"
 
 
@@ -160,6 +182,9 @@ def main(argv=None) -> int:
     p.add_argument("--sampler-steps", type=int, default=None,
                    help="AF3 EDM steps (default 50; 3 with --tiny): the per-step time is the "
                         "measurement, the step count only scales the total")
+    p.add_argument("--weight-casts", choices=("once", "per-call", "both"), default="once",
+                   help="bf16: the predictor's weight casts made once (fold-train predict's "
+                        "default), in every call, or both beside each other")
     p.add_argument("--chunk-size", type=int, help="AF2 manual chunking (if 1024 residues do not "
                                                   "fit unchunked)")
     args = p.parse_args(argv)
@@ -171,9 +196,10 @@ def main(argv=None) -> int:
     result = {**versions(device), "tiny": args.tiny, "rows": []}
     with tempfile.TemporaryDirectory() as tmp:
         if args.only in (None, "af2"):
-            result["rows"] += bench_af2(device, args.tiny, Path(tmp), args.chunk_size)
+            result["rows"] += bench_af2(device, args.tiny, Path(tmp), args.chunk_size,
+                                        args.weight_casts)
         if args.only in (None, "af3"):
-            result["rows"] += bench_af3(device, args.tiny, Path(tmp), steps)
+            result["rows"] += bench_af3(device, args.tiny, Path(tmp), steps, args.weight_casts)
     md = to_markdown(result)
     write_result(out_dir / "predict_graphs.json", result, md, indent=2)
     print(md)

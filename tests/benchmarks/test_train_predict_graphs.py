@@ -32,3 +32,24 @@ def test_predict_graphs_benchmark_tiny(tmp_path):
     assert af2_on["bucket"]["N_res"] == 64 and af2_on["recycle"]["n"] == 3  # tiny: R = 3 passes
     assert rows[3]["sampler_step"]["n"] == 3 and rows[3]["trunk_cycle"]["n"] >= 1
     assert "graphs on / off" in (tmp_path / "predict_graphs.md").read_text()
+
+
+def test_weight_casts_configurations_and_ratio():
+    """``--weight-casts both`` times the bf16 predictor with its weight casts made once and per
+    call beside each other (fp32 casts nothing: one row per graphs setting), and the Markdown
+    states their ratio."""
+    assert predict_graphs._configs("bf16", "both") == [(False, True), (False, False),
+                                                      (True, True), (True, False)]
+    assert predict_graphs._configs("fp32", "both") == [(False, True), (True, True)]
+    assert predict_graphs._configs("bf16", "per-call") == [(False, False), (True, False)]
+    timing = {"n": 3, "median_s": 0.010, "min_s": 0.010, "mean_s": 0.010}
+    rows = [{"family": "af3", "preset": "af3", "n_token": 8, "n_atom": 64, "samples": 1,
+             "sampler_steps": 3, "graphs": graphs, "weights_cast_once": once,
+             "precision": "bf16", "bucket": {"N_token": 8}, "first_call_s": 1.0, "total_s": 1.0,
+             "trunk_cycle": timing,
+             "sampler_step": {**timing, "median_s": 0.012 if once else 0.015}}
+            for graphs, once in predict_graphs._configs("bf16", "both")]
+    md = predict_graphs.to_markdown({"device": "cpu", "torch": "t", "triton": "t", "date": "d",
+                                     "rows": rows})
+    assert "AF3 sampler_step, graphs on: weights cast per call / once = 1.250" in md
+    assert md.count("| per call |") == 2

@@ -309,3 +309,83 @@ def test_fit_to_bucket_trims_fold_data_padding(af2_raw):
     assert batch["aatype"].shape[-1] == 256
     fitted, bucket = fit_to_bucket(batch, "af2")
     assert dict(bucket)["N_res"] == 128 and fitted["aatype"].shape[-1] == 128
+
+
+# -- the weights' casts, made once per prediction ------------------------------------------------
+
+class _ParameterCasts(torch.utils._python_dispatch.TorchDispatchMode):
+    """Counts the casts of parameters (``_to_copy`` of an ``nn.Parameter``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func.overloadpacket is torch.ops.aten._to_copy and \
+                isinstance(args[0], torch.nn.Parameter):
+            self.count += 1
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("graphs", [False, True])
+def test_af3_bf16_weight_casts_made_once(af3_raw, af3_model, graphs):
+    """bf16: the predictor's weight casts give the values of casting in every call, bit for bit
+    (eager and 'captured'), and a prediction after the first casts no parameter at all; a
+    changed weight is seen by the next prediction (the casts are refreshed)."""
+    from fold_data.af3 import make_sample
+
+    batch = collate([make_sample(af3_raw, "af3_predict", seed=0)])
+    run = dict(no_cycles=1, no_samples=2, no_steps=3)
+
+    def predictor(once: bool) -> AF3Predictor:
+        if graphs:
+            return AF3Predictor(af3_model, "cpu", precision="bf16", backend=EagerCapture(),
+                                cast_weights_once=once)
+        return AF3Predictor(af3_model, "cpu", precision="bf16", cuda_graphs=False,
+                            cast_weights_once=once)
+
+    def predict(p: AF3Predictor) -> dict:
+        return p(batch, generator=torch.Generator().manual_seed(5), **run)
+
+    per_call, once = predictor(False), predictor(True)
+    ref = predict(per_call)
+    first = predict(once)
+    with _ParameterCasts() as casts:
+        second = predict(once)
+    for k in ref:
+        assert torch.isfinite(ref[k]).all(), k
+        assert torch.equal(first[k], ref[k]) and torch.equal(second[k], ref[k]), k
+    assert casts.count == 0 and len(once.weight_casts) > 50
+    with _ParameterCasts() as casts:
+        predict(per_call)
+    assert casts.count > 50  # what the cache saves: every step casts the weights again
+    # a weight changed between predictions (a training step before a validation prediction)
+    weight = af3_model.diffusion.transformer.blocks[0].transition.linear_out.weight
+    saved = weight.detach().clone()
+    try:
+        with torch.no_grad():
+            weight.add_(0.5)
+        changed = predict(once)
+        assert torch.equal(changed["x"], predict(per_call)["x"])
+        assert not torch.equal(changed["x"], ref["x"])
+    finally:
+        with torch.no_grad():
+            weight.copy_(saved)
+
+
+def test_af2_bf16_weight_casts_made_once(af2_raw, af2_model):
+    """AF2 in bf16: the same outputs bit for bit with the casts made once, and fewer casts."""
+    batch = _af2_batch(af2_raw)
+    per_call = AF2Predictor(af2_model, "cpu", precision="bf16", cuda_graphs=False,
+                            cast_weights_once=False)
+    once = AF2Predictor(af2_model, "cpu", precision="bf16", cuda_graphs=False)
+    ref = per_call(batch)
+    once(batch)
+    with _ParameterCasts() as cached:
+        out = once(batch)
+    with _ParameterCasts() as plain:
+        per_call(batch)
+    for k in ref:
+        assert torch.isfinite(ref[k].float()).all() and torch.equal(out[k], ref[k]), k
+    # the structure module's torch.nn.Linear layers are cast by autocast itself, every call
+    assert plain.count > 10 * cached.count > 0  # 316 and 24 on 2026-11-30

@@ -26,6 +26,8 @@ from __future__ import annotations
 
 import torch
 
+from fold_ops.weight_casts import cast_weight
+
 __all__ = ["LOWERED", "autocast_dtype", "projection_dtype", "lower"]
 
 LOWERED = frozenset({"linear", "linear_channel_first", "swiglu", "triangle_projection"})
@@ -69,5 +71,13 @@ def lower(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
     if not (any(_needs_cast(a, dtype) for a in args)
             or any(_needs_cast(v, dtype) for v in kwargs.values())):
         return args, kwargs
-    return (tuple(a.to(dtype) if _needs_cast(a, dtype) else a for a in args),
-            {k: v.to(dtype) if _needs_cast(v, dtype) else v for k, v in kwargs.items()})
+    return (tuple(_cast(a, dtype) if _needs_cast(a, dtype) else a for a in args),
+            {k: _cast(v, dtype) if _needs_cast(v, dtype) else v for k, v in kwargs.items()})
+
+
+def _cast(a: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``a`` in ``dtype``: a parameter's cast from the active :class:`WeightCasts` (a
+    prediction's: made once, not per call) where it may be served."""
+    if isinstance(a, torch.nn.Parameter):
+        a = cast_weight(a)
+    return a if a.dtype == dtype else a.to(dtype)

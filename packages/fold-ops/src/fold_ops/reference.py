@@ -20,6 +20,7 @@ import torch.nn.functional as F
 
 from fold_ops.autocast import projection_dtype
 from fold_ops.rounding import round_to
+from fold_ops.weight_casts import cast_weight
 
 __all__ = [
     "linear",
@@ -44,6 +45,12 @@ __all__ = [
 # query with all keys masked sees equal logits and averages v, and unmasked logits keep full
 # precision. 1e9 is far below any real fp32 logit and representable in bf16/fp16 after upcast.
 MASKED_LOGIT = -1e9
+
+
+def _param_as(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """A weight or bias in its reader's ``dtype`` (a prediction's cast made once where it is
+    the autocast dtype: :mod:`fold_ops.weight_casts`)."""
+    return cast_weight(t, dtype).to(dtype)
 
 
 def _upcast(x: torch.Tensor) -> torch.Tensor:
@@ -109,7 +116,7 @@ def attention_packed(
     if gated:
         gate = x[..., 3, :, :]  # [*, R, N, H, D]
         if gate_bias is not None:  # in proj's dtype (bf16 under autocast, as linear_g gave)
-            gate = gate + gate_bias.to(proj.dtype).view(no_heads, -1)
+            gate = gate + _param_as(gate_bias, proj.dtype).view(no_heads, -1)
         gate = gate.transpose(-2, -3)
     o = attention(q, k, v, bias, mask, scale, gate)  # [*, R, H, N, D]
     return o.transpose(-2, -3).flatten(-2)
@@ -119,8 +126,8 @@ def layer_norm(
     x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None, eps: float = 1e-5
 ) -> torch.Tensor:
     """LayerNorm over the last dim, in x's dtype (PyTorch accumulates half inputs in fp32)."""
-    w = weight.to(x.dtype) if weight is not None else None
-    b = bias.to(x.dtype) if bias is not None else None
+    w = _param_as(weight, x.dtype) if weight is not None else None
+    b = _param_as(bias, x.dtype) if bias is not None else None
     return F.layer_norm(x, (x.shape[-1],), w, b, eps)
 
 
@@ -191,7 +198,7 @@ def adaptive_layer_norm(
     autocast y is in the autocast dtype, as a LayerNorm fork's (its readers are projections)."""
     gate, shift = cond.chunk(2, -1)  # [*, C] each
     if gate_bias is not None:  # in cond's dtype (bf16 under autocast, as the Linear gave)
-        gate = gate + gate_bias.to(cond.dtype)
+        gate = gate + _param_as(gate_bias, cond.dtype)
     y = torch.sigmoid(gate) * layer_norm(a, None, None, eps) + shift
     return y.to(projection_dtype(a))
 
@@ -227,9 +234,9 @@ def bias_sigmoid_gate(
     """``(x + x_bias) * sigmoid(gate + bias)``. Each bias is added in its operand's dtype (under
     autocast, as a linear layer adds its bias), so y stays in x's dtype."""
     if bias is not None:
-        gate = gate + bias.to(gate.dtype)
+        gate = gate + _param_as(bias, gate.dtype)
     if x_bias is not None:
-        x = x + x_bias.to(x.dtype)
+        x = x + _param_as(x_bias, x.dtype)
     return x * torch.sigmoid(gate)
 
 
@@ -263,7 +270,7 @@ def triangle_projection_gate(
     biases ``[4c]`` and ``mask [*, I, J]``: ``a = (p_a + bias_pa) * sigmoid(g_a + bias_ga) *
     mask``, likewise b, each ``[*, c, I, J]``. The biases and the 0/1 mask are cast to proj's
     dtype (bf16 under autocast: no promotion of the products to fp32)."""
-    p_a, g_a, p_b, g_b = (proj + bias.to(proj.dtype)[:, None, None]).chunk(4, dim=-3)
+    p_a, g_a, p_b, g_b = (proj + _param_as(bias, proj.dtype)[:, None, None]).chunk(4, dim=-3)
     keep = mask.unsqueeze(-3).to(proj.dtype)  # [*, 1, I, J]
     return p_a * torch.sigmoid(g_a) * keep, p_b * torch.sigmoid(g_b) * keep
 

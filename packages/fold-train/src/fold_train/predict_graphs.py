@@ -32,10 +32,11 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from contextlib import nullcontext
+from contextlib import contextmanager
 
 import torch
 from fold_model.host_values import known_slots
+from fold_ops.weight_casts import WeightCasts, weight_casts
 
 from fold_train.buckets import Bucket, BucketPolicy, fit_to_bucket, real_extent
 from fold_train.cuda_graphs import CaptureBackend, CudaGraphBackend, CudaGraphError
@@ -83,12 +84,15 @@ class _Predictor:
     ``cuda_graphs``: None = on when ``device`` is CUDA. ``backend`` replaces the capture (tests:
     ``EagerCapture``; it implies graphs and padding). ``pad``: pad to the bucket (default: when
     graphs are on; graphs need it). ``timing``: record the wall time of each replay in
-    :attr:`timings` (synchronizing the device around it)."""
+    :attr:`timings` (synchronizing the device around it). ``cast_weights_once`` (bf16): the
+    weights' autocast casts made once and kept (:mod:`fold_ops.weight_casts`: the same values
+    as casting them in every call, which False does)."""
 
     def __init__(self, model: torch.nn.Module, device: torch.device | str, *,
                  precision: str = "fp32", cuda_graphs: bool | None = None,
                  policy: BucketPolicy | None = None, backend: CaptureBackend | None = None,
-                 pad: bool | None = None, timing: bool = False) -> None:
+                 pad: bool | None = None, timing: bool = False, cast_weights_once: bool = True
+                 ) -> None:
         self.model = model
         self.device = torch.device(device)
         self.precision = precision
@@ -106,6 +110,9 @@ class _Predictor:
         self._states: dict[tuple, dict] = {}  # key -> static buffers and graphs of a bucket
         self._facts: dict[str, tuple] = {}  # _host_facts of the input being predicted
         self._facts_key: tuple | None = None
+        # bf16: the weights' casts, made once and read by every step and every graph (their
+        # tensors live as long as the predictor: a captured graph reads them at their address)
+        self.weight_casts = WeightCasts() if cast_weights_once else None
 
     @property
     def buckets(self) -> list[tuple]:
@@ -119,11 +126,16 @@ class _Predictor:
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
 
+    @contextmanager
     def _autocast(self):
         if self.precision != "bf16":
-            return nullcontext()
-        # no autocast weight cache: a captured graph must not read the cache of the capture
-        return torch.autocast(self.device.type, dtype=torch.bfloat16, cache_enabled=False)
+            yield
+            return
+        # not autocast's weight cache, which is emptied when its context exits (a captured graph
+        # would read freed casts): the predictor's own, refreshed by each prediction (_fit)
+        with torch.autocast(self.device.type, dtype=torch.bfloat16, cache_enabled=False), \
+                weight_casts(self.weight_casts):
+            yield
 
     def _fit(self, batch: dict[str, torch.Tensor], family: str,
              extent: dict[str, int] | None = None) -> tuple[dict[str, torch.Tensor], Bucket]:
@@ -136,6 +148,8 @@ class _Predictor:
         else:
             bucket = tuple(sorted((extent or real_extent(batch, family)).items()))
         self._facts, self._facts_key = _host_facts(batch)
+        if self.weight_casts is not None:  # weights changed since the last prediction: recast
+            self.weight_casts.refresh()
         return batch, bucket
 
     def _state(self, key: tuple) -> dict:

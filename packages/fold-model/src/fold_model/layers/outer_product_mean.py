@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Literal
 
 import torch
+from fold_ops.weight_casts import cast_weight
 from torch import nn
 
 from fold_model.layers.primitives import LayerNorm, Linear, chunked_rows
@@ -102,7 +103,8 @@ class OuterProductMean(nn.Module):
                 norm = self._outer_sum(mask_i, mask_b)  # [*, I, N_res, 1]
                 # the division acts on the [*, I, J, C_z] projection instead of the
                 # [*, I, J, c * c] outer sum (8x fewer elements at c = 32, C_z = 128)
-                proj = nn.functional.linear(self._outer_sum(a_i, b), self.linear_out.weight)
+                proj = nn.functional.linear(self._outer_sum(a_i, b),
+                                            cast_weight(self.linear_out.weight))
                 return self._mean(proj, norm)
 
             return chunked_rows(project_then_mean, chunk_size, ((a, -2), (mask, -2)), out_dim=-3)
@@ -112,7 +114,8 @@ class OuterProductMean(nn.Module):
         # Row layout: the linear map commutes with the sum over sequences, so each rank projects
         # its partial sum (no bias) and the partial sums are added by reduce_scatter.
         def partial(a_i: torch.Tensor, mask_i: torch.Tensor) -> torch.Tensor:
-            proj = nn.functional.linear(self._outer_sum(a_i, b), self.linear_out.weight)
+            weight = cast_weight(self.linear_out.weight)
+            proj = nn.functional.linear(self._outer_sum(a_i, b), weight)
             return torch.cat([proj, self._outer_sum(mask_i, mask)], dim=-1)  # [*, I, J, C_z+1]
 
         out = chunked_rows(partial, chunk_size, ((a, -2), (mask, -2)), out_dim=-3)

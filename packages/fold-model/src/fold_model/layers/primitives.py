@@ -17,6 +17,7 @@ from typing import Any, Literal
 import torch
 import torch.nn.functional as F
 from fold_ops.tracing import fx_tracing
+from fold_ops.weight_casts import cast_stacked, cast_weight, concatenated
 from torch import nn
 
 from fold_model import ops
@@ -106,7 +107,7 @@ class Linear(nn.Linear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.bias is None:  # nothing for a backend to fuse: no dispatch on the host path
-            return F.linear(x, self.weight)
+            return F.linear(x, cast_weight(self.weight))
         return ops.linear(x, self.weight, self.bias)
 
 
@@ -240,22 +241,24 @@ class Attention(nn.Module):
 
     def _project_out(self, o: torch.Tensor, out_bias: bool) -> torch.Tensor:
         """``linear_o(o)``, or without its bias (``out_bias=False``)."""
-        return self.linear_o(o) if out_bias else F.linear(o, self.linear_o.weight)
+        return self.linear_o(o) if out_bias else F.linear(o, cast_weight(self.linear_o.weight))
 
     def _packed_weight(self) -> torch.Tensor:
-        """The q, k, v (and gate) weights stacked: ``[P * H * D, C]``, P = 4 when gated."""
+        """The q, k, v (and gate) weights stacked: ``[P * H * D, C]``, P = 4 when gated (made
+        once per prediction in the autocast dtype: :mod:`fold_ops.weight_casts`)."""
         layers = [self.linear_q, self.linear_k, self.linear_v]
         if self.linear_g is not None:
             layers.append(self.linear_g)
-        return torch.cat([lin.weight for lin in layers])
+        return cast_stacked([lin.weight for lin in layers], "cat", concatenated)
 
     def _packed_bias(self, weight: torch.Tensor) -> torch.Tensor | None:
         """The query bias padded with zeros to ``[P * H * D]`` (k, v have none; the gate's bias
         goes to the attention op separately), or None without a query bias."""
         if self.linear_q.bias is None:
             return None
-        q_bias = self.linear_q.bias
-        return torch.cat([q_bias, q_bias.new_zeros(weight.shape[0] - q_bias.shape[0])])
+        n = weight.shape[0]
+        return cast_stacked((self.linear_q.bias,), f"zero-padded to {n}",
+                            lambda b: torch.cat([b, b.new_zeros(n - b.shape[0])]))
 
     def _self_attend(
         self,

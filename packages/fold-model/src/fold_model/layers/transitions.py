@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import torch
+from fold_ops.weight_casts import cast_weight
 from torch import nn
 
 from fold_model import ops
@@ -24,8 +25,8 @@ class Transition(nn.Module):
 
     def _transition(self, x: torch.Tensor) -> torch.Tensor:
         h = ops.layer_norm_linear(
-            x, self.layer_norm.weight, self.layer_norm.bias, self.linear_1.weight,
-            self.linear_1.bias, self.layer_norm.eps,
+            x, self.layer_norm.weight, self.layer_norm.bias, cast_weight(self.linear_1.weight),
+            cast_weight(self.linear_1.bias), self.layer_norm.eps,
         )
         return self.linear_2(torch.relu(h))
 

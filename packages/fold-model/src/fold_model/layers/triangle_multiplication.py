@@ -7,6 +7,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from fold_ops.tracing import fx_tracing
+from fold_ops.weight_casts import cast_stacked, cast_weight, concatenated
 from torch import nn
 
 from fold_model import ops
@@ -103,8 +104,8 @@ class TriangleMultiplication(nn.Module):
         GEMM's epilogue (the four projections, twice the pair, are never written) and returns
         d(z_ln) channel-last, so adding it to linear_g's d(z_ln) is no strided add."""
         layers = (self.linear_a_p, self.linear_a_g, self.linear_b_p, self.linear_b_g)
-        weight = torch.cat([lin.weight for lin in layers])  # [4c, C_z]
-        bias = torch.cat([lin.bias for lin in layers])  # [4c]
+        weight = cast_stacked([lin.weight for lin in layers], "cat", concatenated)  # [4c, C_z]
+        bias = cast_stacked([lin.bias for lin in layers], "cat", concatenated)  # [4c]
         return ops.triangle_projection(z_ln, weight, bias, pair_mask)
 
     def forward(
@@ -141,8 +142,8 @@ class TriangleMultiplication(nn.Module):
         def product(a_i: torch.Tensor, z_ln_i: torch.Tensor) -> torch.Tensor:
             x = triangle_product(a_i, b, self.outgoing)  # [*, c, I, J]
             # LayerNorm reads the channel-first product through its strides: no copy
-            x = F.linear(self.layer_norm_out(x.movedim(-3, -1)), self.linear_z.weight)
-            g = F.linear(z_ln_i, self.linear_g.weight)  # [*, I, J, C_z] each
+            x = F.linear(self.layer_norm_out(x.movedim(-3, -1)), cast_weight(self.linear_z.weight))
+            g = F.linear(z_ln_i, cast_weight(self.linear_g.weight))  # [*, I, J, C_z] each
             # linear_z's and linear_g's biases are added in the gate op, whose backward sums
             # their gradients in its own pass (no column sum of a pair-sized gradient each)
             return ops.bias_sigmoid_gate(x, g, self.linear_g.bias, self.linear_z.bias)
