@@ -25,12 +25,15 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
+import sys
 import tempfile
 import time
 from pathlib import Path
 
 import torch
-from torch.profiler import ProfilerActivity, profile
+from torch.profiler import ProfilerActivity, profile, record_function
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from benchmarks.common.machine import device_name, triton_version
 from benchmarks.common.predict_inputs import af3_prediction
@@ -75,10 +78,39 @@ def _short(frame: str) -> str:
     return frame.split("/src/")[-1].split("site-packages/")[-1]
 
 
+_SITE = "site: "
+
+
+class SiteAnnotations(TorchDispatchMode):
+    """Runs every ATen op inside a profiler range named after the innermost project frame that
+    called it (``site: fold_model/af3/embedders.py:156 queries``): the profiler then links each
+    op's kernels to its source line whether or not it records Python stacks (torch 2.11 on CUDA
+    kept none for the ops)."""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        with record_function(_SITE + _project_frame()):
+            return func(*args, **(kwargs or {}))
+
+
+def _project_frame() -> str:
+    frame = sys._getframe(2)
+    while frame is not None:
+        name = frame.f_code.co_filename
+        if any(pkg in name for pkg in _PACKAGES):
+            return f"{_short(name)}:{frame.f_lineno} {frame.f_code.co_name}"
+        frame = frame.f_back
+    return "?"
+
+
 def _caller(event) -> str:
-    """The innermost Python frame of the project that (indirectly) called a profiled op: from
-    the op's recorded stack where the profiler keeps one (torch 2.11 on CUDA), else from the
-    Python-function events above it (torch 2.13)."""
+    """The innermost Python frame of the project that (indirectly) called a profiled op: the
+    :class:`SiteAnnotations` range above it, else the op's recorded stack, else the
+    Python-function events above it."""
+    parent = event.cpu_parent
+    while parent is not None:
+        if parent.name.startswith(_SITE):
+            return parent.name[len(_SITE):]
+        parent = parent.cpu_parent
     for frame in event.stack or ():
         if any(pkg in frame for pkg in _PACKAGES):
             return _short(frame)
@@ -97,6 +129,8 @@ def _by_source(prof, device: torch.device, top: int) -> list[str]:
     for e in prof.events():
         if not e.name.startswith("aten::"):
             continue
+        if any(c.name.startswith(_SITE) for c in e.cpu_children):
+            continue  # the op's entry into the annotating mode: its own op is inside
         us = e.self_device_time_total if device.type == "cuda" else e.self_cpu_time_total
         if us <= 0:
             continue
@@ -117,7 +151,8 @@ def profile_piece(replay, facts, device: torch.device, top: int, stacks: bool = 
         activities.append(ProfilerActivity.CUDA)
         torch.cuda.synchronize(device)
     t0 = time.perf_counter()
-    with profile(activities=activities, with_stack=stacks) as prof, known_slots(facts):
+    with profile(activities=activities, with_stack=stacks) as prof, known_slots(facts), \
+            (SiteAnnotations() if stacks else contextlib.nullcontext()):
         replay()
         if device.type == "cuda":
             torch.cuda.synchronize(device)
