@@ -239,3 +239,14 @@ def test_dry_run_of_the_first_blocks_equals_the_whole_stacks(af3_raw):
             _within(v, measured.stages[name], name)
         for path, n in sizes.items():
             assert len(model.get_submodule(path).blocks) == n, path
+
+
+def test_plan_counts_the_weight_casts_under_bf16():
+    """bf16 prediction keeps a bf16 copy of the cast weights (fold_ops.weight_casts): the plan's
+    weights include it (2 bytes per fp32 parameter), fp32 casts nothing."""
+    from fold_train.predict_plan import cast_bytes
+
+    model = torch.nn.Sequential(torch.nn.Linear(3, 5), torch.nn.LayerNorm(5))
+    n = sum(p.numel() for p in model.parameters())
+    assert cast_bytes(model, "bf16") == 2 * n and cast_bytes(model, "fp32") == 0
+    assert cast_bytes(model.to(torch.bfloat16), "bf16") == 0  # bf16 weights: nothing to cast

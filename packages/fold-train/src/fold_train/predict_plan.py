@@ -25,7 +25,8 @@ with fold-kernels the attention kernels are counted as they run (their outputs a
 statistics, no ``[rows, H, N, N]`` logits) and bf16 follows CUDA's autocast; on the CPU the
 PyTorch references are counted (with their logits: an upper bound for a GPU with kernels).
 
-The device needs the weights and the input features on top (both counted here, at their size).
+The device needs the weights and the input features on top (both counted here, at their size;
+under bf16 also the predictor's bf16 copies of the weights, :func:`cast_bytes`).
 Not counted: the CUDA context and kernels' workspaces (cuBLAS), and the caching allocator's
 fragmentation; :data:`DEVICE_MARGIN` of the budget is left for them.
 
@@ -199,7 +200,9 @@ def af3_run(model, extent: dict[str, int], *, no_samples: int | None, no_cycles:
     from fold_train.predict_graphs import AF3Predictor
 
     def run(batch: dict) -> Any:
-        predictor = AF3Predictor(model, device, precision=precision, cuda_graphs=False)
+        # the weight casts are counted with the weights (cast_bytes), not as live activations
+        predictor = AF3Predictor(model, device, precision=precision, cuda_graphs=False,
+                                 cast_weights_once=False)
         generator = torch.Generator(device=torch.device(device)).manual_seed(seed)
         return predictor(batch, generator=generator,
                          no_cycles=no_cycles, no_samples=no_samples, no_steps=no_steps,
@@ -215,7 +218,8 @@ def af2_run(model, extent: dict[str, int], *, num_recycles: int = 1,
     from fold_train.predict_graphs import AF2Predictor
 
     def run(batch: dict) -> Any:
-        return AF2Predictor(model, device, precision=precision, cuda_graphs=False)(
+        return AF2Predictor(model, device, precision=precision, cuda_graphs=False,
+                            cast_weights_once=False)(
             batch, num_recycles=num_recycles, extent=extent)
     return run
 
@@ -272,6 +276,14 @@ def _smaller_chunk(chunk: int | None, extent: int) -> int | None:
     return None
 
 
+def cast_bytes(model, precision: str) -> int:
+    """The predictor's weight casts under bf16 (``fold_ops.weight_casts``): at most one bf16
+    copy of each fp32 parameter (LayerNorm's are not cast: a slight overcount)."""
+    if precision != "bf16":
+        return 0
+    return sum(2 * p.numel() for p in model.parameters() if p.dtype == torch.float32)
+
+
 def plan_chunking(model, family: str, batch: dict, budget: int, *,
                   chunk_size: int | None = None, sample_group: int | None = None,
                   no_samples: int | None = None, precision: str = "fp32",
@@ -284,6 +296,7 @@ def plan_chunking(model, family: str, batch: dict, budget: int, *,
 
     model.eval()
     weights = _tensor_bytes(list(model.parameters()) + list(model.buffers()))
+    weights += cast_bytes(model, precision)
     features = _tensor_bytes(batch)  # the batch copied to the device
     real = real_extent(batch, family)
     on = fake_device(device)
