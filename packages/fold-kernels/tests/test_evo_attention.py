@@ -170,8 +170,10 @@ def test_bad_shapes_are_rejected():
     q = torch.randn(1, 2, 2, 10, 8, device=DEVICE)
     with pytest.raises(ValueError, match="bias must be"):
         evo_attention(q, q, q, bias=torch.randn(2, 10, 9, device=DEVICE))
-    with pytest.raises(ValueError, match="one shape"):
+    with pytest.raises(ValueError, match="k and v must"):  # k's key length is not v's
         evo_attention(q, q[..., :9, :], q)
+    with pytest.raises(ValueError, match="one shape"):
+        evo_attention(q, q, q[..., :9, :])
     with pytest.raises(ValueError, match="dtype"):
         evo_attention(q.double(), q.double(), q.double())
 

@@ -1200,15 +1200,22 @@ def evo_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     """Attention with a pair bias shared over R rows, optionally gated (AF2 gated attention).
 
     Args:
-        q, k, v: ``[*, R, H, N, D]``, fp16/bf16/fp32, D <= 128 (8, 16, 32, 64 are tuned).
+        q, k, v: ``[*, R, H, N, D]``, fp16/bf16/fp32, D <= 128 (8, 16, 32, 64 are tuned). For
+            inference k and v may have their own key length ``[*, R, H, N_k, D]`` (AF3's atom
+            windows; :mod:`fold_kernels.evo_attention_cross`, forward only).
         bias: ``[*, H, N, N]`` (leading dims broadcast to q's), or None (MSA column attention).
         mask: ``[*, R, N]`` bool or float, true/1 = attend; None attends to every key.
         scale: multiplies ``q k^T``; defaults to ``D ** -0.5``.
         gate: ``[*, R, H, N, D]`` or None; the output becomes ``o * sigmoid(gate)``.
 
     Returns:
-        ``[*, R, H, N, D]`` in q's dtype. Differentiable in q, k, v, bias and gate.
+        ``[*, R, H, N, D]`` in q's dtype. Differentiable in q, k, v, bias and gate (with
+        ``N_k = N``).
     """
+    if k.dim() == q.dim() and k.dim() >= 4 and k.shape[-2] != q.shape[-2]:
+        from fold_kernels.evo_attention_cross import cross_attention
+
+        return cross_attention(q, k, v, bias, mask, scale, gate)
     _check(q, k, v, bias, mask, gate)
     if scale is None:
         scale = q.shape[-1] ** -0.5

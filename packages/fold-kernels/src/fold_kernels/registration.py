@@ -27,10 +27,11 @@ from types import ModuleType
 import torch
 from fold_ops.autocast import autocast_dtype
 from fold_ops.contract import OPS
+from fold_ops.env import EnvVar
 from fold_ops.tracing import compiling, fx_tracing
 
 import fold_kernels as kernels
-from fold_kernels import triangle_gate, triangle_gemm
+from fold_kernels import nograd, triangle_gate, triangle_gemm
 from fold_kernels.adaptive_layer_norm import broadcast_layout
 from fold_kernels.broadcast import broadcast_shape
 from fold_kernels.fakes import FAKES
@@ -40,6 +41,9 @@ from fold_kernels.layer_norm import MAX_HIDDEN
 __all__ = ["register", "SUPPORTS"]
 
 PRIORITY = 10
+# ``FOLD_EVO_CROSS=0``: queries and keys of different lengths (inference) are left to PyTorch, as
+# before the forward kernel for them (for comparisons)
+_CROSS = EnvVar("FOLD_EVO_CROSS", lambda v: (v if v is not None else "1") != "0")
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 
@@ -85,14 +89,19 @@ def _indexable_attention(batch: tuple[int, ...], r: int, h: int, n: int, has_bia
 def supports_attention(q, k, v, bias=None, mask=None, scale=None, gate=None) -> bool:
     if not _common(q, k, v, bias, mask, gate) or q.dim() < 4:
         return False
-    if k.shape != q.shape or v.shape != q.shape or k.dtype != q.dtype or v.dtype != q.dtype:
+    if k.shape != q.shape:  # another key length: the forward-only kernel, for inference
+        if (k.dim() != q.dim() or k.shape[:-2] != q.shape[:-2] or k.shape[-1] != q.shape[-1]
+                or nograd.records(q, k, v, bias, gate) or not _CROSS.get()):
+            return False
+    if v.shape != k.shape or k.dtype != q.dtype or v.dtype != q.dtype:
         return False
     if gate is not None and gate.shape != q.shape:
         return False
     *batch, r, h, n, d = q.shape
-    if d > 128 or not _indexable_attention(tuple(batch), r, h, n, bias is not None):
+    n_k = k.shape[-2]
+    if d > 128 or not _indexable_attention(tuple(batch), r, h, max(n, n_k), bias is not None):
         return False
-    if bias is not None and (bias.dim() < 3 or tuple(bias.shape[-3:]) != (h, n, n)
+    if bias is not None and (bias.dim() < 3 or tuple(bias.shape[-3:]) != (h, n, n_k)
                              or bias.dtype not in _DTYPES):
         return False
     if bias is not None and bias.dim() > 3:
@@ -100,9 +109,9 @@ def supports_attention(q, k, v, bias=None, mask=None, scale=None, gate=None) -> 
         if broadcast_shape(tuple(bias.shape[:-3]), batch) != batch:
             return False
     if mask is not None:
-        if broadcast_shape(tuple(mask.shape), tuple(q.shape[:-3]) + (n,)) is None:
+        if broadcast_shape(tuple(mask.shape), tuple(q.shape[:-3]) + (n_k,)) is None:
             return False
-        if mask.shape[-1] != n:
+        if mask.shape[-1] != n_k:
             return False
     return True
 

@@ -161,6 +161,11 @@ def _attention_configs(kernel: str, name: str, head_dim: int,
                (32, 32, 2, 3, 2)],
         "dbias": [(64, 32, 4, 3, 1), (64, 64, 4, 3, 1), (64, 128, 4, 2, 1), (128, 128, 8, 2, 1),
                   (32, 64, 4, 3, 1), (64, 32, 2, 3, 1)],
+        # the forward with its own key length (evo_attention_cross; AF3's atom windows: 32
+        # queries, 128 keys, rows = the samples sharing a window's bias)
+        "fwd_cross": [(32, 64, 4, 3, 1), (32, 128, 4, 3, 1), (32, 64, 4, 3, 2),
+                      (32, 128, 4, 3, 2), (32, 32, 2, 3, 2), (64, 64, 4, 3, 1),
+                      (16, 64, 2, 3, 1)],
     }[kernel]
     if kernel == "fwd" and head_dim <= 16:
         # head dims padded to 16 (extra MSA, D 8): the products are cheap, the per-tile row

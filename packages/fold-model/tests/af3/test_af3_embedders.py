@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 
+import pytest
 import torch
 from _af3_helpers import random_features, randomize_, rel_err
 from fold_model.af3.config import config
@@ -75,8 +76,21 @@ def _dense_atom_transformer(mod: AtomTransformer, q, c, p_full, atom_mask, n_q, 
     return q
 
 
-def test_windowed_atom_transformer_equals_dense():
-    n_q, n_k, A = 4, 10, 19  # odd atom count, windows overhang both ends
+def test_window_major_keys_and_window_sums():
+    """The window-major gather equals the sample-major one transposed; the window-wise
+    residual sum equals the sum after unwindowing, padded (A % n_q != 0) or not."""
+    g = torch.Generator().manual_seed(1)
+    for atoms in (19, 20):
+        win = AtomWindows(torch.ones(2, atoms), 4, 10)
+        x = torch.randn(2, 3, atoms, 5, generator=g)
+        assert torch.equal(win.keys_by_window(x), win.keys(x).transpose(1, 2))
+        upd = torch.randn(2, win.n_windows, 3, 4, 5, generator=g)  # [B, K, S, n_q, C]
+        assert torch.equal(win.add_windows(x, upd), x + win.unwindow(upd.transpose(1, 2)))
+
+
+@pytest.mark.parametrize("A", [19, 20])  # odd (a partial last window) and a multiple of n_q
+def test_windowed_atom_transformer_equals_dense(A):
+    n_q, n_k = 4, 10  # windows overhang both ends
     mod = randomize_(AtomTransformer(8, 5, no_blocks=2, no_heads=2), scale=0.5).double()
     g = torch.Generator().manual_seed(0)
     q = torch.randn(2, 3, A, 8, generator=g, dtype=torch.float64)

@@ -151,6 +151,22 @@ class AtomWindows:
         masked by ``key_valid``)."""
         return x.index_select(-2, self.key_index.reshape(-1)).unflatten(-2, self.key_index.shape)
 
+    def keys_by_window(self, x: torch.Tensor) -> torch.Tensor:
+        """``[B, S, A, C]`` -> ``[B, K, S, n_k, C]``: :meth:`keys` gathered window-major in one
+        gather, the layout the attention batches them in (each window's samples share its
+        bias), so the k and v projections read it without a copy."""
+        s = torch.arange(x.shape[1], device=x.device)
+        return x[:, s[None, :, None], self.key_index[:, None, :]]  # [B, K, S, n_k, C]
+
+    def add_windows(self, x: torch.Tensor, update: torch.Tensor) -> torch.Tensor:
+        """``x [B, S, A, C] + unwindow(update [B, K, S, n_q, C])``: without padding (A a
+        multiple of n_q) the sum is made window by window, with no copy of the update into
+        the atom order first."""
+        if self.padded != self.n_atom:
+            return x + self.unwindow(update.transpose(1, 2))
+        upd = update.transpose(1, 2)  # [B, S, K, n_q, C] view
+        return (x.unflatten(-2, (self.n_windows, self.n_q)) + upd).flatten(-3, -2)
+
     def unwindow(self, x: torch.Tensor) -> torch.Tensor:
         """``[*, K, n_q, C]`` -> ``[*, A, C]``."""
         return x.flatten(-3, -2)[..., : self.n_atom, :]
@@ -217,9 +233,9 @@ class AtomTransformer(nn.Module):
         x = attn.normalize(q, c_all)  # [B, S, A, C]
         x_kv = attn.normalize_keys(q, x, c_all)  # [B, S, A, C]
         x_q = win.queries(x).transpose(1, 2)  # [B, K, S, n_q, C]
-        x_k = win.keys(x_kv).transpose(1, 2)  # [B, K, S, n_k, C]
+        x_k = win.keys_by_window(x_kv)  # [B, K, S, n_k, C]
         out = attn.attend(x_q, x_k, mask, bias, c_q)  # [B, K, S, n_q, C]
-        q = q + win.unwindow(out.transpose(1, 2))  # [B, S, A, C]
+        q = win.add_windows(q, out)  # [B, S, A, C]
         return q + trans(q, c_all)
 
 
