@@ -45,7 +45,7 @@ def _check(q, k, v, bias, mask, gate, dtype, scale=None):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("nq,nk,d", [(7, 13, 8), (20, 9, 32), (32, 48, 16)])
+@pytest.mark.parametrize("nq,nk,d", [(7, 13, 8), (20, 9, 32), (32, 48, 16), (1, 5, 8)])
 def test_matches_reference(dtype, nq, nk, d):
     _check(*_inputs((2,), 3, 2, nq, nk, d, dtype), dtype)
 
