@@ -86,6 +86,12 @@ def test_window_major_keys_and_window_sums():
         assert torch.equal(win.keys_by_window(x), win.keys(x).transpose(1, 2))
         upd = torch.randn(2, win.n_windows, 3, 4, 5, generator=g)  # [B, K, S, n_q, C]
         assert torch.equal(win.add_windows(x, upd), x + win.unwindow(upd.transpose(1, 2)))
+        # inference's overlapping views of the padded keys: the gathered windows where a key
+        # is an atom, zeros where the window overhangs (both masked by key_valid there)
+        views = win.key_windows(win.pad_keys(x))
+        inside = (win.key_index == (torch.arange(win.n_windows)[:, None] * 4 - 3
+                                    + torch.arange(10)))[None, :, None, :, None]
+        assert torch.equal(views, torch.where(inside, win.keys_by_window(x), 0.0))
 
 
 @pytest.mark.parametrize("A", [19, 20])  # odd (a partial last window) and a multiple of n_q
@@ -103,9 +109,12 @@ def test_windowed_atom_transformer_equals_dense(A):
     rows = win.queries(torch.arange(A)[None, :, None]).squeeze(-1).clamp_max(A - 1)  # [1, K, n_q]
     p_win = p_full[:, rows[0][:, :, None], win.key_index[:, None, :]]  # [B, K, n_q, n_k, C]
     got = mod(q, c, p_win, win)
+    with torch.no_grad():  # inference: k, v per atom, the windows as overlapping views
+        got_inference = mod(q, c, p_win, win)
     ref = _dense_atom_transformer(mod, q, c, p_full, atom_mask, n_q, n_k)
     real = atom_mask.bool()[:, None, :].expand(-1, 3, -1)
     assert rel_err(got[real], ref[real]) < 1e-12
+    assert rel_err(got_inference[real], ref[real]) < 1e-12
 
 
 def _encoder_inputs(seed=0):

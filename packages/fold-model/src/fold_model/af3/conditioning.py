@@ -171,7 +171,16 @@ class AttentionPairBias(nn.Module):
     ) -> torch.Tensor:
         """Attention of normalised queries ``[*, R, N_q, C_a]`` to normalised keys/values
         ``[*, R, N_k, C_a]``; ``s_q: [*, R, N_q, C_s]`` gates the output when conditioned."""
-        out = self.mha(q_x, kv_x, mask, bias, chunk_size)  # [*, R, N_q, C_a]
+        return self._gated(self.mha(q_x, kv_x, mask, bias, chunk_size), s_q)  # [*, R, N_q, C_a]
+
+    def attend_projected(self, q_x: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                         mask: torch.Tensor | None, bias: torch.Tensor | None,
+                         s_q: torch.Tensor | None = None) -> torch.Tensor:
+        """:meth:`attend` with the keys and values projected beforehand (``k, v [*, R, N_k,
+        C_a]``: :meth:`Attention.attend_projected`)."""
+        return self._gated(self.mha.attend_projected(q_x, k, v, mask, bias), s_q)
+
+    def _gated(self, out: torch.Tensor, s_q: torch.Tensor | None) -> torch.Tensor:
         if self.ada_ln is not None:  # out * sigmoid(Linear(s)): one fused op each way
             out = ops.bias_sigmoid_gate(out, self.linear_s_gate(s_q))
         return out

@@ -158,6 +158,32 @@ class AtomWindows:
         s = torch.arange(x.shape[1], device=x.device)
         return x[:, s[None, :, None], self.key_index[:, None, :]]  # [B, K, S, n_k, C]
 
+    @property
+    def overhang(self) -> tuple[int, int]:
+        """``(before, after)``: how many rows the key windows reach before atom 0 and after
+        atom A - 1 (:meth:`pad_keys` pads by them)."""
+        before = (self.n_k - self.n_q) // 2
+        after = max(0, (self.n_windows - 1) * self.n_q + self.n_k - before - self.n_atom)
+        return before, after
+
+    def pad_keys(self, x: torch.Tensor) -> torch.Tensor:
+        """``[*, A, C]`` -> ``[*, before + A + after, C]`` (zero rows, :attr:`overhang`): every
+        key window is a slice of it (:meth:`key_windows`)."""
+        before, after = self.overhang
+        return nn.functional.pad(x, (0, 0, before, after))
+
+    def key_windows(self, x_padded: torch.Tensor) -> torch.Tensor:
+        """``[B, S, L, C]``, :meth:`pad_keys` of the keys or a row-wise map of it that keeps
+        zero rows zero (a projection without bias) -> ``[B, K, S, n_k, C]``: the windows as
+        overlapping strided views, no gather (the padded rows are masked by ``key_valid``, as
+        :meth:`keys`' clamped copies are). For reading (inference): a gradient through
+        overlapping views is summed by a slow scatter."""
+        x = x_padded.contiguous()
+        b, s, _, c = x.shape
+        sb, ss, sl, sc = x.stride()
+        return x.as_strided((b, self.n_windows, s, self.n_k, c),
+                            (sb, self.n_q * sl, ss, sl, sc))  # window k: rows k n_q ...
+
     def add_windows(self, x: torch.Tensor, update: torch.Tensor) -> torch.Tensor:
         """``x [B, S, A, C] + unwindow(update [B, K, S, n_q, C])``: without padding (A a
         multiple of n_q) the sum is made window by window, with no copy of the update into
@@ -233,8 +259,15 @@ class AtomTransformer(nn.Module):
         x = attn.normalize(q, c_all)  # [B, S, A, C]
         x_kv = attn.normalize_keys(q, x, c_all)  # [B, S, A, C]
         x_q = win.queries(x).transpose(1, 2)  # [B, K, S, n_q, C]
-        x_k = win.keys_by_window(x_kv)  # [B, K, S, n_k, C]
-        out = attn.attend(x_q, x_k, mask, bias, c_q)  # [B, K, S, n_q, C]
+        if torch.is_grad_enabled():
+            x_k = win.keys_by_window(x_kv)  # [B, K, S, n_k, C]
+            out = attn.attend(x_q, x_k, mask, bias, c_q)  # [B, K, S, n_q, C]
+        else:  # inference: k and v projected once per atom (each atom is in n_k / n_q key
+            # windows), the windows read as overlapping views of the projections: no gather
+            x_p = win.pad_keys(x_kv)  # [B, S, L, C]
+            k = win.key_windows(attn.mha.linear_k(x_p))  # [B, K, S, n_k, C]
+            v = win.key_windows(attn.mha.linear_v(x_p))
+            out = attn.attend_projected(x_q, k, v, mask, bias, c_q)  # [B, K, S, n_q, C]
         q = win.add_windows(q, out)  # [B, S, A, C]
         return q + trans(q, c_all)
 

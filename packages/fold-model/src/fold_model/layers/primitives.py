@@ -231,11 +231,25 @@ class Attention(nn.Module):
         bias: torch.Tensor | None,
         out_bias: bool = True,
     ) -> torch.Tensor:
+        return self.attend_projected(q_x, self.linear_k(kv_x), self.linear_v(kv_x), mask, bias,
+                                     out_bias)
+
+    def attend_projected(
+        self,
+        q_x: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        mask: torch.Tensor | None,
+        bias: torch.Tensor | None,
+        out_bias: bool = True,
+    ) -> torch.Tensor:
+        """Attention of ``q_x [*, R, N_q, C_q]`` to keys and values projected beforehand,
+        ``k, v [*, R, N_k, H * D]`` (``linear_k``, ``linear_v`` of the keys; any strides: the atom
+        transformer passes overlapping windows of a per-atom projection)."""
         q = self._heads(self.linear_q(q_x))  # [*, R, H, N_q, D]
-        k = self._heads(self.linear_k(kv_x))  # [*, R, H, N_k, D]
-        v = self._heads(self.linear_v(kv_x))  # [*, R, H, N_k, D]
         g = self._heads(self.linear_g(q_x)) if self.linear_g is not None else None
-        o = ops.attention(q, k, v, bias, mask, self.c_hidden**-0.5, g)  # [*, R, H, N_q, D]
+        o = ops.attention(q, self._heads(k), self._heads(v), bias, mask, self.c_hidden**-0.5,
+                          g)  # [*, R, H, N_q, D]
         o = o.transpose(-2, -3).flatten(-2)  # [*, R, N_q, H * D]
         return self._project_out(o, out_bias)
 
