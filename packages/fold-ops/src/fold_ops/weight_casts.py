@@ -49,12 +49,13 @@ def _capturing() -> bool:
 
 
 class _Entry:
-    __slots__ = ("sources", "make", "dtype", "stamp", "value")
+    __slots__ = ("sources", "make", "dtype", "kind", "stamp", "value")
 
     def __init__(self, sources, make, dtype) -> None:
         self.sources = sources  # held: their ids key the entry
         self.make = make
         self.dtype = dtype
+        self.kind = sources[0].device.type
         self.stamp = None
         self.value: torch.Tensor | None = None
 
@@ -80,6 +81,9 @@ class WeightCasts:
 
     def __init__(self) -> None:
         self._entries: dict[tuple, _Entry] = {}
+        # a parameter's own cast by id(parameter): cast_weight's lookup in a few attribute
+        # reads (the eager path asks once per projection; a cast it saves costs a launch)
+        self._weights: dict[int, _Entry] = {}
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -100,6 +104,8 @@ class WeightCasts:
             return None
         if entry is None:
             entry = self._entries[key] = _Entry(sources, make, dtype)
+            if tag == "weight":
+                self._weights[id(sources[0])] = entry
         return entry.cast()
 
     def refresh(self) -> int:
@@ -111,6 +117,7 @@ class WeightCasts:
 
     def clear(self) -> None:
         self._entries.clear()
+        self._weights.clear()
 
 
 _ACTIVE: ContextVar[WeightCasts | None] = ContextVar("fold_weight_casts", default=None)
@@ -164,6 +171,17 @@ def cast_weight(w: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tens
     (module doc), else ``w`` itself (autocast or the dispatcher casts it as before). ``dtype``:
     served only when that is the autocast dtype (a reference op casting a weight to its input's
     dtype)."""
+    cache = _ACTIVE.get()
+    if cache is None:
+        return w
+    entry = cache._weights.get(id(w))
+    if entry is not None and entry.sources[0] is w and entry.stamp == (
+            (w._version, w.data_ptr()),):  # the hot path: every check of _cache_dtype, cheaply
+        kind = entry.kind
+        if (torch.is_autocast_enabled(kind) and torch.get_autocast_dtype(kind) == entry.dtype
+                and (dtype is None or dtype == entry.dtype)
+                and not (w.requires_grad and torch.is_grad_enabled()) and not compiling()):
+            return entry.value
     found = _cache_dtype((w,), dtype)
     if found is None:
         return w
