@@ -102,12 +102,15 @@ def bench_af2(device: torch.device, tiny: bool, folder: Path, chunk_size: int | 
 
 
 def bench_af3(device: torch.device, tiny: bool, folder: Path, steps: int,
-              casts: str = "once") -> list:
+              casts: str = "once", rounds: int = 1) -> list:
+    """Each configuration's first prediction captures and autotunes; then ``rounds`` timed
+    predictions of every configuration in turn (alternating, so the host's drift between
+    rounds, large for the host-bound eager steps, falls on every configuration alike)."""
     from fold_train.predict_af3 import predict_af3
     from fold_train.predict_graphs import AF3Predictor
 
     model, cfg, raw, preset, n_token, samples = af3_prediction(device, tiny, folder)
-    rows = []
+    runs = []
     for graphs, once in _configs(cfg.system.precision, casts):
         predictor = AF3Predictor(model, device, precision=cfg.system.precision, timing=True,
                                  **_predictor_kwargs(graphs, device, once))
@@ -115,23 +118,31 @@ def bench_af3(device: torch.device, tiny: bool, folder: Path, steps: int,
                    no_steps=steps, predictor=predictor)
         t0 = time.perf_counter()
         predict_af3(model, raw, **run)
-        first = time.perf_counter() - t0
-        predictor.timings.clear()
-        t0 = time.perf_counter()
-        pred = predict_af3(model, raw, **run)
-        total = time.perf_counter() - t0
-        rows.append({"family": "af3", "preset": preset, "n_token": n_token,
-                     "n_atom": int(len(raw["atom_to_token"])), "samples": samples,
-                     "sampler_steps": steps, "graphs": graphs, "weights_cast_once": once,
-                     "precision": cfg.system.precision,
-                     "bucket": dict(predictor.buckets[-1][0]), "first_call_s": first,
-                     "total_s": total,
-                     "trunk_cycle": _summary(predictor.timings["trunk_cycle"]),
-                     "sampler_step": _summary(predictor.timings["sampler_step"]),
-                     "mean_plddt": float(pred.plddt.mean())})
-        del predictor
-        if device.type == "cuda":
-            torch.cuda.empty_cache()
+        runs.append({"graphs": graphs, "once": once, "run": run, "predictor": predictor,
+                     "first": time.perf_counter() - t0, "totals": [], "trunk": [],
+                     "step": [], "round_step_ms": []})
+    for _ in range(rounds):
+        for r in runs:
+            r["predictor"].timings.clear()
+            t0 = time.perf_counter()
+            r["pred"] = predict_af3(model, raw, **r["run"])
+            r["totals"].append(time.perf_counter() - t0)
+            timings = r["predictor"].timings
+            r["trunk"] += timings["trunk_cycle"]
+            r["step"] += timings["sampler_step"]
+            r["round_step_ms"].append(1e3 * statistics.median(timings["sampler_step"]))
+    rows = [{"family": "af3", "preset": preset, "n_token": n_token,
+             "n_atom": int(len(raw["atom_to_token"])), "samples": samples,
+             "sampler_steps": steps, "graphs": r["graphs"], "weights_cast_once": r["once"],
+             "precision": cfg.system.precision,
+             "bucket": dict(r["predictor"].buckets[-1][0]), "first_call_s": r["first"],
+             "total_s": statistics.median(r["totals"]), "rounds": rounds,
+             "round_step_ms": r["round_step_ms"],
+             "trunk_cycle": _summary(r["trunk"]), "sampler_step": _summary(r["step"]),
+             "mean_plddt": float(r["pred"].plddt.mean())} for r in runs]
+    runs.clear()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
     return rows
 
 
@@ -143,6 +154,10 @@ def to_markdown(result: dict) -> str:
              "| input | graphs | weights cast | bucket | per recycle / trunk pass (ms) | per "
              "diffusion step (ms) | whole prediction (s) | first call (s) |",
              "|---|---|---|---|---|---|---|---|"]
+    rounds = max((r.get("rounds", 1) for r in result["rows"]), default=1)
+    if rounds > 1:
+        lines[2] += (f" AF3: {rounds} timed predictions of each configuration, in turn; "
+                     "medians over all.")
     for r in result["rows"]:
         if r["family"] == "af2":
             what = f"AF2 {r['preset']}, {r['n_res']} residues"
@@ -182,6 +197,9 @@ def main(argv=None) -> int:
     p.add_argument("--sampler-steps", type=int, default=None,
                    help="AF3 EDM steps (default 50; 3 with --tiny): the per-step time is the "
                         "measurement, the step count only scales the total")
+    p.add_argument("--rounds", type=int, default=1,
+                   help="AF3: timed predictions of every configuration, in turn (medians over "
+                        "all of them; each round's step median is kept in the JSON)")
     p.add_argument("--weight-casts", choices=("once", "per-call", "both"), default="once",
                    help="bf16: the predictor's weight casts made once (fold-train predict's "
                         "default), in every call, or both beside each other")
@@ -199,7 +217,8 @@ def main(argv=None) -> int:
             result["rows"] += bench_af2(device, args.tiny, Path(tmp), args.chunk_size,
                                         args.weight_casts)
         if args.only in (None, "af3"):
-            result["rows"] += bench_af3(device, args.tiny, Path(tmp), steps, args.weight_casts)
+            result["rows"] += bench_af3(device, args.tiny, Path(tmp), steps, args.weight_casts,
+                                        args.rounds)
     md = to_markdown(result)
     write_result(out_dir / "predict_graphs.json", result, md, indent=2)
     print(md)

@@ -53,3 +53,19 @@ def test_weight_casts_configurations_and_ratio():
                                      "rows": rows})
     assert "AF3 sampler_step, graphs on: weights cast per call / once = 1.250" in md
     assert md.count("| per call |") == 2
+
+
+def test_rounds_alternate_the_configurations(tmp_path):
+    """``--rounds 2``: every AF3 configuration timed twice, in turn; each round's step median
+    kept, the row's figures over both."""
+    if not (REPO / "data" / "demo" / "af3" / "ccd.cif").is_file():
+        pytest.skip("bundled AF3 demo CCD not found")
+    assert predict_graphs.main(["--tiny", "--device", "cpu", "--only", "af3", "--rounds", "2",
+                                "--out-dir", str(tmp_path)]) == 0
+    rows = json.loads((tmp_path / "predict_graphs.json").read_text())["rows"]
+    assert [r["graphs"] for r in rows] == [False, True]
+    for r in rows:
+        assert r["rounds"] == 2 and len(r["round_step_ms"]) == 2
+        assert r["sampler_step"]["n"] == 2 * 3  # both rounds' steps
+    md = (tmp_path / "predict_graphs.md").read_text()
+    assert md.count("2 timed predictions of each configuration") == 1
