@@ -214,6 +214,37 @@ def _fwd_store(acc, m_i, l_i, G, GB, O, OPre, LSE, b, r, h, R, H, offs_m, offs_d
     tl.store(O + optrs, o.to(O.dtype.element_ty), mask=md)
 
 
+@triton.jit
+def _fwd_keys(q0, q1, acc0, m0, l0, acc1, m1, l1, K, V, kbase0, kbase1, Bias, Mask, b, h, r0, r1,
+              offs_m, offs_d, m_valid, sbb, sbh, sbi, sbj, smb, smr, smj, NK, D, SKN, scale,
+              HAS_BIAS: tl.constexpr, HAS_MASK: tl.constexpr, ROWS: tl.constexpr,
+              EVEN: tl.constexpr, EVEN_D: tl.constexpr, BLOCK_N: tl.constexpr,
+              PRECISION: tl.constexpr):
+    """The key loop of one query block for ``ROWS`` (1 or 2) rows r0, r1: each bias tile loaded
+    and converted once for both. K and V rows are ``SKN`` apart from ``kbase0`` / ``kbase1``
+    (the query's own layout for self-attention; their own with another key length ``NK``). With
+    one row the second row's state is passed through untouched."""
+    for start_n in range(0, NK, BLOCK_N):
+        offs_n = start_n + tl.arange(0, BLOCK_N)
+        n_valid = offs_n < NK
+        nd = n_valid[:, None] & (offs_d < D)[None, :]
+        if HAS_BIAS:
+            bias = _bias_tile(Bias, b, h, offs_m, offs_n, m_valid, n_valid, sbb, sbh, sbi, sbj,
+                              EVEN)
+        else:
+            bias = 0.0
+        keep = _keep(Mask, b, r0, offs_n, n_valid, smb, smr, smj, HAS_MASK, EVEN)
+        acc0, m0, l0 = _fwd_step(q0, K, V, kbase0, offs_n, offs_d, nd, bias, keep, n_valid,
+                                 acc0, m0, l0, scale, SKN, HAS_BIAS, HAS_MASK, EVEN,
+                                 EVEN and EVEN_D, PRECISION)
+        if ROWS >= 2:
+            keep = _keep(Mask, b, r1, offs_n, n_valid, smb, smr, smj, HAS_MASK, EVEN)
+            acc1, m1, l1 = _fwd_step(q1, K, V, kbase1, offs_n, offs_d, nd, bias, keep, n_valid,
+                                     acc1, m1, l1, scale, SKN, HAS_BIAS, HAS_MASK, EVEN,
+                                     EVEN and EVEN_D, PRECISION)
+    return acc0, m0, l0, acc1, m1, l1
+
+
 @fast
 @triton.jit
 def _fwd(Q, K, V, G, GB, Bias, Mask, O, OPre, LSE,
@@ -239,30 +270,18 @@ def _fwd(Q, K, V, G, GB, Bias, Mask, O, OPre, LSE,
     m_valid = offs_m < N
     md = m_valid[:, None] & (offs_d < D)[None, :]
     r0 = rp * ROWS
+    r1 = tl.minimum(r0 + 1, R - 1)
     q0, base0, acc0, m0, l0 = _fwd_init(Q, b, r0, h, offs_m, offs_d, md, sqb, sqr, sqh, sqn,
                                         BLOCK_M, BLOCK_D)
     if ROWS >= 2:
-        r1 = tl.minimum(r0 + 1, R - 1)
         q1, base1, acc1, m1, l1 = _fwd_init(Q, b, r1, h, offs_m, offs_d, md, sqb, sqr, sqh,
                                             sqn, BLOCK_M, BLOCK_D)
-    for start_n in range(0, N, BLOCK_N):
-        offs_n = start_n + tl.arange(0, BLOCK_N)
-        n_valid = offs_n < N
-        nd = n_valid[:, None] & (offs_d < D)[None, :]
-        if HAS_BIAS:
-            bias = _bias_tile(Bias, b, h, offs_m, offs_n, m_valid, n_valid, sbb, sbh, sbi, sbj,
-                              EVEN)
-        else:
-            bias = 0.0
-        keep = _keep(Mask, b, r0, offs_n, n_valid, smb, smr, smj, HAS_MASK, EVEN)
-        acc0, m0, l0 = _fwd_step(q0, K, V, base0, offs_n, offs_d, nd, bias, keep, n_valid,
-                                 acc0, m0, l0, scale, sqn, HAS_BIAS, HAS_MASK, EVEN,
-                                 EVEN and EVEN_D, PRECISION)
-        if ROWS >= 2:
-            keep = _keep(Mask, b, r1, offs_n, n_valid, smb, smr, smj, HAS_MASK, EVEN)
-            acc1, m1, l1 = _fwd_step(q1, K, V, base1, offs_n, offs_d, nd, bias, keep, n_valid,
-                                     acc1, m1, l1, scale, sqn, HAS_BIAS, HAS_MASK, EVEN,
-                                     EVEN and EVEN_D, PRECISION)
+    else:  # (passed through the loop unused)
+        q1, base1, acc1, m1, l1 = q0, base0, acc0, m0, l0
+    acc0, m0, l0, acc1, m1, l1 = _fwd_keys(
+        q0, q1, acc0, m0, l0, acc1, m1, l1, K, V, base0, base1, Bias, Mask, b, h, r0, r1,
+        offs_m, offs_d, m_valid, sbb, sbh, sbi, sbj, smb, smr, smj, N, D, sqn, scale,
+        HAS_BIAS, HAS_MASK, ROWS, EVEN, EVEN_D, BLOCK_N, PRECISION)
     _fwd_store(acc0, m0, l0, G, GB, O, OPre, LSE, b, r0, h, R, H, offs_m, offs_d, m_valid, md,
                N, D, sqb, sqr, sqh, sqn, sob, sor, soh, son, HAS_GATE, HAS_GATE_BIAS)
     if ROWS >= 2:

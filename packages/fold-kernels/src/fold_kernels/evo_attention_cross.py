@@ -24,15 +24,13 @@ import torch
 import triton
 import triton.language as tl
 
-from fold_kernels import nograd, tuning
+from fold_kernels import nograd, pdl, tuning
 from fold_kernels.evo_attention import (
     SUPPORTED_DTYPES,
-    _bias_tile,
     _block_d,
     _fwd_init,
-    _fwd_step,
+    _fwd_keys,
     _fwd_store,
-    _keep,
     _precision,
 )
 from fold_kernels.index32 import check_grid, pair_bias_fits, span_fits
@@ -50,9 +48,11 @@ def _fwd_cross(Q, K, V, G, Bias, Mask, O, LSE,
                HAS_BIAS: tl.constexpr, HAS_MASK: tl.constexpr, HAS_GATE: tl.constexpr,
                ROWS: tl.constexpr, EVEN: tl.constexpr, EVEN_D: tl.constexpr,
                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-               PRECISION: tl.constexpr):
-    """One query block of ``ROWS`` (1 or 2) rows sharing each bias tile, as ``_fwd``, with the
-    keys' own length ``NK`` and strides. ``EVEN``: NQ a multiple of BLOCK_M and NK of BLOCK_N."""
+               PRECISION: tl.constexpr, PDL: tl.constexpr = False):
+    """One query block of ``ROWS`` (1 or 2) rows sharing each bias tile, as ``_fwd`` (the same
+    key loop, :func:`_fwd_keys`), with the keys' own length ``NK`` and strides. ``EVEN``: NQ a
+    multiple of BLOCK_M and NK of BLOCK_N."""
+    pdl.enter(PDL)
     mb = tl.program_id(0)
     rp = tl.program_id(1)
     bh = tl.program_id(2)
@@ -63,33 +63,21 @@ def _fwd_cross(Q, K, V, G, Bias, Mask, O, LSE,
     m_valid = offs_m < NQ
     md = m_valid[:, None] & (offs_d < D)[None, :]
     r0 = rp * ROWS
+    r1 = tl.minimum(r0 + 1, R - 1)
     q0, _, acc0, m0, l0 = _fwd_init(Q, b, r0, h, offs_m, offs_d, md, sqb, sqr, sqh, sqn,
                                     BLOCK_M, BLOCK_D)
     h64 = h.to(tl.int64)
     kbase0 = (h64 * 0 + b) * skb + (h64 * 0 + r0) * skr + h64 * skh
+    kbase1 = (h64 * 0 + b) * skb + (h64 * 0 + r1) * skr + h64 * skh
     if ROWS >= 2:
-        r1 = tl.minimum(r0 + 1, R - 1)
         q1, _, acc1, m1, l1 = _fwd_init(Q, b, r1, h, offs_m, offs_d, md, sqb, sqr, sqh, sqn,
                                         BLOCK_M, BLOCK_D)
-        kbase1 = (h64 * 0 + b) * skb + (h64 * 0 + r1) * skr + h64 * skh
-    for start_n in range(0, NK, BLOCK_N):
-        offs_n = start_n + tl.arange(0, BLOCK_N)
-        n_valid = offs_n < NK
-        nd = n_valid[:, None] & (offs_d < D)[None, :]
-        if HAS_BIAS:
-            bias = _bias_tile(Bias, b, h, offs_m, offs_n, m_valid, n_valid, sbb, sbh, sbi, sbj,
-                              EVEN)
-        else:
-            bias = 0.0
-        keep = _keep(Mask, b, r0, offs_n, n_valid, smb, smr, smj, HAS_MASK, EVEN)
-        acc0, m0, l0 = _fwd_step(q0, K, V, kbase0, offs_n, offs_d, nd, bias, keep, n_valid,
-                                 acc0, m0, l0, scale, skn, HAS_BIAS, HAS_MASK, EVEN,
-                                 EVEN and EVEN_D, PRECISION)
-        if ROWS >= 2:
-            keep = _keep(Mask, b, r1, offs_n, n_valid, smb, smr, smj, HAS_MASK, EVEN)
-            acc1, m1, l1 = _fwd_step(q1, K, V, kbase1, offs_n, offs_d, nd, bias, keep, n_valid,
-                                     acc1, m1, l1, scale, skn, HAS_BIAS, HAS_MASK, EVEN,
-                                     EVEN and EVEN_D, PRECISION)
+    else:  # (passed through the loop unused)
+        q1, acc1, m1, l1 = q0, acc0, m0, l0
+    acc0, m0, l0, acc1, m1, l1 = _fwd_keys(
+        q0, q1, acc0, m0, l0, acc1, m1, l1, K, V, kbase0, kbase1, Bias, Mask, b, h, r0, r1,
+        offs_m, offs_d, m_valid, sbb, sbh, sbi, sbj, smb, smr, smj, NK, D, skn, scale,
+        HAS_BIAS, HAS_MASK, ROWS, EVEN, EVEN_D, BLOCK_N, PRECISION)
     # the gate is read with q's strides; no gate bias, no pre-gate output (nothing to save)
     _fwd_store(acc0, m0, l0, G, G, O, O, LSE, b, r0, h, R, H, offs_m, offs_d, m_valid, md,
                NQ, D, sqb, sqr, sqh, sqn, sob, sor, soh, son, HAS_GATE, False)
