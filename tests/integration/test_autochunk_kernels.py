@@ -79,9 +79,11 @@ def test_autochunked_extra_msa_block_calls_the_kernels_in_chunks(kernel_calls):
     assert not kernel_calls  # planning ran the kernels' fakes
     with torch.no_grad():
         out = chunked(*args)
-    # MSA row attention (packed) and the two triangle attentions; the global column attention
-    # (one query per column: no [N, N] logits) is not the kernel's shape and runs the reference
-    assert {name for name, _ in kernel_calls} == {"attention_packed", "triangle_attention"}
+    # MSA row attention (packed), the two triangle attentions and the global column attention
+    # (one query per column against its N_seq keys: the forward for another key length, served
+    # without autograd, fold_kernels.evo_attention_cross)
+    assert {name for name, _ in kernel_calls} == {"attention", "attention_packed",
+                                                  "triangle_attention"}
     # chunk-sized calls: the rows of some attention (dim -3 of proj / -4 of q) are a chunk
     rows = {n_seq, n_res}
     assert any((s[-4] if name == "attention" else s[-3]) not in rows
