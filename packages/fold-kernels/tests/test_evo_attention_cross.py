@@ -1,23 +1,15 @@
 """EvoAttention's forward with its own key length (N_q != N_k: AF3's atom windows, inference)
 against a float64 PyTorch reference: odd sizes, masks with holes, a fully masked row, the bias
 shared by the rows and broadcast over batch dims, the gate, the model's strided head layouts,
-each dtype. Tolerances as test_evo_attention.py (relative Frobenius norm by dtype: fp32 1e-5,
-bf16 2.5e-2, fp16 4e-3). On CPU the kernel runs in Triton's interpreter."""
+each dtype. Tolerances by dtype: _attention_helpers.py. On CPU the kernel runs in Triton's
+interpreter."""
 
 from __future__ import annotations
 
 import pytest
 import torch
+from _attention_helpers import DEVICE, TOL, rel_err
 from fold_ops import reference as ref
-
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-TOL = {torch.float32: 1e-5, torch.bfloat16: 2.5e-2, torch.float16: 4e-3}
-
-
-def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
-    a, b = a.double(), b.double()
-    assert torch.isfinite(a).all(), "NaN/inf in the kernel's result"
-    return ((a - b).norm() / b.norm().clamp_min(1e-30)).item()
 
 
 def _inputs(batch, r, h, nq, nk, d, dtype, *, bias_lead=None, seed=0):

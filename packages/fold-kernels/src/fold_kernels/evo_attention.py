@@ -712,11 +712,15 @@ def _block_d(d: int) -> int:
 
 
 def _check(q, k, v, bias, mask, gate) -> None:
+    """Shapes and dtypes of :func:`evo_attention`: k, v ``[*, R, H, N_k, D]``, q's shape but
+    for the key length (N_k != N: :mod:`fold_kernels.evo_attention_cross`)."""
     if q.dim() < 4:
         raise ValueError(f"evo_attention: q must be [*, R, H, N, D], got shape {tuple(q.shape)}")
-    if k.shape != q.shape or v.shape != q.shape:
-        raise ValueError(f"evo_attention: q, k, v must have one shape (self-attention), got "
-                         f"{tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
+    if (k.shape != v.shape or k.dim() != q.dim() or k.shape[:-2] != q.shape[:-2]
+            or k.shape[-1] != q.shape[-1]):
+        raise ValueError(f"evo_attention: k and v must have one shape, q's but for the key "
+                         f"length [*, R, H, N_k, D] (q {tuple(q.shape)}), got {tuple(k.shape)} "
+                         f"and {tuple(v.shape)}")
     if gate is not None and gate.shape != q.shape:
         raise ValueError(f"evo_attention: gate must have q's shape {tuple(q.shape)}, "
                          f"got {tuple(gate.shape)}")
@@ -725,19 +729,21 @@ def _check(q, k, v, bias, mask, gate) -> None:
     if q.shape[-1] > MAX_HEAD_DIM:
         raise ValueError(f"evo_attention: head dim {q.shape[-1]} > {MAX_HEAD_DIM}")
     *_, h, n, _ = q.shape
-    _check_bias_mask("evo_attention", h, n, bias, mask)
+    _check_bias_mask("evo_attention", h, n, bias, mask, k.shape[-2])
     tuning.require_device("evo_attention", q, "fold_ops.reference.attention")
 
 
-def _check_bias_mask(op: str, h: int, n: int, bias, mask) -> None:
-    if bias is not None and tuple(bias.shape[-3:]) != (h, n, n):
-        raise ValueError(f"{op}: bias must be [*, H={h}, N={n}, N={n}], "
+def _check_bias_mask(op: str, h: int, n: int, bias, mask, n_k: int | None = None) -> None:
+    """bias ``[*, H, N, N_k]`` and mask ``[*, R, N_k]`` (``n_k``: the key length, N if None)."""
+    n_k = n if n_k is None else n_k
+    if bias is not None and tuple(bias.shape[-3:]) != (h, n, n_k):
+        raise ValueError(f"{op}: bias must be [*, H={h}, N={n}, N_k={n_k}], "
                          f"got {tuple(bias.shape)}")
-    if mask is not None and mask.shape[-1] != n:
-        raise ValueError(f"{op}: mask must be [*, R, N={n}], got {tuple(mask.shape)}")
-    if bias is not None and not pair_bias_fits(n):
-        raise ValueError(f"{op}: N={n} keys: the kernels index an N x N bias tile in 32 bits "
-                         f"(N <= 46340)")
+    if mask is not None and mask.shape[-1] != n_k:
+        raise ValueError(f"{op}: mask must be [*, R, N_k={n_k}], got {tuple(mask.shape)}")
+    if bias is not None and not pair_bias_fits(max(n, n_k)):
+        raise ValueError(f"{op}: N={n}, N_k={n_k}: the kernels index the bias tile in 32 bits "
+                         f"(N <= 46340, N_k <= 46340)")
 
 
 def _bias_view(bias: torch.Tensor, batch: tuple[int, ...]) -> tuple[torch.Tensor, int]:
@@ -1231,11 +1237,11 @@ def evo_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         ``[*, R, H, N, D]`` in q's dtype. Differentiable in q, k, v, bias and gate (with
         ``N_k = N``).
     """
-    if k.dim() == q.dim() and k.dim() >= 4 and k.shape[-2] != q.shape[-2]:
+    _check(q, k, v, bias, mask, gate)
+    if k.shape[-2] != q.shape[-2]:
         from fold_kernels.evo_attention_cross import cross_attention
 
         return cross_attention(q, k, v, bias, mask, scale, gate)
-    _check(q, k, v, bias, mask, gate)
     if scale is None:
         scale = q.shape[-1] ** -0.5
     return nograd.apply(_EvoAttention, q, k, v, bias, mask, gate, scale)

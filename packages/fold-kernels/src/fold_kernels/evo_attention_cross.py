@@ -26,18 +26,17 @@ import triton.language as tl
 
 from fold_kernels import nograd, pdl, tuning
 from fold_kernels.evo_attention import (
-    SUPPORTED_DTYPES,
     _block_d,
     _fwd_init,
     _fwd_keys,
     _fwd_store,
     _precision,
 )
-from fold_kernels.index32 import check_grid, pair_bias_fits, span_fits
+from fold_kernels.index32 import check_grid, span_fits
 from fold_kernels.ints import cdiv
 from fold_kernels.launch import fast
 
-__all__ = ["cross_attention", "check_cross"]
+__all__ = ["cross_attention"]
 
 
 @fast
@@ -86,37 +85,12 @@ def _fwd_cross(Q, K, V, G, Bias, Mask, O, LSE,
                    NQ, D, sqb, sqr, sqh, sqn, sob, sor, soh, son, HAS_GATE, False)
 
 
-def check_cross(q, k, v, bias, mask, gate) -> None:
-    """Shapes, dtypes and the inference-only rule of :func:`cross_attention` (ValueError)."""
-    if q.dim() < 4 or k.dim() != q.dim():
-        raise ValueError(f"evo_attention: q, k must be [*, R, H, N, D] with one rank, got "
-                         f"{tuple(q.shape)} and {tuple(k.shape)}")
-    if k.shape != v.shape or k.shape[:-2] != q.shape[:-2] or k.shape[-1] != q.shape[-1]:
-        raise ValueError(f"evo_attention: k and v must be q's [*, R, H, N_k, D] (q "
-                         f"{tuple(q.shape)}), got {tuple(k.shape)} and {tuple(v.shape)}")
-    if gate is not None and gate.shape != q.shape:
-        raise ValueError(f"evo_attention: gate must have q's shape {tuple(q.shape)}, "
-                         f"got {tuple(gate.shape)}")
-    if q.dtype not in SUPPORTED_DTYPES or k.dtype != q.dtype or v.dtype != q.dtype:
-        raise ValueError(f"evo_attention: q, k, v must share a dtype among {SUPPORTED_DTYPES}")
-    *_, h, nq, d = q.shape
-    nk = k.shape[-2]
-    if d > 128:
-        raise ValueError(f"evo_attention: head dim {d} > 128")
-    if bias is not None and tuple(bias.shape[-3:]) != (h, nq, nk):
-        raise ValueError(f"evo_attention: bias must be [*, H={h}, N_q={nq}, N_k={nk}], got "
-                         f"{tuple(bias.shape)}")
-    if mask is not None and mask.shape[-1] != nk:
-        raise ValueError(f"evo_attention: mask must be [*, R, N_k={nk}], got "
-                         f"{tuple(mask.shape)}")
-    if bias is not None and not pair_bias_fits(max(nq, nk)):
-        raise ValueError(f"evo_attention: N_q={nq}, N_k={nk}: the bias tile's offsets must fit "
-                         f"32 bits")
+def _check_inference(q, k, v, bias, gate) -> None:
+    """The rule of this forward-only path (shapes and dtypes: ``evo_attention._check``)."""
     if nograd.records(q, k, v, bias, gate):
-        raise ValueError(f"evo_attention: N_q={nq} != N_k={nk} is served for inference only "
-                         f"(no autograd through the inputs); the backward kernels need "
-                         f"N_q = N_k: use fold_ops.reference.attention for training")
-    tuning.require_device("evo_attention", q, "fold_ops.reference.attention")
+        raise ValueError(f"evo_attention: N_q={q.shape[-2]} != N_k={k.shape[-2]} is served for "
+                         f"inference only (no autograd through the inputs); the backward "
+                         f"kernels need N_q = N_k: use fold_ops.reference.attention for training")
 
 
 def _rows_view(t: torch.Tensor, b: int) -> torch.Tensor:
@@ -127,11 +101,12 @@ def _rows_view(t: torch.Tensor, b: int) -> torch.Tensor:
 
 
 def cross_attention(q, k, v, bias=None, mask=None, scale=None, gate=None) -> torch.Tensor:
-    """:func:`fold_kernels.evo_attention.evo_attention` for ``N_q != N_k`` (module doc):
+    """:func:`fold_kernels.evo_attention.evo_attention` for ``N_q != N_k`` (module doc; its
+    caller has checked the shapes and dtypes):
     q, gate ``[*, R, H, N_q, D]``, k, v ``[*, R, H, N_k, D]``, bias ``[*, H, N_q, N_k]``
     (leading dims broadcast to q's), mask ``[*, R, N_k]``. Returns ``[*, R, H, N_q, D]`` in q's
     dtype (a view of ``[*, R, N_q, H, D]``)."""
-    check_cross(q, k, v, bias, mask, gate)
+    _check_inference(q, k, v, bias, gate)
     *batch, r, h, nq, d = q.shape
     nk = k.shape[-2]
     nb = math.prod(batch)
