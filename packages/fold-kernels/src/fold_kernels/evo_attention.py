@@ -747,18 +747,18 @@ def _check_bias_mask(op: str, h: int, n: int, bias, mask, n_k: int | None = None
 
 
 def _bias_view(bias: torch.Tensor, batch: tuple[int, ...]) -> tuple[torch.Tensor, int]:
-    """The bias as [B_bias, H, N, N] (B_bias 1 if shared by every batch entry, else B)."""
-    h, n = bias.shape[-3], bias.shape[-1]
+    """The bias as [B_bias, H, N, N_k] (B_bias 1 if shared by every batch entry, else B)."""
+    h, n, n_k = bias.shape[-3:]
     lead = tuple(bias.shape[:-3])
     nb = math.prod(batch)
     if len(lead) > len(batch):  # the output would broadcast beyond q's shape
         raise ValueError(f"evo_attention: bias batch dims {lead} have more dims than q's "
                          f"batch {batch}")
     if math.prod(lead) == 1:
-        return bias.reshape(1, h, n, n), 1
+        return bias.reshape(1, h, n, n_k), 1
     if broadcast_shape(lead, batch) != batch:
         raise ValueError(f"evo_attention: bias batch dims {lead} do not broadcast to {batch}")
-    return bias.expand(*batch, h, n, n).reshape(nb, h, n, n), nb
+    return bias.expand(*batch, h, n, n_k).reshape(nb, h, n, n_k), nb
 
 
 def _mask_view(mask: torch.Tensor, batch: tuple[int, ...], r: int, n: int) -> torch.Tensor:
@@ -767,6 +767,35 @@ def _mask_view(mask: torch.Tensor, batch: tuple[int, ...], r: int, n: int) -> to
     (a bool mask is reinterpreted as uint8, a free view)."""
     m = mask.view(torch.uint8) if mask.dtype == torch.bool else mask
     return m.expand(*batch, r, n).reshape(-1, r, n)
+
+
+def _bias_operand(bias, batch: tuple[int, ...], n: int) -> tuple[torch.Tensor | None, int, list]:
+    """``(bias [B_bias, H, N, N_k], B_bias, its strides)`` as the kernels read it (None, 1,
+    zeros without a bias): a shared bias gets batch stride 0."""
+    if bias is None:
+        return None, 1, [0, 0, 0, 0]
+    view, nb = _bias_view(bias, batch)
+    if view.stride(-1) != 1 or not span_fits(n, view.stride(-2)):
+        # The model's bias is a head-last projection viewed [H, N, N] (movedim): its tiles
+        # would be read H elements apart, once per row and query block (3x slower kernels at
+        # N 768); one copy of H x N x N costs far less. A query stride whose in-tile offsets
+        # overflow int32 is copied too (index32).
+        view = view.contiguous()
+    strides = list(view.stride())
+    if nb == 1:
+        strides[0] = 0
+    return view, nb, strides
+
+
+def _mask_operand(mask, batch: tuple[int, ...], r: int, n_k: int
+                  ) -> tuple[torch.Tensor | None, list]:
+    """``(mask [B, R, N_k], its strides)`` as the kernels read it (None, zeros without one)."""
+    if mask is None:
+        return None, [0, 0, 0]
+    view = _mask_view(mask, batch, r, n_k)
+    if not span_fits(n_k, view.stride(-1)):  # in-tile key offsets: int32
+        view = view.contiguous()
+    return view, list(view.stride())
 
 
 class _Launch:
@@ -788,26 +817,8 @@ class _Launch:
         self.block_d = _block_d(self.D)
         self.precision = _precision(q.dtype)
         self.bias_shape = None if bias is None else bias.shape
-        if bias is not None:
-            self.bias, self.Bb = _bias_view(bias, self.batch)
-            if self.bias.stride(-1) != 1 or not span_fits(self.N, self.bias.stride(-2)):
-                # The model's bias is a head-last projection viewed [H, N, N] (movedim): its
-                # tiles would be read H elements apart, once per row and query block (3x
-                # slower kernels at N 768); one copy of H x N x N costs far less. A query
-                # stride whose in-tile offsets overflow int32 is copied too (index32).
-                self.bias = self.bias.contiguous()
-            self.bias_strides = list(self.bias.stride())
-            if self.Bb == 1:
-                self.bias_strides[0] = 0
-        else:
-            self.bias, self.Bb, self.bias_strides = None, 1, [0, 0, 0, 0]
-        if mask is not None:
-            self.mask = _mask_view(mask, self.batch, self.R, self.N)
-            if not span_fits(self.N, self.mask.stride(-1)):  # in-tile key offsets: int32
-                self.mask = self.mask.contiguous()
-            self.mask_strides = list(self.mask.stride())
-        else:
-            self.mask, self.mask_strides = None, [0, 0, 0]
+        self.bias, self.Bb, self.bias_strides = _bias_operand(bias, self.batch, self.N)
+        self.mask, self.mask_strides = _mask_operand(mask, self.batch, self.R, self.N)
         self.dtype = q.dtype
         self.layout: tuple[int, ...] = ()  # q's layout (set_layout / packed)
         self.out_layout: tuple[int, ...] = ()  # o's layout

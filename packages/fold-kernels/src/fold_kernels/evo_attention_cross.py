@@ -26,10 +26,12 @@ import triton.language as tl
 
 from fold_kernels import nograd, pdl, tuning
 from fold_kernels.evo_attention import (
+    _bias_operand,
     _block_d,
     _fwd_init,
     _fwd_keys,
     _fwd_store,
+    _mask_operand,
     _precision,
 )
 from fold_kernels.index32 import check_grid, span_fits
@@ -122,26 +124,8 @@ def cross_attention(q, k, v, bias=None, mask=None, scale=None, gate=None) -> tor
     if not (span_fits(nq, q_.stride(-2), d) and span_fits(nk, k_.stride(-2), d)):
         q_, k_, v_ = q_.contiguous(), k_.contiguous(), v_.contiguous()
         g_ = g_.contiguous() if g_ is not None else None
-    if bias is not None:
-        lead = tuple(bias.shape[:-3])
-        shared = math.prod(lead) == 1
-        bias_ = (bias.reshape(1, h, nq, nk) if shared
-                 else bias.expand(*batch, h, nq, nk).reshape(nb, h, nq, nk))
-        if bias_.stride(-1) != 1 or not span_fits(nq, bias_.stride(-2)):
-            bias_ = bias_.contiguous()
-        sb = list(bias_.stride())
-        if shared:
-            sb[0] = 0
-    else:
-        bias_, sb = None, [0, 0, 0, 0]
-    if mask is not None:
-        m = mask.view(torch.uint8) if mask.dtype == torch.bool else mask
-        mask_ = m.expand(*batch, r, nk).reshape(nb, r, nk)  # broadcast dims keep stride 0
-        if not span_fits(nk, mask_.stride(-1)):
-            mask_ = mask_.contiguous()
-        sm = list(mask_.stride())
-    else:
-        mask_, sm = None, [0, 0, 0]
+    bias_, _, sb = _bias_operand(bias, tuple(batch), nq)
+    mask_, sm = _mask_operand(mask, tuple(batch), r, nk)
     out = torch.empty(nb, r, nq, h, d, device=q.device, dtype=q.dtype)  # [B, R, N_q, H, D]
     o = out.transpose(2, 3)  # [B, R, H, N_q, D] view
     lse = torch.empty(nb, r, h, 2, nq, device=q.device, dtype=torch.float32)
