@@ -50,15 +50,17 @@ def _predictor_kwargs(graphs: bool, device: torch.device, once: bool = True) -> 
     return {"cuda_graphs": graphs, **casts}
 
 
-def _configs(precision: str, casts: str) -> list[tuple[bool, bool]]:
-    """``(graphs, weights cast once)`` to time: graphs off and on; with ``casts`` "both" (bf16
-    only: fp32 casts nothing) the weights cast once and per call, beside each other."""
+def _configs(precision: str, casts: str, graphs: str = "both") -> list[tuple[bool, bool]]:
+    """``(graphs, weights cast once)`` to time: graphs off and on (or the one ``graphs``
+    names); with ``casts`` "both" (bf16 only: fp32 casts nothing) the weights cast once and
+    per call, beside each other."""
     onces = [casts != "per-call"] if casts != "both" or precision != "bf16" else [True, False]
-    return [(graphs, once) for graphs in (False, True) for once in onces]
+    settings = {"off": (False,), "on": (True,), "both": (False, True)}[graphs]
+    return [(g, once) for g in settings for once in onces]
 
 
 def bench_af2(device: torch.device, tiny: bool, folder: Path, chunk_size: int | None,
-              casts: str = "once") -> list:
+              casts: str = "once", graph_modes: str = "both") -> list:
     from fold_train.predict import load_trained_model, make_raw_features, predict_structure
     from fold_train.predict_graphs import AF2Predictor
 
@@ -74,7 +76,7 @@ def bench_af2(device: torch.device, tiny: bool, folder: Path, chunk_size: int | 
     fasta, a3m = af2_query_files(n_res, n_msa, folder)
     _, raw, _ = make_raw_features(fasta=fasta, msas=[a3m])
     rows = []
-    for graphs, once in _configs(cfg.system.precision, casts):
+    for graphs, once in _configs(cfg.system.precision, casts, graph_modes):
         predictor = AF2Predictor(model, device, precision=cfg.system.precision, timing=True,
                                  **_predictor_kwargs(graphs, device, once))
         t0 = time.perf_counter()
@@ -102,7 +104,7 @@ def bench_af2(device: torch.device, tiny: bool, folder: Path, chunk_size: int | 
 
 
 def bench_af3(device: torch.device, tiny: bool, folder: Path, steps: int,
-              casts: str = "once", rounds: int = 1) -> list:
+              casts: str = "once", rounds: int = 1, graph_modes: str = "both") -> list:
     """Each configuration's first prediction captures and autotunes; then ``rounds`` timed
     predictions of every configuration in turn (alternating, so the host's drift between
     rounds, large for the host-bound eager steps, falls on every configuration alike)."""
@@ -111,7 +113,7 @@ def bench_af3(device: torch.device, tiny: bool, folder: Path, steps: int,
 
     model, cfg, raw, preset, n_token, samples = af3_prediction(device, tiny, folder)
     runs = []
-    for graphs, once in _configs(cfg.system.precision, casts):
+    for graphs, once in _configs(cfg.system.precision, casts, graph_modes):
         predictor = AF3Predictor(model, device, precision=cfg.system.precision, timing=True,
                                  **_predictor_kwargs(graphs, device, once))
         run = dict(seed=0, device=device, precision=cfg.system.precision, no_samples=samples,
@@ -203,6 +205,8 @@ def main(argv=None) -> int:
     p.add_argument("--weight-casts", choices=("once", "per-call", "both"), default="once",
                    help="bf16: the predictor's weight casts made once (fold-train predict's "
                         "default), in every call, or both beside each other")
+    p.add_argument("--graphs", choices=("on", "off", "both"), default="both",
+                   help="time predictions with CUDA graphs on, off, or both (default)")
     p.add_argument("--chunk-size", type=int, help="AF2 manual chunking (if 1024 residues do not "
                                                   "fit unchunked)")
     args = p.parse_args(argv)
@@ -215,10 +219,10 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         if args.only in (None, "af2"):
             result["rows"] += bench_af2(device, args.tiny, Path(tmp), args.chunk_size,
-                                        args.weight_casts)
+                                        args.weight_casts, args.graphs)
         if args.only in (None, "af3"):
             result["rows"] += bench_af3(device, args.tiny, Path(tmp), steps, args.weight_casts,
-                                        args.rounds)
+                                        args.rounds, args.graphs)
     md = to_markdown(result)
     write_result(out_dir / "predict_graphs.json", result, md, indent=2)
     print(md)

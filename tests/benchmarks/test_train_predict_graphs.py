@@ -69,3 +69,12 @@ def test_rounds_alternate_the_configurations(tmp_path):
         assert r["sampler_step"]["n"] == 2 * 3  # both rounds' steps
     md = (tmp_path / "predict_graphs.md").read_text()
     assert md.count("2 timed predictions of each configuration") == 1
+
+
+def test_predict_graphs_one_setting(tmp_path):
+    """``--graphs on`` times the graphed predictions only (AF2 here: the AF3 demo files are
+    not needed)."""
+    assert predict_graphs.main(["--tiny", "--device", "cpu", "--only", "af2", "--graphs", "on",
+                                "--out-dir", str(tmp_path)]) == 0
+    rows = json.loads((tmp_path / "predict_graphs.json").read_text())["rows"]
+    assert [(r["family"], r["graphs"]) for r in rows] == [("af2", True)]

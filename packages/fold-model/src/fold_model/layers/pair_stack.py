@@ -15,6 +15,8 @@ from fold_model.layers.primitives import (
     dropout_residual,
     in_place_residuals,
 )
+from fold_model.layers.residual_gemm import residual_gemm
+from fold_model.layers.transitions import SwiGLUTransition
 from fold_model.seams import AxialComm
 
 __all__ = ["pair_stack"]
@@ -68,7 +70,14 @@ def pair_stack(
     # DropoutColumnwise: one mask shared by all columns (dim -2).
     z = residual(*run(att_end.forward_residual, z, mask_col, comm, chunk_size, in_place), -2,
                  att_end.out_bias)
-    update, z = run(block.pair_transition.forward_residual, z, chunk_size)
-    z = add_residual(z, update, in_place)
-    del update  # not held while col_to_row allocates the row layout (DAP)
+    transition = block.pair_transition
+    if (isinstance(transition, SwiGLUTransition) and chunk_size is None
+            and residual_gemm(z, train)):
+        # inference: z is this block's own here (the residuals above made it; in place only
+        # where the caller allowed it), so the transition's output GEMM adds into it
+        z = transition.add_into(z)
+    else:
+        update, z = run(transition.forward_residual, z, chunk_size)
+        z = add_residual(z, update, in_place)
+        del update  # not held while col_to_row allocates the row layout (DAP)
     return comm.col_to_row(z)  # [*, N/P, N, C_z]

@@ -9,6 +9,7 @@ from torch import nn
 
 from fold_model import ops
 from fold_model.layers.primitives import LayerNorm, Linear, chunked_rows
+from fold_model.layers.residual_gemm import add_matmul_
 
 __all__ = ["Transition", "MSATransition", "PairTransition", "SwiGLUTransition"]
 
@@ -79,3 +80,10 @@ class SwiGLUTransition(nn.Module):
             return self(x, chunk_size, row_dim), x
         x, x_ln = self.layer_norm.fork(x)
         return self.linear_out(ops.swiglu(x_ln, self.linear_ab.weight)), x
+
+    def add_into(self, x: torch.Tensor) -> torch.Tensor:
+        """Inference: ``x + transition(x)`` written into x's storage by the output projection's
+        GEMM (:func:`~fold_model.layers.residual_gemm.add_matmul_`); returns x. Only for an x
+        that nothing else reads afterwards (the caller's own stream)."""
+        _, x_ln = self.layer_norm.fork(x)
+        return add_matmul_(x, ops.swiglu(x_ln, self.linear_ab.weight), self.linear_out.weight)
