@@ -87,13 +87,37 @@ def test_stack_inference_equals_two_ops_and_keeps_callers_tensors(monkeypatch):
     monkeypatch.setattr(transitions_module, "add_matmul_", spy)
     with torch.no_grad():
         got = stack(s, z, m, pm)
-    assert len(calls) == len(stack.blocks)  # one pair transition per block
+    assert len(calls) == 2 * len(stack.blocks)  # the pair and the single transition per block
     assert torch.equal(s, s0) and torch.equal(z, z0)
     monkeypatch.setenv("FOLD_RESIDUAL_GEMM", "0")
     with torch.no_grad():
         ref = stack(s, z, m, pm)
-    assert len(calls) == len(stack.blocks)  # switched off: the two ops
+    assert len(calls) == 2 * len(stack.blocks)  # switched off: the two ops
     assert rel_err(got[0], ref[0]) < 1e-12 and rel_err(got[1], ref[1]) < 1e-12
+
+
+def test_msa_module_inference_equals_two_ops(monkeypatch):
+    """The AF3 MSA module's MSA and pair transitions add into their own streams in inference:
+    the two-op sums to fp64 rounding, the caller's pair and MSA features untouched."""
+    from test_af3_msa_template import _module, _msa_inputs
+
+    mod = _module(blocks=2)
+    args = _msa_inputs(seed=5)
+    before = [a.clone() for a in args]
+    calls = []
+    real = add_matmul_
+    monkeypatch.setattr(transitions_module, "add_matmul_",
+                        lambda *a: calls.append(1) or real(*a))
+    with torch.no_grad():
+        got = mod(*args)
+    # the first block's MSA transition and both blocks' pair transitions (the last block
+    # updates the pair only)
+    assert len(calls) == 3
+    assert all(torch.equal(a, b) for a, b in zip(args, before, strict=True))
+    monkeypatch.setenv("FOLD_RESIDUAL_GEMM", "0")
+    with torch.no_grad():
+        ref = mod(*args)
+    assert len(calls) == 3 and rel_err(got, ref) < 1e-12
 
 
 def test_not_under_autograd_training_or_for_views():
