@@ -120,6 +120,28 @@ def test_msa_module_inference_equals_two_ops(monkeypatch):
     assert len(calls) == 3 and rel_err(got, ref) < 1e-12
 
 
+def test_inference_blocks_trace_with_fx():
+    """Traced under no_grad in eval mode (as AutoChunk traces a stack), the blocks take the two
+    ops: the guard asks about tracing before it reads the (proxy) stream's layout."""
+    from fold_model.af3.msa_module import MSAModule
+    from fold_model.af3.pairformer import PairformerBlock
+
+    block = randomize_(PairformerBlock(C_S, C_Z, 9, 4, 2, 3, 2, dropout=0.0),
+                       scale=0.5).double().eval()
+    s, z, m, pm = _inputs(6, seed=5)
+    with torch.no_grad():
+        gm = torch.fx.symbolic_trace(block)
+        ref, got = block(s, z, m, pm), gm(s, z, m, pm)
+    assert rel_err(got[0], ref[0]) < 1e-12 and rel_err(got[1], ref[1]) < 1e-12
+    from test_af3_msa_template import _module, _msa_inputs
+
+    mod: MSAModule = _module(blocks=2)
+    args = _msa_inputs(seed=6)
+    with torch.no_grad():
+        gm = torch.fx.symbolic_trace(mod)
+        assert rel_err(gm(*args), mod(*args)) < 1e-12
+
+
 def test_not_under_autograd_training_or_for_views():
     x = torch.randn(4, 6, 8)
     with torch.no_grad():

@@ -32,8 +32,9 @@ def residual_gemm(x: torch.Tensor, training: bool) -> bool:
     """Whether a residual's projection may add into ``x`` in place (:func:`add_matmul_`):
     inference (no autograd, not training, not traced or compiled) and x one dense tensor. The
     caller vouches that no one else reads x afterwards (x is a stream its own block made)."""
+    # traced or compiled first: x may be an fx proxy, whose is_contiguous() is no bool
     return (_ENABLED.get() and not training and not torch.is_grad_enabled()
-            and x.is_contiguous() and not fx_tracing() and not torch.compiler.is_compiling())
+            and not fx_tracing() and not torch.compiler.is_compiling() and x.is_contiguous())
 
 
 def add_matmul_(x: torch.Tensor, h: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
