@@ -100,29 +100,6 @@ def test_fully_masked_query_gets_mean_of_v():
                                rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("mask_kind", ["bool", "float", "broadcast"])
-def test_additive_mask_equals_the_select_bit_for_bit(monkeypatch, dtype, mask_kind):
-    """The forward adds the key mask as fp32 terms (0 or -2^100) made once per call
-    (``FOLD_EVO_MASK_ADD``, the default) where it selected the masked logits: the same output
-    bits, holes, a fully masked row and a ragged key block (N 18) included, with large logits."""
-    from fold_kernels import evo_attention
-
-    q, k, v, bias, mask, gate = _inputs((2, 3, 2, 18, 16), 2, 18, dtype)
-    bias = bias * 30
-    if mask_kind == "float":
-        mask = mask.to(dtype)
-    elif mask_kind == "broadcast":  # [*, 1, N]: one key mask for every row
-        mask = mask[:, :1]
-    args = [t.to(DEVICE) for t in (q, k, v, bias, mask, gate)]
-    outs = {}
-    for flag in ("0", "1"):
-        monkeypatch.setenv("FOLD_EVO_MASK_ADD", flag)
-        outs[flag] = evo_attention(*args[:5], gate=args[5])
-    assert torch.isfinite(outs["1"].float()).all()
-    assert torch.equal(outs["0"], outs["1"])
-
-
 @pytest.fixture
 def deterministic():
     before = torch.are_deterministic_algorithms_enabled()

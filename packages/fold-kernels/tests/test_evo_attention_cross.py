@@ -42,21 +42,6 @@ def test_matches_reference(dtype, nq, nk, d):
     _check(*_inputs((2,), 3, 2, nq, nk, d, dtype), dtype)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_additive_mask_equals_the_select_bit_for_bit(monkeypatch, dtype):
-    """``FOLD_EVO_MASK_ADD`` (the default: fp32 mask terms added) against the per-logit select:
-    the same output bits, ragged key blocks and a fully masked row included."""
-    from fold_kernels import evo_attention
-
-    args = [t.to(DEVICE) for t in _inputs((2,), 3, 2, 7, 13, 16, dtype)]
-    outs = {}
-    with torch.no_grad():
-        for flag in ("0", "1"):
-            monkeypatch.setenv("FOLD_EVO_MASK_ADD", flag)
-            outs[flag] = evo_attention(*args[:5], gate=args[5])
-    assert torch.isfinite(outs["1"].float()).all() and torch.equal(outs["0"], outs["1"])
-
-
 def test_atom_window_layout_bias_shared_by_samples():
     """The atom transformer's call: q, gate ``[B, K, S, H, n_q, D]`` as transposed views of a
     ``[.., n_q, H*D]`` projection, k, v likewise with 4x the keys, the bias ``[B, K, H, n_q,

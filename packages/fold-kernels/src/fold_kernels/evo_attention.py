@@ -75,8 +75,8 @@ from fold_kernels.launch import fast
 from fold_kernels.one_pass import finish_sum
 from fold_kernels.reduce import column_sum, sum_partials
 
-__all__ = ["evo_attention", "evo_attention_packed", "dbias_mode", "dq_mode", "mask_additive",
-           "SUPPORTED_DTYPES", "MAX_HEAD_DIM", "DBIAS_MODES", "DQ_MODES"]
+__all__ = ["evo_attention", "evo_attention_packed", "dbias_mode", "dq_mode", "SUPPORTED_DTYPES",
+           "MAX_HEAD_DIM", "DBIAS_MODES", "DQ_MODES"]
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 DBIAS_MODES = ("auto", "pass", "atomic")  # see dbias_mode()
@@ -132,20 +132,6 @@ def _keep(Mask, b, r, offs_n, n_valid, smb, smr, smj, HAS_MASK: tl.constexpr,
 
 
 @triton.jit
-def _key_terms(Mask, b, r, offs_n, n_valid, smb, smr, smj, HAS_MASK: tl.constexpr,
-               MASK_ADD: tl.constexpr, EVEN: tl.constexpr):
-    """The forward's key mask of row r, [BLOCK_N]: with ``MASK_ADD`` the fp32 terms added to the
-    logits (0 or MASKED_NAT, read from the additive operand, :func:`_additive_mask`), else which
-    keys are kept (:func:`_keep`)."""
-    if HAS_MASK and MASK_ADD:
-        mrow = Mask + b.to(tl.int64) * smb + r.to(tl.int64) * smr
-        terms = _load(mrow + offs_n * smj, n_valid, EVEN)
-    else:
-        terms = _keep(Mask, b, r, offs_n, n_valid, smb, smr, smj, HAS_MASK, EVEN)
-    return terms
-
-
-@triton.jit
 def _load(ptr, mask, FULL: tl.constexpr):
     """``tl.load`` of a tile known to be in bounds (``FULL``: no mask, no per-element predicate
     in the loop) or masked with zeros."""
@@ -171,16 +157,14 @@ def _fwd_init(Q, b, r, h, offs_m, offs_d, md, sqb, sqr, sqh, sqn,
 @triton.jit
 def _fwd_step(q, K, V, base, offs_n, offs_d, nd, bias, keep, n_valid, acc, m_i, l_i,
               scale, SN, HAS_BIAS: tl.constexpr, HAS_MASK: tl.constexpr,
-              MASK_ADD: tl.constexpr, EVEN: tl.constexpr, FULL_KV: tl.constexpr,
-              PRECISION: tl.constexpr):
+              EVEN: tl.constexpr, FULL_KV: tl.constexpr, PRECISION: tl.constexpr):
     """One key block of the online softmax for one row.
 
     The logits stay in the natural-log domain, ``s = scale * q k^T + bias`` (one FMA per element,
     the bias tile shared by the program's rows unscaled), and log2(e) goes into exp2's argument,
     ``exp2(s * log2e - m * log2e)`` (one FMA per element): no separate scaling of the product or
     of the bias. ``m_i`` is the running row max of s (natural domain). ``FULL_KV``: the K and V
-    tiles are in bounds (N a multiple of the blocks, D of BLOCK_D), loaded without predicates.
-    ``keep``: :func:`_key_terms` (fp32 terms to add with ``MASK_ADD``, else kept keys)."""
+    tiles are in bounds (N a multiple of the blocks, D of BLOCK_D), loaded without predicates."""
     k = _load(K + base + offs_n[:, None] * SN + offs_d[None, :], nd, FULL_KV)
     v = _load(V + base + offs_n[:, None] * SN + offs_d[None, :], nd, FULL_KV)
     qk = _mm(q, tl.trans(k), PRECISION)  # [BLOCK_M, BLOCK_N]
@@ -188,12 +172,7 @@ def _fwd_step(q, K, V, base, offs_n, offs_d, nd, bias, keep, n_valid, acc, m_i, 
         s = tl.fma(qk, scale, bias)
     else:
         s = qk * scale
-    if HAS_MASK and MASK_ADD:
-        # s + MASKED_NAT rounds to MASKED_NAT exactly for |s| < 2^76 (its ulp is 2^77): the
-        # same logits as the select below, one add per logit against a byte-to-predicate
-        # conversion per key and a select per logit (2.7 fewer instructions per logit at D 32)
-        s = s + keep[None, :]
-    elif HAS_MASK:
+    if HAS_MASK:
         # replaced, not added: all masked -> uniform. MASKED_NAT * log2e is exact (a power of
         # two times log2e), so in a fully masked row exp2's FMA gives exactly 0 -> p = 1.
         s = tl.where(keep[None, :], s, MASKED_NAT)
@@ -238,9 +217,9 @@ def _fwd_store(acc, m_i, l_i, G, GB, O, OPre, LSE, b, r, h, R, H, offs_m, offs_d
 @triton.jit
 def _fwd_keys(q0, q1, acc0, m0, l0, acc1, m1, l1, K, V, kbase0, kbase1, Bias, Mask, b, h, r0, r1,
               offs_m, offs_d, m_valid, sbb, sbh, sbi, sbj, smb, smr, smj, NK, D, SKN, scale,
-              HAS_BIAS: tl.constexpr, HAS_MASK: tl.constexpr, MASK_ADD: tl.constexpr,
-              ROWS: tl.constexpr, EVEN: tl.constexpr, EVEN_D: tl.constexpr,
-              BLOCK_N: tl.constexpr, PRECISION: tl.constexpr):
+              HAS_BIAS: tl.constexpr, HAS_MASK: tl.constexpr, ROWS: tl.constexpr,
+              EVEN: tl.constexpr, EVEN_D: tl.constexpr, BLOCK_N: tl.constexpr,
+              PRECISION: tl.constexpr):
     """The key loop of one query block for ``ROWS`` (1 or 2) rows r0, r1: each bias tile loaded
     and converted once for both. K and V rows are ``SKN`` apart from ``kbase0`` / ``kbase1``
     (the query's own layout for self-attention; their own with another key length ``NK``). With
@@ -254,17 +233,15 @@ def _fwd_keys(q0, q1, acc0, m0, l0, acc1, m1, l1, K, V, kbase0, kbase1, Bias, Ma
                               EVEN)
         else:
             bias = 0.0
-        keep = _key_terms(Mask, b, r0, offs_n, n_valid, smb, smr, smj, HAS_MASK, MASK_ADD,
-                          EVEN)
+        keep = _keep(Mask, b, r0, offs_n, n_valid, smb, smr, smj, HAS_MASK, EVEN)
         acc0, m0, l0 = _fwd_step(q0, K, V, kbase0, offs_n, offs_d, nd, bias, keep, n_valid,
-                                 acc0, m0, l0, scale, SKN, HAS_BIAS, HAS_MASK, MASK_ADD, EVEN,
+                                 acc0, m0, l0, scale, SKN, HAS_BIAS, HAS_MASK, EVEN,
                                  EVEN and EVEN_D, PRECISION)
         if ROWS >= 2:
-            keep = _key_terms(Mask, b, r1, offs_n, n_valid, smb, smr, smj, HAS_MASK, MASK_ADD,
-                              EVEN)
+            keep = _keep(Mask, b, r1, offs_n, n_valid, smb, smr, smj, HAS_MASK, EVEN)
             acc1, m1, l1 = _fwd_step(q1, K, V, kbase1, offs_n, offs_d, nd, bias, keep, n_valid,
-                                     acc1, m1, l1, scale, SKN, HAS_BIAS, HAS_MASK, MASK_ADD,
-                                     EVEN, EVEN and EVEN_D, PRECISION)
+                                     acc1, m1, l1, scale, SKN, HAS_BIAS, HAS_MASK, EVEN,
+                                     EVEN and EVEN_D, PRECISION)
     return acc0, m0, l0, acc1, m1, l1
 
 
@@ -276,8 +253,7 @@ def _fwd(Q, K, V, G, GB, Bias, Mask, O, OPre, LSE,
          HAS_BIAS: tl.constexpr, HAS_MASK: tl.constexpr, HAS_GATE: tl.constexpr,
          HAS_GATE_BIAS: tl.constexpr, ROWS: tl.constexpr, EVEN: tl.constexpr,
          EVEN_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-         BLOCK_D: tl.constexpr, PRECISION: tl.constexpr, MASK_ADD: tl.constexpr = False,
-         PDL: tl.constexpr = False):
+         BLOCK_D: tl.constexpr, PRECISION: tl.constexpr, PDL: tl.constexpr = False):
     """One query block of ``ROWS`` (1 or 2) rows r0, r0+1 of R: each bias tile is loaded and
     converted once for all of them (the bias is shared by the R rows), dividing the bias's L2
     traffic and conversions by ROWS. Rows past R-1 repeat the last row (same values stored).
@@ -305,7 +281,7 @@ def _fwd(Q, K, V, G, GB, Bias, Mask, O, OPre, LSE,
     acc0, m0, l0, acc1, m1, l1 = _fwd_keys(
         q0, q1, acc0, m0, l0, acc1, m1, l1, K, V, base0, base1, Bias, Mask, b, h, r0, r1,
         offs_m, offs_d, m_valid, sbb, sbh, sbi, sbj, smb, smr, smj, N, D, sqn, scale,
-        HAS_BIAS, HAS_MASK, MASK_ADD, ROWS, EVEN, EVEN_D, BLOCK_N, PRECISION)
+        HAS_BIAS, HAS_MASK, ROWS, EVEN, EVEN_D, BLOCK_N, PRECISION)
     _fwd_store(acc0, m0, l0, G, GB, O, OPre, LSE, b, r0, h, R, H, offs_m, offs_d, m_valid, md,
                N, D, sqb, sqr, sqh, sqn, sob, sor, soh, son, HAS_GATE, HAS_GATE_BIAS)
     if ROWS >= 2:
@@ -793,28 +769,6 @@ def _mask_view(mask: torch.Tensor, batch: tuple[int, ...], r: int, n: int) -> to
     return m.expand(*batch, r, n).reshape(-1, r, n)
 
 
-# FOLD_EVO_MASK_ADD=0: the forward selects masked keys' logits per logit from the mask as
-# given, instead of adding fp32 terms made once per call (_additive_mask)
-_MASK_ADD = EnvVar("FOLD_EVO_MASK_ADD", lambda v: (v if v is not None else "1") != "0")
-
-
-def mask_additive() -> bool:
-    """The forward adds the key mask as fp32 terms (``FOLD_EVO_MASK_ADD`` is not ``0``)."""
-    return _MASK_ADD.get()
-
-
-def _additive_mask(view: torch.Tensor) -> tuple[torch.Tensor, list]:
-    """``(terms [B, R, N_k] fp32, strides)`` for the forward: 0 where ``view`` (the key mask,
-    :func:`_mask_view`) is nonzero, MASKED_NAT where it is 0. The forward adds them to the
-    logits, which is the select's result bit for bit (:func:`_fwd_step`) at 2.7 fewer
-    instructions per logit; making them reads the mask once (R x N_k, against R x H x N x N_k
-    logits)."""
-    terms = torch.where(view != 0, 0.0, MASKED_NAT.value)  # [B, R, N_k], the default dtype
-    if terms.dtype != torch.float32:  # a float64 default dtype (tests)
-        terms = terms.float()
-    return terms, list(terms.stride())
-
-
 def _bias_operand(bias, batch: tuple[int, ...], n: int) -> tuple[torch.Tensor | None, int, list]:
     """``(bias [B_bias, H, N, N_k], B_bias, its strides)`` as the kernels read it (None, 1,
     zeros without a bias): a shared bias gets batch stride 0."""
@@ -970,11 +924,6 @@ def _forward(q, k, v, gate, gate_bias, lp: _Launch):
     o_pre = lp.empty_out(q) if gate is not None else o
     lse = torch.empty((lp.B, lp.R, lp.H, 2, lp.N), device=q.device, dtype=torch.float32)
     dummy = q
-    mask, strides = lp.mask, lp.strides()
-    mask_add = mask is not None and mask_additive()
-    if mask_add:  # the mask's strides follow the bias's 4 in lp.strides()
-        mask, mask_strides = _additive_mask(mask)
-        strides = (*strides[:4], *mask_strides, *strides[7:])
 
     def launch(cfg: tuning.Config):
         _check_rows(cfg, (1, 2), "forward")
@@ -982,16 +931,16 @@ def _forward(q, k, v, gate, gate_bias, lp: _Launch):
         _fwd[grid](q, k, v, gate if gate is not None else dummy,
                    gate_bias if gate_bias is not None else dummy,
                    lp.bias if lp.bias is not None else dummy,
-                   mask if mask is not None else dummy,
-                   o, o_pre, lse, *strides, lp.R, lp.H, lp.N, lp.D, lp.scale,
-                   HAS_BIAS=lp.bias is not None, HAS_MASK=mask is not None,
+                   lp.mask if lp.mask is not None else dummy,
+                   o, o_pre, lse, *lp.strides(), lp.R, lp.H, lp.N, lp.D, lp.scale,
+                   HAS_BIAS=lp.bias is not None, HAS_MASK=lp.mask is not None,
                    HAS_GATE=gate is not None, HAS_GATE_BIAS=gate_bias is not None,
                    ROWS=cfg.rows, EVEN=lp.even(cfg), EVEN_D=lp.D == lp.block_d,
                    BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
-                   BLOCK_D=lp.block_d, PRECISION=lp.precision, MASK_ADD=mask_add,
+                   BLOCK_D=lp.block_d, PRECISION=lp.precision,
                    num_warps=cfg.num_warps, num_stages=cfg.num_stages)
 
-    launch(_cfg("fwd", lp, launch, mask_add))
+    launch(_cfg("fwd", lp, launch))
     return o, o_pre, lse
 
 
