@@ -100,41 +100,6 @@ def test_fully_masked_query_gets_mean_of_v():
                                rtol=1e-5, atol=1e-5)
 
 
-def _padded_mask(shape, n, lengths, hole=None):
-    """A padded input's key mask ``[*, R, N]``: row r keeps its first ``lengths[r % len]``
-    keys; ``hole``: (row, key) masked inside a row's run."""
-    keys = torch.arange(n)
-    lens = torch.tensor(lengths).repeat(shape[-1] // len(lengths) + 1)[:shape[-1]]
-    mask = (keys < lens[:, None]).expand(*shape[:-1], shape[-1], n).clone()
-    if hole is not None:
-        mask[..., hole[0], hole[1]] = False
-    return mask
-
-
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("n,lengths,hole", [
-    (37, (37, 33, 16, 5), None),  # whole rows, a ragged run, one block, less than a block
-    (40, (40, 40, 29), (0, 20)),  # a hole inside a long run: the blocks after it are masked
-    (33, (0, 33, 17), None),  # a row with nothing kept next to a full one (two rows a program)
-])
-def test_padded_masks_kept_run_matches_reference(monkeypatch, dtype, n, lengths, hole):
-    """Masks of padded inputs (each row keeps a prefix of the keys), where the forward runs the
-    key blocks inside the rows' leading kept run without the mask: outputs and every gradient
-    against float64, and the same output bits as the forward that masks every block
-    (``FOLD_EVO_KEPT_RUN=0``)."""
-    from fold_kernels import evo_attention
-
-    q, k, v, bias, _, gate = _inputs((2, 3, 2, n, 16), 2, n, dtype)
-    mask = _padded_mask((2, 3), n, lengths, hole)
-    _check(q, k, v, bias, mask, gate, dtype)
-    args = [t.to(DEVICE) for t in (q, k, v, bias, mask, gate)]
-    with torch.no_grad():
-        on = evo_attention(*args[:5], gate=args[5])
-        monkeypatch.setenv("FOLD_EVO_KEPT_RUN", "0")
-        off = evo_attention(*args[:5], gate=args[5])
-    assert torch.equal(on, off)
-
-
 @pytest.fixture
 def deterministic():
     before = torch.are_deterministic_algorithms_enabled()

@@ -75,8 +75,8 @@ from fold_kernels.launch import fast
 from fold_kernels.one_pass import finish_sum
 from fold_kernels.reduce import column_sum, sum_partials
 
-__all__ = ["evo_attention", "evo_attention_packed", "dbias_mode", "dq_mode", "kept_run",
-           "SUPPORTED_DTYPES", "MAX_HEAD_DIM", "DBIAS_MODES", "DQ_MODES"]
+__all__ = ["evo_attention", "evo_attention_packed", "dbias_mode", "dq_mode", "SUPPORTED_DTYPES",
+           "MAX_HEAD_DIM", "DBIAS_MODES", "DQ_MODES"]
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 DBIAS_MODES = ("auto", "pass", "atomic")  # see dbias_mode()
@@ -214,83 +214,34 @@ def _fwd_store(acc, m_i, l_i, G, GB, O, OPre, LSE, b, r, h, R, H, offs_m, offs_d
     tl.store(O + optrs, o.to(O.dtype.element_ty), mask=md)
 
 
-# Keys per pass of _kept_prefix over a mask row (a multiple of every BLOCK_N)
-_PREFIX_BLOCK = tl.constexpr(512)
-
-
-@triton.jit
-def _kept_prefix(Mask, b, r, NK, smb, smr, smj):
-    """How many leading keys of row r the mask keeps: the first masked key's index, NK if none
-    (one pass over the row's mask, ``NK / 512`` loads and reductions per program)."""
-    mrow = Mask + b.to(tl.int64) * smb + r.to(tl.int64) * smr
-    first = NK
-    for c in range(0, NK, _PREFIX_BLOCK):
-        offs = c + tl.arange(0, _PREFIX_BLOCK)
-        kept = tl.load(mrow + offs * smj, mask=offs < NK, other=1) != 0
-        first = tl.minimum(first, tl.min(tl.where(kept, NK, offs), 0))
-    return first
-
-
-@triton.jit
-def _fwd_block(start_n, q0, q1, acc0, m0, l0, acc1, m1, l1, K, V, kbase0, kbase1, Bias, Mask,
-               b, h, r0, r1, offs_m, offs_d, m_valid, sbb, sbh, sbi, sbj, smb, smr, smj, NK, D,
-               SKN, scale, HAS_BIAS: tl.constexpr, HAS_MASK: tl.constexpr, ROWS: tl.constexpr,
-               EVEN: tl.constexpr, IN_BOUNDS: tl.constexpr, EVEN_D: tl.constexpr,
-               BLOCK_N: tl.constexpr, PRECISION: tl.constexpr):
-    """Keys ``[start_n, start_n + BLOCK_N)`` of :func:`_fwd_keys` for the program's rows.
-    ``IN_BOUNDS``: every key of the block is < NK (K, V and the mask loaded without predicates,
-    no key-boundary select); ``EVEN``: the bias tile too (queries and keys)."""
-    offs_n = start_n + tl.arange(0, BLOCK_N)
-    n_valid = offs_n < NK
-    nd = n_valid[:, None] & (offs_d < D)[None, :]
-    if HAS_BIAS:
-        bias = _bias_tile(Bias, b, h, offs_m, offs_n, m_valid, n_valid, sbb, sbh, sbi, sbj,
-                          EVEN)
-    else:
-        bias = 0.0
-    keep = _keep(Mask, b, r0, offs_n, n_valid, smb, smr, smj, HAS_MASK, IN_BOUNDS)
-    acc0, m0, l0 = _fwd_step(q0, K, V, kbase0, offs_n, offs_d, nd, bias, keep, n_valid,
-                             acc0, m0, l0, scale, SKN, HAS_BIAS, HAS_MASK, IN_BOUNDS,
-                             IN_BOUNDS and EVEN_D, PRECISION)
-    if ROWS >= 2:
-        keep = _keep(Mask, b, r1, offs_n, n_valid, smb, smr, smj, HAS_MASK, IN_BOUNDS)
-        acc1, m1, l1 = _fwd_step(q1, K, V, kbase1, offs_n, offs_d, nd, bias, keep, n_valid,
-                                 acc1, m1, l1, scale, SKN, HAS_BIAS, HAS_MASK, IN_BOUNDS,
-                                 IN_BOUNDS and EVEN_D, PRECISION)
-    return acc0, m0, l0, acc1, m1, l1
-
-
 @triton.jit
 def _fwd_keys(q0, q1, acc0, m0, l0, acc1, m1, l1, K, V, kbase0, kbase1, Bias, Mask, b, h, r0, r1,
               offs_m, offs_d, m_valid, sbb, sbh, sbi, sbj, smb, smr, smj, NK, D, SKN, scale,
               HAS_BIAS: tl.constexpr, HAS_MASK: tl.constexpr, ROWS: tl.constexpr,
               EVEN: tl.constexpr, EVEN_D: tl.constexpr, BLOCK_N: tl.constexpr,
-              PRECISION: tl.constexpr, KEPT_RUN: tl.constexpr = True):
+              PRECISION: tl.constexpr):
     """The key loop of one query block for ``ROWS`` (1 or 2) rows r0, r1: each bias tile loaded
     and converted once for both. K and V rows are ``SKN`` apart from ``kbase0`` / ``kbase1``
     (the query's own layout for self-attention; their own with another key length ``NK``). With
-    one row the second row's state is passed through untouched.
-
-    With a mask and ``KEPT_RUN``, the key blocks inside the rows' leading run of kept keys (a
-    padded input's mask keeps a prefix: every block but the last ones) run first as blocks
-    without a mask, in bounds (:func:`_kept_prefix`): no mask load, conversion or select per
-    logit there. The other blocks run as before."""
-    n_full = 0
-    if HAS_MASK and KEPT_RUN:
-        kept = _kept_prefix(Mask, b, r0, NK, smb, smr, smj)
+    one row the second row's state is passed through untouched."""
+    for start_n in range(0, NK, BLOCK_N):
+        offs_n = start_n + tl.arange(0, BLOCK_N)
+        n_valid = offs_n < NK
+        nd = n_valid[:, None] & (offs_d < D)[None, :]
+        if HAS_BIAS:
+            bias = _bias_tile(Bias, b, h, offs_m, offs_n, m_valid, n_valid, sbb, sbh, sbi, sbj,
+                              EVEN)
+        else:
+            bias = 0.0
+        keep = _keep(Mask, b, r0, offs_n, n_valid, smb, smr, smj, HAS_MASK, EVEN)
+        acc0, m0, l0 = _fwd_step(q0, K, V, kbase0, offs_n, offs_d, nd, bias, keep, n_valid,
+                                 acc0, m0, l0, scale, SKN, HAS_BIAS, HAS_MASK, EVEN,
+                                 EVEN and EVEN_D, PRECISION)
         if ROWS >= 2:
-            kept = tl.minimum(kept, _kept_prefix(Mask, b, r1, NK, smb, smr, smj))
-        n_full = (kept // BLOCK_N) * BLOCK_N
-        for start_n in range(0, n_full, BLOCK_N):
-            acc0, m0, l0, acc1, m1, l1 = _fwd_block(
-                start_n, q0, q1, acc0, m0, l0, acc1, m1, l1, K, V, kbase0, kbase1, Bias, Mask,
-                b, h, r0, r1, offs_m, offs_d, m_valid, sbb, sbh, sbi, sbj, smb, smr, smj, NK, D,
-                SKN, scale, HAS_BIAS, False, ROWS, EVEN, True, EVEN_D, BLOCK_N, PRECISION)
-    for start_n in range(n_full, NK, BLOCK_N):
-        acc0, m0, l0, acc1, m1, l1 = _fwd_block(
-            start_n, q0, q1, acc0, m0, l0, acc1, m1, l1, K, V, kbase0, kbase1, Bias, Mask,
-            b, h, r0, r1, offs_m, offs_d, m_valid, sbb, sbh, sbi, sbj, smb, smr, smj, NK, D,
-            SKN, scale, HAS_BIAS, HAS_MASK, ROWS, EVEN, EVEN, EVEN_D, BLOCK_N, PRECISION)
+            keep = _keep(Mask, b, r1, offs_n, n_valid, smb, smr, smj, HAS_MASK, EVEN)
+            acc1, m1, l1 = _fwd_step(q1, K, V, kbase1, offs_n, offs_d, nd, bias, keep, n_valid,
+                                     acc1, m1, l1, scale, SKN, HAS_BIAS, HAS_MASK, EVEN,
+                                     EVEN and EVEN_D, PRECISION)
     return acc0, m0, l0, acc1, m1, l1
 
 
@@ -302,8 +253,7 @@ def _fwd(Q, K, V, G, GB, Bias, Mask, O, OPre, LSE,
          HAS_BIAS: tl.constexpr, HAS_MASK: tl.constexpr, HAS_GATE: tl.constexpr,
          HAS_GATE_BIAS: tl.constexpr, ROWS: tl.constexpr, EVEN: tl.constexpr,
          EVEN_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-         BLOCK_D: tl.constexpr, PRECISION: tl.constexpr, KEPT_RUN: tl.constexpr = True,
-         PDL: tl.constexpr = False):
+         BLOCK_D: tl.constexpr, PRECISION: tl.constexpr, PDL: tl.constexpr = False):
     """One query block of ``ROWS`` (1 or 2) rows r0, r0+1 of R: each bias tile is loaded and
     converted once for all of them (the bias is shared by the R rows), dividing the bias's L2
     traffic and conversions by ROWS. Rows past R-1 repeat the last row (same values stored).
@@ -331,7 +281,7 @@ def _fwd(Q, K, V, G, GB, Bias, Mask, O, OPre, LSE,
     acc0, m0, l0, acc1, m1, l1 = _fwd_keys(
         q0, q1, acc0, m0, l0, acc1, m1, l1, K, V, base0, base1, Bias, Mask, b, h, r0, r1,
         offs_m, offs_d, m_valid, sbb, sbh, sbi, sbj, smb, smr, smj, N, D, sqn, scale,
-        HAS_BIAS, HAS_MASK, ROWS, EVEN, EVEN_D, BLOCK_N, PRECISION, KEPT_RUN)
+        HAS_BIAS, HAS_MASK, ROWS, EVEN, EVEN_D, BLOCK_N, PRECISION)
     _fwd_store(acc0, m0, l0, G, GB, O, OPre, LSE, b, r0, h, R, H, offs_m, offs_d, m_valid, md,
                N, D, sqb, sqr, sqh, sqn, sob, sor, soh, son, HAS_GATE, HAS_GATE_BIAS)
     if ROWS >= 2:
@@ -819,17 +769,6 @@ def _mask_view(mask: torch.Tensor, batch: tuple[int, ...], r: int, n: int) -> to
     return m.expand(*batch, r, n).reshape(-1, r, n)
 
 
-# FOLD_EVO_KEPT_RUN=0: the forward applies the mask to every key block, not only to those past
-# the rows' leading run of kept keys (_fwd_keys)
-_KEPT_RUN = EnvVar("FOLD_EVO_KEPT_RUN", lambda v: (v if v is not None else "1") != "0")
-
-
-def kept_run() -> bool:
-    """The forward runs the key blocks inside the rows' leading run of kept keys without the
-    mask (``FOLD_EVO_KEPT_RUN`` is not ``0``)."""
-    return _KEPT_RUN.get()
-
-
 def _bias_operand(bias, batch: tuple[int, ...], n: int) -> tuple[torch.Tensor | None, int, list]:
     """``(bias [B_bias, H, N, N_k], B_bias, its strides)`` as the kernels read it (None, 1,
     zeros without a bias): a shared bias gets batch stride 0."""
@@ -985,7 +924,6 @@ def _forward(q, k, v, gate, gate_bias, lp: _Launch):
     o_pre = lp.empty_out(q) if gate is not None else o
     lse = torch.empty((lp.B, lp.R, lp.H, 2, lp.N), device=q.device, dtype=torch.float32)
     dummy = q
-    run = lp.mask is not None and kept_run()
 
     def launch(cfg: tuning.Config):
         _check_rows(cfg, (1, 2), "forward")
@@ -999,10 +937,10 @@ def _forward(q, k, v, gate, gate_bias, lp: _Launch):
                    HAS_GATE=gate is not None, HAS_GATE_BIAS=gate_bias is not None,
                    ROWS=cfg.rows, EVEN=lp.even(cfg), EVEN_D=lp.D == lp.block_d,
                    BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
-                   BLOCK_D=lp.block_d, PRECISION=lp.precision, KEPT_RUN=run,
+                   BLOCK_D=lp.block_d, PRECISION=lp.precision,
                    num_warps=cfg.num_warps, num_stages=cfg.num_stages)
 
-    launch(_cfg("fwd", lp, launch, run))
+    launch(_cfg("fwd", lp, launch))
     return o, o_pre, lse
 
 

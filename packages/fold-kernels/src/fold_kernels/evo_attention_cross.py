@@ -33,7 +33,6 @@ from fold_kernels.evo_attention import (
     _fwd_store,
     _mask_operand,
     _precision,
-    kept_run,
 )
 from fold_kernels.index32 import check_grid, span_fits
 from fold_kernels.ints import cdiv
@@ -50,8 +49,7 @@ def _fwd_cross(Q, K, V, G, Bias, Mask, O, LSE,
                HAS_BIAS: tl.constexpr, HAS_MASK: tl.constexpr, HAS_GATE: tl.constexpr,
                ROWS: tl.constexpr, EVEN: tl.constexpr, EVEN_D: tl.constexpr,
                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-               PRECISION: tl.constexpr, KEPT_RUN: tl.constexpr = True,
-               PDL: tl.constexpr = False):
+               PRECISION: tl.constexpr, PDL: tl.constexpr = False):
     """One query block of ``ROWS`` (1 or 2) rows sharing each bias tile, as ``_fwd`` (the same
     key loop, :func:`_fwd_keys`), with the keys' own length ``NK`` and strides. ``EVEN``: NQ a
     multiple of BLOCK_M and NK of BLOCK_N."""
@@ -80,7 +78,7 @@ def _fwd_cross(Q, K, V, G, Bias, Mask, O, LSE,
     acc0, m0, l0, acc1, m1, l1 = _fwd_keys(
         q0, q1, acc0, m0, l0, acc1, m1, l1, K, V, kbase0, kbase1, Bias, Mask, b, h, r0, r1,
         offs_m, offs_d, m_valid, sbb, sbh, sbi, sbj, smb, smr, smj, NK, D, skn, scale,
-        HAS_BIAS, HAS_MASK, ROWS, EVEN, EVEN_D, BLOCK_N, PRECISION, KEPT_RUN)
+        HAS_BIAS, HAS_MASK, ROWS, EVEN, EVEN_D, BLOCK_N, PRECISION)
     # the gate is read with q's strides; no gate bias, no pre-gate output (nothing to save)
     _fwd_store(acc0, m0, l0, G, G, O, O, LSE, b, r0, h, R, H, offs_m, offs_d, m_valid, md,
                NQ, D, sqb, sqr, sqh, sqn, sob, sor, soh, son, HAS_GATE, False)
@@ -128,7 +126,6 @@ def cross_attention(q, k, v, bias=None, mask=None, scale=None, gate=None) -> tor
         g_ = g_.contiguous() if g_ is not None else None
     bias_, _, sb = _bias_operand(bias, tuple(batch), nq)
     mask_, sm = _mask_operand(mask, tuple(batch), r, nk)
-    run = mask_ is not None and kept_run()
     out = torch.empty(nb, r, nq, h, d, device=q.device, dtype=q.dtype)  # [B, R, N_q, H, D]
     o = out.transpose(2, 3)  # [B, R, H, N_q, D] view
     lse = torch.empty(nb, r, h, 2, nq, device=q.device, dtype=torch.float32)
@@ -149,10 +146,10 @@ def cross_attention(q, k, v, bias=None, mask=None, scale=None, gate=None) -> tor
                          HAS_BIAS=bias_ is not None, HAS_MASK=mask_ is not None,
                          HAS_GATE=g_ is not None, ROWS=cfg.rows, EVEN=even,
                          EVEN_D=d == block_d, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
-                         BLOCK_D=block_d, PRECISION=_precision(q.dtype), KEPT_RUN=run,
+                         BLOCK_D=block_d, PRECISION=_precision(q.dtype),
                          num_warps=cfg.num_warps, num_stages=cfg.num_stages)
 
     cands = tuning._attention_configs("fwd_cross", tuning.arch(), d, q.dtype.itemsize)
-    key = ("fwd_cross", r, nq, nk, d, q.dtype, bias is not None, mask is not None, run)
+    key = ("fwd_cross", r, nq, nk, d, q.dtype, bias is not None, mask is not None)
     launch(tuning.pick("evo_fwd_cross", key, cands, launch))
     return o.reshape(*batch, r, h, nq, d)
