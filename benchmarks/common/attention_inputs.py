@@ -9,13 +9,16 @@ from __future__ import annotations
 
 import torch
 
+from benchmarks.common.blocks import pattern_mask
+
 MASK_NEG = -1e9
 
 
 def make_inputs(r: int, n: int, h: int, d: int, seed: int = 0, device: str = "cuda",
-                dtype: torch.dtype = torch.bfloat16):
+                dtype: torch.dtype = torch.bfloat16, mask: str = "holes"):
     """q, k, v ``[1, R, H, N, D]``, a pair bias ``[1, H, N, N]`` shared by the R rows, a key
-    mask ``[1, R, N]`` with about 5% holes and a fixed output gradient ``[1, R, H, N, D]``."""
+    mask ``[1, R, N]`` (``mask``: about 5% holes, or another pattern of
+    ``benchmarks.common.blocks.MASKS``) and a fixed output gradient ``[1, R, H, N, D]``."""
     g = torch.Generator(device=device).manual_seed(seed)
 
     def rnd(*shape):
@@ -23,9 +26,9 @@ def make_inputs(r: int, n: int, h: int, d: int, seed: int = 0, device: str = "cu
 
     q, k, v = rnd(1, r, h, n, d), rnd(1, r, h, n, d), rnd(1, r, h, n, d)
     bias = rnd(1, h, n, n)
-    mask = torch.rand(1, r, n, device=device, generator=g) > 0.05
+    keep = pattern_mask((1, r, n), g, mask, device)
     do = rnd(1, r, h, n, d)
-    return q, k, v, bias, mask, do
+    return q, k, v, bias, keep, do
 
 
 def mask_bias(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

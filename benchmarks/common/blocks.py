@@ -10,21 +10,59 @@ from fold_model.af3.config import config
 from fold_model.af3.diffusion import DiffusionTransformerBlock
 from fold_model.af3.pairformer import PairformerBlock
 
+# Token masks of the block inputs (``token_mask``): "holes", ~5% random holes (the benchmarks'
+# default); "padded", an input padded to its bucket (the last tenth of the tokens are padding, so
+# every row of a pair mask keeps a prefix of its keys); "none", every token real.
+MASKS = ("holes", "padded", "none")
 
-def random_mask(n: int, gen: torch.Generator, device: torch.device) -> torch.Tensor:
-    """A ``[1, n]`` token mask with ~5% holes (the first token always present)."""
+
+def token_mask(n: int, gen: torch.Generator, device: torch.device,
+               pattern: str = "holes") -> torch.Tensor:
+    """A ``[1, n]`` token mask of ``pattern`` (:data:`MASKS`; the first token always present).
+    Every pattern draws the same random numbers, so the inputs drawn after it match."""
+    if pattern not in MASKS:
+        raise SystemExit(f"mask pattern {pattern!r}: expected one of {', '.join(MASKS)}")
     m = (torch.rand(1, n, generator=gen) > 0.05).float()
+    if pattern == "padded":
+        m = (torch.arange(n) < n - n // 10).float()[None]  # [1, n]
+    elif pattern == "none":
+        m = torch.ones(1, n)
     m[:, 0] = 1
     return m.to(device)
 
 
+def pattern_mask(shape: tuple[int, ...], gen: torch.Generator, pattern: str,
+                 device: str | torch.device = "cpu") -> torch.Tensor:
+    """A bool mask ``shape`` (rows, keys last) of ``pattern`` (:data:`MASKS`): "holes" ~5%
+    random holes; "padded" the last tenth of the rows and of the keys masked (a padded row masks
+    every key: each row keeps a prefix of its keys); "none" all kept. The same random draws for
+    every pattern (``gen`` on ``device``)."""
+    if pattern not in MASKS:
+        raise SystemExit(f"mask pattern {pattern!r}: expected one of {', '.join(MASKS)}")
+    holes = torch.rand(shape, generator=gen, device=device) > 0.05
+    if pattern == "holes":
+        return holes
+    keep = torch.ones(shape, dtype=torch.bool, device=device)
+    if pattern == "padded":
+        rows, keys = shape[-2], shape[-1]
+        keep[..., rows - rows // 10:, :] = False
+        keep[..., keys - keys // 10:] = False
+    return keep
+
+
+def random_mask(n: int, gen: torch.Generator, device: torch.device) -> torch.Tensor:
+    """A ``[1, n]`` token mask with ~5% holes (the first token always present)."""
+    return token_mask(n, gen, device, "holes")
+
+
 def build(kind: str, n: int, samples: int, tiny: bool, device: torch.device,
-          dtype: torch.dtype) -> tuple[torch.nn.Module, tuple]:
-    """The block and its inputs (activations require grad)."""
+          dtype: torch.dtype, mask: str = "holes") -> tuple[torch.nn.Module, tuple]:
+    """The block and its inputs (activations require grad); ``mask``: the token mask's pattern
+    (:data:`MASKS`)."""
     cfg = config("tiny" if tiny else "af3")
     gen = torch.Generator().manual_seed(0)
     torch.manual_seed(0)
-    mask = random_mask(n, gen, device)
+    mask = token_mask(n, gen, device, mask)
 
     def rnd(*shape: int) -> torch.Tensor:
         return torch.randn(*shape, generator=gen).to(device, dtype).requires_grad_(True)

@@ -2,7 +2,12 @@
 count them (``tools.profile_block``, ``tools.launch_census``): ``evoformer:N_seq,N_res`` (AF2
 Evoformer block, af2_initial sizes), ``pairformer:N_token``, ``diffusion:N_token,samples`` (one
 diffusion transformer block), ``attention:R,N,H,D`` (bias with gradient, key mask with holes).
-bf16 or any dtype, training mode; :func:`build` returns the eager step or its CUDA-graph replay."""
+bf16 or any dtype, training mode; :func:`build` returns the eager step or its CUDA-graph replay.
+
+A suffix ``/PATTERN`` picks the masks' pattern (``blocks.MASKS``): ``holes`` (the default, ~5%
+random holes), ``padded`` (the last tenth of the tokens, residues or keys padding: each mask row
+keeps a prefix, as for an input padded to its bucket) or ``none`` (all kept), e.g.
+``fwd pairformer:768/padded``."""
 
 from __future__ import annotations
 
@@ -12,7 +17,7 @@ from benchmarks.common import blocks
 from benchmarks.common.graphs import capture, grad_body
 
 
-def _evoformer(n_seq: int, n_res: int, device, dtype):
+def _evoformer(n_seq: int, n_res: int, device, dtype, mask: str = "holes"):
     from fold_model.af2 import config
     from fold_model.af2.evoformer import make_block
 
@@ -21,8 +26,8 @@ def _evoformer(n_seq: int, n_res: int, device, dtype):
     g = torch.Generator(device="cpu").manual_seed(0)
     m = torch.randn(1, n_seq, n_res, cfg.c_m, generator=g).to(device, dtype).requires_grad_()
     z = torch.randn(1, n_res, n_res, cfg.c_z, generator=g).to(device, dtype).requires_grad_()
-    msa_mask = (torch.rand(1, n_seq, n_res, generator=g) > 0.05).to(device, dtype)
-    pair_mask = (torch.rand(1, n_res, n_res, generator=g) > 0.05).to(device, dtype)
+    msa_mask = blocks.pattern_mask((1, n_seq, n_res), g, mask).to(device, dtype)
+    pair_mask = blocks.pattern_mask((1, n_res, n_res), g, mask).to(device, dtype)
 
     def loss():
         m_out, z_out = block(m, z, msa_mask, pair_mask)
@@ -30,41 +35,43 @@ def _evoformer(n_seq: int, n_res: int, device, dtype):
     return loss, [m, z, *block.parameters()]
 
 
-def _af3_block(kind: str, n: int, samples: int, device, dtype):
-    block, args = blocks.build(kind, n, samples, False, device, dtype)
+def _af3_block(kind: str, n: int, samples: int, device, dtype, mask: str = "holes"):
+    block, args = blocks.build(kind, n, samples, False, device, dtype, mask)
     tensors = [a for a in args if isinstance(a, torch.Tensor)] + list(block.parameters())
     return (lambda: blocks.loss(block, args)), tensors
 
 
-def _pairformer(n: int, device, dtype):
-    return _af3_block("pairformer", n, 1, device, dtype)
+def _pairformer(n: int, device, dtype, mask: str = "holes"):
+    return _af3_block("pairformer", n, 1, device, dtype, mask)
 
 
-def _diffusion(n: int, samples: int, device, dtype):
-    return _af3_block("diffusion_transformer", n, samples, device, dtype)
+def _diffusion(n: int, samples: int, device, dtype, mask: str = "holes"):
+    return _af3_block("diffusion_transformer", n, samples, device, dtype, mask)
 
 
-def _attention(r: int, n: int, h: int, d: int, device, dtype):
+def _attention(r: int, n: int, h: int, d: int, device, dtype, mask: str = "holes"):
     from fold_model import ops
 
     g = torch.Generator(device="cpu").manual_seed(0)
     q, k, v = (torch.randn(1, r, h, n, d, generator=g).to(device, dtype).requires_grad_()
                for _ in range(3))
     bias = torch.randn(1, h, n, n, generator=g).to(device, dtype).requires_grad_()
-    mask = (torch.rand(1, r, n, generator=g) > 0.05).to(device)
+    keep = blocks.pattern_mask((1, r, n), g, mask).to(device)
 
     def loss():
-        return ops.attention(q, k, v, bias, mask).float().square().mean()
+        return ops.attention(q, k, v, bias, keep).float().square().mean()
     return loss, [q, k, v, bias]
 
 
 def loss_and_tensors(target: str, device, dtype):
     """``(loss, tensors)`` of ``target``: ``loss()`` runs the forward to a scalar, ``tensors``
     are the inputs and parameters whose gradients the step computes."""
+    target, _, mask = target.partition("/")
     kind, _, dims = target.partition(":")
     sizes = [int(x) for x in dims.split(",")]
     return {"evoformer": _evoformer, "pairformer": _pairformer,
-            "diffusion": _diffusion, "attention": _attention}[kind](*sizes, device, dtype)
+            "diffusion": _diffusion, "attention": _attention}[kind](*sizes, device, dtype,
+                                                                     mask or "holes")
 
 
 def build(target: str, device, dtype, graphs: bool = False):
@@ -91,14 +98,16 @@ _FORWARD_KINDS = {"pairformer": "pairformer", "diffusion": "diffusion_transforme
 
 def forward_step(target: str, device, dtype=torch.bfloat16):
     """The eval-mode forward of an AF3 block under no_grad, what prediction runs:
-    ``pairformer:N`` or ``diffusion:N,samples`` (the tools' ``fwd`` targets)."""
+    ``pairformer:N`` or ``diffusion:N,samples`` (the tools' ``fwd`` targets), with an optional
+    ``/PATTERN`` of the token mask."""
+    target, _, mask = target.partition("/")
     kind, _, dims = target.partition(":")
     if kind not in _FORWARD_KINDS or not dims:
         raise SystemExit(f"forward targets are 'fwd pairformer:N' and "
                          f"'fwd diffusion:N,samples', got {target!r}")
     sizes = [int(x) for x in dims.split(",")]
     block, args = blocks.build(_FORWARD_KINDS[kind], sizes[0], sizes[1] if len(sizes) > 1 else 1,
-                               False, device, dtype)
+                               False, device, dtype, mask or "holes")
     block.eval()
 
     def forward():

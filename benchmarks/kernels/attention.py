@@ -199,20 +199,20 @@ def peer_versions() -> dict:
     return found
 
 
-def run(groups, contenders, out_path):
+def run(groups, contenders, out_path, mask: str = "holes"):
     import datetime
 
     results = {"device": device_name(), "torch": torch.__version__,
                "triton": triton_version(), "peers": peer_versions(),
                "date": datetime.datetime.now(datetime.UTC).isoformat(
-                   timespec="minutes"), "rows": []}
+                   timespec="minutes"), "mask": mask, "rows": []}
     makers = {"eager": lambda: eager, "sdpa": lambda: sdpa, "flex": make_flex,
               "cueq": make_cueq, "trifast": make_trifast,
               **{nm: (lambda m=m: make_ours(*m)) for nm, m in OURS.items()}}
     for group in groups:
         for r, n, h, d in SHAPES[group]:
             row = {"group": group, "R": r, "N": n, "H": h, "D": d, "results": {}}
-            inputs = make_inputs(r, n, h, d)
+            inputs = make_inputs(r, n, h, d, mask=mask)
             ref = None
             for name in contenders:
                 if name == "trifast" and group != "triangle":
@@ -263,7 +263,8 @@ def to_markdown_docs(docs):
     rows = [r for d in docs for r in d["rows"]]
     devices = sorted({f"{d['device']}, torch {d['torch']}, triton {d['triton']}, "
                       + ", ".join(f"{k} {v}" for k, v in d.get("peers", {}).items())
-                      + (f"; {d['date']}" if d.get("date") else "") for d in docs})
+                      + (f"; {d['date']}" if d.get("date") else "")
+                      + f"; key mask: {d.get('mask', 'holes')}" for d in docs})
     out = ["# EvoAttention benchmark (bf16, median ms; peak MiB of fwd+bwd above the inputs)",
            "", "Device: " + "; ".join(devices), ""]
     for kind in KINDS:
@@ -311,11 +312,14 @@ def main(argv=None):
     p.add_argument("--contenders", nargs="+", default=NAMES, choices=NAMES)
     p.add_argument("--out", default=str(RESULTS / "kernels" / "kernels_attention.json"))
     p.add_argument("--md", nargs="+", help="merge these JSON files into a Markdown table")
+    p.add_argument("--mask", default="holes", choices=("holes", "padded", "none"),
+                   help="the key mask: ~5%% random holes (default), a padded input's (the last "
+                        "tenth of the rows and keys masked: each row keeps a prefix) or none")
     args = p.parse_args(argv)
     if args.md:
         sys.stdout.write(to_markdown(args.md))
         return
-    run(args.groups, args.contenders, args.out)
+    run(args.groups, args.contenders, args.out, args.mask)
     sys.stdout.write(Path(args.out).with_suffix(".md").read_text())
 
 

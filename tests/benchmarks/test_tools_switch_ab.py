@@ -41,3 +41,25 @@ def test_bad_forward_target_names_what_is_accepted():
 
     with pytest.raises(SystemExit, match="fwd pairformer:N"):
         switch_ab.steps("fwd evoformer:8,8", torch.device("cpu"))
+
+
+def test_mask_patterns_of_the_targets():
+    """``/padded`` and ``/none`` targets: a padded input's masks (each row keeps a prefix of its
+    keys, padded rows nothing) or none; the default keeps the benchmarks' random holes."""
+    import torch
+    from benchmarks.common import blocks, targets
+
+    g = torch.Generator().manual_seed(0)
+    holes = blocks.pattern_mask((1, 20, 30), g, "holes")
+    assert not holes.all()
+    padded = blocks.pattern_mask((1, 20, 30), torch.Generator().manual_seed(0), "padded")
+    assert padded[0, :18, :27].all() and not padded[0, 18:].any() and not padded[:, :, 27:].any()
+    assert blocks.pattern_mask((2, 5), g, "none").all()
+    tm = blocks.token_mask(10, torch.Generator().manual_seed(0), torch.device("cpu"), "padded")
+    assert tm.tolist() == [[1.0] * 9 + [0.0]]
+    with pytest.raises(SystemExit, match="holes, padded, none"):
+        blocks.pattern_mask((2, 5), g, "random")
+    for target in ("pairformer:6/padded", "fwd pairformer:6/none", "attention:4,8,2,8/padded",
+                   "evoformer:4,6/padded"):
+        step = targets.build(target, torch.device("cpu"), torch.float32)
+        step()
