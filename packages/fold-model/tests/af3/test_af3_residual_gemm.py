@@ -166,3 +166,29 @@ def test_add_matmul_cuda_fp32_accumulator():
     assert x.dtype == torch.float32
     assert rel_err(x, ref) < 1e-5
     assert rel_err(x, ref) <= rel_err(two, ref)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the fp32-C GEMM is CUDA's")
+def test_add_matmul_falls_back_where_the_fp32_c_gemm_is_refused(monkeypatch):
+    """A BLAS without the fp32-C GEMM (addmm refusing out_dtype): the bf16 update is added in
+    place instead, and the refusal is remembered for the device."""
+    from fold_model.layers import residual_gemm as rg
+
+    real = torch.addmm
+
+    def refuse(*args, **kwargs):
+        if "out_dtype" in kwargs:
+            raise RuntimeError("addmm: out_dtype is not supported here")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(rg.torch, "addmm", refuse)
+    monkeypatch.setattr(rg, "_FP32_C", {})
+    g = torch.Generator().manual_seed(4)
+    x = torch.randn(64, 16, generator=g).cuda()
+    h = torch.randn(64, 24, generator=g).to("cuda", torch.bfloat16)
+    w = (torch.randn(16, 24, generator=g) * 24 ** -0.5).cuda()
+    ref = _exact(x, h, w.to(torch.bfloat16))
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        add_matmul_(x, h, w)
+    assert rg._FP32_C == {str(x.device): False}
+    assert rel_err(x, ref) < 1e-2
