@@ -18,15 +18,9 @@ MASKS = ("holes", "padded", "none")
 
 def token_mask(n: int, gen: torch.Generator, device: torch.device,
                pattern: str = "holes") -> torch.Tensor:
-    """A ``[1, n]`` token mask of ``pattern`` (:data:`MASKS`; the first token always present).
-    Every pattern draws the same random numbers, so the inputs drawn after it match."""
-    if pattern not in MASKS:
-        raise SystemExit(f"mask pattern {pattern!r}: expected one of {', '.join(MASKS)}")
-    m = (torch.rand(1, n, generator=gen) > 0.05).float()
-    if pattern == "padded":
-        m = (torch.arange(n) < n - n // 10).float()[None]  # [1, n]
-    elif pattern == "none":
-        m = torch.ones(1, n)
+    """A ``[1, n]`` float token mask of ``pattern`` (:func:`pattern_mask`; the first token
+    always present)."""
+    m = pattern_mask((1, n), gen, pattern).float()
     m[:, 0] = 1
     return m.to(device)
 
@@ -48,11 +42,6 @@ def pattern_mask(shape: tuple[int, ...], gen: torch.Generator, pattern: str,
         keep[..., rows - rows // 10:, :] = False
         keep[..., keys - keys // 10:] = False
     return keep
-
-
-def random_mask(n: int, gen: torch.Generator, device: torch.device) -> torch.Tensor:
-    """A ``[1, n]`` token mask with ~5% holes (the first token always present)."""
-    return token_mask(n, gen, device, "holes")
 
 
 def build(kind: str, n: int, samples: int, tiny: bool, device: torch.device,

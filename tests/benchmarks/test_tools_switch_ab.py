@@ -47,6 +47,7 @@ def test_mask_patterns_of_the_targets():
     """``/padded`` and ``/none`` targets: a padded input's masks (each row keeps a prefix of its
     keys, padded rows nothing) or none; the default keeps the benchmarks' random holes."""
     import torch
+
     from benchmarks.common import blocks, targets
 
     g = torch.Generator().manual_seed(0)

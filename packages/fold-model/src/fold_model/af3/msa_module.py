@@ -23,7 +23,6 @@ from fold_model.layers import (
     chunked_rows,
     fork_pair_bias,
 )
-from fold_model.layers.residual_gemm import residual_gemm
 from fold_model.seams import IDENTITY_COMM, AxialComm
 
 __all__ = ["MSA_FEAT_DIM", "msa_features", "MSAPairWeightedAveraging", "MSAModuleBlock",
@@ -142,12 +141,8 @@ class MSAModuleBlock(PairUpdates):
             update, m, z = self._run(self.pair_weighted_averaging.forward_residual, m, z,
                                      token_mask, comm, chunk)
             m = self._residual(update, m, self.msa_dropout, -3)  # DropoutRowwise
-            if chunk is None and residual_gemm(m, self.training):
-                m = self.msa_transition.add_into(m)  # inference: m is this block's own
-            else:
-                update, m = self._run(self.msa_transition.forward_residual, m, chunk)
-                m = m + update
-                del update
+            # m is this block's own (the sum above): in inference the transition adds into it
+            m = self.msa_transition.residual(m, chunk, run=self._run)
         return m, self.pair_stack(z, pair_mask)
 
 

@@ -33,7 +33,6 @@ from fold_model.layers import (
     dropout_residual,
     pair_stack,
 )
-from fold_model.layers.residual_gemm import residual_gemm
 from fold_model.seams import IDENTITY_COMM, AxialComm
 
 __all__ = ["SubLayers", "PairUpdates", "PairformerBlock", "PairformerStack"]
@@ -168,10 +167,8 @@ class PairformerBlock(PairUpdates):
         update, s, z = self._run(self._single_attention, s, z, single_mask)
         s = s + update
         del update  # not held while the transition runs
-        if self.chunk_size is None and residual_gemm(s, self.training):
-            return self.single_transition.add_into(s), z  # inference: s is this block's own
-        update, s = self._run(self.single_transition.forward_residual, s, self.chunk_size, -2)
-        return s + update, z
+        # s is this block's own (the sum above): in inference the transition adds into it
+        return self.single_transition.residual(s, self.chunk_size, -2, run=self._run), z
 
 
 class PairformerStack(BlockStack):

@@ -15,15 +15,10 @@ from fold_model.layers.primitives import (
     dropout_residual,
     in_place_residuals,
 )
-from fold_model.layers.residual_gemm import residual_gemm
-from fold_model.layers.transitions import SwiGLUTransition
+from fold_model.layers.transitions import call
 from fold_model.seams import AxialComm
 
 __all__ = ["pair_stack"]
-
-
-def _call(fn: Callable[..., Any], *args) -> Any:
-    return fn(*args)
 
 
 def pair_stack(
@@ -33,7 +28,7 @@ def pair_stack(
     comm: AxialComm,
     chunk_size: int | None,
     rate: float,
-    run: Callable[..., Any] = _call,
+    run: Callable[..., Any] = call,
 ) -> torch.Tensor:
     """Triangle multiplication outgoing, incoming, triangle attention starting, ending node,
     transition: ``block``'s ``tri_mul_out``, ``tri_mul_in``, ``tri_att_start``, ``tri_att_end``,
@@ -70,14 +65,8 @@ def pair_stack(
     # DropoutColumnwise: one mask shared by all columns (dim -2).
     z = residual(*run(att_end.forward_residual, z, mask_col, comm, chunk_size, in_place), -2,
                  att_end.out_bias)
-    transition = block.pair_transition
-    if (isinstance(transition, SwiGLUTransition) and chunk_size is None
-            and residual_gemm(z, train)):
-        # inference: z is this block's own here (the residuals above made it; in place only
-        # where the caller allowed it), so the transition's output GEMM adds into it
-        z = transition.add_into(z)
-    else:
-        update, z = run(transition.forward_residual, z, chunk_size)
-        z = add_residual(z, update, in_place)
-        del update  # not held while col_to_row allocates the row layout (DAP)
+    # z is this block's own here (the residuals above made it; in place only where the caller
+    # allowed it), so in inference AF3's transition may add into it; the update is not held
+    # while col_to_row allocates the row layout (DAP)
+    z = block.pair_transition.residual(z, chunk_size, run=run, in_place=in_place)
     return comm.col_to_row(z)  # [*, N/P, N, C_z]

@@ -28,7 +28,7 @@ _ENABLED = EnvVar("FOLD_RESIDUAL_GEMM", lambda v: (v if v is not None else "1") 
 _HALF = (torch.bfloat16, torch.float16)
 # the fp32-C GEMM (addmm with out_dtype) was refused on this machine (a BLAS without it): the
 # update is then added in place, as on the CPU
-_FP32_C: dict[str, bool] = {}
+_FP32_C: dict[torch.device, bool] = {}
 
 
 def residual_gemm(x: torch.Tensor, training: bool) -> bool:
@@ -53,11 +53,11 @@ def add_matmul_(x: torch.Tensor, h: torch.Tensor, weight: torch.Tensor) -> torch
         if x2.dtype == h2.dtype:
             torch.addmm(x2, h2, wt, out=x2)
         elif (x2.is_cuda and x2.dtype == torch.float32 and h2.dtype in _HALF
-              and _FP32_C.get(str(x2.device), True)):
+              and _FP32_C.get(x2.device, True)):
             try:
                 torch.addmm(x2, h2, wt, out_dtype=torch.float32, out=x2)
             except (RuntimeError, NotImplementedError):  # before x is written: add it instead
-                _FP32_C[str(x2.device)] = False
+                _FP32_C[x2.device] = False
                 x2.add_(h2 @ wt)
         else:  # no mixed-dtype GEMM here (CPU): the update in h's dtype, added in place
             x2.add_(h2 @ wt)

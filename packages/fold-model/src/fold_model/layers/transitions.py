@@ -3,15 +3,23 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import torch
 from fold_ops.weight_casts import cast_weight
 from torch import nn
 
 from fold_model import ops
-from fold_model.layers.primitives import LayerNorm, Linear, chunked_rows
-from fold_model.layers.residual_gemm import add_matmul_
+from fold_model.layers.primitives import LayerNorm, Linear, add_residual, chunked_rows
+from fold_model.layers.residual_gemm import add_matmul_, residual_gemm
 
 __all__ = ["Transition", "MSATransition", "PairTransition", "SwiGLUTransition"]
+
+
+def call(fn: Callable[..., Any], *args) -> Any:
+    """``fn(*args)``: the stacks' sub-layer runner when nothing wraps the call."""
+    return fn(*args)
 
 
 class Transition(nn.Module):
@@ -41,6 +49,13 @@ class Transition(nn.Module):
         LayerNorm is fused with the first linear (``ops.layer_norm_linear``), so autograd still
         adds the residual's gradient of x."""
         return self(x, chunk_size), x
+
+    def residual(self, x: torch.Tensor, chunk_size: int | None = None, *,
+                 run: Callable[..., Any] = call, in_place: bool = False) -> torch.Tensor:
+        """``x + transition(x)``, the stacks' residual sum (in x's storage with ``in_place``),
+        the sub-layer called through ``run`` (a checkpointing wrapper)."""
+        update, x = run(self.forward_residual, x, chunk_size)
+        return add_residual(x, update, in_place)
 
 
 class MSATransition(Transition):
@@ -80,6 +95,18 @@ class SwiGLUTransition(nn.Module):
             return self(x, chunk_size, row_dim), x
         x, x_ln = self.layer_norm.fork(x)
         return self.linear_out(ops.swiglu(x_ln, self.linear_ab.weight)), x
+
+    def residual(self, x: torch.Tensor, chunk_size: int | None = None, row_dim: int = -3, *,
+                 run: Callable[..., Any] = call, in_place: bool = False) -> torch.Tensor:
+        """``x + transition(x)``, the stacks' residual sum: in inference (no chunk size,
+        :func:`~fold_model.layers.residual_gemm.residual_gemm`) written into x by the output
+        GEMM (:meth:`add_into`: the stacks call this on a stream their own block made), else
+        :meth:`forward_residual`'s update added (in x's storage with ``in_place``), the
+        sub-layer called through ``run`` (a checkpointing wrapper)."""
+        if chunk_size is None and residual_gemm(x, self.training):
+            return self.add_into(x)
+        update, x = run(self.forward_residual, x, chunk_size, row_dim)
+        return add_residual(x, update, in_place)
 
     def add_into(self, x: torch.Tensor) -> torch.Tensor:
         """Inference: ``x + transition(x)`` written into x's storage by the output projection's
