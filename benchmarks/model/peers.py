@@ -4,7 +4,9 @@ Rows (issue 20): the AF2 Evoformer block at (N_seq 128, N_res 256) and (512, 384
 OpenFold; the AF3 Pairformer block at 256, 384, 512 and 768 tokens and the AF3 diffusion
 transformer block with 48 samples at 384 and 768 tokens against Protenix and Boltz, each peer with
 its kernel flags on and off (benchmarks/common/peer_blocks.py says how each is built and called).
-Training mode (dropout on), masks with ~5% holes, batch 1.
+Training mode (dropout on), batch 1, token masks with ~5% holes (``--mask padded``: the last
+tenth of the tokens padded, as a prediction padded to its bucket; ``none``: all kept, as a
+training crop of a longer chain).
 
 Each contender is timed four ways: forward + backward from fixed random output gradients (the
 same seeded values for every contender: ``torch.randn(numel)`` from seed 1, per output, in its
@@ -45,6 +47,7 @@ import torch
 
 from benchmarks.common import peer_blocks as pb
 from benchmarks.common.backends import ensure_kernels
+from benchmarks.common.blocks import MASKS
 from benchmarks.common.graphs import capture
 from benchmarks.common.machine import (
     add_pin_argument,
@@ -182,7 +185,8 @@ def run_one(name: str, kernels: bool | None, shape: pb.Shape, sizes, device,
         return row
     row["weights"] = args.fold_precision if name == "fold" else str(args.peer_dtype)
     try:
-        case = build(name, kernels, shape, sizes, pb.base_inputs(shape, sizes), device, args)
+        case = build(name, kernels, shape, sizes, pb.base_inputs(shape, sizes, args.mask), device,
+                      args)
     except ImportError as e:
         row["error"] = f"not installed: {_error(e)}"
         return row
@@ -241,7 +245,8 @@ def markdown(meta: dict[str, Any], rows: list[dict[str, Any]], modes: tuple[str,
              f"{_fold_setting(meta)}; peers: {meta['peer_weights']} weights and "
              "inputs under bf16 autocast (CUDA). Median ms of "
              f"{meta['reps']} after {meta['warmup']} warm-up; backward from fixed random output "
-             "gradients. " + pin_note(meta.get("cpus_pinned")),
+             f"gradients. Token mask: {meta.get('mask', 'holes')}. "
+             + pin_note(meta.get("cpus_pinned")),
              "",
              "| row | contender | kernels | " + " | ".join(m.replace("_", " ") + " ms"
                                                           for m in modes)
@@ -320,6 +325,8 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
                     help="fold, protenix, boltz, openfold (default: all; with --tiny: fold)")
     ap.add_argument("--kernels", default="on,off", help="peer kernel flags to run: on, off or both")
     ap.add_argument("--modes", default=",".join(MODES), help=f"subset of {','.join(MODES)}")
+    ap.add_argument("--mask", choices=MASKS, default="holes",
+                    help="the token mask's pattern (benchmarks.common.blocks.pattern_mask)")
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--peer-weights", choices=["match", "fp32", "bf16"], default="match",
@@ -375,7 +382,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
             "peer_weights": str(args.peer_dtype),
             "protenix_layernorm": args.protenix_layernorm,
             "protenix_layernorm_build_error": os.environ.get("PEERS_PROTENIX_LAYERNORM_ERROR"),
-            "warmup": args.warmup, "cpus_pinned": pinned,
+            "warmup": args.warmup, "cpus_pinned": pinned, "mask": args.mask,
             "reps": args.reps, "modes": list(args.modes), "tiny": args.tiny,
             "graphs": "CUDA-graph replay" if device.type == "cuda"
             else "no graphs on CPU: the graph modes run the same step eagerly"}

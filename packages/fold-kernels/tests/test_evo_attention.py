@@ -100,6 +100,91 @@ def test_fully_masked_query_gets_mean_of_v():
                                rtol=1e-5, atol=1e-5)
 
 
+def _padded_mask(batch, r, n, lengths, holes=()):
+    """A padded input's key mask ``[*batch, R, N]``: row r keeps its first
+    ``lengths[r % len(lengths)]`` keys; ``holes``: (row, key) pairs masked inside the runs."""
+    lens = torch.tensor([lengths[i % len(lengths)] for i in range(r)])
+    mask = (torch.arange(n) < lens[:, None]).expand(*batch, r, n).clone()
+    for row, key in holes:
+        mask[..., row, key] = False
+    return mask
+
+
+# (N, lengths, holes): the interpreter's tiles are 16 keys, so N 37 and 40 have three blocks
+PADDED = [
+    (37, (37, 33, 16, 5), ()),  # a whole row, a ragged run, exactly one block, under a block
+    (40, (40, 40, 29), ((0, 20),)),  # a hole inside a long run: the blocks after it masked
+    (33, (0, 33, 17), ()),  # a row with nothing kept beside a full one (two rows a program)
+    (32, (32,), ()),  # all ones, N a multiple of the tiles: every block unmasked
+]
+
+
+@pytest.mark.parametrize("n,lengths,holes", PADDED)
+def test_key_runs_of_a_mask(n, lengths, holes):
+    """``key_runs``: per row the leading kept keys and the end of the last kept key (N for a
+    row with nothing kept), from a bool, a float and a broadcast (stride 0) mask."""
+    from fold_kernels.evo_attention import _mask_operand, key_runs
+
+    mask = _padded_mask((2,), 5, n, lengths, holes)
+    mask[1, 2, -1] = True  # a kept key past a masked stretch
+    want = []
+    for row in mask.reshape(-1, n):
+        masked = (~row).nonzero()
+        kept = row.nonzero()
+        want.append((int(masked[0]) if len(masked) else n, int(kept[-1]) + 1 if len(kept) else n))
+    for m in (mask, mask.float()):
+        view, strides = _mask_operand(m.to(DEVICE), (2,), 5, n)
+        assert key_runs(view, strides, n).cpu().tolist() == [list(w) for w in want]
+    shared = mask[0]  # [R, N] for both batch entries: the view's batch stride is 0
+    view, strides = _mask_operand(shared.to(DEVICE), (2,), 5, n)
+    assert strides[0] == 0
+    assert key_runs(view, strides, n).cpu().tolist() == [list(w) for w in want[:5]] * 2
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("n,lengths,holes", PADDED)
+@pytest.mark.parametrize("modes", [("atomic", "pass", "query"), ("pass", "atomic", "key")])
+def test_padded_masks_match_reference(monkeypatch, dtype, n, lengths, holes, modes):
+    """Masks of padded inputs, where the forward and dQ run the blocks inside the rows' leading
+    kept run without the mask and skip those past the last kept key, and dK/dV skips key blocks
+    past it: outputs and every gradient against float64 (both bias-gradient and dQ modes, both
+    dK/dV tile orders; odd R, so a two-row program repeats the last row)."""
+    for var, mode in zip(("FOLD_EVO_DBIAS", "FOLD_EVO_DQ", "FOLD_EVO_DKDV"), modes):
+        monkeypatch.setenv(var, mode)
+    q, k, v, bias, _, gate = _inputs((2, 5, 2, n, 16), 2, n, dtype, seed=n)
+    _check(q, k, v, bias, _padded_mask((2,), 5, n, lengths, holes), gate, dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("n,lengths,holes", PADDED)
+def test_key_runs_give_the_same_bits(monkeypatch, request, dtype, n, lengths, holes):
+    """With key runs the output and every gradient are the same bits as masking every block
+    (``FOLD_EVO_KEY_RUNS=0``): a skipped block's keys have weight exactly 0, and an unmasked
+    block's logits are the masked block's where the mask keeps them (deterministic mode: the
+    bias gradient and dQ by their own passes)."""
+    from fold_kernels import evo_attention
+
+    request.getfixturevalue("deterministic")
+    q, k, v, bias, _, gate = _inputs((1, 5, 2, n, 16), 2, n, dtype, seed=n + 1)
+    mask = _padded_mask((1,), 5, n, lengths, holes).to(DEVICE)
+    do = torch.randn(q.shape, generator=torch.Generator().manual_seed(3)).to(dtype).to(DEVICE)
+    runs = {}
+    for on in ("1", "0"):
+        monkeypatch.setenv("FOLD_EVO_KEY_RUNS", on)
+        ins = [t.to(DEVICE).clone().requires_grad_() for t in (q, k, v, bias, gate)]
+        o = evo_attention(*ins[:4], mask, gate=ins[4])
+        o.backward(do)
+        runs[on] = [o.detach()] + [t.grad for t in ins]
+    for name, a, b in zip("o q k v bias gate".split(), runs["1"], runs["0"]):
+        assert torch.equal(a, b), name
+
+
+def test_packed_padded_mask_matches_reference():
+    """The packed projection's path takes the same key runs (forward and backward)."""
+    _check_packed((1,), 3, 37, 2, 16, torch.float32,
+                  mask=_padded_mask((1,), 3, 37, (37, 20, 0)))
+
+
 @pytest.fixture
 def deterministic():
     before = torch.are_deterministic_algorithms_enabled()
@@ -244,9 +329,9 @@ def test_mixed_and_non_dense_layouts_fall_back_to_copies():
 
 
 def _check_packed(batch, r, n, h, d, dtype, *, gated=True, with_gate_bias=True, bias_lead=None,
-                  seed=0):
+                  seed=0, mask=None):
     """evo_attention_packed: the output [*, R, N, H*D] and the gradients of proj, bias and
-    gate_bias vs the float64 reference."""
+    gate_bias vs the float64 reference (``mask``: holes and a fully masked row if None)."""
     from fold_kernels import evo_attention_packed
 
     parts = 4 if gated else 3
@@ -254,8 +339,9 @@ def _check_packed(batch, r, n, h, d, dtype, *, gated=True, with_gate_bias=True, 
     proj = torch.randn(*batch, r, n, parts * h * d, generator=g).to(dtype)
     lead = batch if bias_lead is None else bias_lead
     bias = torch.randn(*lead, h, n, n, generator=g).to(dtype)
-    mask = torch.rand(*batch, r, n, generator=g) > 0.25  # holes
-    mask[..., 0, :] = False  # a fully masked row
+    if mask is None:
+        mask = torch.rand(*batch, r, n, generator=g) > 0.25  # holes
+        mask[..., 0, :] = False  # a fully masked row
     gate_bias = (torch.randn(h * d, generator=g) if gated and with_gate_bias else None)
 
     ins = [t.detach().to(DEVICE).clone().requires_grad_() if t is not None else None

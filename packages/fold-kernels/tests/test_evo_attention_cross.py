@@ -42,6 +42,24 @@ def test_matches_reference(dtype, nq, nk, d):
     _check(*_inputs((2,), 3, 2, nq, nk, d, dtype), dtype)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_padded_key_windows(monkeypatch, dtype):
+    """Key windows whose last keys are padding (each row keeps a prefix of its keys: the blocks
+    inside it run without the mask, those past it are skipped), a row with nothing kept
+    included: against float64, and the same bits as masking every block
+    (``FOLD_EVO_KEY_RUNS=0``)."""
+    from fold_kernels import evo_attention
+
+    q, k, v, bias, _, gate = _inputs((2,), 3, 2, 7, 45, 16, dtype)
+    mask = (torch.arange(45) < torch.tensor([45, 0, 19])[:, None]).expand(2, 3, 45)
+    o = _check(q, k, v, bias, mask, gate, dtype)
+    monkeypatch.setenv("FOLD_EVO_KEY_RUNS", "0")
+    dev = [t.to(DEVICE) for t in (q, k, v, bias, mask, gate)]
+    with torch.no_grad():
+        off = evo_attention(*dev[:5], gate=dev[5])
+    assert torch.equal(o, off)
+
+
 def test_atom_window_layout_bias_shared_by_samples():
     """The atom transformer's call: q, gate ``[B, K, S, H, n_q, D]`` as transposed views of a
     ``[.., n_q, H*D]`` projection, k, v likewise with 4x the keys, the bias ``[B, K, H, n_q,

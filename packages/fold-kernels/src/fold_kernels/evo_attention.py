@@ -46,6 +46,14 @@ two stride sets, q's (q, k, v, gate and their gradients) and the output's (o, dY
 are read in place, the output is written dense ``[*, R, N, H*D]`` and the four gradients land in one
 packed gradient.
 
+Key runs (:func:`_mask_runs`, one small launch per call with a mask): per row, how many
+leading keys the mask keeps and where its last kept key ends. The forward and dQ run the key
+blocks inside the leading run without the mask (no mask load, conversion or select per logit)
+and skip the blocks past the last kept key; dK/dV skips a key block past both rows' last kept
+keys. A padded input's mask (each row keeps a prefix) and an all-ones mask take the unmasked
+path almost everywhere; a mask with holes runs as before. The results are the same bits (a
+masked key's weight is exactly 0 when the row keeps a key). ``FOLD_EVO_KEY_RUNS=0``: off.
+
 Masked keys have their logit *replaced* by a large negative constant (not added; -2^100 in the
 forward, :data:`MASKED_NAT`): a query whose
 keys are all masked therefore gets uniform weights (the mean of v) in any precision, and no
@@ -75,8 +83,8 @@ from fold_kernels.launch import fast
 from fold_kernels.one_pass import finish_sum
 from fold_kernels.reduce import column_sum, sum_partials
 
-__all__ = ["evo_attention", "evo_attention_packed", "dbias_mode", "dq_mode", "SUPPORTED_DTYPES",
-           "MAX_HEAD_DIM", "DBIAS_MODES", "DQ_MODES"]
+__all__ = ["evo_attention", "evo_attention_packed", "dbias_mode", "dq_mode", "key_runs",
+           "key_runs_on", "SUPPORTED_DTYPES", "MAX_HEAD_DIM", "DBIAS_MODES", "DQ_MODES"]
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 DBIAS_MODES = ("auto", "pass", "atomic")  # see dbias_mode()
@@ -140,6 +148,53 @@ def _load(ptr, mask, FULL: tl.constexpr):
     else:
         x = tl.load(ptr, mask=mask, other=0.0)
     return x
+
+
+@fast
+@triton.jit
+def _mask_runs(Mask, Runs, R, NK, smb, smr, smj, BLOCK: tl.constexpr, PDL: tl.constexpr = False):
+    """Row ``b * R + r`` of the key mask: ``Runs[row] = (kept, end)``, int32: ``kept`` leading
+    keys are attended (the first masked key's index, NK if none); the last attended key is
+    ``end - 1``, and ``end`` is NK when no key is (a fully masked row weights every key)."""
+    pdl.enter(PDL)
+    row = tl.program_id(0)
+    b = row // R
+    r = row % R
+    mrow = Mask + b.to(tl.int64) * smb + r.to(tl.int64) * smr
+    kept = NK
+    end = 0
+    for c in range(0, NK, BLOCK):
+        offs = c + tl.arange(0, BLOCK)
+        valid = offs < NK
+        keep = tl.load(mrow + offs * smj, mask=valid, other=0) != 0
+        kept = tl.minimum(kept, tl.min(tl.where(keep | ~valid, NK, offs), 0))
+        end = tl.maximum(end, tl.max(tl.where(keep, offs + 1, 0), 0))
+    end = tl.where(end == 0, NK, end)
+    tl.store(Runs + row.to(tl.int64) * 2, kept)
+    tl.store(Runs + row.to(tl.int64) * 2 + 1, end)
+
+
+@triton.jit
+def _key_span(Runs, b, r0, r1, R, NK, HAS_RUNS: tl.constexpr, ROWS: tl.constexpr,
+              BLOCK_N: tl.constexpr):
+    """``(n_full, n_end)`` for a program's ``ROWS`` rows r0, r1: the key blocks below
+    ``n_full`` are attended in every row (whole blocks of the rows' shortest leading run), and
+    every key from ``n_end`` on is masked in every row that attends any key. Without runs:
+    ``(0, NK)``, every block masked as the mask says."""
+    if HAS_RUNS:
+        i0 = (b.to(tl.int64) * R + r0) * 2
+        kept = tl.load(Runs + i0)
+        end = tl.load(Runs + i0 + 1)
+        if ROWS >= 2:
+            i1 = (b.to(tl.int64) * R + r1) * 2
+            kept = tl.minimum(kept, tl.load(Runs + i1))
+            end = tl.maximum(end, tl.load(Runs + i1 + 1))
+        n_full = (kept // BLOCK_N) * BLOCK_N
+        n_end = end
+    else:
+        n_full = 0
+        n_end = NK
+    return n_full, n_end
 
 
 @triton.jit
@@ -215,42 +270,69 @@ def _fwd_store(acc, m_i, l_i, G, GB, O, OPre, LSE, b, r, h, R, H, offs_m, offs_d
 
 
 @triton.jit
+def _fwd_block(start_n, q0, q1, acc0, m0, l0, acc1, m1, l1, K, V, kbase0, kbase1, Bias, Mask,
+               b, h, r0, r1, offs_m, offs_d, m_valid, sbb, sbh, sbi, sbj, smb, smr, smj, NK, D,
+               SKN, scale, HAS_BIAS: tl.constexpr, HAS_MASK: tl.constexpr, ROWS: tl.constexpr,
+               EVEN: tl.constexpr, IN_BOUNDS: tl.constexpr, EVEN_D: tl.constexpr,
+               BLOCK_N: tl.constexpr, PRECISION: tl.constexpr):
+    """Keys ``[start_n, start_n + BLOCK_N)`` of :func:`_fwd_keys` for the program's rows.
+    ``IN_BOUNDS``: every key of the block is < NK (K, V and the mask loaded without predicates,
+    no key-boundary select); ``EVEN``: the bias tile too (queries and keys)."""
+    offs_n = start_n + tl.arange(0, BLOCK_N)
+    n_valid = offs_n < NK
+    nd = n_valid[:, None] & (offs_d < D)[None, :]
+    if HAS_BIAS:
+        bias = _bias_tile(Bias, b, h, offs_m, offs_n, m_valid, n_valid, sbb, sbh, sbi, sbj,
+                          EVEN)
+    else:
+        bias = 0.0
+    keep = _keep(Mask, b, r0, offs_n, n_valid, smb, smr, smj, HAS_MASK, IN_BOUNDS)
+    acc0, m0, l0 = _fwd_step(q0, K, V, kbase0, offs_n, offs_d, nd, bias, keep, n_valid,
+                             acc0, m0, l0, scale, SKN, HAS_BIAS, HAS_MASK, IN_BOUNDS,
+                             IN_BOUNDS and EVEN_D, PRECISION)
+    if ROWS >= 2:
+        keep = _keep(Mask, b, r1, offs_n, n_valid, smb, smr, smj, HAS_MASK, IN_BOUNDS)
+        acc1, m1, l1 = _fwd_step(q1, K, V, kbase1, offs_n, offs_d, nd, bias, keep, n_valid,
+                                 acc1, m1, l1, scale, SKN, HAS_BIAS, HAS_MASK, IN_BOUNDS,
+                                 IN_BOUNDS and EVEN_D, PRECISION)
+    return acc0, m0, l0, acc1, m1, l1
+
+
+@triton.jit
 def _fwd_keys(q0, q1, acc0, m0, l0, acc1, m1, l1, K, V, kbase0, kbase1, Bias, Mask, b, h, r0, r1,
               offs_m, offs_d, m_valid, sbb, sbh, sbi, sbj, smb, smr, smj, NK, D, SKN, scale,
-              HAS_BIAS: tl.constexpr, HAS_MASK: tl.constexpr, ROWS: tl.constexpr,
-              EVEN: tl.constexpr, EVEN_D: tl.constexpr, BLOCK_N: tl.constexpr,
-              PRECISION: tl.constexpr):
+              n_full, n_end, HAS_BIAS: tl.constexpr, HAS_MASK: tl.constexpr,
+              HAS_RUNS: tl.constexpr, ROWS: tl.constexpr, EVEN: tl.constexpr,
+              EVEN_D: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr):
     """The key loop of one query block for ``ROWS`` (1 or 2) rows r0, r1: each bias tile loaded
     and converted once for both. K and V rows are ``SKN`` apart from ``kbase0`` / ``kbase1``
     (the query's own layout for self-attention; their own with another key length ``NK``). With
-    one row the second row's state is passed through untouched."""
-    for start_n in range(0, NK, BLOCK_N):
-        offs_n = start_n + tl.arange(0, BLOCK_N)
-        n_valid = offs_n < NK
-        nd = n_valid[:, None] & (offs_d < D)[None, :]
-        if HAS_BIAS:
-            bias = _bias_tile(Bias, b, h, offs_m, offs_n, m_valid, n_valid, sbb, sbh, sbi, sbj,
-                              EVEN)
-        else:
-            bias = 0.0
-        keep = _keep(Mask, b, r0, offs_n, n_valid, smb, smr, smj, HAS_MASK, EVEN)
-        acc0, m0, l0 = _fwd_step(q0, K, V, kbase0, offs_n, offs_d, nd, bias, keep, n_valid,
-                                 acc0, m0, l0, scale, SKN, HAS_BIAS, HAS_MASK, EVEN,
-                                 EVEN and EVEN_D, PRECISION)
-        if ROWS >= 2:
-            keep = _keep(Mask, b, r1, offs_n, n_valid, smb, smr, smj, HAS_MASK, EVEN)
-            acc1, m1, l1 = _fwd_step(q1, K, V, kbase1, offs_n, offs_d, nd, bias, keep, n_valid,
-                                     acc1, m1, l1, scale, SKN, HAS_BIAS, HAS_MASK, EVEN,
-                                     EVEN and EVEN_D, PRECISION)
+    one row the second row's state is passed through untouched.
+
+    With ``HAS_RUNS`` (:func:`_key_span`): the blocks below ``n_full`` run without the mask, in
+    bounds; the blocks from ``n_end`` on are skipped (their keys' weights are exactly 0: each
+    block would leave the running max, the sum and the accumulator as they were)."""
+    if HAS_RUNS:
+        for start_n in range(0, n_full, BLOCK_N):
+            acc0, m0, l0, acc1, m1, l1 = _fwd_block(
+                start_n, q0, q1, acc0, m0, l0, acc1, m1, l1, K, V, kbase0, kbase1, Bias, Mask,
+                b, h, r0, r1, offs_m, offs_d, m_valid, sbb, sbh, sbi, sbj, smb, smr, smj, NK, D,
+                SKN, scale, HAS_BIAS, False, ROWS, EVEN, True, EVEN_D, BLOCK_N, PRECISION)
+    for start_n in range(n_full, n_end, BLOCK_N):
+        acc0, m0, l0, acc1, m1, l1 = _fwd_block(
+            start_n, q0, q1, acc0, m0, l0, acc1, m1, l1, K, V, kbase0, kbase1, Bias, Mask,
+            b, h, r0, r1, offs_m, offs_d, m_valid, sbb, sbh, sbi, sbj, smb, smr, smj, NK, D,
+            SKN, scale, HAS_BIAS, HAS_MASK, ROWS, EVEN, EVEN, EVEN_D, BLOCK_N, PRECISION)
     return acc0, m0, l0, acc1, m1, l1
 
 
 @fast
 @triton.jit
-def _fwd(Q, K, V, G, GB, Bias, Mask, O, OPre, LSE,
+def _fwd(Q, K, V, G, GB, Bias, Mask, Runs, O, OPre, LSE,
          sbb, sbh, sbi, sbj, smb, smr, smj, sqb, sqr, sqh, sqn, sob, sor, soh, son,
          R, H, N, D, scale,
-         HAS_BIAS: tl.constexpr, HAS_MASK: tl.constexpr, HAS_GATE: tl.constexpr,
+         HAS_BIAS: tl.constexpr, HAS_MASK: tl.constexpr, HAS_RUNS: tl.constexpr,
+         HAS_GATE: tl.constexpr,
          HAS_GATE_BIAS: tl.constexpr, ROWS: tl.constexpr, EVEN: tl.constexpr,
          EVEN_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
          BLOCK_D: tl.constexpr, PRECISION: tl.constexpr, PDL: tl.constexpr = False):
@@ -278,10 +360,11 @@ def _fwd(Q, K, V, G, GB, Bias, Mask, O, OPre, LSE,
                                             sqn, BLOCK_M, BLOCK_D)
     else:  # (passed through the loop unused)
         q1, base1, acc1, m1, l1 = q0, base0, acc0, m0, l0
+    n_full, n_end = _key_span(Runs, b, r0, r1, R, N, HAS_RUNS, ROWS, BLOCK_N)
     acc0, m0, l0, acc1, m1, l1 = _fwd_keys(
         q0, q1, acc0, m0, l0, acc1, m1, l1, K, V, base0, base1, Bias, Mask, b, h, r0, r1,
         offs_m, offs_d, m_valid, sbb, sbh, sbi, sbj, smb, smr, smj, N, D, sqn, scale,
-        HAS_BIAS, HAS_MASK, ROWS, EVEN, EVEN_D, BLOCK_N, PRECISION)
+        n_full, n_end, HAS_BIAS, HAS_MASK, HAS_RUNS, ROWS, EVEN, EVEN_D, BLOCK_N, PRECISION)
     _fwd_store(acc0, m0, l0, G, GB, O, OPre, LSE, b, r0, h, R, H, offs_m, offs_d, m_valid, md,
                N, D, sqb, sqr, sqh, sqn, sob, sor, soh, son, HAS_GATE, HAS_GATE_BIAS)
     if ROWS >= 2:
@@ -458,10 +541,11 @@ def _dq_atomic(DQ, slab, offs_m, offs_d, md, ds, k, scale, N, D, TRANSPOSE: tl.c
 
 @fast
 @triton.jit
-def _bwd_dkdv(Q, K, V, Bias, Mask, DO, LSE, Delta, DK, DV, DBias, DQ,
+def _bwd_dkdv(Q, K, V, Bias, Mask, Runs, DO, LSE, Delta, DK, DV, DBias, DQ,
               sbb, sbh, sbi, sbj, smb, smr, smj, sqb, sqr, sqh, sqn, sob, sor, soh, son,
               R, H, N, D, scale, sdbb,
-              HAS_BIAS: tl.constexpr, HAS_MASK: tl.constexpr, TWO_ROWS: tl.constexpr,
+              HAS_BIAS: tl.constexpr, HAS_MASK: tl.constexpr, HAS_RUNS: tl.constexpr,
+              TWO_ROWS: tl.constexpr,
               EVEN: tl.constexpr, EVEN_D: tl.constexpr, DBIAS_ATOMIC: tl.constexpr,
               DQ_ATOMIC: tl.constexpr,
               TRANSPOSE: tl.constexpr, STAGGER: tl.constexpr,
@@ -477,7 +561,9 @@ def _bwd_dkdv(Q, K, V, Bias, Mask, DO, LSE, Delta, DK, DV, DBias, DQ,
     ``TRANSPOSE``: the tiles are computed key-major (:func:`_dkdv_step_t`).
     ``STAGGER``: each program starts its walk over the query blocks at block ``(rp + nb) % n_m``
     instead of 0, so that the programs running at the same time (same key block, other rows)
-    add into different dbias tiles instead of all into the same one."""
+    add into different dbias tiles instead of all into the same one.
+    ``HAS_RUNS``: a key block past the last attended key of both rows (each attending some
+    key) has P = dS = 0 in every tile, so its program skips the walk and stores dK = dV = 0."""
     pdl.enter(PDL)
     nb = tl.program_id(0)
     rp = tl.program_id(1)
@@ -518,7 +604,14 @@ def _bwd_dkdv(Q, K, V, Bias, Mask, DO, LSE, Delta, DK, DV, DBias, DQ,
         dv1 = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
     n_m = tl.cdiv(N, BLOCK_M)
     first = (rp + nb) % n_m if STAGGER else 0
-    for i in range(0, n_m):
+    n_walk = n_m
+    if HAS_RUNS:
+        if TWO_ROWS:
+            _, n_end = _key_span(Runs, b, r0, r1, R, N, True, 2, BLOCK_N)
+        else:
+            _, n_end = _key_span(Runs, b, r0, r0, R, N, True, 1, BLOCK_N)
+        n_walk = tl.where(nb * BLOCK_N >= n_end, 0, n_m)
+    for i in range(0, n_walk):
         mb = i + first
         mb = tl.where(mb >= n_m, mb - n_m, mb)  # (i + first) mod n_m
         offs_m = mb * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -591,14 +684,47 @@ def _dq_step(K, V, base, offs_n, offs_d, nd, q, do, lse, delta, bias2, keep, dq,
     return dq + _mm(ds.to(k.dtype), k, PRECISION)
 
 
+@triton.jit
+def _dq_block(start_n, q0, do0, lse0, delta0, dq0, q1, do1, lse1, delta1, dq1, K, V, base0,
+              base1, Bias, Mask, b, h, r0, r1, offs_m, offs_d, m_valid, d_valid,
+              sbb, sbh, sbi, sbj, smb, smr, smj, N, scale, sqn, HAS_BIAS: tl.constexpr,
+              HAS_MASK: tl.constexpr, TWO_ROWS: tl.constexpr, EVEN: tl.constexpr,
+              IN_BOUNDS: tl.constexpr, EVEN_D: tl.constexpr, BLOCK_N: tl.constexpr,
+              PRECISION: tl.constexpr):
+    """Keys ``[start_n, start_n + BLOCK_N)`` of :func:`_bwd_dq`'s loop for its rows
+    (``IN_BOUNDS``: every key < N; ``EVEN``: the bias tile's queries too)."""
+    offs_n = start_n + tl.arange(0, BLOCK_N)
+    n_valid = offs_n < N
+    nd = n_valid[:, None] & d_valid[None, :]
+    if HAS_BIAS:
+        bias2 = _bias_tile(Bias, b, h, offs_m, offs_n, m_valid, n_valid, sbb, sbh, sbi, sbj,
+                           EVEN)
+    else:
+        bias2 = 0.0
+    keep0 = _keep(Mask, b, r0, offs_n, n_valid, smb, smr, smj, HAS_MASK, IN_BOUNDS)
+    dq0 = _dq_step(K, V, base0, offs_n, offs_d, nd, q0, do0, lse0, delta0, bias2, keep0,
+                   dq0, scale, sqn, HAS_BIAS, HAS_MASK or not IN_BOUNDS, IN_BOUNDS and EVEN_D,
+                   PRECISION)
+    if TWO_ROWS:
+        keep1 = _keep(Mask, b, r1, offs_n, n_valid, smb, smr, smj, HAS_MASK, IN_BOUNDS)
+        dq1 = _dq_step(K, V, base1, offs_n, offs_d, nd, q1, do1, lse1, delta1, bias2,
+                       keep1, dq1, scale, sqn, HAS_BIAS, HAS_MASK or not IN_BOUNDS,
+                       IN_BOUNDS and EVEN_D, PRECISION)
+    return dq0, dq1
+
+
 @fast
 @triton.jit
-def _bwd_dq(Q, K, V, Bias, Mask, DO, LSE, Delta, DQ,
+def _bwd_dq(Q, K, V, Bias, Mask, Runs, DO, LSE, Delta, DQ,
             sbb, sbh, sbi, sbj, smb, smr, smj, sqb, sqr, sqh, sqn, sob, sor, soh, son,
             R, H, N, D, scale,
-            HAS_BIAS: tl.constexpr, HAS_MASK: tl.constexpr, TWO_ROWS: tl.constexpr,
-            EVEN: tl.constexpr, EVEN_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-            BLOCK_D: tl.constexpr, PRECISION: tl.constexpr, PDL: tl.constexpr = False):
+            HAS_BIAS: tl.constexpr, HAS_MASK: tl.constexpr, HAS_RUNS: tl.constexpr,
+            TWO_ROWS: tl.constexpr, EVEN: tl.constexpr, EVEN_D: tl.constexpr,
+            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+            PRECISION: tl.constexpr, PDL: tl.constexpr = False):
+    """dQ of one query block, looping over the key blocks; with ``HAS_RUNS`` as the forward
+    (:func:`_fwd_keys`): the blocks below ``n_full`` without the mask, none from ``n_end`` on
+    (their P and dS are 0)."""
     pdl.enter(PDL)
     mb = tl.program_id(0)
     rp = tl.program_id(1)
@@ -610,6 +736,7 @@ def _bwd_dq(Q, K, V, Bias, Mask, DO, LSE, Delta, DQ,
         r1 = tl.minimum(r0 + 1, R - 1)
     else:
         r0 = rp
+        r1 = rp
     offs_m = mb * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
     m_valid = offs_m < N
@@ -632,24 +759,22 @@ def _bwd_dq(Q, K, V, Bias, Mask, DO, LSE, Delta, DQ,
         lse1 = tl.load(LSE + slab1 * 2 * N + offs_m, mask=m_valid, other=float("inf"))
         delta1 = tl.load(Delta + slab1 * N + offs_m, mask=m_valid, other=0.0)
         dq1 = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
-    for start_n in range(0, N, BLOCK_N):
-        offs_n = start_n + tl.arange(0, BLOCK_N)
-        n_valid = offs_n < N
-        nd = n_valid[:, None] & d_valid[None, :]
-        if HAS_BIAS:
-            bias2 = _bias_tile(Bias, b, h, offs_m, offs_n, m_valid, n_valid, sbb, sbh, sbi, sbj,
-                               EVEN)
-        else:
-            bias2 = 0.0
-        keep0 = _keep(Mask, b, r0, offs_n, n_valid, smb, smr, smj, HAS_MASK, EVEN)
-        dq0 = _dq_step(K, V, base0, offs_n, offs_d, nd, q0, do0, lse0, delta0, bias2, keep0,
-                       dq0, scale, sqn, HAS_BIAS, HAS_MASK or not EVEN, EVEN and EVEN_D,
-                       PRECISION)
-        if TWO_ROWS:
-            keep1 = _keep(Mask, b, r1, offs_n, n_valid, smb, smr, smj, HAS_MASK, EVEN)
-            dq1 = _dq_step(K, V, base1, offs_n, offs_d, nd, q1, do1, lse1, delta1, bias2,
-                           keep1, dq1, scale, sqn, HAS_BIAS, HAS_MASK or not EVEN,
-                           EVEN and EVEN_D, PRECISION)
+    else:  # (passed through the loop unused)
+        base1, q1, do1, lse1, delta1, dq1 = base0, q0, do0, lse0, delta0, dq0
+    n_full, n_end = _key_span(Runs, b, r0, r1, R, N, HAS_RUNS, 2 if TWO_ROWS else 1, BLOCK_N)
+    if HAS_RUNS:
+        for start_n in range(0, n_full, BLOCK_N):
+            dq0, dq1 = _dq_block(start_n, q0, do0, lse0, delta0, dq0, q1, do1, lse1, delta1,
+                                 dq1, K, V, base0, base1, Bias, Mask, b, h, r0, r1, offs_m,
+                                 offs_d, m_valid, d_valid, sbb, sbh, sbi, sbj, smb, smr, smj,
+                                 N, scale, sqn, HAS_BIAS, False, TWO_ROWS, EVEN, True, EVEN_D,
+                                 BLOCK_N, PRECISION)
+    for start_n in range(n_full, n_end, BLOCK_N):
+        dq0, dq1 = _dq_block(start_n, q0, do0, lse0, delta0, dq0, q1, do1, lse1, delta1, dq1,
+                             K, V, base0, base1, Bias, Mask, b, h, r0, r1, offs_m, offs_d,
+                             m_valid, d_valid, sbb, sbh, sbi, sbj, smb, smr, smj, N, scale, sqn,
+                             HAS_BIAS, HAS_MASK, TWO_ROWS, EVEN, EVEN, EVEN_D, BLOCK_N,
+                             PRECISION)
     tl.store(DQ + base0 + qo_off, (dq0 * scale).to(DQ.dtype.element_ty), mask=md)
     if TWO_ROWS:
         tl.store(DQ + base1 + qo_off, (dq1 * scale).to(DQ.dtype.element_ty), mask=md)
@@ -769,6 +894,27 @@ def _mask_view(mask: torch.Tensor, batch: tuple[int, ...], r: int, n: int) -> to
     return m.expand(*batch, r, n).reshape(-1, r, n)
 
 
+# FOLD_EVO_KEY_RUNS=0: every key block runs masked as the mask says (no _mask_runs launch)
+_KEY_RUNS = EnvVar("FOLD_EVO_KEY_RUNS", lambda v: (v if v is not None else "1") != "0")
+
+
+def key_runs_on() -> bool:
+    """The kernels use the mask's key runs (``FOLD_EVO_KEY_RUNS`` is not ``0``)."""
+    return _KEY_RUNS.get()
+
+
+def key_runs(mask: torch.Tensor | None, strides: list, n_k: int) -> torch.Tensor | None:
+    """The key runs of a ``[B, R, N_k]`` mask operand, ``[B * R, 2]`` int32 (:func:`_mask_runs`;
+    one launch), or None without a mask or with ``FOLD_EVO_KEY_RUNS=0``."""
+    if mask is None or not key_runs_on():
+        return None
+    rows = mask.shape[0] * mask.shape[1]
+    runs = torch.empty((rows, 2), device=mask.device, dtype=torch.int32)
+    block = min(next_power_of_2(n_k), 16 if tuning.interpreting() else 1024)
+    _mask_runs[(rows,)](mask, runs, mask.shape[1], n_k, *strides, BLOCK=block)
+    return runs
+
+
 def _bias_operand(bias, batch: tuple[int, ...], n: int) -> tuple[torch.Tensor | None, int, list]:
     """``(bias [B_bias, H, N, N_k], B_bias, its strides)`` as the kernels read it (None, 1,
     zeros without a bias): a shared bias gets batch stride 0."""
@@ -819,6 +965,7 @@ class _Launch:
         self.bias_shape = None if bias is None else bias.shape
         self.bias, self.Bb, self.bias_strides = _bias_operand(bias, self.batch, self.N)
         self.mask, self.mask_strides = _mask_operand(mask, self.batch, self.R, self.N)
+        self.runs: torch.Tensor | None = None  # the mask's key runs (set by _forward)
         self.dtype = q.dtype
         self.layout: tuple[int, ...] = ()  # q's layout (set_layout / packed)
         self.out_layout: tuple[int, ...] = ()  # o's layout
@@ -924,6 +1071,8 @@ def _forward(q, k, v, gate, gate_bias, lp: _Launch):
     o_pre = lp.empty_out(q) if gate is not None else o
     lse = torch.empty((lp.B, lp.R, lp.H, 2, lp.N), device=q.device, dtype=torch.float32)
     dummy = q
+    lp.runs = key_runs(lp.mask, lp.mask_strides, lp.N)  # for the backward too
+    runs = lp.runs is not None
 
     def launch(cfg: tuning.Config):
         _check_rows(cfg, (1, 2), "forward")
@@ -932,15 +1081,16 @@ def _forward(q, k, v, gate, gate_bias, lp: _Launch):
                    gate_bias if gate_bias is not None else dummy,
                    lp.bias if lp.bias is not None else dummy,
                    lp.mask if lp.mask is not None else dummy,
+                   lp.runs if runs else dummy,
                    o, o_pre, lse, *lp.strides(), lp.R, lp.H, lp.N, lp.D, lp.scale,
                    HAS_BIAS=lp.bias is not None, HAS_MASK=lp.mask is not None,
-                   HAS_GATE=gate is not None, HAS_GATE_BIAS=gate_bias is not None,
+                   HAS_RUNS=runs, HAS_GATE=gate is not None, HAS_GATE_BIAS=gate_bias is not None,
                    ROWS=cfg.rows, EVEN=lp.even(cfg), EVEN_D=lp.D == lp.block_d,
                    BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
                    BLOCK_D=lp.block_d, PRECISION=lp.precision,
                    num_warps=cfg.num_warps, num_stages=cfg.num_stages)
 
-    launch(_cfg("fwd", lp, launch))
+    launch(_cfg("fwd", lp, launch, runs))
     return o, o_pre, lse
 
 
@@ -996,8 +1146,11 @@ def _backward(dy, q, k, v, gate, gate_bias, o_pre, lse, lp: _Launch, need_dbias:
 
     bias = lp.bias if lp.bias is not None else dummy
     mask = lp.mask if lp.mask is not None else dummy
+    if lp.mask is not None and lp.runs is None and key_runs_on():  # (no forward before)
+        lp.runs = key_runs(lp.mask, lp.mask_strides, lp.N)
+    runs = lp.runs if lp.runs is not None else dummy
     flags = dict(HAS_BIAS=lp.bias is not None, HAS_MASK=lp.mask is not None,
-                 BLOCK_D=lp.block_d, PRECISION=lp.precision)
+                 HAS_RUNS=lp.runs is not None, BLOCK_D=lp.block_d, PRECISION=lp.precision)
     fresh = [True]  # the preprocess zeroed the buffers for the first dK/dV launch only
 
     def launch_dkdv(cfg: tuning.Config):
@@ -1010,7 +1163,7 @@ def _backward(dy, q, k, v, gate, gate_bias, o_pre, lse, lp: _Launch, need_dbias:
                 dbias32.zero_()
             if dq_atomic:
                 dq32.zero_()
-        _bwd_dkdv[grid](q, k, v, bias, mask, do, lse, delta, dk, dv, dbias32, dq32,
+        _bwd_dkdv[grid](q, k, v, bias, mask, runs, do, lse, delta, dk, dv, dbias32, dq32,
                         *lp.strides(), lp.R, lp.H, lp.N, lp.D, lp.scale, sdbb,
                         TWO_ROWS=cfg.rows == 2, EVEN=lp.even(cfg), EVEN_D=lp.D == lp.block_d,
                         DBIAS_ATOMIC=atomic,
@@ -1021,7 +1174,7 @@ def _backward(dy, q, k, v, gate, gate_bias, o_pre, lse, lp: _Launch, need_dbias:
     def launch_dq(cfg: tuning.Config):
         _check_rows(cfg, (1, 2), "dQ")
         grid = (cdiv(lp.N, cfg.block_m), cdiv(lp.R, cfg.rows), lp.B * lp.H)
-        _bwd_dq[grid](q, k, v, bias, mask, do, lse, delta, dq, *lp.strides(),
+        _bwd_dq[grid](q, k, v, bias, mask, runs, do, lse, delta, dq, *lp.strides(),
                       lp.R, lp.H, lp.N, lp.D, lp.scale,
                       TWO_ROWS=cfg.rows == 2, EVEN=lp.even(cfg), EVEN_D=lp.D == lp.block_d,
                       BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, **flags,
@@ -1032,11 +1185,12 @@ def _backward(dy, q, k, v, gate, gate_bias, o_pre, lse, lp: _Launch, need_dbias:
     # (H 4-8, N 256-768), 0.987x with dQ's atomics too at D 8 (H200:
     # benchmarks/results/tools/stagger_ab_h200.md)
     stagger = atomic and not dq_atomic and _STAGGER.get()
-    launch_dkdv(_cfg(kernel, lp, launch_dkdv, stagger))
+    has_runs = lp.runs is not None
+    launch_dkdv(_cfg(kernel, lp, launch_dkdv, stagger, has_runs))
     if dq_atomic:
         dq.copy_(dq32)  # into q's dtype and layout (a view of the packed gradient too)
     else:
-        launch_dq(_cfg("dq", lp, launch_dq))
+        launch_dq(_cfg("dq", lp, launch_dq, has_runs))
 
     dbias = None
     if atomic:

@@ -31,8 +31,10 @@ from fold_kernels.evo_attention import (
     _fwd_init,
     _fwd_keys,
     _fwd_store,
+    _key_span,
     _mask_operand,
     _precision,
+    key_runs,
 )
 from fold_kernels.index32 import check_grid, span_fits
 from fold_kernels.ints import cdiv
@@ -43,16 +45,17 @@ __all__ = ["cross_attention"]
 
 @fast
 @triton.jit
-def _fwd_cross(Q, K, V, G, Bias, Mask, O, LSE,
+def _fwd_cross(Q, K, V, G, Bias, Mask, Runs, O, LSE,
                sbb, sbh, sbi, sbj, smb, smr, smj, sqb, sqr, sqh, sqn, skb, skr, skh, skn,
                sob, sor, soh, son, R, H, NQ, NK, D, scale,
-               HAS_BIAS: tl.constexpr, HAS_MASK: tl.constexpr, HAS_GATE: tl.constexpr,
+               HAS_BIAS: tl.constexpr, HAS_MASK: tl.constexpr, HAS_RUNS: tl.constexpr,
+               HAS_GATE: tl.constexpr,
                ROWS: tl.constexpr, EVEN: tl.constexpr, EVEN_D: tl.constexpr,
                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
                PRECISION: tl.constexpr, PDL: tl.constexpr = False):
     """One query block of ``ROWS`` (1 or 2) rows sharing each bias tile, as ``_fwd`` (the same
-    key loop, :func:`_fwd_keys`), with the keys' own length ``NK`` and strides. ``EVEN``: NQ a
-    multiple of BLOCK_M and NK of BLOCK_N."""
+    key loop, :func:`_fwd_keys`, and key runs), with the keys' own length ``NK`` and strides.
+    ``EVEN``: NQ a multiple of BLOCK_M and NK of BLOCK_N."""
     pdl.enter(PDL)
     mb = tl.program_id(0)
     rp = tl.program_id(1)
@@ -75,10 +78,11 @@ def _fwd_cross(Q, K, V, G, Bias, Mask, O, LSE,
                                         BLOCK_M, BLOCK_D)
     else:  # (passed through the loop unused)
         q1, acc1, m1, l1 = q0, acc0, m0, l0
+    n_full, n_end = _key_span(Runs, b, r0, r1, R, NK, HAS_RUNS, ROWS, BLOCK_N)
     acc0, m0, l0, acc1, m1, l1 = _fwd_keys(
         q0, q1, acc0, m0, l0, acc1, m1, l1, K, V, kbase0, kbase1, Bias, Mask, b, h, r0, r1,
         offs_m, offs_d, m_valid, sbb, sbh, sbi, sbj, smb, smr, smj, NK, D, skn, scale,
-        HAS_BIAS, HAS_MASK, ROWS, EVEN, EVEN_D, BLOCK_N, PRECISION)
+        n_full, n_end, HAS_BIAS, HAS_MASK, HAS_RUNS, ROWS, EVEN, EVEN_D, BLOCK_N, PRECISION)
     # the gate is read with q's strides; no gate bias, no pre-gate output (nothing to save)
     _fwd_store(acc0, m0, l0, G, G, O, O, LSE, b, r0, h, R, H, offs_m, offs_d, m_valid, md,
                NQ, D, sqb, sqr, sqh, sqn, sob, sor, soh, son, HAS_GATE, False)
@@ -131,6 +135,7 @@ def cross_attention(q, k, v, bias=None, mask=None, scale=None, gate=None) -> tor
     lse = torch.empty(nb, r, h, 2, nq, device=q.device, dtype=torch.float32)
     dummy = q_
     block_d = _block_d(d)
+    runs = key_runs(mask_, sm, nk)
 
     def launch(cfg: tuning.Config):
         if cfg.rows not in (1, 2):
@@ -140,16 +145,19 @@ def cross_attention(q, k, v, bias=None, mask=None, scale=None, gate=None) -> tor
         grid = (cdiv(nq, cfg.block_m), cdiv(r, cfg.rows), nb * h)
         _fwd_cross[grid](q_, k_, v_, g_ if g_ is not None else dummy,
                          bias_ if bias_ is not None else dummy,
-                         mask_ if mask_ is not None else dummy, o, lse,
+                         mask_ if mask_ is not None else dummy,
+                         runs if runs is not None else dummy, o, lse,
                          *sb, *sm, *q_.stride()[:4], *k_.stride()[:4], *o.stride()[:4],
                          r, h, nq, nk, d, scale,
                          HAS_BIAS=bias_ is not None, HAS_MASK=mask_ is not None,
-                         HAS_GATE=g_ is not None, ROWS=cfg.rows, EVEN=even,
+                         HAS_RUNS=runs is not None, HAS_GATE=g_ is not None, ROWS=cfg.rows,
+                         EVEN=even,
                          EVEN_D=d == block_d, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
                          BLOCK_D=block_d, PRECISION=_precision(q.dtype),
                          num_warps=cfg.num_warps, num_stages=cfg.num_stages)
 
     cands = tuning._attention_configs("fwd_cross", tuning.arch(), d, q.dtype.itemsize)
-    key = ("fwd_cross", r, nq, nk, d, q.dtype, bias is not None, mask is not None)
+    key = ("fwd_cross", r, nq, nk, d, q.dtype, bias is not None, mask is not None,
+           runs is not None)
     launch(tuning.pick("evo_fwd_cross", key, cands, launch))
     return o.reshape(*batch, r, h, nq, d)
