@@ -158,10 +158,13 @@ def test_padded_masks_match_reference(monkeypatch, dtype, n, lengths, holes, mod
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("n,lengths,holes", PADDED)
 def test_key_runs_give_the_same_bits(monkeypatch, request, dtype, n, lengths, holes):
-    """With key runs the output and every gradient are the same bits as masking every block
+    """With key runs the output and every gradient are what masking every block gives
     (``FOLD_EVO_KEY_RUNS=0``): a skipped block's keys have weight exactly 0, and an unmasked
     block's logits are the masked block's where the mask keeps them (deterministic mode: the
-    bias gradient and dQ by their own passes)."""
+    bias gradient and dQ by their own passes). The same bits in the interpreter, which runs
+    the same operations in both; compiled for a GPU the two loop structures may order or
+    contract fp32 operations differently: on an H200, 1e-8 to 2e-7 relative in fp32 and one
+    bf16 element of the bias gradient one unit apart, so there the bound is fp32 rounding."""
     from fold_kernels import evo_attention
 
     request.getfixturevalue("deterministic")
@@ -176,7 +179,10 @@ def test_key_runs_give_the_same_bits(monkeypatch, request, dtype, n, lengths, ho
         o.backward(do)
         runs[on] = [o.detach()] + [t.grad for t in ins]
     for name, a, b in zip("o q k v bias gate".split(), runs["1"], runs["0"]):
-        assert torch.equal(a, b), name
+        if DEVICE == "cpu":
+            assert torch.equal(a, b), name
+        else:
+            assert rel_err(a, b) < 1e-6, name
 
 
 def test_packed_padded_mask_matches_reference():

@@ -46,8 +46,9 @@ def test_matches_reference(dtype, nq, nk, d):
 def test_padded_key_windows(monkeypatch, dtype):
     """Key windows whose last keys are padding (each row keeps a prefix of its keys: the blocks
     inside it run without the mask, those past it are skipped), a row with nothing kept
-    included: against float64, and the same bits as masking every block
-    (``FOLD_EVO_KEY_RUNS=0``)."""
+    included: against float64, and what masking every block gives (``FOLD_EVO_KEY_RUNS=0``):
+    the same bits in the interpreter, within fp32 rounding compiled (test_evo_attention's
+    test_key_runs_give_the_same_bits says why)."""
     from fold_kernels import evo_attention
 
     q, k, v, bias, _, gate = _inputs((2,), 3, 2, 7, 45, 16, dtype)
@@ -57,7 +58,10 @@ def test_padded_key_windows(monkeypatch, dtype):
     dev = [t.to(DEVICE) for t in (q, k, v, bias, mask, gate)]
     with torch.no_grad():
         off = evo_attention(*dev[:5], gate=dev[5])
-    assert torch.equal(o, off)
+    if DEVICE == "cpu":
+        assert torch.equal(o, off)
+    else:
+        assert rel_err(o, off) < 1e-6
 
 
 def test_atom_window_layout_bias_shared_by_samples():
