@@ -122,3 +122,32 @@ def test_peers_match_folds_precision_by_default():
     meta = {"device": "NVIDIA H200", "fold_dtype": "torch.float32", "fold_precision": "mixed"}
     assert "inputs under bf16 autocast (mixed)" in peers._fold_setting(meta)
     assert peers._fold_setting({**meta, "device": "cpu"}) == "torch.float32 weights and inputs"
+
+
+@pytest.mark.parametrize("pattern", ["holes", "padded", "none"])
+def test_token_mask_patterns(pattern):
+    """``--mask``: every contender's token mask from ``pattern_mask``'s draws; "holes" keeps the
+    earlier rows' values (~5% holes), "padded" masks the last tenth, "none" keeps all; the
+    first token is always kept and the pair mask is the outer product."""
+    shape = pb.Shape("pairformer", 40)
+    x = pb.base_inputs(shape, pb.fold_sizes(True), pattern)
+    m = x["mask"]
+    assert m.shape == (1, 40) and m[0, 0] == 1
+    if pattern == "padded":
+        assert m[0, :36].all() and not m[0, 36:].any()
+    elif pattern == "none":
+        assert m.all()
+    else:
+        gen = torch.Generator().manual_seed(0)
+        want = (torch.rand(1, 40, generator=gen) > 0.05).float()
+        want[:, 0] = 1
+        assert torch.equal(m, want)
+    assert torch.equal(x["pair_mask"], m[:, :, None] * m[:, None])
+
+
+def test_mask_option_recorded(tmp_path):
+    out = tmp_path / "peers.json"
+    peers.main(["--device", "cpu", "--tiny", "--reps", "1", "--warmup", "0", "--blocks",
+                "pairformer:13", "--modes", "fwd_eager", "--mask", "padded", "--out", str(out)])
+    assert json.loads(out.read_text())["meta"]["mask"] == "padded"
+    assert "Token mask: padded." in out.with_suffix(".md").read_text()
