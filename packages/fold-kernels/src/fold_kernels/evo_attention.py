@@ -274,14 +274,11 @@ def _fwd_store(acc, m_i, l_i, G, GB, O, OPre, LSE, b, r, h, R, H, offs_m, offs_d
 
 
 @triton.jit
-def _fwd_block(start_n, q0, q1, acc0, m0, l0, acc1, m1, l1, K, V, kbase0, kbase1, Bias, Mask,
-               b, h, r0, r1, offs_m, offs_d, m_valid, sbb, sbh, sbi, sbj, smb, smr, smj, NK, D,
-               SKN, scale, HAS_BIAS: tl.constexpr, HAS_MASK: tl.constexpr, ROWS: tl.constexpr,
-               EVEN: tl.constexpr, IN_BOUNDS: tl.constexpr, EVEN_D: tl.constexpr,
-               BLOCK_N: tl.constexpr, PRECISION: tl.constexpr):
-    """Keys ``[start_n, start_n + BLOCK_N)`` of :func:`_fwd_keys` for the program's rows.
-    ``IN_BOUNDS``: every key of the block is < NK (K, V and the mask loaded without predicates,
-    no key-boundary select); ``EVEN``: the bias tile too (queries and keys)."""
+def _key_tile(Bias, b, h, start_n, offs_m, offs_d, m_valid, NK, D, sbb, sbh, sbi, sbj,
+              HAS_BIAS: tl.constexpr, EVEN: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Keys ``[start_n, start_n + BLOCK_N)`` of a key loop (forward, dQ): their offsets, which
+    are < NK, the K / V tile's predicate [BLOCK_N, BLOCK_D] and the bias tile (0.0 without a
+    bias; ``EVEN``: loaded without predicates)."""
     offs_n = start_n + tl.arange(0, BLOCK_N)
     n_valid = offs_n < NK
     nd = n_valid[:, None] & (offs_d < D)[None, :]
@@ -290,6 +287,20 @@ def _fwd_block(start_n, q0, q1, acc0, m0, l0, acc1, m1, l1, K, V, kbase0, kbase1
                           EVEN)
     else:
         bias = 0.0
+    return offs_n, n_valid, nd, bias
+
+
+@triton.jit
+def _fwd_block(start_n, q0, q1, acc0, m0, l0, acc1, m1, l1, K, V, kbase0, kbase1, Bias, Mask,
+               b, h, r0, r1, offs_m, offs_d, m_valid, sbb, sbh, sbi, sbj, smb, smr, smj, NK, D,
+               SKN, scale, HAS_BIAS: tl.constexpr, HAS_MASK: tl.constexpr, ROWS: tl.constexpr,
+               EVEN: tl.constexpr, IN_BOUNDS: tl.constexpr, EVEN_D: tl.constexpr,
+               BLOCK_N: tl.constexpr, PRECISION: tl.constexpr):
+    """Keys ``[start_n, start_n + BLOCK_N)`` of :func:`_fwd_keys` for the program's rows.
+    ``IN_BOUNDS``: every key of the block is < NK (K, V and the mask loaded without predicates,
+    no key-boundary select); ``EVEN``: the bias tile too (queries and keys)."""
+    offs_n, n_valid, nd, bias = _key_tile(Bias, b, h, start_n, offs_m, offs_d, m_valid, NK, D,
+                                          sbb, sbh, sbi, sbj, HAS_BIAS, EVEN, BLOCK_N)
     keep = _keep(Mask, b, r0, offs_n, n_valid, smb, smr, smj, HAS_MASK, IN_BOUNDS)
     acc0, m0, l0 = _fwd_step(q0, K, V, kbase0, offs_n, offs_d, nd, bias, keep, n_valid,
                              acc0, m0, l0, scale, SKN, HAS_BIAS, HAS_MASK, IN_BOUNDS,
@@ -690,21 +701,15 @@ def _dq_step(K, V, base, offs_n, offs_d, nd, q, do, lse, delta, bias2, keep, dq,
 
 @triton.jit
 def _dq_block(start_n, q0, do0, lse0, delta0, dq0, q1, do1, lse1, delta1, dq1, K, V, base0,
-              base1, Bias, Mask, b, h, r0, r1, offs_m, offs_d, m_valid, d_valid,
-              sbb, sbh, sbi, sbj, smb, smr, smj, N, scale, sqn, HAS_BIAS: tl.constexpr,
+              base1, Bias, Mask, b, h, r0, r1, offs_m, offs_d, m_valid,
+              sbb, sbh, sbi, sbj, smb, smr, smj, N, D, scale, sqn, HAS_BIAS: tl.constexpr,
               HAS_MASK: tl.constexpr, TWO_ROWS: tl.constexpr, EVEN: tl.constexpr,
               IN_BOUNDS: tl.constexpr, EVEN_D: tl.constexpr, BLOCK_N: tl.constexpr,
               PRECISION: tl.constexpr):
     """Keys ``[start_n, start_n + BLOCK_N)`` of :func:`_bwd_dq`'s loop for its rows
     (``IN_BOUNDS``: every key < N; ``EVEN``: the bias tile's queries too)."""
-    offs_n = start_n + tl.arange(0, BLOCK_N)
-    n_valid = offs_n < N
-    nd = n_valid[:, None] & d_valid[None, :]
-    if HAS_BIAS:
-        bias2 = _bias_tile(Bias, b, h, offs_m, offs_n, m_valid, n_valid, sbb, sbh, sbi, sbj,
-                           EVEN)
-    else:
-        bias2 = 0.0
+    offs_n, n_valid, nd, bias2 = _key_tile(Bias, b, h, start_n, offs_m, offs_d, m_valid, N,
+                                           D, sbb, sbh, sbi, sbj, HAS_BIAS, EVEN, BLOCK_N)
     keep0 = _keep(Mask, b, r0, offs_n, n_valid, smb, smr, smj, HAS_MASK, IN_BOUNDS)
     dq0 = _dq_step(K, V, base0, offs_n, offs_d, nd, q0, do0, lse0, delta0, bias2, keep0,
                    dq0, scale, sqn, HAS_BIAS, HAS_MASK or not IN_BOUNDS, IN_BOUNDS and EVEN_D,
@@ -770,13 +775,13 @@ def _bwd_dq(Q, K, V, Bias, Mask, Runs, DO, LSE, Delta, DQ,
         for start_n in range(0, n_full, BLOCK_N):
             dq0, dq1 = _dq_block(start_n, q0, do0, lse0, delta0, dq0, q1, do1, lse1, delta1,
                                  dq1, K, V, base0, base1, Bias, Mask, b, h, r0, r1, offs_m,
-                                 offs_d, m_valid, d_valid, sbb, sbh, sbi, sbj, smb, smr, smj,
-                                 N, scale, sqn, HAS_BIAS, False, TWO_ROWS, EVEN, True, EVEN_D,
+                                 offs_d, m_valid, sbb, sbh, sbi, sbj, smb, smr, smj, N, D,
+                                 scale, sqn, HAS_BIAS, False, TWO_ROWS, EVEN, True, EVEN_D,
                                  BLOCK_N, PRECISION)
     for start_n in range(n_full, n_end, BLOCK_N):
         dq0, dq1 = _dq_block(start_n, q0, do0, lse0, delta0, dq0, q1, do1, lse1, delta1, dq1,
                              K, V, base0, base1, Bias, Mask, b, h, r0, r1, offs_m, offs_d,
-                             m_valid, d_valid, sbb, sbh, sbi, sbj, smb, smr, smj, N, scale, sqn,
+                             m_valid, sbb, sbh, sbi, sbj, smb, smr, smj, N, D, scale, sqn,
                              HAS_BIAS, HAS_MASK, TWO_ROWS, EVEN, EVEN, EVEN_D, BLOCK_N,
                              PRECISION)
     tl.store(DQ + base0 + qo_off, (dq0 * scale).to(DQ.dtype.element_ty), mask=md)
