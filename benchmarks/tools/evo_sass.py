@@ -36,8 +36,8 @@ from pathlib import Path
 
 KERNELS = {"fwd": "_fwd", "dkdv": "_bwd_dkdv", "dq": "_bwd_dq"}
 TUNER = {"fwd": "fwd", "dkdv": "dkdv_atomic", "dq": "dq"}  # the candidates --configs names
-POINTERS = {"Q", "K", "V", "G", "GB", "Bias", "Mask", "O", "OPre", "LSE", "DO", "Delta", "DK",
-            "DV", "DBias", "DQ"}
+POINTERS = {"Q", "K", "V", "G", "GB", "Bias", "Mask", "Runs", "O", "OPre", "LSE", "DO", "Delta",
+            "DK", "DV", "DBias", "DQ"}
 FP32_POINTERS = {"LSE", "Delta", "DBias", "DQ"}
 
 
@@ -55,8 +55,10 @@ def parse_config(text: str) -> dict:
     return cfg
 
 
-def compile_kernel(module, kernel: str, cfg: dict, head_dim: int, has_mask: bool):
-    """The Triton-compiled kernel (sm_90) for this launch configuration."""
+def compile_kernel(module, kernel: str, cfg: dict, head_dim: int, has_mask: bool,
+                   runs: bool = False):
+    """The Triton-compiled kernel (sm_90) for this launch configuration (``runs``: with the
+    mask's key runs, whose loop over unmasked blocks is then a second loop)."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -68,7 +70,8 @@ def compile_kernel(module, kernel: str, cfg: dict, head_dim: int, has_mask: bool
         raise SystemExit(f"evo_sass: {module.__name__}.{KERNELS[kernel]} runs at most "
                          f"{2 if 'TWO_ROWS' in names else 1} rows per program")
     block_d = max(16, triton.next_power_of_2(head_dim))
-    consts = dict(HAS_BIAS=True, HAS_MASK=has_mask, HAS_GATE=False, HAS_GATE_BIAS=False,
+    consts = dict(HAS_BIAS=True, HAS_MASK=has_mask, HAS_RUNS=has_mask and runs, HAS_GATE=False,
+                  HAS_GATE_BIAS=False,
                   ROWS=cfg["rows"], TWO_ROWS=cfg["rows"] == 2, EVEN=True,
                   EVEN_D=head_dim == block_d, DBIAS_ATOMIC=True, DQ_ATOMIC=False,
                   TRANSPOSE=cfg["transpose"], STAGGER=True, BLOCK_M=cfg["block_m"],
@@ -81,7 +84,7 @@ def compile_kernel(module, kernel: str, cfg: dict, head_dim: int, has_mask: bool
             sig[p.name] = "constexpr"
             const[i] = consts[p.name]
         elif p.name in POINTERS:
-            sig[p.name] = ("*u8" if p.name == "Mask" else
+            sig[p.name] = ("*u8" if p.name == "Mask" else "*i32" if p.name == "Runs" else
                            "*fp32" if p.name in FP32_POINTERS else "*bf16")
             attrs[i] = [["tt.divisibility", 16]]
         elif p.name in ("scale", "qk_scale"):
@@ -140,17 +143,17 @@ def loop_census(cubin: bytes) -> dict:
 
 
 def census(module_name: str, kernel: str, configs: list[dict], head_dim: int,
-           has_mask: bool) -> list[dict]:
+           has_mask: bool, runs: bool = False) -> list[dict]:
     module = importlib.import_module(module_name)
     rows = []
     for cfg in configs:
-        ck = compile_kernel(module, kernel, cfg, head_dim, has_mask)
+        ck = compile_kernel(module, kernel, cfg, head_dim, has_mask, runs)
         res = loop_census(ck.asm["cubin"])
         threads = 32 * cfg["num_warps"]
         # logits per thread per loop iteration: one [BLOCK_M, BLOCK_N] tile for each row
         per_thread = cfg["block_m"] * cfg["block_n"] * cfg["rows"] / threads
         rows.append({"module": module_name, "kernel": kernel, "config": cfg,
-                     "head_dim": head_dim, "mask": has_mask,
+                     "head_dim": head_dim, "mask": has_mask, "runs": has_mask and runs,
                      "shared_bytes": ck.metadata.shared, **res,
                      "logits_per_thread": per_thread,
                      "instructions_per_logit": round(res["loop_instructions"] / per_thread, 2)})
@@ -172,6 +175,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
     p.add_argument("--module", default="fold_kernels.evo_attention")
     p.add_argument("--head-dim", type=int, default=32)
     p.add_argument("--no-mask", action="store_true", help="no key mask (HAS_MASK off)")
+    p.add_argument("--runs", action="store_true",
+                   help="with the mask's key runs (HAS_RUNS): the unmasked blocks get a loop of "
+                        "their own, and the census counts the longest loop")
     p.add_argument("--out", type=Path, help="write every count as JSON here")
     args = p.parse_args(argv)
     # compile for the GPU: Triton decides interpreter or compiler when a kernel is decorated
@@ -187,7 +193,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
                                                           args.head_dim, 2)]
         else:
             configs.append(parse_config(text))
-    rows = census(args.module, args.kernel, configs, args.head_dim, not args.no_mask)
+    rows = census(args.module, args.kernel, configs, args.head_dim, not args.no_mask,
+                  args.runs)
     if args.out:
         from benchmarks.common.results import write_atomic
 

@@ -37,3 +37,20 @@ def test_census_of_one_forward_config(tmp_path):
     assert row["logits_per_thread"] <= ops["MUFU"] <= row["logits_per_thread"] * 1.25
     assert ops.get("HGMMA", 0) > 0  # the products on Hopper's tensor cores
     assert 5 < row["instructions_per_logit"] < 40
+
+
+@pytest.mark.skipif(not _have_ptxas(), reason="this Triton build ships no ptxas (not NVIDIA)")
+def test_census_with_key_runs(tmp_path):
+    """``--runs`` compiles the forward with the mask's key runs (the kernel's ``Runs`` pointer and
+    ``HAS_RUNS``): its longest loop is the masked one, which the unmasked run's loop does not
+    outgrow."""
+    out = tmp_path / "census.json"
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")])
+    subprocess.run([sys.executable, "-m", "benchmarks.tools.evo_sass", "--kernel", "fwd",
+                    "--configs", "64x32:w4:s3:r2", "--runs", "--out", str(out)], check=True,
+                   env=env, cwd=REPO, capture_output=True, timeout=300)
+    (row,) = json.loads(out.read_text())
+    assert row["runs"] and row["mask"]
+    assert row["logits_per_thread"] <= row["opcodes"]["MUFU"] <= row["logits_per_thread"] * 1.25
+    assert 5 < row["instructions_per_logit"] < 40
