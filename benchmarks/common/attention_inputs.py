@@ -36,24 +36,54 @@ def mask_bias(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return (1 - mask.to(dtype)) * MASK_NEG
 
 
-def make_flex():
+def make_flex(pattern: str = "holes"):
     """FlexAttention as its users run it here: ``torch.compile(flex_attention)`` with a
-    ``score_mod`` adding the pair bias ``[H, N, N]`` and the key mask's additive bias; compiled
-    once per shape (``dynamic=False``; reset the compiler between shapes)."""
-    from torch.nn.attention.flex_attention import flex_attention
+    ``score_mod`` adding the pair bias ``[H, N, N]``, compiled once per shape
+    (``dynamic=False``; reset the compiler between shapes). The key mask as a user of
+    FlexAttention would pass one of ``pattern`` (``benchmarks.common.blocks.MASKS``):
+
+    * "holes": the mask's additive bias in the ``score_mod``;
+    * "none": no mask term (the mask keeps every key);
+    * "padded": a ``BlockMask`` from a ``mask_mod`` reading the key mask, made once per mask
+      tensor and reused, so FlexAttention skips the blocks it marks empty and runs the full
+      ones without the ``mask_mod``. Rows with no key kept then output 0, where fold and the
+      reference give the mean of v: those rows cost FlexAttention nothing."""
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
     compiled = torch.compile(flex_attention, dynamic=False)
+    block_masks: dict = {}
 
     def flex(q, k, v, bias, mask):
         _, r, h, n, d = q.shape
         b2 = bias[0]  # [H, N, N]
-        mbias = mask_bias(mask[0], torch.float32)  # [R, N]
+        args = (q.reshape(r, h, n, d), k.reshape(r, h, n, d), v.reshape(r, h, n, d))
+        if pattern == "none":
+            def score_mod(score, b, hh, qi, ki):
+                return score + b2[hh, qi, ki]
 
-        def score_mod(score, b, hh, qi, ki):
-            return score + b2[hh, qi, ki] + mbias[b, ki]
+            o = compiled(*args, score_mod=score_mod)
+        elif pattern == "padded":
+            def score_mod(score, b, hh, qi, ki):
+                return score + b2[hh, qi, ki]
 
-        o = compiled(q.reshape(r, h, n, d), k.reshape(r, h, n, d), v.reshape(r, h, n, d),
-                     score_mod=score_mod)
+            key = (mask.data_ptr(), tuple(mask.shape))
+            if key not in block_masks:
+                keep = mask[0].bool()  # [R, N]
+
+                def mask_mod(b, hh, qi, ki):
+                    return keep[b, ki]
+
+                block_masks.clear()
+                block_masks[key] = create_block_mask(mask_mod, r, None, n, n,
+                                                     device=q.device)
+            o = compiled(*args, score_mod=score_mod, block_mask=block_masks[key])
+        else:
+            mbias = mask_bias(mask[0], torch.float32)  # [R, N]
+
+            def score_mod(score, b, hh, qi, ki):
+                return score + b2[hh, qi, ki] + mbias[b, ki]
+
+            o = compiled(*args, score_mod=score_mod)
         return o.reshape(1, r, h, n, d)
 
     return flex

@@ -15,7 +15,9 @@ its per-kernel device times are recorded.
     python -m benchmarks.kernels.attention --md results.json [more.json ...] > results.md
 
 trifast is only defined for triangle attention (R = N). FlexAttention is compiled once per
-shape, with the compiler reset between shapes so it never falls back to eager. Peers that are
+shape, with the compiler reset between shapes so it never falls back to eager; it takes the key
+mask as its users would (``--mask``: the additive term with holes, no term when every key is
+kept, a BlockMask for a padded mask; ``benchmarks.common.attention_inputs.make_flex``). Peers that are
 not installed give a row "not installed", never a number from elsewhere.
 """
 
@@ -206,7 +208,7 @@ def run(groups, contenders, out_path, mask: str = "holes"):
                "triton": triton_version(), "peers": peer_versions(),
                "date": datetime.datetime.now(datetime.UTC).isoformat(
                    timespec="minutes"), "mask": mask, "rows": []}
-    makers = {"eager": lambda: eager, "sdpa": lambda: sdpa, "flex": make_flex,
+    makers = {"eager": lambda: eager, "sdpa": lambda: sdpa, "flex": lambda: make_flex(mask),
               "cueq": make_cueq, "trifast": make_trifast,
               **{nm: (lambda m=m: make_ours(*m)) for nm, m in OURS.items()}}
     for group in groups:
