@@ -17,8 +17,8 @@ its per-kernel device times are recorded.
 trifast is only defined for triangle attention (R = N). FlexAttention is compiled once per
 shape, with the compiler reset between shapes so it never falls back to eager; it takes the key
 mask as its users would (``--mask``: the additive term with holes, no term when every key is
-kept, a BlockMask for a padded mask; ``benchmarks.common.attention_inputs.make_flex``). Peers that are
-not installed give a row "not installed", never a number from elsewhere.
+kept, a BlockMask for a padded mask; ``benchmarks.common.attention_inputs.make_flex``). Peers
+that are not installed give a row "not installed", never a number from elsewhere.
 """
 
 from __future__ import annotations
