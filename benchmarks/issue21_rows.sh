@@ -14,6 +14,12 @@
 #   evoformer   the Evoformer at its four shapes vs OpenFold, eager and replays, pinned; a run
 #               cut short by its timeout goes on in a later call with FROM=<the first call's
 #               evoformer.json, carried>: only the rows missing there are measured
+#   masks       the same rows with the masks users' inputs have (MASK=none, the default: every
+#               key kept, a training crop of a longer chain; MASK=padded: the last tenth padded,
+#               a prediction padded to its bucket): EvoAttention against FlexAttention (which
+#               takes the mask as its users would: no term, or a BlockMask), cuEquivariance and
+#               trifast for ATTN_GROUPS (default "msa"; "triangle" runs to N 1536), then the
+#               Pairformer at 256 / 512 tokens against Protenix + cuEquivariance
 #   tests       fold-kernels' tests on the GPU (TESTS=test files or node ids to narrow
 #               them; default: the whole suite), no peers needed
 # Pinning: eager steps bound by host time moved by 1.3-1.8x between unpinned runs on the H200
@@ -23,7 +29,7 @@
 # group's files (run.log, summary.txt, a JSON and a Markdown table per step) stay within the
 # 8 files the device tool returns.
 set -u
-GROUP=${1:?"usage: bash benchmarks/issue21_rows.sh pairformer|eager|evoformer|tests"}
+GROUP=${1:?"usage: bash benchmarks/issue21_rows.sh pairformer|eager|evoformer|masks|tests"}
 OUT=${OUT:-issue21_out}
 PIN=${PIN:-2}  # the CPU the eager rows are pinned to
 mkdir -p "$OUT"
@@ -70,6 +76,14 @@ case $GROUP in
       --fold-precision mixed \
       --blocks evoformer:128x256,evoformer:512x384,evoformer:512x512,evoformer:1024x384 \
       --modes train_eager,fwd_eager,train_graph,fwd_graph --append --out "$OUT/evoformer.json" ;;
-  *) echo "unknown group $GROUP: pairformer, eager, evoformer or tests"; exit 2 ;;
+  masks)
+    M=${MASK:-none}
+    # shellcheck disable=SC2086  # ATTN_GROUPS is a list of group names
+    run attention 330 $P.kernels.attention --groups ${ATTN_GROUPS:-msa} --mask "$M" \
+      --contenders sdpa flex cueq trifast ours_atomic --out "$OUT/attention_$M.json"
+    run pairformer 200 $P.model.peers --contenders fold,protenix --kernels on \
+      --modes train_graph,fwd_graph --blocks pairformer:256,pairformer:512 --mask "$M" \
+      --out "$OUT/pairformer_$M.json" ;;
+  *) echo "unknown group $GROUP: pairformer, eager, evoformer, masks or tests"; exit 2 ;;
 esac
 cat "$OUT/summary.txt"
