@@ -46,7 +46,9 @@ def test_profile_predict_stacks_names_the_calling_source(tmp_path):
     atom windows' gather from fold-model's embedders)."""
     if not (REPO / "data" / "demo" / "af3" / "ccd.cif").is_file():
         pytest.skip("bundled AF3 demo CCD not found")
-    text = profile_predict.main(["--tiny", "--device", "cpu", "--top", "40", "--stacks"])
+    # every op line, not the 40 slowest: which ops make the top 40 of a tiny CPU step depends
+    # on the machine's load (CI saw the embedders' gather drop out of it)
+    text = profile_predict.main(["--tiny", "--device", "cpu", "--top", "1000", "--stacks"])
     step = text.split("## sampler_step\n", 1)[1]
     by_source = step.split("-- ATen ops by the source line that called them\n", 1)[1]
     lines = by_source.strip().splitlines()
