@@ -51,39 +51,34 @@ def make_flex(pattern: str = "holes"):
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
     compiled = torch.compile(flex_attention, dynamic=False)
-    block_masks: dict = {}
+    cached = {}  # "padded": the BlockMask of the last mask seen, by its storage and shape
+
+    def block_mask(mask, r, n, device):
+        key = (mask.data_ptr(), tuple(mask.shape))
+        if cached.get("key") != key:
+            keep = mask[0].bool()  # [R, N]
+
+            def mask_mod(b, hh, qi, ki):
+                return keep[b, ki]
+
+            cached.update(key=key, mask=create_block_mask(mask_mod, r, None, n, n,
+                                                          device=device))
+        return cached["mask"]
 
     def flex(q, k, v, bias, mask):
         _, r, h, n, d = q.shape
         b2 = bias[0]  # [H, N, N]
-        args = (q.reshape(r, h, n, d), k.reshape(r, h, n, d), v.reshape(r, h, n, d))
-        if pattern == "none":
-            def score_mod(score, b, hh, qi, ki):
-                return score + b2[hh, qi, ki]
-
-            o = compiled(*args, score_mod=score_mod)
-        elif pattern == "padded":
-            def score_mod(score, b, hh, qi, ki):
-                return score + b2[hh, qi, ki]
-
-            key = (mask.data_ptr(), tuple(mask.shape))
-            if key not in block_masks:
-                keep = mask[0].bool()  # [R, N]
-
-                def mask_mod(b, hh, qi, ki):
-                    return keep[b, ki]
-
-                block_masks.clear()
-                block_masks[key] = create_block_mask(mask_mod, r, None, n, n,
-                                                     device=q.device)
-            o = compiled(*args, score_mod=score_mod, block_mask=block_masks[key])
-        else:
+        if pattern == "holes":
             mbias = mask_bias(mask[0], torch.float32)  # [R, N]
 
             def score_mod(score, b, hh, qi, ki):
                 return score + b2[hh, qi, ki] + mbias[b, ki]
-
-            o = compiled(*args, score_mod=score_mod)
+        else:
+            def score_mod(score, b, hh, qi, ki):
+                return score + b2[hh, qi, ki]
+        bm = block_mask(mask, r, n, q.device) if pattern == "padded" else None
+        o = compiled(q.reshape(r, h, n, d), k.reshape(r, h, n, d), v.reshape(r, h, n, d),
+                     score_mod=score_mod, block_mask=bm)
         return o.reshape(1, r, h, n, d)
 
     return flex

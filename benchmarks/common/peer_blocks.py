@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from benchmarks.common.blocks import pattern_mask
+from benchmarks.common.blocks import token_mask
 
 
 @dataclass
@@ -76,21 +76,13 @@ class Shape:
 # Shared inputs
 
 
-def _mask(n: int, gen: torch.Generator, pattern: str = "holes") -> torch.Tensor:
-    """``[1, n]`` token mask of ``pattern`` (``benchmarks.common.blocks.pattern_mask``: ~5%
-    holes, the last tenth padded, or all kept; the first position always kept)."""
-    m = pattern_mask((1, n), gen, pattern).float()
-    m[:, 0] = 1
-    return m
-
-
 def base_inputs(shape: Shape, sizes: dict[str, int], mask: str = "holes"
                 ) -> dict[str, torch.Tensor]:
     """The values every contender of ``shape`` receives (fp32, CPU; cast per contender);
     ``mask``: the token mask's pattern."""
     gen = torch.Generator().manual_seed(0)
     n = shape.n
-    mask = _mask(n, gen, mask)
+    mask = token_mask(n, gen, "cpu", mask)  # [1, N], the first token kept
     out = {"mask": mask, "pair_mask": mask[:, :, None] * mask[:, None]}
     if shape.block == "evoformer":
         out["m"] = torch.randn(1, shape.n_seq, n, sizes["c_m"], generator=gen)

@@ -34,6 +34,7 @@ from pathlib import Path
 import torch
 
 from benchmarks.common.attention_inputs import make_flex, make_inputs, mask_bias
+from benchmarks.common.blocks import MASKS
 from benchmarks.common.graphs import capture
 from benchmarks.common.machine import device_name, triton_version
 from benchmarks.common.results import RESULTS, write_result
@@ -314,7 +315,7 @@ def main(argv=None):
     p.add_argument("--contenders", nargs="+", default=NAMES, choices=NAMES)
     p.add_argument("--out", default=str(RESULTS / "kernels" / "kernels_attention.json"))
     p.add_argument("--md", nargs="+", help="merge these JSON files into a Markdown table")
-    p.add_argument("--mask", default="holes", choices=("holes", "padded", "none"),
+    p.add_argument("--mask", default="holes", choices=MASKS,
                    help="the key mask: ~5%% random holes (default), a padded input's (the last "
                         "tenth of the rows and keys masked: each row keeps a prefix) or none")
     args = p.parse_args(argv)

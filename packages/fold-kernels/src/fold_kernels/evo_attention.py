@@ -88,7 +88,7 @@ from fold_kernels.one_pass import finish_sum
 from fold_kernels.reduce import column_sum, sum_partials
 
 __all__ = ["evo_attention", "evo_attention_packed", "dbias_mode", "dq_mode", "key_runs",
-           "key_runs_on", "SUPPORTED_DTYPES", "MAX_HEAD_DIM", "DBIAS_MODES", "DQ_MODES"]
+           "SUPPORTED_DTYPES", "MAX_HEAD_DIM", "DBIAS_MODES", "DQ_MODES"]
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 DBIAS_MODES = ("auto", "pass", "atomic")  # see dbias_mode()
@@ -590,6 +590,7 @@ def _bwd_dkdv(Q, K, V, Bias, Mask, Runs, DO, LSE, Delta, DK, DV, DBias, DQ,
         r1 = tl.minimum(r0 + 1, R - 1)
     else:
         r0 = rp
+        r1 = rp
     offs_n = nb * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
     n_valid = offs_n < N
@@ -621,10 +622,7 @@ def _bwd_dkdv(Q, K, V, Bias, Mask, Runs, DO, LSE, Delta, DK, DV, DBias, DQ,
     first = (rp + nb) % n_m if STAGGER else 0
     n_walk = n_m
     if HAS_RUNS:
-        if TWO_ROWS:
-            _, n_end = _key_span(Runs, b, r0, r1, R, N, True, 2, BLOCK_N)
-        else:
-            _, n_end = _key_span(Runs, b, r0, r0, R, N, True, 1, BLOCK_N)
+        _, n_end = _key_span(Runs, b, r0, r1, R, N, True, 2 if TWO_ROWS else 1, BLOCK_N)
         n_walk = tl.where(nb * BLOCK_N >= n_end, 0, n_m)
     for i in range(0, n_walk):
         mb = i + first
@@ -907,15 +905,10 @@ def _mask_view(mask: torch.Tensor, batch: tuple[int, ...], r: int, n: int) -> to
 _KEY_RUNS = EnvVar("FOLD_EVO_KEY_RUNS", lambda v: (v if v is not None else "1") != "0")
 
 
-def key_runs_on() -> bool:
-    """The kernels use the mask's key runs (``FOLD_EVO_KEY_RUNS`` is not ``0``)."""
-    return _KEY_RUNS.get()
-
-
 def key_runs(mask: torch.Tensor | None, strides: list, n_k: int) -> torch.Tensor | None:
     """The key runs of a ``[B, R, N_k]`` mask operand, ``[B * R, 2]`` int32 (:func:`_mask_runs`;
     one launch), or None without a mask or with ``FOLD_EVO_KEY_RUNS=0``."""
-    if mask is None or not key_runs_on():
+    if mask is None or not _KEY_RUNS.get():
         return None
     rows = mask.shape[0] * mask.shape[1]
     runs = torch.empty((rows, 2), device=mask.device, dtype=torch.int32)
@@ -1155,9 +1148,7 @@ def _backward(dy, q, k, v, gate, gate_bias, o_pre, lse, lp: _Launch, need_dbias:
 
     bias = lp.bias if lp.bias is not None else dummy
     mask = lp.mask if lp.mask is not None else dummy
-    if lp.mask is not None and lp.runs is None and key_runs_on():  # (no forward before)
-        lp.runs = key_runs(lp.mask, lp.mask_strides, lp.N)
-    runs = lp.runs if lp.runs is not None else dummy
+    runs = lp.runs if lp.runs is not None else dummy  # the forward's (None: it took none)
     flags = dict(HAS_BIAS=lp.bias is not None, HAS_MASK=lp.mask is not None,
                  HAS_RUNS=lp.runs is not None, BLOCK_D=lp.block_d, PRECISION=lp.precision)
     fresh = [True]  # the preprocess zeroed the buffers for the first dK/dV launch only
