@@ -1,4 +1,5 @@
-"""The EvoAttention benchmarks' shared inputs and the FlexAttention contender.
+"""The EvoAttention benchmarks' shared inputs, the float32 reference and the FlexAttention
+contender.
 
 ``benchmarks/kernels/attention.py`` (every contender, every shape) and
 ``benchmarks/kernels/attention_fwd_sweep.py`` (every forward launch candidate against
@@ -29,6 +30,29 @@ def make_inputs(r: int, n: int, h: int, d: int, seed: int = 0, device: str = "cu
     keep = pattern_mask((1, r, n), g, mask, device)
     do = rnd(1, r, h, n, d)
     return q, k, v, bias, keep, do
+
+
+def reference(q, k, v, bias, mask, do, max_logits: int = 2**27):
+    """Float32 output and gradients of q, k, v and bias (``[1, R, H, N, D]`` x3, ``[1, H, N,
+    N]``, mask ``[1, R, N]``, output gradient ``do``), computed in row chunks of at most
+    ``max_logits`` logits so that N 1536 fits. The key mask as fold's float64 tests apply it:
+    masked logits are constants (``fold_ops.reference.attention``), so a row that keeps no key
+    weights every key equally and passes no gradient to q, k or the bias. SDPA's additive -1e9
+    is no reference there: its bf16 backward gives such rows gradients of norm ~1e4
+    (results/tools/padded_reference_check_h200.txt)."""
+    from fold_ops import reference as ref
+
+    leaves = [t.detach().float().requires_grad_() for t in (q, k, v, bias)]
+    _, r, h, n, _ = q.shape
+    step = max(1, max_logits // (h * n * n))
+    outs = []
+    for i in range(0, r, step):
+        rows = slice(i, min(r, i + step))
+        o = ref.attention(leaves[0][:, rows], leaves[1][:, rows], leaves[2][:, rows],
+                          leaves[3], mask[:, rows])  # [1, rows, H, N, D]
+        torch.autograd.backward(o, do[:, rows].float())  # grads accumulate over the chunks
+        outs.append(o.detach())
+    return [torch.cat(outs, 1)] + [t.grad for t in leaves]
 
 
 def mask_bias(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

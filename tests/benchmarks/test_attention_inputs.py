@@ -45,3 +45,26 @@ def test_flex_contender_matches_reference(pattern):
     assert res["all_kept"] == (pattern == "none")
     assert res["rows"] >= 2
     assert res["err"] < 1e-5
+
+
+@pytest.mark.parametrize("pattern", ["holes", "padded"])
+def test_reference_in_row_chunks_matches_float64(pattern):
+    """The benchmark's float32 reference, in chunks of two rows, against one float64 pass of
+    fold_ops' reference: output and every gradient, the bias's summed over the chunks."""
+    import torch
+    from fold_ops import reference as ref
+
+    from benchmarks.common.attention_inputs import make_inputs, reference
+
+    q, k, v, bias, mask, do = make_inputs(11, 24, 2, 8, device="cpu", dtype=torch.float32,
+                                          mask=pattern)
+    got = reference(q, k, v, bias, mask, do, max_logits=2 * 2 * 24 * 24)
+    leaves = [t.double().requires_grad_() for t in (q, k, v, bias)]
+    o = ref.attention(*leaves, mask)
+    o.backward(do.double())
+    for a, b in zip(got, [o.detach(), *(t.grad for t in leaves)]):
+        assert torch.isfinite(a).all()
+        assert (a.double() - b).norm() / b.norm() < 1e-5
+    if pattern == "padded":  # rows that keep no key pass no gradient to q
+        empty = ~mask[0].any(-1)
+        assert empty.any() and got[1][0, empty].abs().max() == 0
