@@ -30,6 +30,7 @@ from pathlib import Path
 import torch
 
 from benchmarks.common.backends import ensure_kernels
+from benchmarks.common.blocks import MASKS, pattern_mask
 from benchmarks.common.machine import device_name, triton_version
 from benchmarks.common.results import write_atomic
 
@@ -49,7 +50,9 @@ def shape_of(target: str) -> tuple[int, int, int, int]:
     raise SystemExit(f"unknown target {target!r}")
 
 
-def inputs(r: int, n: int, h: int, d: int, layout: str):
+def inputs(r: int, n: int, h: int, d: int, layout: str, mask: str = "holes"):
+    """q, k, v, gate, do in ``layout``, a bias ``[1, H, N, N]`` and a key mask ``[1, R, N]``
+    of the pattern ``mask`` (``benchmarks.common.blocks.MASKS``)."""
     g = torch.Generator(device="cuda").manual_seed(0)
 
     def heads() -> torch.Tensor:
@@ -60,8 +63,8 @@ def inputs(r: int, n: int, h: int, d: int, layout: str):
 
     q, k, v, gate, do = heads(), heads(), heads(), heads(), heads()
     bias = torch.randn(1, h, n, n, device="cuda", generator=g).bfloat16()
-    mask = torch.rand(1, r, n, device="cuda", generator=g) > 0.05
-    return q, k, v, gate, bias, mask, do
+    keep = pattern_mask((1, r, n), g, mask, "cuda")
+    return q, k, v, gate, bias, keep, do
 
 
 def grid(kernel: str, rows_wanted: tuple[int, ...] = (2, 1)) -> list:
@@ -83,16 +86,16 @@ def grid(kernel: str, rows_wanted: tuple[int, ...] = (2, 1)) -> list:
 
 
 def sweep(target: str, layout: str, budget_s: float, kernels: list[str] | None = None,
-          rows_wanted: tuple[int, ...] = (2, 1)) -> dict:
+          rows_wanted: tuple[int, ...] = (2, 1), mask: str = "holes") -> dict:
     from fold_kernels import tuning
     from triton.testing import do_bench
 
     ea = importlib.import_module("fold_kernels.evo_attention")  # the module, not the function
 
     r, n, h, d = shape_of(target)
-    q, k, v, gate, bias, mask, do = inputs(r, n, h, d, layout)
+    q, k, v, gate, bias, keep, do = inputs(r, n, h, d, layout, mask)
     logits = r * h * n * n
-    lp = ea._Launch(q, bias, mask, d ** -0.5)
+    lp = ea._Launch(q, bias, keep, d ** -0.5)
     flat = (lp.B, lp.R, lp.H, lp.N, lp.D)
     q_, k_, v_, g_ = lp.set_layout(*(t.reshape(flat) for t in (q, k, v, gate)))
     captured = {}
@@ -111,7 +114,8 @@ def sweep(target: str, layout: str, budget_s: float, kernels: list[str] | None =
         ea._backward(do.reshape(flat), q_, k_, v_, g_, None, o_pre, lse, lp, need_dbias=True)
     finally:
         tuning.pick = real_pick
-    result = {"target": target, "layout": layout, "R": r, "N": n, "H": h, "D": d, "kernels": {}}
+    result = {"target": target, "layout": layout, "mask": mask, "R": r, "N": n, "H": h, "D": d,
+              "kernels": {}}
     if kernels:
         missing = set(kernels) - set(captured)
         if missing:
@@ -142,8 +146,9 @@ def sweep(target: str, layout: str, budget_s: float, kernels: list[str] | None =
         default = ok[0]
         result["kernels"][kernel] = {"flops": flops, "rows": rows, "best": best,
                                      "best_shipped": best_shipped, "default": default}
-        print(f"{target} {layout} {kernel:5s} default {default['cfg']} {default['ms']:.3f} ms, "
-              f"shipped best {best_shipped['cfg']} {best_shipped['ms']:.3f} ms, sweep best "
+        print(f"{target} {layout} {mask} {kernel:5s} default {default['cfg']} "
+              f"{default['ms']:.3f} ms, shipped best {best_shipped['cfg']} "
+              f"{best_shipped['ms']:.3f} ms, sweep best "
               f"{best['cfg']} {best['ms']:.3f} ms = {flops / best['ms'] / 1e9:.0f} TFLOP/s "
               f"({len(ok)} configs)", flush=True)
     return result
@@ -160,6 +165,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--rows", nargs="*", type=int, default=[2, 1],
                     help="rows per program of the sweep's grid (the shipped candidates always "
                          "run; none: only them)")
+    ap.add_argument("--mask", default="holes", choices=MASKS,
+                    help="the key mask's pattern: ~5%% random holes, a padded input's, none")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args(argv)
     ensure_kernels("cuda")
@@ -169,7 +176,7 @@ def main(argv: list[str] | None = None) -> None:
     for target in args.targets:
         for layout in args.layouts:
             results.append(sweep(target, layout, args.budget_s, args.kernels,
-                                 tuple(args.rows)))
+                                 tuple(args.rows), args.mask))
             if args.out:
                 write_atomic(args.out, json.dumps({"meta": meta, "results": results}, indent=1))
 
