@@ -116,13 +116,19 @@ PADDED = [
     (40, (40, 40, 29), ((0, 20),)),  # a hole inside a long run: the blocks after it masked
     (33, (0, 33, 17), ()),  # a row with nothing kept beside a full one (two rows a program)
     (32, (32,), ()),  # all ones, N a multiple of the tiles: every block unmasked
+    # padded rows (an MSA padded in depth, a token padded to its bucket): two-row programs
+    # with no key kept in either row (the mean of v from V alone; dV from dO alone), one
+    # beside a kept row, and the repeated last row of odd R
+    (33, (0, 0, 33), ()),
+    (32, (0, 0, 19), ()),
 ]
 
 
 @pytest.mark.parametrize("n,lengths,holes", PADDED)
 def test_key_runs_of_a_mask(n, lengths, holes):
-    """``key_runs``: per row the leading kept keys and the end of the last kept key (N for a
-    row with nothing kept), from a bool, a float and a broadcast (stride 0) mask."""
+    """``key_runs``: per row the leading kept keys (-1 for a row with nothing kept) and the end
+    of the last kept key (N for a row with nothing kept), from a bool, a float and a broadcast
+    (stride 0) mask."""
     from fold_kernels.evo_attention import _mask_operand, key_runs
 
     mask = _padded_mask((2,), 5, n, lengths, holes)
@@ -131,7 +137,8 @@ def test_key_runs_of_a_mask(n, lengths, holes):
     for row in mask.reshape(-1, n):
         masked = (~row).nonzero()
         kept = row.nonzero()
-        want.append((int(masked[0]) if len(masked) else n, int(kept[-1]) + 1 if len(kept) else n))
+        lead = int(masked[0]) if len(masked) else n
+        want.append((lead if len(kept) else -1, int(kept[-1]) + 1 if len(kept) else n))
     for m in (mask, mask.float()):
         view, strides = _mask_operand(m.to(DEVICE), (2,), 5, n)
         assert key_runs(view, strides, n).cpu().tolist() == [list(w) for w in want]
@@ -164,7 +171,11 @@ def test_key_runs_give_the_same_bits(monkeypatch, request, dtype, n, lengths, ho
     bias gradient and dQ by their own passes). The same bits in the interpreter, which runs
     the same operations in both; compiled for a GPU the two loop structures may order or
     contract fp32 operations differently: on an H200, 1e-8 to 2e-7 relative in fp32 and one
-    bf16 element of the bias gradient one unit apart, so there the bound is fp32 rounding."""
+    bf16 element of the bias gradient one unit apart, so there the bound is fp32 rounding.
+    Rows that keep no key, where both rows of a program are such, sum v (and dV's dO) directly
+    instead of as products with uniform weights: fp32 rounding there too (the uniform weight
+    1/l rounded to bf16 as the walk's products round it; dQ, dK and the bias gradient exactly
+    0 in both)."""
     from fold_kernels import evo_attention
 
     request.getfixturevalue("deterministic")
@@ -178,11 +189,16 @@ def test_key_runs_give_the_same_bits(monkeypatch, request, dtype, n, lengths, ho
         o = evo_attention(*ins[:4], mask, gate=ins[4])
         o.backward(do)
         runs[on] = [o.detach()] + [t.grad for t in ins]
+    empty_pair = any(lengths[i % len(lengths)] == 0 and lengths[(i + 1) % len(lengths)] == 0
+                     for i in range(0, 5, 2))  # a two-row program (0-1, 2-3, 4-4) keeps none
     for name, a, b in zip("o q k v bias gate".split(), runs["1"], runs["0"]):
-        if DEVICE == "cpu":
+        assert torch.isfinite(a).all(), name
+        if DEVICE == "cpu" and not empty_pair:
             assert torch.equal(a, b), name
         else:
-            assert rel_err(a, b) < 1e-6, name
+            # bf16 with padded rows: a sum rounded apart flips an element by one unit (2^-8)
+            bound = 4e-3 if empty_pair and dtype == torch.bfloat16 else 1e-6
+            assert rel_err(a, b) < bound, name
 
 
 def test_packed_padded_mask_matches_reference():

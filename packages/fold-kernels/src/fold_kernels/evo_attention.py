@@ -54,7 +54,11 @@ keys. A padded input's mask (each row keeps a prefix) and an all-ones mask take 
 path almost everywhere; a mask with holes runs as before. The arithmetic is unchanged (a
 masked key's weight is exactly 0 when the row keeps a key): the same bits in the interpreter;
 compiled, the fp32 operations may be ordered or contracted differently (1e-8 to 2e-7 relative
-on an H200). ``FOLD_EVO_KEY_RUNS=0``: off. On an H200 (``benchmarks/results/tools/
+on an H200). A program whose rows keep no key at all (padding rows: an MSA padded in depth, a
+token padded to its bucket) reads V alone in the forward (their output is the mean of v), dO
+alone in dK/dV (dV = (1/l) sum of dO; dK = 0) and stores dQ = 0 without a loop: no logits,
+exponentials or bias for those rows, the same values up to fp32 summation order.
+``FOLD_EVO_KEY_RUNS=0``: off. On an H200 (``benchmarks/results/tools/
 key_runs_ab_h200.md``): EvoAttention at (768, 768, 4, 32) forward+backward 1.10x faster with
 a padded mask, 1.06x with all ones, 0.99x with random holes (the launch and the second loop).
 
@@ -158,8 +162,9 @@ def _load(ptr, mask, FULL: tl.constexpr):
 @triton.jit
 def _mask_runs(Mask, Runs, R, NK, smb, smr, smj, BLOCK: tl.constexpr, PDL: tl.constexpr = False):
     """Row ``b * R + r`` of the key mask: ``Runs[row] = (kept, end)``, int32: ``kept`` leading
-    keys are attended (the first masked key's index, NK if none); the last attended key is
-    ``end - 1``, and ``end`` is NK when no key is (a fully masked row weights every key)."""
+    keys are attended (the first masked key's index, NK if none; -1 when the row attends no
+    key); the last attended key is ``end - 1``, and ``end`` is NK when no key is (a fully
+    masked row weights every key)."""
     pdl.enter(PDL)
     row = tl.program_id(0)
     b = row // R
@@ -173,6 +178,7 @@ def _mask_runs(Mask, Runs, R, NK, smb, smr, smj, BLOCK: tl.constexpr, PDL: tl.co
         keep = tl.load(mrow + offs * smj, mask=valid, other=0) != 0
         kept = tl.minimum(kept, tl.min(tl.where(keep | ~valid, NK, offs), 0))
         end = tl.maximum(end, tl.max(tl.where(keep, offs + 1, 0), 0))
+    kept = tl.where(end == 0, -1, kept)
     end = tl.where(end == 0, NK, end)
     tl.store(Runs + row.to(tl.int64) * 2, kept)
     tl.store(Runs + row.to(tl.int64) * 2 + 1, end)
@@ -181,24 +187,52 @@ def _mask_runs(Mask, Runs, R, NK, smb, smr, smj, BLOCK: tl.constexpr, PDL: tl.co
 @triton.jit
 def _key_span(Runs, b, r0, r1, R, NK, HAS_RUNS: tl.constexpr, ROWS: tl.constexpr,
               BLOCK_N: tl.constexpr):
-    """``(n_full, n_end)`` for a program's ``ROWS`` rows r0, r1: the key blocks below
-    ``n_full`` are attended in every row (whole blocks of the rows' shortest leading run), and
-    every key from ``n_end`` on is masked in every row that attends any key. Without runs:
-    ``(0, NK)``, every block masked as the mask says."""
+    """``(n_full, n_end, empty)`` for a program's ``ROWS`` rows r0, r1: the key blocks below
+    ``n_full`` are attended in every row (whole blocks of the rows' shortest leading run),
+    every key from ``n_end`` on is masked in every row that attends any key, and ``empty``:
+    no row attends any key. Without runs: ``(0, NK, False)``, every block masked as the mask
+    says."""
     if HAS_RUNS:
         i0 = (b.to(tl.int64) * R + r0) * 2
         kept = tl.load(Runs + i0)
         end = tl.load(Runs + i0 + 1)
+        top = kept
         if ROWS >= 2:
             i1 = (b.to(tl.int64) * R + r1) * 2
-            kept = tl.minimum(kept, tl.load(Runs + i1))
+            kept1 = tl.load(Runs + i1)
+            kept = tl.minimum(kept, kept1)
+            top = tl.maximum(top, kept1)
             end = tl.maximum(end, tl.load(Runs + i1 + 1))
-        n_full = (kept // BLOCK_N) * BLOCK_N
+        n_full = (tl.maximum(kept, 0) // BLOCK_N) * BLOCK_N
         n_end = end
+        empty = top < 0
     else:
         n_full = 0
         n_end = NK
-    return n_full, n_end
+        empty = False
+    return n_full, n_end, empty
+
+
+@triton.jit
+def _v_sums(V, base0, base1, offs_d, n_keys, NK, D, SKN, ROWS: tl.constexpr,
+            BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+    """``sum_k V[k]`` of the program's rows, fp32 [BLOCK_D] each, over ``n_keys`` keys (NK, or
+    0: zeros). For rows that attend no key, which weight every key by exactly 1
+    (:data:`MASKED_NAT`): their output is the mean of v, made from V alone (no logits,
+    exponentials, bias or products). A plain sum, not the masked loop's products with ones:
+    a second loop of tensor-core products cost the main loops extra warp-group waits (Triton
+    3.6, sm_90). Not pipelined (no shared memory beside the main loops')."""
+    s0 = tl.zeros([BLOCK_D], tl.float32)
+    s1 = tl.zeros([BLOCK_D], tl.float32)
+    for start_n in tl.range(0, n_keys, BLOCK_N, num_stages=1):
+        offs_n = start_n + tl.arange(0, BLOCK_N)
+        nd = (offs_n < NK)[:, None] & (offs_d < D)[None, :]
+        v = tl.load(V + base0 + offs_n[:, None] * SKN + offs_d[None, :], mask=nd, other=0.0)
+        s0 += tl.sum(v.to(tl.float32), 0)
+        if ROWS >= 2:
+            v = tl.load(V + base1 + offs_n[:, None] * SKN + offs_d[None, :], mask=nd, other=0.0)
+            s1 += tl.sum(v.to(tl.float32), 0)
+    return s0, s1
 
 
 @triton.jit
@@ -375,11 +409,24 @@ def _fwd(Q, K, V, G, GB, Bias, Mask, Runs, O, OPre, LSE,
                                             sqn, BLOCK_M, BLOCK_D)
     else:  # (passed through the loop unused)
         q1, base1, acc1, m1, l1 = q0, base0, acc0, m0, l0
-    n_full, n_end = _key_span(Runs, b, r0, r1, R, N, HAS_RUNS, ROWS, BLOCK_N)
+    n_full, n_end, empty = _key_span(Runs, b, r0, r1, R, N, HAS_RUNS, ROWS, BLOCK_N)
+    if HAS_RUNS:  # rows that attend no key (padding): the key loops run no block
+        n_end = tl.where(empty, 0, n_end)
     acc0, m0, l0, acc1, m1, l1 = _fwd_keys(
         q0, q1, acc0, m0, l0, acc1, m1, l1, K, V, base0, base1, Bias, Mask, b, h, r0, r1,
         offs_m, offs_d, m_valid, sbb, sbh, sbi, sbj, smb, smr, smj, N, D, sqn, scale,
         n_full, n_end, HAS_BIAS, HAS_MASK, HAS_RUNS, ROWS, EVEN, EVEN_D, BLOCK_N, PRECISION)
+    if HAS_RUNS:  # ... and weight every key by 1: the mean of v, from V alone
+        s0, s1 = _v_sums(V, base0, base1, offs_d, tl.where(empty, N, 0), N, D, sqn, ROWS,
+                         BLOCK_N, BLOCK_D)
+        acc0 += s0[None, :]  # zeros unless empty
+        n_f = tl.zeros([BLOCK_M], tl.float32) + N  # (N may be a constant: Triton's N == 1)
+        l0 = tl.where(empty, n_f, l0)
+        m0 = tl.where(empty, MASKED_NAT, m0)  # what the masked loop leaves: "all masked"
+        if ROWS >= 2:
+            acc1 += s1[None, :]
+            l1 = tl.where(empty, n_f, l1)
+            m1 = tl.where(empty, MASKED_NAT, m1)
     _fwd_store(acc0, m0, l0, G, GB, O, OPre, LSE, b, r0, h, R, H, offs_m, offs_d, m_valid, md,
                N, D, sqb, sqr, sqh, sqn, sob, sor, soh, son, HAS_GATE, HAS_GATE_BIAS)
     if ROWS >= 2:
@@ -554,6 +601,26 @@ def _dq_atomic(DQ, slab, offs_m, offs_d, md, ds, k, scale, N, D, TRANSPOSE: tl.c
     tl.atomic_add(dptr, dq * scale, mask=md, sem="relaxed")
 
 
+@triton.jit
+def _do_sums(DO, obase0, obase1, offs_d, d_valid, N, SON, n_blocks, TWO_ROWS: tl.constexpr,
+             BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr):
+    """``sum_q dO[q]`` of the program's rows, fp32 [BLOCK_D] each, over ``n_blocks`` query
+    blocks (all of them, or 0: zeros). For rows that attend no key, where every key has the
+    weight 1/l for every query and P = dS = 0 elsewhere: dV = (1/l) sum_q dO[q] for every
+    key, and dK, the bias gradient and dQ get nothing. A plain sum, as :func:`_v_sums` (not
+    pipelined)."""
+    s0 = tl.zeros([BLOCK_D], tl.float32)
+    s1 = tl.zeros([BLOCK_D], tl.float32)
+    for mb in tl.range(0, n_blocks, num_stages=1):
+        offs_m = mb * BLOCK_M + tl.arange(0, BLOCK_M)
+        md = (offs_m < N)[:, None] & d_valid[None, :]
+        do_off = offs_m[:, None] * SON + offs_d[None, :]
+        s0 += tl.sum(tl.load(DO + obase0 + do_off, mask=md, other=0.0).to(tl.float32), 0)
+        if TWO_ROWS:
+            s1 += tl.sum(tl.load(DO + obase1 + do_off, mask=md, other=0.0).to(tl.float32), 0)
+    return s0, s1
+
+
 @fast
 @triton.jit
 def _bwd_dkdv(Q, K, V, Bias, Mask, Runs, DO, LSE, Delta, DK, DV, DBias, DQ,
@@ -578,7 +645,8 @@ def _bwd_dkdv(Q, K, V, Bias, Mask, Runs, DO, LSE, Delta, DK, DV, DBias, DQ,
     instead of 0, so that the programs running at the same time (same key block, other rows)
     add into different dbias tiles instead of all into the same one.
     ``HAS_RUNS``: a key block past the last attended key of both rows (each attending some
-    key) has P = dS = 0 in every tile, so its program skips the walk and stores dK = dV = 0."""
+    key) has P = dS = 0 in every tile, so its program skips the walk and stores dK = dV = 0;
+    rows that attend no key take :func:`_do_sums` instead of the walk."""
     pdl.enter(PDL)
     nb = tl.program_id(0)
     rp = tl.program_id(1)
@@ -618,12 +686,23 @@ def _bwd_dkdv(Q, K, V, Bias, Mask, Runs, DO, LSE, Delta, DK, DV, DBias, DQ,
         uni1 = tl.load(LSE + slab1 * 2 * N + N)
         dk1 = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
         dv1 = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
+    else:  # one row: the second row's dO stands in for _do_sums (never read)
+        obase1 = obase0
     n_m = tl.cdiv(N, BLOCK_M)
     first = (rp + nb) % n_m if STAGGER else 0
     n_walk = n_m
     if HAS_RUNS:
-        _, n_end = _key_span(Runs, b, r0, r1, R, N, True, 2 if TWO_ROWS else 1, BLOCK_N)
-        n_walk = tl.where(nb * BLOCK_N >= n_end, 0, n_m)
+        _, n_end, empty = _key_span(Runs, b, r0, r1, R, N, True, 2 if TWO_ROWS else 1, BLOCK_N)
+        n_walk = tl.where((nb * BLOCK_N >= n_end) | empty, 0, n_m)
+        # rows that attend no key: dK = 0, dV = (1/l) sum of dO, from dO alone (1/l in the
+        # dO dtype, as the walk's products take it)
+        s0, s1 = _do_sums(DO, obase0, obase1, offs_d, d_valid, N, son, tl.where(empty, n_m, 0),
+                          TWO_ROWS, BLOCK_M, BLOCK_D)
+        uw0 = tl.where(empty & n_valid, uni0.to(DO.dtype.element_ty).to(tl.float32), 0.0)
+        dv0 += uw0[:, None] * s0[None, :]
+        if TWO_ROWS:
+            uw1 = tl.where(empty & n_valid, uni1.to(DO.dtype.element_ty).to(tl.float32), 0.0)
+            dv1 += uw1[:, None] * s1[None, :]
     for i in range(0, n_walk):
         mb = i + first
         mb = tl.where(mb >= n_m, mb - n_m, mb)  # (i + first) mod n_m
@@ -768,8 +847,11 @@ def _bwd_dq(Q, K, V, Bias, Mask, Runs, DO, LSE, Delta, DQ,
         dq1 = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     else:  # (passed through the loop unused)
         base1, q1, do1, lse1, delta1, dq1 = base0, q0, do0, lse0, delta0, dq0
-    n_full, n_end = _key_span(Runs, b, r0, r1, R, N, HAS_RUNS, 2 if TWO_ROWS else 1, BLOCK_N)
+    n_full, n_end, empty = _key_span(Runs, b, r0, r1, R, N, HAS_RUNS, 2 if TWO_ROWS else 1,
+                                     BLOCK_N)
     if HAS_RUNS:
+        # rows that attend no key: their logits are constants, dQ is 0 (n_full is 0 then)
+        n_end = tl.where(empty, 0, n_end)
         for start_n in range(0, n_full, BLOCK_N):
             dq0, dq1 = _dq_block(start_n, q0, do0, lse0, delta0, dq0, q1, do1, lse1, delta1,
                                  dq1, K, V, base0, base1, Bias, Mask, b, h, r0, r1, offs_m,

@@ -78,7 +78,7 @@ def _fwd_cross(Q, K, V, G, Bias, Mask, Runs, O, LSE,
                                         BLOCK_M, BLOCK_D)
     else:  # (passed through the loop unused)
         q1, acc1, m1, l1 = q0, acc0, m0, l0
-    n_full, n_end = _key_span(Runs, b, r0, r1, R, NK, HAS_RUNS, ROWS, BLOCK_N)
+    n_full, n_end, _ = _key_span(Runs, b, r0, r1, R, NK, HAS_RUNS, ROWS, BLOCK_N)
     acc0, m0, l0, acc1, m1, l1 = _fwd_keys(
         q0, q1, acc0, m0, l0, acc1, m1, l1, K, V, kbase0, kbase1, Bias, Mask, b, h, r0, r1,
         offs_m, offs_d, m_valid, sbb, sbh, sbi, sbj, smb, smr, smj, NK, D, skn, scale,
