@@ -11,12 +11,12 @@ file beside the installed package: each copy compiles its own kernels, the rest 
         --out benchmarks/results/tools/attention_ab_h200.json
 
 Shapes are ``R,N,H,D`` (bf16 ``[1, R, H, N, D]`` q, k, v, a ``[1, H, N, N]`` bias with gradient,
-a key mask with 5% holes; ``--gate``: a gate too). Each figure is one replay of ``--calls``
-forward + backward calls, median of ``--reps``, per call; the ratio compares the best rounds
-(above 1: the current module is faster). The copies share the tuner's choices (its keys name
-the kernel, not the module), so both run the tiles tuned for the first copy: a like-for-like
-comparison of kernels whose tiles did not change (``FOLD_KERNELS_AUTOTUNE=0`` in the environment:
-both run the default tiles).
+a key mask, ``--mask``: 5% holes, padded or all ones; ``--gate``: a gate too). Each figure is
+one replay of ``--calls`` forward + backward calls, median of ``--reps``, per call; the ratio
+compares the best rounds (above 1: the current module is faster). The copies share the
+tuner's choices (its keys name the kernel, not the module), so both run the tiles tuned for
+the first copy: a like-for-like comparison of kernels whose tiles did not change
+(``FOLD_KERNELS_AUTOTUNE=0`` in the environment: both run the default tiles).
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from pathlib import Path
 
 import torch
 
+from benchmarks.common.blocks import MASKS, pattern_mask
 from benchmarks.common.cli import add_ab_options, device_arg
 from benchmarks.common.graphs import capture_calls
 from benchmarks.common.machine import versions
@@ -58,7 +59,7 @@ def parse_shape(text: str) -> tuple[int, int, int, int]:
 
 
 def measure(modules: dict, shape: tuple[int, int, int, int], gate: bool, device: torch.device,
-            rounds: int, reps: int, calls: int) -> dict:
+            rounds: int, reps: int, calls: int, mask_pattern: str = "holes") -> dict:
     r, n, h, d = shape
     g = torch.Generator(device="cpu").manual_seed(0)
 
@@ -68,7 +69,7 @@ def measure(modules: dict, shape: tuple[int, int, int, int], gate: bool, device:
     q, k, v = (rand(1, r, h, n, d) for _ in range(3))
     bias = rand(1, h, n, n)
     gates = rand(1, r, h, n, d) if gate else None
-    mask = (torch.rand(1, r, n, generator=g) > 0.05).to(device)
+    mask = pattern_mask((1, r, n), g, mask_pattern).to(device)
     dout = torch.randn(1, r, h, n, d, generator=g).to(device, torch.bfloat16)
     leaves = (q, k, v, bias) + ((gates,) if gate else ())
     settings, grads = {}, {}
@@ -82,7 +83,7 @@ def measure(modules: dict, shape: tuple[int, int, int, int], gate: bool, device:
     times = alternating_rounds(settings, device, rounds, reps)
     per_call = {name: [round(t / calls, 4) for t in ts] for name, ts in times.items()}
     other, current = modules
-    row = {"shape": list(shape), "gate": gate, "ms_per_call": per_call,
+    row = {"shape": list(shape), "gate": gate, "mask": mask_pattern, "ms_per_call": per_call,
            "other_over_current": round(min(per_call[other]) / min(per_call[current]), 4),
            "max_abs_grad_diff": max(float((a - b).abs().max())
                                     for a, b in zip(grads[other], grads[current]))}
@@ -94,10 +95,10 @@ def markdown(meta: dict, rows: list[dict]) -> str:
     lines = [f"# EvoAttention, {meta['other']} against the current module, {meta['device']}, "
              f"{meta['date']}", "",
              f"torch {meta['torch']}, Triton {meta['triton']}; bf16; forward + backward (bias "
-             "with gradient, key mask with holes); each figure: one CUDA-graph replay of "
-             f"{meta['calls']} calls, median of {meta['reps']}, ms per call; {meta['rounds']} "
-             "alternating rounds. Ratio: best rounds, other / current (above 1: the current "
-             "module is faster).", "",
+             f"with gradient, key mask: {meta.get('mask', 'holes')}); each figure: one CUDA-graph "
+             f"replay of {meta['calls']} calls, median of {meta['reps']}, ms per call; "
+             f"{meta['rounds']} alternating rounds. Ratio: best rounds, other / current "
+             "(above 1: the current module is faster).", "",
              "| R, N, H, D | gate | other (ms) | current (ms) | other/current | "
              "max abs grad diff |",
              "|---|---|---|---|---|---|"]
@@ -115,6 +116,10 @@ def main(argv: list[str] | None = None) -> list[dict]:
     ap.add_argument("other", type=Path, help="a copy of fold_kernels/evo_attention.py")
     ap.add_argument("shapes", nargs="+", help="R,N,H,D")
     ap.add_argument("--gate", action="store_true", help="gated attention (AF2 / AF3 blocks)")
+    ap.add_argument("--mask", default="holes", choices=MASKS,
+                    help="the key mask: ~5%% random holes, a padded input's (the last tenth of "
+                         "the rows keep no key, every row masks the last tenth of the keys), "
+                         "or all ones")
     add_ab_options(ap, reps=20, calls=5, smoke=True)
     args = ap.parse_args(argv)
     device = device_arg(args.device, "attention_ab")
@@ -122,9 +127,10 @@ def main(argv: list[str] | None = None) -> list[dict]:
     current = importlib.import_module("fold_kernels.evo_attention")  # the module
 
     modules = {"other": load_copy(args.other), "current": current}
-    rows = [measure(modules, s, args.gate, device, args.rounds, args.reps, args.calls)
-            for s in shapes]
-    meta = {**versions(device), "other": str(args.other), "rounds": args.rounds,
+    rows = [measure(modules, s, args.gate, device, args.rounds, args.reps, args.calls,
+                    args.mask) for s in shapes]
+    meta = {**versions(device), "other": str(args.other), "mask": args.mask,
+            "rounds": args.rounds,
             "reps": args.reps, "calls": args.calls}
     publish(args.out, meta, rows, markdown(meta, rows))
     return rows

@@ -32,6 +32,22 @@ def test_smoke_run_of_a_copy_against_the_current_module(tmp_path):
     assert "| 3, 17, 2, 8 | yes |" in out.with_suffix(".md").read_text()
 
 
+def test_smoke_run_with_a_padded_mask(tmp_path):
+    """``--mask padded``: rows that keep no key (the last tenth of R) and a masked key tail."""
+    from fold_kernels import tuning
+
+    if not tuning.interpreting():
+        pytest.skip("the CPU smoke run needs TRITON_INTERPRET=1 (CI sets it)")
+    copy = tmp_path / "evo_copy.py"
+    shutil.copy(importlib.import_module("fold_kernels.evo_attention").__file__, copy)
+    out = tmp_path / "ab.json"
+    attention_ab.main([str(copy), "11,20,1,8", "--mask", "padded", "--device", "cpu",
+                       "--rounds", "1", "--reps", "1", "--calls", "1", "--out", str(out)])
+    (row,) = json.loads(out.read_text())["rows"]
+    assert row["mask"] == "padded" and row["max_abs_grad_diff"] == 0.0
+    assert "key mask: padded" in out.with_suffix(".md").read_text()
+
+
 def test_bad_shape_and_a_file_that_is_not_the_module_are_refused(tmp_path):
     with pytest.raises(SystemExit, match="R,N,H,D"):
         attention_ab.parse_shape("3,17,2")
