@@ -189,15 +189,17 @@ def test_key_runs_give_the_same_bits(monkeypatch, request, dtype, n, lengths, ho
         o = evo_attention(*ins[:4], mask, gate=ins[4])
         o.backward(do)
         runs[on] = [o.detach()] + [t.grad for t in ins]
-    empty_pair = any(lengths[i % len(lengths)] == 0 and lengths[(i + 1) % len(lengths)] == 0
-                     for i in range(0, 5, 2))  # a two-row program (0-1, 2-3, 4-4) keeps none
+    rows = [lengths[i % len(lengths)] for i in range(5)]
+    # the interpreter's programs take two rows (0-1, 2-3, 4-4); a GPU's may take one
+    empty_pair = any(rows[i] == 0 and rows[min(i + 1, 4)] == 0 for i in range(0, 5, 2))
+    empty = empty_pair if DEVICE == "cpu" else 0 in rows
     for name, a, b in zip("o q k v bias gate".split(), runs["1"], runs["0"]):
         assert torch.isfinite(a).all(), name
-        if DEVICE == "cpu" and not empty_pair:
+        if DEVICE == "cpu" and not empty:
             assert torch.equal(a, b), name
         else:
             # bf16 with padded rows: a sum rounded apart flips an element by one unit (2^-8)
-            bound = 4e-3 if empty_pair and dtype == torch.bfloat16 else 1e-6
+            bound = 4e-3 if empty and dtype == torch.bfloat16 else 1e-6
             assert rel_err(a, b) < bound, name
 
 
