@@ -14,7 +14,9 @@ import pytest
 from benchmarks.tools import attention_ab
 
 
-def test_smoke_run_of_a_copy_against_the_current_module(tmp_path):
+def _smoke_run(tmp_path, *args: str) -> tuple[dict, str]:
+    """A copy of the current module against it on CPU, one rep and call per round: the one
+    result row and the Markdown table."""
     from fold_kernels import tuning
 
     if not tuning.interpreting():
@@ -22,30 +24,25 @@ def test_smoke_run_of_a_copy_against_the_current_module(tmp_path):
     copy = tmp_path / "evo_copy.py"
     shutil.copy(importlib.import_module("fold_kernels.evo_attention").__file__, copy)
     out = tmp_path / "ab.json"
-    attention_ab.main([str(copy), "3,17,2,8", "--gate", "--device", "cpu", "--rounds", "2",
-                       "--reps", "1", "--calls", "1", "--out", str(out)])
-    doc = json.loads(out.read_text())
-    (row,) = doc["rows"]
+    attention_ab.main([str(copy), *args, "--device", "cpu", "--reps", "1", "--calls", "1",
+                       "--out", str(out)])
+    (row,) = json.loads(out.read_text())["rows"]
+    return row, out.with_suffix(".md").read_text()
+
+
+def test_smoke_run_of_a_copy_against_the_current_module(tmp_path):
+    row, md = _smoke_run(tmp_path, "3,17,2,8", "--gate", "--rounds", "2")
     assert row["shape"] == [3, 17, 2, 8] and row["gate"] and row["max_abs_grad_diff"] == 0.0
     assert all(len(row["ms_per_call"][k]) == 2 for k in ("other", "current"))
     assert row["other_over_current"] > 0
-    assert "| 3, 17, 2, 8 | yes |" in out.with_suffix(".md").read_text()
+    assert "| 3, 17, 2, 8 | yes |" in md
 
 
 def test_smoke_run_with_a_padded_mask(tmp_path):
     """``--mask padded``: rows that keep no key (the last tenth of R) and a masked key tail."""
-    from fold_kernels import tuning
-
-    if not tuning.interpreting():
-        pytest.skip("the CPU smoke run needs TRITON_INTERPRET=1 (CI sets it)")
-    copy = tmp_path / "evo_copy.py"
-    shutil.copy(importlib.import_module("fold_kernels.evo_attention").__file__, copy)
-    out = tmp_path / "ab.json"
-    attention_ab.main([str(copy), "11,20,1,8", "--mask", "padded", "--device", "cpu",
-                       "--rounds", "1", "--reps", "1", "--calls", "1", "--out", str(out)])
-    (row,) = json.loads(out.read_text())["rows"]
+    row, md = _smoke_run(tmp_path, "11,20,1,8", "--mask", "padded", "--rounds", "1")
     assert row["mask"] == "padded" and row["max_abs_grad_diff"] == 0.0
-    assert "key mask: padded" in out.with_suffix(".md").read_text()
+    assert "key mask: padded" in md
 
 
 def test_bad_shape_and_a_file_that_is_not_the_module_are_refused(tmp_path):
