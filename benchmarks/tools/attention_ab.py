@@ -130,8 +130,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     rows = [measure(modules, s, args.gate, device, args.rounds, args.reps, args.calls,
                     args.mask) for s in shapes]
     meta = {**versions(device), "other": str(args.other), "mask": args.mask,
-            "rounds": args.rounds,
-            "reps": args.reps, "calls": args.calls}
+            "rounds": args.rounds, "reps": args.reps, "calls": args.calls}
     publish(args.out, meta, rows, markdown(meta, rows))
     return rows
 

@@ -410,23 +410,24 @@ def _fwd(Q, K, V, G, GB, Bias, Mask, Runs, O, OPre, LSE,
     else:  # (passed through the loop unused)
         q1, base1, acc1, m1, l1 = q0, base0, acc0, m0, l0
     n_full, n_end, empty = _key_span(Runs, b, r0, r1, R, N, HAS_RUNS, ROWS, BLOCK_N)
-    if HAS_RUNS:  # rows that attend no key (padding): the key loops run no block
-        n_end = tl.where(empty, 0, n_end)
-    acc0, m0, l0, acc1, m1, l1 = _fwd_keys(
-        q0, q1, acc0, m0, l0, acc1, m1, l1, K, V, base0, base1, Bias, Mask, b, h, r0, r1,
-        offs_m, offs_d, m_valid, sbb, sbh, sbi, sbj, smb, smr, smj, N, D, sqn, scale,
-        n_full, n_end, HAS_BIAS, HAS_MASK, HAS_RUNS, ROWS, EVEN, EVEN_D, BLOCK_N, PRECISION)
-    if HAS_RUNS:  # ... and weight every key by 1: the mean of v, from V alone
+    if HAS_RUNS:
+        # rows that attend no key (padding) weight every key by 1: their state is the masked
+        # loop's end state, made from V alone, and the key loops below run no block for them
         s0, s1 = _v_sums(V, base0, base1, offs_d, tl.where(empty, N, 0), N, D, sqn, ROWS,
                          BLOCK_N, BLOCK_D)
+        n_end = tl.where(empty, 0, n_end)
         acc0 += s0[None, :]  # zeros unless empty
         n_f = tl.zeros([BLOCK_M], tl.float32) + N  # (N may be a constant: Triton's N == 1)
         l0 = tl.where(empty, n_f, l0)
-        m0 = tl.where(empty, MASKED_NAT, m0)  # what the masked loop leaves: "all masked"
+        m0 = tl.where(empty, MASKED_NAT, m0)  # "all masked", as the masked loop leaves it
         if ROWS >= 2:
             acc1 += s1[None, :]
             l1 = tl.where(empty, n_f, l1)
             m1 = tl.where(empty, MASKED_NAT, m1)
+    acc0, m0, l0, acc1, m1, l1 = _fwd_keys(
+        q0, q1, acc0, m0, l0, acc1, m1, l1, K, V, base0, base1, Bias, Mask, b, h, r0, r1,
+        offs_m, offs_d, m_valid, sbb, sbh, sbi, sbj, smb, smr, smj, N, D, sqn, scale,
+        n_full, n_end, HAS_BIAS, HAS_MASK, HAS_RUNS, ROWS, EVEN, EVEN_D, BLOCK_N, PRECISION)
     _fwd_store(acc0, m0, l0, G, GB, O, OPre, LSE, b, r0, h, R, H, offs_m, offs_d, m_valid, md,
                N, D, sqb, sqr, sqh, sqn, sob, sor, soh, son, HAS_GATE, HAS_GATE_BIAS)
     if ROWS >= 2:
