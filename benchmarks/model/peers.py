@@ -310,6 +310,20 @@ def _versions(names: list[str]) -> dict[str, str]:
     return out
 
 
+def settle_precision(args: argparse.Namespace, device: torch.device) -> None:
+    """``args.fold_dtype``, ``args.peer_weights`` / ``args.peer_dtype`` and
+    ``args.protenix_layernorm`` from the command line's choices and the device (what
+    :func:`build` reads)."""
+    args.fold_dtype = (pb.FOLD_PRECISIONS[args.fold_precision][0] if device.type == "cuda"
+                       else torch.float32)
+    args.peer_weights = peer_weights(args.peer_weights, args.fold_precision)
+    args.peer_dtype = torch.float32 if (args.peer_weights == "fp32" or device.type != "cuda") \
+        else torch.bfloat16
+    if args.protenix_layernorm is None:  # peer_setup.sh sets it when the build fails
+        args.protenix_layernorm = os.environ.get("PEERS_PROTENIX_LAYERNORM") or (
+            "fast_layernorm" if device.type == "cuda" else "torch")
+
+
 def _key(r: dict[str, Any]) -> tuple:
     return (r["block"], r["n"], r["n_seq"], r["samples"], r["contender"], r["kernels"])
 
@@ -364,14 +378,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     if set(args.modes) - set(MODES):
         raise SystemExit(f"--modes: choose from {MODES}")
     kernel_settings = [{"on": True, "off": False}[k.strip()] for k in args.kernels.split(",")]
-    args.fold_dtype = (pb.FOLD_PRECISIONS[args.fold_precision][0] if device.type == "cuda"
-                       else torch.float32)
-    args.peer_weights = peer_weights(args.peer_weights, args.fold_precision)
-    args.peer_dtype = torch.float32 if (args.peer_weights == "fp32" or device.type != "cuda") \
-        else torch.bfloat16
-    if args.protenix_layernorm is None:  # peer_setup.sh sets it when the build fails
-        args.protenix_layernorm = os.environ.get("PEERS_PROTENIX_LAYERNORM") or (
-            "fast_layernorm" if device.type == "cuda" else "torch")
+    settle_precision(args, device)
     shapes = parse_rows(args.blocks) if args.blocks else (TINY_ROWS if args.tiny else ROWS)
 
     backends = ensure_kernels(device, needed=device.type == "cuda")
