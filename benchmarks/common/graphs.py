@@ -68,3 +68,53 @@ def capture(body: Callable[[], object], device: torch.device,
         graph.replay()
     replay.graph = graph  # type: ignore[attr-defined]  (kept alive with the replay)
     return replay, out
+
+
+def _tensors(outs) -> list[torch.Tensor]:
+    if isinstance(outs, torch.Tensor):
+        return [outs]
+    if isinstance(outs, (tuple, list)):
+        return [t for o in outs for t in _tensors(o)]
+    return []
+
+
+def replay_difference(body: Callable[[], object], inputs: Sequence[torch.Tensor],
+                      device: torch.device, capture_fn=None, seed: int = 2) -> float | None:
+    """Whether a CUDA graph of ``body`` holds all of its work: the largest relative difference
+    (max |replay - eager| / max |eager|, over the outputs) between a replay and an eager call
+    after the floating-point ``inputs`` got new random values in place (they get their own
+    back afterwards). A kernel launched outside the capturing stream, on the legacy default
+    stream say, runs once while the graph is captured and is not in it: the replay then keeps
+    that kernel's capture-time results where the eager call's follow the new inputs, and the
+    replay's time leaves its cost out. ``body`` must be deterministic (no dropout: a module in
+    eval mode). None on CPU (no graphs), unless ``capture_fn`` stands in for :func:`capture`."""
+    if capture_fn is None:
+        if device.type != "cuda":
+            return None
+        capture_fn = capture
+    replay, static = capture_fn(body, device)
+    gen = torch.Generator().manual_seed(seed)
+    floats = [x for x in inputs if x.is_floating_point()]
+    saved = [x.detach().clone() for x in floats]
+    try:
+        with torch.no_grad():
+            for x in floats:
+                x.copy_(torch.randn(x.shape, generator=gen).to(x.device, x.dtype))
+        replay()
+        got = [t.detach().float().clone() for t in _tensors(static)]
+        want = [t.detach().float() for t in _tensors(body())]
+    finally:
+        with torch.no_grad():
+            for x, s in zip(floats, saved):
+                x.copy_(s)
+    if len(got) != len(want) or not want:
+        raise ValueError(f"replay_difference: the replay gave {len(got)} tensors, the eager "
+                         f"call {len(want)}")
+    worst = 0.0
+    for g, w in zip(got, want):
+        if not w.numel():
+            continue
+        diff = float((g - w).abs().max()) / max(float(w.abs().max()), 1e-30)
+        if not diff <= worst:  # larger, or NaN (a NaN never passes)
+            worst = diff if diff == diff else float("inf")
+    return worst

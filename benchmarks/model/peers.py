@@ -48,7 +48,7 @@ import torch
 from benchmarks.common import peer_blocks as pb
 from benchmarks.common.backends import ensure_kernels
 from benchmarks.common.blocks import MASKS
-from benchmarks.common.graphs import capture
+from benchmarks.common.graphs import capture, replay_difference
 from benchmarks.common.machine import (
     add_pin_argument,
     device_name,
@@ -136,7 +136,36 @@ def measure(case: pb.Case, device: torch.device, modes: tuple[str, ...], warmup:
         if device.type == "cuda":
             torch.cuda.synchronize(device)
             torch.cuda.empty_cache()
+    if any(m.endswith("graph") for m in modes):
+        res.update(check_replay(case, device))
     return res
+
+
+REPLAY_TOLERANCE = 1e-2  # a graph that misses a kernel is off by O(1); same kernels: ~0
+
+
+def check_replay(case: pb.Case, device: torch.device, capture_fn=None) -> dict[str, Any]:
+    """``replay_diff``: the forward in eval mode (no dropout), replayed after new inputs, against
+    the same forward run eagerly (:func:`benchmarks.common.graphs.replay_difference`), and
+    ``replay_incomplete`` when they differ by more than :data:`REPLAY_TOLERANCE`: the graph
+    misses work (Protenix 2.0's fast LayerNorm launches its forward and input-gradient kernels
+    on the legacy default stream, outside any capture), so the contender's replay times leave
+    that work out. Nothing on CPU."""
+    training = case.module.training
+    case.module.eval()
+
+    def fwd() -> tuple:
+        with torch.no_grad():
+            return case.forward()
+    try:
+        diff = replay_difference(fwd, case.inputs, device, capture_fn)
+    except Exception as e:  # noqa: BLE001  (reported, as a mode's failure is)
+        return {"replay_diff": None, "replay_check_error": _error(e)}
+    finally:
+        case.module.train(training)
+    if diff is None:
+        return {}
+    return {"replay_diff": diff, "replay_incomplete": not diff <= REPLAY_TOLERANCE}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -219,6 +248,8 @@ def ratios(rows: list[dict[str, Any]], modes: tuple[str, ...]) -> list[dict[str,
                      "best_peer": None, "peer_ms": None, "fold_over_peer": None}
             if best is not None:
                 entry["best_peer"] = f"{best['contender']} (kernels {best['kernels']})"
+                if mode.endswith("graph") and best.get("replay_incomplete"):
+                    entry["best_peer"] += ", replay incomplete"
                 entry["peer_ms"] = best[f"{mode}_ms"]
                 if entry["fold_ms"] is not None:
                     entry["fold_over_peer"] = entry["fold_ms"] / entry["peer_ms"]
@@ -255,6 +286,9 @@ def markdown(meta: dict[str, Any], rows: list[dict[str, Any]], modes: tuple[str,
     for r in rows:
         peak = f"{r['train_peak_mib']:.0f}" if r.get("train_peak_mib") is not None else "-"
         note = r.get("error") or r.get("note") or ""
+        if r.get("replay_incomplete"):
+            note = (f"replay incomplete (eval forward off by {r['replay_diff']:.2g} after new "
+                    "inputs): the graph misses work, its times leave it out; " + note)
         lines.append(f"| {_shape_label(r)} | {r['contender']} {r.get('version', '')} | "
                      f"{r['kernels']} | " + " | ".join(_cell(r, m) for m in modes)
                      + f" | {peak} | {r.get('params', '-')} | {note[:160]} |")

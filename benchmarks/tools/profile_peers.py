@@ -16,7 +16,12 @@ kernels are listed too, so that a peer's kernel put in the wrong group can be se
     python -m benchmarks.tools.profile_peers --device cpu --tiny --blocks pairformer:13 \\
         --contenders fold      # smoke: CPU ops by self time
 
-On the CPU there are no graphs: one eager step's operators are grouped by self CPU time.
+A replay holds only what was launched on the capturing stream: Protenix 2.0's fast LayerNorm
+launches its forward, input-gradient and first parameter-gradient kernels on the legacy default
+stream, so they run once during capture and are absent from its replays (each replay is checked,
+:func:`benchmarks.model.peers.check_replay`). ``--eager`` profiles an eager step instead: every
+kernel, the host's gaps between them left out. On the CPU there are no graphs: one eager step's
+operators are grouped by self CPU time.
 """
 
 from __future__ import annotations
@@ -47,7 +52,9 @@ from benchmarks.model import peers
 GROUPS = [
     ("attention", r"^_(fwd|fwd_cross|bwd_dkdv|bwd_dq|bwd_dbias|bwd_pre|mask_runs)\b|attention"
                   r"|attn|fmha|flash|softmax"),
-    ("triangle multiplication (fused)", r"trimul|^_tri_(gate|proj)_"),
+    # (kf_zhifan: cuEquivariance's inference kernels of the same op in Protenix's forward,
+    # the only cuEquivariance op there beside triangle attention's cudnn_fmha)
+    ("triangle multiplication (fused)", r"trimul|kf_zhifan|^_tri_(gate|proj)_"),
     ("GEMM", r"nvjet|gemm|cutlass|xmma|splitKreduce|cublas|aten::(mm|bmm|addmm|linear"
              r"|matmul|baddbmm)\b"),
     ("LayerNorm", r"_ln_|layer_?norm|LayerNorm|layernorm"),
@@ -91,8 +98,11 @@ def kernel_times(step, device: torch.device, warmup: int) -> list[dict[str, Any]
     return sorted(out, key=lambda k: -k["ms"])
 
 
-def profile_case(case: pb.Case, device: torch.device, mode: str, warmup: int) -> dict[str, Any]:
-    """One contender's kernels and their groups for one ``mode`` step (graphed on a GPU)."""
+def profile_case(case: pb.Case, device: torch.device, mode: str, warmup: int,
+                 eager: bool = False) -> dict[str, Any]:
+    """One contender's kernels and their groups for one ``mode`` step: a CUDA-graph replay, or
+    (``eager``) the kernels of an eager step, which has every kernel however it is launched.
+    A replay comes with :func:`benchmarks.model.peers.check_replay`'s verdict."""
     with torch.no_grad():
         grads = pb.output_grads(case.forward())
     wrt = list(case.inputs) + case.params
@@ -104,8 +114,11 @@ def profile_case(case: pb.Case, device: torch.device, mode: str, warmup: int) ->
         with torch.no_grad():
             return case.forward()
 
-    step = capture(train if mode == "train" else fwd, device, max(warmup, 2))[0]
-    return grouped(kernel_times(step, device, warmup))
+    body = train if mode == "train" else fwd
+    if eager or device.type != "cuda":
+        return grouped(kernel_times(body, device, warmup))
+    out = grouped(kernel_times(capture(body, device, max(warmup, 2))[0], device, warmup))
+    return out | peers.check_replay(case, device)
 
 
 def grouped(kernels: list[dict[str, Any]]) -> dict[str, Any]:
@@ -122,8 +135,9 @@ def grouped(kernels: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def markdown(meta: dict[str, Any], rows: list[dict[str, Any]], top: int) -> str:
-    unit = "GPU kernel ms of one CUDA-graph replay" if meta["device"] != "cpu" else \
-        "self CPU ms of one eager step (no graphs on CPU)"
+    unit = ("self CPU ms of one eager step (no graphs on CPU)" if meta["device"] == "cpu" else
+            "GPU kernel ms of one eager step (every kernel, without the host's gaps)"
+            if meta.get("eager") else "GPU kernel ms of one CUDA-graph replay")
     lines = [f"# Where each contender's step goes, {meta['device']}, {meta['date']}", "",
              f"Versions: {', '.join(f'{k} {v}' for k, v in meta['versions'].items())}. "
              f"Mode: {meta['mode']}; fold {meta['fold_precision']}, peers {meta['peer_weights']}"
@@ -159,6 +173,9 @@ def markdown(meta: dict[str, Any], rows: list[dict[str, Any]], top: int) -> str:
                 lines += [f"- {k['ms']:.3f} ms x{k['count']} [{k['group']}] {k['name'][:100]}"
                           for k in r["kernels"][:top]]
                 lines.append("")
+        lines += [f"{r['contender']}: replay incomplete (eval forward off by "
+                  f"{r['replay_diff']:.2g} after new inputs): the graph misses work, and its "
+                  "kernels above leave it out." for r in same if r.get("replay_incomplete")]
         lines += [f"{r['contender']}: {r['error']}" for r in failed]
         if failed:
             lines.append("")
@@ -175,6 +192,9 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     ap.add_argument("--kernels", default="on", help="peer kernel flags: on, off or both")
     ap.add_argument("--mode", choices=["train", "fwd"], default="train")
     ap.add_argument("--mask", choices=MASKS, default="none")
+    ap.add_argument("--eager", action="store_true",
+                    help="profile an eager step instead of a replay: every kernel, also those a "
+                         "graph cannot hold (launched outside the capturing stream)")
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--top", type=int, default=20, help="kernels listed per contender")
     ap.add_argument("--peer-weights", choices=["match", "fp32", "bf16"], default="match")
@@ -205,7 +225,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     meta = {"device": device_name(device),
             "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
             "versions": peers._versions(names), "fold_attention_backends": backends,
-            "mode": args.mode, "fold_precision": args.fold_precision,
+            "mode": args.mode, "eager": args.eager, "fold_precision": args.fold_precision,
             "peer_weights": str(args.peer_dtype), "mask": args.mask,
             "protenix_layernorm": args.protenix_layernorm, "groups": dict(GROUPS)}
     print(json.dumps(meta), flush=True)
@@ -218,7 +238,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
             try:
                 case = peers.build(name, kernels, shape, sizes,
                                    pb.base_inputs(shape, sizes, args.mask), device, args)
-                row.update(profile_case(case, device, args.mode, args.warmup))
+                row.update(profile_case(case, device, args.mode, args.warmup, args.eager))
                 del case
             except Exception as e:  # noqa: BLE001  (a peer's failure is a result, not a crash)
                 row["error"] = f"{type(e).__name__}: {e}"[:600]

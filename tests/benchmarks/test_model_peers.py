@@ -151,3 +151,64 @@ def test_mask_option_recorded(tmp_path):
                 "pairformer:13", "--modes", "fwd_eager", "--mask", "padded", "--out", str(out)])
     assert json.loads(out.read_text())["meta"]["mask"] == "padded"
     assert "Token mask: padded." in out.with_suffix(".md").read_text()
+
+
+def _captures(stale: bool):
+    """A stand-in for CUDA-graph capture on the CPU: the replay writes the body's outputs into
+    the captured buffers, or (``stale``) leaves them as capture left them, as a graph does for
+    a kernel launched outside the capturing stream."""
+    def capture_fn(body, device):
+        static = tuple(t.clone() for t in body())
+
+        def replay():
+            if not stale:
+                for s, t in zip(static, body()):
+                    s.copy_(t)
+        return replay, static
+    return capture_fn
+
+
+def _linear_case():
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(5, 3)
+    x = torch.randn(4, 5, requires_grad=True)
+    return peers.pb.Case(lin, (x,), lambda: (lin(x), torch.dropout(lin(x), 0.5, lin.training)))
+
+
+def test_replay_difference_finds_work_outside_the_graph_and_restores_inputs():
+    from benchmarks.common.graphs import replay_difference
+
+    case = _linear_case()
+    before = case.inputs[0].detach().clone()
+    case.module.eval()
+
+    def fwd():
+        with torch.no_grad():
+            return case.forward()
+    cpu = torch.device("cpu")
+    assert replay_difference(fwd, case.inputs, cpu) is None  # no graphs on CPU
+    assert replay_difference(fwd, case.inputs, cpu, _captures(stale=False)) == 0.0
+    assert replay_difference(fwd, case.inputs, cpu, _captures(stale=True)) > 0.1
+    assert torch.equal(case.inputs[0].detach(), before)
+
+    def nan_body():
+        return (case.inputs[0] * float("nan"),)
+    assert replay_difference(nan_body, case.inputs, cpu, _captures(stale=False)) == math.inf
+
+
+def test_check_replay_flags_an_incomplete_graph_and_the_ratio_says_so():
+    case = _linear_case()
+    cpu = torch.device("cpu")
+    assert peers.check_replay(case, cpu) == {}
+    good = peers.check_replay(case, cpu, _captures(stale=False))
+    assert good == {"replay_diff": 0.0, "replay_incomplete": False}
+    bad = peers.check_replay(case, cpu, _captures(stale=True))
+    assert bad["replay_incomplete"] and bad["replay_diff"] > peers.REPLAY_TOLERANCE
+    assert case.module.training  # back in training mode (dropout on for the timed steps)
+    rows = [{"block": "pairformer", "n": 13, "n_seq": 0, "samples": 0, "contender": "fold",
+             "kernels": "-", "train_graph_ms": 1.0},
+            {"block": "pairformer", "n": 13, "n_seq": 0, "samples": 0, "contender": "protenix",
+             "kernels": "on", "train_graph_ms": 2.0, "train_eager_ms": 3.0, **bad}]
+    graph, eager = peers.ratios(rows, ("train_graph", "train_eager"))
+    assert graph["best_peer"] == "protenix (kernels on), replay incomplete"
+    assert eager["best_peer"] == "protenix (kernels on)"

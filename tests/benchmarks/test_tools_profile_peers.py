@@ -74,3 +74,15 @@ def test_a_result_is_regrouped_without_profiling(tmp_path, monkeypatch):
     assert all(k["group"] == pp.group_of(k["name"]) for k in row["kernels"])
     assert row["groups_ms"]["GEMM"] > 0
     assert json.loads(again.read_text())["rows"] == [row]
+
+
+def test_eager_profiles_say_so(tmp_path, monkeypatch):
+    def no_capture(*args, **kwargs):
+        raise AssertionError("an eager profile captures no graph")
+
+    monkeypatch.setattr(pp, "capture", no_capture)
+    out = tmp_path / "eager.json"
+    (row,) = pp.main(["--device", "cpu", "--tiny", "--blocks", "pairformer:13", "--contenders",
+                      "fold", "--warmup", "0", "--eager", "--out", str(out)])
+    assert "error" not in row and row["total_ms"] > 0
+    assert json.loads(out.read_text())["eager"] is True
