@@ -39,7 +39,6 @@ import argparse
 import datetime
 import json
 import os
-import platform
 from pathlib import Path
 from typing import Any
 
@@ -48,13 +47,21 @@ import torch
 from benchmarks.common import peer_blocks as pb
 from benchmarks.common.backends import ensure_kernels
 from benchmarks.common.blocks import MASKS
-from benchmarks.common.graphs import capture, replay_difference
+from benchmarks.common.graphs import capture
 from benchmarks.common.machine import (
     add_pin_argument,
     device_name,
     pin_cpus,
     pin_note,
-    triton_version,
+)
+from benchmarks.common.peer_runs import (
+    build,
+    check_replay,
+    contenders,
+    error_text,
+    parse_rows,
+    settle_precision,
+    versions,
 )
 from benchmarks.common.results import write_result
 from benchmarks.common.timing import median_ms
@@ -68,31 +75,8 @@ TINY_ROWS = [pb.Shape("evoformer", 9, n_seq=4), pb.Shape("pairformer", 13),
 MODES = ("train_eager", "train_graph", "fwd_eager", "fwd_graph")
 
 
-def parse_rows(spec: str) -> list[pb.Shape]:
-    """``evoformer:128x256`` (N_seq x N_res), ``pairformer:384``, ``diffusion:384x48``
-    (N_token x samples), comma-separated."""
-    out = []
-    for item in spec.split(","):
-        block, _, size = item.strip().partition(":")
-        if block == "evoformer":
-            n_seq, n = (int(v) for v in size.split("x"))
-            out.append(pb.Shape("evoformer", n, n_seq=n_seq))
-        elif block == "pairformer":
-            out.append(pb.Shape("pairformer", int(size)))
-        elif block == "diffusion":
-            n, samples = (int(v) for v in size.split("x"))
-            out.append(pb.Shape("diffusion", n, samples=samples))
-        else:
-            raise SystemExit(f"--blocks: unknown block {block!r} in {item!r}")
-    return out
-
-
 # ---------------------------------------------------------------------------------------------
 # Timing
-
-
-def _error(e: BaseException) -> str:
-    return f"{type(e).__name__}: {e}"[:600]
 
 
 def measure(case: pb.Case, device: torch.device, modes: tuple[str, ...], warmup: int,
@@ -103,7 +87,7 @@ def measure(case: pb.Case, device: torch.device, modes: tuple[str, ...], warmup:
         with torch.no_grad():
             grads = pb.output_grads(case.forward())
     except Exception as e:  # noqa: BLE001  (a peer's failure is a result, not a crash)
-        return {"error": f"forward failed: {_error(e)}"}
+        return {"error": f"forward failed: {error_text(e)}"}
     wrt = list(case.inputs) + case.params
 
     def train() -> tuple:
@@ -132,7 +116,7 @@ def measure(case: pb.Case, device: torch.device, modes: tuple[str, ...], warmup:
                     res["train_peak_mib"] = (torch.cuda.max_memory_allocated(device)
                                              - base) / 2**20
         except Exception as e:  # noqa: BLE001  (a peer's failure is a result, not a crash)
-            res["errors"][mode] = _error(e)
+            res["errors"][mode] = error_text(e)
         if device.type == "cuda":
             torch.cuda.synchronize(device)
             torch.cuda.empty_cache()
@@ -141,65 +125,8 @@ def measure(case: pb.Case, device: torch.device, modes: tuple[str, ...], warmup:
     return res
 
 
-REPLAY_TOLERANCE = 1e-2  # a graph that misses a kernel is off by O(1); same kernels: ~0
-
-
-def check_replay(case: pb.Case, device: torch.device, capture_fn=None) -> dict[str, Any]:
-    """``replay_diff``: the forward in eval mode (no dropout), replayed after new inputs, against
-    the same forward run eagerly (:func:`benchmarks.common.graphs.replay_difference`), and
-    ``replay_incomplete`` when they differ by more than :data:`REPLAY_TOLERANCE`: the graph
-    misses work (Protenix 2.0's fast LayerNorm launches its forward and input-gradient kernels
-    on the legacy default stream, outside any capture), so the contender's replay times leave
-    that work out. Nothing on CPU."""
-    training = case.module.training
-    case.module.eval()
-
-    def fwd() -> tuple:
-        with torch.no_grad():
-            return case.forward()
-    try:
-        diff = replay_difference(fwd, case.inputs, device, capture_fn)
-    except Exception as e:  # noqa: BLE001  (reported, as a mode's failure is)
-        return {"replay_diff": None, "replay_check_error": _error(e)}
-    finally:
-        case.module.train(training)
-    if diff is None:
-        return {}
-    return {"replay_diff": diff, "replay_incomplete": not diff <= REPLAY_TOLERANCE}
-
-
 # ---------------------------------------------------------------------------------------------
 # Contenders
-
-
-def contenders(names: list[str], shape: pb.Shape, kernel_settings: list[bool]):
-    """``(contender, kernels)`` pairs that have ``shape.block``; kernels None for fold and for a
-    peer block without a kernel flag."""
-    out = []
-    for name in names:
-        if name == "fold":
-            out.append(("fold", None))
-            continue
-        _, blocks, flags = pb.PEERS[name]
-        if shape.block not in blocks:
-            continue
-        offered = flags[shape.block]
-        if offered == (False,):
-            out.append((name, None))
-        else:
-            out.extend((name, k) for k in kernel_settings if k in offered)
-    return out
-
-
-def build(name: str, kernels: bool | None, shape: pb.Shape, sizes, x, device, args) -> pb.Case:
-    if name == "fold":
-        return pb.build_fold(shape, sizes, x, device, args.fold_precision, args.tiny)
-    if name == "protenix":
-        return pb.build_protenix(shape, sizes, x, device, args.peer_dtype, bool(kernels),
-                                 args.protenix_layernorm)
-    if name == "boltz":
-        return pb.build_boltz(shape, sizes, x, device, args.peer_dtype, bool(kernels))
-    return pb.build_openfold(shape, sizes, x, device, args.peer_dtype, bool(kernels))
 
 
 def run_one(name: str, kernels: bool | None, shape: pb.Shape, sizes, device,
@@ -210,17 +137,17 @@ def run_one(name: str, kernels: bool | None, shape: pb.Shape, sizes, device,
     try:
         row["version"] = "this tree" if name == "fold" else pb.peer_version(pb.PEERS[name][0])
     except Exception as e:  # noqa: BLE001
-        row["error"] = f"not installed: {_error(e)}"
+        row["error"] = f"not installed: {error_text(e)}"
         return row
     row["weights"] = args.fold_precision if name == "fold" else str(args.peer_dtype)
     try:
         case = build(name, kernels, shape, sizes, pb.base_inputs(shape, sizes, args.mask), device,
                       args)
     except ImportError as e:
-        row["error"] = f"not installed: {_error(e)}"
+        row["error"] = f"not installed: {error_text(e)}"
         return row
     except Exception as e:  # noqa: BLE001
-        row["error"] = f"build failed: {_error(e)}"
+        row["error"] = f"build failed: {error_text(e)}"
         return row
     row["note"] = case.note
     row["params"] = sum(p.numel() for p in case.params)  # same sizes, peers' own layouts
@@ -304,16 +231,6 @@ def markdown(meta: dict[str, Any], rows: list[dict[str, Any]], modes: tuple[str,
     return "\n".join(lines) + "\n"
 
 
-
-
-def peer_weights(choice: str, fold_precision: str) -> str:
-    """``--peer-weights``: ``match`` is like with like, the peers' streams in fold's dtype (bf16
-    for fold's ``bf16``, fp32 for its fp32 streams under autocast)."""
-    if choice != "match":
-        return choice
-    return "bf16" if fold_precision == "bf16" else "fp32"
-
-
 def _fold_setting(meta: dict[str, Any]) -> str:
     precision = meta.get("fold_precision", "bf16")
     if precision == "bf16" or meta.get("device", "cpu") == "cpu":
@@ -326,36 +243,6 @@ def save(out: Path, meta, rows, modes) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     doc = {"meta": meta, "rows": rows, "ratios": ratios(rows, modes)}
     write_result(out, doc, markdown(meta, rows, modes), indent=1)
-
-
-def _versions(names: list[str]) -> dict[str, str]:
-    out = {"python": platform.python_version(), "torch": torch.__version__,
-           "triton": triton_version() or "not installed"}
-    dists = {n: pb.PEERS[n][0] for n in names if n != "fold"}
-    if "protenix" in dists or "boltz" in dists:
-        dists |= {"cuequivariance-torch": "cuequivariance_torch",
-                  "cuequivariance-ops-torch-cu13": "cuequivariance_ops_torch_cu13",
-                  "trifast": "trifast"}
-    for label, dist in dists.items():
-        try:
-            out[label] = pb.peer_version(dist)
-        except Exception:  # noqa: BLE001
-            out[label] = "not installed"
-    return out
-
-
-def settle_precision(args: argparse.Namespace, device: torch.device) -> None:
-    """``args.fold_dtype``, ``args.peer_weights`` / ``args.peer_dtype`` and
-    ``args.protenix_layernorm`` from the command line's choices and the device (what
-    :func:`build` reads)."""
-    args.fold_dtype = (pb.FOLD_PRECISIONS[args.fold_precision][0] if device.type == "cuda"
-                       else torch.float32)
-    args.peer_weights = peer_weights(args.peer_weights, args.fold_precision)
-    args.peer_dtype = torch.float32 if (args.peer_weights == "fp32" or device.type != "cuda") \
-        else torch.bfloat16
-    if args.protenix_layernorm is None:  # peer_setup.sh sets it when the build fails
-        args.protenix_layernorm = os.environ.get("PEERS_PROTENIX_LAYERNORM") or (
-            "fast_layernorm" if device.type == "cuda" else "torch")
 
 
 def _key(r: dict[str, Any]) -> tuple:
@@ -418,7 +305,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     backends = ensure_kernels(device, needed=device.type == "cuda")
     meta = {"device": device_name(device),
             "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-            "versions": _versions(names), "fold_attention_backends": backends,
+            "versions": versions(names), "fold_attention_backends": backends,
             "fold_dtype": str(args.fold_dtype), "fold_precision": args.fold_precision,
             "peer_weights": str(args.peer_dtype),
             "protenix_layernorm": args.protenix_layernorm,

@@ -19,7 +19,7 @@ kernels are listed too, so that a peer's kernel put in the wrong group can be se
 A replay holds only what was launched on the capturing stream: Protenix 2.0's fast LayerNorm
 launches its forward, input-gradient and first parameter-gradient kernels on the legacy default
 stream, so they run once during capture and are absent from its replays (each replay is checked,
-:func:`benchmarks.model.peers.check_replay`). ``--eager`` profiles an eager step instead: every
+:func:`benchmarks.model.peer_runs.check_replay`). ``--eager`` profiles an eager step instead: every
 kernel, the host's gaps between them left out. On the CPU there are no graphs: one eager step's
 operators are grouped by self CPU time.
 """
@@ -37,12 +37,12 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from benchmarks.common import peer_blocks as pb
+from benchmarks.common import peer_runs
 from benchmarks.common.backends import ensure_kernels
 from benchmarks.common.blocks import MASKS
 from benchmarks.common.graphs import capture
 from benchmarks.common.machine import device_name
 from benchmarks.common.results import publish
-from benchmarks.model import peers
 
 # (group, pattern on the kernel's or operator's name): the first that matches names the group.
 # By kind of kernel, not by the block's parts: cuBLAS GEMMs serve every projection and fold's
@@ -102,7 +102,7 @@ def profile_case(case: pb.Case, device: torch.device, mode: str, warmup: int,
                  eager: bool = False) -> dict[str, Any]:
     """One contender's kernels and their groups for one ``mode`` step: a CUDA-graph replay, or
     (``eager``) the kernels of an eager step, which has every kernel however it is launched.
-    A replay comes with :func:`benchmarks.model.peers.check_replay`'s verdict."""
+    A replay comes with :func:`benchmarks.model.peer_runs.check_replay`'s verdict."""
     with torch.no_grad():
         grads = pb.output_grads(case.forward())
     wrt = list(case.inputs) + case.params
@@ -118,7 +118,7 @@ def profile_case(case: pb.Case, device: torch.device, mode: str, warmup: int,
     if eager or device.type != "cuda":
         return grouped(kernel_times(body, device, warmup))
     out = grouped(kernel_times(capture(body, device, max(warmup, 2))[0], device, warmup))
-    return out | peers.check_replay(case, device)
+    return out | peer_runs.check_replay(case, device)
 
 
 def grouped(kernels: list[dict[str, Any]]) -> dict[str, Any]:
@@ -220,23 +220,23 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     if unknown:
         raise SystemExit(f"--contenders: unknown {sorted(unknown)}")
     kernel_settings = [{"on": True, "off": False}[k.strip()] for k in args.kernels.split(",")]
-    peers.settle_precision(args, device)
+    peer_runs.settle_precision(args, device)
     backends = ensure_kernels(device, needed=device.type == "cuda")
     meta = {"device": device_name(device),
             "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-            "versions": peers._versions(names), "fold_attention_backends": backends,
+            "versions": peer_runs.versions(names), "fold_attention_backends": backends,
             "mode": args.mode, "eager": args.eager, "fold_precision": args.fold_precision,
             "peer_weights": str(args.peer_dtype), "mask": args.mask,
             "protenix_layernorm": args.protenix_layernorm, "groups": dict(GROUPS)}
     print(json.dumps(meta), flush=True)
     sizes = pb.fold_sizes(args.tiny)
     rows: list[dict[str, Any]] = []
-    for shape in peers.parse_rows(args.blocks):
-        for name, kernels in peers.contenders(names, shape, kernel_settings):
+    for shape in peer_runs.parse_rows(args.blocks):
+        for name, kernels in peer_runs.contenders(names, shape, kernel_settings):
             label = name if kernels is None else f"{name} (kernels {'on' if kernels else 'off'})"
             row: dict[str, Any] = {"shape": shape.label(), "contender": label}
             try:
-                case = peers.build(name, kernels, shape, sizes,
+                case = peer_runs.build(name, kernels, shape, sizes,
                                    pb.base_inputs(shape, sizes, args.mask), device, args)
                 row.update(profile_case(case, device, args.mode, args.warmup, args.eager))
                 del case

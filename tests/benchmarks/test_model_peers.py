@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from benchmarks.common import peer_blocks as pb
+from benchmarks.common import peer_runs
 from benchmarks.model import peers
 
 
@@ -65,12 +66,12 @@ def test_output_gradients_same_values_whatever_the_layout():
 
 
 def test_block_spec_parsing():
-    shapes = peers.parse_rows("evoformer:128x256,pairformer:384,diffusion:768x48")
+    shapes = peer_runs.parse_rows("evoformer:128x256,pairformer:384,diffusion:768x48")
     assert shapes == [peers.pb.Shape("evoformer", 256, n_seq=128),
                       peers.pb.Shape("pairformer", 384),
                       peers.pb.Shape("diffusion", 768, samples=48)]
     with pytest.raises(SystemExit):
-        peers.parse_rows("msa:12")
+        peer_runs.parse_rows("msa:12")
 
 
 def test_append_keeps_measured_rows(tmp_path):
@@ -115,10 +116,10 @@ def test_pin_cpu_pins_the_run_and_says_so(tmp_path):
 def test_peers_match_folds_precision_by_default():
     """Like with like: bf16 peers against fold's bf16 streams, fp32 peers against fold's fp32
     streams under autocast; an explicit choice is kept. The header says which."""
-    assert peers.peer_weights("match", "bf16") == "bf16"
-    assert peers.peer_weights("match", "mixed") == "fp32"
-    assert peers.peer_weights("match", "mixed-bf16-weights") == "fp32"
-    assert peers.peer_weights("fp32", "bf16") == "fp32"
+    assert peer_runs.peer_weights("match", "bf16") == "bf16"
+    assert peer_runs.peer_weights("match", "mixed") == "fp32"
+    assert peer_runs.peer_weights("match", "mixed-bf16-weights") == "fp32"
+    assert peer_runs.peer_weights("fp32", "bf16") == "fp32"
     meta = {"device": "NVIDIA H200", "fold_dtype": "torch.float32", "fold_precision": "mixed"}
     assert "inputs under bf16 autocast (mixed)" in peers._fold_setting(meta)
     assert peers._fold_setting({**meta, "device": "cpu"}) == "torch.float32 weights and inputs"
@@ -199,11 +200,11 @@ def test_replay_difference_finds_work_outside_the_graph_and_restores_inputs():
 def test_check_replay_flags_an_incomplete_graph_and_the_ratio_says_so():
     case = _linear_case()
     cpu = torch.device("cpu")
-    assert peers.check_replay(case, cpu) == {}
-    good = peers.check_replay(case, cpu, _captures(stale=False))
+    assert peer_runs.check_replay(case, cpu) == {}
+    good = peer_runs.check_replay(case, cpu, _captures(stale=False))
     assert good == {"replay_diff": 0.0, "replay_incomplete": False}
-    bad = peers.check_replay(case, cpu, _captures(stale=True))
-    assert bad["replay_incomplete"] and bad["replay_diff"] > peers.REPLAY_TOLERANCE
+    bad = peer_runs.check_replay(case, cpu, _captures(stale=True))
+    assert bad["replay_incomplete"] and bad["replay_diff"] > peer_runs.REPLAY_TOLERANCE
     assert case.module.training  # back in training mode (dropout on for the timed steps)
     rows = [{"block": "pairformer", "n": 13, "n_seq": 0, "samples": 0, "contender": "fold",
              "kernels": "-", "train_graph_ms": 1.0},

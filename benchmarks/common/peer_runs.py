@@ -1,0 +1,135 @@
+"""Running the peer comparisons' contenders: the rows a command line names, the contenders of a
+row, building each (:mod:`benchmarks.common.peer_blocks`) with the precision settled from the
+options, their versions, and the check that a contender's CUDA-graph replay holds all of its
+work. Shared by ``model.peers`` (timing) and ``tools.profile_peers`` (where the time goes)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+from typing import Any
+
+import torch
+
+from benchmarks.common import peer_blocks as pb
+from benchmarks.common.graphs import replay_difference
+from benchmarks.common.machine import triton_version
+
+
+def parse_rows(spec: str) -> list[pb.Shape]:
+    """``evoformer:128x256`` (N_seq x N_res), ``pairformer:384``, ``diffusion:384x48``
+    (N_token x samples), comma-separated."""
+    out = []
+    for item in spec.split(","):
+        block, _, size = item.strip().partition(":")
+        if block == "evoformer":
+            n_seq, n = (int(v) for v in size.split("x"))
+            out.append(pb.Shape("evoformer", n, n_seq=n_seq))
+        elif block == "pairformer":
+            out.append(pb.Shape("pairformer", int(size)))
+        elif block == "diffusion":
+            n, samples = (int(v) for v in size.split("x"))
+            out.append(pb.Shape("diffusion", n, samples=samples))
+        else:
+            raise SystemExit(f"--blocks: unknown block {block!r} in {item!r}")
+    return out
+
+
+def error_text(e: BaseException) -> str:
+    return f"{type(e).__name__}: {e}"[:600]
+
+
+REPLAY_TOLERANCE = 1e-2  # a graph that misses a kernel is off by O(1); same kernels: ~0
+
+
+def check_replay(case: pb.Case, device: torch.device, capture_fn=None) -> dict[str, Any]:
+    """``replay_diff``: the forward in eval mode (no dropout), replayed after new inputs, against
+    the same forward run eagerly (:func:`benchmarks.common.graphs.replay_difference`), and
+    ``replay_incomplete`` when they differ by more than :data:`REPLAY_TOLERANCE`: the graph
+    misses work (Protenix 2.0's fast LayerNorm launches its forward and input-gradient kernels
+    on the legacy default stream, outside any capture), so the contender's replay times leave
+    that work out. Nothing on CPU."""
+    training = case.module.training
+    case.module.eval()
+
+    def fwd() -> tuple:
+        with torch.no_grad():
+            return case.forward()
+    try:
+        diff = replay_difference(fwd, case.inputs, device, capture_fn)
+    except Exception as e:  # noqa: BLE001  (reported, as a mode's failure is)
+        return {"replay_diff": None, "replay_check_error": error_text(e)}
+    finally:
+        case.module.train(training)
+    if diff is None:
+        return {}
+    return {"replay_diff": diff, "replay_incomplete": not diff <= REPLAY_TOLERANCE}
+
+
+def contenders(names: list[str], shape: pb.Shape, kernel_settings: list[bool]):
+    """``(contender, kernels)`` pairs that have ``shape.block``; kernels None for fold and for a
+    peer block without a kernel flag."""
+    out = []
+    for name in names:
+        if name == "fold":
+            out.append(("fold", None))
+            continue
+        _, blocks, flags = pb.PEERS[name]
+        if shape.block not in blocks:
+            continue
+        offered = flags[shape.block]
+        if offered == (False,):
+            out.append((name, None))
+        else:
+            out.extend((name, k) for k in kernel_settings if k in offered)
+    return out
+
+
+def build(name: str, kernels: bool | None, shape: pb.Shape, sizes, x, device, args) -> pb.Case:
+    if name == "fold":
+        return pb.build_fold(shape, sizes, x, device, args.fold_precision, args.tiny)
+    if name == "protenix":
+        return pb.build_protenix(shape, sizes, x, device, args.peer_dtype, bool(kernels),
+                                 args.protenix_layernorm)
+    if name == "boltz":
+        return pb.build_boltz(shape, sizes, x, device, args.peer_dtype, bool(kernels))
+    return pb.build_openfold(shape, sizes, x, device, args.peer_dtype, bool(kernels))
+
+
+def peer_weights(choice: str, fold_precision: str) -> str:
+    """``--peer-weights``: ``match`` is like with like, the peers' streams in fold's dtype (bf16
+    for fold's ``bf16``, fp32 for its fp32 streams under autocast)."""
+    if choice != "match":
+        return choice
+    return "bf16" if fold_precision == "bf16" else "fp32"
+
+
+def versions(names: list[str]) -> dict[str, str]:
+    out = {"python": platform.python_version(), "torch": torch.__version__,
+           "triton": triton_version() or "not installed"}
+    dists = {n: pb.PEERS[n][0] for n in names if n != "fold"}
+    if "protenix" in dists or "boltz" in dists:
+        dists |= {"cuequivariance-torch": "cuequivariance_torch",
+                  "cuequivariance-ops-torch-cu13": "cuequivariance_ops_torch_cu13",
+                  "trifast": "trifast"}
+    for label, dist in dists.items():
+        try:
+            out[label] = pb.peer_version(dist)
+        except Exception:  # noqa: BLE001
+            out[label] = "not installed"
+    return out
+
+
+def settle_precision(args: argparse.Namespace, device: torch.device) -> None:
+    """``args.fold_dtype``, ``args.peer_weights`` / ``args.peer_dtype`` and
+    ``args.protenix_layernorm`` from the command line's choices and the device (what
+    :func:`build` reads)."""
+    args.fold_dtype = (pb.FOLD_PRECISIONS[args.fold_precision][0] if device.type == "cuda"
+                       else torch.float32)
+    args.peer_weights = peer_weights(args.peer_weights, args.fold_precision)
+    args.peer_dtype = torch.float32 if (args.peer_weights == "fp32" or device.type != "cuda") \
+        else torch.bfloat16
+    if args.protenix_layernorm is None:  # peer_setup.sh sets it when the build fails
+        args.protenix_layernorm = os.environ.get("PEERS_PROTENIX_LAYERNORM") or (
+            "fast_layernorm" if device.type == "cuda" else "torch")
