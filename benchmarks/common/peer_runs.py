@@ -37,6 +37,7 @@ def parse_rows(spec: str) -> list[pb.Shape]:
 
 
 def error_text(e: BaseException) -> str:
+    """An exception as a result row's text (a peer's failure is a result, not a crash)."""
     return f"{type(e).__name__}: {e}"[:600]
 
 
@@ -87,6 +88,8 @@ def contenders(names: list[str], shape: pb.Shape, kernel_settings: list[bool]):
 
 
 def build(name: str, kernels: bool | None, shape: pb.Shape, sizes, x, device, args) -> pb.Case:
+    """Contender ``name``'s block for ``shape`` on ``x`` (:func:`peer_blocks.base_inputs`), in
+    the precision :func:`settle_precision` put in ``args``, the peer's kernels on or off."""
     if name == "fold":
         return pb.build_fold(shape, sizes, x, device, args.fold_precision, args.tiny)
     if name == "protenix":
