@@ -109,6 +109,8 @@ def peer_weights(choice: str, fold_precision: str) -> str:
 
 
 def versions(names: list[str]) -> dict[str, str]:
+    """Python's, torch's and Triton's versions and those of the named peers (with the
+    kernel packages Protenix and Boltz run: cuEquivariance, trifast), "not installed" if absent."""
     out = {"python": platform.python_version(), "torch": torch.__version__,
            "triton": triton_version() or "not installed"}
     dists = {n: pb.PEERS[n][0] for n in names if n != "fold"}
