@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import torch
 
 from benchmarks.tools import profile_predict
 
@@ -56,3 +57,35 @@ def test_profile_predict_stacks_names_the_calling_source(tmp_path):
     assert any("fold_ops/reference.py" in line and "attention" in line for line in lines)
     assert any("fold_model/af3/embedders.py" in line for line in lines)
     assert sum(line.rstrip().endswith("?") for line in lines) < len(lines) / 2
+
+
+def test_a_profile_that_cannot_be_read_is_taken_again(monkeypatch):
+    """torch's Python tracer can leave undecodable frame names (a code object freed inside the
+    profiled run): the piece is replayed under a fresh profiler, and the error is raised only
+    when every try failed."""
+    calls = []
+
+    def replay():
+        calls.append(1)
+        torch.ones(3).add_(1)
+
+    table = profile_predict._kernel_table
+    failures = iter([True])
+
+    def flaky(prof, device):
+        if next(failures, False):
+            raise UnicodeDecodeError("utf-8", b"\xae", 0, 1, "invalid start byte")
+        return table(prof, device)
+
+    monkeypatch.setattr(profile_predict, "_kernel_table", flaky)
+    text = profile_predict.profile_piece(replay, {}, torch.device("cpu"), 5)
+    assert len(calls) == 2 and "aten::add_" in text
+
+    def broken(prof, device):
+        raise UnicodeDecodeError("utf-8", b"\xae", 0, 1, "invalid start byte")
+
+    monkeypatch.setattr(profile_predict, "_kernel_table", broken)
+    calls.clear()
+    with pytest.raises(UnicodeDecodeError):
+        profile_predict.profile_piece(replay, {}, torch.device("cpu"), 5)
+    assert len(calls) == profile_predict.PROFILE_TRIES
