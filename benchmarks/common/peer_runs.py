@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import os
 import platform
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -41,6 +42,25 @@ def error_text(e: BaseException) -> str:
     return f"{type(e).__name__}: {e}"[:600]
 
 
+def forward_step(case: pb.Case) -> Callable[[], tuple]:
+    """The contender's forward under ``no_grad`` (the forward modes, the replay check)."""
+    def fwd() -> tuple:
+        with torch.no_grad():
+            return case.forward()
+    return fwd
+
+
+def train_step(case: pb.Case) -> Callable[[], tuple]:
+    """Forward + backward from fixed output gradients (:func:`peer_blocks.output_grads`, sized
+    by one forward now: its failure is the caller's), to every input and parameter."""
+    grads = pb.output_grads(forward_step(case)())
+    wrt = list(case.inputs) + case.params
+
+    def train() -> tuple:
+        return torch.autograd.grad(case.forward(), wrt, grads, allow_unused=True)
+    return train
+
+
 REPLAY_TOLERANCE = 1e-2  # a graph that misses a kernel is off by O(1); same kernels: ~0
 
 
@@ -53,12 +73,8 @@ def check_replay(case: pb.Case, device: torch.device, capture_fn=None) -> dict[s
     that work out. Nothing on CPU."""
     training = case.module.training
     case.module.eval()
-
-    def fwd() -> tuple:
-        with torch.no_grad():
-            return case.forward()
     try:
-        diff = replay_difference(fwd, case.inputs, device, capture_fn)
+        diff = replay_difference(forward_step(case), case.inputs, device, capture_fn)
     except Exception as e:  # noqa: BLE001  (reported, as a mode's failure is)
         return {"replay_diff": None, "replay_check_error": error_text(e)}
     finally:

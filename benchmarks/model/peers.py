@@ -59,8 +59,10 @@ from benchmarks.common.peer_runs import (
     check_replay,
     contenders,
     error_text,
+    forward_step,
     parse_rows,
     settle_precision,
+    train_step,
     versions,
 )
 from benchmarks.common.results import write_result
@@ -84,19 +86,10 @@ def measure(case: pb.Case, device: torch.device, modes: tuple[str, ...], warmup:
     """``{mode}_ms`` for each mode that ran, ``errors[mode]`` for each that did not, and the
     activation peak of one eager training step (``train_peak_mib``, CUDA only)."""
     try:
-        with torch.no_grad():
-            grads = pb.output_grads(case.forward())
+        train = train_step(case)
     except Exception as e:  # noqa: BLE001  (a peer's failure is a result, not a crash)
         return {"error": f"forward failed: {error_text(e)}"}
-    wrt = list(case.inputs) + case.params
-
-    def train() -> tuple:
-        return torch.autograd.grad(case.forward(), wrt, grads, allow_unused=True)
-
-    def fwd() -> tuple:
-        with torch.no_grad():
-            return case.forward()
-
+    fwd = forward_step(case)
     res: dict[str, Any] = {"errors": {}}
     for mode in modes:
         body = train if mode.startswith("train") else fwd

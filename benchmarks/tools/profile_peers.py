@@ -102,19 +102,8 @@ def profile_case(case: pb.Case, device: torch.device, mode: str, warmup: int,
                  eager: bool = False) -> dict[str, Any]:
     """One contender's kernels and their groups for one ``mode`` step: a CUDA-graph replay, or
     (``eager``) the kernels of an eager step, which has every kernel however it is launched.
-    A replay comes with :func:`benchmarks.model.peer_runs.check_replay`'s verdict."""
-    with torch.no_grad():
-        grads = pb.output_grads(case.forward())
-    wrt = list(case.inputs) + case.params
-
-    def train() -> tuple:
-        return torch.autograd.grad(case.forward(), wrt, grads, allow_unused=True)
-
-    def fwd() -> tuple:
-        with torch.no_grad():
-            return case.forward()
-
-    body = train if mode == "train" else fwd
+    A replay comes with :func:`benchmarks.common.peer_runs.check_replay`'s verdict."""
+    body = peer_runs.train_step(case) if mode == "train" else peer_runs.forward_step(case)
     if eager or device.type != "cuda":
         return grouped(kernel_times(body, device, warmup))
     out = grouped(kernel_times(capture(body, device, max(warmup, 2))[0], device, warmup))
