@@ -123,6 +123,13 @@ def grouped(kernels: list[dict[str, Any]]) -> dict[str, Any]:
             "groups_ms": groups, "group_launches": launches, "kernels": kernels}
 
 
+def _group_time(row: dict[str, Any], group: str) -> tuple[float, int]:
+    """A contender's ms and launches in ``group`` ("total": the whole step)."""
+    if group == "total":
+        return row["total_ms"], row["launches"]
+    return row["groups_ms"][group], row["group_launches"][group]
+
+
 def markdown(meta: dict[str, Any], rows: list[dict[str, Any]], top: int) -> str:
     unit = ("self CPU ms of one eager step (no graphs on CPU)" if meta["device"] == "cpu" else
             "GPU kernel ms of one eager step (every kernel, without the host's gaps)"
@@ -146,15 +153,11 @@ def markdown(meta: dict[str, Any], rows: list[dict[str, Any]], top: int) -> str:
             fold = next((r for r in same if r["contender"].startswith("fold")), None)
             peer_rows = [r for r in same if r is not fold]
             for g in [g for g, _ in GROUPS] + ["total"]:
-                def ms(r, g=g):
-                    return r["total_ms"] if g == "total" else r["groups_ms"][g]
-
-                def n(r, g=g):
-                    return r["launches"] if g == "total" else r["group_launches"][g]
-                cells = [f"{ms(r):.3f} ({n(r)})" for r in same]
+                cells = ["{:.3f} ({})".format(*_group_time(r, g)) for r in same]
                 ratio = "-"
-                if fold is not None and peer_rows and ms(fold) > 0:
-                    ratio = f"{min(ms(r) for r in peer_rows) / ms(fold):.2f}x"
+                if fold is not None and peer_rows and _group_time(fold, g)[0] > 0:
+                    best = min(_group_time(r, g)[0] for r in peer_rows)
+                    ratio = f"{best / _group_time(fold, g)[0]:.2f}x"
                 lines.append(f"| {g} | " + " | ".join(cells) + f" | {ratio} |")
             lines.append("")
             for r in same:
