@@ -25,7 +25,7 @@
 #               kernels go to the legacy default stream, outside a capture) and OpenFold with
 #               its in-place softmax (likewise), then every contender's eager step profiled
 #               (tools.profile_peers --eager: every kernel, whatever its stream) for the time a
-#               replay leaves out
+#               replay leaves out: the Pairformer with Protenix, the Evoformer with OpenFold
 #   tests       fold-kernels' tests on the GPU (TESTS=test files or node ids to narrow
 #               them; default: the whole suite), no peers needed
 # Pinning: eager steps bound by host time moved by 1.3-1.8x between unpinned runs on the H200
@@ -97,7 +97,10 @@ case $GROUP in
     run evoformer 150 $P.model.peers --contenders fold,openfold --fold-precision mixed \
       --modes train_graph --blocks evoformer:128x256 --out "$OUT/evoformer_check.json"
     run profile 150 $P.tools.profile_peers --eager --contenders fold,protenix \
-      --blocks pairformer:256,pairformer:768 --top 40 --out "$OUT/profile_eager.json" ;;
+      --blocks pairformer:256,pairformer:768 --top 40 --out "$OUT/profile_eager.json"
+    run profile_evoformer 100 $P.tools.profile_peers --eager --contenders fold,openfold \
+      --fold-precision mixed --blocks evoformer:128x256 --top 30 \
+      --out "$OUT/profile_eager_evoformer.json" ;;
   *) echo "unknown group $GROUP: pairformer, eager, evoformer, masks, replays or tests"; exit 2 ;;
 esac
 cat "$OUT/summary.txt"

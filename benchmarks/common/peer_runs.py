@@ -65,23 +65,41 @@ REPLAY_TOLERANCE = 1e-2  # a graph that misses a kernel is off by O(1); same ker
 
 
 def check_replay(case: pb.Case, device: torch.device, capture_fn=None) -> dict[str, Any]:
-    """``replay_diff``: the forward in eval mode (no dropout), replayed after new inputs, against
-    the same forward run eagerly (:func:`benchmarks.common.graphs.replay_difference`), and
-    ``replay_incomplete`` when they differ by more than :data:`REPLAY_TOLERANCE`: the graph
-    misses work (Protenix 2.0's fast LayerNorm launches its forward and input-gradient kernels
-    on the legacy default stream, outside any capture), so the contender's replay times leave
-    that work out. Nothing on CPU."""
+    """Whether the contender's CUDA graphs hold all of their work, for both steps the graph
+    modes time: the forward (``no_grad``) and the training step (forward + backward from the
+    fixed output gradients), each in eval mode (no dropout), replayed after new inputs and
+    compared with the same step run eagerly
+    (:func:`benchmarks.common.graphs.replay_difference`). ``replay_diff`` is the larger of the
+    two (``replay_diff_steps`` has each), ``replay_incomplete`` whether it is above
+    :data:`REPLAY_TOLERANCE`: the graph misses work (Protenix 2.0's fast LayerNorm launches its
+    forward and input-gradient kernels on the legacy default stream, outside any capture), so
+    the contender's replay times leave that work out. The training step is checked too because
+    the forward alone can pass where the training step's graph misses kernels (Protenix's
+    Pairformer on an H200, 2026-12-01). Nothing on CPU."""
     training = case.module.training
     case.module.eval()
     try:
-        diff = replay_difference(forward_step(case), case.inputs, device, capture_fn)
+        steps = {"forward": forward_step(case), "train": train_step(case)}
+        diffs = {name: replay_difference(step, case.inputs, device, capture_fn)
+                 for name, step in steps.items()}
     except Exception as e:  # noqa: BLE001  (reported, as a mode's failure is)
         return {"replay_diff": None, "replay_check_error": error_text(e)}
     finally:
         case.module.train(training)
-    if diff is None:
+    if any(d is None for d in diffs.values()):
         return {}
-    return {"replay_diff": diff, "replay_incomplete": not diff <= REPLAY_TOLERANCE}
+    worst = max(diffs.values(), key=lambda d: d if d == d else float("inf"))
+    return {"replay_diff": worst, "replay_diff_steps": diffs,
+            "replay_incomplete": not worst <= REPLAY_TOLERANCE}
+
+
+def replay_verdict(row: dict[str, Any]) -> str:
+    """What a row's replay check found, for the tables: the steps whose replay is off."""
+    steps = row.get("replay_diff_steps") or {"forward": row.get("replay_diff")}
+    label = {"forward": "eval forward", "train": "eval training step"}
+    off = ", ".join(f"{label.get(k, k)} off by {v:.2g}" for k, v in steps.items()
+                    if v is not None and not v <= REPLAY_TOLERANCE)
+    return f"replay incomplete ({off} after new inputs): the graph misses work"
 
 
 def contenders(names: list[str], shape: pb.Shape, kernel_settings: list[bool]):

@@ -61,6 +61,7 @@ from benchmarks.common.peer_runs import (
     error_text,
     forward_step,
     parse_rows,
+    replay_verdict,
     settle_precision,
     train_step,
     versions,
@@ -207,8 +208,7 @@ def markdown(meta: dict[str, Any], rows: list[dict[str, Any]], modes: tuple[str,
         peak = f"{r['train_peak_mib']:.0f}" if r.get("train_peak_mib") is not None else "-"
         note = r.get("error") or r.get("note") or ""
         if r.get("replay_incomplete"):
-            note = (f"replay incomplete (eval forward off by {r['replay_diff']:.2g} after new "
-                    "inputs): the graph misses work, its times leave it out; " + note)
+            note = f"{replay_verdict(r)}, its times leave it out; " + note
         lines.append(f"| {_shape_label(r)} | {r['contender']} {r.get('version', '')} | "
                      f"{r['kernels']} | " + " | ".join(_cell(r, m) for m in modes)
                      + f" | {peak} | {r.get('params', '-')} | {note[:160]} |")

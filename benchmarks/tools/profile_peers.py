@@ -165,9 +165,8 @@ def markdown(meta: dict[str, Any], rows: list[dict[str, Any]], top: int) -> str:
                 lines += [f"- {k['ms']:.3f} ms x{k['count']} [{k['group']}] {k['name'][:100]}"
                           for k in r["kernels"][:top]]
                 lines.append("")
-        lines += [f"{r['contender']}: replay incomplete (eval forward off by "
-                  f"{r['replay_diff']:.2g} after new inputs): the graph misses work, and its "
-                  "kernels above leave it out." for r in same if r.get("replay_incomplete")]
+        lines += [f"{r['contender']}: {peer_runs.replay_verdict(r)}, and its kernels above "
+                  "leave it out." for r in same if r.get("replay_incomplete")]
         lines += [f"{r['contender']}: {r['error']}" for r in failed]
         if failed:
             lines.append("")

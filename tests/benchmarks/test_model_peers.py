@@ -154,15 +154,17 @@ def test_mask_option_recorded(tmp_path):
     assert "Token mask: padded." in out.with_suffix(".md").read_text()
 
 
-def _captures(stale: bool):
+def _captures(stale):
     """A stand-in for CUDA-graph capture on the CPU: the replay writes the body's outputs into
     the captured buffers, or (``stale``) leaves them as capture left them, as a graph does for
-    a kernel launched outside the capturing stream."""
+    a kernel launched outside the capturing stream. ``stale`` may be a test on the body's
+    outputs: stale for the bodies it holds for only."""
     def capture_fn(body, device):
         static = tuple(t.clone() for t in body())
+        missing = stale(static) if callable(stale) else stale
 
         def replay():
-            if not stale:
+            if not missing:
                 for s, t in zip(static, body()):
                     s.copy_(t)
         return replay, static
@@ -202,9 +204,17 @@ def test_check_replay_flags_an_incomplete_graph_and_the_ratio_says_so():
     cpu = torch.device("cpu")
     assert peer_runs.check_replay(case, cpu) == {}
     good = peer_runs.check_replay(case, cpu, _captures(stale=False))
-    assert good == {"replay_diff": 0.0, "replay_incomplete": False}
+    assert good == {"replay_diff": 0.0, "replay_diff_steps": {"forward": 0.0, "train": 0.0},
+                    "replay_incomplete": False}
     bad = peer_runs.check_replay(case, cpu, _captures(stale=True))
     assert bad["replay_incomplete"] and bad["replay_diff"] > peer_runs.REPLAY_TOLERANCE
+    # a graph whose forward is whole but whose backward misses work (the training step's
+    # outputs are the three gradients of x, W and b; the forward's are its two outputs)
+    backward = peer_runs.check_replay(case, cpu, _captures(stale=lambda outs: len(outs) == 3))
+    assert backward["replay_diff_steps"]["forward"] == 0.0
+    assert backward["replay_incomplete"] and backward["replay_diff_steps"]["train"] > 0.1
+    assert "eval training step off by" in peer_runs.replay_verdict(backward)
+    assert "eval forward" not in peer_runs.replay_verdict(backward)
     assert case.module.training  # back in training mode (dropout on for the timed steps)
     rows = [{"block": "pairformer", "n": 13, "n_seq": 0, "samples": 0, "contender": "fold",
              "kernels": "-", "train_graph_ms": 1.0},
