@@ -20,12 +20,14 @@
 #               takes the mask as its users would: no term, or a BlockMask), cuEquivariance and
 #               trifast for ATTN_GROUPS (default "msa"; "triangle" runs to N 1536), then the
 #               Pairformer at 256 / 512 tokens against Protenix + cuEquivariance
-#   replays     whether the peers' replays hold all their work (model.peers' replay check):
-#               Protenix with its default fast LayerNorm (its forward and input-gradient
-#               kernels go to the legacy default stream, outside a capture) and OpenFold with
-#               its in-place softmax (likewise), then every contender's eager step profiled
-#               (tools.profile_peers --eager: every kernel, whatever its stream) for the time a
-#               replay leaves out: the Pairformer with Protenix, the Evoformer with OpenFold
+#   replays     whether each contender's replays hold all its work (model.peers' replay check
+#               of the forward and the training step): the Pairformer at 256 / 768 tokens
+#               against Protenix with its default fast LayerNorm (its forward and input-gradient
+#               kernels go to the legacy default stream, outside a capture), the diffusion
+#               transformer against Protenix and Boltz
+#   kernel_sums every contender's eager step profiled (tools.profile_peers --eager: every
+#               kernel, whatever its stream, without the host's gaps): the kernel time a replay
+#               would take if it held all the work, for the rows whose replays do not
 #   tests       fold-kernels' tests on the GPU (TESTS=test files or node ids to narrow
 #               them; default: the whole suite), no peers needed
 # Pinning: eager steps bound by host time moved by 1.3-1.8x between unpinned runs on the H200
@@ -35,7 +37,7 @@
 # group's files (run.log, summary.txt, a JSON and a Markdown table per step) stay within the
 # 8 files the device tool returns.
 set -u
-GROUP=${1:?"usage: bash benchmarks/issue21_rows.sh pairformer|eager|evoformer|masks|replays|tests"}
+GROUP=${1:?"usage: bash benchmarks/issue21_rows.sh pairformer|eager|evoformer|masks|replays|kernel_sums|tests"}
 OUT=${OUT:-issue21_out}
 PIN=${PIN:-2}  # the CPU the eager rows are pinned to
 mkdir -p "$OUT"
@@ -91,16 +93,19 @@ case $GROUP in
       --modes train_graph,fwd_graph --blocks pairformer:256,pairformer:512 --mask "$M" \
       --out "$OUT/pairformer_$M.json" ;;
   replays)
-    run pairformer 150 $P.model.peers --contenders fold,protenix --kernels on \
+    # each check captures the forward and the training step in eval mode, whose kernels (no
+    # dropout) fold autotunes anew: 256 tokens alone took ~175 s with both contenders (H200)
+    run pairformer 300 $P.model.peers --contenders fold,protenix --kernels on \
       --modes train_graph --blocks pairformer:256,pairformer:768 --mask none \
       --out "$OUT/pairformer_check.json"
-    run evoformer 150 $P.model.peers --contenders fold,openfold --fold-precision mixed \
-      --modes train_graph --blocks evoformer:128x256 --out "$OUT/evoformer_check.json"
-    run profile 150 $P.tools.profile_peers --eager --contenders fold,protenix \
+    run diffusion 150 $P.model.peers --contenders fold,protenix,boltz --fold-precision mixed \
+      --modes train_graph --blocks diffusion:384x48 --out "$OUT/diffusion_check.json" ;;
+  kernel_sums)
+    run profile 200 $P.tools.profile_peers --eager --contenders fold,protenix \
       --blocks pairformer:256,pairformer:768 --top 40 --out "$OUT/profile_eager.json"
-    run profile_evoformer 100 $P.tools.profile_peers --eager --contenders fold,openfold \
-      --fold-precision mixed --blocks evoformer:128x256 --top 30 \
-      --out "$OUT/profile_eager_evoformer.json" ;;
-  *) echo "unknown group $GROUP: pairformer, eager, evoformer, masks, replays or tests"; exit 2 ;;
+    run profile_diffusion 200 $P.tools.profile_peers --eager --contenders fold,protenix,boltz \
+      --fold-precision mixed --blocks diffusion:384x48 --top 30 \
+      --out "$OUT/profile_eager_diffusion.json" ;;
+  *) echo "unknown group $GROUP: pairformer, eager, evoformer, masks, replays, kernel_sums or tests"; exit 2 ;;
 esac
 cat "$OUT/summary.txt"

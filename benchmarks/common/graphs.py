@@ -15,6 +15,7 @@ On CPU there is no graph: :func:`capture` returns the same body, run eagerly (sm
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable, Sequence
 
 import torch
@@ -118,3 +119,37 @@ def replay_difference(body: Callable[[], object], inputs: Sequence[torch.Tensor]
         if not diff <= worst:  # larger, or NaN (a NaN never passes)
             worst = diff if diff == diff else float("inf")
     return worst
+
+
+def kernel_counts(fn: Callable[[], object], device: torch.device) -> Counter[str]:
+    """The GPU activities (kernels, copies, sets) one call of ``fn`` runs, counted by name,
+    whatever their stream (``torch.profiler``'s CUDA activity)."""
+    from torch.profiler import ProfilerActivity, profile
+    torch.cuda.synchronize(device)
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize(device)
+    return Counter(e.name for e in prof.events() if e.device_type.name == "CUDA")
+
+
+def replay_census(body: Callable[[], object], device: torch.device, capture_fn=None,
+                  counts_fn=None) -> dict[str, int] | None:
+    """The kernels an eager call of ``body`` runs more often than a replay of its graph does,
+    ``{name: how many more}`` (empty: the graph holds every launch). A direct census: a kernel
+    launched outside the capturing stream is missing from the replay whatever its results
+    (a comparison of outputs can miss it: Protenix's Pairformer forward replay matched its
+    eager forward without the six LayerNorm forward launches, H200, 2026-12-01). A graph may
+    run more than the eager call (its own fills), never fewer. None on CPU, unless
+    ``capture_fn`` and ``counts_fn`` (``fn -> Counter``) stand in for :func:`capture` and
+    :func:`kernel_counts`."""
+    if capture_fn is None:
+        if device.type != "cuda":
+            return None
+        capture_fn = capture
+    if counts_fn is None:
+        def counts_fn(fn):
+            return kernel_counts(fn, device)
+    replay, _ = capture_fn(body, device)
+    eager, replayed = counts_fn(body), counts_fn(replay)
+    return {name: n - replayed.get(name, 0) for name, n in sorted(eager.items())
+            if n > replayed.get(name, 0)}

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from benchmarks.common import peer_blocks as pb
-from benchmarks.common.graphs import replay_difference
+from benchmarks.common.graphs import replay_census, replay_difference
 from benchmarks.common.machine import triton_version
 
 
@@ -64,42 +64,63 @@ def train_step(case: pb.Case) -> Callable[[], tuple]:
 REPLAY_TOLERANCE = 1e-2  # a graph that misses a kernel is off by O(1); same kernels: ~0
 
 
-def check_replay(case: pb.Case, device: torch.device, capture_fn=None) -> dict[str, Any]:
-    """Whether the contender's CUDA graphs hold all of their work, for both steps the graph
-    modes time: the forward (``no_grad``) and the training step (forward + backward from the
-    fixed output gradients), each in eval mode (no dropout), replayed after new inputs and
-    compared with the same step run eagerly
-    (:func:`benchmarks.common.graphs.replay_difference`). ``replay_diff`` is the larger of the
-    two (``replay_diff_steps`` has each), ``replay_incomplete`` whether it is above
-    :data:`REPLAY_TOLERANCE`: the graph misses work (Protenix 2.0's fast LayerNorm launches its
-    forward and input-gradient kernels on the legacy default stream, outside any capture), so
-    the contender's replay times leave that work out. The training step is checked too because
-    the forward alone can pass where the training step's graph misses kernels (Protenix's
-    Pairformer on an H200, 2026-12-01). Nothing on CPU."""
+def check_replay(case: pb.Case, device: torch.device, capture_fn=None,
+                 counts_fn=None) -> dict[str, Any]:
+    """Whether the contender's CUDA graphs hold all of their work, two ways:
+
+    - a census (:func:`benchmarks.common.graphs.replay_census`): the kernels an eager training
+      step (forward + backward from the fixed output gradients) runs that its replay does not,
+      ``replay_missing_kernels`` (``{name: launches}``);
+    - a comparison of results (:func:`benchmarks.common.graphs.replay_difference`) for both
+      steps the graph modes time, the forward (``no_grad``) and the training step, replayed
+      after new inputs against the same step run eagerly: ``replay_diff`` is the larger of the
+      two (``replay_diff_steps`` has each).
+
+    Each step runs in eval mode (no dropout). ``replay_incomplete``: a kernel is missing or a
+    difference is above :data:`REPLAY_TOLERANCE`; the contender's replay times then leave work
+    out (Protenix 2.0's fast LayerNorm launches its forward and input-gradient kernels on the
+    legacy default stream, outside any capture). Both ways, because the comparison alone can
+    pass where launches are missing: Protenix's Pairformer forward replay matched its eager
+    forward without its six LayerNorm forward launches (H200, 2026-12-01). Nothing on CPU."""
     training = case.module.training
     case.module.eval()
     try:
         steps = {"forward": forward_step(case), "train": train_step(case)}
         diffs = {name: replay_difference(step, case.inputs, device, capture_fn)
                  for name, step in steps.items()}
+        missing = replay_census(steps["train"], device, capture_fn, counts_fn)
     except Exception as e:  # noqa: BLE001  (reported, as a mode's failure is)
         return {"replay_diff": None, "replay_check_error": error_text(e)}
     finally:
         case.module.train(training)
-    if any(d is None for d in diffs.values()):
+    if missing is None or any(d is None for d in diffs.values()):
         return {}
     worst = max(diffs.values(), key=lambda d: d if d == d else float("inf"))
     return {"replay_diff": worst, "replay_diff_steps": diffs,
-            "replay_incomplete": not worst <= REPLAY_TOLERANCE}
+            "replay_missing_kernels": missing,
+            "replay_incomplete": bool(missing) or not worst <= REPLAY_TOLERANCE}
 
 
 def replay_verdict(row: dict[str, Any]) -> str:
-    """What a row's replay check found, for the tables: the steps whose replay is off."""
+    """What a row's replay check found, for the tables: the kernels its replay misses and the
+    steps whose replayed results are off."""
     steps = row.get("replay_diff_steps") or {"forward": row.get("replay_diff")}
     label = {"forward": "eval forward", "train": "eval training step"}
-    off = ", ".join(f"{label.get(k, k)} off by {v:.2g}" for k, v in steps.items()
-                    if v is not None and not v <= REPLAY_TOLERANCE)
-    return f"replay incomplete ({off} after new inputs): the graph misses work"
+    found = [f"{label.get(k, k)} off by {v:.2g} after new inputs" for k, v in steps.items()
+             if v is not None and not v <= REPLAY_TOLERANCE]
+    missing = row.get("replay_missing_kernels") or {}
+    if missing:
+        names = sorted(missing, key=lambda k: -missing[k])
+        found.insert(0, f"{sum(missing.values())} launches not in it, of "
+                     + ", ".join(f"{_short(k)} x{missing[k]}" for k in names[:3])
+                     + (", ..." if len(names) > 3 else ""))
+    return f"replay incomplete ({'; '.join(found)}): the graph misses work"
+
+
+def _short(kernel: str) -> str:
+    """A kernel's name without its template and parameter lists (``void f<T>(int)`` -> ``f``)."""
+    name = kernel.split("(")[0].split("<")[0].strip()
+    return name.split()[-1] if name else kernel[:40]
 
 
 def contenders(names: list[str], shape: pb.Shape, kernel_settings: list[bool]):

@@ -19,7 +19,7 @@ kernels are listed too, so that a peer's kernel put in the wrong group can be se
 A replay holds only what was launched on the capturing stream: Protenix 2.0's fast LayerNorm
 launches its forward, input-gradient and first parameter-gradient kernels on the legacy default
 stream, so they run once during capture and are absent from its replays (each replay is checked,
-:func:`benchmarks.model.peer_runs.check_replay`). ``--eager`` profiles an eager step instead: every
+:func:`benchmarks.common.peer_runs.check_replay`). ``--eager`` profiles an eager step instead: every
 kernel, the host's gaps between them left out. On the CPU there are no graphs: one eager step's
 operators are grouped by self CPU time.
 """

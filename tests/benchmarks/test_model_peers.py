@@ -167,8 +167,24 @@ def _captures(stale):
             if not missing:
                 for s, t in zip(static, body()):
                     s.copy_(t)
+        replay.missing = missing  # marks a replay for _counts
         return replay, static
     return capture_fn
+
+
+def _counts(lost: dict[str, int]):
+    """A stand-in for the profiler's kernel census: an eager call runs six LayerNorm and three
+    GEMM launches; a replay (a function from :func:`_captures`) runs ``lost`` fewer, and one
+    fill of its own."""
+    from collections import Counter
+
+    def counts_fn(fn):
+        eager = Counter({"void LayerNormForwardV2<c10::BFloat16, float4>(float*, int)": 6,
+                         "nvjet_sm90_tst_128x256": 3})
+        if not hasattr(fn, "missing"):
+            return eager
+        return eager - Counter(lost) + Counter({"fill": 1})
+    return counts_fn
 
 
 def _linear_case():
@@ -203,18 +219,27 @@ def test_check_replay_flags_an_incomplete_graph_and_the_ratio_says_so():
     case = _linear_case()
     cpu = torch.device("cpu")
     assert peer_runs.check_replay(case, cpu) == {}
-    good = peer_runs.check_replay(case, cpu, _captures(stale=False))
+    whole = _counts({})
+    good = peer_runs.check_replay(case, cpu, _captures(stale=False), whole)
     assert good == {"replay_diff": 0.0, "replay_diff_steps": {"forward": 0.0, "train": 0.0},
-                    "replay_incomplete": False}
-    bad = peer_runs.check_replay(case, cpu, _captures(stale=True))
+                    "replay_missing_kernels": {}, "replay_incomplete": False}
+    bad = peer_runs.check_replay(case, cpu, _captures(stale=True), whole)
     assert bad["replay_incomplete"] and bad["replay_diff"] > peer_runs.REPLAY_TOLERANCE
     # a graph whose forward is whole but whose backward misses work (the training step's
     # outputs are the three gradients of x, W and b; the forward's are its two outputs)
-    backward = peer_runs.check_replay(case, cpu, _captures(stale=lambda outs: len(outs) == 3))
+    backward = peer_runs.check_replay(case, cpu, _captures(stale=lambda outs: len(outs) == 3),
+                                      whole)
     assert backward["replay_diff_steps"]["forward"] == 0.0
     assert backward["replay_incomplete"] and backward["replay_diff_steps"]["train"] > 0.1
     assert "eval training step off by" in peer_runs.replay_verdict(backward)
     assert "eval forward" not in peer_runs.replay_verdict(backward)
+    # results that match while launches are missing (Protenix's forward replay on the H200):
+    # the census flags it; the graph's own fill is no missing work
+    ln = "void LayerNormForwardV2<c10::BFloat16, float4>(float*, int)"
+    census = peer_runs.check_replay(case, cpu, _captures(stale=False), _counts({ln: 6}))
+    assert census["replay_diff"] == 0.0
+    assert census["replay_missing_kernels"] == {ln: 6} and census["replay_incomplete"]
+    assert "6 launches not in it, of LayerNormForwardV2 x6" in peer_runs.replay_verdict(census)
     assert case.module.training  # back in training mode (dropout on for the timed steps)
     rows = [{"block": "pairformer", "n": 13, "n_seq": 0, "samples": 0, "contender": "fold",
              "kernels": "-", "train_graph_ms": 1.0},
