@@ -101,9 +101,10 @@ case $GROUP in
     run diffusion 150 $P.model.peers --contenders fold,protenix,boltz --fold-precision mixed \
       --modes train_graph --blocks diffusion:384x48 --out "$OUT/diffusion_check.json" ;;
   kernel_sums)
-    run profile 200 $P.tools.profile_peers --eager --contenders fold,protenix \
-      --blocks pairformer:256,pairformer:768 --top 40 --out "$OUT/profile_eager.json"
-    run profile_diffusion 200 $P.tools.profile_peers --eager --contenders fold,protenix,boltz \
+    run profile 260 $P.tools.profile_peers --eager --contenders fold,protenix --top 40 \
+      --blocks pairformer:256,pairformer:384,pairformer:512,pairformer:768 \
+      --out "$OUT/profile_eager.json"
+    run profile_diffusion 150 $P.tools.profile_peers --eager --contenders fold,protenix,boltz \
       --fold-precision mixed --blocks diffusion:384x48 --top 30 \
       --out "$OUT/profile_eager_diffusion.json" ;;
   *) echo "unknown group $GROUP: pairformer, eager, evoformer, masks, replays, kernel_sums or tests"; exit 2 ;;

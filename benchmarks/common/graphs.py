@@ -129,7 +129,16 @@ def kernel_counts(fn: Callable[[], object], device: torch.device) -> Counter[str
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         fn()
         torch.cuda.synchronize(device)
-    return Counter(e.name for e in prof.events() if e.device_type.name == "CUDA")
+    return Counter(activity_name(e.name) for e in prof.events() if e.device_type.name == "CUDA")
+
+
+def activity_name(name: str) -> str:
+    """A GPU activity's name as an eager call and a replay both report it: the profiler names a
+    memset ``Memset (Device)`` in an eager call and ``Memset (Unknown)`` in a replay (H200,
+    2026-12-01), so copies and sets lose the memory kind in parentheses; kernels keep theirs."""
+    if name.startswith(("Memset", "Memcpy")):
+        return name.split(" (")[0]
+    return name
 
 
 def replay_census(body: Callable[[], object], device: torch.device, capture_fn=None,

@@ -248,3 +248,14 @@ def test_check_replay_flags_an_incomplete_graph_and_the_ratio_says_so():
     graph, eager = peers.ratios(rows, ("train_graph", "train_eager"))
     assert graph["best_peer"] == "protenix (kernels on), replay incomplete"
     assert eager["best_peer"] == "protenix (kernels on)"
+
+
+def test_activity_names_match_between_eager_calls_and_replays():
+    from benchmarks.common.graphs import activity_name
+
+    # the profiler's names for the same memset, eager and in a replay (H200)
+    assert activity_name("Memset (Device)") == activity_name("Memset (Unknown)") == "Memset"
+    assert activity_name("Memcpy DtoD (Device -> Device)") == "Memcpy DtoD"
+    kernel = "void at::native::vectorized_elementwise_kernel<4, FillFunctor<float>>(int)"
+    assert activity_name(kernel) == kernel
+
