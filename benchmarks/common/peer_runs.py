@@ -6,6 +6,7 @@ work. Shared by ``model.peers`` (timing) and ``tools.profile_peers`` (where the 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import platform
 from collections.abc import Callable
@@ -85,10 +86,11 @@ def check_replay(case: pb.Case, device: torch.device, capture_fn=None,
     training = case.module.training
     case.module.eval()
     try:
-        steps = {"forward": forward_step(case), "train": train_step(case)}
-        diffs = {name: replay_difference(step, case.inputs, device, capture_fn)
-                 for name, step in steps.items()}
-        missing = replay_census(steps["train"], device, capture_fn, counts_fn)
+        with _untuned():
+            steps = {"forward": forward_step(case), "train": train_step(case)}
+            diffs = {name: replay_difference(step, case.inputs, device, capture_fn)
+                     for name, step in steps.items()}
+            missing = replay_census(steps["train"], device, capture_fn, counts_fn)
     except Exception as e:  # noqa: BLE001  (reported, as a mode's failure is)
         return {"replay_diff": None, "replay_check_error": error_text(e)}
     finally:
@@ -99,6 +101,25 @@ def check_replay(case: pb.Case, device: torch.device, capture_fn=None,
     return {"replay_diff": worst, "replay_diff_steps": diffs,
             "replay_missing_kernels": missing,
             "replay_incomplete": bool(missing) or not worst <= REPLAY_TOLERANCE}
+
+
+@contextlib.contextmanager
+def _untuned():
+    """fold-kernels' autotuning off (``FOLD_KERNELS_AUTOTUNE=0``: each kernel's default
+    configuration, nothing cached) while the check runs: its eval-mode steps (no dropout) launch
+    kernel variants the timed steps did not, which would be tuned first (with the training step
+    checked, the check of one Pairformer row at 256 tokens took about 110 s more on the H200,
+    most of it likely that tuning). Which configuration runs does not matter to the check: the
+    replay and the eager step it is compared with use the same one."""
+    before = os.environ.get("FOLD_KERNELS_AUTOTUNE")
+    os.environ["FOLD_KERNELS_AUTOTUNE"] = "0"
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ["FOLD_KERNELS_AUTOTUNE"]
+        else:
+            os.environ["FOLD_KERNELS_AUTOTUNE"] = before
 
 
 def replay_verdict(row: dict[str, Any]) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 
 import pytest
 import torch
@@ -258,4 +259,21 @@ def test_activity_names_match_between_eager_calls_and_replays():
     assert activity_name("Memcpy DtoD (Device -> Device)") == "Memcpy DtoD"
     kernel = "void at::native::vectorized_elementwise_kernel<4, FillFunctor<float>>(int)"
     assert activity_name(kernel) == kernel
+
+
+def test_check_replay_runs_untuned_and_puts_the_setting_back(monkeypatch):
+    case = _linear_case()
+    seen = []
+
+    def capture_fn(body, device):
+        seen.append(os.environ.get("FOLD_KERNELS_AUTOTUNE"))
+        return _captures(stale=False)(body, device)
+    for before in ("1", None):
+        if before is None:
+            monkeypatch.delenv("FOLD_KERNELS_AUTOTUNE", raising=False)
+        else:
+            monkeypatch.setenv("FOLD_KERNELS_AUTOTUNE", before)
+        peer_runs.check_replay(case, torch.device("cpu"), capture_fn, _counts({}))
+        assert os.environ.get("FOLD_KERNELS_AUTOTUNE") == before
+    assert seen and set(seen) == {"0"}  # every capture of the check ran untuned
 
