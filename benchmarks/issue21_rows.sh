@@ -25,9 +25,10 @@
 #               against Protenix with its default fast LayerNorm (its forward and input-gradient
 #               kernels go to the legacy default stream, outside a capture), the diffusion
 #               transformer against Protenix and Boltz
-#   kernel_sums every contender's eager step profiled (tools.profile_peers --eager: every
-#               kernel, whatever its stream, without the host's gaps): the kernel time a replay
-#               would take if it held all the work, for the rows whose replays do not
+#   kernel_sums the summed kernel time of each contender's eager step (model.peers' train_kernels
+#               mode: every kernel, whatever its stream, without the host's gaps) beside its
+#               replay: what a replay holding all the work would take, for the rows whose
+#               replays do not (the Pairformer at 256-768 tokens, the diffusion transformer)
 #   tests       fold-kernels' tests on the GPU (TESTS=test files or node ids to narrow
 #               them; default: the whole suite), no peers needed
 # Pinning: eager steps bound by host time moved by 1.3-1.8x between unpinned runs on the H200
@@ -101,12 +102,13 @@ case $GROUP in
     run diffusion 150 $P.model.peers --contenders fold,protenix,boltz --fold-precision mixed \
       --modes train_graph --blocks diffusion:384x48 --out "$OUT/diffusion_check.json" ;;
   kernel_sums)
-    run profile 260 $P.tools.profile_peers --eager --contenders fold,protenix --top 40 \
+    run pairformer 320 $P.model.peers --contenders fold,protenix --kernels on \
+      --modes train_kernels,train_graph --mask none \
       --blocks pairformer:256,pairformer:384,pairformer:512,pairformer:768 \
-      --out "$OUT/profile_eager.json"
-    run profile_diffusion 150 $P.tools.profile_peers --eager --contenders fold,protenix,boltz \
-      --fold-precision mixed --blocks diffusion:384x48 --top 30 \
-      --out "$OUT/profile_eager_diffusion.json" ;;
+      --out "$OUT/pairformer_kernels.json"
+    run diffusion 160 $P.model.peers --contenders fold,protenix,boltz --fold-precision mixed \
+      --modes train_kernels,train_graph --blocks diffusion:384x48 \
+      --out "$OUT/diffusion_kernels.json" ;;
   *) echo "unknown group $GROUP: pairformer, eager, evoformer, masks, replays, kernel_sums or tests"; exit 2 ;;
 esac
 cat "$OUT/summary.txt"

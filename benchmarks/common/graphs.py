@@ -15,10 +15,11 @@ On CPU there is no graph: :func:`capture` returns the same body, run eagerly (sm
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Callable, Sequence
 
 import torch
+
+from benchmarks.common.kernel_time import kernel_counts
 
 
 def grad_body(loss_fn: Callable[[], torch.Tensor],
@@ -121,26 +122,6 @@ def replay_difference(body: Callable[[], object], inputs: Sequence[torch.Tensor]
     return worst
 
 
-def kernel_counts(fn: Callable[[], object], device: torch.device) -> Counter[str]:
-    """The GPU activities (kernels, copies, sets) one call of ``fn`` runs, counted by name,
-    whatever their stream (``torch.profiler``'s CUDA activity)."""
-    from torch.profiler import ProfilerActivity, profile
-    torch.cuda.synchronize(device)
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        fn()
-        torch.cuda.synchronize(device)
-    return Counter(activity_name(e.name) for e in prof.events() if e.device_type.name == "CUDA")
-
-
-def activity_name(name: str) -> str:
-    """A GPU activity's name as an eager call and a replay both report it: the profiler names a
-    memset ``Memset (Device)`` in an eager call and ``Memset (Unknown)`` in a replay (H200,
-    2026-12-01), so copies and sets lose the memory kind in parentheses; kernels keep theirs."""
-    if name.startswith(("Memset", "Memcpy")):
-        return name.split(" (")[0]
-    return name
-
-
 def replay_census(body: Callable[[], object], device: torch.device, capture_fn=None,
                   counts_fn=None) -> dict[str, int] | None:
     """The kernels an eager call of ``body`` runs more often than a replay of its graph does,
@@ -150,7 +131,7 @@ def replay_census(body: Callable[[], object], device: torch.device, capture_fn=N
     eager forward without the six LayerNorm forward launches, H200, 2026-12-01). A graph may
     run more than the eager call (its own fills), never fewer. None on CPU, unless
     ``capture_fn`` and ``counts_fn`` (``fn -> Counter``) stand in for :func:`capture` and
-    :func:`kernel_counts`."""
+    :func:`benchmarks.common.kernel_time.kernel_counts`."""
     if capture_fn is None:
         if device.type != "cuda":
             return None

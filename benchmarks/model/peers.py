@@ -48,6 +48,7 @@ from benchmarks.common import peer_blocks as pb
 from benchmarks.common.backends import ensure_kernels
 from benchmarks.common.blocks import MASKS
 from benchmarks.common.graphs import capture
+from benchmarks.common.kernel_time import kernel_ms
 from benchmarks.common.machine import (
     add_pin_argument,
     device_name,
@@ -75,7 +76,12 @@ ROWS = [pb.Shape("evoformer", 256, n_seq=128), pb.Shape("evoformer", 384, n_seq=
         pb.Shape("diffusion", 768, samples=48)]
 TINY_ROWS = [pb.Shape("evoformer", 9, n_seq=4), pb.Shape("pairformer", 13),
              pb.Shape("diffusion", 13, samples=3)]
-MODES = ("train_eager", "train_graph", "fwd_eager", "fwd_graph")
+MODES = ("train_eager", "train_graph", "fwd_eager", "fwd_graph")  # the default set
+# The summed kernel time of an eager step (every stream, no host gaps; median of KERNEL_REPS
+# steps): what a replay holding all the work would take, for contenders whose replays do not
+# (Protenix 2.0's fast LayerNorm). On request only: each step is profiled.
+KERNEL_MODES = ("train_kernels", "fwd_kernels")
+KERNEL_REPS = 5
 
 
 # ---------------------------------------------------------------------------------------------
@@ -99,6 +105,8 @@ def measure(case: pb.Case, device: torch.device, modes: tuple[str, ...], warmup:
                 replay = capture(body, device, max(warmup, 2))[0]
                 res[f"{mode}_ms"] = median_ms(replay, device, reps, warmup)
                 del replay
+            elif mode.endswith("kernels"):
+                res[f"{mode}_ms"] = kernel_ms(body, device, min(reps, KERNEL_REPS), warmup)
             else:
                 res[f"{mode}_ms"] = median_ms(body, device, reps, warmup)
                 if mode == "train_eager" and device.type == "cuda":
@@ -198,6 +206,9 @@ def markdown(meta: dict[str, Any], rows: list[dict[str, Any]], modes: tuple[str,
              "inputs under bf16 autocast (CUDA). Median ms of "
              f"{meta['reps']} after {meta['warmup']} warm-up; backward from fixed random output "
              f"gradients. Token mask: {meta.get('mask', 'holes')}. "
+             + ("'kernels' modes: the summed kernel time of an eager step (profiler, every "
+                f"stream), median of {min(meta['reps'], KERNEL_REPS)}. "
+                if set(modes) & set(KERNEL_MODES) else "")
              + pin_note(meta.get("cpus_pinned")),
              "",
              "| row | contender | kernels | " + " | ".join(m.replace("_", " ") + " ms"
@@ -252,7 +263,8 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     ap.add_argument("--contenders", default=None,
                     help="fold, protenix, boltz, openfold (default: all; with --tiny: fold)")
     ap.add_argument("--kernels", default="on,off", help="peer kernel flags to run: on, off or both")
-    ap.add_argument("--modes", default=",".join(MODES), help=f"subset of {','.join(MODES)}")
+    ap.add_argument("--modes", default=",".join(MODES),
+                    help=f"subset of {','.join(MODES + KERNEL_MODES)} (default: the first four)")
     ap.add_argument("--mask", choices=MASKS, default="holes",
                     help="the token mask's pattern (benchmarks.common.blocks.pattern_mask)")
     ap.add_argument("--warmup", type=int, default=3)
@@ -289,8 +301,8 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     if unknown:
         raise SystemExit(f"--contenders: unknown {sorted(unknown)}")
     args.modes = tuple(m.strip() for m in args.modes.split(","))
-    if set(args.modes) - set(MODES):
-        raise SystemExit(f"--modes: choose from {MODES}")
+    if set(args.modes) - set(MODES + KERNEL_MODES):
+        raise SystemExit(f"--modes: choose from {MODES + KERNEL_MODES}")
     kernel_settings = [{"on": True, "off": False}[k.strip()] for k in args.kernels.split(",")]
     settle_precision(args, device)
     shapes = parse_rows(args.blocks) if args.blocks else (TINY_ROWS if args.tiny else ROWS)

@@ -34,13 +34,13 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch.profiler import ProfilerActivity, profile
 
 from benchmarks.common import peer_blocks as pb
 from benchmarks.common import peer_runs
 from benchmarks.common.backends import ensure_kernels
 from benchmarks.common.blocks import MASKS
 from benchmarks.common.graphs import capture
+from benchmarks.common.kernel_time import kernel_times
 from benchmarks.common.machine import device_name
 from benchmarks.common.results import publish
 
@@ -70,32 +70,6 @@ def group_of(name: str) -> str:
         if re.search(pattern, name):
             return group
     return "other"  # (unreachable: "other" matches everything)
-
-
-def kernel_times(step, device: torch.device, warmup: int) -> list[dict[str, Any]]:
-    """``[{name, count, ms}]`` of one call of ``step``: its GPU kernels (CUDA), or its
-    operators by self CPU time (CPU)."""
-    for _ in range(warmup):
-        step()
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    activities = [ProfilerActivity.CUDA] if device.type == "cuda" else [ProfilerActivity.CPU]
-    with profile(activities=activities) as prof:
-        step()
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-    out = []
-    for e in prof.key_averages():
-        if device.type == "cuda":
-            if e.device_type.name != "CUDA" or e.self_device_time_total <= 0:
-                continue
-            ms = e.self_device_time_total / 1e3
-        else:
-            if e.self_cpu_time_total <= 0:
-                continue
-            ms = e.self_cpu_time_total / 1e3
-        out.append({"name": e.key, "count": e.count, "ms": ms})
-    return sorted(out, key=lambda k: -k["ms"])
 
 
 def profile_case(case: pb.Case, device: torch.device, mode: str, warmup: int,

@@ -252,7 +252,7 @@ def test_check_replay_flags_an_incomplete_graph_and_the_ratio_says_so():
 
 
 def test_activity_names_match_between_eager_calls_and_replays():
-    from benchmarks.common.graphs import activity_name
+    from benchmarks.common.kernel_time import activity_name
 
     # the profiler's names for the same memset, eager and in a replay (H200)
     assert activity_name("Memset (Device)") == activity_name("Memset (Unknown)") == "Memset"
@@ -277,3 +277,31 @@ def test_check_replay_runs_untuned_and_puts_the_setting_back(monkeypatch):
         assert os.environ.get("FOLD_KERNELS_AUTOTUNE") == before
     assert seen and set(seen) == {"0"}  # every capture of the check ran untuned
 
+
+
+def test_kernel_modes_sum_an_eager_steps_kernels(tmp_path):
+    out = tmp_path / "kernels.json"
+    rows = peers.main(["--device", "cpu", "--tiny", "--reps", "3", "--warmup", "0",
+                       "--blocks", "pairformer:13", "--modes", "train_kernels,fwd_kernels",
+                       "--out", str(out)])
+    (fold,) = rows
+    assert not fold["errors"]
+    # a training step runs the forward and more
+    assert 0 < fold["fwd_kernels_ms"] < fold["train_kernels_ms"]
+    assert "'kernels' modes: the summed kernel time" in out.with_suffix(".md").read_text()
+    with pytest.raises(SystemExit, match="--modes"):
+        peers.main(["--device", "cpu", "--tiny", "--modes", "train_kernel"])
+
+
+def test_kernel_times_merge_and_sum():
+    from benchmarks.common.kernel_time import kernel_counts, kernel_ms, kernel_times
+
+    cpu = torch.device("cpu")
+    a = torch.randn(64, 64)
+
+    def step():
+        return (a @ a) @ a + 1.0
+    times = kernel_times(step, cpu)
+    assert times == sorted(times, key=lambda k: -k["ms"]) and all(k["ms"] > 0 for k in times)
+    assert kernel_counts(step, cpu)["aten::mm"] == 2
+    assert kernel_ms(step, cpu, reps=3) > 0
