@@ -77,16 +77,18 @@ def check_replay(case: pb.Case, device: torch.device, capture_fn=None,
       after new inputs against the same step run eagerly: ``replay_diff`` is the larger of the
       two (``replay_diff_steps`` has each).
 
-    Each step runs in eval mode (no dropout). ``replay_incomplete``: a kernel is missing or a
+    Each step runs in eval mode (no dropout), with every parameter given random values for the
+    check's duration (:func:`_randomised`). ``replay_incomplete``: a kernel is missing or a
     difference is above :data:`REPLAY_TOLERANCE`; the contender's replay times then leave work
     out (Protenix 2.0's fast LayerNorm launches its forward and input-gradient kernels on the
-    legacy default stream, outside any capture). Both ways, because the comparison alone can
-    pass where launches are missing: Protenix's Pairformer forward replay matched its eager
-    forward without its six LayerNorm forward launches (H200, 2026-12-01). Nothing on CPU."""
+    legacy default stream, outside any capture). Both ways, because a comparison can pass
+    where launches are missing: with the blocks' zero-initialised output layers, Protenix's
+    Pairformer forward replay matched its eager forward without its six LayerNorm forward
+    launches (H200, 2026-12-01). Nothing on CPU."""
     training = case.module.training
     case.module.eval()
     try:
-        with _untuned():
+        with _untuned(), _randomised(case.module):
             steps = {"forward": forward_step(case), "train": train_step(case)}
             diffs = {name: replay_difference(step, case.inputs, device, capture_fn)
                      for name, step in steps.items()}
@@ -101,6 +103,27 @@ def check_replay(case: pb.Case, device: torch.device, capture_fn=None,
     return {"replay_diff": worst, "replay_diff_steps": diffs,
             "replay_missing_kernels": missing,
             "replay_incomplete": bool(missing) or not worst <= REPLAY_TOLERANCE}
+
+
+@contextlib.contextmanager
+def _randomised(module: torch.nn.Module, seed: int = 3, scale: float = 0.02):
+    """Every floating parameter of ``module`` plus seeded noise (``scale`` standard deviation)
+    while the check runs, then its own values back. The blocks are built as initialised: their
+    output layers are zeros (AF2's "final" init, Protenix's and fold's alike), so each update is
+    zero and a block's forward returns its inputs whatever ran before those layers; a replay
+    that misses a kernel there still matches. With noise every path reaches the outputs."""
+    params = [p for p in module.parameters() if p.is_floating_point()]
+    saved = [p.detach().clone() for p in params]
+    gen = torch.Generator().manual_seed(seed)
+    try:
+        with torch.no_grad():
+            for p in params:
+                p.add_(torch.randn(p.shape, generator=gen).to(p.device, p.dtype), alpha=scale)
+        yield
+    finally:
+        with torch.no_grad():
+            for p, s in zip(params, saved):
+                p.copy_(s)
 
 
 @contextlib.contextmanager

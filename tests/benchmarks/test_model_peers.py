@@ -305,3 +305,48 @@ def test_kernel_times_merge_and_sum():
     assert times == sorted(times, key=lambda k: -k["ms"]) and all(k["ms"] > 0 for k in times)
     assert kernel_counts(step, cpu)["aten::mm"] == 2
     assert kernel_ms(step, cpu, reps=3) > 0
+
+
+class _ZeroOutput(torch.nn.Module):
+    """``x + out(h(x))`` with ``out`` zero-initialised, as the blocks' output layers are.
+    ``frozen``: ``h``'s value from capture time, as a replay keeps the result of a kernel
+    launched outside the graph."""
+
+    def __init__(self):
+        super().__init__()
+        self.h = torch.nn.Linear(5, 5)
+        self.out = torch.nn.Linear(5, 5)
+        torch.nn.init.zeros_(self.out.weight)
+        torch.nn.init.zeros_(self.out.bias)
+        self.frozen = None
+
+    def forward(self, x):
+        return x + self.out(self.h(x) if self.frozen is None else self.frozen)
+
+
+def test_check_replay_sees_past_zero_initialised_output_layers():
+    torch.manual_seed(0)
+    block = _ZeroOutput()
+    x = torch.randn(4, 5, requires_grad=True)
+    case = peers.pb.Case(block, (x,), lambda: (block(x),))
+    weights = [p.detach().clone() for p in block.parameters()]
+
+    def capture_fn(body, device):  # h outside the graph: the replay keeps its capture value
+        static = tuple(t.clone() for t in body())
+        frozen = block.h(x).detach()
+
+        def replay():
+            block.frozen = frozen
+            try:
+                for s, t in zip(static, body()):
+                    if t is not None:  # (h's gradients: none with h frozen)
+                        s.copy_(t)
+            finally:
+                block.frozen = None
+        return replay, static
+    res = peer_runs.check_replay(case, torch.device("cpu"), capture_fn, _counts({}))
+    # zero output weights would hide the stale h from the forward; the noise shows it
+    assert res["replay_diff_steps"]["forward"] > peer_runs.REPLAY_TOLERANCE
+    assert res["replay_incomplete"]
+    assert all(torch.equal(p, w) for p, w in zip(block.parameters(), weights))  # put back
+    assert not block.out.weight.any()
