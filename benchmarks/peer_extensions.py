@@ -2,8 +2,9 @@
 
 Their build scripts compile for 5-6 architectures (minutes each); the benchmarks need one:
 
-- OpenFold's ``attn_core_inplace_cuda`` (the in-place softmax its MSA row attention calls by
-  default), from the sources and flags of OpenFold's ``setup.py``, into ``$PEERS_SITE``;
+- OpenFold's ``attn_core_inplace_cuda`` (the in-place softmax OpenFold imports at import time;
+  its extra-MSA row attention calls it by default), from the sources and flags of OpenFold's
+  ``setup.py``, into ``$PEERS_SITE``;
 - Protenix's ``fast_layer_norm_cuda_v2`` (its default ``LAYERNORM_TYPE``), by its own ``compile``,
   with nvcc's architecture list read as this GPU's only.
 

@@ -26,8 +26,9 @@
 # file naming it: `git archive COMMIT openfold setup.py | tar -x -C WHEEL_DIR/openfold`); the
 # kernels benchmark needs none of it, so a lighter carry of WHEEL_DIR/wheels and the tar suffices.
 # The peers' own CUDA extensions are built here for this GPU only (benchmarks/peer_extensions.py,
-# about a minute): OpenFold's in-place attention softmax, which its MSA row attention calls by
-# default, and Protenix's fast LayerNorm, its default LAYERNORM_TYPE. A failed build is reported;
+# about a minute): OpenFold's in-place attention softmax, which OpenFold imports at import time
+# (its ExtraMSABlock's row attention calls it; its EvoformerBlock does not), and Protenix's fast
+# LayerNorm, its default LAYERNORM_TYPE. A failed build is reported;
 # Protenix then runs LAYERNORM_TYPE=torch and the results say why (PEERS_PROTENIX_LAYERNORM_ERROR).
 _peer_setup() {
   local dir site w

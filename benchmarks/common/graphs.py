@@ -127,8 +127,9 @@ def replay_census(body: Callable[[], object], device: torch.device, capture_fn=N
     """The kernels an eager call of ``body`` runs more often than a replay of its graph does,
     ``{name: how many more}`` (empty: the graph holds every launch). A direct census: a kernel
     launched outside the capturing stream is missing from the replay whatever its results
-    (a comparison of outputs can miss it: Protenix's Pairformer forward replay matched its
-    eager forward without the six LayerNorm forward launches, H200, 2026-12-01). A graph may
+    (a comparison of outputs can miss it: with its zero-initialised output layers, Protenix's
+    Pairformer forward replay matched its eager forward without the six LayerNorm forward
+    launches, H200, 2026-12-01). A graph may
     run more than the eager call (its own fills), never fewer. None on CPU, unless
     ``capture_fn`` and ``counts_fn`` (``fn -> Counter``) stand in for :func:`capture` and
     :func:`benchmarks.common.kernel_time.kernel_counts`."""

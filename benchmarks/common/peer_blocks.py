@@ -334,8 +334,10 @@ def build_boltz(shape: Shape, sizes, x, device, weights, kernels: bool) -> Case:
 
 def build_openfold(shape: Shape, sizes, x, device, weights, kernels: bool) -> Case:
     """OpenFold's ``EvoformerBlock`` (AF2 order) with its AF2 config values. "Kernels off" is
-    OpenFold as its default install runs it: its MSA row attention calls its own in-place softmax
-    CUDA extension (``attn_core_inplace_cuda``, built by peer_setup.sh), the rest is PyTorch.
+    OpenFold as its default install runs it, in PyTorch: its own in-place softmax CUDA extension
+    (``attn_core_inplace_cuda``, built by peer_setup.sh) is imported with OpenFold, but
+    ``EvoformerBlock`` passes ``use_memory_efficient_kernel=False`` to its MSA row attention
+    (only ``ExtraMSABlock`` calls the extension).
     "Kernels on" would be DeepSpeed's DS4Sci EvoformerAttention, which is not installed."""
     if shape.block != "evoformer":
         raise ValueError(f"OpenFold is benchmarked on the Evoformer only, not {shape.block}")
