@@ -105,20 +105,27 @@ def check_replay(case: pb.Case, device: torch.device, capture_fn=None,
             "replay_incomplete": bool(missing) or not worst <= REPLAY_TOLERANCE}
 
 
+def add_noise(module: torch.nn.Module, seed: int = 3, scale: float = 0.02) -> None:
+    """Seeded Gaussian noise (``scale`` standard deviation) added to every floating parameter of
+    ``module``, in place. The blocks are built as initialised: their output layers are zeros
+    (AF2's "final" init, Protenix's and fold's alike), so each update is zero, a block's forward
+    returns its inputs whatever ran before those layers, and no gradient reaches upstream of
+    them. With noise every path reaches the outputs."""
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in module.parameters():
+            if p.is_floating_point():
+                p.add_(torch.randn(p.shape, generator=gen).to(p.device, p.dtype), alpha=scale)
+
+
 @contextlib.contextmanager
-def _randomised(module: torch.nn.Module, seed: int = 3, scale: float = 0.02):
-    """Every floating parameter of ``module`` plus seeded noise (``scale`` standard deviation)
-    while the check runs, then its own values back. The blocks are built as initialised: their
-    output layers are zeros (AF2's "final" init, Protenix's and fold's alike), so each update is
-    zero and a block's forward returns its inputs whatever ran before those layers; a replay
-    that misses a kernel there still matches. With noise every path reaches the outputs."""
+def _randomised(module: torch.nn.Module):
+    """:func:`add_noise` while the check runs, then the parameters' own values back: a replay
+    that misses a kernel before a zero output layer would still match the eager step."""
     params = [p for p in module.parameters() if p.is_floating_point()]
     saved = [p.detach().clone() for p in params]
-    gen = torch.Generator().manual_seed(seed)
     try:
-        with torch.no_grad():
-            for p in params:
-                p.add_(torch.randn(p.shape, generator=gen).to(p.device, p.dtype), alpha=scale)
+        add_noise(module)
         yield
     finally:
         with torch.no_grad():
@@ -186,9 +193,21 @@ def contenders(names: list[str], shape: pb.Shape, kernel_settings: list[bool]):
     return out
 
 
+PARAMS = ("init", "noised")  # --params: the blocks' parameters as initialised, or with noise
+
+
 def build(name: str, kernels: bool | None, shape: pb.Shape, sizes, x, device, args) -> pb.Case:
     """Contender ``name``'s block for ``shape`` on ``x`` (:func:`peer_blocks.base_inputs`), in
-    the precision :func:`settle_precision` put in ``args``, the peer's kernels on or off."""
+    the precision :func:`settle_precision` put in ``args``, the peer's kernels on or off; with
+    ``args.params == "noised"`` every parameter gets seeded noise (:func:`add_noise`), so that
+    no output layer is zero, as in trained weights."""
+    case = _build(name, kernels, shape, sizes, x, device, args)
+    if getattr(args, "params", "init") == "noised":
+        add_noise(case.module)
+    return case
+
+
+def _build(name: str, kernels: bool | None, shape: pb.Shape, sizes, x, device, args) -> pb.Case:
     if name == "fold":
         return pb.build_fold(shape, sizes, x, device, args.fold_precision, args.tiny)
     if name == "protenix":

@@ -56,6 +56,7 @@ from benchmarks.common.machine import (
     pin_note,
 )
 from benchmarks.common.peer_runs import (
+    PARAMS,
     build,
     check_replay,
     contenders,
@@ -206,6 +207,8 @@ def markdown(meta: dict[str, Any], rows: list[dict[str, Any]], modes: tuple[str,
              "inputs under bf16 autocast (CUDA). Median ms of "
              f"{meta['reps']} after {meta['warmup']} warm-up; backward from fixed random output "
              f"gradients. Token mask: {meta.get('mask', 'holes')}. "
+             + ("Parameters noised (no zero output layer). "
+                if meta.get("params") == "noised" else "")
              + ("'kernels' modes: the summed kernel time of an eager step (profiler, every "
                 f"stream), median of {min(meta['reps'], KERNEL_REPS)}. "
                 if set(modes) & set(KERNEL_MODES) else "")
@@ -274,6 +277,10 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
                          "like fold's, bf16 with --fold-precision bf16 (issue 21's setting), "
                          "fp32 with the mixed ones (bf16-mixed training and prediction); "
                          "Boltz's fp32 regions reject bf16 LayerNorm weights")
+    ap.add_argument("--params", choices=PARAMS, default="init",
+                    help="every contender's parameters as initialised (default; the output "
+                         "layers are zeros, so no gradient reaches upstream of them) or noised: "
+                         "seeded noise on every parameter, as no layer of trained weights is zero")
     ap.add_argument("--protenix-layernorm", choices=["fast_layernorm", "torch"], default=None,
                     help="Protenix's LAYERNORM_TYPE (default: fast_layernorm on CUDA, its "
                          "default, built by benchmarks/peer_setup.sh; torch on CPU)")
@@ -313,7 +320,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
             "versions": versions(names), "fold_attention_backends": backends,
             "fold_dtype": str(args.fold_dtype), "fold_precision": args.fold_precision,
             "peer_weights": str(args.peer_dtype),
-            "protenix_layernorm": args.protenix_layernorm,
+            "protenix_layernorm": args.protenix_layernorm, "params": args.params,
             "protenix_layernorm_build_error": os.environ.get("PEERS_PROTENIX_LAYERNORM_ERROR"),
             "warmup": args.warmup, "cpus_pinned": pinned, "mask": args.mask,
             "reps": args.reps, "modes": list(args.modes), "tiny": args.tiny,

@@ -111,7 +111,9 @@ def markdown(meta: dict[str, Any], rows: list[dict[str, Any]], top: int) -> str:
     lines = [f"# Where each contender's step goes, {meta['device']}, {meta['date']}", "",
              f"Versions: {', '.join(f'{k} {v}' for k, v in meta['versions'].items())}. "
              f"Mode: {meta['mode']}; fold {meta['fold_precision']}, peers {meta['peer_weights']}"
-             f"; token mask {meta['mask']}; {unit}. Ratio: best peer / fold (above 1: fold "
+             f"; token mask {meta['mask']}"
+             + ("; parameters noised" if meta.get("params") == "noised" else "")
+             + f"; {unit}. Ratio: best peer / fold (above 1: fold "
              "faster in that group).", ""]
     for shape in dict.fromkeys(r["shape"] for r in rows):
         same = [r for r in rows if r["shape"] == shape and "groups_ms" in r]
@@ -164,6 +166,8 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     ap.add_argument("--top", type=int, default=20, help="kernels listed per contender")
     ap.add_argument("--peer-weights", choices=["match", "fp32", "bf16"], default="match")
     ap.add_argument("--protenix-layernorm", choices=["fast_layernorm", "torch"], default=None)
+    ap.add_argument("--params", choices=peer_runs.PARAMS, default="init",
+                    help="parameters as initialised or noised (as model.peers --params)")
     ap.add_argument("--fold-precision", choices=sorted(pb.FOLD_PRECISIONS), default="bf16")
     ap.add_argument("--out", type=Path, default=None, help="JSON path (markdown beside it)")
     ap.add_argument("--regroup", type=Path, default=None,
@@ -192,7 +196,8 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
             "versions": peer_runs.versions(names), "fold_attention_backends": backends,
             "mode": args.mode, "eager": args.eager, "fold_precision": args.fold_precision,
             "peer_weights": str(args.peer_dtype), "mask": args.mask,
-            "protenix_layernorm": args.protenix_layernorm, "groups": dict(GROUPS)}
+            "protenix_layernorm": args.protenix_layernorm, "params": args.params,
+            "groups": dict(GROUPS)}
     print(json.dumps(meta), flush=True)
     sizes = pb.fold_sizes(args.tiny)
     rows: list[dict[str, Any]] = []

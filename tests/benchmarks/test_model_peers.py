@@ -286,8 +286,9 @@ def test_kernel_modes_sum_an_eager_steps_kernels(tmp_path):
                        "--out", str(out)])
     (fold,) = rows
     assert not fold["errors"]
-    # a training step runs the forward and more
-    assert 0 < fold["fwd_kernels_ms"] < fold["train_kernels_ms"]
+    # (CPU: operators' self times, so no order between the two is asserted: timing noise)
+    assert all(math.isfinite(fold[f"{m}_ms"]) and fold[f"{m}_ms"] > 0
+               for m in ("train_kernels", "fwd_kernels"))
     assert "'kernels' modes: the summed kernel time" in out.with_suffix(".md").read_text()
     with pytest.raises(SystemExit, match="--modes"):
         peers.main(["--device", "cpu", "--tiny", "--modes", "train_kernel"])
@@ -350,3 +351,30 @@ def test_check_replay_sees_past_zero_initialised_output_layers():
     assert res["replay_incomplete"]
     assert all(torch.equal(p, w) for p, w in zip(block.parameters(), weights))  # put back
     assert not block.out.weight.any()
+
+
+def test_noised_parameters_leave_no_zero_output_layer(tmp_path):
+    import argparse
+
+    args = argparse.Namespace(fold_precision="bf16", peer_weights="match",
+                              protenix_layernorm=None, tiny=True, params="init")
+    cpu = torch.device("cpu")
+    peer_runs.settle_precision(args, cpu)
+    sizes = pb.fold_sizes(True)
+    shape = pb.Shape("pairformer", 13)
+
+    def zero_params(case):
+        return sum(not p.any() for p in case.module.parameters())
+    init = peer_runs.build("fold", None, shape, sizes, pb.base_inputs(shape, sizes, "holes"),
+                           cpu, args)
+    args.params = "noised"
+    noised = peer_runs.build("fold", None, shape, sizes, pb.base_inputs(shape, sizes, "holes"),
+                             cpu, args)
+    assert zero_params(init) > 0 and zero_params(noised) == 0  # the output layers start at zero
+    out = tmp_path / "noised.json"
+    (row,) = peers.main(["--device", "cpu", "--tiny", "--reps", "1", "--warmup", "0",
+                         "--blocks", "pairformer:13", "--modes", "train_eager",
+                         "--params", "noised", "--out", str(out)])
+    assert row["train_eager_ms"] > 0
+    assert json.loads(out.read_text())["meta"]["params"] == "noised"
+    assert "Parameters noised" in out.with_suffix(".md").read_text()
