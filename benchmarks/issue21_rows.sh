@@ -29,6 +29,8 @@
 #               mode: every kernel, whatever its stream, without the host's gaps) beside its
 #               replay: what a replay holding all the work would take, for the rows whose
 #               replays do not (the Pairformer at 256-768 tokens, the diffusion transformer)
+#   params      the Pairformer at 256 / 768 tokens with the blocks' parameters as initialised
+#               and noised (model.peers --params), both contenders alike
 #   tests       fold-kernels' tests on the GPU (TESTS=test files or node ids to narrow
 #               them; default: the whole suite), no peers needed
 # Pinning: eager steps bound by host time moved by 1.3-1.8x between unpinned runs on the H200
@@ -38,7 +40,7 @@
 # group's files (run.log, summary.txt, a JSON and a Markdown table per step) stay within the
 # 8 files the device tool returns.
 set -u
-GROUP=${1:?"usage: bash benchmarks/issue21_rows.sh pairformer|eager|evoformer|masks|replays|kernel_sums|tests"}
+GROUP=${1:?"usage: bash benchmarks/issue21_rows.sh pairformer|eager|evoformer|masks|replays|kernel_sums|params|tests"}
 OUT=${OUT:-issue21_out}
 PIN=${PIN:-2}  # the CPU the eager rows are pinned to
 mkdir -p "$OUT"
@@ -109,6 +111,15 @@ case $GROUP in
     run diffusion 160 $P.model.peers --contenders fold,protenix,boltz --fold-precision mixed \
       --modes train_kernels,train_graph --blocks diffusion:384x48 \
       --out "$OUT/diffusion_kernels.json" ;;
-  *) echo "unknown group $GROUP: pairformer, eager, evoformer, masks, replays, kernel_sums or tests"; exit 2 ;;
+  params)
+    # the same rows with the blocks as initialised (zero output layers: no gradient reaches
+    # upstream of them) and with every parameter noised, as trained weights are: whether the
+    # zeros flatter anyone's timings (power, not work: the kernels are the same)
+    for p in init noised; do
+      run "pairformer_$p" 220 $P.model.peers --contenders fold,protenix --kernels on \
+        --modes train_graph,train_kernels --mask none --params "$p" \
+        --blocks pairformer:256,pairformer:768 --out "$OUT/pairformer_params_$p.json"
+    done ;;
+  *) echo "unknown group $GROUP: pairformer, eager, evoformer, masks, replays, kernel_sums, params or tests"; exit 2 ;;
 esac
 cat "$OUT/summary.txt"
