@@ -129,8 +129,8 @@ def replay_census(body: Callable[[], object], device: torch.device, capture_fn=N
     launched outside the capturing stream is missing from the replay whatever its results
     (a comparison of outputs can miss it: with its zero-initialised output layers, Protenix's
     Pairformer forward replay matched its eager forward without the six LayerNorm forward
-    launches, H200, 2026-12-01). A graph may
-    run more than the eager call (its own fills), never fewer. None on CPU, unless
+    launches, H200, 2026-12-01). A graph may run more than the eager call (its own fills),
+    never fewer. None on CPU, unless
     ``capture_fn`` and ``counts_fn`` (``fn -> Counter``) stand in for :func:`capture` and
     :func:`benchmarks.common.kernel_time.kernel_counts`."""
     if capture_fn is None:

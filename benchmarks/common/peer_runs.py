@@ -77,8 +77,8 @@ def check_replay(case: pb.Case, device: torch.device, capture_fn=None,
       after new inputs against the same step run eagerly: ``replay_diff`` is the larger of the
       two (``replay_diff_steps`` has each).
 
-    Each step runs in eval mode (no dropout), with every parameter given random values for the
-    check's duration (:func:`_randomised`). ``replay_incomplete``: a kernel is missing or a
+    Each step runs in eval mode (no dropout), with seeded noise on every parameter for the
+    check's duration (:func:`_noised`). ``replay_incomplete``: a kernel is missing or a
     difference is above :data:`REPLAY_TOLERANCE`; the contender's replay times then leave work
     out (Protenix 2.0's fast LayerNorm launches its forward and input-gradient kernels on the
     legacy default stream, outside any capture). Both ways, because a comparison can pass
@@ -88,7 +88,7 @@ def check_replay(case: pb.Case, device: torch.device, capture_fn=None,
     training = case.module.training
     case.module.eval()
     try:
-        with _untuned(), _randomised(case.module):
+        with _untuned(), _noised(case.module):
             steps = {"forward": forward_step(case), "train": train_step(case)}
             diffs = {name: replay_difference(step, case.inputs, device, capture_fn)
                      for name, step in steps.items()}
@@ -119,7 +119,7 @@ def add_noise(module: torch.nn.Module, seed: int = 3, scale: float = 0.02) -> No
 
 
 @contextlib.contextmanager
-def _randomised(module: torch.nn.Module):
+def _noised(module: torch.nn.Module):
     """:func:`add_noise` while the check runs, then the parameters' own values back: a replay
     that misses a kernel before a zero output layer would still match the eager step."""
     params = [p for p in module.parameters() if p.is_floating_point()]
