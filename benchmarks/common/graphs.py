@@ -15,7 +15,8 @@ On CPU there is no graph: :func:`capture` returns the same body, run eagerly (sm
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import contextlib
+from collections.abc import Callable, Iterator, Sequence
 
 import torch
 
@@ -80,6 +81,18 @@ def _tensors(outs) -> list[torch.Tensor]:
     return []
 
 
+@contextlib.contextmanager
+def restored(tensors: Sequence[torch.Tensor]) -> Iterator[None]:
+    """``tensors`` changed in place inside the block get their values on entry back on exit."""
+    saved = [t.detach().clone() for t in tensors]
+    try:
+        yield
+    finally:
+        with torch.no_grad():
+            for t, s in zip(tensors, saved):
+                t.copy_(s)
+
+
 def replay_difference(body: Callable[[], object], inputs: Sequence[torch.Tensor],
                       device: torch.device, capture_fn=None, seed: int = 2) -> float | None:
     """Whether a CUDA graph of ``body`` holds all of its work: the largest relative difference
@@ -97,18 +110,13 @@ def replay_difference(body: Callable[[], object], inputs: Sequence[torch.Tensor]
     replay, static = capture_fn(body, device)
     gen = torch.Generator().manual_seed(seed)
     floats = [x for x in inputs if x.is_floating_point()]
-    saved = [x.detach().clone() for x in floats]
-    try:
+    with restored(floats):
         with torch.no_grad():
             for x in floats:
                 x.copy_(torch.randn(x.shape, generator=gen).to(x.device, x.dtype))
         replay()
         got = [t.detach().float().clone() for t in _tensors(static)]
         want = [t.detach().float() for t in _tensors(body())]
-    finally:
-        with torch.no_grad():
-            for x, s in zip(floats, saved):
-                x.copy_(s)
     if len(got) != len(want) or not want:
         raise ValueError(f"replay_difference: the replay gave {len(got)} tensors, the eager "
                          f"call {len(want)}")

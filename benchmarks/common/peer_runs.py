@@ -15,7 +15,8 @@ from typing import Any
 import torch
 
 from benchmarks.common import peer_blocks as pb
-from benchmarks.common.graphs import replay_census, replay_difference
+from benchmarks.common.cli import switch_restored
+from benchmarks.common.graphs import capture, replay_census, replay_difference, restored
 from benchmarks.common.machine import triton_version
 
 
@@ -85,20 +86,29 @@ def check_replay(case: pb.Case, device: torch.device, capture_fn=None,
     where launches are missing: with the blocks' zero-initialised output layers, Protenix's
     Pairformer forward replay matched its eager forward without its six LayerNorm forward
     launches (H200, 2026-12-01). Nothing on CPU."""
+    if capture_fn is None:
+        if device.type != "cuda":
+            return {}
+        capture_fn = capture
+    graphs: dict[Callable, tuple] = {}
+
+    def capture_once(body, device):  # the training step's graph serves both ways
+        if body not in graphs:
+            graphs[body] = capture_fn(body, device)
+        return graphs[body]
     training = case.module.training
     case.module.eval()
     try:
         with _untuned(), _noised(case.module):
             steps = {"forward": forward_step(case), "train": train_step(case)}
-            diffs = {name: replay_difference(step, case.inputs, device, capture_fn)
+            diffs = {name: replay_difference(step, case.inputs, device, capture_once)
                      for name, step in steps.items()}
-            missing = replay_census(steps["train"], device, capture_fn, counts_fn)
+            missing = replay_census(steps["train"], device, capture_once, counts_fn)
     except Exception as e:  # noqa: BLE001  (reported, as a mode's failure is)
         return {"replay_diff": None, "replay_check_error": error_text(e)}
     finally:
         case.module.train(training)
-    if missing is None or any(d is None for d in diffs.values()):
-        return {}
+        graphs.clear()  # the graphs' memory pools go with them
     worst = max(diffs.values(), key=lambda d: d if d == d else float("inf"))
     return {"replay_diff": worst, "replay_diff_steps": diffs,
             "replay_missing_kernels": missing,
@@ -122,15 +132,9 @@ def add_noise(module: torch.nn.Module, seed: int = 3, scale: float = 0.02) -> No
 def _noised(module: torch.nn.Module):
     """:func:`add_noise` while the check runs, then the parameters' own values back: a replay
     that misses a kernel before a zero output layer would still match the eager step."""
-    params = [p for p in module.parameters() if p.is_floating_point()]
-    saved = [p.detach().clone() for p in params]
-    try:
+    with restored([p for p in module.parameters() if p.is_floating_point()]):
         add_noise(module)
         yield
-    finally:
-        with torch.no_grad():
-            for p, s in zip(params, saved):
-                p.copy_(s)
 
 
 @contextlib.contextmanager
@@ -141,15 +145,9 @@ def _untuned():
     checked, the check of one Pairformer row at 256 tokens took about 110 s more on the H200,
     most of it likely that tuning). Which configuration runs does not matter to the check: the
     replay and the eager step it is compared with use the same one."""
-    before = os.environ.get("FOLD_KERNELS_AUTOTUNE")
-    os.environ["FOLD_KERNELS_AUTOTUNE"] = "0"
-    try:
+    with switch_restored("FOLD_KERNELS_AUTOTUNE"):
+        os.environ["FOLD_KERNELS_AUTOTUNE"] = "0"
         yield
-    finally:
-        if before is None:
-            del os.environ["FOLD_KERNELS_AUTOTUNE"]
-        else:
-            os.environ["FOLD_KERNELS_AUTOTUNE"] = before
 
 
 def replay_verdict(row: dict[str, Any]) -> str:
@@ -202,7 +200,7 @@ def build(name: str, kernels: bool | None, shape: pb.Shape, sizes, x, device, ar
     ``args.params == "noised"`` every parameter gets seeded noise (:func:`add_noise`), so that
     no output layer is zero, as in trained weights."""
     case = _build(name, kernels, shape, sizes, x, device, args)
-    if getattr(args, "params", "init") == "noised":
+    if args.params == "noised":
         add_noise(case.module)
     return case
 

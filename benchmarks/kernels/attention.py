@@ -36,6 +36,7 @@ import torch
 from benchmarks.common.attention_inputs import make_flex, make_inputs, mask_bias, reference
 from benchmarks.common.blocks import MASKS
 from benchmarks.common.graphs import capture
+from benchmarks.common.kernel_time import kernel_times
 from benchmarks.common.machine import device_name, triton_version
 from benchmarks.common.results import RESULTS, write_result
 
@@ -124,19 +125,16 @@ def rel_err(a, b):
     return ((a - b).norm() / b.norm()).item()
 
 
-def kernel_times(fn, leaves, mask, do):
-    """Device ms per kernel name over one forward+backward (torch.profiler), largest first."""
-    from torch.profiler import ProfilerActivity, profile
-
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+def step_kernels(fn, leaves, mask, do):
+    """Device ms per kernel name (60 characters) over one forward+backward, largest first
+    (:func:`benchmarks.common.kernel_time.kernel_times`)."""
+    def step():
         torch.autograd.backward(fn(*leaves, mask), do)
-        torch.cuda.synchronize()
+    times: dict[str, float] = {}
+    for k in kernel_times(step, leaves[0].device):
+        times[k["name"][:60]] = times.get(k["name"][:60], 0.0) + k["ms"]
     for t in leaves:
         t.grad = None
-    times: dict[str, float] = {}
-    for ev in prof.events():
-        if ev.device_type == torch.autograd.DeviceType.CUDA:
-            times[ev.name[:60]] = times.get(ev.name[:60], 0.0) + ev.device_time / 1e3
     return dict(sorted(times.items(), key=lambda kv: -kv[1]))
 
 
@@ -179,7 +177,7 @@ def measure(fn, q, k, v, bias, mask, do, profile_kernels=False):
     except Exception as exc:  # a contender that cannot be captured keeps its eager numbers
         res["graph_error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:120]}"
     if profile_kernels:
-        res["kernels_ms"] = kernel_times(fn, leaves, mask, do)
+        res["kernels_ms"] = step_kernels(fn, leaves, mask, do)
     return res, out, grads
 
 

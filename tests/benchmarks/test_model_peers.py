@@ -276,6 +276,7 @@ def test_check_replay_runs_untuned_and_puts_the_setting_back(monkeypatch):
         peer_runs.check_replay(case, torch.device("cpu"), capture_fn, _counts({}))
         assert os.environ.get("FOLD_KERNELS_AUTOTUNE") == before
     assert seen and set(seen) == {"0"}  # every capture of the check ran untuned
+    assert len(seen) == 4  # per check: the forward and the training step, each captured once
 
 
 
