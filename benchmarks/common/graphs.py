@@ -120,12 +120,35 @@ def replay_difference(body: Callable[[], object], inputs: Sequence[torch.Tensor]
     if len(got) != len(want) or not want:
         raise ValueError(f"replay_difference: the replay gave {len(got)} tensors, the eager "
                          f"call {len(want)}")
+    return _largest_difference(got, want)
+
+
+def eager_spread(body: Callable[[], object], inputs: Sequence[torch.Tensor],
+                 repeats: int = 2, seed: int = 2) -> float:
+    """How far eager calls of ``body`` differ among themselves on the same inputs (the new
+    values :func:`replay_difference` gives them, then their own back): the largest relative
+    difference of ``repeats`` further calls from the first. Zero for a deterministic body; a
+    body whose kernels sum in an order that varies between calls (atomic adds) differs by its
+    rounding, and so does its replay from its eager call, whatever the graph holds."""
+    gen = torch.Generator().manual_seed(seed)
+    floats = [x for x in inputs if x.is_floating_point()]
+    with restored(floats):
+        with torch.no_grad():
+            for x in floats:
+                x.copy_(torch.randn(x.shape, generator=gen).to(x.device, x.dtype))
+        first = [t.detach().float().clone() for t in _tensors(body())]
+        return max((_largest_difference([t.detach().float() for t in _tensors(body())], first)
+                    for _ in range(repeats)), default=0.0)
+
+
+def _largest_difference(got: Sequence[torch.Tensor], want: Sequence[torch.Tensor]) -> float:
+    """max |got - want| / max |want| over the pairs of tensors; inf for a NaN (never passes)."""
     worst = 0.0
     for g, w in zip(got, want):
         if not w.numel():
             continue
         diff = float((g - w).abs().max()) / max(float(w.abs().max()), 1e-30)
-        if not diff <= worst:  # larger, or NaN (a NaN never passes)
+        if not diff <= worst:  # larger, or NaN
             worst = diff if diff == diff else float("inf")
     return worst
 

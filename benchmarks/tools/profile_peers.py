@@ -112,7 +112,8 @@ def markdown(meta: dict[str, Any], rows: list[dict[str, Any]], top: int) -> str:
              f"Versions: {', '.join(f'{k} {v}' for k, v in meta['versions'].items())}. "
              f"Mode: {meta['mode']}; fold {meta['fold_precision']}, peers {meta['peer_weights']}"
              f"; token mask {meta['mask']}"
-             + ("; parameters noised" if meta.get("params") == "noised" else "")
+             + {"noised": "; parameters noised",
+                "init": "; parameters as initialised"}.get(meta.get("params"), "")
              + f"; {unit}. Ratio: best peer / fold (above 1: fold "
              "faster in that group).", ""]
     for shape in dict.fromkeys(r["shape"] for r in rows):
@@ -166,8 +167,9 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     ap.add_argument("--top", type=int, default=20, help="kernels listed per contender")
     ap.add_argument("--peer-weights", choices=["match", "fp32", "bf16"], default="match")
     ap.add_argument("--protenix-layernorm", choices=["fast_layernorm", "torch"], default=None)
-    ap.add_argument("--params", choices=peer_runs.PARAMS, default="init",
-                    help="parameters as initialised or noised (as model.peers --params)")
+    ap.add_argument("--params", choices=peer_runs.PARAMS, default="noised",
+                    help="parameters noised (default) or as initialised (as model.peers "
+                         "--params)")
     ap.add_argument("--fold-precision", choices=sorted(pb.FOLD_PRECISIONS), default="bf16")
     ap.add_argument("--out", type=Path, default=None, help="JSON path (markdown beside it)")
     ap.add_argument("--regroup", type=Path, default=None,

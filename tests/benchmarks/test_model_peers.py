@@ -223,6 +223,7 @@ def test_check_replay_flags_an_incomplete_graph_and_the_ratio_says_so():
     whole = _counts({})
     good = peer_runs.check_replay(case, cpu, _captures(stale=False), whole)
     assert good == {"replay_diff": 0.0, "replay_diff_steps": {"forward": 0.0, "train": 0.0},
+                    "replay_eager_spread": {"forward": 0.0, "train": 0.0},
                     "replay_missing_kernels": {}, "replay_incomplete": False}
     bad = peer_runs.check_replay(case, cpu, _captures(stale=True), whole)
     assert bad["replay_incomplete"] and bad["replay_diff"] > peer_runs.REPLAY_TOLERANCE
@@ -249,6 +250,47 @@ def test_check_replay_flags_an_incomplete_graph_and_the_ratio_says_so():
     graph, eager = peers.ratios(rows, ("train_graph", "train_eager"))
     assert graph["best_peer"] == "protenix (kernels on), replay incomplete"
     assert eager["best_peer"] == "protenix (kernels on)"
+
+
+def test_check_replay_allows_a_steps_own_rounding_spread():
+    from benchmarks.common.graphs import eager_spread
+
+    # a step that sums in a varying order (atomic adds) differs between eager calls and from
+    # its replay by its rounding alone: a stand-in whose outputs jitter by up to 0.5% per call
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(5, 3)
+    x = torch.randn(4, 5, requires_grad=True)
+
+    def jittered():
+        y = lin(x)
+        return (y * (1 + 5e-3 * torch.rand(y.shape)),)
+    case = peers.pb.Case(lin, (x,), jittered)
+    cpu = torch.device("cpu")
+    spread = eager_spread(peer_runs.forward_step(case), case.inputs)
+    assert 0.0 < spread < 0.02
+    plain = _linear_case()
+    plain.module.eval()  # (no dropout)
+    assert eager_spread(peer_runs.forward_step(plain), plain.inputs) == 0.0
+    whole = _counts({})
+    ok = peer_runs.check_replay(case, cpu, _captures(stale=False), whole)
+    assert 0.0 < ok["replay_diff"] < peer_runs.allowed_difference(
+        max(ok["replay_eager_spread"].values()))
+    assert not ok["replay_incomplete"]
+    # the spread does not hide a replay that misses work
+    stale = peer_runs.check_replay(case, cpu, _captures(stale=True), whole)
+    assert stale["replay_incomplete"] and stale["replay_diff"] > 0.1
+    assert "its eager calls:" in peer_runs.replay_verdict(stale)
+    # the allowance: the tolerance at least, a multiple of the spread, nothing for a NaN
+    assert peer_runs.allowed_difference(None) == peer_runs.REPLAY_TOLERANCE
+    assert peer_runs.allowed_difference(0.0) == peer_runs.REPLAY_TOLERANCE
+    assert peer_runs.allowed_difference(0.01) == pytest.approx(peer_runs.SPREAD_FACTOR * 0.01)
+    assert peer_runs.allowed_difference(math.nan) == peer_runs.REPLAY_TOLERANCE
+    assert peer_runs.allowed_difference(math.inf) == peer_runs.REPLAY_TOLERANCE
+    # an older row without the spread keeps the plain tolerance
+    row = {"replay_diff_steps": {"train": 0.012}}
+    assert "eval training step off by 0.012" in peer_runs.replay_verdict(row)
+    assert "eval training step" not in peer_runs.replay_verdict(
+        {**row, "replay_eager_spread": {"train": 0.01}})
 
 
 def test_activity_names_match_between_eager_calls_and_replays():
