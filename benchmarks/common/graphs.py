@@ -93,6 +93,19 @@ def restored(tensors: Sequence[torch.Tensor]) -> Iterator[None]:
                 t.copy_(s)
 
 
+@contextlib.contextmanager
+def new_values(inputs: Sequence[torch.Tensor], seed: int) -> Iterator[None]:
+    """The floating-point ``inputs`` hold seeded random values inside the block, their own
+    after it."""
+    gen = torch.Generator().manual_seed(seed)
+    floats = [x for x in inputs if x.is_floating_point()]
+    with restored(floats):
+        with torch.no_grad():
+            for x in floats:
+                x.copy_(torch.randn(x.shape, generator=gen).to(x.device, x.dtype))
+        yield
+
+
 def replay_difference(body: Callable[[], object], inputs: Sequence[torch.Tensor],
                       device: torch.device, capture_fn=None, seed: int = 2) -> float | None:
     """Whether a CUDA graph of ``body`` holds all of its work: the largest relative difference
@@ -101,19 +114,16 @@ def replay_difference(body: Callable[[], object], inputs: Sequence[torch.Tensor]
     back afterwards). A kernel launched outside the capturing stream, on the legacy default
     stream say, runs once while the graph is captured and is not in it: the replay then keeps
     that kernel's capture-time results where the eager call's follow the new inputs, and the
-    replay's time leaves its cost out. ``body`` must be deterministic (no dropout: a module in
-    eval mode). None on CPU (no graphs), unless ``capture_fn`` stands in for :func:`capture`."""
+    replay's time leaves its cost out. ``body`` must draw nothing at random (no dropout: a
+    module in eval mode); one that sums in a varying order (atomic adds) differs by its
+    rounding, which :func:`eager_spread` measures. None on CPU (no graphs), unless
+    ``capture_fn`` stands in for :func:`capture`."""
     if capture_fn is None:
         if device.type != "cuda":
             return None
         capture_fn = capture
     replay, static = capture_fn(body, device)
-    gen = torch.Generator().manual_seed(seed)
-    floats = [x for x in inputs if x.is_floating_point()]
-    with restored(floats):
-        with torch.no_grad():
-            for x in floats:
-                x.copy_(torch.randn(x.shape, generator=gen).to(x.device, x.dtype))
+    with new_values(inputs, seed):
         replay()
         got = [t.detach().float().clone() for t in _tensors(static)]
         want = [t.detach().float() for t in _tensors(body())]
@@ -130,12 +140,7 @@ def eager_spread(body: Callable[[], object], inputs: Sequence[torch.Tensor],
     difference of ``repeats`` further calls from the first. Zero for a deterministic body; a
     body whose kernels sum in an order that varies between calls (atomic adds) differs by its
     rounding, and so does its replay from its eager call, whatever the graph holds."""
-    gen = torch.Generator().manual_seed(seed)
-    floats = [x for x in inputs if x.is_floating_point()]
-    with restored(floats):
-        with torch.no_grad():
-            for x in floats:
-                x.copy_(torch.randn(x.shape, generator=gen).to(x.device, x.dtype))
+    with new_values(inputs, seed):
         first = [t.detach().float().clone() for t in _tensors(body())]
         return max((_largest_difference([t.detach().float() for t in _tensors(body())], first)
                     for _ in range(repeats)), default=0.0)
