@@ -106,17 +106,18 @@ def new_values(inputs: Sequence[torch.Tensor], seed: int) -> Iterator[None]:
         yield
 
 
-def replay_difference(body: Callable[[], object], inputs: Sequence[torch.Tensor],
-                      device: torch.device, capture_fn=None, seed: int = 2) -> float | None:
-    """Whether a CUDA graph of ``body`` holds all of its work: the largest relative difference
-    (max |replay - eager| / max |eager|, over the outputs) between a replay and an eager call
-    after the floating-point ``inputs`` got new random values in place (they get their own
+def replay_differences(body: Callable[[], object], inputs: Sequence[torch.Tensor],
+                       device: torch.device, capture_fn=None,
+                       seed: int = 2) -> list[float] | None:
+    """Whether a CUDA graph of ``body`` holds all of its work: for each output, the relative
+    difference (max |replay - eager| / max |eager|; inf for a NaN) between a replay and an eager
+    call after the floating-point ``inputs`` got new random values in place (they get their own
     back afterwards). A kernel launched outside the capturing stream, on the legacy default
     stream say, runs once while the graph is captured and is not in it: the replay then keeps
     that kernel's capture-time results where the eager call's follow the new inputs, and the
     replay's time leaves its cost out. ``body`` must draw nothing at random (no dropout: a
     module in eval mode); one that sums in a varying order (atomic adds) differs by its
-    rounding, which :func:`eager_spread` measures. None on CPU (no graphs), unless
+    rounding, which :func:`eager_spreads` measures. None on CPU (no graphs), unless
     ``capture_fn`` stands in for :func:`capture`."""
     if capture_fn is None:
         if device.type != "cuda":
@@ -130,32 +131,47 @@ def replay_difference(body: Callable[[], object], inputs: Sequence[torch.Tensor]
     if len(got) != len(want) or not want:
         raise ValueError(f"replay_difference: the replay gave {len(got)} tensors, the eager "
                          f"call {len(want)}")
-    return _largest_difference(got, want)
+    return _differences(got, want)
 
 
-def eager_spread(body: Callable[[], object], inputs: Sequence[torch.Tensor],
-                 repeats: int = 2, seed: int = 2) -> float:
+def replay_difference(body: Callable[[], object], inputs: Sequence[torch.Tensor],
+                      device: torch.device, capture_fn=None, seed: int = 2) -> float | None:
+    """The largest of :func:`replay_differences` (None where it is None)."""
+    diffs = replay_differences(body, inputs, device, capture_fn, seed)
+    return None if diffs is None else largest(diffs)
+
+
+def eager_spreads(body: Callable[[], object], inputs: Sequence[torch.Tensor],
+                  repeats: int = 2, seed: int = 2) -> list[float]:
     """How far eager calls of ``body`` differ among themselves on the same inputs (the new
-    values :func:`replay_difference` gives them, then their own back): the largest relative
-    difference of ``repeats`` further calls from the first. Zero for a deterministic body; a
-    body whose kernels sum in an order that varies between calls (atomic adds) differs by its
-    rounding, and so does its replay from its eager call, whatever the graph holds."""
+    values :func:`replay_differences` gives them, then their own back): for each output, the
+    largest relative difference of ``repeats`` further calls from the first. Zero for a
+    deterministic body. A body whose kernels sum in an order that varies between calls (atomic
+    adds) differs by its rounding, and so does its replay from its eager call, whatever the
+    graph holds; an output whose exact value is zero (a bias's gradient that a softmax's shift
+    invariance cancels) is all rounding, so its relative spread is O(1)."""
     with new_values(inputs, seed):
         first = [t.detach().float().clone() for t in _tensors(body())]
-        return max((_largest_difference([t.detach().float() for t in _tensors(body())], first)
-                    for _ in range(repeats)), default=0.0)
+        spreads = [0.0] * len(first)
+        for _ in range(repeats):
+            again = _differences([t.detach().float() for t in _tensors(body())], first)
+            spreads = [largest((a, b)) for a, b in zip(spreads, again)]
+    return spreads
 
 
-def _largest_difference(got: Sequence[torch.Tensor], want: Sequence[torch.Tensor]) -> float:
-    """max |got - want| / max |want| over the pairs of tensors; inf for a NaN (never passes)."""
+def largest(values: Sequence[float]) -> float:
+    """The largest of ``values`` (0.0 for none), inf where one is NaN (a NaN never passes)."""
     worst = 0.0
-    for g, w in zip(got, want):
-        if not w.numel():
-            continue
-        diff = float((g - w).abs().max()) / max(float(w.abs().max()), 1e-30)
-        if not diff <= worst:  # larger, or NaN
-            worst = diff if diff == diff else float("inf")
+    for v in values:
+        if not v <= worst:  # larger, or NaN
+            worst = v if v == v else float("inf")
     return worst
+
+
+def _differences(got: Sequence[torch.Tensor], want: Sequence[torch.Tensor]) -> list[float]:
+    """max |got - want| / max |want| for each pair of tensors (0.0 for an empty one)."""
+    return [float((g - w).abs().max()) / max(float(w.abs().max()), 1e-30) if w.numel() else 0.0
+            for g, w in zip(got, want)]
 
 
 def replay_census(body: Callable[[], object], device: torch.device, capture_fn=None,

@@ -223,7 +223,7 @@ def test_check_replay_flags_an_incomplete_graph_and_the_ratio_says_so():
     whole = _counts({})
     good = peer_runs.check_replay(case, cpu, _captures(stale=False), whole)
     assert good == {"replay_diff": 0.0, "replay_diff_steps": {"forward": 0.0, "train": 0.0},
-                    "replay_eager_spread": {"forward": 0.0, "train": 0.0},
+                    "replay_eager_spread": {"forward": 0.0, "train": 0.0}, "replay_off": {},
                     "replay_missing_kernels": {}, "replay_incomplete": False}
     bad = peer_runs.check_replay(case, cpu, _captures(stale=True), whole)
     assert bad["replay_incomplete"] and bad["replay_diff"] > peer_runs.REPLAY_TOLERANCE
@@ -252,41 +252,61 @@ def test_check_replay_flags_an_incomplete_graph_and_the_ratio_says_so():
     assert eager["best_peer"] == "protenix (kernels on)"
 
 
-def test_check_replay_allows_a_steps_own_rounding_spread():
-    from benchmarks.common.graphs import eager_spread
+def test_check_replay_allows_each_outputs_own_rounding_spread():
+    from benchmarks.common.graphs import eager_spreads
 
     # a step that sums in a varying order (atomic adds) differs between eager calls and from
-    # its replay by its rounding alone: a stand-in whose outputs jitter by up to 0.5% per call
+    # its replay by its rounding alone: a stand-in whose first output jitters by up to 0.5% a
+    # call, and whose second is all rounding (an exact zero computed with noise, as the
+    # gradient of a bias that a softmax's shift invariance cancels): relative spread O(1)
     torch.manual_seed(0)
     lin = torch.nn.Linear(5, 3)
     x = torch.randn(4, 5, requires_grad=True)
 
     def jittered():
         y = lin(x)
-        return (y * (1 + 5e-3 * torch.rand(y.shape)),)
+        return y * (1 + 5e-3 * torch.rand(y.shape)), lin.bias * 0.0 + 1e-6 * torch.randn(3)
     case = peers.pb.Case(lin, (x,), jittered)
     cpu = torch.device("cpu")
-    spread = eager_spread(peer_runs.forward_step(case), case.inputs)
-    assert 0.0 < spread < 0.02
+    fwd = peer_runs.forward_step(case)
+    spread, zero = eager_spreads(fwd, case.inputs)
+    assert 0.0 < spread < 0.02 and zero > 0.5
     plain = _linear_case()
     plain.module.eval()  # (no dropout)
-    assert eager_spread(peer_runs.forward_step(plain), plain.inputs) == 0.0
+    assert eager_spreads(peer_runs.forward_step(plain), plain.inputs) == [0.0, 0.0]
     whole = _counts({})
     ok = peer_runs.check_replay(case, cpu, _captures(stale=False), whole)
-    assert 0.0 < ok["replay_diff"] < peer_runs.allowed_difference(
-        max(ok["replay_eager_spread"].values()))
-    assert not ok["replay_incomplete"]
-    # the spread does not hide a replay that misses work
-    stale = peer_runs.check_replay(case, cpu, _captures(stale=True), whole)
-    assert stale["replay_incomplete"] and stale["replay_diff"] > 0.1
-    assert "its eager calls:" in peer_runs.replay_verdict(stale)
+    assert ok["replay_diff_steps"]["forward"] > 0.5  # the rounding-only output
+    assert ok["replay_off"] == {} and not ok["replay_incomplete"]
+    # one output that is all rounding does not excuse another that misses work
+    stale_first = peer_runs.check_replay(case, cpu, _captures(stale=True), whole)
+    assert stale_first["replay_incomplete"]
+    assert stale_first["replay_off"]["forward"]["output"] in (0, 1)
+    assert "eval forward off by" in peer_runs.replay_verdict(stale_first)
+    assert "its eager calls:" in peer_runs.replay_verdict(stale_first)
+
+    def stale_only_first(outs):  # capture keeps the first output's stale values only
+        return len(outs) == 2
+    case2 = peers.pb.Case(lin, (x,), lambda: (lin(x), lin.bias * 0.0 + 1e-6 * torch.randn(3)))
+
+    def capture_first_stale(body, device):
+        static = tuple(t.clone() for t in body())
+
+        def replay():
+            for k, (s, t) in enumerate(zip(static, body())):
+                if k > 0 or not stale_only_first(static):
+                    s.copy_(t)
+        return replay, static
+    part = peer_runs.check_replay(case2, cpu, capture_first_stale, whole)
+    assert part["replay_off"]["forward"]["output"] == 0  # the stale output, not the noisy one
+    assert part["replay_incomplete"]
     # the allowance: the tolerance at least, a multiple of the spread, nothing for a NaN
     assert peer_runs.allowed_difference(None) == peer_runs.REPLAY_TOLERANCE
     assert peer_runs.allowed_difference(0.0) == peer_runs.REPLAY_TOLERANCE
     assert peer_runs.allowed_difference(0.01) == pytest.approx(peer_runs.SPREAD_FACTOR * 0.01)
     assert peer_runs.allowed_difference(math.nan) == peer_runs.REPLAY_TOLERANCE
     assert peer_runs.allowed_difference(math.inf) == peer_runs.REPLAY_TOLERANCE
-    # an older row without the spread keeps the plain tolerance
+    # older rows: without spreads the plain tolerance, with a step's spread that allowance
     row = {"replay_diff_steps": {"train": 0.012}}
     assert "eval training step off by 0.012" in peer_runs.replay_verdict(row)
     assert "eval training step" not in peer_runs.replay_verdict(
