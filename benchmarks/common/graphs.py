@@ -129,16 +129,9 @@ def replay_differences(body: Callable[[], object], inputs: Sequence[torch.Tensor
         got = [t.detach().float().clone() for t in _tensors(static)]
         want = [t.detach().float() for t in _tensors(body())]
     if len(got) != len(want) or not want:
-        raise ValueError(f"replay_difference: the replay gave {len(got)} tensors, the eager "
+        raise ValueError(f"replay_differences: the replay gave {len(got)} tensors, the eager "
                          f"call {len(want)}")
     return _differences(got, want)
-
-
-def replay_difference(body: Callable[[], object], inputs: Sequence[torch.Tensor],
-                      device: torch.device, capture_fn=None, seed: int = 2) -> float | None:
-    """The largest of :func:`replay_differences` (None where it is None)."""
-    diffs = replay_differences(body, inputs, device, capture_fn, seed)
-    return None if diffs is None else largest(diffs)
 
 
 def eager_spreads(body: Callable[[], object], inputs: Sequence[torch.Tensor],

@@ -96,7 +96,7 @@ def check_replay(case: pb.Case, device: torch.device, capture_fn=None,
     - a census (:func:`benchmarks.common.graphs.replay_census`): the kernels an eager training
       step (forward + backward from the fixed output gradients) runs that its replay does not,
       ``replay_missing_kernels`` (``{name: launches}``);
-    - a comparison of results (:func:`benchmarks.common.graphs.replay_difference`) for both
+    - a comparison of results (:func:`benchmarks.common.graphs.replay_differences`) for both
       steps the graph modes time, the forward (``no_grad``) and the training step, replayed
       after new inputs against the same step run eagerly: ``replay_diff`` is the larger of the
       two (``replay_diff_steps`` has each). Each step's eager calls are also compared among
@@ -140,7 +140,8 @@ def check_replay(case: pb.Case, device: torch.device, capture_fn=None,
         graphs.clear()  # the graphs' memory pools go with them
     off = {}
     for name, ds in diffs.items():
-        bad = [(largest([d]), i) for i, (d, sp) in enumerate(zip(ds, spreads[name]))
+        bad = [(largest([d]), i)  # (a NaN as inf)
+               for i, (d, sp) in enumerate(zip(ds, spreads[name]))
                if not d <= allowed_difference(sp)]
         if bad:
             d, i = max(bad)
