@@ -289,16 +289,16 @@ def test_check_replay_allows_each_outputs_own_rounding_spread():
     assert "eval forward off by" in peer_runs.replay_verdict(stale_first)
     assert "its eager calls:" in peer_runs.replay_verdict(stale_first)
 
-    def stale_only_first(outs):  # capture keeps the first output's stale values only
-        return len(outs) == 2
     case2 = peers.pb.Case(lin, (x,), lambda: (lin(x), lin.bias * 0.0 + 1e-6 * torch.randn(3)))
 
     def capture_first_stale(body, device):
+        """The forward's first output (of its two) stays as capture left it; every other
+        output (the noisy one, the training step's three gradients) is refreshed."""
         static = tuple(t.clone() for t in body())
 
         def replay():
             for k, (s, t) in enumerate(zip(static, body())):
-                if k > 0 or not stale_only_first(static):
+                if k > 0 or len(static) != 2:
                     s.copy_(t)
         return replay, static
     part = peer_runs.check_replay(case2, cpu, capture_first_stale, whole)
