@@ -107,17 +107,21 @@ def new_values(inputs: Sequence[torch.Tensor], seed: int) -> Iterator[None]:
 
 
 def replay_differences(body: Callable[[], object], inputs: Sequence[torch.Tensor],
-                       device: torch.device, capture_fn=None,
-                       seed: int = 2) -> list[float] | None:
-    """Whether a CUDA graph of ``body`` holds all of its work: for each output, the relative
-    difference (max |replay - eager| / max |eager|; inf for a NaN) between a replay and an eager
-    call after the floating-point ``inputs`` got new random values in place (they get their own
-    back afterwards). A kernel launched outside the capturing stream, on the legacy default
-    stream say, runs once while the graph is captured and is not in it: the replay then keeps
-    that kernel's capture-time results where the eager call's follow the new inputs, and the
-    replay's time leaves its cost out. ``body`` must draw nothing at random (no dropout: a
-    module in eval mode); one that sums in a varying order (atomic adds) differs by its
-    rounding, which :func:`eager_spreads` measures. None on CPU (no graphs), unless
+                       device: torch.device, capture_fn=None, seed: int = 2,
+                       repeats: int = 2) -> tuple[list[float], list[float]] | None:
+    """Whether a CUDA graph of ``body`` holds all of its work: ``(differences, spreads)``, for
+    each output the relative difference (max |replay - eager| / max |eager|; NaN passes on as
+    NaN) between a replay and an eager call after the floating-point ``inputs`` got new random
+    values in place (they get their own back afterwards), and how far ``repeats`` further eager
+    calls on the same inputs differ from that one. A kernel launched outside the capturing
+    stream, on the legacy default stream say, runs once while the graph is captured and is not
+    in it: the replay then keeps that kernel's capture-time results where the eager call's
+    follow the new inputs, and the replay's time leaves its cost out. ``body`` must draw
+    nothing at random (no dropout: a module in eval mode). One whose kernels sum in an order
+    that varies between calls (atomic adds) differs from its replay by its rounding, as its
+    eager calls differ among themselves (the spread; zero for a deterministic body); an output
+    whose exact value is zero (a bias's gradient that a softmax's shift invariance cancels) is
+    all rounding, so its relative spread is O(1). None on CPU (no graphs), unless
     ``capture_fn`` stands in for :func:`capture`."""
     if capture_fn is None:
         if device.type != "cuda":
@@ -127,29 +131,15 @@ def replay_differences(body: Callable[[], object], inputs: Sequence[torch.Tensor
     with new_values(inputs, seed):
         replay()
         got = [t.detach().float().clone() for t in _tensors(static)]
-        want = [t.detach().float() for t in _tensors(body())]
+        want = [t.detach().float().clone() for t in _tensors(body())]
+        spreads = [0.0] * len(want)
+        for _ in range(repeats):
+            again = _differences([t.detach().float() for t in _tensors(body())], want)
+            spreads = [largest((a, b)) for a, b in zip(spreads, again)]
     if len(got) != len(want) or not want:
         raise ValueError(f"replay_differences: the replay gave {len(got)} tensors, the eager "
                          f"call {len(want)}")
-    return _differences(got, want)
-
-
-def eager_spreads(body: Callable[[], object], inputs: Sequence[torch.Tensor],
-                  repeats: int = 2, seed: int = 2) -> list[float]:
-    """How far eager calls of ``body`` differ among themselves on the same inputs (the new
-    values :func:`replay_differences` gives them, then their own back): for each output, the
-    largest relative difference of ``repeats`` further calls from the first. Zero for a
-    deterministic body. A body whose kernels sum in an order that varies between calls (atomic
-    adds) differs by its rounding, and so does its replay from its eager call, whatever the
-    graph holds; an output whose exact value is zero (a bias's gradient that a softmax's shift
-    invariance cancels) is all rounding, so its relative spread is O(1)."""
-    with new_values(inputs, seed):
-        first = [t.detach().float().clone() for t in _tensors(body())]
-        spreads = [0.0] * len(first)
-        for _ in range(repeats):
-            again = _differences([t.detach().float() for t in _tensors(body())], first)
-            spreads = [largest((a, b)) for a, b in zip(spreads, again)]
-    return spreads
+    return _differences(got, want), spreads
 
 
 def largest(values: Sequence[float]) -> float:

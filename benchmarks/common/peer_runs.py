@@ -18,7 +18,6 @@ from benchmarks.common import peer_blocks as pb
 from benchmarks.common.cli import switch_restored
 from benchmarks.common.graphs import (
     capture,
-    eager_spreads,
     largest,
     replay_census,
     replay_differences,
@@ -100,10 +99,10 @@ def check_replay(case: pb.Case, device: torch.device, capture_fn=None,
       steps the graph modes time, the forward (``no_grad``) and the training step, replayed
       after new inputs against the same step run eagerly: ``replay_diff`` is the larger of the
       two (``replay_diff_steps`` has each). Each step's eager calls are also compared among
-      themselves, output by output (:func:`benchmarks.common.graphs.eager_spreads`; the
-      largest is ``replay_eager_spread``): a step that sums with atomic adds differs from its
-      replay by its rounding alone. ``replay_off``: for each step with an output off, the worst
-      such output (its index, difference and eager spread).
+      themselves, output by output (the largest spread is ``replay_eager_spread``): a step
+      that sums with atomic adds differs from its replay by its rounding alone.
+      ``replay_off``: for each step with an output off, the worst such output (its index,
+      difference and eager spread).
 
     Each step runs in eval mode (no dropout), with seeded noise on every parameter for the
     check's duration (:func:`_noised`). ``replay_incomplete``: a kernel is missing or a
@@ -129,15 +128,16 @@ def check_replay(case: pb.Case, device: torch.device, capture_fn=None,
     try:
         with _untuned(), _noised(case.module):
             steps = {"forward": forward_step(case), "train": train_step(case)}
-            diffs = {name: replay_differences(step, case.inputs, device, capture_once)
-                     for name, step in steps.items()}
-            spreads = {name: eager_spreads(step, case.inputs) for name, step in steps.items()}
+            compared = {name: replay_differences(step, case.inputs, device, capture_once)
+                        for name, step in steps.items()}
             missing = replay_census(steps["train"], device, capture_once, counts_fn)
     except Exception as e:  # noqa: BLE001  (reported, as a mode's failure is)
         return {"replay_diff": None, "replay_check_error": error_text(e)}
     finally:
         case.module.train(training)
         graphs.clear()  # the graphs' memory pools go with them
+    diffs = {name: d for name, (d, _) in compared.items()}
+    spreads = {name: sp for name, (_, sp) in compared.items()}
     off = {}
     for name, ds in diffs.items():
         bad = [(largest([d]), i)  # (a NaN as inf)

@@ -199,8 +199,8 @@ def test_replay_differences_find_work_outside_the_graph_and_restore_inputs():
     from benchmarks.common.graphs import largest, replay_differences
 
     def replay_difference(*args):
-        diffs = replay_differences(*args)
-        return None if diffs is None else largest(diffs)
+        compared = replay_differences(*args)
+        return None if compared is None else largest(compared[0])
 
     case = _linear_case()
     before = case.inputs[0].detach().clone()
@@ -257,7 +257,10 @@ def test_check_replay_flags_an_incomplete_graph_and_the_ratio_says_so():
 
 
 def test_check_replay_allows_each_outputs_own_rounding_spread():
-    from benchmarks.common.graphs import eager_spreads
+    from benchmarks.common.graphs import replay_differences
+
+    def eager_spreads(body, inputs):  # the spreads beside a replay that holds everything
+        return replay_differences(body, inputs, torch.device("cpu"), _captures(stale=False))[1]
 
     # a step that sums in a varying order (atomic adds) differs between eager calls and from
     # its replay by its rounding alone: a stand-in whose first output jitters by up to 0.5% a
