@@ -238,7 +238,9 @@ def contenders(names: list[str], shape: pb.Shape, kernel_settings: list[bool]):
     return out
 
 
-PARAMS = ("init", "noised")  # --params: the blocks' parameters as initialised, or with noise
+# --params: the blocks' parameters as initialised, or with noise; each with the tables' words
+PARAMS = {"noised": "parameters noised (no zero output layer)",
+          "init": "parameters as initialised (zero output layers)"}
 
 
 def build(name: str, kernels: bool | None, shape: pb.Shape, sizes, x, device, args) -> pb.Case:

@@ -207,9 +207,7 @@ def markdown(meta: dict[str, Any], rows: list[dict[str, Any]], modes: tuple[str,
              "inputs under bf16 autocast (CUDA). Median ms of "
              f"{meta['reps']} after {meta['warmup']} warm-up; backward from fixed random output "
              f"gradients. Token mask: {meta.get('mask', 'holes')}. "
-             + {"noised": "Parameters noised (no zero output layer). ",
-                "init": "Parameters as initialised (zero output layers). "}.get(
-                    meta.get("params"), "")
+             + (f"{PARAMS[meta['params']].capitalize()}. " if meta.get("params") else "")
              + ("'kernels' modes: the summed kernel time of an eager step (profiler, every "
                 f"stream), median of {min(meta['reps'], KERNEL_REPS)}. "
                 if set(modes) & set(KERNEL_MODES) else "")
@@ -278,7 +276,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
                          "like fold's, bf16 with --fold-precision bf16 (issue 21's setting), "
                          "fp32 with the mixed ones (bf16-mixed training and prediction); "
                          "Boltz's fp32 regions reject bf16 LayerNorm weights")
-    ap.add_argument("--params", choices=PARAMS, default="noised",
+    ap.add_argument("--params", choices=sorted(PARAMS), default="noised",
                     help="every contender's parameters noised (default: seeded noise on every "
                          "parameter, as no layer of trained weights is zero) or as initialised "
                          "(the output layers are zeros, so no gradient reaches upstream of "

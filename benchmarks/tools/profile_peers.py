@@ -112,8 +112,7 @@ def markdown(meta: dict[str, Any], rows: list[dict[str, Any]], top: int) -> str:
              f"Versions: {', '.join(f'{k} {v}' for k, v in meta['versions'].items())}. "
              f"Mode: {meta['mode']}; fold {meta['fold_precision']}, peers {meta['peer_weights']}"
              f"; token mask {meta['mask']}"
-             + {"noised": "; parameters noised",
-                "init": "; parameters as initialised"}.get(meta.get("params"), "")
+             + (f"; {peer_runs.PARAMS[meta['params']]}" if meta.get("params") else "")
              + f"; {unit}. Ratio: best peer / fold (above 1: fold "
              "faster in that group).", ""]
     for shape in dict.fromkeys(r["shape"] for r in rows):
@@ -167,7 +166,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     ap.add_argument("--top", type=int, default=20, help="kernels listed per contender")
     ap.add_argument("--peer-weights", choices=["match", "fp32", "bf16"], default="match")
     ap.add_argument("--protenix-layernorm", choices=["fast_layernorm", "torch"], default=None)
-    ap.add_argument("--params", choices=peer_runs.PARAMS, default="noised",
+    ap.add_argument("--params", choices=sorted(peer_runs.PARAMS), default="noised",
                     help="parameters noised (default) or as initialised (as model.peers "
                          "--params)")
     ap.add_argument("--fold-precision", choices=sorted(pb.FOLD_PRECISIONS), default="bf16")
