@@ -7,7 +7,9 @@ bf16 or any dtype, training mode; :func:`build` returns the eager step or its CU
 A suffix ``/PATTERN`` picks the masks' pattern (``blocks.MASKS``): ``holes`` (the default, ~5%
 random holes), ``padded`` (the last tenth of the tokens, residues or keys padding: each mask row
 keeps a prefix, as for an input padded to its bucket) or ``none`` (all kept), e.g.
-``fwd pairformer:768/padded``."""
+``fwd pairformer:768/padded``. A suffix ``@mixed`` trains the block as fold-train's
+``precision=bf16`` does: fp32 parameters and streams under bf16 autocast (whatever dtype the
+caller asks for), e.g. ``evoformer:128,256@mixed``."""
 
 from __future__ import annotations
 
@@ -66,6 +68,16 @@ def _attention(r: int, n: int, h: int, d: int, device, dtype, mask: str = "holes
 def loss_and_tensors(target: str, device, dtype):
     """``(loss, tensors)`` of ``target``: ``loss()`` runs the forward to a scalar, ``tensors``
     are the inputs and parameters whose gradients the step computes."""
+    target, _, precision = target.partition("@")
+    if precision not in ("", "mixed"):
+        raise SystemExit(f"target precision suffixes are '@mixed', got {precision!r}")
+    if precision == "mixed":
+        loss, tensors = loss_and_tensors(target, device, torch.float32)
+
+        def mixed():
+            with torch.autocast(torch.device(device).type, dtype=torch.bfloat16):
+                return loss()
+        return mixed, tensors
     target, _, mask = target.partition("/")
     kind, _, dims = target.partition(":")
     sizes = [int(x) for x in dims.split(",")]

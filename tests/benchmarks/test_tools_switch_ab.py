@@ -64,3 +64,21 @@ def test_mask_patterns_of_the_targets():
                    "evoformer:4,6/padded"):
         step = targets.build(target, torch.device("cpu"), torch.float32)
         step()
+
+
+def test_mixed_precision_targets():
+    """``@mixed``: fp32 parameters and streams under bf16 autocast, whatever dtype is asked for
+    (fold-train's precision=bf16); the gradients come back fp32. A wrong suffix is named."""
+    import torch
+
+    from benchmarks.common import targets
+
+    loss, tensors = targets.loss_and_tensors("pairformer:5/padded@mixed", torch.device("cpu"),
+                                             torch.bfloat16)
+    assert all(t.dtype == torch.float32 for t in tensors)
+    loss().backward()
+    assert all(t.grad is None or t.grad.dtype == torch.float32 for t in tensors)
+    assert any(t.grad is not None for t in tensors)
+    targets.build("diffusion:5,2@mixed", torch.device("cpu"), torch.bfloat16)()
+    with pytest.raises(SystemExit, match="@mixed"):
+        targets.loss_and_tensors("pairformer:5@fp8", torch.device("cpu"), torch.float32)

@@ -148,3 +148,180 @@ def test_no_entry_made_during_capture():
         with torch.cuda.stream(side), torch.cuda.graph(graph):
             out = cast_weight(w)
     assert out is w and len(cache) == 0
+
+
+# --- training: one grouped cast per block forward (grouped_casts) ---------------------------
+
+import collections  # noqa: E402
+
+from fold_ops.weight_casts import grouped, grouped_casts  # noqa: E402
+from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
+from torch.utils.checkpoint import checkpoint  # noqa: E402
+
+
+class _Casts(TorchDispatchMode):
+    """Counts dtype casts (``aten._to_copy``) and concatenations, forward and backward."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.count = collections.Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.count[func.__name__.split(".")[0]] += 1
+        return func(*args, **(kwargs or {}))
+
+
+class _Block(nn.Module):
+    """Projections read through cast_weight / cast_stacked as fold-model's layers read them, a
+    weight read twice, an unread one, a frozen one, an fp64 one and a LayerNorm read in fp32."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        g = torch.Generator().manual_seed(3)
+        self.a = nn.Parameter(torch.randn(6, 5, generator=g))
+        self.b = nn.Parameter(torch.randn(6, 5, generator=g))
+        self.bias = nn.Parameter(torch.randn(12, generator=g))
+        self.twice = nn.Parameter(torch.randn(6, 6, generator=g))
+        self.unread = nn.Parameter(torch.randn(4, generator=g))
+        self.frozen = nn.Parameter(torch.randn(6, 6, generator=g), requires_grad=False)
+        self.w64 = nn.Parameter(torch.randn(6, 6, generator=g, dtype=torch.float64))
+        self.norm = nn.LayerNorm(6)
+
+    @grouped
+    def forward(self, x):  # x [R, 5] -> [R, 6]
+        packed = cast_stacked((self.a, self.b), "cat", concatenated)  # [12, 5]
+        (bias,), _ = lower((self.bias,), {})
+        h = torch.nn.functional.linear(x, packed, bias)[:, :6]
+        h = torch.nn.functional.linear(h, cast_weight(self.twice))
+        h = torch.nn.functional.linear(h, cast_weight(self.twice))
+        h = torch.nn.functional.linear(h, cast_weight(self.frozen))
+        h = self.norm(h.float()) + (h.double() @ self.w64).float()
+        return h
+
+
+def _step(block, x, seed: int = 0):
+    """``(output, {name: grad})`` of one training step under bf16 autocast."""
+    with _autocast():
+        out = block(x)
+    out.float().square().sum().backward()
+    grads = {n: p.grad for n, p in block.named_parameters()}
+    block.zero_grad(set_to_none=True)
+    return out.detach(), grads
+
+
+@pytest.fixture
+def per_call(monkeypatch):
+    """Runs a function with grouped casts off (each parameter cast per call), then on."""
+    def run(fn):
+        monkeypatch.setenv("FOLD_GROUPED_CASTS", "0")
+        before = fn()
+        monkeypatch.setenv("FOLD_GROUPED_CASTS", "1")
+        return before, fn()
+    return run
+
+
+def test_grouped_casts_equal_the_per_call_casts(per_call):
+    """Outputs and every gradient bit for bit: the same casts of the same values. (The weight
+    read twice has its two gradients added in bf16 before the cast back, as autocast's own cast
+    cache does on the per-call path.)"""
+    block = _Block()
+    x = torch.randn(7, 5, generator=torch.Generator().manual_seed(1))
+    (out0, g0), (out1, g1) = per_call(lambda: _step(block, x))
+    assert torch.equal(out0, out1)
+    assert g1["unread"] is None and g1["frozen"] is None  # no gradient made up
+    for name, g in g0.items():
+        assert (g is None) == (g1[name] is None), name
+        assert g is None or torch.equal(g, g1[name]), name
+    assert all(torch.isfinite(g).all() for g in g1.values() if g is not None)
+
+
+def test_grouped_casts_fewer_launches(per_call):
+    block = _Block()
+    x = torch.randn(7, 5)
+    _step(block, x)  # the plan: which parameters the forward asks for
+
+    def counted():
+        with _Casts() as mode:
+            _step(block, x)
+        return mode.count
+    before, after = per_call(counted)
+    # per call, forward: the packed (a, b) projection, the bias, twice (once: autocast's cache)
+    # and frozen; backward: the three trainable ones. Grouped: one cast each way, and frozen's
+    # (not trainable, not grouped). The activations' casts come on top in both.
+    assert before["_to_copy"] - after["_to_copy"] == (4 + 3) - (2 + 1)
+    assert after["cat"] == before["cat"] + 2  # the flat copies, forward and backward
+
+
+def test_grouped_casts_only_where_they_are_the_cast():
+    block = _Block()
+    x = torch.randn(3, 5)
+    with torch.no_grad(), _autocast():  # no autograd: prediction's cache, not a group
+        with grouped_casts(block):
+            assert cast_weight(block.a) is block.a
+    with grouped_casts(block):  # no autocast: nothing to cast
+        assert cast_weight(block.a) is block.a
+    with _autocast(), grouped_casts(block):
+        served = cast_weight(block.a)
+        assert served.dtype == BF16 and torch.equal(served, block.a.detach().to(BF16))
+        assert cast_weight(block.a, torch.float16) is block.a  # another dtype: not this cast
+        assert cast_weight(block.w64) is block.w64 and cast_weight(block.frozen) is block.frozen
+        with torch.autocast("cpu", enabled=False):
+            assert cast_weight(block.a) is block.a  # fp32 region inside the block
+        other = _param(6, 5)
+        assert cast_weight(other) is other  # another module's parameter
+    assert cast_weight(block.a) is block.a  # the group ends with the block
+    block(x)  # grouped forward without autocast runs as before
+
+
+def test_grouped_casts_switch_and_tracing(monkeypatch):
+    block = _Block()
+    monkeypatch.setenv("FOLD_GROUPED_CASTS", "0")
+    with _autocast(), grouped_casts(block):
+        assert cast_weight(block.a) is block.a
+    monkeypatch.setenv("FOLD_GROUPED_CASTS", "1")
+    import fold_ops.weight_casts as wc
+
+    monkeypatch.setattr(wc, "fx_tracing", lambda: True)
+    with _autocast(), grouped_casts(block):
+        assert cast_weight(block.a) is block.a
+
+
+def test_grouped_casts_learn_what_the_forward_asks_for():
+    """The first group casts every candidate; later ones what was asked (not the LayerNorm's
+    parameters nor the unread one); a parameter asked for later joins the next group."""
+    import fold_ops.weight_casts as wc
+
+    block = _Block()
+    x = torch.randn(3, 5)
+    _step(block, x)
+    asked = {id(p) for p in wc._PLANS[block].asked}
+    assert asked == {id(block.a), id(block.b), id(block.bias), id(block.twice)}
+    with _autocast(), grouped_casts(block):
+        assert cast_weight(block.unread) is block.unread  # not in the group: per call
+    assert id(block.unread) in {id(p) for p in wc._PLANS[block].asked}
+    with _autocast(), grouped_casts(block):
+        assert cast_weight(block.unread).dtype == BF16
+    block.extra = nn.Parameter(torch.ones(2))  # a registration: the plan is made again
+    assert wc._PLANS.get(block) is None or wc._PLANS[block].generation != wc._GENERATION[0]
+
+
+def test_grouped_casts_under_checkpoint(per_call):
+    """A grouped forward recomputed by activation checkpointing: same gradients."""
+    block = _Block()
+    x = torch.randn(5, 5, requires_grad=True)
+
+    def run():
+        with _autocast():
+            out = checkpoint(block, x, use_reentrant=False)
+        out.float().sum().backward()
+        grads = [x.grad] + [p.grad for p in block.parameters()]
+        block.zero_grad(set_to_none=True)
+        x.grad = None
+        return grads
+    run()
+    before, after = per_call(run)
+    for a, b in zip(before, after, strict=True):
+        assert (a is None) == (b is None)
+        if a is not None:
+            torch.testing.assert_close(b, a, rtol=1e-2, atol=1e-2)
+            assert torch.isfinite(b).all()

@@ -26,19 +26,32 @@ Staleness: an entry records its sources' version counters and storage addresses.
 finds them changed (an optimizer step, ``load_state_dict``) casts again into the same tensor;
 :meth:`WeightCasts.refresh` does so for every entry, for CUDA graphs that replay without Python
 (``fold-train``'s predictors call it before each prediction).
+
+**Training** (:func:`grouped_casts`): there the casts must carry gradients and are made again
+every forward, yet each is still one kernel and one autograd node per parameter in the forward,
+and another of each in the backward (the gradient cast back to fp32): about 50 launches of an
+AF2 Evoformer block's training step. A block whose ``forward`` is wrapped by :func:`grouped`
+casts all its parameters in one op (:class:`_GroupCast`: two launches, one node; its backward
+two launches) and hands out those casts while its forward runs. The values are those of the
+per-call casts; a parameter read twice in one forward gets its gradients summed in the autocast
+dtype before the cast back, as under autocast's own cast cache.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
+import weakref
 from collections.abc import Callable, Iterator, Sequence
 from contextvars import ContextVar
 
 import torch
 
+from fold_ops.env import EnvVar
 from fold_ops.tracing import compiling, fx_tracing
 
-__all__ = ["WeightCasts", "weight_casts", "cast_weight", "cast_stacked", "concatenated"]
+__all__ = ["WeightCasts", "weight_casts", "cast_weight", "cast_stacked", "concatenated",
+           "grouped_casts", "grouped"]
 
 
 def _stamp(sources: Sequence[torch.Tensor]) -> tuple:
@@ -172,6 +185,11 @@ def cast_weight(w: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tens
     (module doc), else ``w`` itself (autocast or the dispatcher casts it as before). ``dtype``:
     served only when that is the autocast dtype (a reference op casting a weight to its input's
     dtype)."""
+    group = _GROUP.get()
+    if group is not None:
+        served = group.serve(w, dtype)
+        if served is not None:
+            return served
     cache = _ACTIVE.get()
     if cache is None:
         return w
@@ -197,9 +215,184 @@ def cast_stacked(sources: Sequence[torch.Tensor], tag: str,
     now in their dtype. ``tag`` names what ``make`` makes (one cache holds several makes of the
     same sources)."""
     sources = tuple(sources)
+    group = _GROUP.get()
+    if group is not None:
+        served = [group.serve(s) for s in sources]
+        if all(c is not None for c in served):
+            return make(*served)
     found = _cache_dtype(sources)
     if found is not None:
         cached = found[0].get(sources, tag, found[1], make)
         if cached is not None:
             return cached
     return make(*sources)
+
+
+# ``FOLD_GROUPED_CASTS=0``: under training autocast every parameter is cast per call, as before
+# (for comparisons: benchmarks/tools/switch_ab.py)
+_GROUPED = EnvVar("FOLD_GROUPED_CASTS", lambda v: (v if v is not None else "1") != "0")
+
+
+def _flatten(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
+    """The tensors' values one after another, ``[sum of numels]`` (one launch; the views and
+    the concatenation are made in C++: per tensor a Python loop would cost more host time than
+    the cast it saves)."""
+    return torch._C._nn.flatten_dense_tensors(list(tensors))
+
+
+def _unflatten(flat: torch.Tensor, like: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
+    """Views of ``flat`` shaped as ``like`` (no launch)."""
+    return tuple(torch._C._nn.unflatten_dense_tensors(flat, list(like)))
+
+
+class _GroupCast(torch.autograd.Function):
+    """``(dtype, *params) -> casts``: every ``p.to(dtype)`` from one flat copy (a concatenation
+    and one cast, two launches); the backward casts the gradients back the same way. The casts
+    are views of that flat tensor (none is modified in place: they are weights)."""
+
+    @staticmethod
+    def forward(ctx, dtype, *params):
+        ctx.params = params  # their shapes for the backward (parameters: held anyway)
+        ctx.set_materialize_grads(False)  # an unread parameter's gradient stays None
+        return _unflatten(_flatten(params).to(dtype), params)
+
+    @staticmethod
+    def backward(ctx, *grads):
+        read = [i for i, g in enumerate(grads) if g is not None]
+        if len(read) == len(grads):
+            return (None, *_unflatten(_flatten(grads).to(ctx.params[0].dtype), ctx.params))
+        out: list = [None] * len(grads)
+        if read:
+            flat = _flatten([grads[i] for i in read]).to(ctx.params[0].dtype)
+            for i, part in zip(read, _unflatten(flat, [ctx.params[i] for i in read]),
+                               strict=True):
+                out[i] = part
+        return (None, *out)
+
+
+class _Group:
+    """The casts one :func:`grouped_casts` made, by ``id`` of their parameter, and which
+    parameters its forward asked for."""
+
+    __slots__ = ("casts", "dtype", "kind", "served", "missed")
+
+    def __init__(self, params: list, dtype: torch.dtype, kind: str) -> None:
+        casts = _GroupCast.apply(dtype, *params) if params else ()
+        self.casts = {id(p): (p, c) for p, c in zip(params, casts, strict=True)}
+        self.dtype = dtype
+        self.kind = kind
+        self.served: set[int] = set()  # ids of the parameters handed out
+        self.missed: list[torch.nn.Parameter] = []  # asked for, not in the group
+
+    def serve(self, w, dtype: torch.dtype | None = None) -> torch.Tensor | None:
+        """``w``'s cast, where the caller would cast ``w`` to this dtype now (autocast on with
+        it), else None."""
+        if (dtype is not None and dtype != self.dtype) or not torch.is_autocast_enabled(
+                self.kind) or torch.get_autocast_dtype(self.kind) != self.dtype:
+            return None
+        found = self.casts.get(id(w))
+        if found is None or found[0] is not w:
+            if isinstance(w, torch.nn.Parameter) and w.requires_grad:
+                self.missed.append(w)
+            return None
+        self.served.add(id(w))
+        return found[1]
+
+
+_GROUP: ContextVar[_Group | None] = ContextVar("fold_grouped_casts", default=None)
+
+
+class _Plan:
+    """A module's parameters (listed once: they change only by registration, assignment or
+    ``register_parameter`` / ``add_module``, which bumps the generation) and those its grouped
+    forwards have asked for (None until the first one ran: it casts every candidate)."""
+
+    __slots__ = ("generation", "params", "asked")
+
+    def __init__(self, module: torch.nn.Module) -> None:
+        self.generation = _GENERATION[0]
+        self.params = tuple(module.parameters())
+        self.asked: tuple | None = None
+
+    def learn(self, group: _Group) -> None:
+        """Keep what ``group``'s forward asked for: a later group casts only those (a
+        parameter asked for later joins them; until then it is cast per call)."""
+        owned = {id(p) for p in self.params}
+        keep = set(group.served)
+        if self.asked is not None:
+            keep.update(id(p) for p in self.asked)
+        keep.update(id(p) for p in group.missed if id(p) in owned)
+        asked = [p for p in self.params if id(p) in keep]  # in the module's order
+        self.asked = tuple(asked)
+
+
+_GENERATION = [0]
+_PLANS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # module -> _Plan
+
+
+def _bump(*_args) -> None:
+    _GENERATION[0] += 1
+
+
+torch.nn.modules.module.register_module_parameter_registration_hook(_bump)
+torch.nn.modules.module.register_module_module_registration_hook(_bump)
+
+
+def _plan(module: torch.nn.Module) -> _Plan:
+    plan = _PLANS.get(module)
+    if plan is None or plan.generation != _GENERATION[0]:
+        plan = _PLANS[module] = _Plan(module)
+    return plan
+
+
+@contextlib.contextmanager
+def grouped_casts(module: torch.nn.Module) -> Iterator[None]:
+    """Inside the block, ``module``'s trainable parameters are cast to the autocast dtype in one
+    op and :func:`cast_weight` / :func:`cast_stacked` hand those casts out (module doc).
+
+    Made only under autocast with autograd on, outside torch.fx tracing and torch.compile, and
+    not again inside a group that already holds the module's parameters. A candidate requires
+    grad, is floating and is neither fp64 nor in the autocast dtype, and has the first such
+    parameter's device and dtype (others are cast per call, as before). The first group of a
+    module casts every candidate; later ones only those its forwards asked for (the
+    LayerNorms' parameters, read in fp32, are left out)."""
+    if not (torch.is_grad_enabled() and _GROUPED.get()) or fx_tracing() or compiling():
+        yield
+        return
+    plan = _plan(module)
+    first = next((p for p in plan.params if p.requires_grad), None)
+    if first is None or not torch.is_autocast_enabled(first.device.type):
+        yield
+        return
+    kind = first.device.type
+    dtype = torch.get_autocast_dtype(kind)
+    outer = _GROUP.get()
+    if outer is not None and id(first) in outer.casts:
+        yield  # an enclosing block's group holds them
+        return
+    source = None
+    chosen = []
+    for p in plan.params if plan.asked is None else plan.asked:
+        if not p.requires_grad or not p.is_floating_point() or p.dtype in (dtype, torch.float64):
+            continue
+        if source is None:
+            source = (p.device, p.dtype)
+        if (p.device, p.dtype) == source:
+            chosen.append(p)
+    group = _Group(chosen, dtype, kind)
+    token = _GROUP.set(group)
+    try:
+        yield
+    finally:
+        _GROUP.reset(token)
+        plan.learn(group)
+
+
+def grouped(forward: Callable) -> Callable:
+    """A block's ``forward`` run inside :func:`grouped_casts` of its module."""
+
+    @functools.wraps(forward)
+    def run(self, *args, **kwargs):
+        with grouped_casts(self):
+            return forward(self, *args, **kwargs)
+    return run

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from functools import partial
 
 import torch
+from fold_ops.weight_casts import grouped
 from torch import nn
 
 from fold_model.layers import (
@@ -179,6 +180,7 @@ class EvoformerBlock(_EvoformerLayers):
             raise ValueError(f"EvoformerBlock order must be one of {sequential}, got {order!r}")
         self.order = order
 
+    @grouped
     def forward(
         self,
         m: torch.Tensor,
@@ -241,6 +243,7 @@ class ParallelEvoformerBlock(_EvoformerLayers):
             dz = self.outer_product_update(m, msa_mask)
         return m, z + dz
 
+    @grouped
     def forward(
         self,
         m: torch.Tensor,

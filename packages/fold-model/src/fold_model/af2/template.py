@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from fold_ops.weight_casts import grouped
 from torch import nn
 
 from fold_model.af2.embedders import (
@@ -124,6 +125,7 @@ class TemplatePairBlock(nn.Module):
     def _residual(self, update: torch.Tensor, t: torch.Tensor, shared_dim: int) -> torch.Tensor:
         return dropout_residual(update, t, self.dropout_rate, shared_dim, self.training)
 
+    @grouped
     def forward(self, t: torch.Tensor, pair_mask: torch.Tensor) -> torch.Tensor:
         comm, chunk = self.comm, self.chunk_size
         mask_row = comm.scatter(pair_mask, -2).unsqueeze(-3)  # [*, 1, N_res/P, N_res]

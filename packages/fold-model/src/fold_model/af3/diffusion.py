@@ -24,6 +24,7 @@ import math
 from collections.abc import Callable
 
 import torch
+from fold_ops.weight_casts import grouped
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
@@ -166,6 +167,7 @@ class DiffusionTransformerBlock(nn.Module):
         row chunks."""
         return self.attention.bias_from_pair(z, chunk_size=self.chunk_size)
 
+    @grouped
     def forward(
         self, a: torch.Tensor, s: torch.Tensor, z: torch.Tensor, mask: torch.Tensor,
         bias: torch.Tensor | None = None,

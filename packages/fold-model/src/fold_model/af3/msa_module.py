@@ -10,6 +10,7 @@ the pair ``[*, N/P, N, C_z]`` in row layout; masks whole.
 from __future__ import annotations
 
 import torch
+from fold_ops.weight_casts import grouped
 from torch import nn
 
 from fold_model import ops
@@ -120,6 +121,7 @@ class MSAModuleBlock(PairUpdates):
             )
             self.msa_transition = SwiGLUTransition(cfg.c_m, cfg.transition_n)
 
+    @grouped
     def forward(
         self,
         m: torch.Tensor,

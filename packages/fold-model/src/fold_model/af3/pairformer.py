@@ -19,6 +19,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+from fold_ops.weight_casts import grouped
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
@@ -109,6 +110,7 @@ class PairUpdates(SubLayers):
         return pair_stack(self, z, pair_mask, self.comm, self.chunk_size, self.pair_dropout,
                           self._run)
 
+    @grouped
     def forward(self, z: torch.Tensor, pair_mask: torch.Tensor) -> torch.Tensor:
         return self._block(self.pair_stack, z, pair_mask)
 
@@ -153,6 +155,7 @@ class PairformerBlock(PairUpdates):
                                                              single_mask.unsqueeze(-2))
         return out.squeeze(-3), s_rows.squeeze(-3), z  # [*, N, C_s] each
 
+    @grouped
     def forward(
         self,
         s: torch.Tensor,
