@@ -16,8 +16,10 @@ the table compares the best rounds.
 Targets are those of ``benchmarks.common.targets``: training steps from the fp32 loss, e.g.
 ``pairformer:256``, ``diffusion:384,48``, ``evoformer:128,256``, ``attention:R,N,H,D``. With the
 prefix ``fwd``, an AF3 block's eval-mode forward under ``no_grad``, which is what prediction runs:
-``fwd pairformer:N``, ``fwd diffusion:N,samples``. bf16 throughout. On a machine without CUDA, a
-"replay" is the eager step and times are wall-clock: a smoke run, not a measurement.
+``fwd pairformer:N``, ``fwd diffusion:N,samples``. bf16 (a target with the suffix ``@mixed``: fp32
+parameters and streams under bf16 autocast, as fold-train's ``precision=bf16``). On a machine
+without CUDA, a "replay" is the eager step and times are wall-clock: a smoke run, not a
+measurement.
 """
 
 from __future__ import annotations
@@ -79,10 +81,10 @@ def markdown(meta: dict, rows: list[dict]) -> str:
         return rounds_cell(xs, ".3f")
 
     lines = [f"# {name}={off} against {name}={on}, {meta['device']}, {meta['date']}", "",
-             f"torch {meta['torch']}, Triton {meta['triton']}; bf16; {meta['rounds']} alternating "
-             f"rounds, each the median of {meta['reps']} calls (CUDA events around each call; an "
-             "eager step's span includes its host time). Ratio: best rounds, off / on (above 1: "
-             "on is faster).", "",
+             f"torch {meta['torch']}, Triton {meta['triton']}; bf16 (a target with @mixed: fp32 "
+             f"under bf16 autocast); {meta['rounds']} alternating rounds, each the median of "
+             f"{meta['reps']} calls (CUDA events around each call; an eager step's span "
+             "includes its host time). Ratio: best rounds, off / on (above 1: on is faster).", "",
              f"| target | replay ms, {off} | replay ms, {on} | replay off/on | eager ms, {off} | "
              f"eager ms, {on} | eager off/on |", "|---|---|---|---|---|---|---|"]
     for r in rows:
