@@ -4,18 +4,14 @@ ops: a bf16-autocast training step equals the per-call casts' bit for bit, with 
 
 from __future__ import annotations
 
-import importlib.util
+import sys
 from pathlib import Path
 
 import pytest
 
-from tests.integration._triton_backend import register_triton
-
-_SPEC = importlib.util.spec_from_file_location(
-    "fold_model_grouped_casts_test",
-    Path(__file__).resolve().parents[2] / "packages/fold-model/tests/test_grouped_casts.py")
-blocks = importlib.util.module_from_spec(_SPEC)
-_SPEC.loader.exec_module(blocks)
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "packages" / "fold-model" / "tests"))
+import test_grouped_casts as blocks  # noqa: E402  (fold-model's test: the blocks and the step)
+from _triton_backend import register_triton  # noqa: E402
 
 
 @pytest.mark.parametrize("name, fewer", [("diffusion", 24), ("pairformer", 40)])
