@@ -199,7 +199,7 @@ class _Block(nn.Module):
         return h
 
 
-def _step(block, x, seed: int = 0):
+def _step(block, x):
     """``(output, {name: grad})`` of one training step under bf16 autocast."""
     with _autocast():
         out = block(x)

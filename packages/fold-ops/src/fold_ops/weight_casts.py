@@ -260,8 +260,6 @@ class _GroupCast(torch.autograd.Function):
     @staticmethod
     def backward(ctx, *grads):
         read = [i for i, g in enumerate(grads) if g is not None]
-        if len(read) == len(grads):
-            return (None, *_unflatten(_flatten(grads).to(ctx.params[0].dtype), ctx.params))
         out: list = [None] * len(grads)
         if read:
             flat = _flatten([grads[i] for i in read]).to(ctx.params[0].dtype)
@@ -318,6 +316,8 @@ class _Plan:
     def learn(self, group: _Group) -> None:
         """Keep what ``group``'s forward asked for: a later group casts only those (a
         parameter asked for later joins them; until then it is cast per call)."""
+        if self.asked is not None and not group.missed:
+            return  # the group held only asked parameters: nothing new
         owned = {id(p) for p in self.params}
         keep = set(group.served)
         if self.asked is not None:
@@ -352,7 +352,7 @@ def grouped_casts(module: torch.nn.Module) -> Iterator[None]:
     op and :func:`cast_weight` / :func:`cast_stacked` hand those casts out (module doc).
 
     Made only under autocast with autograd on, outside torch.fx tracing and torch.compile, and
-    not again inside a group that already holds the module's parameters. A candidate requires
+    not inside another block's group. A candidate requires
     grad, is floating and is neither fp64 nor in the autocast dtype, and has the first such
     parameter's device and dtype (others are cast per call, as before). The first group of a
     module casts every candidate; later ones only those its forwards asked for (the
@@ -367,9 +367,8 @@ def grouped_casts(module: torch.nn.Module) -> Iterator[None]:
         return
     kind = first.device.type
     dtype = torch.get_autocast_dtype(kind)
-    outer = _GROUP.get()
-    if outer is not None and id(first) in outer.casts:
-        yield  # an enclosing block's group holds them
+    if _GROUP.get() is not None:
+        yield  # an enclosing block's group holds them (its parameters include this module's)
         return
     source = None
     chosen = []
