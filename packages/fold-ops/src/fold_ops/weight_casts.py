@@ -352,11 +352,11 @@ def grouped_casts(module: torch.nn.Module) -> Iterator[None]:
     op and :func:`cast_weight` / :func:`cast_stacked` hand those casts out (module doc).
 
     Made only under autocast with autograd on, outside torch.fx tracing and torch.compile, and
-    not inside another block's group. A candidate requires
-    grad, is floating and is neither fp64 nor in the autocast dtype, and has the first such
-    parameter's device and dtype (others are cast per call, as before). The first group of a
-    module casts every candidate; later ones only those its forwards asked for (the
-    LayerNorms' parameters, read in fp32, are left out)."""
+    not inside another block's group. A candidate requires grad, is floating and is neither
+    fp64 nor in the autocast dtype, and has the first such parameter's device and dtype (others
+    are cast per call, as before). The first group of a module casts every candidate; later
+    ones only those its forwards asked for (the LayerNorms' parameters, read in fp32, are left
+    out)."""
     if not (torch.is_grad_enabled() and _GROUPED.get()) or fx_tracing() or compiling():
         yield
         return
