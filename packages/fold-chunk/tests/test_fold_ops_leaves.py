@@ -102,6 +102,14 @@ CASES = {
     "linear_channel_first": (ops.linear_channel_first,
                              [_randn(B, N, N, C, seed=41), _randn(O, C, seed=42)],
                              {0, 1, 2, 3}),
+    # the whole update: only the batch dim is followed through
+    "triangle_multiplication": (
+        lambda z, m, lw, lb, pw, pb, gw, gb, ow_ln, ob_ln, ow, ob: ops.triangle_multiplication(
+            z, m, lw, lb, pw, pb, gw, gb, ow_ln, ob_ln, ow, ob, True, 1e-5),
+        [_randn(B, N, N, C, seed=58), _mask(B, N, N, seed=59), _randn(C, seed=60),
+         _randn(C, seed=61), _randn(4 * R, C, seed=62), _randn(4 * R, seed=63),
+         _randn(C, C, seed=64), _randn(C, seed=65), _randn(R, seed=66), _randn(R, seed=67),
+         _randn(C, R, seed=68), _randn(C, seed=69)], {0}),
 }
 
 

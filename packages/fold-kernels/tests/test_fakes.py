@@ -45,6 +45,9 @@ def _args(op: str):
         "triangle_projection": (t(2, N, N, C), t(4 * O, C), t(4 * O),
                                 mask[:2, :, None] & mask[:2, None, :]),
         "linear_channel_first": (t(2, N, N, C), t(O, C)),
+        "triangle_multiplication": (t(2, N, N, C), mask[:2, :, None] & mask[:2, None, :],
+                                    t(C), t(C), t(4 * R, C), t(4 * R), t(C, C), t(C), t(R),
+                                    t(R), t(C, R), t(C), False),
     }[op]
 
 

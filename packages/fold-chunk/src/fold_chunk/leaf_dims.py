@@ -89,6 +89,18 @@ LEAF_OPS: dict[str, LeafOp] = {
         "cIJ", _GROUPS),
     # x [*, I, J, C], weight [O, C] -> [*, O, I, J]
     "linear_channel_first": LeafOp(("x", "weight"), {"x": "IJC", "weight": "OC"}, "OIJ", {}),
+    # z [*, I, J, C], mask [*, I, J] -> (update, z), each [*, I, J, C]: the batch dims only
+    # (fold-model calls it with autograd only; inference and AutoChunk trace the composed ops)
+    "triangle_multiplication": LeafOp(
+        ("z", "mask", "ln_in_weight", "ln_in_bias", "proj_weight", "proj_bias", "gate_weight",
+         "gate_bias", "ln_out_weight", "ln_out_bias", "out_weight", "out_bias", "outgoing",
+         "eps"),
+        {"z": "IJC", "mask": "IJ", "ln_in_weight": "C", "ln_in_bias": "C", "proj_weight": "FC",
+         "proj_bias": "F", "gate_weight": "OC", "gate_bias": "O", "ln_out_weight": "c",
+         "ln_out_bias": "c", "out_weight": "Oc", "out_bias": "O"}, "IJC",
+        {"I": "the sum over k reads every row of one operand",
+         "J": "the sum over k reads every column of one operand",
+         "C": "LayerNorm normalises over the channels"}),
 }
 LEAF_OPS["triangle_attention"] = LEAF_OPS["attention_packed"]  # the same contract
 _NO_BATCH = {"weight", "ln_weight", "ln_bias", "gate_bias"}  # parameters: no batch dims
@@ -96,7 +108,11 @@ _NO_BATCH_BY_OP = {"linear": {"bias"}, "layer_norm": {"bias"}, "layer_norm_fork"
                    "layer_norm_pair_bias": {"bias", "bias_weight"},
                    "layer_norm_linear": {"bias"},
                    "swiglu": {"bias"}, "triangle_projection_gate": {"bias"},
-                   "triangle_projection": {"bias"}}
+                   "triangle_projection": {"bias"},
+                   "triangle_multiplication": {"ln_in_weight", "ln_in_bias", "proj_weight",
+                                               "proj_bias", "gate_weight", "gate_bias",
+                                               "ln_out_weight", "ln_out_bias", "out_weight",
+                                               "out_bias"}}
 
 
 def fold_op(node: fx.Node) -> str | None:

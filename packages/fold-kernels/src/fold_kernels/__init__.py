@@ -4,8 +4,8 @@ EvoAttention (forward + backward with the pair-bias gradient), LayerNorm (and it
 backward sums the residual stream's gradient; and AF3's adaptive LayerNorm), Linear (bias gradient
 as a deterministic column sum), fused LayerNorm+Linear, SwiGLU, the AF2 gating fusions, the gated
 projections of triangle multiplication (and their channel-first GEMM, cuBLAS with a channel-last
-input gradient), fused softmax with mask and bias, and fused Adam+EMA over
-flat buffers. Each op has a plain PyTorch twin: its reference in the op contract,
+input gradient; and the whole update as one autograd node), fused softmax with mask and bias,
+and fused Adam+EMA over flat buffers. Each op has a plain PyTorch twin: its reference in the op contract,
 :mod:`fold_ops.reference` (the optimizer's in :mod:`fold_kernels.reference`).
 
 Triton decides when a kernel is defined (at import) whether it runs compiled or in its CPU
@@ -25,6 +25,7 @@ from fold_kernels.optim import clip_coefficient, fused_adam_ema_, global_grad_no
 from fold_kernels.softmax import softmax_mask_bias
 from fold_kernels.triangle_gate import triangle_projection_gate
 from fold_kernels.triangle_gemm import triangle_projection
+from fold_kernels.triangle_multiplication import triangle_multiplication
 
 __version__ = "0.1.0"
 
@@ -43,6 +44,7 @@ __all__ = [
     "bias_dropout_residual",
     "triangle_projection_gate",
     "triangle_projection",
+    "triangle_multiplication",
     "linear_channel_first",
     "softmax_mask_bias",
     "fused_adam_ema_",

@@ -144,6 +144,24 @@ def linear_channel_first(x, weight):
     return y.movedim(0, -3)
 
 
+def triangle_multiplication(z, mask, ln_in_weight, ln_in_bias, proj_weight, proj_bias,
+                            gate_weight, gate_bias, ln_out_weight, ln_out_bias, out_weight,
+                            out_bias, outgoing, eps=1e-5):
+    """(update, z): the update ``[*, I, J, C]`` in the projections' dtype, z passed on. Held
+    until the op returns: the normalized pair, the projections ``[*, 4c, I, J]``, a and b, the
+    product and its LayerNorm, the two output projections (and each LayerNorm's statistics)."""
+    *lead, n_i, n_j, n_c = z.shape
+    dtype = projection_dtype(z)
+    c = proj_weight.shape[0] // 4
+    held = [torch.empty((*lead, n_i, n_j, 3 * n_c), device=z.device,
+                        dtype=dtype),  # z_ln, x W_out, g
+            torch.empty((*lead, 8 * c, n_i, n_j), device=z.device,
+                        dtype=dtype),  # proj, a, b, x, LN(x)
+            _stats(z, 4 * z.numel() // max(n_c, 1))]  # mean, rstd of both LayerNorms
+    del held
+    return torch.empty((*lead, n_i, n_j, n_c), device=z.device, dtype=dtype), z
+
+
 FAKES = {
     "linear": linear,
     "attention": attention,
@@ -161,4 +179,5 @@ FAKES = {
     "triangle_projection_gate": triangle_projection_gate,
     "triangle_projection": triangle_projection,
     "linear_channel_first": linear_channel_first,
+    "triangle_multiplication": triangle_multiplication,
 }

@@ -241,6 +241,36 @@ def supports_triangle_projection(z, weight, bias, mask) -> bool:
             and all(map(grid_fits, triangle_gemm.grid_sizes(z.shape).values())))
 
 
+# ``FOLD_KERNELS_TRI_MUL_NODE=0``: fold-model composes triangle multiplication from its ops
+# again (a dozen autograd nodes instead of one; for comparisons)
+_TRI_MUL_NODE = EnvVar("FOLD_KERNELS_TRI_MUL_NODE", lambda v: (v if v is not None else "1") != "0")
+
+
+def supports_triangle_multiplication(z, mask, ln_in_weight, ln_in_bias, proj_weight, proj_bias,
+                                     gate_weight, gate_bias, ln_out_weight, ln_out_bias,
+                                     out_weight, out_bias, outgoing, eps=1e-5) -> bool:
+    """The composed layer's kernels serve each step: its LayerNorms, the projection and its
+    gate (the c channels and the batch in the gate's grid), the output gate."""
+    params = (ln_in_weight, ln_in_bias, proj_weight, proj_bias, gate_weight, gate_bias,
+              ln_out_weight, ln_out_bias, out_weight, out_bias)
+    if (not _TRI_MUL_NODE.get() or not _common(z, mask, *params, fp32_under_autocast=True)
+            or z.dim() < 3 or proj_weight.dim() != 2 or proj_weight.shape[0] % 4):
+        return False
+    n_c, c = z.shape[-1], proj_weight.shape[0] // 4
+    shapes = ((ln_in_weight, (n_c,)), (ln_in_bias, (n_c,)), (proj_weight, (4 * c, n_c)),
+              (proj_bias, (4 * c,)), (gate_weight, (n_c, n_c)), (gate_bias, (n_c,)),
+              (ln_out_weight, (c,)), (ln_out_bias, (c,)), (out_weight, (n_c, c)),
+              (out_bias, (n_c,)))
+    if any(tuple(t.shape) != shape for t, shape in shapes):
+        return False
+    weights = (proj_weight, gate_weight, out_weight)
+    return (max(n_c, c) <= 8192 and all(_dtype_served(w, z) for w in weights)
+            and tuple(mask.shape[-2:]) == tuple(z.shape[-3:-1]) and mask.dim() <= z.dim() - 1
+            and rows_fit(z.shape) and rows_fit((*z.shape[:-1], 4 * c))
+            and all(map(grid_fits, triangle_gate.grid_sizes(
+                (*z.shape[:-3], 4 * c, *z.shape[-3:-1])).values())))
+
+
 def supports_linear_channel_first(x, weight) -> bool:
     if not _common(x, weight) or x.dim() < 3:
         return False
@@ -284,6 +314,8 @@ SUPPORTS: dict[str, tuple[Callable, Callable[..., bool]]] = {
     "triangle_projection": (kernels.triangle_projection, supports_triangle_projection),
     "linear_channel_first": (kernels.linear_channel_first,
                              supports_linear_channel_first),
+    "triangle_multiplication": (kernels.triangle_multiplication,
+                                supports_triangle_multiplication),
 }
 
 

@@ -65,6 +65,14 @@ neither states an op again. An op's signature is its reference's signature
     ``y[..., o, i, j] = sum_c weight[o, c] x[..., i, j, c]``: x ``[*, I, J, C]``, weight
     ``[O, C]``, y ``[*, O, I, J]`` (no bias; triangle multiplication's projections). The torch
     reference is an einsum; fold-kernels returns ``d(x)`` in x's channel-last layout.
+``triangle_multiplication(z, mask, ln_in_weight, ln_in_bias, proj_weight, proj_bias,``
+``gate_weight, gate_bias, ln_out_weight, ln_out_bias, out_weight, out_bias, outgoing, eps=1e-5)``
+    ``-> (update, z)``: the whole triangle multiplicative update of ``z [*, I, J, C]`` (its
+    input LayerNorm, ``triangle_projection``, the product over k, the output LayerNorm, the two
+    output projections and ``bias_sigmoid_gate``), z passed on for the residual sum. A backend
+    runs it as one autograd node: in training, one node's host time instead of a dozen's.
+    fold-model calls it only with autograd, unchunked and undistributed, where a backend
+    other than the reference serves it; otherwise it composes the ops above itself.
 
 Under autocast (:mod:`fold_ops.autocast`): the ops marked ``lowered`` (``linear``,
 ``linear_channel_first``, ``swiglu``, ``triangle_projection``) get their floating inputs in the
@@ -125,4 +133,5 @@ OPS: dict[str, Op] = {op.name: op for op in (
     _op(reference.triangle_projection_gate),
     _op(reference.triangle_projection),
     _op(reference.linear_channel_first),
+    _op(reference.triangle_multiplication),
 )}

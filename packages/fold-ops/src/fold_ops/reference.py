@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from fold_ops.autocast import projection_dtype
+from fold_ops.autocast import lower, projection_dtype
 from fold_ops.rounding import round_to
 from fold_ops.weight_casts import cast_weight
 
@@ -38,6 +38,7 @@ __all__ = [
     "triangle_projection_gate",
     "triangle_projection",
     "linear_channel_first",
+    "triangle_multiplication",
     "MASKED_LOGIT",
 ]
 
@@ -293,3 +294,39 @@ def linear_channel_first(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     autocast it runs in the autocast dtype."""
     return torch.einsum("oc,...ijc->...oij", weight, x)
 
+
+
+def triangle_multiplication(
+    z: torch.Tensor,
+    mask: torch.Tensor,
+    ln_in_weight: torch.Tensor,
+    ln_in_bias: torch.Tensor,
+    proj_weight: torch.Tensor,
+    proj_bias: torch.Tensor,
+    gate_weight: torch.Tensor,
+    gate_bias: torch.Tensor,
+    ln_out_weight: torch.Tensor,
+    ln_out_bias: torch.Tensor,
+    out_weight: torch.Tensor,
+    out_bias: torch.Tensor,
+    outgoing: bool,
+    eps: float = 1e-5,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The triangle multiplicative update (AF2 Alg. 11/12, AF3 Alg. 12/13) of ``z [*, I, J,
+    C]`` as one op: ``(update, z)``, z passed on for the residual sum (as
+    :func:`layer_norm_fork` passes it: a backend adds its gradient in LayerNorm's pass).
+
+    ``z_ln = LN(z)``; ``a, b = triangle_projection(z_ln, proj_weight [4c, C], proj_bias [4c],
+    mask [*, I, J])`` channel-first ``[*, c, I, J]``; ``x = a b^T`` (outgoing, ``sum_k a_ik
+    b_jk``) or ``a^T b`` (incoming, ``sum_k a_ki b_kj``); ``update = (LN_out(x) W_out^T +
+    out_bias) * sigmoid(z_ln W_gate^T + gate_bias)`` with ``out_weight [C, c]``, ``gate_weight
+    [C, C]``. Each step is the op of this contract that fold-model's layer composes, in the
+    same dtypes: under autocast z_ln is in the autocast dtype and the projection's inputs are
+    lowered as the dispatcher lowers ``triangle_projection``'s."""
+    z, z_ln = layer_norm_fork(z, ln_in_weight, ln_in_bias, eps)
+    (z_ln, proj_weight, proj_bias, mask), _ = lower((z_ln, proj_weight, proj_bias, mask), {})
+    a, b = triangle_projection(z_ln, proj_weight, proj_bias, mask)  # [*, c, I, J] each
+    x = a @ b.mT if outgoing else a.mT @ b  # [*, c, I, J]
+    x = F.linear(layer_norm(x.movedim(-3, -1), ln_out_weight, ln_out_bias, eps), out_weight)
+    g = F.linear(z_ln, gate_weight)  # [*, I, J, C] each
+    return bias_sigmoid_gate(x, g, gate_bias, out_bias), z

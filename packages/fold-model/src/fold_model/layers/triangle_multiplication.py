@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from fold_ops import reference
 from fold_ops.tracing import fx_tracing
 from fold_ops.weight_casts import cast_stacked, cast_weight, concatenated
 from torch import nn
@@ -55,6 +56,13 @@ class _TriangleProduct(torch.autograd.Function):
             if ctx.needs_input_grad[1]:
                 db = a @ dx  # [*, c, K, J]
         return da, db, None
+
+
+def _records(z: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Autograd records the layer (z or its parameters take a gradient) and torch.fx is not
+    tracing it (AutoChunk follows the composed ops' dims)."""
+    return (not fx_tracing() and torch.is_grad_enabled()
+            and (z.requires_grad or weight.requires_grad))
 
 
 def triangle_product(a: torch.Tensor, b: torch.Tensor, outgoing: bool) -> torch.Tensor:
@@ -117,6 +125,18 @@ class TriangleMultiplication(nn.Module):
     ) -> torch.Tensor:
         return self.forward_residual(z, pair_mask, comm, chunk_size)[0]
 
+    def _one_op_args(self, z: torch.Tensor, pair_mask: torch.Tensor) -> tuple:
+        """``ops.triangle_multiplication``'s arguments: the weights as the composed layer
+        reads them (cast once per block forward where a group serves them)."""
+        layers = (self.linear_a_p, self.linear_a_g, self.linear_b_p, self.linear_b_g)
+        weight = cast_stacked([lin.weight for lin in layers], "cat", concatenated)  # [4c, C_z]
+        bias = cast_stacked([lin.bias for lin in layers], "cat", concatenated)  # [4c]
+        return (z, pair_mask, self.layer_norm_in.weight, self.layer_norm_in.bias, weight, bias,
+                cast_weight(self.linear_g.weight), self.linear_g.bias,
+                self.layer_norm_out.weight, self.layer_norm_out.bias,
+                cast_weight(self.linear_z.weight), self.linear_z.bias, self.outgoing,
+                self.layer_norm_in.eps)
+
     def forward_residual(
         self,
         z: torch.Tensor,
@@ -126,7 +146,20 @@ class TriangleMultiplication(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """``(update, z)``: the update and z passed on for the residual sum. The normalised z
         is read by the projections and by the output gate (``LayerNorm.fork``): in backward the
-        gradients of both and of the residual's z meet in LayerNorm's one pass."""
+        gradients of both and of the residual's z meet in LayerNorm's one pass.
+
+        In training (autograd, unchunked, undistributed) the update is ``ops.
+        triangle_multiplication`` where a backend other than the reference serves it: the
+        same ops as one autograd node (fold-kernels), the host time of one node instead of a
+        dozen. Otherwise the layer composes the ops itself."""
+        if chunk_size is None and comm is IDENTITY_COMM and _records(z, self.layer_norm_in.weight):
+            args = self._one_op_args(z, pair_mask)
+            try:
+                one_op = ops.resolve("triangle_multiplication", *args)
+            except ops.BackendUnavailable:  # a backend asked for every op serves the steps
+                one_op = reference.triangle_multiplication
+            if one_op is not reference.triangle_multiplication:
+                return one_op(*args)
         z, z_ln, z_ln_gate = self.layer_norm_in.fork(z, 2)
         # [*, c, rows, cols] each; with chunk_size in row slices, so the four projections
         # [*, 4c, rows, cols] (twice the pair at c = C_z) exist for one slice at a time
