@@ -5,8 +5,8 @@ backward sums the residual stream's gradient; and AF3's adaptive LayerNorm), Lin
 as a deterministic column sum), fused LayerNorm+Linear, SwiGLU, the AF2 gating fusions, the gated
 projections of triangle multiplication (and their channel-first GEMM, cuBLAS with a channel-last
 input gradient; and the whole update as one autograd node), fused softmax with mask and bias,
-and fused Adam+EMA over flat buffers. Each op has a plain PyTorch twin: its reference in the op contract,
-:mod:`fold_ops.reference` (the optimizer's in :mod:`fold_kernels.reference`).
+and fused Adam+EMA over flat buffers. Each op has a plain PyTorch twin: its reference in the op
+contract, :mod:`fold_ops.reference` (the optimizer's in :mod:`fold_kernels.reference`).
 
 Triton decides when a kernel is defined (at import) whether it runs compiled or in its CPU
 interpreter: set ``TRITON_INTERPRET=1`` before importing this package to run on CPU tensors.
