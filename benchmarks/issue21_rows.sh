@@ -31,6 +31,12 @@
 #               replays do not (the Pairformer at 256-768 tokens, the diffusion transformer)
 #   params      the Pairformer at 256 / 768 tokens with the blocks' parameters as initialised
 #               and noised (model.peers --params), both contenders alike
+#   node        triangle multiplication as one autograd node (FOLD_KERNELS_TRI_MUL_NODE): its tests
+#               on the GPU, the layer's training step composed / one node in one process
+#               (tools.switch_ab, pinned), then the layer against cuEquivariance, pinned
+#   node_blocks the same switch on the Evoformer (128, 256) and Pairformer 256 training steps
+#               (mixed precision as fold-train trains), then the Evoformer (128, 256) eager row
+#               against OpenFold, pinned
 #   tests       fold-kernels' tests on the GPU (TESTS=test files or node ids to narrow
 #               them; default: the whole suite), no peers needed
 # Pinning: eager steps bound by host time moved by 1.3-1.8x between unpinned runs on the H200
@@ -120,6 +126,22 @@ case $GROUP in
         --modes train_graph,train_kernels --mask none --params "$p" \
         --blocks pairformer:256,pairformer:768 --out "$OUT/pairformer_params_$p.json"
     done ;;
-  *) echo "unknown group $GROUP: pairformer, eager, evoformer, masks, replays, kernel_sums, params or tests"; exit 2 ;;
+  node)
+    echo "== node_tests ==" >> "$OUT/run.log"
+    timeout 150 python3 -m pytest -q -p no:cacheprovider \
+      packages/fold-kernels/tests/test_triangle_multiplication.py \
+      tests/integration/test_triangle_multiplication_node.py >> "$OUT/run.log" 2>&1
+    echo "node_tests rc $?" >> "$OUT/summary.txt"
+    run node_ab 200 taskset -c "$PIN" $P.tools.switch_ab FOLD_KERNELS_TRI_MUL_NODE=0,1 \
+      trimul:256,1 trimul:256,0 trimul:384,1 trimul:384,0 --rounds 5 --out "$OUT/node_ab.json"
+    run triangle_mult 120 taskset -c "$PIN" $P.kernels.triangle_mult --n 256 384 \
+      --out "$OUT/triangle_mult.json" ;;
+  node_blocks)
+    run node_blocks_ab 240 taskset -c "$PIN" $P.tools.switch_ab FOLD_KERNELS_TRI_MUL_NODE=0,1 \
+      evoformer:128,256@mixed pairformer:256@mixed --rounds 5 --out "$OUT/node_blocks_ab.json"
+    run evoformer 220 $P.model.peers --blocks evoformer:128x256 --contenders fold,openfold \
+      --fold-precision mixed --modes train_eager,train_graph --pin-cpu "$PIN" \
+      --out "$OUT/evoformer.json" ;;
+  *) echo "unknown group $GROUP: pairformer, eager, evoformer, masks, replays, kernel_sums, params, node, node_blocks or tests"; exit 2 ;;
 esac
 cat "$OUT/summary.txt"

@@ -1,7 +1,9 @@
 """Training steps of one block or op named by a target string, for the tools that profile or
 count them (``tools.profile_block``, ``tools.launch_census``): ``evoformer:N_seq,N_res`` (AF2
 Evoformer block, af2_initial sizes), ``pairformer:N_token``, ``diffusion:N_token,samples`` (one
-diffusion transformer block), ``attention:R,N,H,D`` (bias with gradient, key mask with holes).
+diffusion transformer block), ``attention:R,N,H,D`` (bias with gradient, key mask with holes),
+``trimul:N,1`` / ``trimul:N,0`` (fold-model's triangle multiplication layer, outgoing /
+incoming, C_z = c = 128 as the issue's rows: its update and z passed on, noised weights).
 bf16 or any dtype, training mode; :func:`build` returns the eager step or its CUDA-graph replay.
 
 A suffix ``/PATTERN`` picks the masks' pattern (``blocks.MASKS``): ``holes`` (the default, ~5%
@@ -65,6 +67,20 @@ def _attention(r: int, n: int, h: int, d: int, device, dtype, mask: str = "holes
     return loss, [q, k, v, bias]
 
 
+def _trimul(n: int, outgoing: int, device, dtype, mask: str = "holes"):
+    from benchmarks.kernels.triangle_mult import make_layer
+
+    layer = make_layer(128, bool(outgoing), device).to(dtype).train()  # noised weights
+    g = torch.Generator(device="cpu").manual_seed(0)
+    z = torch.randn(1, n, n, 128, generator=g).to(device, dtype).requires_grad_()
+    pair_mask = blocks.pattern_mask((1, n, n), g, mask).to(device, dtype)
+
+    def loss():
+        update, z_out = layer.forward_residual(z, pair_mask)
+        return update.float().sum() + z_out.float().sum()
+    return loss, [z, *layer.parameters()]
+
+
 def loss_and_tensors(target: str, device, dtype):
     """``(loss, tensors)`` of ``target``: ``loss()`` runs the forward to a scalar, ``tensors``
     are the inputs and parameters whose gradients the step computes."""
@@ -81,9 +97,9 @@ def loss_and_tensors(target: str, device, dtype):
     target, _, mask = target.partition("/")
     kind, _, dims = target.partition(":")
     sizes = [int(x) for x in dims.split(",")]
-    return {"evoformer": _evoformer, "pairformer": _pairformer,
-            "diffusion": _diffusion, "attention": _attention}[kind](*sizes, device, dtype,
-                                                                     mask or "holes")
+    return {"evoformer": _evoformer, "pairformer": _pairformer, "diffusion": _diffusion,
+            "attention": _attention, "trimul": _trimul}[kind](*sizes, device, dtype,
+                                                              mask or "holes")
 
 
 def build(target: str, device, dtype, graphs: bool = False):

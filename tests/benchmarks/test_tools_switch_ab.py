@@ -61,7 +61,7 @@ def test_mask_patterns_of_the_targets():
     with pytest.raises(SystemExit, match="holes, padded, none"):
         blocks.pattern_mask((2, 5), g, "random")
     for target in ("pairformer:6/padded", "fwd pairformer:6/none", "attention:4,8,2,8/padded",
-                   "evoformer:4,6/padded"):
+                   "evoformer:4,6/padded", "trimul:5,0/padded"):
         step = targets.build(target, torch.device("cpu"), torch.float32)
         step()
 
@@ -82,3 +82,17 @@ def test_mixed_precision_targets():
     targets.build("diffusion:5,2@mixed", torch.device("cpu"), torch.bfloat16)()
     with pytest.raises(SystemExit, match="@mixed"):
         targets.loss_and_tensors("pairformer:5@fp8", torch.device("cpu"), torch.float32)
+
+
+def test_triangle_multiplication_target():
+    """``trimul:N,1|0``: the layer's update and z passed on, every parameter with a gradient."""
+    import torch
+
+    from benchmarks.common import targets
+
+    for outgoing in (1, 0):
+        loss, tensors = targets.loss_and_tensors(f"trimul:6,{outgoing}", torch.device("cpu"),
+                                                 torch.float32)
+        loss().backward()
+        assert tensors[0].shape == (1, 6, 6, 128)
+        assert all(t.grad is not None and torch.isfinite(t.grad).all() for t in tensors)
