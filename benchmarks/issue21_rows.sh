@@ -34,7 +34,7 @@
 #   node        triangle multiplication as one autograd node (FOLD_KERNELS_TRI_MUL_NODE): its tests
 #               on the GPU, the layer's training step composed / one node in one process
 #               (tools.switch_ab, pinned), then the layer against cuEquivariance, pinned
-#   node_blocks the same switch on the Evoformer (128, 256) and Pairformer 256 training steps
+#   node_blocks the integration tests of the node on the GPU, the same switch on the Evoformer (128, 256) and Pairformer 256 training steps
 #               (mixed precision as fold-train trains), then the Evoformer (128, 256) eager row
 #               against OpenFold, pinned
 #   tests       fold-kernels' tests on the GPU (TESTS=test files or node ids to narrow
@@ -137,6 +137,11 @@ case $GROUP in
     run triangle_mult 120 taskset -c "$PIN" $P.kernels.triangle_mult --n 256 384 \
       --out "$OUT/triangle_mult.json" ;;
   node_blocks)
+    echo "== node_tests ==" >> "$OUT/run.log"
+    timeout 120 python3 -m pytest -q -p no:cacheprovider \
+      tests/integration/test_triangle_multiplication_node.py \
+      tests/integration/test_grouped_casts_kernels.py >> "$OUT/run.log" 2>&1
+    echo "node_tests rc $?" >> "$OUT/summary.txt"
     run node_blocks_ab 240 taskset -c "$PIN" $P.tools.switch_ab FOLD_KERNELS_TRI_MUL_NODE=0,1 \
       evoformer:128,256@mixed pairformer:256@mixed --rounds 5 --out "$OUT/node_blocks_ab.json"
     run evoformer 220 $P.model.peers --blocks evoformer:128x256 --contenders fold,openfold \

@@ -51,7 +51,7 @@ def test_block_step_bit_for_bit_with_two_nodes(name, node_calls, monkeypatch):
     outputs and every gradient equal the composed ops' step; two one-node calls (outgoing,
     incoming) per step, none with the switch off; fewer autograd nodes."""
     block, args = getattr(blocks, name)()
-    block = blocks._noised(block)
+    block = blocks._noised(block).to(DEVICE)
     from fold_model import ops
 
     steps = {}

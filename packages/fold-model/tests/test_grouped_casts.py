@@ -75,11 +75,12 @@ def diffusion():
 def _step(block, args):
     """``(outputs, input and parameter gradients, casts dispatched)`` of one training step in
     bf16 autocast (fp32 weights and streams, as fold-train trains); dropout seeded."""
-    inputs = [a.clone().requires_grad_(a.is_floating_point() and a.dim() > 3)
-              if i < 2 else a for i, a in enumerate(args)]
+    device = next(block.parameters()).device
+    inputs = [a.to(device, copy=True).requires_grad_(a.is_floating_point() and a.dim() > 3)
+              if i < 2 else a.to(device) for i, a in enumerate(args)]
     torch.manual_seed(11)
     with _Casts() as casts:
-        with torch.autocast("cpu", dtype=torch.bfloat16):
+        with torch.autocast(device.type, dtype=torch.bfloat16):
             out = block(*inputs)
         out = out if isinstance(out, tuple) else (out,)
         sum(o.float().square().mean() for o in out).backward()
@@ -88,11 +89,12 @@ def _step(block, args):
     return [o.detach() for o in out], grads, casts.n
 
 
-def compare(make, monkeypatch, backend: str):
+def compare(make, monkeypatch, backend: str, device: str = "cpu"):
     """``(casts per call, casts grouped)`` of a training step of ``make()``'s block on
-    ``backend``, after asserting the two steps' outputs and gradients equal bit for bit."""
+    ``backend`` and ``device``, after asserting the two steps' outputs and gradients equal bit
+    for bit."""
     block, args = make()
-    block = _noised(block)
+    block = _noised(block).to(device)
     with ops.use_backend(backend):
         _step(block, args)  # the plan: which weights the forward asks for
         monkeypatch.setenv("FOLD_GROUPED_CASTS", "0")
