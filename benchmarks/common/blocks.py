@@ -1,7 +1,8 @@
 """The blocks the model benchmarks and tools time or inspect, built one way for all of them: an
 AF3 Pairformer or diffusion transformer block with its inputs at a given size, its forward +
 backward step (from the fp32 loss ``sum_o mean(o^2)`` or from fixed random output gradients), and
-tiny AF2 Evoformer / AF3 Pairformer training steps for the CPU tools."""
+tiny AF2 Evoformer / AF3 Pairformer training steps for the CPU tools; and a triangle
+multiplication layer with random weights."""
 
 from __future__ import annotations
 
@@ -156,3 +157,16 @@ def pairformer_step(device, dtype, n: int = 10, forward_only: bool = False):
     """One training step of a tiny AF3 Pairformer block; with ``forward_only`` its forward in
     eval mode (inference: the caller sets ``no_grad``)."""
     return _tiny_af3_step("pairformer", n, 1, device, dtype, forward_only)
+
+
+def triangle_multiplication_layer(n_c: int, outgoing: bool, device, seed: int = 0):
+    """fold's triangle multiplication layer, ``C_z = c = n_c``, with random (not init-zero)
+    weights, so every gradient is non-trivial."""
+    from fold_model.layers.triangle_multiplication import TriangleMultiplication
+
+    torch.manual_seed(seed)
+    layer = TriangleMultiplication(n_c, n_c, outgoing=outgoing)
+    with torch.no_grad():
+        for p in layer.parameters():
+            p.copy_(torch.randn_like(p) * (0.5 if p.dim() == 1 else p.shape[-1] ** -0.5))
+    return layer.to(device)

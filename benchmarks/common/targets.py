@@ -68,9 +68,8 @@ def _attention(r: int, n: int, h: int, d: int, device, dtype, mask: str = "holes
 
 
 def _trimul(n: int, outgoing: int, device, dtype, mask: str = "holes"):
-    from benchmarks.kernels.triangle_mult import make_layer
-
-    layer = make_layer(128, bool(outgoing), device).to(dtype).train()  # noised weights
+    layer = blocks.triangle_multiplication_layer(128, bool(outgoing), device)
+    layer = layer.to(dtype).train()  # random weights
     g = torch.Generator(device="cpu").manual_seed(0)
     z = torch.randn(1, n, n, 128, generator=g).to(device, dtype).requires_grad_()
     pair_mask = blocks.pattern_mask((1, n, n), g, mask).to(device, dtype)

@@ -25,6 +25,7 @@ from pathlib import Path
 import torch
 
 from benchmarks.common.backends import ensure_kernels
+from benchmarks.common.blocks import triangle_multiplication_layer
 from benchmarks.common.cli import device_arg
 from benchmarks.common.graphs import capture
 from benchmarks.common.machine import device_name, triton_version
@@ -45,18 +46,6 @@ def _bench(fn, device, reps):
         fn()
         times.append((time.perf_counter() - t0) * 1e3)
     return statistics.median(times)
-
-
-def make_layer(n_c: int, outgoing: bool, device, seed: int = 0):
-    """fold's layer with random (not init-zero) weights, so every gradient is non-trivial."""
-    from fold_model.layers.triangle_multiplication import TriangleMultiplication
-
-    torch.manual_seed(seed)
-    layer = TriangleMultiplication(n_c, n_c, outgoing=outgoing)
-    with torch.no_grad():
-        for p in layer.parameters():
-            p.copy_(torch.randn_like(p) * (0.5 if p.dim() == 1 else p.shape[-1] ** -0.5))
-    return layer.to(device)
 
 
 def fold_case(layer, z, mask):
@@ -139,7 +128,7 @@ def run(sizes, device, reps, contenders, n_c=128):
             for name in contenders:
                 torch.cuda.empty_cache() if device.type == "cuda" else None
                 try:
-                    layer = make_layer(n_c, outgoing, device)
+                    layer = triangle_multiplication_layer(n_c, outgoing, device)
                     fwd, leaves = (fold_case if name == "fold" else cueq_case)(layer, z, mask)
                     d = dout.to(leaves[0].dtype)
                     res, outs[name] = measure(fwd, leaves, d, device, reps)

@@ -101,13 +101,19 @@ def compare(make, monkeypatch, backend: str, device: str = "cpu"):
         out0, grads0, casts0 = _step(block, args)
         monkeypatch.setenv("FOLD_GROUPED_CASTS", "1")
         out1, grads1, casts1 = _step(block, args)
-    for a, b in zip(out0, out1, strict=True):
+    assert_same_step((out0, grads0), (out1, grads1))
+    return casts0, casts1
+
+
+def assert_same_step(first, second) -> None:
+    """Two steps' ``(outputs, gradients)`` (:func:`_step`'s first two) equal bit for bit, and
+    finite."""
+    for a, b in zip(first[0], second[0], strict=True):
         assert torch.equal(a, b)
-    for i, (a, b) in enumerate(zip(grads0, grads1, strict=True)):
+    for i, (a, b) in enumerate(zip(first[1], second[1], strict=True)):
         assert (a is None) == (b is None), i
         if a is not None:
             assert torch.isfinite(b).all() and torch.equal(a, b), i
-    return casts0, casts1
 
 
 @pytest.mark.parametrize("make", [evoformer, pairformer, diffusion],
