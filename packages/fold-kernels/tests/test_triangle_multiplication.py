@@ -8,9 +8,9 @@ dims. Tolerances: fp32 1e-4 (two LayerNorms and four fp32 GEMM chains, the produ
 N); bf16 3e-2: each gradient passes up to six bf16-rounded steps (gate, projection, LayerNorm,
 product, gate, projection), and the reference run in bf16 itself is 2.2-2.6% off float64 on
 some [C] parameters' gradients at these sizes (fold's 0.2-2.0%); fp16 1e-2 (3 more mantissa
-bits than bf16). Under bf16 autocast with an
-fp32 z and parameters, fold is held to it against float64 without autocast, or to half again
-the error of the reference under the same autocast where that is larger.
+bits than bf16). Under bf16 autocast with an fp32 z and parameters, fold is held to the bf16
+tolerance against float64 without autocast, or to half again the error of the reference under
+the same autocast where that is larger.
 Also: one autograd node, its saved tensors all through ``save_for_backward`` (activation
 checkpointing drops and recomputes them), the no-autograd call, and bad shapes.
 """
