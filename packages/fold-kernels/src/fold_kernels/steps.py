@@ -10,7 +10,9 @@ kernels, their launch choices, what each saves) is used as it is.
 
 Every tensor a step saves is saved through the outer ``ctx.save_for_backward``
 (:func:`save`, :func:`restore`), so saved-tensor hooks see all of them: activation
-checkpointing drops and recomputes them as it does a node's own.
+checkpointing drops and recomputes them as it does a node's own. After the backward the steps
+hold none of them (:func:`release`), as autograd frees a node's saved tensors then: a caller
+who keeps the outputs after ``backward()`` does not keep the activations.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from collections.abc import Sequence
 
 import torch
 
-__all__ = ["Step", "save", "restore"]
+__all__ = ["Step", "save", "restore", "release"]
 
 
 class Step:
@@ -59,3 +61,9 @@ def restore(ctx) -> tuple[torch.Tensor | None, ...]:
         step.saved_tensors = flat[i:i + n]
         i += n
     return flat[i:]
+
+
+def release(ctx) -> None:
+    """Drop the steps' handles on the saved tensors (the end of the outer backward)."""
+    for step in ctx.steps:
+        step.saved_tensors = ()

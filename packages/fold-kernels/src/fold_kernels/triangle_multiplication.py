@@ -62,11 +62,18 @@ class _TriangleMultiplication(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, d_update, d_z):
+        if d_update is None:  # only the passed-on z was read
+            return (d_z,) + (None,) * 13
+        try:
+            return _TriangleMultiplication._backward(ctx, d_update, d_z)
+        finally:
+            steps.release(ctx)
+
+    @staticmethod
+    def _backward(ctx, d_update, d_z):
         a, b, x_ln, out_w, gate_w = steps.restore(ctx)
         fork, project, gate_in, norm_out, gate_out = ctx.steps
         need = ctx.needs_input_grad
-        if d_update is None:  # only the passed-on z was read
-            return (d_z,) + (None,) * 13
         d_x_out, d_g, d_gate_b, d_out_b = _BiasSigmoidGate.backward(gate_out, d_update)
         z_ln_rows = project.saved_tensors[0]  # [M, C]: the projection's saved input
         d_g_rows, d_x_out_rows = _rows(d_g), _rows(d_x_out)  # [M, C] each
