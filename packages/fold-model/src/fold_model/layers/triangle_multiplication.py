@@ -101,8 +101,9 @@ class TriangleMultiplication(nn.Module):
         self.layer_norm_out = LayerNorm(c_hidden)
         self.linear_z = Linear(c_hidden, c_z, init="final")
 
+    @staticmethod
     def _gated_projections(
-        self, z_ln: torch.Tensor, pair_mask: torch.Tensor
+        z_ln: torch.Tensor, pair_mask: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """``a = (z W_ap + b_ap) * sigmoid(z W_ag + b_ag) * mask`` and likewise b, channel-first
         ``[*, c, rows, cols]`` from ``z_ln [*, rows, cols, C_z]``: the four projections as one
@@ -110,11 +111,17 @@ class TriangleMultiplication(nn.Module):
         einsum: rows stay a dim of their own, which AutoChunk follows; under autocast it runs in
         the autocast dtype) and the fused gate; the fold-kernels backend puts the gate in the
         GEMM's epilogue (the four projections, twice the pair, are never written) and returns
-        d(z_ln) channel-last, so adding it to linear_g's d(z_ln) is no strided add."""
-        layers = (self.linear_a_p, self.linear_a_g, self.linear_b_p, self.linear_b_g)
-        weight = cast_stacked([lin.weight for lin in layers], "cat", concatenated)  # [4c, C_z]
-        bias = cast_stacked([lin.bias for lin in layers], "cat", concatenated)  # [4c]
+        d(z_ln) channel-last, so adding it to linear_g's d(z_ln) is no strided add. ``weight
+        [4c, C_z]``, ``bias [4c]``: :meth:`_stacked_projections`."""
         return ops.triangle_projection(z_ln, weight, bias, pair_mask)
+
+    def _stacked_projections(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The weights ``[4c, C_z]`` and biases ``[4c]`` of the four projections, stacked
+        (cast once per block forward where a group serves them)."""
+        layers = (self.linear_a_p, self.linear_a_g, self.linear_b_p, self.linear_b_g)
+        weight = cast_stacked([lin.weight for lin in layers], "cat", concatenated)
+        bias = cast_stacked([lin.bias for lin in layers], "cat", concatenated)
+        return weight, bias
 
     def forward(
         self,
@@ -125,12 +132,10 @@ class TriangleMultiplication(nn.Module):
     ) -> torch.Tensor:
         return self.forward_residual(z, pair_mask, comm, chunk_size)[0]
 
-    def _one_op_args(self, z: torch.Tensor, pair_mask: torch.Tensor) -> tuple:
+    def _one_op_args(self, z: torch.Tensor, pair_mask: torch.Tensor, weight: torch.Tensor,
+                     bias: torch.Tensor) -> tuple:
         """``ops.triangle_multiplication``'s arguments: the weights as the composed layer
         reads them (cast once per block forward where a group serves them)."""
-        layers = (self.linear_a_p, self.linear_a_g, self.linear_b_p, self.linear_b_g)
-        weight = cast_stacked([lin.weight for lin in layers], "cat", concatenated)  # [4c, C_z]
-        bias = cast_stacked([lin.bias for lin in layers], "cat", concatenated)  # [4c]
         return (z, pair_mask, self.layer_norm_in.weight, self.layer_norm_in.bias, weight, bias,
                 cast_weight(self.linear_g.weight), self.linear_g.bias,
                 self.layer_norm_out.weight, self.layer_norm_out.bias,
@@ -152,8 +157,9 @@ class TriangleMultiplication(nn.Module):
         triangle_multiplication`` where a backend other than the reference serves it: the
         same ops as one autograd node (fold-kernels), the host time of one node instead of a
         dozen. Otherwise the layer composes the ops itself."""
+        weight, bias = self._stacked_projections()  # [4c, C_z], [4c]
         if chunk_size is None and comm is IDENTITY_COMM and _records(z, self.layer_norm_in.weight):
-            args = self._one_op_args(z, pair_mask)
+            args = self._one_op_args(z, pair_mask, weight, bias)
             try:
                 one_op = ops.resolve("triangle_multiplication", *args)
             except ops.BackendUnavailable:  # a backend asked for every op serves the steps
@@ -164,7 +170,7 @@ class TriangleMultiplication(nn.Module):
         # [*, c, rows, cols] each; with chunk_size in row slices, so the four projections
         # [*, 4c, rows, cols] (twice the pair at c = C_z) exist for one slice at a time
         a, b = chunked_rows(self._gated_projections, chunk_size, ((z_ln, -3), (pair_mask, -2)),
-                            out_dim=-2)
+                            (weight, bias), out_dim=-2)
         if self.outgoing:  # rows of i are local; x_ij = sum_k a_ik b_jk needs every row j of b
             b = comm.all_gather_for_triangle(b, -2)  # [*, c, N_j, N_k]
             left = (a, -2)  # output rows i are rows of a
