@@ -3,7 +3,7 @@ count them (``tools.profile_block``, ``tools.launch_census``): ``evoformer:N_seq
 Evoformer block, af2_initial sizes), ``pairformer:N_token``, ``diffusion:N_token,samples`` (one
 diffusion transformer block), ``attention:R,N,H,D`` (bias with gradient, key mask with holes),
 ``trimul:N,1`` / ``trimul:N,0`` (fold-model's triangle multiplication layer, outgoing /
-incoming, C_z = c = 128 as the issue's rows: its update and z passed on, noised weights).
+incoming, C_z = c = 128 as the issue's rows: its update and z passed on, random weights).
 bf16 or any dtype, training mode; :func:`build` returns the eager step or its CUDA-graph replay.
 
 A suffix ``/PATTERN`` picks the masks' pattern (``blocks.MASKS``): ``holes`` (the default, ~5%

@@ -37,6 +37,7 @@ from fold_kernels.broadcast import broadcast_shape
 from fold_kernels.fakes import FAKES
 from fold_kernels.index32 import grid_fits, pair_bias_fits, rows_fit
 from fold_kernels.layer_norm import MAX_HIDDEN
+from fold_kernels.triangle_multiplication import parameter_shapes
 
 __all__ = ["register", "SUPPORTS"]
 
@@ -257,14 +258,11 @@ def supports_triangle_multiplication(z, mask, ln_in_weight, ln_in_bias, proj_wei
             or z.dim() < 3 or proj_weight.dim() != 2 or proj_weight.shape[0] % 4):
         return False
     n_c, c = z.shape[-1], proj_weight.shape[0] // 4
-    shapes = ((ln_in_weight, (n_c,)), (ln_in_bias, (n_c,)), (proj_weight, (4 * c, n_c)),
-              (proj_bias, (4 * c,)), (gate_weight, (n_c, n_c)), (gate_bias, (n_c,)),
-              (ln_out_weight, (c,)), (ln_out_bias, (c,)), (out_weight, (n_c, c)),
-              (out_bias, (n_c,)))
-    if any(tuple(t.shape) != shape for t, shape in shapes):
+    if any(tuple(t.shape) != shape
+           for t, shape in zip(params, parameter_shapes(n_c, c), strict=True)):
         return False
     weights = (proj_weight, gate_weight, out_weight)
-    return (max(n_c, c) <= 8192 and all(_dtype_served(w, z) for w in weights)
+    return (max(n_c, c) <= MAX_HIDDEN and all(_dtype_served(w, z) for w in weights)
             and tuple(mask.shape[-2:]) == tuple(z.shape[-3:-1]) and mask.dim() <= z.dim() - 1
             and rows_fit(z.shape) and rows_fit((*z.shape[:-1], 4 * c))
             and all(map(grid_fits, triangle_gate.grid_sizes(

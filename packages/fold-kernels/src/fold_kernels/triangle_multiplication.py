@@ -21,7 +21,17 @@ from fold_kernels.elementwise import _BiasSigmoidGate
 from fold_kernels.layer_norm import _LayerNorm, _LayerNormFork, check_layer_norm
 from fold_kernels.triangle_gate import _TriangleProjectionGate
 
-__all__ = ["triangle_multiplication"]
+__all__ = ["triangle_multiplication", "parameter_shapes", "PARAMETERS"]
+
+# the parameters after z and mask, in the op's order
+PARAMETERS = ("ln_in_weight", "ln_in_bias", "proj_weight", "proj_bias", "gate_weight",
+              "gate_bias", "ln_out_weight", "ln_out_bias", "out_weight", "out_bias")
+
+
+def parameter_shapes(n_c: int, c: int) -> tuple[tuple[int, ...], ...]:
+    """The shapes of :data:`PARAMETERS` for ``C_z = n_c`` and ``c`` hidden channels."""
+    return ((n_c,), (n_c,), (4 * c, n_c), (4 * c,), (n_c, n_c), (n_c,), (c,), (c,), (n_c, c),
+            (n_c,))
 
 
 def _rows(x: torch.Tensor) -> torch.Tensor:
@@ -127,12 +137,10 @@ def triangle_multiplication(z: torch.Tensor, mask: torch.Tensor, ln_in_weight: t
     if proj_weight.dim() != 2 or proj_weight.shape[0] % 4 or proj_weight.shape[1] != n_c:
         raise ValueError(f"triangle_multiplication: proj_weight must be [4c, C={n_c}], got "
                          f"{tuple(proj_weight.shape)}")
-    c = proj_weight.shape[0] // 4
-    expected = {"proj_bias": (proj_bias, (4 * c,)), "gate_weight": (gate_weight, (n_c, n_c)),
-                "gate_bias": (gate_bias, (n_c,)), "ln_out_weight": (ln_out_weight, (c,)),
-                "ln_out_bias": (ln_out_bias, (c,)), "out_weight": (out_weight, (n_c, c)),
-                "out_bias": (out_bias, (n_c,))}
-    for name, (t, shape) in expected.items():
+    params = (ln_in_weight, ln_in_bias, proj_weight, proj_bias, gate_weight, gate_bias,
+              ln_out_weight, ln_out_bias, out_weight, out_bias)
+    for name, t, shape in zip(PARAMETERS, params,
+                              parameter_shapes(n_c, proj_weight.shape[0] // 4), strict=True):
         if tuple(t.shape) != shape:
             raise ValueError(f"triangle_multiplication: {name} must be {list(shape)}, got "
                              f"{list(t.shape)}")

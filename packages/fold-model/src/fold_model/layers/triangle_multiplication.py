@@ -58,19 +58,19 @@ class _TriangleProduct(torch.autograd.Function):
         return da, db, None
 
 
-def _records(z: torch.Tensor, weight: torch.Tensor) -> bool:
-    """Autograd records the layer (z or its parameters take a gradient) and torch.fx is not
-    tracing it (AutoChunk follows the composed ops' dims)."""
+def _records(*tensors: torch.Tensor) -> bool:
+    """Autograd records an op of ``tensors`` (one of them takes a gradient) and torch.fx is not
+    tracing it (AutoChunk follows the composed ops' dims). fx_tracing first: requires_grad of
+    a traced proxy would be control flow on a proxy."""
     return (not fx_tracing() and torch.is_grad_enabled()
-            and (z.requires_grad or weight.requires_grad))
+            and any(t.requires_grad for t in tensors))
 
 
 def triangle_product(a: torch.Tensor, b: torch.Tensor, outgoing: bool) -> torch.Tensor:
     """``a @ b.mT`` (outgoing) or ``a.mT @ b`` (incoming), ``[*, c, I, J]``; with autograd the
     gradients of a and b come back in their own layouts (:class:`_TriangleProduct`). fx
     tracing and inference take the plain product."""
-    # fx_tracing first: requires_grad of a traced proxy would be control flow on a proxy
-    if not fx_tracing() and torch.is_grad_enabled() and (a.requires_grad or b.requires_grad):
+    if _records(a, b):
         return _TriangleProduct.apply(a, b, outgoing)
     return _product(a, b, outgoing)
 
