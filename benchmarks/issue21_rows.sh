@@ -37,6 +37,9 @@
 #   node_blocks the integration tests of the node on the GPU, the same switch on the Evoformer (128, 256) and Pairformer 256 training steps
 #               (mixed precision as fold-train trains), then the Evoformer (128, 256) eager row
 #               against OpenFold, pinned
+#   rounds      the Evoformer's eager rows at (128, 256) and (512, 384) against OpenFold in
+#               alternating rounds, pinned (tools.peers_rounds: the host's drift reaches both),
+#               then fold against a second fold block at (128, 256) (A/A: the rounds' spread)
 #   tests       fold-kernels' tests on the GPU (TESTS=test files or node ids to narrow
 #               them; default: the whole suite), no peers needed
 # Pinning: eager steps bound by host time moved by 1.3-1.8x between unpinned runs on the H200
@@ -46,7 +49,7 @@
 # group's files (run.log, summary.txt, a JSON and a Markdown table per step) stay within the
 # 8 files the device tool returns.
 set -u
-GROUP=${1:?"usage: bash benchmarks/issue21_rows.sh pairformer|eager|evoformer|masks|replays|kernel_sums|params|tests"}
+GROUP=${1:?"usage: bash benchmarks/issue21_rows.sh pairformer|eager|evoformer|masks|replays|kernel_sums|params|node|node_blocks|rounds|tests"}
 OUT=${OUT:-issue21_out}
 PIN=${PIN:-2}  # the CPU the eager rows are pinned to
 mkdir -p "$OUT"
@@ -87,6 +90,12 @@ case $GROUP in
     run evoformer 300 $P.model.peers --blocks evoformer:128x256 --contenders fold,openfold \
       --fold-precision mixed --modes train_eager,fwd_eager,train_graph --pin-cpu "$PIN" \
       --out "$OUT/evoformer.json" ;;
+  rounds)
+    run rounds 240 $P.tools.peers_rounds evoformer:128x256,evoformer:512x384 --peer openfold \
+      --kernels off --modes train_eager,fwd_eager --rounds 7 --pin-cpu "$PIN" \
+      --out "$OUT/evoformer_rounds.json"
+    run rounds_aa 120 $P.tools.peers_rounds evoformer:128x256 --peer fold --rounds 7 \
+      --pin-cpu "$PIN" --out "$OUT/evoformer_rounds_aa.json" ;;
   evoformer)
     [ -n "${FROM:-}" ] && cp "$FROM" "$OUT/evoformer.json"
     run evoformer 470 $P.model.peers --contenders fold,openfold --pin-cpu "$PIN" \

@@ -8,7 +8,8 @@ c_hidden = 128 as in AF3): fold's ``TriangleMultiplication{Outgoing,Incoming}`` 
 parameters and inputs and the ``auto`` op backend (fold-kernels' Triton ops), cuEquivariance
 with fp32 parameters and input under bf16 autocast, as Protenix calls it. The backward is seeded
 by one fixed random output gradient for both. Cells: median ms (``triton.testing.do_bench``),
-eager and as a CUDA graph replay; the two outputs are compared (relative error, both bf16).
+eager and as a CUDA graph replay (every row's eager timings before any capture: :func:`phases`);
+the two outputs are compared (relative error, both bf16).
 
     python -m benchmarks.kernels.triangle_mult --n 256 384 512 768 1024 1536
     python -m benchmarks.kernels.triangle_mult --device cpu --tiny     # smoke (fold only)
@@ -81,26 +82,48 @@ def cueq_case(layer, z, mask):
     return fwd, [z, *layer.parameters()]
 
 
-def measure(fwd, leaves, dout, device, reps):
-    res = {}
-    with torch.no_grad():
-        out = fwd()
-    res["fwd_ms"] = _bench(lambda: fwd(), device, reps)
-
+def measure(fwd, leaves, dout, device, reps, graph: bool = False):
+    """``({mode: ms}, output)``: eagerly (``fwd_ms``, ``fwd_bwd_ms`` and the forward's output),
+    or with ``graph`` the forward+backward as a CUDA-graph replay (``fwd_bwd_graph_ms``, CUDA
+    only; no output)."""
     def fwd_bwd():
         return torch.autograd.grad(fwd(), leaves, dout)
 
-    fwd_bwd()
-    res["fwd_bwd_ms"] = _bench(fwd_bwd, device, reps)
-    if device.type == "cuda":
+    res = {}
+    if graph:
         try:
             replay, _ = capture(fwd_bwd, device)
             res["fwd_bwd_graph_ms"] = _bench(replay, device, reps)
             del replay
         except Exception as exc:  # keeps the eager numbers
             res["graph_error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:120]}"
-    torch.cuda.synchronize() if device.type == "cuda" else None
+        torch.cuda.synchronize()
+        return res, None
+    with torch.no_grad():
+        out = fwd()
+    res["fwd_ms"] = _bench(lambda: fwd(), device, reps)
+    fwd_bwd()
+    res["fwd_bwd_ms"] = _bench(fwd_bwd, device, reps)
+    if device.type == "cuda":
+        torch.cuda.synchronize()
     return res, out.detach().float()
+
+
+def phases(device) -> tuple[bool, ...]:
+    """``graph`` per phase: every row's eager timings first, then (CUDA) every replay. A peer's
+    host-bound eager step was slower after CUDA-graph captures in the same process
+    (results/model/model_peers_h200_evoformer_order_*), so no contender's eager row follows a
+    capture that another's did not."""
+    return (False, True) if device.type == "cuda" else (False,)
+
+
+def _inputs(n: int, n_c: int, device):
+    """The row's pair ``z``, mask with ~5% holes and output gradient (seeded by ``n``)."""
+    g = torch.Generator().manual_seed(n)
+    z = torch.randn(1, n, n, n_c, generator=g).to(device)
+    mask = (torch.rand(1, n, n, generator=g) > 0.05).float().to(device)  # holes
+    dout = torch.randn(1, n, n, n_c, generator=g).to(device)
+    return z, mask, dout
 
 
 def peer_version() -> str:
@@ -117,31 +140,33 @@ def run(sizes, device, reps, contenders, n_c=128):
            "cuequivariance-ops-torch-cu13": peer_version(),
            "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="minutes"),
            "backends": ensure_kernels(device), "rows": []}
-    for n in sizes:
-        for outgoing in (True, False):
-            g = torch.Generator().manual_seed(n)
-            z = torch.randn(1, n, n, n_c, generator=g).to(device)
-            mask = (torch.rand(1, n, n, generator=g) > 0.05).float().to(device)  # holes
-            dout = torch.randn(1, n, n, n_c, generator=g).to(device)
-            row = {"n": n, "direction": "outgoing" if outgoing else "incoming", "results": {}}
+    rows = {(n, outgoing): {"n": n, "direction": "outgoing" if outgoing else "incoming",
+                            "results": {}}
+            for n in sizes for outgoing in (True, False)}
+    for graph in phases(device):
+        for (n, outgoing), row in rows.items():
+            z, mask, dout = _inputs(n, n_c, device)
             outs = {}
             for name in contenders:
+                done = row["results"].setdefault(name, {})
+                if "error" in done:
+                    continue  # not built eagerly: no replay either
                 torch.cuda.empty_cache() if device.type == "cuda" else None
                 try:
                     layer = triangle_multiplication_layer(n_c, outgoing, device)
                     fwd, leaves = (fold_case if name == "fold" else cueq_case)(layer, z, mask)
-                    d = dout.to(leaves[0].dtype)
-                    res, outs[name] = measure(fwd, leaves, d, device, reps)
+                    res, outs[name] = measure(fwd, leaves, dout.to(leaves[0].dtype), device,
+                                              reps, graph)
                 except ImportError as exc:
                     res = {"error": f"not installed: {exc}"}
                 except Exception as exc:  # a contender that cannot run this shape
                     res = {"error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:160]}"}
-                row["results"][name] = res
+                done.update(res)
                 print(n, row["direction"], name, res, flush=True)
-            if "fold" in outs and "cueq" in outs:
+            if not graph and outs.get("fold") is not None and outs.get("cueq") is not None:
                 a, b = outs["fold"], outs["cueq"]
                 row["fold_vs_cueq_rel_err"] = ((a - b).norm() / b.norm()).item()
-            doc["rows"].append(row)
+    doc["rows"] = list(rows.values())
     return doc
 
 

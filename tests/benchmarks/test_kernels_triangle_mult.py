@@ -37,3 +37,28 @@ def test_missing_cueq_is_an_error_not_a_number(tmp_path, monkeypatch):
     for r in doc["rows"]:
         assert r["results"]["cueq"]["error"].startswith("not installed")
         assert "fwd_ms" not in r["results"]["cueq"]
+
+
+def test_every_rows_eager_timings_run_before_any_replay(monkeypatch):
+    """Phase one times every row and contender eagerly, phase two captures and replays them; a
+    contender not built in phase one is not tried again (a peer's eager step was slower after
+    captures in the same process)."""
+    import torch
+
+    calls = []
+
+    def fake_measure(fwd, leaves, dout, device, reps, graph=False):
+        calls.append(("graph" if graph else "eager", len(leaves)))
+        if graph:
+            return {"fwd_bwd_graph_ms": 2.0}, None
+        return {"fwd_ms": 1.0, "fwd_bwd_ms": 1.5}, fwd().detach().float()
+
+    monkeypatch.setattr(triangle_mult, "measure", fake_measure)
+    monkeypatch.setattr(triangle_mult, "phases", lambda device: (False, True))
+    monkeypatch.setattr(triangle_mult, "cueq_case", lambda *a: (_ for _ in ()).throw(
+        ImportError("no cuequivariance here")))
+    doc = triangle_mult.run([8, 10], torch.device("cpu"), 1, ["fold", "cueq"], n_c=16)
+    assert [c[0] for c in calls] == ["eager"] * 4 + ["graph"] * 4  # 2 sizes x 2 directions
+    for r in doc["rows"]:
+        assert r["results"]["fold"] == {"fwd_ms": 1.0, "fwd_bwd_ms": 1.5, "fwd_bwd_graph_ms": 2.0}
+        assert r["results"]["cueq"]["error"].startswith("not installed")

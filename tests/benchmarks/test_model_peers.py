@@ -448,3 +448,39 @@ def test_noised_parameters_leave_no_zero_output_layer(tmp_path):
     assert row["train_eager_ms"] > 0
     assert json.loads(out.read_text())["meta"]["params"] == "noised"
     assert "Parameters noised" in out.with_suffix(".md").read_text()
+
+
+def test_every_contenders_eager_modes_run_before_any_replay(monkeypatch):
+    """The first phase measures every contender's eager modes, the second the replays; each
+    contender keeps one row with both phases' results (a peer's eager step was slower after
+    CUDA-graph captures in the same process). A contender that is not built in the first phase
+    is not tried again."""
+    calls = []
+
+    def fake_run_one(name, kernels, shape, sizes, device, args, modes=None):
+        calls.append((name, modes))
+        if name == "boltz":
+            return {"block": shape.block, "n": shape.n, "n_seq": shape.n_seq,
+                    "samples": shape.samples, "contender": name, "kernels": "on",
+                    "error": "not installed: test"}
+        return {"block": shape.block, "n": shape.n, "n_seq": shape.n_seq,
+                "samples": shape.samples, "contender": name,
+                "kernels": "-" if kernels is None else "on",
+                "errors": {m: "failed" for m in modes if m == "fwd_graph"},
+                **{f"{m}_ms": 1.0 for m in modes if m != "fwd_graph"}}
+
+    monkeypatch.setattr(peers, "run_one", fake_run_one)
+    monkeypatch.setattr(peers, "contenders", lambda names, shape, settings: [
+        ("fold", None), ("protenix", True), ("boltz", True)])
+    rows = peers.main(["--device", "cpu", "--tiny", "--reps", "1", "--warmup", "0",
+                       "--blocks", "pairformer:13", "--modes",
+                       "train_graph,train_eager,fwd_graph,fwd_eager"])
+    eager, rest = ("train_eager", "fwd_eager"), ("train_graph", "fwd_graph")
+    assert calls == [("fold", eager), ("protenix", eager), ("boltz", eager),
+                     ("fold", rest), ("protenix", rest)]
+    assert [r["contender"] for r in rows] == ["fold", "protenix", "boltz"]
+    for r in rows[:2]:
+        assert all(r[f"{m}_ms"] == 1.0 for m in ("train_eager", "fwd_eager", "train_graph"))
+        assert r["errors"] == {"fwd_graph": "failed"}
+    assert rows[2]["error"] == "not installed: test"
+    assert peers.phases(("fwd_graph",)) == [("fwd_graph",)]
