@@ -163,7 +163,7 @@ def run(sizes, device, reps, contenders, n_c=128):
                     res = {"error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:160]}"}
                 done.update(res)
                 print(n, row["direction"], name, res, flush=True)
-            if not graph and outs.get("fold") is not None and outs.get("cueq") is not None:
+            if not graph and "fold" in outs and "cueq" in outs:
                 a, b = outs["fold"], outs["cueq"]
                 row["fold_vs_cueq_rel_err"] = ((a - b).norm() / b.norm()).item()
     doc["rows"] = list(rows.values())

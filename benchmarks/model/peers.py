@@ -136,8 +136,8 @@ def measure(case: pb.Case, device: torch.device, modes: tuple[str, ...], warmup:
 
 
 def run_one(name: str, kernels: bool | None, shape: pb.Shape, sizes, device,
-            args, modes: tuple[str, ...] | None = None) -> dict[str, Any]:
-    """One contender's row for ``shape``: its build, then ``modes`` (default ``args.modes``)."""
+            args, modes: tuple[str, ...]) -> dict[str, Any]:
+    """One contender's row for ``shape``: its build, then ``modes`` (one of :func:`phases`)."""
     row: dict[str, Any] = {"block": shape.block, "n": shape.n, "n_seq": shape.n_seq,
                            "samples": shape.samples, "contender": name,
                            "kernels": "-" if kernels is None else ("on" if kernels else "off")}
@@ -158,8 +158,7 @@ def run_one(name: str, kernels: bool | None, shape: pb.Shape, sizes, device,
         return row
     row["note"] = case.note
     row["params"] = sum(p.numel() for p in case.params)  # same sizes, peers' own layouts
-    row.update(measure(case, device, args.modes if modes is None else modes, args.warmup,
-                       args.reps))
+    row.update(measure(case, device, modes, args.warmup, args.reps))
     del case
     return row
 

@@ -15,7 +15,7 @@ the same forward + backward to every input and parameter.
 
     python -m benchmarks.tools.peers_rounds evoformer:128x256 --peer openfold --kernels off \\
         --fold-precision mixed --pin-cpu 2 --out benchmarks/results/tools/peers_rounds.json
-    python -m benchmarks.tools.peers_rounds evoformer:9x4 --tiny --peer fold --device cpu \\
+    python -m benchmarks.tools.peers_rounds evoformer:4x9 --tiny --peer fold --device cpu \\
         --rounds 2 --reps 2      # smoke: fold against itself on the CPU
 """
 

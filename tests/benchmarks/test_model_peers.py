@@ -457,7 +457,7 @@ def test_every_contenders_eager_modes_run_before_any_replay(monkeypatch):
     is not tried again."""
     calls = []
 
-    def fake_run_one(name, kernels, shape, sizes, device, args, modes=None):
+    def fake_run_one(name, kernels, shape, sizes, device, args, modes):
         calls.append((name, modes))
         if name == "boltz":
             return {"block": shape.block, "n": shape.n, "n_seq": shape.n_seq,
